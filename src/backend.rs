@@ -1,0 +1,1 @@
+//! backend: not written yet.

@@ -1,0 +1,1 @@
+//! classify: not written yet.

@@ -1,0 +1,1 @@
+//! demo: not written yet.

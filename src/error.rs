@@ -1,0 +1,205 @@
+//! The one error type of everything a client can observe, and its exhaustive SQLSTATE mapping.
+//!
+//! Invariants:
+//! - Every refusal a client sees is a variant here; [`Error::sqlstate`] maps each variant to one
+//!   code with an exhaustive `match`, so adding a variant forces choosing its code.
+//! - Messages never carry a value read from the backend. They may name what the analyst wrote
+//!   (a table, a column, a function) and what the policy says (bounds, budgets), nothing else.
+//!   Backend failures are logged by the caller and reach the client as [`Error::Upstream`], whose
+//!   message is fixed.
+//! - Messages follow PostgreSQL's style: lowercase, no trailing period. Hints are full sentences.
+
+use tokio_postgres::error::SqlState;
+
+/// Everything that can go wrong in a way a client observes.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// The SQL text does not parse.
+    #[error("syntax error: {message}")]
+    Syntax { message: String },
+
+    /// A construct pgdp does not support (yet); nothing was run.
+    #[error("{what} is not supported by pgdp")]
+    Unsupported { what: String, hint: String },
+
+    /// The statement is understood but the policy forbids it.
+    #[error("{what}")]
+    Forbidden { what: String, hint: String },
+
+    /// A table the policy does not list (it does not exist for the analyst).
+    #[error("relation \"{name}\" does not exist")]
+    UnknownTable { name: String },
+
+    /// A column the policy does not list.
+    #[error("column \"{name}\" does not exist")]
+    UnknownColumn { name: String },
+
+    /// A function that is not on pgdp's whitelist of total functions.
+    #[error("function {name} is not available through pgdp")]
+    UnknownFunction { name: String, hint: String },
+
+    /// A session parameter outside the whitelist.
+    #[error("unrecognized configuration parameter \"{name}\"")]
+    UnknownParameter { name: String },
+
+    /// A session parameter or mechanism argument with a bad value.
+    #[error("invalid value for {name}: {reason}")]
+    InvalidParameter { name: String, reason: String, hint: String },
+
+    /// A mechanism that cannot be constructed (ε ≤ 0, non-finite bounds, …).
+    #[error("invalid mechanism: {reason}")]
+    InvalidMechanism { reason: String },
+
+    /// Wrong password or an analyst the policy does not know. One message for both, so that a
+    /// client cannot learn which analysts exist.
+    #[error("password authentication failed for user \"{user}\"")]
+    Authentication { user: String },
+
+    /// The client connected to a database the policy does not serve.
+    #[error("database \"{name}\" does not exist")]
+    UnknownDatabase { name: String },
+
+    /// The query would spend more than the analyst (or the dataset) has left.
+    #[error("privacy budget exhausted: {detail}")]
+    BudgetExhausted { detail: String },
+
+    /// A limit from [`crate::limits`] was exceeded.
+    #[error("{what} exceeds the limit of {limit}")]
+    LimitExceeded { what: String, limit: u64 },
+
+    /// Too many connections, in total or for one analyst.
+    #[error("too many connections{scope}")]
+    TooManyConnections { scope: String },
+
+    /// The upstream statement was cancelled or ran past its timeout.
+    #[error("canceling statement due to {reason}")]
+    Canceled { reason: String },
+
+    /// The upstream database cannot be reached right now.
+    #[error("the upstream database is unavailable")]
+    UpstreamUnavailable,
+
+    /// The upstream failed while running a DP statement. The upstream's own text can contain row
+    /// values, so it is never shown: this message is fixed.
+    #[error("the upstream query failed; the charge for it stands")]
+    Upstream,
+
+    /// The privacy ledger cannot be reached, so no DP query can be charged and none is run.
+    #[error("the privacy ledger is unavailable; no query was run and nothing was charged")]
+    LedgerUnavailable,
+
+    /// A transaction-state error (e.g. a statement in a failed transaction).
+    #[error("{what}")]
+    Transaction { what: String },
+
+    /// A protocol-level misuse by the client (unknown portal, bad Bind …).
+    #[error("{what}")]
+    Protocol { what: String },
+
+    /// A bug in pgdp. Logged in full; the client sees this fixed text.
+    #[error("internal error in pgdp")]
+    Internal { detail: String },
+}
+
+/// The result type of fallible pgdp functions.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The SQLSTATE a client receives for this error.
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            Error::Syntax { .. } => SqlState::SYNTAX_ERROR,
+            Error::Unsupported { .. } => SqlState::FEATURE_NOT_SUPPORTED,
+            Error::Forbidden { .. } => SqlState::INSUFFICIENT_PRIVILEGE,
+            Error::UnknownTable { .. } => SqlState::UNDEFINED_TABLE,
+            Error::UnknownColumn { .. } => SqlState::UNDEFINED_COLUMN,
+            Error::UnknownFunction { .. } => SqlState::UNDEFINED_FUNCTION,
+            Error::UnknownParameter { .. } => SqlState::UNDEFINED_OBJECT,
+            Error::InvalidParameter { .. } => SqlState::INVALID_PARAMETER_VALUE,
+            Error::InvalidMechanism { .. } => SqlState::INVALID_PARAMETER_VALUE,
+            Error::Authentication { .. } => SqlState::INVALID_PASSWORD,
+            Error::UnknownDatabase { .. } => SqlState::INVALID_CATALOG_NAME,
+            Error::BudgetExhausted { .. } => SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+            Error::LimitExceeded { .. } => SqlState::PROGRAM_LIMIT_EXCEEDED,
+            Error::TooManyConnections { .. } => SqlState::TOO_MANY_CONNECTIONS,
+            Error::Canceled { .. } => SqlState::QUERY_CANCELED,
+            Error::UpstreamUnavailable => SqlState::CANNOT_CONNECT_NOW,
+            Error::Upstream => SqlState::SYSTEM_ERROR,
+            Error::LedgerUnavailable => SqlState::CANNOT_CONNECT_NOW,
+            Error::Transaction { .. } => SqlState::INVALID_TRANSACTION_STATE,
+            Error::Protocol { .. } => SqlState::PROTOCOL_VIOLATION,
+            Error::Internal { .. } => SqlState::INTERNAL_ERROR,
+        }
+    }
+
+    /// A hint telling the analyst what to change, where one helps.
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            Error::Unsupported { hint, .. }
+            | Error::Forbidden { hint, .. }
+            | Error::UnknownFunction { hint, .. }
+            | Error::InvalidParameter { hint, .. } => (!hint.is_empty()).then_some(hint.as_str()),
+            Error::UnknownTable { .. } => {
+                Some("Only the tables listed in the pgdp policy can be queried.")
+            }
+            Error::UnknownColumn { .. } => {
+                Some("Only the columns listed in the pgdp policy can be used.")
+            }
+            Error::BudgetExhausted { .. } => {
+                Some("Ask the data owner for more budget, or lower pgdp.epsilon / pgdp.delta.")
+            }
+            Error::UnknownParameter { .. } => {
+                Some("pgdp answers SET and SHOW only for a whitelist of harmless parameters and pgdp.* settings.")
+            }
+            Error::Syntax { .. }
+            | Error::InvalidMechanism { .. }
+            | Error::Authentication { .. }
+            | Error::UnknownDatabase { .. }
+            | Error::LimitExceeded { .. }
+            | Error::TooManyConnections { .. }
+            | Error::Canceled { .. }
+            | Error::UpstreamUnavailable
+            | Error::Upstream
+            | Error::LedgerUnavailable
+            | Error::Transaction { .. }
+            | Error::Protocol { .. }
+            | Error::Internal { .. } => None,
+        }
+    }
+
+    /// Shorthand for a policy refusal.
+    pub fn forbidden(what: impl Into<String>, hint: impl Into<String>) -> Error {
+        Error::Forbidden { what: what.into(), hint: hint.into() }
+    }
+
+    /// Shorthand for an unsupported construct.
+    pub fn unsupported(what: impl Into<String>, hint: impl Into<String>) -> Error {
+        Error::Unsupported { what: what.into(), hint: hint.into() }
+    }
+
+    /// Shorthand for a bug.
+    pub fn internal(detail: impl Into<String>) -> Error {
+        Error::Internal { detail: detail.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_the_documented_ones() {
+        assert_eq!(Error::Syntax { message: "x".into() }.sqlstate().code(), "42601");
+        assert_eq!(Error::forbidden("x", "y").sqlstate().code(), "42501");
+        assert_eq!(Error::unsupported("x", "y").sqlstate().code(), "0A000");
+        assert_eq!(Error::UnknownTable { name: "t".into() }.sqlstate().code(), "42P01");
+        assert_eq!(Error::UnknownColumn { name: "c".into() }.sqlstate().code(), "42703");
+        assert_eq!(Error::BudgetExhausted { detail: "d".into() }.sqlstate().code(), "53400");
+        assert_eq!(Error::Authentication { user: "u".into() }.sqlstate().code(), "28P01");
+    }
+
+    #[test]
+    fn upstream_message_is_fixed() {
+        assert_eq!(Error::Upstream.to_string(), "the upstream query failed; the charge for it stands");
+    }
+}

@@ -1,0 +1,78 @@
+//! Every bound pgdp enforces, in one place, with their relations checked at compile time.
+//!
+//! Names end in their unit (`_bytes`, `_ms`) or say what they count (`_max`). A value past a limit
+//! is refused with [`crate::Error::LimitExceeded`] (SQLSTATE 54000) or the more specific code the
+//! caller documents; the connection and the process survive.
+
+/// Largest SQL text accepted in one Query or Parse message.
+pub const SQL_BYTES_MAX: usize = 64 * 1024;
+
+/// Deepest expression nesting the parser accepts (sqlparser's recursion limit).
+pub const PARSER_DEPTH_MAX: usize = 64;
+
+/// Most statements in one simple-query message.
+pub const STATEMENTS_PER_MESSAGE_MAX: usize = 32;
+
+/// Most aggregates in one DP query.
+pub const AGGREGATES_PER_QUERY_MAX: usize = 16;
+
+/// Most GROUP BY keys in one DP query.
+pub const GROUP_KEYS_PER_QUERY_MAX: usize = 8;
+
+/// Most groups pgdp releases for one query (after partition selection / public keys).
+pub const GROUPS_RELEASED_MAX: usize = 100_000;
+
+/// Most rows pgdp reads from the upstream for one DP query (one row per candidate group).
+pub const UPSTREAM_ROWS_MAX: usize = 1_000_000;
+
+/// Most combinations of public group values pgdp zero-fills.
+pub const PUBLIC_KEY_COMBINATIONS_MAX: usize = GROUPS_RELEASED_MAX;
+
+/// Statement timeout set on every upstream DP statement.
+pub const STATEMENT_TIMEOUT_MS: u64 = 60_000;
+
+/// Time a client has to finish startup and authentication.
+pub const STARTUP_TIMEOUT_MS: u64 = 10_000;
+
+/// Time to wait for an upstream connection before reporting it unavailable.
+pub const UPSTREAM_CONNECT_TIMEOUT_MS: u64 = 5_000;
+
+/// Most client connections at once, in total.
+pub const CONNECTIONS_MAX: usize = 1_000;
+
+/// Most client connections at once for one analyst.
+pub const CONNECTIONS_PER_ANALYST_MAX: usize = 200;
+
+/// Upstream connections in the pool.
+pub const UPSTREAM_POOL_SIZE: usize = 16;
+
+/// Prepared statements one connection may hold.
+pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
+
+/// Largest `max_groups_per_unit` a policy may declare.
+pub const GROUPS_PER_UNIT_MAX: u64 = 10_000;
+
+/// Largest `max_rows_per_unit` a policy may declare.
+pub const ROWS_PER_UNIT_MAX: u64 = 100_000;
+
+/// Smallest ε a single query may spend; below it noise is astronomically large and samplers slow.
+pub const EPSILON_PER_QUERY_MIN: f64 = 1e-6;
+
+/// Largest ε a single query may spend, whatever the policy says.
+pub const EPSILON_PER_QUERY_MAX: f64 = 100.0;
+
+/// Largest absolute bound a policy may declare for a column, so that sensitivities and noisy sums
+/// stay exactly representable.
+pub const COLUMN_BOUND_ABS_MAX: f64 = 1e15;
+
+/// Lifetime of a replayed answer in the replay cache when the policy does not set one.
+pub const REPLAY_LIFETIME_DEFAULT_S: u64 = 24 * 60 * 60;
+
+const _: () = assert!(STATEMENTS_PER_MESSAGE_MAX >= 4, "psqlODBC sends several statements at connect");
+const _: () = assert!(GROUPS_RELEASED_MAX <= UPSTREAM_ROWS_MAX);
+const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
+const _: () = assert!(CONNECTIONS_PER_ANALYST_MAX <= CONNECTIONS_MAX);
+const _: () = assert!(UPSTREAM_CONNECT_TIMEOUT_MS < STATEMENT_TIMEOUT_MS);
+const _: () = assert!(STARTUP_TIMEOUT_MS > 0);
+const _: () = assert!(AGGREGATES_PER_QUERY_MAX >= 1 && GROUP_KEYS_PER_QUERY_MAX >= 1);
+const _: () = assert!(EPSILON_PER_QUERY_MIN > 0.0 && EPSILON_PER_QUERY_MIN < EPSILON_PER_QUERY_MAX);

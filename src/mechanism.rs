@@ -1,0 +1,1 @@
+//! mechanism: not written yet.

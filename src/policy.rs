@@ -1,0 +1,1 @@
+//! policy: not written yet.

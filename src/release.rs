@@ -1,0 +1,1 @@
+//! release: not written yet.

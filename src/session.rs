@@ -1,0 +1,1 @@
+//! session: not written yet.

@@ -1,0 +1,1 @@
+//! wire: not written yet.
