@@ -1,1 +1,420 @@
-//! classify: not written yet.
+//! Statement kinds, from the sqlparser AST.
+//!
+//! [`classify`] parses one message's SQL text and sorts each statement into a [`Statement`]: a
+//! session statement pgdp answers itself, a query for the analyzer, or an `EXPLAIN` of one.
+//! Everything else is refused here, before anything reaches the upstream.
+//!
+//! Invariants:
+//! - A message is accepted or refused as a whole: if any statement in it is refused, none runs
+//!   (no smuggling of a forbidden statement behind an allowed one).
+//! - Only statements whose every part pgdp understands come out; the upstream never receives the
+//!   analyst's text, only SQL that pgdp regenerates from its own AST.
+//! - Parsing is bounded by [`limits::SQL_BYTES_MAX`], [`limits::PARSER_DEPTH_MAX`] and
+//!   [`limits::STATEMENTS_PER_MESSAGE_MAX`].
+
+use sqlparser::ast::{self, Statement as Ast};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+use crate::error::{Error, Result};
+use crate::limits;
+
+/// A classified statement.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Statement {
+    /// `BEGIN`, `START TRANSACTION`.
+    Begin,
+    /// `COMMIT`, `END`.
+    Commit,
+    /// `ROLLBACK`, `ABORT`.
+    Rollback,
+    /// `SET name = value` / `SET name TO value` / `SET TIME ZONE value`. The name is lower-cased;
+    /// the value is the literal text (quotes removed). `local` is `SET LOCAL`.
+    Set { name: String, value: String },
+    /// `RESET name`.
+    Reset { name: String },
+    /// `SHOW name` (lower-cased, dotted names joined with `.`).
+    Show { name: String },
+    /// `DEALLOCATE [PREPARE] name | ALL`: frees a prepared statement of this connection.
+    Deallocate { name: Option<String> },
+    /// A query: a DP aggregate, a constant lookup, or a catalog query. The session decides.
+    Query(Box<ast::Query>),
+    /// `EXPLAIN <query>` without ANALYZE.
+    Explain(Box<ast::Query>),
+}
+
+impl Statement {
+    /// A short kind for logs (never contains analyst values).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Statement::Begin => "begin",
+            Statement::Commit => "commit",
+            Statement::Rollback => "rollback",
+            Statement::Set { .. } => "set",
+            Statement::Reset { .. } => "reset",
+            Statement::Show { .. } => "show",
+            Statement::Deallocate { .. } => "deallocate",
+            Statement::Query(_) => "query",
+            Statement::Explain(_) => "explain",
+        }
+    }
+}
+
+/// Parses SQL text into statements (without classifying them).
+pub fn parse(sql: &str) -> Result<Vec<Ast>> {
+    if sql.len() > limits::SQL_BYTES_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the SQL text length in bytes".into(),
+            limit: limits::SQL_BYTES_MAX as u64,
+        });
+    }
+    let dialect = PostgreSqlDialect {};
+    let statements = Parser::new(&dialect)
+        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_statements())
+        .map_err(|e| match e {
+            sqlparser::parser::ParserError::RecursionLimitExceeded => Error::LimitExceeded {
+                what: "the nesting depth of the statement".into(),
+                limit: limits::PARSER_DEPTH_MAX as u64,
+            },
+            other => Error::Syntax {
+                message: strip_parser_prefix(&other.to_string()),
+            },
+        })?;
+    if statements.len() > limits::STATEMENTS_PER_MESSAGE_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the number of statements in one message".into(),
+            limit: limits::STATEMENTS_PER_MESSAGE_MAX as u64,
+        });
+    }
+    Ok(statements)
+}
+
+fn strip_parser_prefix(message: &str) -> String {
+    let m = message
+        .strip_prefix("sql parser error: ")
+        .unwrap_or(message);
+    // sqlparser capitalises some messages; PostgreSQL style is lower case.
+    let mut chars = m.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().collect::<String>() + chars.as_str(),
+        None => String::new(),
+    }
+}
+
+/// Parses and classifies all statements of one message. Refuses the whole message if any
+/// statement is refused.
+pub fn classify(sql: &str) -> Result<Vec<Statement>> {
+    parse(sql)?.into_iter().map(classify_statement).collect()
+}
+
+/// Classifies one parsed statement.
+pub fn classify_statement(statement: Ast) -> Result<Statement> {
+    match statement {
+        Ast::Query(query) => Ok(Statement::Query(query)),
+        Ast::StartTransaction { statements, exception, .. } => {
+            if !statements.is_empty() || exception.is_some() {
+                return Err(Error::unsupported("procedural BEGIN … END blocks", ""));
+            }
+            Ok(Statement::Begin)
+        }
+        Ast::Commit { chain: false, .. } => Ok(Statement::Commit),
+        Ast::Rollback { chain: false, savepoint: None } => Ok(Statement::Rollback),
+        Ast::Commit { .. } | Ast::Rollback { .. } => Err(Error::unsupported(
+            "transaction chaining and savepoints",
+            "pgdp runs each statement on its own; use plain BEGIN / COMMIT / ROLLBACK.",
+        )),
+        Ast::Set(set) => classify_set(set),
+        Ast::Reset(reset) => match reset.reset {
+            ast::Reset::ALL => Err(Error::forbidden(
+                "RESET ALL is not allowed through pgdp",
+                "Reset parameters one at a time, e.g. RESET pgdp.epsilon.",
+            )),
+            ast::Reset::SessionAuthorization => Err(Error::forbidden(
+                "changing the session authorization is not allowed through pgdp",
+                "",
+            )),
+            ast::Reset::ConfigurationParameter(name) => {
+                Ok(Statement::Reset { name: object_name_text(&name) })
+            }
+        },
+        Ast::ShowVariable { variable } => {
+            let parts: Vec<String> = variable.iter().map(|i| i.value.to_ascii_lowercase()).collect();
+            // `SHOW pgdp.epsilon` arrives as two identifiers, `SHOW transaction isolation level`
+            // as three words: custom parameters are the dotted ones.
+            let name = if parts.len() == 2 && parts[0] == "pgdp" { parts.join(".") } else { parts.join(" ") };
+            Ok(Statement::Show { name })
+        }
+        Ast::Deallocate { name, .. } => {
+            let n = name.value.clone();
+            Ok(Statement::Deallocate { name: (!n.eq_ignore_ascii_case("all")).then_some(n) })
+        }
+        Ast::Explain { analyze, statement, options, .. } => {
+            let analyze_option = options.as_ref().is_some_and(|opts| {
+                opts.iter().any(|o| o.name.value.eq_ignore_ascii_case("analyze"))
+            });
+            if analyze || analyze_option {
+                return Err(Error::forbidden(
+                    "EXPLAIN ANALYZE is not allowed through pgdp",
+                    "Its timings and row counts depend on the data. Use EXPLAIN without ANALYZE to see the DP plan.",
+                ));
+            }
+            match *statement {
+                Ast::Query(query) => Ok(Statement::Explain(query)),
+                _ => Err(Error::unsupported(
+                    "EXPLAIN of anything but a query",
+                    "EXPLAIN a SELECT to see its DP plan, cost and accuracy.",
+                )),
+            }
+        }
+        Ast::Insert(_) | Ast::Update(_) | Ast::Delete(_) | Ast::Merge(_) => {
+            Err(Error::forbidden(
+                "data modification is not allowed through pgdp",
+                "pgdp is read-only: only aggregate SELECT queries are answered, with differential privacy.",
+            ))
+        }
+        Ast::Copy { .. } | Ast::CopyIntoSnowflake { .. } => Err(Error::forbidden(
+            "COPY is not allowed through pgdp",
+            "Rows never leave pgdp one by one; use an aggregate SELECT.",
+        )),
+        Ast::Prepare { .. } | Ast::Execute { .. } => Err(Error::unsupported(
+            "SQL-level PREPARE and EXECUTE",
+            "Use your driver's prepared statements (the extended protocol) instead.",
+        )),
+        Ast::Declare { .. } | Ast::Fetch { .. } | Ast::Close { .. } => Err(Error::unsupported(
+            "cursors",
+            "Run the aggregate query directly; its result is small.",
+        )),
+        Ast::Discard { .. } => Err(Error::forbidden(
+            "DISCARD is not allowed through pgdp",
+            "pgdp keeps no server-side state worth discarding; reconnect for a fresh session.",
+        )),
+        Ast::LISTEN { .. } | Ast::NOTIFY { .. } | Ast::UNLISTEN { .. } => Err(Error::forbidden(
+            "LISTEN / NOTIFY is not allowed through pgdp",
+            "",
+        )),
+        other => Err(refuse_other(&other)),
+    }
+}
+
+/// The refusal for any statement kind pgdp does not handle.
+fn refuse_other(statement: &Ast) -> Error {
+    let text = statement.to_string();
+    let keyword: String = text
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_ascii_uppercase();
+    let is_ddl = [
+        "CREATE", "DROP", "ALTER", "TRUNCATE", "GRANT", "REVOKE", "COMMENT", "VACUUM",
+    ]
+    .iter()
+    .any(|k| keyword.starts_with(k));
+    if is_ddl {
+        Error::forbidden(
+            format!("{keyword} is not allowed through pgdp"),
+            "pgdp is read-only: only aggregate SELECT queries are answered, with differential privacy.",
+        )
+    } else {
+        Error::unsupported(
+            format!("the {keyword} statement"),
+            "pgdp answers aggregate SELECT queries, EXPLAIN, SET/SHOW of session parameters and transaction control.",
+        )
+    }
+}
+
+fn classify_set(set: ast::Set) -> Result<Statement> {
+    match set {
+        ast::Set::SingleAssignment {
+            variable,
+            values,
+            hivevar: false,
+            ..
+        } => {
+            let name = object_name_text(&variable);
+            let value = values
+                .iter()
+                .map(expr_setting_text)
+                .collect::<Result<Vec<_>>>()?
+                .join(", ");
+            Ok(Statement::Set { name, value })
+        }
+        ast::Set::SetTimeZone { value, .. } => Ok(Statement::Set {
+            name: "timezone".into(),
+            value: expr_setting_text(&value)?,
+        }),
+        ast::Set::SetNames { charset_name, .. } => Ok(Statement::Set {
+            name: "client_encoding".into(),
+            value: charset_name.value,
+        }),
+        ast::Set::SetRole { .. } | ast::Set::SetSessionAuthorization(_) => Err(Error::forbidden(
+            "changing the role or session authorization is not allowed through pgdp",
+            "",
+        )),
+        ast::Set::SetTransaction { .. } => Ok(Statement::Set {
+            // Every upstream statement runs in its own read-only transaction; the analyst's
+            // transaction characteristics have no effect and are accepted as a no-op.
+            name: "transaction".into(),
+            value: String::new(),
+        }),
+        other => Err(Error::unsupported(format!("the statement {other}"), "")),
+    }
+}
+
+/// The dotted, lower-cased name of a configuration parameter.
+fn object_name_text(name: &ast::ObjectName) -> String {
+    name.0
+        .iter()
+        .map(|part| match part.as_ident() {
+            Some(ident) => ident.value.to_ascii_lowercase(),
+            None => part.to_string().to_ascii_lowercase(),
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The text of a SET value: a literal, an identifier or a keyword like DEFAULT / LOCAL.
+fn expr_setting_text(expr: &ast::Expr) -> Result<String> {
+    match expr {
+        ast::Expr::Value(v) => match &v.value {
+            ast::Value::SingleQuotedString(s)
+            | ast::Value::DoubleQuotedString(s)
+            | ast::Value::EscapedStringLiteral(s) => Ok(s.clone()),
+            ast::Value::Number(n, _) => Ok(n.to_string()),
+            ast::Value::Boolean(b) => Ok(b.to_string()),
+            other => Ok(other.to_string()),
+        },
+        ast::Expr::Identifier(ident) => Ok(ident.value.clone()),
+        ast::Expr::CompoundIdentifier(parts) => Ok(parts
+            .iter()
+            .map(|p| p.value.clone())
+            .collect::<Vec<_>>()
+            .join(".")),
+        ast::Expr::UnaryOp {
+            op: ast::UnaryOperator::Minus,
+            expr,
+        } => Ok(format!("-{}", expr_setting_text(expr)?)),
+        ast::Expr::UnaryOp {
+            op: ast::UnaryOperator::Plus,
+            expr,
+        } => expr_setting_text(expr),
+        _ => Err(Error::unsupported(
+            "expressions as SET values",
+            "Give the value as a literal, e.g. SET pgdp.epsilon = 0.5.",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(sql: &str) -> String {
+        match classify(sql) {
+            Ok(s) => format!(
+                "ok {}",
+                s.iter().map(|s| s.kind()).collect::<Vec<_>>().join(",")
+            ),
+            Err(e) => e.sqlstate().code().to_string(),
+        }
+    }
+
+    #[test]
+    fn session_statements() {
+        assert_eq!(code("BEGIN"), "ok begin");
+        assert_eq!(code("start transaction read only"), "ok begin");
+        assert_eq!(code("COMMIT; END"), "ok commit,commit");
+        assert_eq!(code("ROLLBACK"), "ok rollback");
+        assert_eq!(code("SET extra_float_digits = 3"), "ok set");
+        assert_eq!(code("SHOW transaction isolation level"), "ok show");
+        assert_eq!(
+            classify("SHOW pgdp.epsilon").ok(),
+            Some(vec![Statement::Show {
+                name: "pgdp.epsilon".into()
+            }])
+        );
+        assert_eq!(code("DEALLOCATE \"_PLAN0x1\""), "ok deallocate");
+        assert_eq!(code("DEALLOCATE ALL"), "ok deallocate");
+    }
+
+    #[test]
+    fn set_values_are_literal_text() {
+        let s =
+            classify("SET pgdp.epsilon = 0.5; SET TIME ZONE 'UTC'; set application_name to psql")
+                .expect("parses");
+        assert_eq!(
+            s[0],
+            Statement::Set {
+                name: "pgdp.epsilon".into(),
+                value: "0.5".into()
+            }
+        );
+        assert_eq!(
+            s[1],
+            Statement::Set {
+                name: "timezone".into(),
+                value: "UTC".into()
+            }
+        );
+        assert_eq!(
+            s[2],
+            Statement::Set {
+                name: "application_name".into(),
+                value: "psql".into()
+            }
+        );
+    }
+
+    #[test]
+    fn writes_and_ddl_are_forbidden() {
+        assert_eq!(code("INSERT INTO demo.people VALUES (1)"), "42501");
+        assert_eq!(code("UPDATE demo.people SET age = 1"), "42501");
+        assert_eq!(code("DELETE FROM demo.people"), "42501");
+        assert_eq!(code("DROP TABLE demo.people"), "42501");
+        assert_eq!(code("CREATE TEMP TABLE t (a int)"), "42501");
+        assert_eq!(code("COPY demo.people TO STDOUT"), "42501");
+        assert_eq!(code("TRUNCATE demo.people"), "42501");
+        assert_eq!(code("DISCARD ALL"), "42501");
+        assert_eq!(code("RESET ALL"), "42501");
+        assert_eq!(code("SET ROLE postgres"), "42501");
+    }
+
+    #[test]
+    fn explain_analyze_is_forbidden() {
+        assert_eq!(
+            code("EXPLAIN SELECT COUNT(*) FROM demo.people"),
+            "ok explain"
+        );
+        assert_eq!(
+            code("EXPLAIN ANALYZE SELECT COUNT(*) FROM demo.people"),
+            "42501"
+        );
+        assert_eq!(
+            code("EXPLAIN (ANALYZE) SELECT COUNT(*) FROM demo.people"),
+            "42501"
+        );
+    }
+
+    #[test]
+    fn one_bad_statement_refuses_the_message() {
+        assert_eq!(code("SELECT 1; DROP TABLE demo.people"), "42501");
+    }
+
+    #[test]
+    fn syntax_errors_and_limits() {
+        assert_eq!(code("SELEC 1"), "42601");
+        let deep = format!("SELECT {}1{}", "(".repeat(200), ")".repeat(200));
+        assert_eq!(code(&deep), "54000");
+        let long = format!("SELECT '{}'", "x".repeat(limits::SQL_BYTES_MAX));
+        assert_eq!(code(&long), "54000");
+        let many = "SELECT 1;".repeat(limits::STATEMENTS_PER_MESSAGE_MAX + 1);
+        assert_eq!(code(&many), "54000");
+    }
+
+    #[test]
+    fn empty_statements_between_semicolons_are_skipped() {
+        assert_eq!(code("BEGIN;;COMMIT"), "ok begin,commit");
+    }
+}

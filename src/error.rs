@@ -44,7 +44,11 @@ pub enum Error {
 
     /// A session parameter or mechanism argument with a bad value.
     #[error("invalid value for {name}: {reason}")]
-    InvalidParameter { name: String, reason: String, hint: String },
+    InvalidParameter {
+        name: String,
+        reason: String,
+        hint: String,
+    },
 
     /// A mechanism that cannot be constructed (ε ≤ 0, non-finite bounds, …).
     #[error("invalid mechanism: {reason}")]
@@ -126,7 +130,7 @@ impl Error {
             Error::UpstreamUnavailable => SqlState::CANNOT_CONNECT_NOW,
             Error::Upstream => SqlState::SYSTEM_ERROR,
             Error::LedgerUnavailable => SqlState::CANNOT_CONNECT_NOW,
-            Error::Transaction { .. } => SqlState::INVALID_TRANSACTION_STATE,
+            Error::Transaction { .. } => SqlState::IN_FAILED_SQL_TRANSACTION,
             Error::Protocol { .. } => SqlState::PROTOCOL_VIOLATION,
             Error::Internal { .. } => SqlState::INTERNAL_ERROR,
         }
@@ -169,17 +173,25 @@ impl Error {
 
     /// Shorthand for a policy refusal.
     pub fn forbidden(what: impl Into<String>, hint: impl Into<String>) -> Error {
-        Error::Forbidden { what: what.into(), hint: hint.into() }
+        Error::Forbidden {
+            what: what.into(),
+            hint: hint.into(),
+        }
     }
 
     /// Shorthand for an unsupported construct.
     pub fn unsupported(what: impl Into<String>, hint: impl Into<String>) -> Error {
-        Error::Unsupported { what: what.into(), hint: hint.into() }
+        Error::Unsupported {
+            what: what.into(),
+            hint: hint.into(),
+        }
     }
 
     /// Shorthand for a bug.
     pub fn internal(detail: impl Into<String>) -> Error {
-        Error::Internal { detail: detail.into() }
+        Error::Internal {
+            detail: detail.into(),
+        }
     }
 }
 
@@ -189,17 +201,41 @@ mod tests {
 
     #[test]
     fn codes_are_the_documented_ones() {
-        assert_eq!(Error::Syntax { message: "x".into() }.sqlstate().code(), "42601");
+        assert_eq!(
+            Error::Syntax {
+                message: "x".into()
+            }
+            .sqlstate()
+            .code(),
+            "42601"
+        );
         assert_eq!(Error::forbidden("x", "y").sqlstate().code(), "42501");
         assert_eq!(Error::unsupported("x", "y").sqlstate().code(), "0A000");
-        assert_eq!(Error::UnknownTable { name: "t".into() }.sqlstate().code(), "42P01");
-        assert_eq!(Error::UnknownColumn { name: "c".into() }.sqlstate().code(), "42703");
-        assert_eq!(Error::BudgetExhausted { detail: "d".into() }.sqlstate().code(), "53400");
-        assert_eq!(Error::Authentication { user: "u".into() }.sqlstate().code(), "28P01");
+        assert_eq!(
+            Error::UnknownTable { name: "t".into() }.sqlstate().code(),
+            "42P01"
+        );
+        assert_eq!(
+            Error::UnknownColumn { name: "c".into() }.sqlstate().code(),
+            "42703"
+        );
+        assert_eq!(
+            Error::BudgetExhausted { detail: "d".into() }
+                .sqlstate()
+                .code(),
+            "53400"
+        );
+        assert_eq!(
+            Error::Authentication { user: "u".into() }.sqlstate().code(),
+            "28P01"
+        );
     }
 
     #[test]
     fn upstream_message_is_fixed() {
-        assert_eq!(Error::Upstream.to_string(), "the upstream query failed; the charge for it stands");
+        assert_eq!(
+            Error::Upstream.to_string(),
+            "the upstream query failed; the charge for it stands"
+        );
     }
 }

@@ -22,6 +22,7 @@ pub mod policy;
 pub mod release;
 pub mod rewrite;
 pub mod session;
+pub mod settings;
 pub mod wire;
 
 pub use error::{Error, Result};

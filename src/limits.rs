@@ -68,7 +68,10 @@ pub const COLUMN_BOUND_ABS_MAX: f64 = 1e15;
 /// Lifetime of a replayed answer in the replay cache when the policy does not set one.
 pub const REPLAY_LIFETIME_DEFAULT_S: u64 = 24 * 60 * 60;
 
-const _: () = assert!(STATEMENTS_PER_MESSAGE_MAX >= 4, "psqlODBC sends several statements at connect");
+const _: () = assert!(
+    STATEMENTS_PER_MESSAGE_MAX >= 4,
+    "psqlODBC sends several statements at connect"
+);
 const _: () = assert!(GROUPS_RELEASED_MAX <= UPSTREAM_ROWS_MAX);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
 const _: () = assert!(CONNECTIONS_PER_ANALYST_MAX <= CONNECTIONS_MAX);

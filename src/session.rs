@@ -1,1 +1,467 @@
-//! session: not written yet.
+//! One analyst's session, and the one function that orders the steps of a statement.
+//!
+//! The wire layer hands [`Session::execute`] a classified statement (and bound parameters);
+//! `execute` answers session statements locally, and sends DP queries through
+//! analyze → plan → charge → rewrite → backend → release. It returns plain data ([`Outcome`]) that
+//! the wire layer encodes.
+//!
+//! Invariants:
+//! - The only path from upstream rows to an [`Outcome`] goes through [`crate::release`].
+//! - Budget is charged durably before the rewritten SQL reaches the upstream, and never refunded.
+//! - A refused statement changes no state of the session and spends nothing.
+
+use std::sync::Arc;
+
+use sqlparser::ast::{self, Expr, SelectItem, SetExpr};
+
+use crate::backend::Backend;
+use crate::classify::Statement;
+use crate::error::{Error, Result};
+use crate::policy::{Analyst, Policy};
+use crate::settings::{Changed, Settings};
+
+/// What the whole server shares: the policy and the upstream.
+#[derive(Debug)]
+pub struct Shared {
+    /// The validated policy.
+    pub policy: Arc<Policy>,
+    /// The upstream database.
+    pub backend: Arc<Backend>,
+}
+
+/// Types of output columns. pgdp releases counts as `int8` and real statistics as `float8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellType {
+    /// `bigint`.
+    Int8,
+    /// `integer`.
+    Int4,
+    /// `double precision`.
+    Float8,
+    /// `text`.
+    Text,
+    /// `boolean`.
+    Bool,
+}
+
+/// One output value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell {
+    /// SQL NULL.
+    Null,
+    /// An integer.
+    Int(i64),
+    /// A real number (never NaN or infinite when released).
+    Float(f64),
+    /// Text.
+    Text(String),
+    /// A boolean.
+    Bool(bool),
+}
+
+/// An output column.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutColumn {
+    /// Column name.
+    pub name: String,
+    /// Column type.
+    pub ty: CellType,
+}
+
+impl OutColumn {
+    /// A column.
+    pub fn new(name: impl Into<String>, ty: CellType) -> OutColumn {
+        OutColumn {
+            name: name.into(),
+            ty,
+        }
+    }
+}
+
+/// A message to the client besides the result (a NOTICE).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notice {
+    /// The notice text.
+    pub message: String,
+}
+
+/// The result of one statement.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A command with its tag (`SET`, `DEALLOCATE`, …).
+    Command {
+        tag: String,
+        reported: Option<(String, String)>,
+    },
+    /// `BEGIN`: enters a transaction block.
+    TransactionStart,
+    /// `COMMIT` / `ROLLBACK`: leaves it (the tag is the command's).
+    TransactionEnd { tag: String },
+    /// Rows, with the SELECT tag implied.
+    Rows {
+        columns: Vec<OutColumn>,
+        rows: Vec<Vec<Cell>>,
+        notices: Vec<Notice>,
+    },
+}
+
+/// The schema of a statement's result, known before running it (for Describe).
+pub fn describe(
+    shared: &Shared,
+    session: &Session,
+    statement: &Statement,
+) -> Result<Option<Vec<OutColumn>>> {
+    match statement {
+        Statement::Query(query) => match constant_select(query) {
+            Some(items) => Ok(Some(
+                items
+                    .iter()
+                    .map(|item| {
+                        let (name, cell) = session.evaluate_constant(shared, item)?;
+                        Ok(OutColumn::new(name, cell_type_of(&cell)))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            )),
+            None => Err(dp_not_ready()),
+        },
+        Statement::Show { name } => {
+            let (column, _) = session.settings.show(name, &session.server_version)?;
+            Ok(Some(vec![OutColumn::new(column, CellType::Text)]))
+        }
+        Statement::Explain(_) => Ok(Some(vec![OutColumn::new("QUERY PLAN", CellType::Text)])),
+        _ => Ok(None),
+    }
+}
+
+fn dp_not_ready() -> Error {
+    Error::unsupported(
+        "querying tables",
+        "The DP query engine is not enabled in this build.",
+    )
+}
+
+fn cell_type_of(cell: &Cell) -> CellType {
+    match cell {
+        Cell::Int(_) => CellType::Int8,
+        Cell::Float(_) => CellType::Float8,
+        Cell::Bool(_) => CellType::Bool,
+        Cell::Null | Cell::Text(_) => CellType::Text,
+    }
+}
+
+/// One analyst's connection state.
+#[derive(Debug)]
+pub struct Session {
+    /// The authenticated analyst.
+    pub analyst: Analyst,
+    /// Current settings.
+    pub settings: Settings,
+    /// Settings at connection start (values for RESET / DEFAULT).
+    pub defaults: Settings,
+    /// The upstream's version string, reported to clients.
+    pub server_version: String,
+    /// Whether a transaction block is open (BEGIN seen).
+    pub in_transaction: bool,
+    /// pgdp's process id as reported by `pg_backend_pid()`.
+    pub backend_pid: i32,
+}
+
+impl Session {
+    /// A new session for an authenticated analyst.
+    pub fn new(
+        shared: &Shared,
+        analyst: Analyst,
+        server_version: String,
+        backend_pid: i32,
+    ) -> Session {
+        let settings = Settings::new(&shared.policy, &analyst, "UTC");
+        Session {
+            analyst,
+            defaults: settings.clone(),
+            settings,
+            server_version,
+            in_transaction: false,
+            backend_pid,
+        }
+    }
+
+    /// Runs one classified statement. `params` are the bound parameter values as text.
+    pub async fn execute(
+        &mut self,
+        shared: &Shared,
+        statement: &Statement,
+        _params: &[Option<String>],
+    ) -> Result<Outcome> {
+        match statement {
+            Statement::Begin => {
+                self.in_transaction = true;
+                Ok(Outcome::TransactionStart)
+            }
+            Statement::Commit => {
+                self.in_transaction = false;
+                Ok(Outcome::TransactionEnd {
+                    tag: "COMMIT".into(),
+                })
+            }
+            Statement::Rollback => {
+                self.in_transaction = false;
+                Ok(Outcome::TransactionEnd {
+                    tag: "ROLLBACK".into(),
+                })
+            }
+            Statement::Set { name, value } => {
+                let Changed {
+                    name,
+                    value,
+                    reported,
+                } = self.settings.set(
+                    name,
+                    value,
+                    &shared.policy,
+                    &self.analyst,
+                    &self.defaults,
+                )?;
+                Ok(Outcome::Command {
+                    tag: "SET".into(),
+                    reported: reported.then_some((name, value)),
+                })
+            }
+            Statement::Reset { name } => {
+                let Changed {
+                    name,
+                    value,
+                    reported,
+                } = self.settings.set(
+                    name,
+                    "DEFAULT",
+                    &shared.policy,
+                    &self.analyst,
+                    &self.defaults,
+                )?;
+                Ok(Outcome::Command {
+                    tag: "RESET".into(),
+                    reported: reported.then_some((name, value)),
+                })
+            }
+            Statement::Show { name } => {
+                let (column, value) = self.settings.show(name, &self.server_version)?;
+                Ok(Outcome::Rows {
+                    columns: vec![OutColumn::new(column, CellType::Text)],
+                    rows: vec![vec![Cell::Text(value)]],
+                    notices: Vec::new(),
+                })
+            }
+            // The wire layer frees the prepared statement itself; the tag is all that remains.
+            Statement::Deallocate { .. } => Ok(Outcome::Command {
+                tag: "DEALLOCATE".into(),
+                reported: None,
+            }),
+            Statement::Query(query) => {
+                if let Some(items) = constant_select(query) {
+                    let mut columns = Vec::new();
+                    let mut row = Vec::new();
+                    for item in items {
+                        let (name, cell) = self.evaluate_constant(shared, item)?;
+                        columns.push(OutColumn::new(name, cell_type_of(&cell)));
+                        row.push(cell);
+                    }
+                    return Ok(Outcome::Rows {
+                        columns,
+                        rows: vec![row],
+                        notices: Vec::new(),
+                    });
+                }
+                Err(dp_not_ready())
+            }
+            Statement::Explain(_) => Err(dp_not_ready()),
+        }
+    }
+
+    /// Evaluates one item of a FROM-less SELECT of constants and harmless session lookups.
+    fn evaluate_constant(&self, shared: &Shared, item: &SelectItem) -> Result<(String, Cell)> {
+        let (expr, alias) = match item {
+            SelectItem::UnnamedExpr(e) => (e, None),
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+            _ => return Err(Error::unsupported("* without FROM", "")),
+        };
+        let (default_name, cell) = self.constant_value(shared, expr)?;
+        Ok((alias.unwrap_or(default_name), cell))
+    }
+
+    fn constant_value(&self, shared: &Shared, expr: &Expr) -> Result<(String, Cell)> {
+        let not_constant = || {
+            Error::unsupported(
+                "this expression without FROM",
+                "Without FROM, pgdp answers only literals and lookups such as version(), current_schema() and current_setting('…').",
+            )
+        };
+        match expr {
+            Expr::Value(v) => {
+                let cell = match &v.value {
+                    ast::Value::Number(n, _) => match n.parse::<i64>() {
+                        Ok(i) => Cell::Int(i),
+                        Err(_) => n
+                            .parse::<f64>()
+                            .map(Cell::Float)
+                            .map_err(|_| not_constant())?,
+                    },
+                    ast::Value::SingleQuotedString(s) => Cell::Text(s.clone()),
+                    ast::Value::Boolean(b) => Cell::Bool(*b),
+                    ast::Value::Null => Cell::Null,
+                    _ => return Err(not_constant()),
+                };
+                Ok(("?column?".into(), cell))
+            }
+            Expr::Nested(inner) => self.constant_value(shared, inner),
+            Expr::Cast {
+                expr, data_type, ..
+            } => {
+                let (_, cell) = self.constant_value(shared, expr)?;
+                let ty = data_type.to_string().to_ascii_lowercase();
+                let name = ty.split('(').next().unwrap_or("").trim().to_string();
+                let cast = match (name.as_str(), cell) {
+                    ("text" | "varchar" | "name" | "character varying", c) => {
+                        Cell::Text(cell_text(&c))
+                    }
+                    (
+                        "int" | "integer" | "int4" | "bigint" | "int8" | "smallint" | "int2",
+                        Cell::Int(i),
+                    ) => Cell::Int(i),
+                    (
+                        "int" | "integer" | "int4" | "bigint" | "int8" | "smallint" | "int2",
+                        Cell::Text(t),
+                    ) => Cell::Int(t.trim().parse().map_err(|_| not_constant())?),
+                    (
+                        "float8" | "double precision" | "float" | "numeric" | "real",
+                        Cell::Int(i),
+                    ) => Cell::Float(i as f64),
+                    (
+                        "float8" | "double precision" | "float" | "numeric" | "real",
+                        Cell::Float(f),
+                    ) => Cell::Float(f),
+                    ("bool" | "boolean", Cell::Bool(b)) => Cell::Bool(b),
+                    ("regclass" | "regtype" | "oid", _) => return Err(not_constant()),
+                    (_, Cell::Null) => Cell::Null,
+                    _ => return Err(not_constant()),
+                };
+                Ok((name, cast))
+            }
+            Expr::Function(f) => {
+                let name = f
+                    .name
+                    .0
+                    .last()
+                    .map(|p| p.to_string().to_ascii_lowercase())
+                    .unwrap_or_default();
+                let qualifier_ok = f.name.0.len() == 1
+                    || (f.name.0.len() == 2
+                        && f.name.0[0].to_string().eq_ignore_ascii_case("pg_catalog"));
+                if !qualifier_ok {
+                    return Err(not_constant());
+                }
+                let args: Vec<&Expr> = match &f.args {
+                    ast::FunctionArguments::None => Vec::new(),
+                    ast::FunctionArguments::List(list) => list
+                        .args
+                        .iter()
+                        .map(|a| match a {
+                            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Ok(e),
+                            _ => Err(not_constant()),
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                    ast::FunctionArguments::Subquery(_) => return Err(not_constant()),
+                };
+                let cell = match (name.as_str(), args.len()) {
+                    ("version", 0) => Cell::Text(format!(
+                        "PostgreSQL {} (pgdp {}, differentially private proxy)",
+                        self.server_version,
+                        env!("CARGO_PKG_VERSION")
+                    )),
+                    ("current_database", 0) => Cell::Text(shared.policy.database.clone()),
+                    ("current_schema", 0) => Cell::Text(self.current_schema(shared)),
+                    ("current_user" | "session_user" | "user", 0) => Cell::Text(self.analyst.name.clone()),
+                    ("pg_backend_pid", 0) => Cell::Int(i64::from(self.backend_pid)),
+                    ("current_schemas", 1) => {
+                        let mut schemas = vec!["pg_catalog".to_string()];
+                        schemas.push(self.current_schema(shared));
+                        Cell::Text(format!("{{{}}}", schemas.join(",")))
+                    }
+                    ("current_setting", 1 | 2) => {
+                        let (_, arg) = self.constant_value(shared, args[0])?;
+                        let Cell::Text(setting) = arg else { return Err(not_constant()) };
+                        Cell::Text(self.settings.show(&setting, &self.server_version)?.1)
+                    }
+                    _ => {
+                        return Err(Error::UnknownFunction {
+                            name: f.name.to_string(),
+                            hint: "Without FROM, pgdp answers only literals and lookups such as version(), current_schema() and current_setting('…').".into(),
+                        })
+                    }
+                };
+                Ok((name, cell))
+            }
+            Expr::Identifier(id) => {
+                let n = id.value.to_ascii_lowercase();
+                match n.as_str() {
+                    "current_user" | "session_user" | "user" | "current_role" => {
+                        Ok((n, Cell::Text(self.analyst.name.clone())))
+                    }
+                    "current_schema" => Ok((n, Cell::Text(self.current_schema(shared)))),
+                    "current_catalog" => Ok((n, Cell::Text(shared.policy.database.clone()))),
+                    _ => Err(Error::UnknownColumn {
+                        name: id.value.clone(),
+                    }),
+                }
+            }
+            _ => Err(not_constant()),
+        }
+    }
+
+    fn current_schema(&self, shared: &Shared) -> String {
+        let schemas = shared.policy.schemas();
+        self.settings
+            .search_path
+            .split(',')
+            .map(|s| s.trim().trim_matches('"').to_ascii_lowercase())
+            .find(|s| schemas.contains(s))
+            .unwrap_or_else(|| "public".into())
+    }
+}
+
+fn cell_text(cell: &Cell) -> String {
+    match cell {
+        Cell::Null => String::new(),
+        Cell::Int(i) => i.to_string(),
+        Cell::Float(f) => f.to_string(),
+        Cell::Text(t) => t.clone(),
+        Cell::Bool(b) => {
+            if *b {
+                "t".into()
+            } else {
+                "f".into()
+            }
+        }
+    }
+}
+
+/// The select items of a `SELECT <items>` with no FROM, WHERE, GROUP BY or other clauses.
+pub fn constant_select(query: &ast::Query) -> Option<&[SelectItem]> {
+    if query.with.is_some()
+        || query.order_by.is_some()
+        || query.limit_clause.is_some()
+        || query.fetch.is_some()
+        || !query.locks.is_empty()
+    {
+        return None;
+    }
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    let plain = select.from.is_empty()
+        && select.selection.is_none()
+        && select.having.is_none()
+        && select.distinct.is_none()
+        && select.into.is_none()
+        && matches!(&select.group_by, ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    plain.then_some(select.projection.as_slice())
+}

@@ -1,1 +1,727 @@
-//! wire: not written yet.
+//! The PostgreSQL wire protocol front end (pgwire): startup and SCRAM-SHA-256 authentication of
+//! analysts, the simple and extended query protocols, Describe, and encoding of results, notices
+//! and errors.
+//!
+//! Invariants:
+//! - Nothing here decides what is allowed: every statement goes through [`crate::classify`] and
+//!   [`crate::session::Session::execute`]; this module only translates between messages and
+//!   plain data.
+//! - Errors reach the client as `ErrorResponse` with the SQLSTATE of [`Error::sqlstate`], our
+//!   message and hint; a refused statement never ends the connection.
+//! - Authentication failures look the same for unknown analysts and wrong passwords (28P01):
+//!   unknown names get a decoy verifier, so the SCRAM exchange runs the same way.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use futures::{stream, Sink, SinkExt};
+use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth, ScramSecret};
+use pgwire::api::auth::sasl::SASLAuthStartupHandler;
+use pgwire::api::auth::{AuthSource, LoginInfo, Password, ServerParameterProvider};
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{DataRowEncoder, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::response::NoticeResponse;
+use pgwire::messages::startup::ParameterStatus;
+use pgwire::messages::PgWireBackendMessage;
+use tokio::net::TcpListener;
+use tokio::sync::Mutex;
+
+use crate::classify::{self, Statement};
+use crate::error::Error;
+use crate::policy::{Credential, Policy};
+use crate::session::{self, Cell, CellType, OutColumn, Outcome, Session, Shared};
+
+/// Accepts connections forever, one task per connection.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    let handlers = Arc::new(Handlers::new(shared.clone()));
+    let connections = Arc::new(tokio::sync::Semaphore::new(crate::limits::CONNECTIONS_MAX));
+    loop {
+        let (socket, peer) = listener.accept().await?;
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "refusing connection: too many connections");
+            drop(socket);
+            continue;
+        };
+        let handlers = handlers.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+/// The handlers of all connections. Per-connection state lives in pgwire's session extensions.
+pub struct Handlers {
+    shared: Arc<Shared>,
+    query: Arc<QueryHandler>,
+    startup: Arc<SASLAuthStartupHandler<Parameters>>,
+}
+
+impl Handlers {
+    /// Handlers for a server.
+    pub fn new(shared: Arc<Shared>) -> Handlers {
+        let credentials = Credentials::new(&shared.policy);
+        let scram = ScramAuth::new(Arc::new(credentials));
+        let startup = SASLAuthStartupHandler::new(Arc::new(Parameters {
+            shared: shared.clone(),
+        }))
+        .with_scram(scram);
+        Handlers {
+            query: Arc::new(QueryHandler {
+                shared: shared.clone(),
+                parser: Arc::new(Parser {
+                    shared: shared.clone(),
+                }),
+            }),
+            startup: Arc::new(startup),
+            shared,
+        }
+    }
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.query.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.query.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        let _ = &self.shared;
+        self.startup.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication
+// ---------------------------------------------------------------------------------------------
+
+/// Analyst credentials from the policy, in the form SCRAM needs.
+struct Credentials {
+    database: String,
+    secrets: HashMap<String, StoredSecret>,
+    decoy_key: [u8; 32],
+}
+
+enum StoredSecret {
+    Verifier {
+        salt: Vec<u8>,
+        iterations: usize,
+        stored_key: Vec<u8>,
+        server_key: Vec<u8>,
+    },
+    Salted {
+        salt: Vec<u8>,
+        salted_password: Vec<u8>,
+    },
+}
+
+impl Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("analysts", &self.secrets.len())
+            .finish()
+    }
+}
+
+impl Credentials {
+    fn new(policy: &Policy) -> Credentials {
+        let mut decoy_key = [0u8; 32];
+        rand::fill(&mut decoy_key);
+        let secrets = policy
+            .analysts
+            .values()
+            .map(|a| {
+                let secret = match &a.credential {
+                    Credential::Verifier {
+                        salt,
+                        iterations,
+                        stored_key,
+                        server_key,
+                    } => StoredSecret::Verifier {
+                        salt: salt.clone(),
+                        iterations: *iterations,
+                        stored_key: stored_key.clone(),
+                        server_key: server_key.clone(),
+                    },
+                    Credential::Password(pw) => {
+                        let mut salt = vec![0u8; 16];
+                        rand::fill(salt.as_mut_slice());
+                        let salted_password = gen_salted_password(pw, &salt, 4096);
+                        StoredSecret::Salted {
+                            salt,
+                            salted_password,
+                        }
+                    }
+                };
+                (a.name.clone(), secret)
+            })
+            .collect();
+        Credentials {
+            database: policy.database.clone(),
+            secrets,
+            decoy_key,
+        }
+    }
+
+    /// A verifier for an unknown user: deterministic per user (so retries look alike) and never
+    /// matching any password.
+    fn decoy(&self, user: &str) -> ScramSecret {
+        let digest = |label: &[u8]| {
+            let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+            ctx.update(&self.decoy_key);
+            ctx.update(label);
+            ctx.update(user.as_bytes());
+            ctx.finish().as_ref().to_vec()
+        };
+        ScramSecret::Verifier {
+            salt: digest(b"salt")[..16].to_vec(),
+            iterations: 4096,
+            stored_key: digest(b"stored"),
+            server_key: digest(b"server"),
+        }
+    }
+}
+
+#[async_trait]
+impl AuthSource for Credentials {
+    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
+        Err(PgWireError::InvalidPassword(
+            login.user().unwrap_or_default().to_owned(),
+        ))
+    }
+
+    async fn get_scram_secret(&self, login: &LoginInfo) -> PgWireResult<(ScramSecret, Option<()>)> {
+        let user = login.user().unwrap_or_default();
+        let database = login.database().unwrap_or(user);
+        if database != self.database {
+            return Err(user_error(&Error::UnknownDatabase {
+                name: database.to_string(),
+            }));
+        }
+        let secret = match self.secrets.get(user) {
+            Some(StoredSecret::Verifier {
+                salt,
+                iterations,
+                stored_key,
+                server_key,
+            }) => ScramSecret::Verifier {
+                salt: salt.clone(),
+                iterations: *iterations,
+                stored_key: stored_key.clone(),
+                server_key: server_key.clone(),
+            },
+            Some(StoredSecret::Salted {
+                salt,
+                salted_password,
+            }) => ScramSecret::SaltedPassword {
+                salt: salt.clone(),
+                salted_password: salted_password.clone(),
+            },
+            None => self.decoy(user),
+        };
+        Ok((secret, None))
+    }
+}
+
+/// ParameterStatus values sent at startup.
+struct Parameters {
+    shared: Arc<Shared>,
+}
+
+impl ServerParameterProvider for Parameters {
+    fn server_parameters<C>(&self, client: &C) -> Option<HashMap<String, String>>
+    where
+        C: ClientInfo,
+    {
+        let version = self
+            .shared
+            .backend
+            .cached_server_version()
+            .unwrap_or_else(|| "15.0".into());
+        let user = client.metadata().get("user").cloned().unwrap_or_default();
+        let application = client
+            .metadata()
+            .get("application_name")
+            .cloned()
+            .unwrap_or_default();
+        let mut p = HashMap::new();
+        for (k, v) in [
+            ("server_version", version.as_str()),
+            ("server_encoding", "UTF8"),
+            ("client_encoding", "UTF8"),
+            ("DateStyle", "ISO, MDY"),
+            ("IntervalStyle", "postgres"),
+            ("TimeZone", "UTC"),
+            ("integer_datetimes", "on"),
+            ("standard_conforming_strings", "on"),
+            ("is_superuser", "off"),
+            ("default_transaction_read_only", "on"),
+            ("in_hot_standby", "off"),
+            ("session_authorization", user.as_str()),
+            ("application_name", application.as_str()),
+        ] {
+            p.insert(k.to_string(), v.to_string());
+        }
+        Some(p)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queries
+// ---------------------------------------------------------------------------------------------
+
+/// Per-connection state, kept in pgwire's session extensions.
+#[derive(Default)]
+struct Connection {
+    session: Mutex<Option<Session>>,
+}
+
+/// A statement prepared with Parse: classified once, its result schema known for Describe.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    statement: Option<Statement>,
+    columns: Option<Vec<OutColumn>>,
+    parameter_types: Vec<Type>,
+}
+
+/// Handles simple and extended queries.
+pub struct QueryHandler {
+    shared: Arc<Shared>,
+    parser: Arc<Parser>,
+}
+
+/// Parses and classifies statements of the extended protocol.
+pub struct Parser {
+    shared: Arc<Shared>,
+}
+
+fn connection<C: ClientInfo>(client: &C) -> Arc<Connection> {
+    client
+        .session_extensions()
+        .get_or_insert_with(Connection::default)
+}
+
+/// Creates the session on first use (after authentication, the user is a known analyst).
+fn ensure_session<'a, C: ClientInfo>(
+    slot: &'a mut Option<Session>,
+    client: &C,
+    shared: &Shared,
+) -> Result<&'a mut Session, Error> {
+    if slot.is_none() {
+        let user = client.metadata().get("user").cloned().unwrap_or_default();
+        let analyst = shared
+            .policy
+            .analysts
+            .get(&user)
+            .cloned()
+            .ok_or(Error::Authentication { user })?;
+        let version = shared
+            .backend
+            .cached_server_version()
+            .unwrap_or_else(|| "15.0".into());
+        let (pid, _) = client.pid_and_secret_key();
+        *slot = Some(Session::new(shared, analyst, version, pid));
+    }
+    slot.as_mut()
+        .ok_or_else(|| Error::internal("session missing after creation"))
+}
+
+fn error_info(e: &Error) -> ErrorInfo {
+    let mut info = ErrorInfo::new(
+        "ERROR".to_owned(),
+        e.sqlstate().code().to_owned(),
+        e.to_string(),
+    );
+    info.hint = e.hint().map(str::to_owned);
+    info
+}
+
+fn user_error(e: &Error) -> PgWireError {
+    PgWireError::UserError(Box::new(error_info(e)))
+}
+
+fn pg_type(ty: CellType) -> Type {
+    match ty {
+        CellType::Int8 => Type::INT8,
+        CellType::Int4 => Type::INT4,
+        CellType::Float8 => Type::FLOAT8,
+        CellType::Text => Type::TEXT,
+        CellType::Bool => Type::BOOL,
+    }
+}
+
+fn fields(columns: &[OutColumn], format: &Format) -> Vec<FieldInfo> {
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            FieldInfo::new(
+                c.name.clone(),
+                None,
+                None,
+                pg_type(c.ty),
+                format.format_for(i),
+            )
+        })
+        .collect()
+}
+
+fn encode_rows(
+    columns: &[OutColumn],
+    rows: Vec<Vec<Cell>>,
+    format: &Format,
+) -> PgWireResult<QueryResponse> {
+    let schema = Arc::new(fields(columns, format));
+    let mut encoder = DataRowEncoder::new(schema.clone());
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        for (cell, column) in row.into_iter().zip(columns) {
+            match (column.ty, cell) {
+                (CellType::Int8, Cell::Int(i)) => encoder.encode_field(&Some(i))?,
+                (CellType::Int4, Cell::Int(i)) => {
+                    encoder.encode_field(&Some(i32::try_from(i).unwrap_or(i32::MAX)))?
+                }
+                (CellType::Float8, Cell::Float(f)) => encoder.encode_field(&Some(f))?,
+                (CellType::Float8, Cell::Int(i)) => encoder.encode_field(&Some(i as f64))?,
+                (CellType::Bool, Cell::Bool(b)) => encoder.encode_field(&Some(b))?,
+                (CellType::Text, Cell::Text(t)) => encoder.encode_field(&Some(t))?,
+                (CellType::Int8, _) => encoder.encode_field(&None::<i64>)?,
+                (CellType::Int4, _) => encoder.encode_field(&None::<i32>)?,
+                (CellType::Float8, _) => encoder.encode_field(&None::<f64>)?,
+                (CellType::Bool, _) => encoder.encode_field(&None::<bool>)?,
+                (CellType::Text, other) => match other {
+                    Cell::Null => encoder.encode_field(&None::<String>)?,
+                    Cell::Int(i) => encoder.encode_field(&Some(i.to_string()))?,
+                    Cell::Float(f) => encoder.encode_field(&Some(f.to_string()))?,
+                    Cell::Bool(b) => {
+                        encoder.encode_field(&Some(if b { "t" } else { "f" }.to_string()))?
+                    }
+                    Cell::Text(t) => encoder.encode_field(&Some(t))?,
+                },
+            }
+        }
+        out.push(Ok(encoder.take_row()));
+    }
+    Ok(QueryResponse::new(schema, stream::iter(out)))
+}
+
+/// Sends notices and parameter changes, and turns an outcome into a pgwire response.
+async fn respond<C>(client: &mut C, outcome: Outcome, format: &Format) -> PgWireResult<Response>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+    C::Error: Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    Ok(match outcome {
+        Outcome::Command { tag, reported } => {
+            if let Some((name, value)) = reported {
+                client
+                    .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+                        name, value,
+                    )))
+                    .await?;
+            }
+            Response::Execution(Tag::new(&tag))
+        }
+        Outcome::TransactionStart => Response::TransactionStart(Tag::new("BEGIN")),
+        Outcome::TransactionEnd { tag } => Response::TransactionEnd(Tag::new(&tag)),
+        Outcome::Rows {
+            columns,
+            rows,
+            notices,
+        } => {
+            for n in notices {
+                let info = ErrorInfo::new("NOTICE".to_owned(), "00000".to_owned(), n.message);
+                client
+                    .feed(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(
+                        info,
+                    )))
+                    .await?;
+            }
+            Response::Query(encode_rows(&columns, rows, format)?)
+        }
+    })
+}
+
+fn log_statement(analyst: &str, kind: &str, result: &Result<Outcome, Error>, started: Instant) {
+    let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+    match result {
+        Ok(_) => tracing::info!(analyst, kind, outcome = "ok", duration_ms, "statement"),
+        Err(e) => tracing::info!(
+            analyst,
+            kind,
+            outcome = "refused",
+            sqlstate = e.sqlstate().code(),
+            duration_ms,
+            "statement"
+        ),
+    }
+}
+
+/// Whether the transaction is in the failed state, where only COMMIT/ROLLBACK are accepted.
+fn in_failed_transaction<C: ClientInfo>(client: &C) -> bool {
+    matches!(
+        client.transaction_status(),
+        pgwire::messages::response::TransactionStatus::Error
+    )
+}
+
+fn aborted_transaction() -> Error {
+    Error::Transaction {
+        what: "current transaction is aborted, commands ignored until end of transaction block"
+            .into(),
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for QueryHandler {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let conn = connection(client);
+        let mut slot = conn.session.lock().await;
+        let session =
+            ensure_session(&mut slot, client, &self.shared).map_err(|e| user_error(&e))?;
+        let started = Instant::now();
+        let statements = match classify::classify(query) {
+            Ok(s) => s,
+            Err(e) => {
+                let result = Err(e);
+                log_statement(&session.analyst.name, "message", &result, started);
+                let Err(e) = result else { unreachable!() };
+                return Ok(vec![Response::Error(Box::new(error_info(&e)))]);
+            }
+        };
+        let mut failed = in_failed_transaction(client);
+        let mut responses = Vec::with_capacity(statements.len());
+        for statement in statements {
+            let started = Instant::now();
+            let result = if failed && !matches!(statement, Statement::Commit | Statement::Rollback)
+            {
+                Err(aborted_transaction())
+            } else {
+                session.execute(&self.shared, &statement, &[]).await
+            };
+            log_statement(&session.analyst.name, statement.kind(), &result, started);
+            match result {
+                Ok(outcome) => {
+                    if let Statement::Deallocate { name: Some(n) } = &statement {
+                        client.portal_store().rm_statement(n);
+                    }
+                    let outcome = match (failed, outcome) {
+                        (true, Outcome::TransactionEnd { .. }) => {
+                            failed = false;
+                            Outcome::TransactionEnd {
+                                tag: "ROLLBACK".into(),
+                            }
+                        }
+                        (_, o) => o,
+                    };
+                    responses.push(respond(client, outcome, &Format::UnifiedText).await?);
+                }
+                Err(e) => {
+                    responses.push(Response::Error(Box::new(error_info(&e))));
+                    break;
+                }
+            }
+        }
+        Ok(responses)
+    }
+}
+
+#[async_trait]
+impl QueryParser for Parser {
+    type Statement = Prepared;
+
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<Prepared>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let mut statements = classify::classify(sql).map_err(|e| user_error(&e))?;
+        if statements.len() > 1 {
+            return Err(user_error(&Error::Syntax {
+                message: "cannot insert multiple commands into a prepared statement".into(),
+            }));
+        }
+        let Some(statement) = statements.pop() else {
+            return Ok(None);
+        };
+        let conn = connection(client);
+        let mut slot = conn.session.lock().await;
+        let session =
+            ensure_session(&mut slot, client, &self.shared).map_err(|e| user_error(&e))?;
+        let columns =
+            session::describe(&self.shared, session, &statement).map_err(|e| user_error(&e))?;
+        let parameter_types = types
+            .iter()
+            .map(|t| t.clone().unwrap_or(Type::TEXT))
+            .collect();
+        Ok(Some(Prepared {
+            statement: Some(statement),
+            columns,
+            parameter_types,
+        }))
+    }
+
+    fn get_parameter_types(&self, stmt: &Prepared) -> PgWireResult<Vec<Type>> {
+        Ok(stmt.parameter_types.clone())
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &Prepared,
+        format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        let format = format.cloned().unwrap_or_default();
+        Ok(stmt
+            .columns
+            .as_deref()
+            .map(|c| fields(c, &format))
+            .unwrap_or_default())
+    }
+}
+
+/// Bound parameters as text, decoding binary formats of the common scalar types.
+fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, Error> {
+    let types = &portal.statement.statement.parameter_types;
+    portal
+        .parameters
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            let Some(bytes) = raw else { return Ok(None) };
+            if portal.parameter_format.is_text(i) {
+                return String::from_utf8(bytes.to_vec())
+                    .map(Some)
+                    .map_err(|_| Error::Protocol {
+                        what: "parameter is not valid UTF-8".into(),
+                    });
+            }
+            let ty = types.get(i).cloned().unwrap_or(Type::TEXT);
+            let b = bytes.as_ref();
+            let text = match ty {
+                t if t == Type::INT2 && b.len() == 2 => {
+                    i16::from_be_bytes([b[0], b[1]]).to_string()
+                }
+                t if t == Type::INT4 && b.len() == 4 => {
+                    i32::from_be_bytes([b[0], b[1], b[2], b[3]]).to_string()
+                }
+                t if t == Type::INT8 && b.len() == 8 => {
+                    i64::from_be_bytes(b.try_into().map_err(|_| Error::Protocol {
+                        what: "bad int8".into(),
+                    })?)
+                    .to_string()
+                }
+                t if t == Type::FLOAT8 && b.len() == 8 => {
+                    f64::from_be_bytes(b.try_into().map_err(|_| Error::Protocol {
+                        what: "bad float8".into(),
+                    })?)
+                    .to_string()
+                }
+                t if t == Type::FLOAT4 && b.len() == 4 => {
+                    f32::from_be_bytes([b[0], b[1], b[2], b[3]]).to_string()
+                }
+                t if t == Type::BOOL && b.len() == 1 => {
+                    if b[0] != 0 { "true" } else { "false" }.to_string()
+                }
+                t if t == Type::TEXT
+                    || t == Type::VARCHAR
+                    || t == Type::UNKNOWN
+                    || t == Type::NAME =>
+                {
+                    String::from_utf8(b.to_vec()).map_err(|_| Error::Protocol {
+                        what: "parameter is not valid UTF-8".into(),
+                    })?
+                }
+                other => {
+                    return Err(Error::unsupported(
+                        format!("binary parameters of type {}", other.name()),
+                        "Send this parameter in text format.",
+                    ))
+                }
+            };
+            Ok(Some(text))
+        })
+        .collect()
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for QueryHandler {
+    type Statement = Prepared;
+    type QueryParser = Parser;
+
+    fn query_parser(&self) -> Arc<Parser> {
+        self.parser.clone()
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Prepared>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let Some(statement) = portal.statement.statement.statement.clone() else {
+            return Ok(Response::EmptyQuery);
+        };
+        let conn = connection(client);
+        let mut slot = conn.session.lock().await;
+        let session =
+            ensure_session(&mut slot, client, &self.shared).map_err(|e| user_error(&e))?;
+        let started = Instant::now();
+        let result = if in_failed_transaction(client)
+            && !matches!(statement, Statement::Commit | Statement::Rollback)
+        {
+            Err(aborted_transaction())
+        } else {
+            match parameters_as_text(portal) {
+                Ok(params) => session.execute(&self.shared, &statement, &params).await,
+                Err(e) => Err(e),
+            }
+        };
+        log_statement(&session.analyst.name, statement.kind(), &result, started);
+        drop(slot);
+        match result {
+            Ok(outcome) => {
+                if let Statement::Deallocate { name: Some(n) } = &statement {
+                    client.portal_store().rm_statement(n);
+                }
+                let outcome = match (in_failed_transaction(client), outcome) {
+                    (true, Outcome::TransactionEnd { .. }) => Outcome::TransactionEnd {
+                        tag: "ROLLBACK".into(),
+                    },
+                    (_, o) => o,
+                };
+                respond(client, outcome, &portal.result_column_format).await
+            }
+            Err(e) => Err(user_error(&e)),
+        }
+    }
+}

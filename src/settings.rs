@@ -1,0 +1,592 @@
+//! Session parameters pgdp answers itself: a whitelist of harmless client settings and the
+//! `pgdp.*` privacy settings.
+//!
+//! Invariants:
+//! - No SET ever reaches the upstream. Values live only in pgdp's session state; the upstream's
+//!   behaviour (planner, timeouts, roles, search path) is fixed by pgdp.
+//! - A parameter outside the whitelist is refused: unknown names with 42704 like PostgreSQL,
+//!   known but dangerous ones (planner, timeouts, roles) with 42501.
+//! - `pgdp.epsilon` and `pgdp.delta` are validated against the policy and [`crate::limits`] when
+//!   set, so a query never starts with an invalid privacy parameter.
+
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::policy::{Analyst, Mechanism, Policy};
+
+/// Parameters whose changes are reported to the client with ParameterStatus.
+pub const REPORTED: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+    "integer_datetimes",
+    "is_superuser",
+    "server_encoding",
+    "server_version",
+    "session_authorization",
+];
+
+/// One session's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `application_name`.
+    pub application_name: String,
+    /// `DateStyle` (always ISO first).
+    pub date_style: String,
+    /// `TimeZone`.
+    pub time_zone: String,
+    /// `IntervalStyle`.
+    pub interval_style: String,
+    /// `extra_float_digits`.
+    pub extra_float_digits: i32,
+    /// `search_path`.
+    pub search_path: String,
+    /// `client_min_messages`.
+    pub client_min_messages: String,
+    /// `bytea_output`.
+    pub bytea_output: String,
+    /// `transaction_isolation` as reported by SHOW.
+    pub transaction_isolation: String,
+    /// ε spent by the next DP query.
+    pub epsilon: f64,
+    /// δ spent by the next DP query that needs δ.
+    pub delta: f64,
+    /// The noise mechanism of the next DP query.
+    pub mechanism: Mechanism,
+    /// Whether each noisy column is followed by its 95% error bound.
+    pub accuracy: bool,
+}
+
+/// The outcome of a SET: the canonical name and value to report with ParameterStatus, if the
+/// parameter is one clients track.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Changed {
+    /// Name as PostgreSQL spells it in ParameterStatus (e.g. `TimeZone`).
+    pub name: String,
+    /// The new value.
+    pub value: String,
+    /// Whether clients expect a ParameterStatus message for it.
+    pub reported: bool,
+}
+
+impl Settings {
+    /// Defaults for a new session of `analyst` under `policy`.
+    pub fn new(policy: &Policy, analyst: &Analyst, time_zone: &str) -> Settings {
+        let cap = analyst
+            .budget
+            .epsilon_per_query_max
+            .unwrap_or(f64::INFINITY);
+        Settings {
+            application_name: String::new(),
+            date_style: "ISO, MDY".into(),
+            time_zone: time_zone.to_string(),
+            interval_style: "postgres".into(),
+            extra_float_digits: 1,
+            search_path: "\"$user\", public".into(),
+            client_min_messages: "notice".into(),
+            bytea_output: "hex".into(),
+            transaction_isolation: "read committed".into(),
+            epsilon: policy.defaults.epsilon.min(cap),
+            delta: policy.defaults.delta.min(analyst.budget.delta),
+            mechanism: policy.defaults.mechanism,
+            accuracy: false,
+        }
+    }
+
+    /// Applies `SET name = value`. `defaults` gives the value for `DEFAULT` / `RESET`.
+    pub fn set(
+        &mut self,
+        name: &str,
+        value: &str,
+        policy: &Policy,
+        analyst: &Analyst,
+        defaults: &Settings,
+    ) -> Result<Changed> {
+        let name = name.to_ascii_lowercase();
+        let is_default = value.eq_ignore_ascii_case("default") || value.is_empty();
+        let changed = |n: &str, v: String, reported: bool| Changed {
+            name: n.into(),
+            value: v,
+            reported,
+        };
+        match name.as_str() {
+            "application_name" => {
+                self.application_name = if is_default {
+                    defaults.application_name.clone()
+                } else {
+                    value.chars().take(63).collect()
+                };
+                Ok(changed(
+                    "application_name",
+                    self.application_name.clone(),
+                    true,
+                ))
+            }
+            "client_encoding" | "names" => {
+                let v = value.to_ascii_uppercase().replace(['-', '_'], "");
+                if is_default || v == "UTF8" || v == "UNICODE" {
+                    Ok(changed("client_encoding", "UTF8".into(), true))
+                } else {
+                    Err(invalid(
+                        &name,
+                        "pgdp speaks only UTF8",
+                        "Use SET client_encoding = 'UTF8'.",
+                    ))
+                }
+            }
+            "datestyle" => {
+                if is_default {
+                    self.date_style = defaults.date_style.clone();
+                } else {
+                    let parts: Vec<String> = value
+                        .split(',')
+                        .map(|p| p.trim().to_ascii_uppercase())
+                        .collect();
+                    let order = parts
+                        .iter()
+                        .find(|p| matches!(p.as_str(), "MDY" | "DMY" | "YMD"))
+                        .cloned()
+                        .unwrap_or_else(|| "MDY".into());
+                    if parts
+                        .iter()
+                        .any(|p| !matches!(p.as_str(), "ISO" | "MDY" | "DMY" | "YMD"))
+                    {
+                        return Err(invalid(
+                            "DateStyle",
+                            "pgdp answers dates in ISO style only",
+                            "Use SET DateStyle = 'ISO, MDY'.",
+                        ));
+                    }
+                    self.date_style = format!("ISO, {order}");
+                }
+                Ok(changed("DateStyle", self.date_style.clone(), true))
+            }
+            "timezone" | "time zone" => {
+                self.time_zone = if is_default {
+                    defaults.time_zone.clone()
+                } else if value.len() <= 64
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "/_+-:".contains(c))
+                {
+                    value.to_string()
+                } else {
+                    return Err(invalid(
+                        "TimeZone",
+                        "not a time zone name",
+                        "Use e.g. SET TimeZone = 'UTC'.",
+                    ));
+                };
+                Ok(changed("TimeZone", self.time_zone.clone(), true))
+            }
+            "intervalstyle" => {
+                let v = value.to_ascii_lowercase();
+                if is_default
+                    || matches!(
+                        v.as_str(),
+                        "postgres" | "postgres_verbose" | "sql_standard" | "iso_8601"
+                    )
+                {
+                    self.interval_style = if is_default {
+                        defaults.interval_style.clone()
+                    } else {
+                        v
+                    };
+                    Ok(changed("IntervalStyle", self.interval_style.clone(), true))
+                } else {
+                    Err(invalid("IntervalStyle", "unknown interval style", ""))
+                }
+            }
+            "extra_float_digits" => {
+                self.extra_float_digits = if is_default {
+                    defaults.extra_float_digits
+                } else {
+                    value
+                        .trim()
+                        .parse::<i32>()
+                        .ok()
+                        .filter(|v| (-15..=3).contains(v))
+                        .ok_or_else(|| invalid(&name, "must be an integer from -15 to 3", ""))?
+                };
+                Ok(changed(
+                    "extra_float_digits",
+                    self.extra_float_digits.to_string(),
+                    false,
+                ))
+            }
+            "search_path" => {
+                if is_default {
+                    self.search_path = defaults.search_path.clone();
+                } else {
+                    let allowed = policy.schemas();
+                    for schema in value.split(',').map(|s| s.trim().trim_matches('"')) {
+                        let ok = schema.is_empty()
+                            || schema == "$user"
+                            || schema == "public"
+                            || schema == "pg_catalog"
+                            || allowed.iter().any(|a| a == &schema.to_ascii_lowercase());
+                        if !ok {
+                            return Err(Error::forbidden(
+                                format!("search_path may not include schema \"{schema}\""),
+                                format!("Allowed schemas: {}.", allowed.join(", ")),
+                            ));
+                        }
+                    }
+                    self.search_path = value.to_string();
+                }
+                Ok(changed("search_path", self.search_path.clone(), false))
+            }
+            "client_min_messages" => {
+                let v = value.to_ascii_lowercase();
+                let known = [
+                    "debug5", "debug4", "debug3", "debug2", "debug1", "debug", "log", "notice",
+                    "warning", "error",
+                ];
+                if is_default || known.contains(&v.as_str()) {
+                    self.client_min_messages = if is_default {
+                        defaults.client_min_messages.clone()
+                    } else {
+                        v
+                    };
+                    Ok(changed(
+                        "client_min_messages",
+                        self.client_min_messages.clone(),
+                        false,
+                    ))
+                } else {
+                    Err(invalid(&name, "unknown message level", ""))
+                }
+            }
+            "bytea_output" => {
+                let v = value.to_ascii_lowercase();
+                if is_default || v == "hex" || v == "escape" {
+                    self.bytea_output = if is_default {
+                        defaults.bytea_output.clone()
+                    } else {
+                        v
+                    };
+                    Ok(changed("bytea_output", self.bytea_output.clone(), false))
+                } else {
+                    Err(invalid(&name, "must be hex or escape", ""))
+                }
+            }
+            "standard_conforming_strings" => {
+                if is_default || matches!(value.to_ascii_lowercase().as_str(), "on" | "true" | "1")
+                {
+                    Ok(changed("standard_conforming_strings", "on".into(), true))
+                } else {
+                    Err(invalid(
+                        &name,
+                        "pgdp requires standard_conforming_strings = on",
+                        "",
+                    ))
+                }
+            }
+            // Transaction characteristics have no effect: every upstream statement runs in its
+            // own read-only transaction chosen by pgdp. Accepted so that drivers can set them.
+            "transaction"
+            | "transaction_isolation"
+            | "default_transaction_isolation"
+            | "default_transaction_read_only"
+            | "transaction_read_only"
+            | "session characteristics" => Ok(changed(&name, value.to_string(), false)),
+            "pgdp.epsilon" => {
+                let eps = if is_default {
+                    defaults.epsilon
+                } else {
+                    parse_positive(&name, value)?
+                };
+                check_epsilon(eps, analyst)?;
+                self.epsilon = eps;
+                Ok(changed("pgdp.epsilon", eps.to_string(), false))
+            }
+            "pgdp.delta" => {
+                let delta = if is_default {
+                    defaults.delta
+                } else {
+                    value.trim().parse::<f64>().map_err(|_| {
+                        invalid(&name, "not a number", "Use e.g. SET pgdp.delta = 1e-7.")
+                    })?
+                };
+                if !delta.is_finite() || !(0.0..1.0).contains(&delta) {
+                    return Err(invalid(
+                        &name,
+                        "must be in [0, 1)",
+                        "Use e.g. SET pgdp.delta = 1e-7.",
+                    ));
+                }
+                if delta > analyst.budget.delta {
+                    return Err(invalid(
+                        &name,
+                        &format!("exceeds your total delta of {}", analyst.budget.delta),
+                        "Choose a smaller delta.",
+                    ));
+                }
+                self.delta = delta;
+                Ok(changed("pgdp.delta", delta.to_string(), false))
+            }
+            "pgdp.mechanism" => {
+                self.mechanism = if is_default {
+                    defaults.mechanism
+                } else {
+                    Mechanism::parse(value).ok_or_else(|| {
+                        invalid(
+                            &name,
+                            "must be laplace or gaussian",
+                            "Use SET pgdp.mechanism = 'laplace'.",
+                        )
+                    })?
+                };
+                Ok(changed(
+                    "pgdp.mechanism",
+                    self.mechanism.name().into(),
+                    false,
+                ))
+            }
+            "pgdp.accuracy" => {
+                self.accuracy = if is_default {
+                    defaults.accuracy
+                } else {
+                    parse_bool(value).ok_or_else(|| invalid(&name, "must be on or off", ""))?
+                };
+                Ok(changed(
+                    "pgdp.accuracy",
+                    on_off(self.accuracy).into(),
+                    false,
+                ))
+            }
+            "statement_timeout"
+            | "lock_timeout"
+            | "idle_in_transaction_session_timeout"
+            | "work_mem"
+            | "role"
+            | "session_authorization"
+            | "default_transaction_deferrable"
+            | "jit"
+            | "geqo"
+            | "random_page_cost"
+            | "seq_page_cost"
+            | "cpu_tuple_cost" => Err(forbidden_setting(&name)),
+            n if n.starts_with("enable_")
+                || n.starts_with("pg_")
+                || n.starts_with("plan")
+                || n.starts_with("geqo") =>
+            {
+                Err(forbidden_setting(&name))
+            }
+            _ => Err(Error::UnknownParameter { name }),
+        }
+    }
+
+    /// The value `SHOW name` returns, with the column name PostgreSQL uses.
+    pub fn show(&self, name: &str, server_version: &str) -> Result<(String, String)> {
+        let name = name.to_ascii_lowercase();
+        let v = match name.as_str() {
+            "application_name" => self.application_name.clone(),
+            "client_encoding" | "server_encoding" => "UTF8".into(),
+            "datestyle" => self.date_style.clone(),
+            "timezone" | "time zone" => self.time_zone.clone(),
+            "intervalstyle" => self.interval_style.clone(),
+            "extra_float_digits" => self.extra_float_digits.to_string(),
+            "search_path" => self.search_path.clone(),
+            "client_min_messages" => self.client_min_messages.clone(),
+            "bytea_output" => self.bytea_output.clone(),
+            "standard_conforming_strings" | "integer_datetimes" => "on".into(),
+            "is_superuser" => "off".into(),
+            "transaction isolation level"
+            | "transaction_isolation"
+            | "default_transaction_isolation" => self.transaction_isolation.clone(),
+            "transaction_read_only" | "default_transaction_read_only" => "on".into(),
+            "server_version" => server_version.to_string(),
+            "server_version_num" => server_version_num(server_version),
+            "max_identifier_length" => "63".into(),
+            "lc_collate" | "lc_ctype" => "C.UTF-8".into(),
+            "pgdp.epsilon" => self.epsilon.to_string(),
+            "pgdp.delta" => self.delta.to_string(),
+            "pgdp.mechanism" => self.mechanism.name().into(),
+            "pgdp.accuracy" => on_off(self.accuracy).into(),
+            "all" => {
+                return Err(Error::unsupported(
+                    "SHOW ALL",
+                    "SHOW one parameter at a time, e.g. SHOW pgdp.epsilon.",
+                ))
+            }
+            _ => return Err(Error::UnknownParameter { name }),
+        };
+        let column = match name.as_str() {
+            "transaction isolation level" => "transaction_isolation".to_string(),
+            "datestyle" => "DateStyle".into(),
+            "timezone" | "time zone" => "TimeZone".into(),
+            "intervalstyle" => "IntervalStyle".into(),
+            _ => name,
+        };
+        Ok((column, v))
+    }
+}
+
+/// `"15.4"` → `"150004"`, `"16.1 (Debian …)"` → `"160001"`.
+pub fn server_version_num(version: &str) -> String {
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major * 10_000 + minor).to_string()
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" | "t" => Some(true),
+        "off" | "false" | "no" | "0" | "f" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_positive(name: &str, value: &str) -> Result<f64> {
+    value
+        .trim()
+        .parse::<f64>()
+        .map_err(|_| invalid(name, "not a number", "Use e.g. SET pgdp.epsilon = 0.5."))
+}
+
+/// Checks an ε for one query against the global limits and the analyst's cap.
+pub fn check_epsilon(eps: f64, analyst: &Analyst) -> Result<()> {
+    let hint = "Use e.g. SET pgdp.epsilon = 0.5.";
+    if !eps.is_finite() || eps <= 0.0 {
+        return Err(invalid(
+            "pgdp.epsilon",
+            "must be a positive finite number",
+            hint,
+        ));
+    }
+    if eps < limits::EPSILON_PER_QUERY_MIN {
+        return Err(invalid(
+            "pgdp.epsilon",
+            &format!("must be at least {}", limits::EPSILON_PER_QUERY_MIN),
+            hint,
+        ));
+    }
+    let cap = analyst
+        .budget
+        .epsilon_per_query_max
+        .unwrap_or(f64::INFINITY)
+        .min(limits::EPSILON_PER_QUERY_MAX)
+        .min(analyst.budget.epsilon);
+    if eps > cap {
+        return Err(invalid(
+            "pgdp.epsilon",
+            &format!("exceeds the per-query cap of {cap}"),
+            &format!("Choose an epsilon of at most {cap}."),
+        ));
+    }
+    Ok(())
+}
+
+fn invalid(name: &str, reason: &str, hint: &str) -> Error {
+    Error::InvalidParameter {
+        name: name.into(),
+        reason: reason.into(),
+        hint: hint.into(),
+    }
+}
+
+fn forbidden_setting(name: &str) -> Error {
+    Error::forbidden(
+        format!("setting \"{name}\" is not allowed through pgdp"),
+        "pgdp fixes the upstream's planner, timeouts and roles; only client-side and pgdp.* settings can be changed.",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> (Policy, Analyst) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
+        let policy = crate::policy::load(&path).expect("demo policy");
+        let analyst = policy.analysts.get("analyst").expect("analyst").clone();
+        (policy, analyst)
+    }
+
+    fn set(s: &mut Settings, name: &str, value: &str) -> Result<Changed> {
+        let (p, a) = fixture();
+        let d = Settings::new(&p, &a, "UTC");
+        s.set(name, value, &p, &a, &d)
+    }
+
+    #[test]
+    fn whitelisted_settings_change_locally() {
+        let (p, a) = fixture();
+        let mut s = Settings::new(&p, &a, "UTC");
+        assert_eq!(
+            set(&mut s, "extra_float_digits", "3").map(|c| c.value),
+            Ok("3".into())
+        );
+        let tz = set(&mut s, "timezone", "Europe/Paris").expect("tz");
+        assert!(tz.reported);
+        assert_eq!(tz.name, "TimeZone");
+        assert_eq!(
+            s.show("TimeZone", "15.4").map(|r| r.1),
+            Ok("Europe/Paris".into())
+        );
+        assert_eq!(
+            set(&mut s, "DateStyle", "ISO, DMY").map(|c| c.value),
+            Ok("ISO, DMY".into())
+        );
+    }
+
+    #[test]
+    fn epsilon_is_checked_against_policy() {
+        let (p, a) = fixture();
+        let mut s = Settings::new(&p, &a, "UTC");
+        assert!(set(&mut s, "pgdp.epsilon", "0.5").is_ok());
+        assert_eq!(s.epsilon, 0.5);
+        for bad in ["0", "-1", "NaN", "inf", "1e-9", "2.5", "abc"] {
+            let e = set(&mut s, "pgdp.epsilon", bad).expect_err(bad);
+            assert_eq!(e.sqlstate().code(), "22023", "{bad}");
+        }
+        assert_eq!(s.epsilon, 0.5, "a refused SET changes nothing");
+        assert!(set(&mut s, "pgdp.delta", "1e-3").is_err());
+        assert!(set(&mut s, "pgdp.mechanism", "gaussian").is_ok());
+    }
+
+    #[test]
+    fn dangerous_and_unknown_settings_are_refused() {
+        let (p, a) = fixture();
+        let mut s = Settings::new(&p, &a, "UTC");
+        assert_eq!(
+            set(&mut s, "statement_timeout", "0").map_err(|e| e.sqlstate().code().to_string()),
+            Err("42501".into())
+        );
+        assert_eq!(
+            set(&mut s, "enable_seqscan", "off").map_err(|e| e.sqlstate().code().to_string()),
+            Err("42501".into())
+        );
+        assert_eq!(
+            set(&mut s, "search_path", "secret").map_err(|e| e.sqlstate().code().to_string()),
+            Err("42501".into())
+        );
+        assert!(set(&mut s, "search_path", "demo, public").is_ok());
+        assert_eq!(
+            set(&mut s, "no_such_thing", "1").map_err(|e| e.sqlstate().code().to_string()),
+            Err("42704".into())
+        );
+    }
+
+    #[test]
+    fn version_num() {
+        assert_eq!(server_version_num("15.4"), "150004");
+        assert_eq!(server_version_num("16.1 (Debian 16.1-1)"), "160001");
+    }
+}
