@@ -25,8 +25,13 @@
 //! A rule proven for that case would fix, per budget, either the Rényi order used for the
 //! conversion or the split between pure ε, ρ and δ in advance.
 
+pub mod accountant;
 pub mod fixed;
 
+pub use accountant::{
+    admit, guarantee, remaining, within, zcdp_to_epsilon, Cost, Guarantee, Limit, Refusal,
+    Remaining, Scope, Spent,
+};
 pub use fixed::{Fixed, FixedError};
 
 /// The SHA-256 (hex, lowercase) of `parts`, each prefixed with its length as 8 big-endian bytes,
