@@ -27,12 +27,14 @@
 
 pub mod accountant;
 pub mod fixed;
+pub mod ledger;
 
 pub use accountant::{
     admit, guarantee, remaining, within, zcdp_to_epsilon, Cost, Guarantee, Limit, Refusal,
     Remaining, Scope, Spent,
 };
 pub use fixed::{Fixed, FixedError};
+pub use ledger::{Balance, Charge, Ledger};
 
 /// The SHA-256 (hex, lowercase) of `parts`, each prefixed with its length as 8 big-endian bytes,
 /// so that different part lists never share an encoding (`["ab", "c"]` ≠ `["a", "bc"]`). Used for
