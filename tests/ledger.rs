@@ -511,3 +511,17 @@ fn dsn_database_is_replaced() {
     );
     assert_eq!(with_dbname("postgresql://u@h", "x"), "postgresql://u@h/x");
 }
+
+/// The session spawns ledger calls on a multi-threaded runtime, so every future must be `Send`.
+#[allow(dead_code)] // a compile-time check, never called
+fn ledger_futures_are_send(ledger: &Ledger, limit: &Limit, cost: &Cost) {
+    fn send<T: Send>(_: T) {}
+    send(Ledger::connect(""));
+    send(ledger.charge("a", limit, Some(limit), cost, "f", "m"));
+    send(ledger.set_outcome(1, "released"));
+    send(ledger.balance("a", limit));
+    send(ledger.dataset_balance(limit));
+    send(ledger.replay_get("a", "k", Duration::ZERO));
+    send(ledger.replay_put("a", "k", b""));
+    send(ledger.replay_purge(Duration::ZERO));
+}
