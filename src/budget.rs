@@ -1,1 +1,0 @@
-//! budget: not written yet.

@@ -1,0 +1,623 @@
+//! The durable privacy ledger: spent totals, the audit log and the replay cache, in PostgreSQL.
+//!
+//! Invariants:
+//! - [`Ledger::charge`] is one READ COMMITTED transaction that locks the analyst's row
+//!   (`INSERT … ON CONFLICT DO NOTHING`, then `SELECT … FOR UPDATE`), then the dataset row,
+//!   always in that order (so two charges cannot deadlock), runs [`admit`] on the locked totals
+//!   and either commits the new totals with an audit row or rolls back. It returns only after the
+//!   commit, with `synchronous_commit = on` forced for the session, so a charge that was
+//!   reported is durable. Any number of pgdp processes may share one ledger: the row lock
+//!   serialises their charges and none can overspend.
+//! - Totals are written as the exact decimal text of [`Fixed`] and read back as `numeric::text`,
+//!   so nothing is rounded on the way through PostgreSQL.
+//! - Nothing is ever refunded or decremented; [`Ledger::set_outcome`] only annotates the log.
+//! - PostgreSQL's error text is logged with `tracing::warn!` and never returned: every ledger
+//!   failure is [`Error::LedgerUnavailable`]. A failed call charged nothing, except in the one
+//!   ambiguous case where the connection breaks after COMMIT was sent; the charge may then be
+//!   retried on a fresh connection and counted twice, which only ever overcharges.
+//!
+//! # Tables (schema `pgdp`)
+//! ```sql
+//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 1
+//! CREATE TABLE pgdp.analyst_spent (        -- one row per analyst, created on first charge
+//!     analyst    text PRIMARY KEY,
+//!     epsilon    numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),  -- Σ pure ε
+//!     delta      numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),    -- Σ δ
+//!     rho        numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),      -- Σ zCDP ρ
+//!     charges    bigint NOT NULL DEFAULT 0,
+//!     updated_at timestamptz NOT NULL DEFAULT now());
+//! CREATE TABLE pgdp.dataset_spent (        -- exactly one row: totals across all analysts
+//!     id boolean PRIMARY KEY DEFAULT true CHECK (id),
+//!     epsilon, delta, rho, charges, updated_at  -- as in analyst_spent
+//! );
+//! CREATE TABLE pgdp.charge_log (           -- the audit log, one row per admitted charge
+//!     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+//!     analyst     text NOT NULL,
+//!     charged_at  timestamptz NOT NULL DEFAULT now(),
+//!     fingerprint text NOT NULL,           -- hex SHA-256 from `budget::fingerprint`
+//!     mechanism   text NOT NULL,
+//!     epsilon numeric NOT NULL, delta numeric NOT NULL, rho numeric NOT NULL,
+//!     outcome     text NOT NULL DEFAULT 'charged',  -- set later by `set_outcome`
+//!     outcome_at  timestamptz);
+//! CREATE TABLE pgdp.replay_cache (         -- released answers, replayed within a lifetime
+//!     analyst text NOT NULL, key text NOT NULL, payload bytea NOT NULL,
+//!     created_at timestamptz NOT NULL DEFAULT now(),
+//!     PRIMARY KEY (analyst, key));
+//! ```
+//! The exact DDL is [`SCHEMA_DDL`]; [`Ledger::connect`] runs it under a transaction-scoped
+//! advisory lock when any table is missing, so processes starting together do not race. A role
+//! without CREATE rights can use a ledger whose tables a DBA created beforehand.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, MutexGuard};
+use tokio_postgres::{Client, Config, NoTls, Row};
+use tracing::warn;
+
+use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Scope, Spent};
+use super::fixed::Fixed;
+use crate::limits::{STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
+use crate::{Error, Result};
+
+/// Connections one [`Ledger`] opens at most (lazily, beyond the first).
+const LEDGER_CONNECTIONS: usize = 4;
+
+/// Version of the tables below, stored in `pgdp.meta`.
+const SCHEMA_VERSION: &str = "1";
+
+/// Key of the advisory lock that serialises schema creation (ASCII "pgdpledg").
+const SCHEMA_LOCK_KEY: i64 = 0x7067_6470_6c65_6467;
+
+/// Longest lifetime the replay cache honours (100 years), so the interval arithmetic in SQL
+/// cannot overflow.
+const REPLAY_LIFETIME_MAX_S: f64 = 100.0 * 365.25 * 24.0 * 3600.0;
+
+/// The DDL of the ledger, idempotent.
+pub const SCHEMA_DDL: &str = "
+CREATE SCHEMA IF NOT EXISTS pgdp;
+CREATE TABLE IF NOT EXISTS pgdp.meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '1') ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
+    analyst text PRIMARY KEY,
+    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
+    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
+    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    charges bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS pgdp.dataset_spent (
+    id boolean PRIMARY KEY DEFAULT true CHECK (id),
+    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
+    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
+    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    charges bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO pgdp.dataset_spent (id) VALUES (true) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS pgdp.charge_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    analyst text NOT NULL,
+    charged_at timestamptz NOT NULL DEFAULT now(),
+    fingerprint text NOT NULL,
+    mechanism text NOT NULL,
+    epsilon numeric NOT NULL,
+    delta numeric NOT NULL,
+    rho numeric NOT NULL,
+    outcome text NOT NULL DEFAULT 'charged',
+    outcome_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS charge_log_analyst_idx ON pgdp.charge_log (analyst, charged_at);
+CREATE TABLE IF NOT EXISTS pgdp.replay_cache (
+    analyst text NOT NULL,
+    key text NOT NULL,
+    payload bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (analyst, key)
+);
+CREATE INDEX IF NOT EXISTS replay_cache_created_at_idx ON pgdp.replay_cache (created_at);
+";
+
+/// An analyst's (or the dataset's) budget as of one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Balance {
+    /// The limit the balance was computed against.
+    pub limit: Limit,
+    /// Everything charged so far.
+    pub spent: Spent,
+    /// What is left of the limit (see [`remaining`]).
+    pub remaining: Remaining,
+}
+
+impl Balance {
+    fn new(limit: &Limit, spent: Spent) -> Balance {
+        Balance {
+            limit: *limit,
+            spent,
+            remaining: remaining(limit, &spent),
+        }
+    }
+}
+
+/// A committed charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Charge {
+    /// The audit-log id, for [`Ledger::set_outcome`].
+    pub id: i64,
+    /// The analyst's balance right after the charge.
+    pub balance: Balance,
+}
+
+/// The shared, durable privacy ledger. Cheap to share behind an `Arc`; each call takes one of a
+/// few connections.
+pub struct Ledger {
+    config: Config,
+    slots: Vec<Mutex<Option<Client>>>,
+    next_slot: AtomicUsize,
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Config's own Debug redacts the password.
+        f.debug_struct("Ledger")
+            .field("config", &self.config)
+            .field("connections", &self.slots.len())
+            .finish()
+    }
+}
+
+/// Why one attempt at a ledger operation failed.
+enum Fault {
+    /// PostgreSQL or the connection failed.
+    Db(tokio_postgres::Error),
+    /// The accountant refused the charge; the transaction was rolled back.
+    Refused(Box<Refusal>),
+    /// The ledger holds something pgdp cannot read (e.g. edited by hand).
+    Corrupt(&'static str),
+}
+
+impl From<tokio_postgres::Error> for Fault {
+    fn from(error: tokio_postgres::Error) -> Fault {
+        Fault::Db(error)
+    }
+}
+
+/// Session settings of every ledger connection: durable commits, the isolation the locking
+/// protocol assumes whatever the server default, bounded waits, and no user schema in the way.
+const SESSION_SETUP: &str = "SET synchronous_commit = on; \
+     SET default_transaction_isolation = 'read committed'; \
+     SET default_transaction_read_only = off; \
+     SET search_path = pg_catalog";
+
+impl Ledger {
+    /// Connects to the ledger database (a libpq key=value string or a `postgres://` URL) and
+    /// creates the `pgdp` schema and its tables if any is missing. Fails with
+    /// [`Error::LedgerUnavailable`] if the DSN is invalid, the server cannot be reached, or the
+    /// tables belong to a newer schema version.
+    pub async fn connect(dsn: &str) -> Result<Ledger> {
+        let mut config: Config = dsn.parse().map_err(|e: tokio_postgres::Error| {
+            warn!(error = %e, "invalid privacy ledger connection string");
+            Error::LedgerUnavailable
+        })?;
+        if config.get_application_name().is_none() {
+            config.application_name("pgdp-ledger");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS));
+        }
+        let ledger = Ledger {
+            config,
+            slots: (0..LEDGER_CONNECTIONS).map(|_| Mutex::new(None)).collect(),
+            next_slot: AtomicUsize::new(0),
+        };
+        let mut attempts = ledger.attempts().await;
+        loop {
+            let result = ensure_schema(attempts.client().await?).await;
+            if let Some(done) = attempts.settle(result) {
+                drop(attempts);
+                return done.map(|()| ledger);
+            }
+        }
+    }
+
+    /// Charges `cost` to `analyst` if it fits within `limit` (and `dataset_limit`, the cap across
+    /// all analysts, when given), in one transaction; see the module docs. Returns the audit-log
+    /// id and the analyst's balance after the charge, once committed. A charge that does not fit
+    /// changes nothing and fails with [`Error::BudgetExhausted`] (SQLSTATE 53400), naming the
+    /// request and what is left. The dataset totals are kept up to date even without a
+    /// `dataset_limit`, so a cap added later counts earlier spending.
+    pub async fn charge(
+        &self,
+        analyst: &str,
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        cost: &Cost,
+        fingerprint: &str,
+        mechanism: &str,
+    ) -> Result<Charge> {
+        let mut attempts = self.attempts().await;
+        loop {
+            let client = attempts.client().await?;
+            let result = charge_once(
+                client,
+                analyst,
+                limit,
+                dataset_limit,
+                cost,
+                fingerprint,
+                mechanism,
+            )
+            .await;
+            if let Some(done) = attempts.settle(result) {
+                return done;
+            }
+        }
+    }
+
+    /// Records what became of a charge (e.g. `released`, `upstream failed`). Best effort and
+    /// never a refund: the charge stands whatever the outcome.
+    pub async fn set_outcome(&self, charge_id: i64, outcome: &str) -> Result<()> {
+        const SQL: &str =
+            "UPDATE pgdp.charge_log SET outcome = $2, outcome_at = now() WHERE id = $1";
+        let mut attempts = self.attempts().await;
+        loop {
+            let result = attempts
+                .client()
+                .await?
+                .execute(SQL, &[&charge_id, &outcome])
+                .await;
+            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
+                return done.map(|_| ());
+            }
+        }
+    }
+
+    /// The analyst's balance against `limit` (zero spent for an analyst never charged).
+    pub async fn balance(&self, analyst: &str, limit: &Limit) -> Result<Balance> {
+        const SQL: &str = "SELECT epsilon::text, delta::text, rho::text FROM pgdp.analyst_spent WHERE analyst = $1";
+        let mut attempts = self.attempts().await;
+        loop {
+            let result = attempts.client().await?.query_opt(SQL, &[&analyst]).await;
+            let spent = result
+                .map_err(Fault::from)
+                .and_then(|row| row.as_ref().map_or(Ok(Spent::ZERO), spent_from_row));
+            if let Some(done) = attempts.settle(spent) {
+                return done.map(|spent| Balance::new(limit, spent));
+            }
+        }
+    }
+
+    /// The dataset-wide balance (all analysts together) against `limit`.
+    pub async fn dataset_balance(&self, limit: &Limit) -> Result<Balance> {
+        const SQL: &str =
+            "SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id";
+        let mut attempts = self.attempts().await;
+        loop {
+            let result = attempts.client().await?.query_opt(SQL, &[]).await;
+            let spent = result
+                .map_err(Fault::from)
+                .and_then(|row| row.as_ref().map_or(Ok(Spent::ZERO), spent_from_row));
+            if let Some(done) = attempts.settle(spent) {
+                return done.map(|spent| Balance::new(limit, spent));
+            }
+        }
+    }
+
+    /// The released answer stored for (`analyst`, `key`) if it is younger than `lifetime`
+    /// (measured by the ledger server's clock). An older entry is deleted, so that the next
+    /// [`Ledger::replay_put`] can store a fresh one.
+    pub async fn replay_get(
+        &self,
+        analyst: &str,
+        key: &str,
+        lifetime: Duration,
+    ) -> Result<Option<Vec<u8>>> {
+        let lifetime_s = lifetime.as_secs_f64().min(REPLAY_LIFETIME_MAX_S);
+        // Both parts see the same snapshot; the DELETE clears the way for a fresh entry.
+        const SQL: &str = "WITH expired AS (
+                DELETE FROM pgdp.replay_cache
+                WHERE analyst = $1 AND key = $2 AND created_at <= now() - $3::float8 * interval '1 second')
+            SELECT payload FROM pgdp.replay_cache
+            WHERE analyst = $1 AND key = $2 AND created_at > now() - $3::float8 * interval '1 second'";
+        let mut attempts = self.attempts().await;
+        loop {
+            let result = attempts
+                .client()
+                .await?
+                .query_opt(SQL, &[&analyst, &key, &lifetime_s])
+                .await;
+            let payload =
+                result.and_then(|row| row.map(|row| row.try_get::<_, Vec<u8>>(0)).transpose());
+            if let Some(done) = attempts.settle(payload.map_err(Fault::from)) {
+                return done;
+            }
+        }
+    }
+
+    /// Stores a released answer for (`analyst`, `key`) unless one is already there: the first
+    /// writer wins, so after two identical queries race, [`Ledger::replay_get`] gives both the
+    /// same answer.
+    pub async fn replay_put(&self, analyst: &str, key: &str, payload: &[u8]) -> Result<()> {
+        const SQL: &str =
+            "INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)
+            ON CONFLICT (analyst, key) DO NOTHING";
+        let mut attempts = self.attempts().await;
+        loop {
+            let result = attempts
+                .client()
+                .await?
+                .execute(SQL, &[&analyst, &key, &payload])
+                .await;
+            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
+                return done.map(|_| ());
+            }
+        }
+    }
+
+    /// Deletes every replay entry older than `lifetime` and returns how many went.
+    pub async fn replay_purge(&self, lifetime: Duration) -> Result<u64> {
+        let lifetime_s = lifetime.as_secs_f64().min(REPLAY_LIFETIME_MAX_S);
+        const SQL: &str = "DELETE FROM pgdp.replay_cache WHERE created_at <= now() - $1::float8 * interval '1 second'";
+        let mut attempts = self.attempts().await;
+        loop {
+            let result = attempts.client().await?.execute(SQL, &[&lifetime_s]).await;
+            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
+                return done;
+            }
+        }
+    }
+
+    /// A free connection slot, or the next one in turn if all are busy, ready for attempts.
+    async fn attempts(&self) -> Attempts<'_> {
+        for slot in &self.slots {
+            if let Ok(slot) = slot.try_lock() {
+                return Attempts {
+                    config: &self.config,
+                    slot,
+                    retried: false,
+                };
+            }
+        }
+        let index = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        Attempts {
+            config: &self.config,
+            slot: self.slots[index].lock().await,
+            retried: false,
+        }
+    }
+}
+
+/// One call's use of a connection slot: (re)connects when the slot has no live connection, and
+/// allows one more attempt on a fresh connection if the first breaks. Every ledger method is a
+/// loop `client()` → operation → `settle()`, written out in place (a generic helper taking an
+/// async closure would make the methods' futures lose `Send`).
+struct Attempts<'l> {
+    config: &'l Config,
+    slot: MutexGuard<'l, Option<Client>>,
+    retried: bool,
+}
+
+impl Attempts<'_> {
+    /// The slot's connection, opened now if it has none or it was closed.
+    async fn client(&mut self) -> Result<&mut Client> {
+        if self.slot.as_ref().is_none_or(Client::is_closed) {
+            *self.slot = Some(open(self.config).await?);
+        }
+        Ok(self.slot.as_mut().expect("the slot was filled just above"))
+    }
+
+    /// The final result of the call, or `None` to try once more on a fresh connection. Logs
+    /// PostgreSQL's text and maps every failure to the client-facing error.
+    fn settle<T>(&mut self, result: Result<T, Fault>) -> Option<Result<T>> {
+        match result {
+            Ok(value) => Some(Ok(value)),
+            Err(Fault::Refused(refusal)) => Some(Err((*refusal).into())),
+            Err(Fault::Corrupt(what)) => {
+                warn!(what, "the privacy ledger holds a value pgdp cannot read");
+                Some(Err(Error::LedgerUnavailable))
+            }
+            Err(Fault::Db(error)) => {
+                warn!(error = %error, "privacy ledger statement failed");
+                if is_connection_error(&error) {
+                    *self.slot = None;
+                    if !self.retried {
+                        self.retried = true;
+                        return None;
+                    }
+                }
+                Some(Err(Error::LedgerUnavailable))
+            }
+        }
+    }
+}
+
+/// Whether `error` means the connection is unusable (as opposed to a statement failing on a
+/// healthy connection).
+fn is_connection_error(error: &tokio_postgres::Error) -> bool {
+    match error.code() {
+        None => error.as_db_error().is_none(),
+        Some(code) => {
+            let code = code.code();
+            code.starts_with("08") || code.starts_with("57P")
+        }
+    }
+}
+
+/// Opens one connection and applies [`SESSION_SETUP`].
+async fn open(config: &Config) -> Result<Client> {
+    let timeout = Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS);
+    let (client, connection) = match tokio::time::timeout(timeout, config.connect(NoTls)).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(error)) => {
+            warn!(error = %error, "cannot connect to the privacy ledger");
+            return Err(Error::LedgerUnavailable);
+        }
+        Err(_) => {
+            warn!("connecting to the privacy ledger timed out");
+            return Err(Error::LedgerUnavailable);
+        }
+    };
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            warn!(error = %error, "privacy ledger connection ended");
+        }
+    });
+    let setup = format!("{SESSION_SETUP}; SET statement_timeout = {STATEMENT_TIMEOUT_MS}");
+    if let Err(error) = client.batch_execute(&setup).await {
+        warn!(error = %error, "cannot configure the privacy ledger session");
+        return Err(Error::LedgerUnavailable);
+    }
+    Ok(client)
+}
+
+/// Creates the tables if any is missing (under an advisory lock) and checks the version.
+async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK_KEY])
+        .await?;
+    let present: bool = tx
+        .query_one(
+            "SELECT to_regclass('pgdp.meta') IS NOT NULL
+                AND to_regclass('pgdp.analyst_spent') IS NOT NULL
+                AND to_regclass('pgdp.dataset_spent') IS NOT NULL
+                AND to_regclass('pgdp.charge_log') IS NOT NULL
+                AND to_regclass('pgdp.replay_cache') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    if !present {
+        tx.batch_execute(SCHEMA_DDL).await?;
+    }
+    let version: Option<String> = tx
+        .query_opt(
+            "SELECT value FROM pgdp.meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?;
+    if version.as_deref() != Some(SCHEMA_VERSION) {
+        return Err(Fault::Corrupt(
+            "pgdp.meta schema_version is not the one this pgdp understands",
+        ));
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The body of [`Ledger::charge`], one attempt.
+async fn charge_once(
+    client: &mut Client,
+    analyst: &str,
+    limit: &Limit,
+    dataset_limit: Option<&Limit>,
+    cost: &Cost,
+    fingerprint: &str,
+    mechanism: &str,
+) -> Result<Charge, Fault> {
+    let tx = client.transaction().await?;
+    tx.execute(
+        "INSERT INTO pgdp.analyst_spent (analyst) VALUES ($1) ON CONFLICT DO NOTHING",
+        &[&analyst],
+    )
+    .await?;
+    let row = tx
+        .query_one(
+            "SELECT epsilon::text, delta::text, rho::text FROM pgdp.analyst_spent WHERE analyst = $1 FOR UPDATE",
+            &[&analyst],
+        )
+        .await?;
+    let spent = match admit(limit, &spent_from_row(&row)?, cost) {
+        Ok(after) => after,
+        Err(refusal) => {
+            tx.rollback().await?;
+            return Err(Fault::Refused(Box::new(refusal)));
+        }
+    };
+
+    // Locked second, by every charge, so lock order is the same everywhere.
+    let row = tx
+        .query_one("SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id FOR UPDATE", &[])
+        .await?;
+    let dataset_before = spent_from_row(&row)?;
+    let dataset_spent = match dataset_limit {
+        Some(dataset_limit) => match admit(dataset_limit, &dataset_before, cost) {
+            Ok(after) => after,
+            Err(refusal) => {
+                tx.rollback().await?;
+                return Err(Fault::Refused(Box::new(Refusal {
+                    scope: Scope::Dataset,
+                    ..refusal
+                })));
+            }
+        },
+        None => dataset_before + *cost,
+    };
+
+    let text = |x: Fixed| x.to_numeric_text();
+    tx.execute(
+        "UPDATE pgdp.analyst_spent
+         SET epsilon = $2::text::numeric, delta = $3::text::numeric, rho = $4::text::numeric,
+             charges = charges + 1, updated_at = now()
+         WHERE analyst = $1",
+        &[
+            &analyst,
+            &text(spent.epsilon),
+            &text(spent.delta),
+            &text(spent.rho),
+        ],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE pgdp.dataset_spent
+         SET epsilon = $1::text::numeric, delta = $2::text::numeric, rho = $3::text::numeric,
+             charges = charges + 1, updated_at = now()
+         WHERE id",
+        &[
+            &text(dataset_spent.epsilon),
+            &text(dataset_spent.delta),
+            &text(dataset_spent.rho),
+        ],
+    )
+    .await?;
+    let id: i64 = tx
+        .query_one(
+            "INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho)
+             VALUES ($1, $2, $3, $4::text::numeric, $5::text::numeric, $6::text::numeric)
+             RETURNING id",
+            &[
+                &analyst,
+                &fingerprint,
+                &mechanism,
+                &text(cost.epsilon),
+                &text(cost.delta),
+                &text(cost.rho),
+            ],
+        )
+        .await?
+        .try_get(0)?;
+    tx.commit().await?;
+    Ok(Charge {
+        id,
+        balance: Balance::new(limit, spent),
+    })
+}
+
+/// Reads `(epsilon::text, delta::text, rho::text)`.
+fn spent_from_row(row: &Row) -> Result<Spent, Fault> {
+    let column = |index: usize| -> Result<Fixed, Fault> {
+        let text: String = row.try_get(index)?;
+        Fixed::from_numeric_text(&text)
+            .map_err(|_| Fault::Corrupt("a spent total is not a valid amount"))
+    };
+    Ok(Spent {
+        epsilon: column(0)?,
+        delta: column(1)?,
+        rho: column(2)?,
+    })
+}

@@ -1,0 +1,527 @@
+//! The privacy ledger against a real PostgreSQL.
+//!
+//! Connection: `PGDP_TEST_UPSTREAM` (a libpq key=value string or a `postgres://` URL to a server
+//! where the tests may create databases), else `host=127.0.0.1 port=5432 user=postgres
+//! dbname=postgres`. Each test creates its own database and drops it when done, even on failure.
+//! Assertions check SQLSTATE codes and exact amounts, never message text.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pgdp::budget::{fingerprint, Cost, Fixed, Ledger, Limit, Spent};
+use pgdp::Error;
+use tokio_postgres::NoTls;
+
+const DEFAULT_DSN: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
+
+fn admin_dsn() -> String {
+    std::env::var("PGDP_TEST_UPSTREAM").unwrap_or_else(|_| DEFAULT_DSN.to_string())
+}
+
+/// `dsn` pointing at database `name` instead of its own.
+fn with_dbname(dsn: &str, name: &str) -> String {
+    if let Some(scheme_end) = dsn.find("://").filter(|_| dsn.starts_with("postgres")) {
+        let (base, query) = match dsn.find('?') {
+            Some(at) => (&dsn[..at], &dsn[at..]),
+            None => (dsn, ""),
+        };
+        let authority_end = base[scheme_end + 3..]
+            .find('/')
+            .map_or(base.len(), |at| scheme_end + 3 + at);
+        format!("{}/{name}{query}", &base[..authority_end])
+    } else {
+        // In key=value strings the last occurrence of a key wins.
+        format!("{dsn} dbname={name}")
+    }
+}
+
+async fn admin_client(dsn: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(dsn, NoTls)
+        .await
+        .expect("connect to the test server");
+    tokio::spawn(connection);
+    client
+}
+
+/// A fresh database for one test, dropped (with its connections) when this goes out of scope.
+struct TestDb {
+    name: String,
+    dsn: String,
+}
+
+impl TestDb {
+    async fn create() -> TestDb {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let name = format!(
+            "pgdp_test_ledger_{nanos}_{}",
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let admin = admin_client(&admin_dsn()).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create the test database");
+        let dsn = with_dbname(&admin_dsn(), &name);
+        TestDb { name, dsn }
+    }
+
+    async fn client(&self) -> tokio_postgres::Client {
+        admin_client(&self.dsn).await
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Best effort, on a runtime of its own so that it also runs while a test panics.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let (client, connection) =
+                    tokio_postgres::connect(&admin_dsn(), NoTls).await.ok()?;
+                tokio::spawn(connection);
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+    }
+}
+
+fn fx(s: &str) -> Fixed {
+    Fixed::from_decimal_str(s).unwrap()
+}
+
+fn is_exhausted(result: &Result<impl std::fmt::Debug, Error>) -> bool {
+    matches!(result, Err(e) if e.sqlstate().code() == "53400")
+}
+
+#[tokio::test]
+async fn charges_add_up_exactly_and_survive_reconnecting() {
+    let db = TestDb::create().await;
+    let limit = Limit::new(fx("1"), fx("0.00001"));
+    let fp = fingerprint(&["alice", "SELECT COUNT(*) FROM visits"]);
+    {
+        let ledger = Ledger::connect(&db.dsn).await.unwrap();
+        let mut last_id = 0;
+        for i in 1..=10u64 {
+            let charge = ledger
+                .charge(
+                    "alice",
+                    &limit,
+                    None,
+                    &Cost::pure(fx("0.1")),
+                    &fp,
+                    "laplace",
+                )
+                .await
+                .unwrap();
+            assert!(charge.id > last_id);
+            last_id = charge.id;
+            assert_eq!(
+                charge.balance.spent.epsilon,
+                Fixed::from_units(u128::from(i) * 100_000_000_000_000_000)
+            );
+            ledger.set_outcome(charge.id, "released").await.unwrap();
+        }
+        // Ten tenths are exactly one: not one unit more fits.
+        let refused = ledger
+            .charge(
+                "alice",
+                &limit,
+                None,
+                &Cost::pure(Fixed::EPSILON_UNIT),
+                &fp,
+                "laplace",
+            )
+            .await;
+        assert!(is_exhausted(&refused), "{refused:?}");
+        // A zCDP charge for another analyst, alongside δ.
+        ledger
+            .charge(
+                "bob",
+                &limit,
+                None,
+                &Cost::approx(fx("0.25"), fx("0.000001")),
+                &fp,
+                "selection",
+            )
+            .await
+            .unwrap();
+        ledger
+            .charge(
+                "bob",
+                &limit,
+                None,
+                &Cost::zcdp(fx("0.001")),
+                &fp,
+                "gaussian",
+            )
+            .await
+            .unwrap();
+    }
+
+    // A new Ledger (a restarted process) sees the same totals.
+    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    let alice = ledger.balance("alice", &limit).await.unwrap();
+    assert_eq!(
+        alice.spent,
+        Spent {
+            epsilon: Fixed::ONE,
+            ..Spent::ZERO
+        }
+    );
+    assert_eq!(alice.remaining.epsilon, Fixed::ZERO);
+    let bob = ledger.balance("bob", &limit).await.unwrap();
+    assert_eq!(
+        bob.spent,
+        Spent {
+            epsilon: fx("0.25"),
+            delta: fx("0.000001"),
+            rho: fx("0.001")
+        }
+    );
+    assert_eq!(bob.remaining, pgdp::budget::remaining(&limit, &bob.spent));
+    assert!(bob.remaining.epsilon < fx("0.75"));
+    assert_eq!(bob.remaining.delta, fx("0.000009"));
+    let nobody = ledger.balance("carol", &limit).await.unwrap();
+    assert_eq!(nobody.spent, Spent::ZERO);
+    let dataset = ledger.dataset_balance(&limit).await.unwrap();
+    assert_eq!(
+        dataset.spent,
+        Spent {
+            epsilon: fx("1.25"),
+            delta: fx("0.000001"),
+            rho: fx("0.001")
+        }
+    );
+
+    // The audit log holds one row per admitted charge, with exact amounts and outcomes.
+    let client = db.client().await;
+    let rows = client
+        .query(
+            "SELECT analyst, epsilon::text, outcome, fingerprint FROM pgdp.charge_log ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 12);
+    assert_eq!(rows[0].get::<_, String>(1), "0.1");
+    assert_eq!(rows[0].get::<_, String>(2), "released");
+    assert_eq!(rows[0].get::<_, String>(3), fp);
+    assert_eq!(rows[11].get::<_, String>(2), "charged");
+    let total: String = client
+        .query_one(
+            "SELECT epsilon::text FROM pgdp.analyst_spent WHERE analyst = 'alice'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(total, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_processes_never_overspend() {
+    const TASKS: usize = 50;
+    const AFFORDABLE: usize = 7;
+    let db = Arc::new(TestDb::create().await);
+    // A budget that affords exactly AFFORDABLE charges of 0.3 (2.1 = 7 × 0.3, which a float sum misses).
+    let limit = Limit::new(fx("2.1"), Fixed::ZERO);
+    let cost = Cost::pure(fx("0.3"));
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let db = Arc::clone(&db);
+        tasks.push(tokio::spawn(async move {
+            // Every task is its own process: its own Ledger, all created on the fresh database at
+            // once (which also races the schema creation).
+            let ledger = Ledger::connect(&db.dsn).await.expect("connect");
+            ledger
+                .charge("mallory", &limit, None, &cost, &format!("q{i}"), "laplace")
+                .await
+        }));
+    }
+    let mut admitted = 0;
+    let mut exhausted = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(charge) => {
+                admitted += 1;
+                assert!(charge.balance.spent.epsilon <= limit.epsilon);
+            }
+            Err(error) => {
+                assert_eq!(error.sqlstate().code(), "53400", "{error:?}");
+                exhausted += 1;
+            }
+        }
+    }
+    assert_eq!((admitted, exhausted), (AFFORDABLE, TASKS - AFFORDABLE));
+    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    assert_eq!(
+        ledger
+            .balance("mallory", &limit)
+            .await
+            .unwrap()
+            .spent
+            .epsilon,
+        limit.epsilon
+    );
+    let logged: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM pgdp.charge_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(logged, AFFORDABLE as i64);
+}
+
+#[tokio::test]
+async fn dataset_cap_holds_across_analysts() {
+    let db = TestDb::create().await;
+    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    let each = Limit::new(fx("1"), fx("0.00001"));
+    let dataset = Limit::new(fx("1.5"), fx("0.00001"));
+    ledger
+        .charge(
+            "alice",
+            &each,
+            Some(&dataset),
+            &Cost::pure(fx("1")),
+            "f",
+            "laplace",
+        )
+        .await
+        .unwrap();
+    ledger
+        .charge(
+            "bob",
+            &each,
+            Some(&dataset),
+            &Cost::pure(fx("0.4")),
+            "f",
+            "laplace",
+        )
+        .await
+        .unwrap();
+    // Bob has 0.6 left of his own budget, but the dataset has only 0.1 left.
+    let refused = ledger
+        .charge(
+            "bob",
+            &each,
+            Some(&dataset),
+            &Cost::pure(fx("0.2")),
+            "f",
+            "laplace",
+        )
+        .await;
+    assert!(is_exhausted(&refused), "{refused:?}");
+    assert_eq!(
+        ledger.balance("bob", &each).await.unwrap().spent.epsilon,
+        fx("0.4")
+    );
+    ledger
+        .charge(
+            "bob",
+            &each,
+            Some(&dataset),
+            &Cost::pure(fx("0.1")),
+            "f",
+            "laplace",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger
+            .dataset_balance(&dataset)
+            .await
+            .unwrap()
+            .remaining
+            .epsilon,
+        Fixed::ZERO
+    );
+    // The refused charge left no trace; the analyst's own limit is still checked first.
+    let refused = ledger
+        .charge(
+            "alice",
+            &each,
+            Some(&dataset),
+            &Cost::pure(fx("0.01")),
+            "f",
+            "laplace",
+        )
+        .await;
+    assert!(is_exhausted(&refused), "{refused:?}");
+    assert_eq!(
+        ledger.balance("alice", &each).await.unwrap().spent.epsilon,
+        fx("1")
+    );
+    let logged: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM pgdp.charge_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(logged, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replay_cache_first_writer_wins_and_expires() {
+    let db = Arc::new(TestDb::create().await);
+    let ledger = Arc::new(Ledger::connect(&db.dsn).await.unwrap());
+    let hour = Duration::from_secs(3600);
+    let key = fingerprint(&["SELECT COUNT(*) FROM visits", "epsilon=0.1"]);
+    assert_eq!(ledger.replay_get("alice", &key, hour).await.unwrap(), None);
+    ledger.replay_put("alice", &key, b"first").await.unwrap();
+    ledger.replay_put("alice", &key, b"second").await.unwrap();
+    assert_eq!(
+        ledger
+            .replay_get("alice", &key, hour)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"first"[..])
+    );
+    // Keys are per analyst.
+    assert_eq!(ledger.replay_get("bob", &key, hour).await.unwrap(), None);
+
+    // Expiry: an entry older than the lifetime is not returned, and a fresh answer replaces it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        ledger
+            .replay_get("alice", &key, Duration::from_millis(10))
+            .await
+            .unwrap(),
+        None
+    );
+    ledger.replay_put("alice", &key, b"fresh").await.unwrap();
+    assert_eq!(
+        ledger
+            .replay_get("alice", &key, hour)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"fresh"[..])
+    );
+
+    // Racing identical queries (separate processes) all end up with the same answer.
+    let race_key = fingerprint(&["race"]);
+    let mut tasks = Vec::new();
+    for i in 0..10u8 {
+        let db = Arc::clone(&db);
+        let race_key = race_key.clone();
+        tasks.push(tokio::spawn(async move {
+            let ledger = Ledger::connect(&db.dsn).await.unwrap();
+            ledger.replay_put("alice", &race_key, &[i]).await.unwrap();
+            ledger
+                .replay_get("alice", &race_key, hour)
+                .await
+                .unwrap()
+                .unwrap()
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
+
+    assert_eq!(ledger.replay_purge(Duration::ZERO).await.unwrap(), 2);
+    assert_eq!(
+        ledger.replay_get("alice", &race_key, hour).await.unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn ledger_reconnects_after_losing_its_connection() {
+    let db = TestDb::create().await;
+    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    let limit = Limit::new(fx("1"), Fixed::ZERO);
+    ledger
+        .charge(
+            "alice",
+            &limit,
+            None,
+            &Cost::pure(fx("0.5")),
+            "f",
+            "laplace",
+        )
+        .await
+        .unwrap();
+    // An administrator (or a failover) kills the ledger's backend.
+    let admin = db.client().await;
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'pgdp-ledger') AS t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let charge = ledger
+        .charge(
+            "alice",
+            &limit,
+            None,
+            &Cost::pure(fx("0.5")),
+            "f",
+            "laplace",
+        )
+        .await
+        .unwrap();
+    assert_eq!(charge.balance.spent.epsilon, Fixed::ONE);
+}
+
+#[tokio::test]
+async fn unreachable_ledger_is_unavailable() {
+    // Nothing listens on port 1.
+    let result =
+        Ledger::connect("host=127.0.0.1 port=1 user=postgres dbname=postgres connect_timeout=2")
+            .await;
+    let error = result.unwrap_err();
+    assert_eq!(error, Error::LedgerUnavailable);
+    assert_eq!(error.sqlstate().code(), "57P03");
+    assert!(Ledger::connect("not a dsn = = =").await.is_err());
+}
+
+#[test]
+fn dsn_database_is_replaced() {
+    assert_eq!(
+        with_dbname("host=h user=u dbname=postgres", "x"),
+        "host=h user=u dbname=postgres dbname=x"
+    );
+    assert_eq!(
+        with_dbname("postgres://u:p@h:5432/postgres?sslmode=disable", "x"),
+        "postgres://u:p@h:5432/x?sslmode=disable"
+    );
+    assert_eq!(with_dbname("postgresql://u@h", "x"), "postgresql://u@h/x");
+}
+
+/// The session spawns ledger calls on a multi-threaded runtime, so every future must be `Send`.
+#[allow(dead_code)] // a compile-time check, never called
+fn ledger_futures_are_send(ledger: &Ledger, limit: &Limit, cost: &Cost) {
+    fn send<T: Send>(_: T) {}
+    send(Ledger::connect(""));
+    send(ledger.charge("a", limit, Some(limit), cost, "f", "m"));
+    send(ledger.set_outcome(1, "released"));
+    send(ledger.balance("a", limit));
+    send(ledger.dataset_balance(limit));
+    send(ledger.replay_get("a", "k", Duration::ZERO));
+    send(ledger.replay_put("a", "k", b""));
+    send(ledger.replay_purge(Duration::ZERO));
+}
