@@ -1,1 +1,1566 @@
-//! analyze: not written yet.
+//! Analysis: resolve an analyst's query against the policy and decide whether pgdp can answer it
+//! with differential privacy. The result is a [`Plan`], the narrow description of the query that
+//! the rewriter and the release step work from.
+//!
+//! Invariants:
+//! - Every column reference in the plan is resolved to a declared column of a policy table and
+//!   rewritten to the canonical form `"__dp_tN"."column"`; nothing else from the analyst's SQL
+//!   names a relation.
+//! - Every expression in the plan uses only constructs on the whitelist below, all of which are
+//!   total (never raise an error that depends on the data): comparisons, boolean logic, `+ - *`
+//!   on numeric operands, division rewritten to be NULL on zero, `IN`, `BETWEEN`, `LIKE` with a
+//!   literal pattern, `IS [NOT] NULL`, `CASE`, and the functions in [`total_function`].
+//! - Every aggregated expression has bounds derived from the policy; a query whose bounds cannot
+//!   be derived is refused, never answered with data-dependent sensitivity.
+//! - Only the group keys may leave as values; every aggregate leaves through a mechanism.
+//! - Analysis does no I/O.
+
+use std::collections::BTreeMap;
+
+use sqlparser::ast::{
+    self, BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
+    Ident, JoinConstraint, JoinOperator, ObjectName, SelectItem, SetExpr, TableFactor,
+    UnaryOperator, Value,
+};
+
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::policy::{Bounds, ColumnType, Policy, Table, TableKind};
+
+/// Prefix of every identifier pgdp generates; analyst SQL may not use it.
+pub const RESERVED_PREFIX: &str = "__dp_";
+
+/// Context of the analysis: the session's view of the policy.
+#[derive(Debug, Clone)]
+pub struct Context<'a> {
+    /// The policy.
+    pub policy: &'a Policy,
+    /// Schemas searched for unqualified table names, in order.
+    pub search_path: Vec<String>,
+}
+
+/// A table in the FROM clause.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableRef {
+    /// The policy table (qualified name).
+    pub table: String,
+    /// The generated alias `__dp_tN`.
+    pub alias: String,
+    /// Whether the table is private.
+    pub private: bool,
+}
+
+/// How the privacy unit of a row is found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unit {
+    /// A column (canonical expression text `"__dp_tN"."col"`).
+    Column(String),
+    /// Row-level table: each row is a unit (its `ctid`).
+    Row(String),
+}
+
+/// What one aggregate computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggregateKind {
+    /// `COUNT(*)`.
+    CountRows,
+    /// `COUNT(expr)`: rows where the expression is not NULL.
+    CountValues,
+    /// `COUNT(DISTINCT <privacy unit>)`.
+    CountUnits,
+    /// `SUM(expr)`.
+    Sum,
+    /// `AVG(expr)`.
+    Avg,
+    /// `VAR_SAMP` / `VARIANCE`.
+    VarSamp,
+    /// `VAR_POP`.
+    VarPop,
+    /// `STDDEV_SAMP` / `STDDEV`.
+    StddevSamp,
+    /// `STDDEV_POP`.
+    StddevPop,
+}
+
+impl AggregateKind {
+    /// The SQL name, also the default output column name.
+    pub fn sql_name(self) -> &'static str {
+        match self {
+            AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => {
+                "count"
+            }
+            AggregateKind::Sum => "sum",
+            AggregateKind::Avg => "avg",
+            AggregateKind::VarSamp => "var_samp",
+            AggregateKind::VarPop => "var_pop",
+            AggregateKind::StddevSamp => "stddev_samp",
+            AggregateKind::StddevPop => "stddev_pop",
+        }
+    }
+}
+
+/// One aggregate of the query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Aggregate {
+    /// What it computes.
+    pub kind: AggregateKind,
+    /// The argument (canonical SQL text), for all but `COUNT(*)` and `COUNT(DISTINCT unit)`.
+    pub argument: Option<String>,
+    /// Bounds of the argument, for sums, averages and variances.
+    pub bounds: Option<Bounds>,
+    /// Canonical text of the whole aggregate (to match HAVING / ORDER BY references).
+    pub text: String,
+}
+
+/// A GROUP BY key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupKey {
+    /// Canonical SQL text of the key expression.
+    pub expr: String,
+    /// Output type.
+    pub ty: ColumnType,
+    /// Where the set of possible values is public knowledge.
+    pub public: PublicKeys,
+}
+
+/// Whether a key's domain is public.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PublicKeys {
+    /// Not public: groups released only through partition selection.
+    No,
+    /// The policy lists the values.
+    Listed(Vec<String>),
+    /// A column of a public table: the values are read from that table.
+    Table { table: String, column: String },
+}
+
+/// One output column of the query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    /// Output column name.
+    pub name: String,
+    /// What the column is.
+    pub source: OutputSource,
+}
+
+/// Where an output column comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputSource {
+    /// The value of group key `i`.
+    Key(usize),
+    /// The released value of aggregate `i`.
+    Aggregate(usize),
+}
+
+/// A post-processing predicate or sort expression over released values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Post {
+    /// Output or aggregate value by index into `Plan::aggregates`.
+    Aggregate(usize),
+    /// Group key value.
+    Key(usize),
+    /// A literal number.
+    Number(f64),
+    /// A literal string.
+    Text(String),
+    /// NULL.
+    Null,
+    /// A comparison or arithmetic / boolean operator.
+    Binary(Box<Post>, PostOp, Box<Post>),
+    /// NOT.
+    Not(Box<Post>),
+    /// Unary minus.
+    Negate(Box<Post>),
+    /// IS NULL / IS NOT NULL.
+    IsNull(Box<Post>, bool),
+}
+
+/// Operators allowed in HAVING.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostOp {
+    /// `=`
+    Eq,
+    /// `<>`
+    NotEq,
+    /// `<`
+    Lt,
+    /// `<=`
+    LtEq,
+    /// `>`
+    Gt,
+    /// `>=`
+    GtEq,
+    /// `AND`
+    And,
+    /// `OR`
+    Or,
+    /// `+`
+    Plus,
+    /// `-`
+    Minus,
+    /// `*`
+    Multiply,
+    /// `/`
+    Divide,
+}
+
+/// An ORDER BY item applied by pgdp to released rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SortKey {
+    /// The value to sort by.
+    pub value: Post,
+    /// Ascending?
+    pub ascending: bool,
+    /// NULLs first?
+    pub nulls_first: bool,
+}
+
+/// A parameter `$n` of the extended protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parameter {
+    /// 1-based index.
+    pub index: usize,
+    /// Type inferred from the context (the column compared with).
+    pub ty: ColumnType,
+}
+
+/// The analysed query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Tables in FROM, in order; the first is the driving table.
+    pub tables: Vec<TableRef>,
+    /// Join conditions (canonical SQL), one per joined table (index i+1).
+    pub joins: Vec<String>,
+    /// The privacy unit.
+    pub unit: Unit,
+    /// Most groups a unit contributes to.
+    pub max_groups_per_unit: u64,
+    /// Most rows a unit contributes to a group.
+    pub max_rows_per_unit: u64,
+    /// WHERE (canonical SQL with parameters as `$n`).
+    pub filter: Option<String>,
+    /// GROUP BY keys.
+    pub keys: Vec<GroupKey>,
+    /// Aggregates, each released through a mechanism.
+    pub aggregates: Vec<Aggregate>,
+    /// Output columns in order.
+    pub outputs: Vec<Output>,
+    /// HAVING, applied to released rows.
+    pub having: Option<Post>,
+    /// ORDER BY, applied to released rows.
+    pub order_by: Vec<SortKey>,
+    /// LIMIT, applied to released rows.
+    pub limit: Option<u64>,
+    /// OFFSET, applied to released rows.
+    pub offset: u64,
+    /// Parameters used in WHERE.
+    pub parameters: Vec<Parameter>,
+}
+
+impl Plan {
+    /// Whether every key's domain is public, so no partition selection is needed.
+    pub fn keys_public(&self) -> bool {
+        self.keys.iter().all(|k| k.public != PublicKeys::No)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry point
+// ---------------------------------------------------------------------------------------------
+
+/// Analyses a query. Refusals carry a SQLSTATE and a hint.
+pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
+    reject_reserved(query)?;
+    if query.with.is_some() {
+        return Err(Error::unsupported(
+            "WITH (common table expressions)",
+            "Write the filter directly in the WHERE clause of one aggregate query.",
+        ));
+    }
+    if !query.locks.is_empty() {
+        return Err(Error::forbidden("FOR UPDATE / FOR SHARE is not allowed through pgdp", ""));
+    }
+    if query.fetch.is_some() {
+        return Err(Error::unsupported("FETCH FIRST", "Use LIMIT instead."));
+    }
+    let select = match query.body.as_ref() {
+        SetExpr::Select(s) => s,
+        SetExpr::SetOperation { .. } => {
+            return Err(Error::unsupported(
+                "set operations (UNION, INTERSECT, EXCEPT)",
+                "Run each aggregate query separately; each is charged on its own.",
+            ))
+        }
+        _ => return Err(Error::unsupported("this kind of query", "Use SELECT … FROM … GROUP BY …")),
+    };
+    if select.distinct.is_some() {
+        return Err(Error::unsupported(
+            "SELECT DISTINCT",
+            "Use GROUP BY with COUNT(*): distinct values are released only through DP partition selection.",
+        ));
+    }
+    if select.into.is_some() {
+        return Err(Error::forbidden("SELECT INTO is not allowed through pgdp", ""));
+    }
+    if select.qualify.is_some() || !select.named_window.is_empty() {
+        return Err(window_refusal());
+    }
+    if select.top.is_some() || select.prewhere.is_some() || !select.lateral_views.is_empty() {
+        return Err(Error::unsupported("this SELECT clause", ""));
+    }
+
+    let mut a = Analyzer { ctx, tables: Vec::new(), parameters: BTreeMap::new() };
+    let joins = a.resolve_from(&select.from)?;
+
+    let private: Vec<&TableRef> = a.tables.iter().map(|t| &t.0).filter(|t| t.private).collect();
+    if private.is_empty() {
+        return Err(Error::unsupported(
+            "queries over public tables only",
+            "pgdp answers DP aggregates over private tables; join the public table to a private one.",
+        ));
+    }
+
+    let filter = match &select.selection {
+        Some(e) => {
+            let mut e = e.clone();
+            let info = a.expr(&mut e, Role::Filter)?;
+            if info.ty.is_some_and(|t| t != ColumnType::Boolean) {
+                return Err(Error::Syntax { message: "argument of WHERE must be type boolean".into() });
+            }
+            Some(e.to_string())
+        }
+        None => None,
+    };
+
+    // GROUP BY keys.
+    let group_exprs = match &select.group_by {
+        GroupByExpr::Expressions(exprs, modifiers) => {
+            if !modifiers.is_empty() {
+                return Err(Error::unsupported("ROLLUP / CUBE / GROUPING SETS", "Run one query per grouping."));
+            }
+            exprs.clone()
+        }
+        GroupByExpr::All(_) => return Err(Error::unsupported("GROUP BY ALL", "List the keys.")),
+    };
+    if group_exprs.len() > limits::GROUP_KEYS_PER_QUERY_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the number of GROUP BY keys".into(),
+            limit: limits::GROUP_KEYS_PER_QUERY_MAX as u64,
+        });
+    }
+    let mut keys: Vec<GroupKey> = Vec::new();
+    for g in &group_exprs {
+        let mut e = resolve_group_reference(g, &select.projection)?;
+        let info = a.expr(&mut e, Role::Key)?;
+        if !info.groupable {
+            return Err(Error::forbidden(
+                format!("grouping by {} is not allowed", g),
+                "Group only by columns declared groupable in the policy (and simple functions of them); never by the privacy unit.",
+            ));
+        }
+        let text = e.to_string();
+        if keys.iter().any(|k| k.expr == text) {
+            continue;
+        }
+        keys.push(GroupKey { expr: text, ty: info.ty.unwrap_or(ColumnType::Text), public: info.public });
+    }
+
+    // Select list.
+    let mut aggregates: Vec<Aggregate> = Vec::new();
+    let mut outputs = Vec::new();
+    for item in &select.projection {
+        let (expr, alias) = match item {
+            SelectItem::UnnamedExpr(e) => (e, None),
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
+                return Err(Error::forbidden(
+                    "SELECT * is not allowed on private tables",
+                    "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
+                ))
+            }
+        };
+        let source = match a.aggregate(expr)? {
+            Some(agg) => {
+                let idx = push_aggregate(&mut aggregates, agg);
+                OutputSource::Aggregate(idx)
+            }
+            None => {
+                let mut e = expr.clone();
+                a.expr(&mut e, Role::Key)?;
+                let text = e.to_string();
+                match keys.iter().position(|k| k.expr == text) {
+                    Some(i) => OutputSource::Key(i),
+                    None => {
+                        return Err(Error::forbidden(
+                            format!("{expr} must appear in GROUP BY or be used in an aggregate"),
+                            "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV) and GROUP BY keys.",
+                        ))
+                    }
+                }
+            }
+        };
+        let name = alias.unwrap_or_else(|| default_name(expr));
+        if name.starts_with(RESERVED_PREFIX) {
+            return Err(reserved_refusal());
+        }
+        outputs.push(Output { name, source });
+    }
+    if aggregates.is_empty() {
+        return Err(Error::forbidden(
+            "a query on private tables must compute at least one aggregate",
+            "Add COUNT(*) (or another aggregate) to the select list; group keys alone are released only with a noisy count.",
+        ));
+    }
+
+    // HAVING and ORDER BY are post-processing on released values.
+    let having = match &select.having {
+        Some(h) => Some(a.post(h, &keys, &mut aggregates, &outputs, false)?),
+        None => None,
+    };
+    let mut order_by = Vec::new();
+    if let Some(ob) = &query.order_by {
+        let exprs = match &ob.kind {
+            ast::OrderByKind::Expressions(e) => e,
+            ast::OrderByKind::All(_) => return Err(Error::unsupported("ORDER BY ALL", "")),
+        };
+        for o in exprs {
+            if o.with_fill.is_some() {
+                return Err(Error::unsupported("WITH FILL", ""));
+            }
+            let value = a.post(&o.expr, &keys, &mut aggregates, &outputs, true)?;
+            let ascending = o.options.asc.unwrap_or(true);
+            let nulls_first = o.options.nulls_first.unwrap_or(!ascending);
+            order_by.push(SortKey { value, ascending, nulls_first });
+        }
+    }
+    if aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the number of aggregates".into(),
+            limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
+        });
+    }
+    let (limit, offset) = limit_offset(query)?;
+
+    // Contribution bounds: the loosest of the private tables joined (all share the unit).
+    let policy_tables: Vec<&Table> =
+        a.tables.iter().filter(|t| t.0.private).map(|t| t.1).collect();
+    let max_groups_per_unit = policy_tables
+        .iter()
+        .filter_map(|t| t.private().map(|p| p.max_groups_per_unit))
+        .max()
+        .unwrap_or(1);
+    let max_rows_per_unit = policy_tables
+        .iter()
+        .filter_map(|t| t.private().map(|p| p.max_rows_per_unit))
+        .max()
+        .unwrap_or(1);
+
+    let unit = a.unit()?;
+    let parameters = a.parameters.into_iter().map(|(index, ty)| Parameter { index, ty }).collect();
+    Ok(Plan {
+        tables: a.tables.into_iter().map(|t| t.0).collect(),
+        joins,
+        unit,
+        max_groups_per_unit: if keys.is_empty() { 1 } else { max_groups_per_unit },
+        max_rows_per_unit,
+        filter,
+        keys,
+        aggregates,
+        outputs,
+        having,
+        order_by,
+        limit,
+        offset,
+        parameters,
+    })
+}
+
+fn push_aggregate(aggregates: &mut Vec<Aggregate>, agg: Aggregate) -> usize {
+    match aggregates.iter().position(|a| a.text == agg.text) {
+        Some(i) => i,
+        None => {
+            aggregates.push(agg);
+            aggregates.len() - 1
+        }
+    }
+}
+
+fn window_refusal() -> Error {
+    Error::unsupported(
+        "window functions",
+        "Use GROUP BY with aggregates; window functions would release per-row values.",
+    )
+}
+
+fn reserved_refusal() -> Error {
+    Error::forbidden(
+        format!("identifiers starting with {RESERVED_PREFIX} are reserved for pgdp"),
+        "Rename the alias.",
+    )
+}
+
+/// Refuses any identifier with the reserved prefix, anywhere in the query.
+fn reject_reserved(query: &ast::Query) -> Result<()> {
+    let mut found = false;
+    let _ = ast::visit_expressions(query, |e| {
+        let hit = match e {
+            Expr::Identifier(i) => i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX),
+            Expr::CompoundIdentifier(parts) => {
+                parts.iter().any(|i| i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX))
+            }
+            _ => false,
+        };
+        found |= hit;
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    let text = query.to_string().to_ascii_lowercase();
+    if found || text.contains(RESERVED_PREFIX) {
+        return Err(reserved_refusal());
+    }
+    Ok(())
+}
+
+fn default_name(expr: &Expr) -> String {
+    match expr {
+        Expr::Identifier(i) => i.value.to_ascii_lowercase(),
+        Expr::CompoundIdentifier(p) => p.last().map(|i| i.value.to_ascii_lowercase()).unwrap_or_default(),
+        Expr::Function(f) => f.name.0.last().map(|p| p.to_string().to_ascii_lowercase()).unwrap_or_default(),
+        Expr::Nested(e) => default_name(e),
+        Expr::Cast { expr, .. } => default_name(expr),
+        Expr::Extract { .. } => "extract".into(),
+        Expr::Case { .. } => "case".into(),
+        _ => "?column?".into(),
+    }
+}
+
+/// `GROUP BY 1` and `GROUP BY alias` refer to select items.
+fn resolve_group_reference(g: &Expr, projection: &[SelectItem]) -> Result<Expr> {
+    if let Expr::Value(v) = g {
+        if let Value::Number(n, _) = &v.value {
+            let i: usize = n.parse().map_err(|_| Error::Syntax { message: format!("invalid GROUP BY position {n}") })?;
+            return match projection.get(i.wrapping_sub(1)) {
+                Some(SelectItem::UnnamedExpr(e)) | Some(SelectItem::ExprWithAlias { expr: e, .. }) => Ok(e.clone()),
+                _ => Err(Error::Syntax { message: format!("GROUP BY position {i} is not in select list") }),
+            };
+        }
+    }
+    if let Expr::Identifier(id) = g {
+        for item in projection {
+            if let SelectItem::ExprWithAlias { expr, alias } = item {
+                if alias.value.eq_ignore_ascii_case(&id.value) {
+                    return Ok(expr.clone());
+                }
+            }
+        }
+    }
+    Ok(g.clone())
+}
+
+fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
+    let number = |e: &Expr| -> Result<u64> {
+        match e {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => n.parse::<u64>().map_err(|_| Error::Syntax { message: "LIMIT and OFFSET take a non-negative integer".into() }),
+                Value::Null => Ok(u64::MAX),
+                _ => Err(Error::unsupported("non-literal LIMIT / OFFSET", "Use an integer literal.")),
+            },
+            _ => Err(Error::unsupported("non-literal LIMIT / OFFSET", "Use an integer literal.")),
+        }
+    };
+    match &query.limit_clause {
+        None => Ok((None, 0)),
+        Some(ast::LimitClause::LimitOffset { limit, offset, limit_by }) => {
+            if !limit_by.is_empty() {
+                return Err(Error::unsupported("LIMIT BY", ""));
+            }
+            let l = match limit {
+                Some(e) => {
+                    let n = number(e)?;
+                    (n != u64::MAX).then_some(n)
+                }
+                None => None,
+            };
+            let o = match offset {
+                Some(o) => number(&o.value)?,
+                None => 0,
+            };
+            Ok((l, if o == u64::MAX { 0 } else { o }))
+        }
+        Some(ast::LimitClause::OffsetCommaLimit { .. }) => Err(Error::unsupported("LIMIT offset, count", "Use LIMIT … OFFSET …")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expressions
+// ---------------------------------------------------------------------------------------------
+
+/// Where an expression appears; decides what is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// WHERE or a join condition.
+    Filter,
+    /// A GROUP BY key or a select item matching one.
+    Key,
+    /// The argument of an aggregate.
+    Argument,
+}
+
+/// What analysis learned about an expression.
+#[derive(Debug, Clone)]
+struct Info {
+    /// Its type, when known.
+    ty: Option<ColumnType>,
+    /// Bounds of its value, when derivable (for aggregate arguments).
+    bounds: Option<(f64, f64)>,
+    /// Whether it may be a group key (uses only groupable columns).
+    groupable: bool,
+    /// Whether it is a constant (a literal or a parameter).
+    constant: bool,
+    /// Public domain, for a bare column.
+    public: PublicKeys,
+    /// The name of a bare column reference (for hints).
+    column: Option<String>,
+}
+
+impl Info {
+    fn constant(ty: Option<ColumnType>, value: Option<f64>) -> Info {
+        Info { ty, bounds: value.map(|v| (v, v)), groupable: true, constant: true, public: PublicKeys::No, column: None }
+    }
+
+    fn derived(ty: Option<ColumnType>, parts: &[&Info], bounds: Option<(f64, f64)>) -> Info {
+        Info {
+            ty,
+            bounds,
+            groupable: parts.iter().all(|p| p.groupable),
+            constant: parts.iter().all(|p| p.constant),
+            public: PublicKeys::No,
+            column: None,
+        }
+    }
+}
+
+struct Analyzer<'a> {
+    ctx: &'a Context<'a>,
+    /// FROM tables with the analyst's alias (or table name) used for qualified references.
+    tables: Vec<(TableRef, &'a Table, String)>,
+    /// Parameter index → inferred type.
+    parameters: BTreeMap<usize, ColumnType>,
+}
+
+fn ident_lower(i: &Ident) -> String {
+    if i.quote_style.is_some() {
+        i.value.clone()
+    } else {
+        i.value.to_ascii_lowercase()
+    }
+}
+
+fn canonical(alias: &str, column: &str) -> Expr {
+    Expr::CompoundIdentifier(vec![Ident::with_quote('"', alias), Ident::with_quote('"', column)])
+}
+
+impl<'a> Analyzer<'a> {
+    fn find_table(&self, name: &ObjectName) -> Result<&'a Table> {
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .map(|p| p.as_ident().map(ident_lower).unwrap_or_else(|| p.to_string().to_ascii_lowercase()))
+            .collect();
+        let policy = self.ctx.policy;
+        let found = match parts.as_slice() {
+            [schema, table] => policy.table(&format!("{schema}.{table}")),
+            [table] => self
+                .ctx
+                .search_path
+                .iter()
+                .find_map(|s| policy.table(&format!("{s}.{table}"))),
+            [_db, schema, table] => policy.table(&format!("{schema}.{table}")),
+            _ => None,
+        };
+        if let Some(first) = parts.first() {
+            if parts.len() >= 2 && (first == "pg_catalog" || first == "information_schema") {
+                return Err(Error::unsupported(
+                    "catalog queries",
+                    "Catalog introspection through pgdp is not available yet; the policy (pgdp check) lists the tables.",
+                ));
+            }
+        }
+        found.ok_or_else(|| Error::UnknownTable { name: name.to_string() })
+    }
+
+    fn add_table(&mut self, factor: &TableFactor) -> Result<usize> {
+        match factor {
+            TableFactor::Table { name, alias, args, with_hints, version, partitions, sample, index_hints, .. } => {
+                if args.is_some() {
+                    return Err(Error::unsupported("table functions", ""));
+                }
+                if !with_hints.is_empty() || version.is_some() || !partitions.is_empty() || sample.is_some() || !index_hints.is_empty() {
+                    return Err(Error::unsupported("table hints, samples and versions", ""));
+                }
+                let table = self.find_table(name)?;
+                let index = self.tables.len();
+                if index >= 8 {
+                    return Err(Error::LimitExceeded { what: "the number of joined tables".into(), limit: 8 });
+                }
+                let visible = match alias {
+                    Some(a) => {
+                        if !a.columns.is_empty() {
+                            return Err(Error::unsupported("column aliases on tables", ""));
+                        }
+                        ident_lower(&a.name)
+                    }
+                    None => table.name.clone(),
+                };
+                if self.tables.iter().any(|t| t.2 == visible) {
+                    return Err(Error::Syntax { message: format!("table name \"{visible}\" specified more than once") });
+                }
+                let r = TableRef {
+                    table: table.qualified_name(),
+                    alias: format!("{RESERVED_PREFIX}t{index}"),
+                    private: matches!(table.kind, TableKind::Private(_)),
+                };
+                self.tables.push((r, table, visible));
+                Ok(index)
+            }
+            TableFactor::Derived { .. } => Err(Error::unsupported(
+                "subqueries in FROM",
+                "Query the table directly; filters go in WHERE.",
+            )),
+            _ => Err(Error::unsupported("this FROM item", "Use plain table names joined with JOIN … USING / ON.")),
+        }
+    }
+
+    /// Resolves FROM and returns one canonical join condition per joined table.
+    fn resolve_from(&mut self, from: &[ast::TableWithJoins]) -> Result<Vec<String>> {
+        let [twj] = from else {
+            return Err(if from.is_empty() {
+                Error::unsupported("queries without FROM over data", "")
+            } else {
+                Error::unsupported(
+                    "comma-separated FROM lists",
+                    "Write the join explicitly: FROM a JOIN b USING (person_id).",
+                )
+            });
+        };
+        self.add_table(&twj.relation)?;
+        let mut conditions = Vec::new();
+        for join in &twj.joins {
+            let constraint = match &join.join_operator {
+                JoinOperator::Join(c) | JoinOperator::Inner(c) => c,
+                _ => {
+                    return Err(Error::unsupported(
+                        "outer, cross, semi and anti joins",
+                        "Use an inner JOIN on the privacy unit, or with a public table.",
+                    ))
+                }
+            };
+            let right = self.add_table(&join.relation)?;
+            let condition = match constraint {
+                JoinConstraint::Using(names) => {
+                    let mut parts = Vec::new();
+                    for n in names {
+                        let col = n.0.last().and_then(|p| p.as_ident()).map(ident_lower).unwrap_or_default();
+                        let left = (0..right)
+                            .find(|&i| self.tables[i].1.column(&col).is_some())
+                            .ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
+                        if self.tables[right].1.column(&col).is_none() {
+                            return Err(Error::UnknownColumn { name: col.clone() });
+                        }
+                        parts.push((left, col.clone(), right, col));
+                    }
+                    parts
+                }
+                JoinConstraint::On(e) => self.equi_join(e, right)?,
+                JoinConstraint::Natural => {
+                    return Err(Error::unsupported("NATURAL JOIN", "Use JOIN … USING (column)."))
+                }
+                JoinConstraint::None => {
+                    return Err(Error::unsupported("joins without a condition", "Use JOIN … USING (column)."))
+                }
+            };
+            self.check_join(&condition, right)?;
+            let text = condition
+                .iter()
+                .map(|(l, lc, r, rc)| {
+                    format!("{} = {}", canonical(&self.tables[*l].0.alias, lc), canonical(&self.tables[*r].0.alias, rc))
+                })
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            conditions.push(text);
+        }
+        Ok(conditions)
+    }
+
+    /// `a.x = b.y [AND …]` between the new table and earlier ones.
+    fn equi_join(&self, e: &Expr, right: usize) -> Result<Vec<(usize, String, usize, String)>> {
+        let bad = || {
+            Error::unsupported(
+                "join conditions other than column equalities",
+                "Join with ON a.col = b.col (AND …) or USING (col).",
+            )
+        };
+        match e {
+            Expr::Nested(inner) => self.equi_join(inner, right),
+            Expr::BinaryOp { left, op: BinaryOperator::And, right: r } => {
+                let mut v = self.equi_join(left, right)?;
+                v.extend(self.equi_join(r, right)?);
+                Ok(v)
+            }
+            Expr::BinaryOp { left, op: BinaryOperator::Eq, right: r } => {
+                let (lt, lc) = self.column_ref(left)?.ok_or_else(bad)?;
+                let (rt, rc) = self.column_ref(r)?.ok_or_else(bad)?;
+                match (lt == right, rt == right) {
+                    (false, true) => Ok(vec![(lt, lc, rt, rc)]),
+                    (true, false) => Ok(vec![(rt, rc, lt, lc)]),
+                    _ => Err(bad()),
+                }
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    /// Private tables join only on their privacy units; public tables join on anything.
+    fn check_join(&self, condition: &[(usize, String, usize, String)], right: usize) -> Result<()> {
+        let (rref, rtable, _) = &self.tables[right];
+        if !rref.private {
+            return Ok(());
+        }
+        let unit_of = |t: &Table| t.private().and_then(|p| p.privacy_unit.clone());
+        let Some(runit) = unit_of(rtable) else {
+            return Err(Error::unsupported(
+                "joins with a row-level private table",
+                "Query a row-level table on its own, or join it only with public tables.",
+            ));
+        };
+        let earlier_private = (0..right).filter(|&i| self.tables[i].0.private).count();
+        if earlier_private == 0 {
+            return Ok(());
+        }
+        let ok = condition.iter().any(|(l, lc, _, rc)| {
+            let lt = self.tables[*l].1;
+            self.tables[*l].0.private && unit_of(lt).as_deref() == Some(lc.as_str()) && rc == &runit
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::forbidden(
+                "two private tables may be joined only on their privacy unit",
+                format!("Join on the privacy unit, e.g. JOIN {} USING ({runit}).", rref.table),
+            ))
+        }
+    }
+
+    /// A bare or qualified column reference: (table index, column name).
+    fn column_ref(&self, e: &Expr) -> Result<Option<(usize, String)>> {
+        match e {
+            Expr::Identifier(id) => {
+                let col = ident_lower(id);
+                let hits: Vec<usize> = (0..self.tables.len()).filter(|&i| self.tables[i].1.column(&col).is_some()).collect();
+                match hits.as_slice() {
+                    [] => Err(Error::UnknownColumn { name: id.value.clone() }),
+                    [i] => Ok(Some((*i, col))),
+                    [i, ..] => {
+                        // Columns equated by a join (e.g. USING (person_id)) are the same value:
+                        // the first table's is taken. Others are ambiguous.
+                        let is_unit = hits.iter().all(|&h| {
+                            self.tables[h].1.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str())
+                        });
+                        if is_unit {
+                            Ok(Some((*i, col)))
+                        } else {
+                            Err(Error::Syntax { message: format!("column reference \"{col}\" is ambiguous") })
+                        }
+                    }
+                }
+            }
+            Expr::CompoundIdentifier(parts) => {
+                let names: Vec<String> = parts.iter().map(ident_lower).collect();
+                let (qualifier, col) = match names.as_slice() {
+                    [t, c] => (t.clone(), c.clone()),
+                    [s, t, c] => (format!("{s}.{t}"), c.clone()),
+                    _ => return Err(Error::UnknownColumn { name: e.to_string() }),
+                };
+                let idx = self
+                    .tables
+                    .iter()
+                    .position(|(r, t, visible)| visible == &qualifier || r.table == qualifier || (qualifier == t.name && visible == &t.name))
+                    .ok_or_else(|| Error::UnknownTable { name: qualifier.clone() })?;
+                if col.starts_with(RESERVED_PREFIX) {
+                    return Err(reserved_refusal());
+                }
+                if matches!(col.as_str(), "ctid" | "xmin" | "xmax" | "cmin" | "cmax" | "tableoid") {
+                    return Err(Error::forbidden("system columns are not available through pgdp", ""));
+                }
+                if self.tables[idx].1.column(&col).is_none() {
+                    return Err(Error::UnknownColumn { name: col });
+                }
+                Ok(Some((idx, col)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn unit(&self) -> Result<Unit> {
+        let private: Vec<&(TableRef, &Table, String)> = self.tables.iter().filter(|t| t.0.private).collect();
+        let first = private.first().ok_or_else(|| Error::internal("no private table"))?;
+        match first.1.private().and_then(|p| p.privacy_unit.clone()) {
+            Some(u) => Ok(Unit::Column(canonical(&first.0.alias, &u).to_string())),
+            None => {
+                if private.len() > 1 {
+                    return Err(Error::unsupported("joins of row-level private tables", ""));
+                }
+                Ok(Unit::Row(format!("\"{}\".ctid", first.0.alias)))
+            }
+        }
+    }
+
+    /// Validates an expression in place (canonicalising column references) and describes it.
+    fn expr(&mut self, e: &mut Expr, role: Role) -> Result<Info> {
+        if let Some((idx, col)) = self.column_ref(e)? {
+            let (r, table, _) = &self.tables[idx];
+            let column = table.column(&col).ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
+            let unit = table.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str());
+            let public = if let Some(values) = &column.public_values {
+                PublicKeys::Listed(values.clone())
+            } else if !r.private {
+                PublicKeys::Table { table: r.table.clone(), column: col.clone() }
+            } else {
+                PublicKeys::No
+            };
+            let info = Info {
+                ty: Some(column.ty),
+                bounds: column.bounds.map(|b| (b.lower, b.upper)),
+                groupable: (column.groupable || !r.private) && !unit,
+                constant: false,
+                public,
+                column: Some(format!("{}.{}", r.table, col)),
+            };
+            *e = canonical(&r.alias, &col);
+            return Ok(info);
+        }
+        let unsupported_here = |what: &str| {
+            Error::unsupported(
+                what.to_string(),
+                "pgdp allows comparisons, AND/OR/NOT, + - * /, IN lists, BETWEEN, LIKE with a literal pattern, IS NULL, CASE and a few total functions.",
+            )
+        };
+        match e {
+            Expr::Value(v) => {
+                let (ty, value) = match &v.value {
+                    Value::Number(n, _) => {
+                        let f: f64 = n.parse().map_err(|_| Error::Syntax { message: format!("invalid number {n}") })?;
+                        let ty = if n.contains(['.', 'e', 'E']) { ColumnType::Numeric } else { ColumnType::Integer };
+                        (Some(ty), Some(f))
+                    }
+                    Value::SingleQuotedString(_) | Value::EscapedStringLiteral(_) | Value::NationalStringLiteral(_) => (None, None),
+                    Value::Boolean(_) => (Some(ColumnType::Boolean), None),
+                    Value::Null => (None, None),
+                    Value::Placeholder(p) => {
+                        if role != Role::Filter {
+                            return Err(Error::unsupported(
+                                "parameters outside WHERE",
+                                "Parameters ($1, …) may stand for literals in WHERE only.",
+                            ));
+                        }
+                        let index: usize = p
+                            .strip_prefix('$')
+                            .and_then(|n| n.parse().ok())
+                            .filter(|n| *n >= 1 && *n <= 256)
+                            .ok_or_else(|| Error::unsupported("this parameter syntax", "Use $1, $2, …"))?;
+                        self.parameters.entry(index).or_insert(ColumnType::Text);
+                        return Ok(Info::constant(None, None));
+                    }
+                    _ => return Err(unsupported_here(&format!("the literal {v}"))),
+                };
+                Ok(Info::constant(ty, value))
+            }
+            Expr::TypedString(ts) => {
+                let ty = type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
+                Ok(Info::constant(Some(ty), None))
+            }
+            Expr::Nested(inner) => self.expr(inner, role),
+            Expr::UnaryOp { op, expr } => {
+                let info = self.expr(expr, role)?;
+                match op {
+                    UnaryOperator::Not => Ok(Info::derived(Some(ColumnType::Boolean), &[&info], None)),
+                    UnaryOperator::Minus => {
+                        let b = info.bounds.map(|(l, u)| (-u, -l));
+                        Ok(Info::derived(info.ty, &[&info], b))
+                    }
+                    UnaryOperator::Plus => Ok(info),
+                    _ => Err(unsupported_here(&format!("the operator {op}"))),
+                }
+            }
+            Expr::BinaryOp { left, op, right } => {
+                let op = op.clone();
+                let l = self.expr(left, role)?;
+                let r = self.expr(right, role)?;
+                self.infer_parameter(left, &r);
+                self.infer_parameter(right, &l);
+                use BinaryOperator as B;
+                match op {
+                    B::And | B::Or => Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None)),
+                    B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq => {
+                        Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None))
+                    }
+                    B::Plus | B::Minus | B::Multiply => {
+                        let numeric = |i: &Info| i.ty.is_none_or(|t| t.is_numeric());
+                        if !(numeric(&l) && numeric(&r)) {
+                            if matches!(op, B::Plus | B::Minus) && (l.ty == Some(ColumnType::Date) || r.ty == Some(ColumnType::Date)) {
+                                return Err(unsupported_here("date arithmetic"));
+                            }
+                            return Err(unsupported_here(&format!("the operator {op} on non-numeric values")));
+                        }
+                        let bounds = match (l.bounds, r.bounds) {
+                            (Some((a, b)), Some((c, d))) => Some(match op {
+                                B::Plus => (a + c, b + d),
+                                B::Minus => (a - d, b - c),
+                                _ => {
+                                    let p = [a * c, a * d, b * c, b * d];
+                                    (p.iter().cloned().fold(f64::INFINITY, f64::min), p.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+                                }
+                            }),
+                            _ => None,
+                        };
+                        // Integer arithmetic can overflow (a data-dependent error): compute in numeric.
+                        *left = Box::new(as_numeric(left.as_ref().clone(), &l));
+                        *right = Box::new(as_numeric(right.as_ref().clone(), &r));
+                        Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
+                    }
+                    B::Divide => {
+                        let divisor_literal = r.constant && r.bounds.is_some_and(|(v, _)| v != 0.0);
+                        let bounds = match (l.bounds, r.bounds) {
+                            (Some((a, b)), Some((c, d))) if divisor_literal && c == d => {
+                                let (x, y) = (a / c, b / c);
+                                Some((x.min(y), x.max(y)))
+                            }
+                            _ => None,
+                        };
+                        // Division by zero would raise an error that depends on the data: divide
+                        // by NULLIF(divisor, 0) instead, which yields NULL.
+                        let divisor = as_numeric(right.as_ref().clone(), &r);
+                        *left = Box::new(as_numeric(left.as_ref().clone(), &l));
+                        *right = Box::new(nullif_zero(divisor));
+                        Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
+                    }
+                    B::StringConcat => Ok(Info::derived(Some(ColumnType::Text), &[&l, &r], None)),
+                    other => Err(unsupported_here(&format!("the operator {other}"))),
+                }
+            }
+            Expr::IsNull(inner) | Expr::IsNotNull(inner) | Expr::IsTrue(inner) | Expr::IsFalse(inner) | Expr::IsNotTrue(inner) | Expr::IsNotFalse(inner) => {
+                let i = self.expr(inner, role)?;
+                Ok(Info::derived(Some(ColumnType::Boolean), &[&i], None))
+            }
+            Expr::InList { expr, list, .. } => {
+                let i = self.expr(expr, role)?;
+                if list.len() > 1000 {
+                    return Err(Error::LimitExceeded { what: "the length of an IN list".into(), limit: 1000 });
+                }
+                let mut parts = vec![i.clone()];
+                for item in list.iter_mut() {
+                    let li = self.expr(item, role)?;
+                    if !li.constant {
+                        return Err(unsupported_here("IN lists of non-literals"));
+                    }
+                    self.infer_parameter(item, &i);
+                    parts.push(li);
+                }
+                let refs: Vec<&Info> = parts.iter().collect();
+                Ok(Info::derived(Some(ColumnType::Boolean), &refs, None))
+            }
+            Expr::Between { expr, low, high, .. } => {
+                let i = self.expr(expr, role)?;
+                let lo = self.expr(low, role)?;
+                let hi = self.expr(high, role)?;
+                self.infer_parameter(low, &i);
+                self.infer_parameter(high, &i);
+                Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &lo, &hi], None))
+            }
+            Expr::Like { expr, pattern, escape_char, any, .. } | Expr::ILike { expr, pattern, escape_char, any, .. } => {
+                if *any || escape_char.is_some() {
+                    return Err(unsupported_here("LIKE ANY / ESCAPE"));
+                }
+                let i = self.expr(expr, role)?;
+                let p = self.expr(pattern, role)?;
+                if !p.constant {
+                    // A pattern read from the data can be malformed (an error that depends on it).
+                    return Err(unsupported_here("LIKE with a non-literal pattern"));
+                }
+                if let Expr::Value(v) = pattern.as_ref() {
+                    if let Value::SingleQuotedString(s) = &v.value {
+                        if s.ends_with('\\') && !s.ends_with("\\\\") {
+                            return Err(Error::Syntax { message: "LIKE pattern must not end with escape character".into() });
+                        }
+                    }
+                }
+                Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &p], None))
+            }
+            Expr::Case { operand, conditions, else_result, .. } => {
+                let mut parts = Vec::new();
+                if let Some(op) = operand {
+                    parts.push(self.expr(op, role)?);
+                }
+                let mut bounds: Option<(f64, f64)> = None;
+                let mut all_bounded = true;
+                let mut ty = None;
+                let mut merge = |b: Option<(f64, f64)>, bounds: &mut Option<(f64, f64)>, all: &mut bool| match b {
+                    Some((l, u)) => *bounds = Some(bounds.map_or((l, u), |(a, c)| (a.min(l), c.max(u)))),
+                    None => *all = false,
+                };
+                for cw in conditions.iter_mut() {
+                    parts.push(self.expr(&mut cw.condition, role)?);
+                    let r = self.expr(&mut cw.result, role)?;
+                    merge(r.bounds, &mut bounds, &mut all_bounded);
+                    ty = ty.or(r.ty);
+                    parts.push(r);
+                }
+                match else_result {
+                    Some(er) => {
+                        let r = self.expr(er, role)?;
+                        if matches!(er.as_ref(), Expr::Value(v) if v.value == Value::Null) {
+                            // ELSE NULL contributes nothing to sums.
+                        } else {
+                            merge(r.bounds, &mut bounds, &mut all_bounded);
+                        }
+                        ty = ty.or(r.ty);
+                        parts.push(r);
+                    }
+                    None => {}
+                }
+                let refs: Vec<&Info> = parts.iter().collect();
+                Ok(Info::derived(ty, &refs, if all_bounded { bounds } else { None }))
+            }
+            Expr::Cast { expr, data_type, kind, format, .. } => {
+                if format.is_some() {
+                    return Err(unsupported_here("CAST … FORMAT"));
+                }
+                let _ = kind;
+                let i = self.expr(expr, role)?;
+                let target = type_of_data_type(data_type).ok_or_else(|| unsupported_here(&format!("casts to {data_type}")))?;
+                // Casts of literals are constant (they fail or not regardless of the data);
+                // casts of columns must be total.
+                let total = i.constant
+                    || target == ColumnType::Text
+                    || i.ty == Some(target)
+                    || (i.ty == Some(ColumnType::Integer) && matches!(target, ColumnType::Numeric | ColumnType::Float))
+                    || (i.ty == Some(ColumnType::Date) && target == ColumnType::Timestamp);
+                if !total {
+                    return Err(Error::forbidden(
+                        format!("the cast of {} to {data_type} can fail on some values", i.column.as_deref().unwrap_or("this expression")),
+                        "Casts that can fail would reveal data through errors; compare with a literal of the column's own type instead.",
+                    ));
+                }
+                let bounds = if target.is_numeric() { i.bounds } else { None };
+                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None })
+            }
+            Expr::Extract { field, expr, .. } => {
+                let i = self.expr(expr, role)?;
+                if !matches!(i.ty, Some(ColumnType::Date | ColumnType::Timestamp) | None) {
+                    return Err(unsupported_here("EXTRACT from a non-date value"));
+                }
+                let field_name = field.to_string().to_ascii_lowercase();
+                let bounds = match field_name.as_str() {
+                    "month" => Some((1.0, 12.0)),
+                    "day" => Some((1.0, 31.0)),
+                    "dow" => Some((0.0, 6.0)),
+                    "isodow" => Some((1.0, 7.0)),
+                    "quarter" => Some((1.0, 4.0)),
+                    "hour" => Some((0.0, 23.0)),
+                    "doy" => Some((1.0, 366.0)),
+                    "week" => Some((1.0, 53.0)),
+                    "year" | "isoyear" | "minute" | "second" | "epoch" | "decade" | "century" => None,
+                    _ => return Err(unsupported_here(&format!("EXTRACT({field_name} …)"))),
+                };
+                Ok(Info::derived(Some(ColumnType::Numeric), &[&i], bounds))
+            }
+            Expr::Function(f) => self.function(f, role),
+            Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. } => Err(Error::unsupported(
+                "subqueries",
+                "Subqueries over private data are not supported; use a join on the privacy unit or a public table.",
+            )),
+            other => Err(unsupported_here(&format!("the expression {other}"))),
+        }
+    }
+
+    /// A parameter compared with a typed expression takes that type.
+    fn infer_parameter(&mut self, e: &Expr, other: &Info) {
+        if let (Expr::Value(v), Some(ty)) = (e, other.ty) {
+            if let Value::Placeholder(p) = &v.value {
+                if let Some(i) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                    self.parameters.insert(i, ty);
+                }
+            }
+        }
+    }
+
+    fn function(&mut self, f: &mut ast::Function, role: Role) -> Result<Info> {
+        if f.over.is_some() {
+            return Err(window_refusal());
+        }
+        if f.filter.is_some() || !f.within_group.is_empty() || f.null_treatment.is_some() {
+            return Err(Error::unsupported("FILTER / WITHIN GROUP", "Move the condition into WHERE."));
+        }
+        let name = function_name(&f.name)?;
+        if aggregate_kind(&name).is_some() {
+            return Err(Error::unsupported(
+                "aggregates inside expressions",
+                "Aggregates may appear only at the top of a select item, in HAVING or in ORDER BY.",
+            ));
+        }
+        let Some(spec) = total_function(&name) else {
+            return Err(Error::UnknownFunction {
+                name: f.name.to_string(),
+                hint: "pgdp allows only functions that never fail and do not depend on time or randomness: lower, upper, length, abs, round, floor, ceil, coalesce, nullif, greatest, least, date_trunc, date_part, trim.".into(),
+            });
+        };
+        let args = match &mut f.args {
+            FunctionArguments::List(list) => {
+                if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+                    return Err(Error::unsupported("DISTINCT or clauses in function arguments", ""));
+                }
+                &mut list.args
+            }
+            FunctionArguments::None => return Err(Error::UnknownFunction { name: name.clone(), hint: String::new() }),
+            FunctionArguments::Subquery(_) => return Err(Error::unsupported("subqueries", "")),
+        };
+        if args.len() < spec.min_args || args.len() > spec.max_args {
+            return Err(Error::UnknownFunction {
+                name: format!("{name} with {} argument(s)", args.len()),
+                hint: String::new(),
+            });
+        }
+        let mut infos = Vec::new();
+        for (i, a) in args.iter_mut().enumerate() {
+            let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a else {
+                return Err(Error::unsupported("named or wildcard function arguments", ""));
+            };
+            let info = self.expr(e, role)?;
+            if spec.literal_args.contains(&i) && !info.constant {
+                return Err(Error::unsupported(
+                    format!("a non-literal argument {} to {name}", i + 1),
+                    "This argument must be a literal (a value from the data could make it fail).",
+                ));
+            }
+            infos.push(info);
+        }
+        let refs: Vec<&Info> = infos.iter().collect();
+        let ty = match spec.result {
+            Result_::Same(i) => infos.get(i).and_then(|x| x.ty),
+            Result_::Fixed(t) => Some(t),
+        };
+        let bounds = match name.as_str() {
+            "abs" => infos[0].bounds.map(|(l, u)| if l >= 0.0 { (l, u) } else if u <= 0.0 { (-u, -l) } else { (0.0, u.max(-l)) }),
+            "round" | "floor" | "ceil" | "ceiling" | "trunc" => infos[0].bounds.map(|(l, u)| (l.floor(), u.ceil())),
+            "greatest" | "least" | "coalesce" => {
+                let all: Option<Vec<(f64, f64)>> = infos.iter().map(|i| i.bounds).collect();
+                all.map(|v| {
+                    let lo = v.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
+                    let hi = v.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
+                    (lo, hi)
+                })
+            }
+            "nullif" => infos[0].bounds,
+            "date_part" => Some((f64::MIN / 4.0, f64::MAX / 4.0)).filter(|_| false),
+            _ => None,
+        };
+        // Qualify as pg_catalog so a search_path can never substitute another function.
+        f.name = ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name.clone())]);
+        Ok(Info::derived(ty, &refs, bounds))
+    }
+
+    /// An aggregate select item, or None if the expression is not an aggregate.
+    fn aggregate(&mut self, expr: &Expr) -> Result<Option<Aggregate>> {
+        let e = match expr {
+            Expr::Nested(inner) => inner.as_ref(),
+            other => other,
+        };
+        let Expr::Function(f) = e else {
+            if contains_aggregate(e) {
+                return Err(Error::unsupported(
+                    "expressions over aggregates in the select list",
+                    "Select the aggregates themselves (e.g. SUM(x), COUNT(*)) and combine them in your client.",
+                ));
+            }
+            return Ok(None);
+        };
+        let name = function_name(&f.name)?;
+        let Some(kind) = aggregate_kind(&name) else {
+            if contains_aggregate(e) {
+                return Err(Error::unsupported(
+                    "functions of aggregates in the select list",
+                    "Select the aggregate itself and round or transform it in your client.",
+                ));
+            }
+            return Ok(None);
+        };
+        if f.over.is_some() {
+            return Err(window_refusal());
+        }
+        if f.filter.is_some() || !f.within_group.is_empty() {
+            return Err(Error::unsupported("FILTER / WITHIN GROUP", "Move the condition into WHERE, or use CASE inside the aggregate."));
+        }
+        let FunctionArguments::List(list) = &f.args else {
+            return Err(Error::Syntax { message: format!("{name} needs an argument") });
+        };
+        if !list.clauses.is_empty() {
+            return Err(Error::unsupported("ORDER BY / LIMIT inside aggregates", ""));
+        }
+        let distinct = matches!(list.duplicate_treatment, Some(ast::DuplicateTreatment::Distinct));
+        let [arg] = list.args.as_slice() else {
+            return Err(Error::Syntax { message: format!("{name} takes exactly one argument") });
+        };
+        let arg_expr = match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Wildcard) => {
+                if kind != AggregateKind::CountRows || distinct {
+                    return Err(Error::Syntax { message: format!("{name}(*) is not valid") });
+                }
+                return Ok(Some(Aggregate { kind: AggregateKind::CountRows, argument: None, bounds: None, text: "count(*)".into() }));
+            }
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
+            _ => return Err(Error::unsupported("named aggregate arguments", "")),
+        };
+        let mut arg_expr = arg_expr;
+        let info = self.expr(&mut arg_expr, Role::Argument)?;
+        let text = arg_expr.to_string();
+        if distinct {
+            let unit = self.unit()?;
+            let is_unit = matches!(&unit, Unit::Column(u) if *u == text)
+                || self.is_unit_of_any_table(&text);
+            if kind == AggregateKind::CountRows && is_unit {
+                return Ok(Some(Aggregate { kind: AggregateKind::CountUnits, argument: None, bounds: None, text: "count(distinct unit)".into() }));
+            }
+            return Err(Error::unsupported(
+                "DISTINCT aggregates other than COUNT(DISTINCT <privacy unit>)",
+                "COUNT(DISTINCT person_id) counts people; other distinct counts are not supported yet.",
+            ));
+        }
+        if kind == AggregateKind::CountRows {
+            return Ok(Some(Aggregate { kind: AggregateKind::CountValues, argument: Some(text.clone()), bounds: None, text: format!("count({text})") }));
+        }
+        if !info.ty.is_none_or(|t| t.is_numeric()) {
+            return Err(Error::Syntax { message: format!("function {name} needs a numeric argument") });
+        }
+        let Some((lower, upper)) = info.bounds else {
+            let hint = match &info.column {
+                Some(c) => format!("Declare bounds for column {c} in the policy (lower and upper)."),
+                None => "Use a column with declared bounds (lower/upper in the policy), or arithmetic of such columns with literals.".into(),
+            };
+            return Err(Error::forbidden(format!("the bounds of {text} are not known, so {name} cannot be released"), hint));
+        };
+        if !(lower.is_finite() && upper.is_finite()) || lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
+            return Err(Error::forbidden(
+                format!("the derived bounds of {text} are too large"),
+                format!("Derived bounds must lie within ±{}.", limits::COLUMN_BOUND_ABS_MAX),
+            ));
+        }
+        let (lower, upper) = if lower == upper { (lower - 0.5, upper + 0.5) } else { (lower, upper) };
+        Ok(Some(Aggregate {
+            kind,
+            argument: Some(text.clone()),
+            bounds: Some(Bounds { lower, upper }),
+            text: format!("{}({text})", kind.sql_name()),
+        }))
+    }
+
+    fn is_unit_of_any_table(&self, text: &str) -> bool {
+        self.tables.iter().any(|(r, t, _)| {
+            t.private()
+                .and_then(|p| p.privacy_unit.as_deref())
+                .is_some_and(|u| canonical(&r.alias, u).to_string() == text)
+        })
+    }
+
+    /// A HAVING / ORDER BY expression over released values.
+    fn post(
+        &mut self,
+        e: &Expr,
+        keys: &[GroupKey],
+        aggregates: &mut Vec<Aggregate>,
+        outputs: &[Output],
+        allow_position: bool,
+    ) -> Result<Post> {
+        let by_output = |name: &str| {
+            outputs.iter().find(|o| o.name.eq_ignore_ascii_case(name)).map(|o| match o.source {
+                OutputSource::Key(i) => Post::Key(i),
+                OutputSource::Aggregate(i) => Post::Aggregate(i),
+            })
+        };
+        match e {
+            Expr::Nested(inner) => self.post(inner, keys, aggregates, outputs, allow_position),
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => {
+                    if allow_position {
+                        let i: usize = n.parse().map_err(|_| Error::Syntax { message: format!("invalid ORDER BY position {n}") })?;
+                        let o = outputs.get(i.wrapping_sub(1)).ok_or_else(|| Error::Syntax { message: format!("ORDER BY position {i} is not in select list") })?;
+                        return Ok(match o.source {
+                            OutputSource::Key(k) => Post::Key(k),
+                            OutputSource::Aggregate(a) => Post::Aggregate(a),
+                        });
+                    }
+                    Ok(Post::Number(n.parse().map_err(|_| Error::Syntax { message: format!("invalid number {n}") })?))
+                }
+                Value::SingleQuotedString(s) => Ok(Post::Text(s.clone())),
+                Value::Null => Ok(Post::Null),
+                _ => Err(Error::unsupported(format!("the literal {v} in HAVING / ORDER BY"), "")),
+            },
+            Expr::Identifier(id) if by_output(&id.value).is_some() => by_output(&id.value).ok_or_else(|| Error::internal("output vanished")),
+            Expr::UnaryOp { op: UnaryOperator::Not, expr } => Ok(Post::Not(Box::new(self.post(expr, keys, aggregates, outputs, false)?))),
+            Expr::UnaryOp { op: UnaryOperator::Minus, expr } => Ok(Post::Negate(Box::new(self.post(expr, keys, aggregates, outputs, false)?))),
+            Expr::IsNull(inner) => Ok(Post::IsNull(Box::new(self.post(inner, keys, aggregates, outputs, false)?), true)),
+            Expr::IsNotNull(inner) => Ok(Post::IsNull(Box::new(self.post(inner, keys, aggregates, outputs, false)?), false)),
+            Expr::BinaryOp { left, op, right } => {
+                use BinaryOperator as B;
+                let op = match op {
+                    B::Eq => PostOp::Eq,
+                    B::NotEq => PostOp::NotEq,
+                    B::Lt => PostOp::Lt,
+                    B::LtEq => PostOp::LtEq,
+                    B::Gt => PostOp::Gt,
+                    B::GtEq => PostOp::GtEq,
+                    B::And => PostOp::And,
+                    B::Or => PostOp::Or,
+                    B::Plus => PostOp::Plus,
+                    B::Minus => PostOp::Minus,
+                    B::Multiply => PostOp::Multiply,
+                    B::Divide => PostOp::Divide,
+                    other => return Err(Error::unsupported(format!("the operator {other} in HAVING / ORDER BY"), "")),
+                };
+                let l = self.post(left, keys, aggregates, outputs, false)?;
+                let r = self.post(right, keys, aggregates, outputs, false)?;
+                Ok(Post::Binary(Box::new(l), op, Box::new(r)))
+            }
+            _ => {
+                if let Some(agg) = self.aggregate(e)? {
+                    // An aggregate not in the select list is released (and paid for) too.
+                    let i = push_aggregate(aggregates, agg);
+                    return Ok(Post::Aggregate(i));
+                }
+                let mut c = e.clone();
+                self.expr(&mut c, Role::Key)?;
+                let text = c.to_string();
+                keys.iter().position(|k| k.expr == text).map(Post::Key).ok_or_else(|| {
+                    Error::forbidden(
+                        format!("{e} in HAVING / ORDER BY must be a group key, an output column or an aggregate"),
+                        "HAVING and ORDER BY are applied by pgdp to the released (noisy) rows.",
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// Wraps an integer-typed operand in a numeric cast so arithmetic cannot overflow.
+fn as_numeric(e: Expr, info: &Info) -> Expr {
+    if info.ty == Some(ColumnType::Integer) {
+        Expr::Cast {
+            kind: ast::CastKind::Cast,
+            expr: Box::new(Expr::Nested(Box::new(e))),
+            data_type: ast::DataType::Numeric(ast::ExactNumberInfo::None),
+            array: false,
+            format: None,
+        }
+    } else {
+        e
+    }
+}
+
+fn nullif_zero(e: Expr) -> Expr {
+    let args = vec![
+        FunctionArg::Unnamed(FunctionArgExpr::Expr(e)),
+        FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::Number("0".into(), false)))),
+    ];
+    Expr::Function(ast::Function {
+        name: ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new("nullif")]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(ast::FunctionArgumentList { duplicate_treatment: None, args, clauses: vec![] }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    })
+}
+
+fn function_name(name: &ObjectName) -> Result<String> {
+    let parts: Vec<String> = name.0.iter().map(|p| p.to_string().to_ascii_lowercase()).collect();
+    match parts.as_slice() {
+        [n] => Ok(n.clone()),
+        [schema, n] if schema == "pg_catalog" => Ok(n.clone()),
+        _ => Err(Error::UnknownFunction { name: name.to_string(), hint: "User-defined functions are not available through pgdp.".into() }),
+    }
+}
+
+fn aggregate_kind(name: &str) -> Option<AggregateKind> {
+    Some(match name {
+        "count" => AggregateKind::CountRows,
+        "sum" => AggregateKind::Sum,
+        "avg" => AggregateKind::Avg,
+        "variance" | "var_samp" => AggregateKind::VarSamp,
+        "var_pop" => AggregateKind::VarPop,
+        "stddev" | "stddev_samp" => AggregateKind::StddevSamp,
+        "stddev_pop" => AggregateKind::StddevPop,
+        _ => return None,
+    })
+}
+
+fn contains_aggregate(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = ast::visit_expressions(e, |x| {
+        if let Expr::Function(f) = x {
+            if function_name(&f.name).ok().and_then(|n| aggregate_kind(&n)).is_some() {
+                found = true;
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+enum Result_ {
+    Same(usize),
+    Fixed(ColumnType),
+}
+
+struct FunctionSpec {
+    min_args: usize,
+    max_args: usize,
+    literal_args: &'static [usize],
+    result: Result_,
+}
+
+/// The whitelist of total functions: none raises an error for some data values and not others,
+/// none depends on time, randomness or session state, and none can run long on its input.
+pub fn is_total_function(name: &str) -> bool {
+    total_function(name).is_some()
+}
+
+fn total_function(name: &str) -> Option<FunctionSpec> {
+    use ColumnType as T;
+    let spec = |min_args, max_args, literal_args, result| FunctionSpec { min_args, max_args, literal_args, result };
+    Some(match name {
+        "lower" | "upper" | "btrim" | "ltrim" | "rtrim" | "trim" => spec(1, 1, &[], Result_::Fixed(T::Text)),
+        "length" | "char_length" | "character_length" => spec(1, 1, &[], Result_::Fixed(T::Integer)),
+        "abs" => spec(1, 1, &[], Result_::Same(0)),
+        "round" | "trunc" => spec(1, 2, &[1], Result_::Fixed(T::Numeric)),
+        "floor" | "ceil" | "ceiling" => spec(1, 1, &[], Result_::Fixed(T::Numeric)),
+        "coalesce" | "greatest" | "least" => spec(1, 8, &[], Result_::Same(0)),
+        "nullif" => spec(2, 2, &[], Result_::Same(0)),
+        "date_trunc" => spec(2, 2, &[0], Result_::Fixed(T::Timestamp)),
+        "date_part" => spec(2, 2, &[0], Result_::Fixed(T::Numeric)),
+        _ => return None,
+    })
+}
+
+fn type_of_data_type(dt: &ast::DataType) -> Option<ColumnType> {
+    use ast::DataType as D;
+    Some(match dt {
+        D::Text | D::Varchar(_) | D::CharacterVarying(_) | D::Char(_) | D::Character(_) | D::String(_) => ColumnType::Text,
+        D::Int(_) | D::Integer(_) | D::BigInt(_) | D::SmallInt(_) | D::Int2(_) | D::Int4(_) | D::Int8(_) => ColumnType::Integer,
+        D::Numeric(_) | D::Decimal(_) | D::Dec(_) => ColumnType::Numeric,
+        D::Real | D::Float4 | D::Float8 | D::Double(_) | D::DoublePrecision | D::Float(_) => ColumnType::Float,
+        D::Date => ColumnType::Date,
+        D::Timestamp(_, _) => ColumnType::Timestamp,
+        D::Boolean | D::Bool => ColumnType::Boolean,
+        _ => return None,
+    })
+}
