@@ -372,6 +372,9 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         let (expr, alias) = match item {
             SelectItem::UnnamedExpr(e) => (e, None),
             SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+            SelectItem::ExprWithAliases { .. } => {
+                return Err(Error::unsupported("multiple aliases for one select item", ""))
+            }
             SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
                 return Err(Error::forbidden(
                     "SELECT * is not allowed on private tables",
@@ -428,7 +431,13 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
                 return Err(Error::unsupported("WITH FILL", ""));
             }
             let value = a.post(&o.expr, &keys, &mut aggregates, &outputs, true)?;
-            let ascending = o.options.asc.unwrap_or(true);
+            let ascending = match &o.options.sort {
+                None | Some(ast::OrderBySort::Asc) => true,
+                Some(ast::OrderBySort::Desc) => false,
+                Some(ast::OrderBySort::Using(_)) => {
+                    return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."))
+                }
+            };
             let nulls_first = o.options.nulls_first.unwrap_or(!ascending);
             order_by.push(SortKey { value, ascending, nulls_first });
         }
@@ -1103,7 +1112,7 @@ impl<'a> Analyzer<'a> {
                 let mut bounds: Option<(f64, f64)> = None;
                 let mut all_bounded = true;
                 let mut ty = None;
-                let mut merge = |b: Option<(f64, f64)>, bounds: &mut Option<(f64, f64)>, all: &mut bool| match b {
+                let merge = |b: Option<(f64, f64)>, bounds: &mut Option<(f64, f64)>, all: &mut bool| match b {
                     Some((l, u)) => *bounds = Some(bounds.map_or((l, u), |(a, c)| (a.min(l), c.max(u)))),
                     None => *all = false,
                 };
@@ -1456,7 +1465,6 @@ fn as_numeric(e: Expr, info: &Info) -> Expr {
             kind: ast::CastKind::Cast,
             expr: Box::new(Expr::Nested(Box::new(e))),
             data_type: ast::DataType::Numeric(ast::ExactNumberInfo::None),
-            array: false,
             format: None,
         }
     } else {
