@@ -1,1 +1,0 @@
-//! mechanism: not written yet.
