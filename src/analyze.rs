@@ -237,8 +237,8 @@ pub struct Plan {
     pub max_groups_per_unit: u64,
     /// Most rows a unit contributes to a group.
     pub max_rows_per_unit: u64,
-    /// WHERE (canonical SQL with parameters as `$n`).
-    pub filter: Option<String>,
+    /// WHERE (canonical, with parameters as `$n` placeholders until the rewrite binds them).
+    pub filter: Option<Expr>,
     /// GROUP BY keys.
     pub keys: Vec<GroupKey>,
     /// Aggregates, each released through a mechanism.
@@ -327,7 +327,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
             if info.ty.is_some_and(|t| t != ColumnType::Boolean) {
                 return Err(Error::Syntax { message: "argument of WHERE must be type boolean".into() });
             }
-            Some(e.to_string())
+            Some(e)
         }
         None => None,
     };

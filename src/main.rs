@@ -137,7 +137,7 @@ async fn serve(args: &Args) -> anyhow::Result<()> {
 async fn run(
     policy: pgdp::policy::Policy,
     upstream: &str,
-    _ledger: Option<&str>,
+    ledger: Option<&str>,
     listen: &str,
     banner: Option<String>,
 ) -> anyhow::Result<()> {
@@ -152,10 +152,15 @@ async fn run(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    let shared = Arc::new(Shared {
-        policy: Arc::new(policy),
-        backend: Arc::new(backend),
-    });
+    let ledger_dsn = ledger.unwrap_or(upstream);
+    let ledger = pgdp::budget::Ledger::connect(ledger_dsn)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the privacy ledger: {e}"))?;
+    let shared = Arc::new(
+        Shared::new(policy, backend, ledger)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?,
+    );
     tracing::info!(%addr, database = %shared.policy.database, "pgdp listening");
     if let Some(b) = banner {
         println!("{b}");

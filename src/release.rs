@@ -1,1 +1,557 @@
-//! release: not written yet.
+//! Release: noise the exact per-group statistics, select groups, derive the analyst's aggregates
+//! from the noisy parts and apply HAVING, ORDER BY and LIMIT to the noisy rows.
+//!
+//! [`mechanisms`] decides, before anything runs, every mechanism of a query and what it costs;
+//! [`release`] applies them to the upstream's rows. Both are pure (randomness is injected).
+//!
+//! Invariants:
+//! - Every aggregate value that leaves comes from a noisy measure; group keys leave only through
+//!   public domains (all released, zero-filled) or DP partition selection.
+//! - Everything after the noise (AVG = mean of noisy parts, clamping to bounds, rounding, HAVING,
+//!   ORDER BY, LIMIT) is post-processing of noisy values and costs nothing.
+//! - No NaN or infinity is ever released; counts are integers ≥ 0.
+//! - The query's ε is split equally over its noisy measures and, when needed, partition
+//!   selection (docs/privacy.md).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use rand::{CryptoRng, Rng};
+
+use crate::analyze::{AggregateKind, Plan, Post, PostOp, PublicKeys};
+use crate::backend::TextRows;
+use crate::budget::{accountant::zcdp_to_epsilon, Cost, Fixed};
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::mechanism::{Noise, PartitionSelection};
+use crate::policy::{ColumnType, Mechanism};
+use crate::rewrite::Rewrite;
+use crate::session::{Cell, CellType, OutColumn};
+
+/// Privacy parameters of one query (from the session settings).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    /// ε of the whole query.
+    pub epsilon: f64,
+    /// δ the query may spend (partition selection, Gaussian conversion).
+    pub delta: f64,
+    /// Noise family.
+    pub mechanism: Mechanism,
+}
+
+/// The mechanisms of one query and their total cost.
+#[derive(Debug, Clone)]
+pub struct Mechanisms {
+    /// One noise per measure, in the rewrite's order.
+    pub noises: Vec<Noise>,
+    /// Partition selection, when some key is not public.
+    pub selection: Option<PartitionSelection>,
+    /// What the query costs, charged before it runs.
+    pub cost: Cost,
+    /// ε share of each measure.
+    pub epsilon_per_measure: f64,
+    /// L1 (Laplace) or L2 (Gaussian) sensitivity of each measure.
+    pub sensitivities: Vec<f64>,
+}
+
+fn fixed_ceil(x: f64) -> Result<Fixed> {
+    Fixed::from_f64_ceil(x).map_err(|_| Error::InvalidMechanism { reason: format!("cost {x} is not representable") })
+}
+
+/// The ρ whose CKS20 conversion at `delta` is at most `epsilon` (bisection, rounded down).
+fn rho_for(epsilon: f64, delta: f64) -> Result<f64> {
+    let delta_fixed = Fixed::from_f64_floor(delta).map_err(|_| Error::InvalidMechanism { reason: "delta".into() })?;
+    let eps_of = |rho: f64| -> f64 {
+        Fixed::from_f64_ceil(rho)
+            .ok()
+            .and_then(|r| zcdp_to_epsilon(r, delta_fixed))
+            .map(|e| e.to_f64())
+            .unwrap_or(f64::INFINITY)
+    };
+    let (mut lo, mut hi) = (0.0f64, epsilon.max(1e-12));
+    while eps_of(hi) < epsilon {
+        hi *= 2.0;
+    }
+    for _ in 0..100 {
+        let mid = (lo + hi) / 2.0;
+        if eps_of(mid) <= epsilon {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo <= 0.0 {
+        return Err(Error::InvalidMechanism { reason: "epsilon too small for the Gaussian mechanism".into() });
+    }
+    Ok(lo)
+}
+
+/// Chooses every mechanism of the query and its cost. Refuses before anything runs.
+pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
+    let needs_selection = !plan.keys_public();
+    let groups = plan.max_groups_per_unit;
+    let shares = rewrite.measures.len() + usize::from(needs_selection);
+    let epsilon_share = budget.epsilon / shares as f64;
+    if needs_selection && budget.delta <= 0.0 {
+        return Err(Error::forbidden(
+            "this query needs delta > 0: its group keys are not public, so groups are released only through DP partition selection",
+            "Group by columns with public_values in the policy, or SET pgdp.delta to a small positive value (e.g. 1e-7) within your budget.",
+        ));
+    }
+    if budget.mechanism == Mechanism::Gaussian && budget.delta <= 0.0 {
+        return Err(Error::forbidden(
+            "the Gaussian mechanism needs delta > 0",
+            "SET pgdp.delta to a small positive value, or SET pgdp.mechanism = 'laplace'.",
+        ));
+    }
+    let mut noises = Vec::new();
+    let mut sensitivities = Vec::new();
+    // Gaussian: the measures together are ρ-zCDP with ρ converted from their ε share at δ.
+    let gaussian_rho = match budget.mechanism {
+        Mechanism::Gaussian => {
+            let eps_measures = epsilon_share * rewrite.measures.len() as f64;
+            Some(rho_for(eps_measures, budget.delta)? / rewrite.measures.len() as f64)
+        }
+        Mechanism::Laplace => None,
+    };
+    for m in &rewrite.measures {
+        let c = m.contribution(&rewrite.arguments, plan.max_rows_per_unit);
+        let noise = match gaussian_rho {
+            None => {
+                let l1 = groups as f64 * c;
+                sensitivities.push(l1);
+                if m.is_integer() {
+                    Noise::laplace(l1, epsilon_share)?
+                } else {
+                    Noise::laplace_real(l1, epsilon_share, groups)?
+                }
+            }
+            Some(rho) => {
+                let l2 = (groups as f64).sqrt() * c;
+                sensitivities.push(l2);
+                if m.is_integer() {
+                    Noise::gaussian(l2, rho)?
+                } else {
+                    Noise::gaussian_real(l2, rho, groups)?
+                }
+            }
+        };
+        noises.push(noise);
+    }
+    let selection = if needs_selection {
+        Some(PartitionSelection::new(epsilon_share, budget.delta, groups)?)
+    } else {
+        None
+    };
+    // Everything is charged in (ε, δ): the Gaussian part was converted at δ, partition
+    // selection spends its δ; basic composition adds them.
+    let delta_cost = match (selection.is_some(), budget.mechanism) {
+        (false, Mechanism::Laplace) => 0.0,
+        (true, Mechanism::Laplace) | (false, Mechanism::Gaussian) => budget.delta,
+        (true, Mechanism::Gaussian) => 2.0 * budget.delta,
+    };
+    let cost = Cost::approx(fixed_ceil(budget.epsilon)?, fixed_ceil(delta_cost)?);
+    Ok(Mechanisms { noises, selection, cost, epsilon_per_measure: epsilon_share, sensitivities })
+}
+
+/// The released result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Released {
+    /// Output columns.
+    pub columns: Vec<OutColumn>,
+    /// Released rows.
+    pub rows: Vec<Vec<Cell>>,
+    /// Whether rows were dropped because of [`limits::GROUPS_RELEASED_MAX`].
+    pub truncated: bool,
+}
+
+fn key_cell(text: Option<&str>, ty: ColumnType) -> Cell {
+    let Some(t) = text else { return Cell::Null };
+    match ty {
+        ColumnType::Integer => t.parse().map(Cell::Int).unwrap_or_else(|_| Cell::Text(t.to_string())),
+        ColumnType::Numeric | ColumnType::Float => {
+            t.parse::<f64>().ok().filter(|f| f.is_finite()).map(Cell::Float).unwrap_or_else(|| Cell::Text(t.to_string()))
+        }
+        ColumnType::Boolean => Cell::Bool(t == "t" || t == "true"),
+        ColumnType::Text | ColumnType::Date | ColumnType::Timestamp => Cell::Text(t.to_string()),
+    }
+}
+
+fn key_type(ty: ColumnType) -> CellType {
+    match ty {
+        ColumnType::Integer => CellType::Int8,
+        ColumnType::Numeric | ColumnType::Float => CellType::Float8,
+        ColumnType::Boolean => CellType::Bool,
+        ColumnType::Text | ColumnType::Date | ColumnType::Timestamp => CellType::Text,
+    }
+}
+
+/// Output columns of a plan.
+pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
+    let mut out = Vec::new();
+    for o in &plan.outputs {
+        match o.source {
+            crate::analyze::OutputSource::Key(i) => out.push(OutColumn::new(o.name.clone(), key_type(plan.keys[i].ty))),
+            crate::analyze::OutputSource::Aggregate(i) => {
+                let ty = match plan.aggregates[i].kind {
+                    AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => CellType::Int8,
+                    _ => CellType::Float8,
+                };
+                out.push(OutColumn::new(o.name.clone(), ty));
+                if accuracy {
+                    out.push(OutColumn::new(format!("{}_error95", o.name), CellType::Float8));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The domains of public keys: the listed values, or the values read from a public table.
+pub type PublicDomains = BTreeMap<usize, Vec<String>>;
+
+/// Noises the upstream rows and post-processes them into the analyst's result.
+pub fn release<R: Rng + CryptoRng + ?Sized>(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    rows: &TextRows,
+    public_domains: &PublicDomains,
+    accuracy: bool,
+    rng: &mut R,
+) -> Result<Released> {
+    let k = plan.keys.len();
+    let m = rewrite.measures.len();
+    let expected = k + m + 1;
+    // Exact statistics per candidate group, keyed by the key texts.
+    let mut groups: BTreeMap<Vec<Option<String>>, (Vec<Option<String>>, u64)> = BTreeMap::new();
+    for row in rows {
+        if row.len() != expected {
+            return Err(Error::internal("upstream returned an unexpected number of columns"));
+        }
+        let keys = row[..k].to_vec();
+        let stats = row[k..k + m].to_vec();
+        let units = row[k + m].as_deref().and_then(|u| u.parse::<u64>().ok()).unwrap_or(0);
+        groups.insert(keys, (stats, units));
+    }
+
+    // Which groups are released.
+    let released_keys: Vec<Vec<Option<String>>> = if k == 0 {
+        vec![Vec::new()]
+    } else if let Some(selection) = &mechanisms.selection {
+        groups.iter().filter(|(_, (_, units))| selection.keep(rng, *units)).map(|(keys, _)| keys.clone()).collect()
+    } else {
+        // All public: the cross product of the domains, whether present or not.
+        let mut combos: Vec<Vec<Option<String>>> = vec![Vec::new()];
+        for i in 0..k {
+            let domain = public_domains.get(&i).ok_or_else(|| Error::internal("missing public domain"))?;
+            let mut next = Vec::new();
+            for c in &combos {
+                for v in domain {
+                    let mut c2 = c.clone();
+                    c2.push(Some(v.clone()));
+                    next.push(c2);
+                }
+            }
+            if next.len() > limits::PUBLIC_KEY_COMBINATIONS_MAX {
+                return Err(Error::LimitExceeded {
+                    what: "the number of public group combinations".into(),
+                    limit: limits::PUBLIC_KEY_COMBINATIONS_MAX as u64,
+                });
+            }
+            combos = next;
+        }
+        combos
+    };
+
+    let mut out_rows = Vec::new();
+    for keys in released_keys {
+        let exact = groups.get(&keys).map(|(s, _)| s.clone()).unwrap_or_else(|| vec![None; m]);
+        // Noise every measure of the group.
+        let mut noisy = Vec::with_capacity(m);
+        for (j, measure) in rewrite.measures.iter().enumerate() {
+            let noise = &mechanisms.noises[j];
+            let text = exact[j].as_deref().unwrap_or("0");
+            let value = if measure.is_integer() {
+                let e: i128 = text.parse().map_err(|_| Error::internal("count is not an integer"))?;
+                noise.release_integer(rng, e) as f64
+            } else {
+                noise.release_real(rng, text)?
+            };
+            noisy.push(value);
+        }
+        let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
+        for (i, agg) in plan.aggregates.iter().enumerate() {
+            aggregate_values.push(derive(agg.kind, agg.bounds, &rewrite.aggregate_measures[i], &noisy, mechanisms));
+        }
+        let key_cells: Vec<Cell> = keys.iter().zip(&plan.keys).map(|(t, key)| key_cell(t.as_deref(), key.ty)).collect();
+        if let Some(h) = &plan.having {
+            if evaluate(h, &key_cells, &aggregate_values) != Cell::Bool(true) {
+                continue;
+            }
+        }
+        out_rows.push((key_cells, aggregate_values));
+    }
+
+    // ORDER BY on released values (keys order by default, for stable output).
+    out_rows.sort_by(|a, b| {
+        for s in &plan.order_by {
+            let x = evaluate(&s.value, &a.0, &a.1);
+            let y = evaluate(&s.value, &b.0, &b.1);
+            let ord = compare_cells(&x, &y, s.nulls_first);
+            let ord = if s.ascending { ord } else { ord.reverse() };
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        for (x, y) in a.0.iter().zip(&b.0) {
+            let ord = compare_cells(x, y, false);
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        Ordering::Equal
+    });
+    let start = usize::try_from(plan.offset).unwrap_or(usize::MAX);
+    let mut rows_iter: Vec<(Vec<Cell>, Vec<Cell>)> = out_rows.into_iter().skip(start).collect();
+    if let Some(l) = plan.limit {
+        rows_iter.truncate(usize::try_from(l).unwrap_or(usize::MAX));
+    }
+    let truncated = rows_iter.len() > limits::GROUPS_RELEASED_MAX;
+    rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
+
+    let bounds95: Vec<f64> = mechanisms.noises.iter().map(|n| n.error_bound(0.05).unwrap_or(f64::NAN)).collect();
+    let mut rows_out = Vec::with_capacity(rows_iter.len());
+    for (key_cells, aggregate_values) in rows_iter {
+        let mut row = Vec::new();
+        for o in &plan.outputs {
+            match o.source {
+                crate::analyze::OutputSource::Key(i) => row.push(key_cells[i].clone()),
+                crate::analyze::OutputSource::Aggregate(i) => {
+                    row.push(aggregate_values[i].clone());
+                    if accuracy {
+                        row.push(error_bound_cell(plan, rewrite, i, &bounds95, &aggregate_values));
+                    }
+                }
+            }
+        }
+        rows_out.push(row);
+    }
+    Ok(Released { columns: columns(plan, accuracy), rows: rows_out, truncated })
+}
+
+/// The 95% error bound of an aggregate, where pgdp can state one.
+fn error_bound_cell(plan: &Plan, rewrite: &Rewrite, i: usize, bounds95: &[f64], values: &[Cell]) -> Cell {
+    let ms = &rewrite.aggregate_measures[i];
+    let finite = |x: f64| if x.is_finite() { Cell::Float(x) } else { Cell::Null };
+    match plan.aggregates[i].kind {
+        AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits | AggregateKind::Sum => {
+            finite(bounds95[ms[0]])
+        }
+        AggregateKind::Avg => {
+            // Rough: error of the centered sum over the count, plus the count's relative error
+            // times the half range; stated as approximate in docs/privacy.md.
+            let count_like = values.iter().find_map(|v| if let Cell::Int(n) = v { Some(*n as f64) } else { None });
+            let _ = count_like;
+            let n = 1.0f64.max(bounds95[ms[0]]);
+            let h = plan.aggregates[i].bounds.map(|b| (b.upper - b.lower) / 2.0).unwrap_or(0.0);
+            finite((bounds95[ms[1]] + h * bounds95[ms[0]]) / n.max(1.0))
+        }
+        _ => Cell::Null,
+    }
+}
+
+/// An aggregate from the noisy measures (post-processing).
+fn derive(kind: AggregateKind, bounds: Option<crate::policy::Bounds>, ms: &[usize], noisy: &[f64], _m: &Mechanisms) -> Cell {
+    let count = |x: f64| Cell::Int(x.round().max(0.0).min(i64::MAX as f64) as i64);
+    let real = |x: f64| if x.is_finite() { Cell::Float(x) } else { Cell::Null };
+    match kind {
+        AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => count(noisy[ms[0]]),
+        AggregateKind::Sum => {
+            let mut s = noisy[ms[0]];
+            if let Some(b) = bounds {
+                if b.lower >= 0.0 {
+                    s = s.max(0.0);
+                }
+                if b.upper <= 0.0 {
+                    s = s.min(0.0);
+                }
+            }
+            real(s)
+        }
+        AggregateKind::Avg | AggregateKind::VarPop | AggregateKind::VarSamp | AggregateKind::StddevPop | AggregateKind::StddevSamp => {
+            let Some(b) = bounds else { return Cell::Null };
+            let mid = (b.lower + b.upper) / 2.0;
+            let h = (b.upper - b.lower) / 2.0;
+            let n = noisy[ms[0]].round().max(1.0);
+            let mean_c = (noisy[ms[1]] / n).clamp(-h, h);
+            if kind == AggregateKind::Avg {
+                return real((mid + mean_c).clamp(b.lower, b.upper));
+            }
+            let q = noisy[ms[2]] / n;
+            let var_pop = (q - mean_c * mean_c).clamp(0.0, h * h);
+            let var = match kind {
+                AggregateKind::VarSamp | AggregateKind::StddevSamp if n > 1.0 => (var_pop * n / (n - 1.0)).min(4.0 * h * h),
+                _ => var_pop,
+            };
+            match kind {
+                AggregateKind::StddevPop | AggregateKind::StddevSamp => real(var.sqrt()),
+                _ => real(var),
+            }
+        }
+    }
+}
+
+fn as_f64(c: &Cell) -> Option<f64> {
+    match c {
+        Cell::Int(i) => Some(*i as f64),
+        Cell::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+fn compare_cells(a: &Cell, b: &Cell, nulls_first: bool) -> Ordering {
+    match (a, b) {
+        (Cell::Null, Cell::Null) => Ordering::Equal,
+        (Cell::Null, _) => if nulls_first { Ordering::Less } else { Ordering::Greater },
+        (_, Cell::Null) => if nulls_first { Ordering::Greater } else { Ordering::Less },
+        (Cell::Text(x), Cell::Text(y)) => x.cmp(y),
+        (Cell::Bool(x), Cell::Bool(y)) => x.cmp(y),
+        _ => match (as_f64(a), as_f64(b)) {
+            (Some(x), Some(y)) => x.partial_cmp(&y).unwrap_or(Ordering::Equal),
+            _ => Ordering::Equal,
+        },
+    }
+}
+
+/// Evaluates a HAVING / ORDER BY expression on one released row (SQL three-valued logic).
+pub fn evaluate(p: &Post, keys: &[Cell], aggregates: &[Cell]) -> Cell {
+    match p {
+        Post::Aggregate(i) => aggregates.get(*i).cloned().unwrap_or(Cell::Null),
+        Post::Key(i) => keys.get(*i).cloned().unwrap_or(Cell::Null),
+        Post::Number(n) => Cell::Float(*n),
+        Post::Text(t) => Cell::Text(t.clone()),
+        Post::Null => Cell::Null,
+        Post::Not(x) => match evaluate(x, keys, aggregates) {
+            Cell::Bool(b) => Cell::Bool(!b),
+            _ => Cell::Null,
+        },
+        Post::Negate(x) => match as_f64(&evaluate(x, keys, aggregates)) {
+            Some(v) => Cell::Float(-v),
+            None => Cell::Null,
+        },
+        Post::IsNull(x, want_null) => Cell::Bool((evaluate(x, keys, aggregates) == Cell::Null) == *want_null),
+        Post::Binary(l, op, r) => {
+            let a = evaluate(l, keys, aggregates);
+            let b = evaluate(r, keys, aggregates);
+            match op {
+                PostOp::And => match (&a, &b) {
+                    (Cell::Bool(false), _) | (_, Cell::Bool(false)) => Cell::Bool(false),
+                    (Cell::Bool(true), Cell::Bool(true)) => Cell::Bool(true),
+                    _ => Cell::Null,
+                },
+                PostOp::Or => match (&a, &b) {
+                    (Cell::Bool(true), _) | (_, Cell::Bool(true)) => Cell::Bool(true),
+                    (Cell::Bool(false), Cell::Bool(false)) => Cell::Bool(false),
+                    _ => Cell::Null,
+                },
+                PostOp::Plus | PostOp::Minus | PostOp::Multiply | PostOp::Divide => match (as_f64(&a), as_f64(&b)) {
+                    (Some(x), Some(y)) => {
+                        let v = match op {
+                            PostOp::Plus => x + y,
+                            PostOp::Minus => x - y,
+                            PostOp::Multiply => x * y,
+                            _ => {
+                                if y == 0.0 {
+                                    return Cell::Null;
+                                }
+                                x / y
+                            }
+                        };
+                        if v.is_finite() { Cell::Float(v) } else { Cell::Null }
+                    }
+                    _ => Cell::Null,
+                },
+                _ => {
+                    if a == Cell::Null || b == Cell::Null {
+                        return Cell::Null;
+                    }
+                    let ord = compare_cells(&a, &b, false);
+                    Cell::Bool(match op {
+                        PostOp::Eq => ord == Ordering::Equal,
+                        PostOp::NotEq => ord != Ordering::Equal,
+                        PostOp::Lt => ord == Ordering::Less,
+                        PostOp::LtEq => ord != Ordering::Greater,
+                        PostOp::Gt => ord == Ordering::Greater,
+                        _ => ord != Ordering::Less,
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// The domain of each public key (listed values now; table-backed domains come from `fetched`).
+pub fn listed_domains(plan: &Plan) -> (PublicDomains, Vec<(usize, String, String)>) {
+    let mut domains = PublicDomains::new();
+    let mut to_fetch = Vec::new();
+    for (i, k) in plan.keys.iter().enumerate() {
+        match &k.public {
+            PublicKeys::Listed(v) => {
+                let set: BTreeSet<String> = v.iter().cloned().collect();
+                domains.insert(i, set.into_iter().collect());
+            }
+            PublicKeys::Table { table, column } => to_fetch.push((i, table.clone(), column.clone())),
+            PublicKeys::No => {}
+        }
+    }
+    (domains, to_fetch)
+}
+
+/// EXPLAIN: the plan as lines of text, without touching data or budget.
+pub fn explain(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms, budget: Budget) -> Vec<String> {
+    let mut lines = vec![
+        format!(
+            "DP aggregate: {} group key(s), {} aggregate(s); each privacy unit contributes to at most {} group(s) with at most {} row(s) each",
+            plan.keys.len(),
+            plan.aggregates.len(),
+            plan.max_groups_per_unit,
+            plan.max_rows_per_unit
+        ),
+        format!(
+            "cost: epsilon={} delta={} (mechanism {}; epsilon split over {} share(s) of {:.6})",
+            mechanisms.cost.epsilon,
+            mechanisms.cost.delta,
+            budget.mechanism.name(),
+            rewrite.measures.len() + usize::from(mechanisms.selection.is_some()),
+            mechanisms.epsilon_per_measure
+        ),
+    ];
+    for (j, m) in rewrite.measures.iter().enumerate() {
+        let n = &mechanisms.noises[j];
+        let b95 = n.error_bound(0.05).map(|b| format!("{b:.4}")).unwrap_or_else(|_| "?".into());
+        lines.push(format!(
+            "  measure {}: {:?} noise, sensitivity {:.6}, scale {:.6}, 95% error bound ±{b95}",
+            m.label(&rewrite.arguments),
+            n.kind(),
+            mechanisms.sensitivities[j],
+            n.scale()
+        ));
+    }
+    match &mechanisms.selection {
+        Some(s) => lines.push(format!(
+            "  partition selection: keep a group iff its noisy count of units (scale {:.4}) reaches {} (delta {})",
+            s.scale(),
+            s.threshold(),
+            s.delta()
+        )),
+        None if !plan.keys.is_empty() => lines.push("  group keys: public domains, every value released (missing ones with noisy zeros)".into()),
+        None => {}
+    }
+    if plan.having.is_some() || !plan.order_by.is_empty() || plan.limit.is_some() {
+        lines.push("  HAVING / ORDER BY / LIMIT: applied by pgdp to the noisy rows".into());
+    }
+    lines.push("upstream SQL:".into());
+    lines.push(format!("  {}", rewrite.sql));
+    lines
+}

@@ -14,19 +14,57 @@ use std::sync::Arc;
 
 use sqlparser::ast::{self, Expr, SelectItem, SetExpr};
 
+use rand::rngs::ChaCha20Rng;
+use rand::SeedableRng;
+
+use crate::analyze::{self, Plan};
 use crate::backend::Backend;
+use crate::budget::{self, Fixed, Ledger, Limit};
 use crate::classify::Statement;
 use crate::error::{Error, Result};
-use crate::policy::{Analyst, Policy};
+use crate::policy::{Analyst, BudgetSpec, Policy};
+use crate::release::{self, Budget};
+use crate::rewrite::{self, Rewrite};
 use crate::settings::{Changed, Settings};
 
-/// What the whole server shares: the policy and the upstream.
+/// What the whole server shares: the policy, the upstream and the ledger.
 #[derive(Debug)]
 pub struct Shared {
     /// The validated policy.
     pub policy: Arc<Policy>,
     /// The upstream database.
     pub backend: Arc<Backend>,
+    /// The durable privacy ledger.
+    pub ledger: Arc<Ledger>,
+    /// The secret keying which groups a unit keeps.
+    pub secret: String,
+    /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
+    /// seeds a ChaCha20 generator from the operating system.
+    pub noise_seed: Option<[u8; 32]>,
+}
+
+impl Shared {
+    /// The shared state of a server: connects the ledger and reads (or creates) the secret.
+    pub async fn new(policy: Policy, backend: Backend, ledger: Ledger) -> Result<Shared> {
+        let secret = match &policy.secret {
+            Some(s) => s.clone(),
+            None => ledger.group_choice_secret().await?,
+        };
+        Ok(Shared {
+            policy: Arc::new(policy),
+            backend: Arc::new(backend),
+            ledger: Arc::new(ledger),
+            secret,
+            noise_seed: None,
+        })
+    }
+}
+
+/// A policy budget as exact ledger limits (rounded down: never in the analyst's favour).
+pub fn limit_of(spec: &BudgetSpec) -> Result<Limit> {
+    let e = Fixed::from_f64_floor(spec.epsilon).map_err(|_| Error::internal("budget epsilon"))?;
+    let d = Fixed::from_f64_floor(spec.delta).map_err(|_| Error::internal("budget delta"))?;
+    Ok(Limit::new(e, d))
 }
 
 /// Types of output columns. pgdp releases counts as `int8` and real statistics as `float8`.
@@ -122,8 +160,17 @@ pub fn describe(
                     })
                     .collect::<Result<Vec<_>>>()?,
             )),
-            None => Err(dp_not_ready()),
+            None => {
+                let plan = analyze::analyze(query, &session.context(shared))?;
+                Ok(Some(release::columns(&plan, session.settings.accuracy)))
+            }
         },
+        Statement::Show { name } if name == "pgdp.budget" => Ok(Some(
+            ["epsilon_total", "epsilon_spent", "epsilon_remaining", "delta_total", "delta_spent", "delta_remaining"]
+                .iter()
+                .map(|n| OutColumn::new(*n, CellType::Float8))
+                .collect(),
+        )),
         Statement::Show { name } => {
             let (column, _) = session.settings.show(name, &session.server_version)?;
             Ok(Some(vec![OutColumn::new(column, CellType::Text)]))
@@ -133,11 +180,19 @@ pub fn describe(
     }
 }
 
-fn dp_not_ready() -> Error {
-    Error::unsupported(
-        "querying tables",
-        "The DP query engine is not enabled in this build.",
-    )
+/// Columns of `SHOW pgdp.budget`.
+fn budget_columns() -> Vec<OutColumn> {
+    [
+        "epsilon_total",
+        "epsilon_spent",
+        "epsilon_remaining",
+        "delta_total",
+        "delta_spent",
+        "delta_remaining",
+    ]
+    .iter()
+    .map(|n| OutColumn::new(*n, CellType::Float8))
+    .collect()
 }
 
 fn cell_type_of(cell: &Cell) -> CellType {
@@ -164,6 +219,8 @@ pub struct Session {
     pub in_transaction: bool,
     /// pgdp's process id as reported by `pg_backend_pid()`.
     pub backend_pid: i32,
+    /// The noise generator of this session.
+    rng: ChaCha20Rng,
 }
 
 impl Session {
@@ -173,16 +230,186 @@ impl Session {
         analyst: Analyst,
         server_version: String,
         backend_pid: i32,
-    ) -> Session {
+    ) -> Result<Session> {
         let settings = Settings::new(&shared.policy, &analyst, "UTC");
-        Session {
+        let rng = match shared.noise_seed {
+            Some(seed) => ChaCha20Rng::from_seed(seed),
+            None => crate::mechanism::secure_rng()?,
+        };
+        Ok(Session {
             analyst,
             defaults: settings.clone(),
             settings,
             server_version,
             in_transaction: false,
             backend_pid,
+            rng,
+        })
+    }
+
+    /// The analysis context of this session.
+    pub fn context<'a>(&self, shared: &'a Shared) -> analyze::Context<'a> {
+        let schemas = shared.policy.schemas();
+        let mut search_path: Vec<String> = self
+            .settings
+            .search_path
+            .split(',')
+            .map(|s| s.trim().trim_matches('"').to_ascii_lowercase())
+            .filter(|s| schemas.contains(s))
+            .collect();
+        if search_path.is_empty() {
+            search_path = schemas;
         }
+        analyze::Context { policy: &shared.policy, search_path }
+    }
+
+    fn budget(&self) -> Budget {
+        Budget {
+            epsilon: self.settings.epsilon,
+            delta: self.settings.delta,
+            mechanism: self.settings.mechanism,
+        }
+    }
+
+    /// Analysis, rewrite and mechanisms: everything decided before the upstream is touched.
+    fn prepare_dp(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+    ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+        let plan = analyze::analyze(query, &self.context(shared))?;
+        let rewrite = rewrite::rewrite(&plan, params, &shared.secret)?;
+        crate::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
+        let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
+        Ok((plan, rewrite, mechanisms))
+    }
+
+    /// Runs a DP query: replay, charge, upstream, release. The order is the privacy argument.
+    async fn dp_query(
+        &mut self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+    ) -> Result<Outcome> {
+        let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params)?;
+        let budget = self.budget();
+        let key = budget::fingerprint(&[
+            &rewrite.sql,
+            &budget.epsilon.to_string(),
+            &budget.delta.to_string(),
+            budget.mechanism.name(),
+            if self.settings.accuracy { "accuracy" } else { "" },
+        ]);
+        let ledger = &shared.ledger;
+        let analyst = self.analyst.name.clone();
+
+        // 1. Replay: the same query again gets the same noisy answer, free.
+        if let Some(payload) =
+            ledger.replay_get(&analyst, &key, shared.policy.replay_lifetime).await?
+        {
+            if let Some(rows) = decode_rows(&payload) {
+                let notice = Notice {
+                    message: "pgdp: identical query answered again from the replay cache; charged nothing".into(),
+                };
+                return Ok(Outcome::Rows {
+                    columns: release::columns(&plan, self.settings.accuracy),
+                    rows,
+                    notices: vec![notice],
+                });
+            }
+        }
+
+        // 2. Public domains read from public tables (no private data, no charge).
+        let (mut domains, to_fetch) = release::listed_domains(&plan);
+        for (i, table, column) in to_fetch {
+            let sql = rewrite::public_values_sql(&table, &column)?;
+            let rows = shared.backend.run_public_query(&sql).await?;
+            if rows.len() > crate::limits::PUBLIC_KEY_COMBINATIONS_MAX {
+                return Err(Error::LimitExceeded {
+                    what: format!("the number of values of public column {table}.{column}"),
+                    limit: crate::limits::PUBLIC_KEY_COMBINATIONS_MAX as u64,
+                });
+            }
+            domains.insert(
+                i,
+                rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect(),
+            );
+        }
+
+        // 3. Charge, durably, before the upstream sees the statement.
+        let limit = limit_of(&self.analyst.budget)?;
+        let dataset_limit = match &shared.policy.dataset_budget {
+            Some(b) => Some(limit_of(b)?),
+            None => None,
+        };
+        let charge = ledger
+            .charge(
+                &analyst,
+                &limit,
+                dataset_limit.as_ref(),
+                &mechanisms.cost,
+                &key,
+                budget.mechanism.name(),
+            )
+            .await?;
+
+        // 4. The upstream; a failure keeps the charge.
+        let rows = match shared.backend.run_release_query(&rewrite.sql).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                let _ = ledger.set_outcome(charge.id, "upstream failed").await;
+                return Err(e);
+            }
+        };
+
+        // 5. Noise and post-processing.
+        let released = release::release(
+            &plan,
+            &rewrite,
+            &mechanisms,
+            &rows,
+            &domains,
+            self.settings.accuracy,
+            &mut self.rng,
+        )?;
+        let _ = ledger.replay_put(&analyst, &key, &encode_rows(&released.rows)).await;
+        let _ = ledger.set_outcome(charge.id, "released").await;
+        let b = &charge.balance;
+        let mut notices = vec![Notice {
+            message: format!(
+                "pgdp: charged epsilon={}, delta={}; remaining epsilon={} of {}, delta={} of {}",
+                mechanisms.cost.epsilon,
+                mechanisms.cost.delta,
+                b.remaining.epsilon,
+                b.limit.epsilon,
+                b.remaining.delta,
+                b.limit.delta
+            ),
+        }];
+        if released.truncated {
+            notices.push(Notice {
+                message: format!(
+                    "pgdp: only the first {} groups were returned",
+                    crate::limits::GROUPS_RELEASED_MAX
+                ),
+            });
+        }
+        Ok(Outcome::Rows { columns: released.columns, rows: released.rows, notices })
+    }
+
+    async fn show_budget(&self, shared: &Shared) -> Result<Outcome> {
+        let limit = limit_of(&self.analyst.budget)?;
+        let b = shared.ledger.balance(&self.analyst.name, &limit).await?;
+        let row = vec![
+            Cell::Float(b.limit.epsilon.to_f64()),
+            Cell::Float(b.spent.epsilon.to_f64()),
+            Cell::Float(b.remaining.epsilon.to_f64()),
+            Cell::Float(b.limit.delta.to_f64()),
+            Cell::Float(b.spent.delta.to_f64()),
+            Cell::Float(b.remaining.delta.to_f64()),
+        ];
+        Ok(Outcome::Rows { columns: budget_columns(), rows: vec![row], notices: Vec::new() })
     }
 
     /// Runs one classified statement. `params` are the bound parameter values as text.
@@ -190,7 +417,7 @@ impl Session {
         &mut self,
         shared: &Shared,
         statement: &Statement,
-        _params: &[Option<String>],
+        params: &[Option<String>],
     ) -> Result<Outcome> {
         match statement {
             Statement::Begin => {
@@ -243,6 +470,7 @@ impl Session {
                     reported: reported.then_some((name, value)),
                 })
             }
+            Statement::Show { name } if name == "pgdp.budget" => self.show_budget(shared).await,
             Statement::Show { name } => {
                 let (column, value) = self.settings.show(name, &self.server_version)?;
                 Ok(Outcome::Rows {
@@ -271,9 +499,17 @@ impl Session {
                         notices: Vec::new(),
                     });
                 }
-                Err(dp_not_ready())
+                self.dp_query(shared, query, params).await
             }
-            Statement::Explain(_) => Err(dp_not_ready()),
+            Statement::Explain(query) => {
+                let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params)?;
+                let lines = release::explain(&plan, &rewrite, &mechanisms, self.budget());
+                Ok(Outcome::Rows {
+                    columns: vec![OutColumn::new("QUERY PLAN", CellType::Text)],
+                    rows: lines.into_iter().map(|l| vec![Cell::Text(l)]).collect(),
+                    notices: Vec::new(),
+                })
+            }
         }
     }
 
@@ -464,4 +700,89 @@ pub fn constant_select(query: &ast::Query) -> Option<&[SelectItem]> {
         && select.into.is_none()
         && matches!(&select.group_by, ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
     plain.then_some(select.projection.as_slice())
+}
+
+/// Serialises released rows for the replay cache (a simple tagged, length-prefixed format).
+pub fn encode_rows(rows: &[Vec<Cell>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(rows.len() as u64).to_be_bytes());
+    for row in rows {
+        out.extend_from_slice(&(row.len() as u64).to_be_bytes());
+        for cell in row {
+            match cell {
+                Cell::Null => out.push(b'N'),
+                Cell::Int(i) => {
+                    out.push(b'I');
+                    out.extend_from_slice(&i.to_be_bytes());
+                }
+                Cell::Float(f) => {
+                    out.push(b'F');
+                    out.extend_from_slice(&f.to_bits().to_be_bytes());
+                }
+                Cell::Bool(b) => {
+                    out.push(b'B');
+                    out.push(u8::from(*b));
+                }
+                Cell::Text(t) => {
+                    out.push(b'T');
+                    out.extend_from_slice(&(t.len() as u64).to_be_bytes());
+                    out.extend_from_slice(t.as_bytes());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of [`encode_rows`]; `None` for a payload it did not write.
+pub fn decode_rows(mut b: &[u8]) -> Option<Vec<Vec<Cell>>> {
+    fn u64_of(b: &mut &[u8]) -> Option<u64> {
+        let (head, rest) = b.split_at_checked(8)?;
+        *b = rest;
+        Some(u64::from_be_bytes(head.try_into().ok()?))
+    }
+    let n = usize::try_from(u64_of(&mut b)?).ok()?;
+    let mut rows = Vec::with_capacity(n.min(crate::limits::GROUPS_RELEASED_MAX));
+    for _ in 0..n {
+        let width = u64_of(&mut b)?;
+        let mut row = Vec::new();
+        for _ in 0..width {
+            let (tag, rest) = b.split_first()?;
+            b = rest;
+            row.push(match tag {
+                b'N' => Cell::Null,
+                b'I' => Cell::Int(u64_of(&mut b)? as i64),
+                b'F' => Cell::Float(f64::from_bits(u64_of(&mut b)?)),
+                b'B' => {
+                    let (v, rest) = b.split_first()?;
+                    b = rest;
+                    Cell::Bool(*v != 0)
+                }
+                b'T' => {
+                    let len = usize::try_from(u64_of(&mut b)?).ok()?;
+                    let (t, rest) = b.split_at_checked(len)?;
+                    b = rest;
+                    Cell::Text(String::from_utf8(t.to_vec()).ok()?)
+                }
+                _ => return None,
+            });
+        }
+        rows.push(row);
+    }
+    b.is_empty().then_some(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_payload_round_trips() {
+        let rows = vec![
+            vec![Cell::Text("a'b".into()), Cell::Int(-3), Cell::Float(0.1), Cell::Null, Cell::Bool(true)],
+            vec![],
+        ];
+        assert_eq!(decode_rows(&encode_rows(&rows)), Some(rows));
+        assert_eq!(decode_rows(b"garbage"), None);
+    }
 }

@@ -333,7 +333,7 @@ fn ensure_session<'a, C: ClientInfo>(
             .cached_server_version()
             .unwrap_or_else(|| "15.0".into());
         let (pid, _) = client.pid_and_secret_key();
-        *slot = Some(Session::new(shared, analyst, version, pid));
+        *slot = Some(Session::new(shared, analyst, version, pid)?);
     }
     slot.as_mut()
         .ok_or_else(|| Error::internal("session missing after creation"))

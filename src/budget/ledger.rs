@@ -260,6 +260,31 @@ impl Ledger {
 
     /// Records what became of a charge (e.g. `released`, `upstream failed`). Best effort and
     /// never a refund: the charge stands whatever the outcome.
+    /// The secret that keys the choice of groups each privacy unit keeps, created once (randomly)
+    /// and kept in `pgdp.meta`, so every pgdp process sharing this ledger and every restart makes
+    /// the same choice. The first process to store one wins.
+    pub async fn group_choice_secret(&self) -> Result<String> {
+        const INSERT: &str = "INSERT INTO pgdp.meta (key, value) VALUES ('group_choice_secret', $1) ON CONFLICT DO NOTHING";
+        const SELECT: &str = "SELECT value FROM pgdp.meta WHERE key = 'group_choice_secret'";
+        let mut bytes = [0u8; 32];
+        rand::fill(&mut bytes);
+        let candidate: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let mut attempts = self.attempts().await;
+        loop {
+            let client = attempts.client().await?;
+            let result = async {
+                client.execute(INSERT, &[&candidate]).await?;
+                let row = client.query_one(SELECT, &[]).await?;
+                Ok::<String, tokio_postgres::Error>(row.get::<_, String>(0))
+            }
+            .await
+            .map_err(Fault::from);
+            if let Some(done) = attempts.settle(result) {
+                return done;
+            }
+        }
+    }
+
     pub async fn set_outcome(&self, charge_id: i64, outcome: &str) -> Result<()> {
         const SQL: &str =
             "UPDATE pgdp.charge_log SET outcome = $2, outcome_at = now() WHERE id = $1";
