@@ -278,7 +278,10 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         ));
     }
     if !query.locks.is_empty() {
-        return Err(Error::forbidden("FOR UPDATE / FOR SHARE is not allowed through pgdp", ""));
+        return Err(Error::forbidden(
+            "FOR UPDATE / FOR SHARE is not allowed through pgdp",
+            "",
+        ));
     }
     if query.fetch.is_some() {
         return Err(Error::unsupported("FETCH FIRST", "Use LIMIT instead."));
@@ -291,7 +294,12 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
                 "Run each aggregate query separately; each is charged on its own.",
             ))
         }
-        _ => return Err(Error::unsupported("this kind of query", "Use SELECT … FROM … GROUP BY …")),
+        _ => {
+            return Err(Error::unsupported(
+                "this kind of query",
+                "Use SELECT … FROM … GROUP BY …",
+            ))
+        }
     };
     if select.distinct.is_some() {
         return Err(Error::unsupported(
@@ -300,7 +308,10 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         ));
     }
     if select.into.is_some() {
-        return Err(Error::forbidden("SELECT INTO is not allowed through pgdp", ""));
+        return Err(Error::forbidden(
+            "SELECT INTO is not allowed through pgdp",
+            "",
+        ));
     }
     if select.qualify.is_some() || !select.named_window.is_empty() {
         return Err(window_refusal());
@@ -309,10 +320,19 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         return Err(Error::unsupported("this SELECT clause", ""));
     }
 
-    let mut a = Analyzer { ctx, tables: Vec::new(), parameters: BTreeMap::new() };
+    let mut a = Analyzer {
+        ctx,
+        tables: Vec::new(),
+        parameters: BTreeMap::new(),
+    };
     let joins = a.resolve_from(&select.from)?;
 
-    let private: Vec<&TableRef> = a.tables.iter().map(|t| &t.0).filter(|t| t.private).collect();
+    let private: Vec<&TableRef> = a
+        .tables
+        .iter()
+        .map(|t| &t.0)
+        .filter(|t| t.private)
+        .collect();
     if private.is_empty() {
         return Err(Error::unsupported(
             "queries over public tables only",
@@ -325,7 +345,9 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
             let mut e = e.clone();
             let info = a.expr(&mut e, Role::Filter)?;
             if info.ty.is_some_and(|t| t != ColumnType::Boolean) {
-                return Err(Error::Syntax { message: "argument of WHERE must be type boolean".into() });
+                return Err(Error::Syntax {
+                    message: "argument of WHERE must be type boolean".into(),
+                });
             }
             Some(e)
         }
@@ -336,7 +358,10 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     let group_exprs = match &select.group_by {
         GroupByExpr::Expressions(exprs, modifiers) => {
             if !modifiers.is_empty() {
-                return Err(Error::unsupported("ROLLUP / CUBE / GROUPING SETS", "Run one query per grouping."));
+                return Err(Error::unsupported(
+                    "ROLLUP / CUBE / GROUPING SETS",
+                    "Run one query per grouping.",
+                ));
             }
             exprs.clone()
         }
@@ -362,7 +387,11 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         if keys.iter().any(|k| k.expr == text) {
             continue;
         }
-        keys.push(GroupKey { expr: text, ty: info.ty.unwrap_or(ColumnType::Text), public: info.public });
+        keys.push(GroupKey {
+            expr: text,
+            ty: info.ty.unwrap_or(ColumnType::Text),
+            public: info.public,
+        });
     }
 
     // Select list.
@@ -373,7 +402,10 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
             SelectItem::UnnamedExpr(e) => (e, None),
             SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
             SelectItem::ExprWithAliases { .. } => {
-                return Err(Error::unsupported("multiple aliases for one select item", ""))
+                return Err(Error::unsupported(
+                    "multiple aliases for one select item",
+                    "",
+                ))
             }
             SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
                 return Err(Error::forbidden(
@@ -439,7 +471,11 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
                 }
             };
             let nulls_first = o.options.nulls_first.unwrap_or(!ascending);
-            order_by.push(SortKey { value, ascending, nulls_first });
+            order_by.push(SortKey {
+                value,
+                ascending,
+                nulls_first,
+            });
         }
     }
     if aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
@@ -451,8 +487,12 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     let (limit, offset) = limit_offset(query)?;
 
     // Contribution bounds: the loosest of the private tables joined (all share the unit).
-    let policy_tables: Vec<&Table> =
-        a.tables.iter().filter(|t| t.0.private).map(|t| t.1).collect();
+    let policy_tables: Vec<&Table> = a
+        .tables
+        .iter()
+        .filter(|t| t.0.private)
+        .map(|t| t.1)
+        .collect();
     let max_groups_per_unit = policy_tables
         .iter()
         .filter_map(|t| t.private().map(|p| p.max_groups_per_unit))
@@ -465,12 +505,20 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         .unwrap_or(1);
 
     let unit = a.unit()?;
-    let parameters = a.parameters.into_iter().map(|(index, ty)| Parameter { index, ty }).collect();
+    let parameters = a
+        .parameters
+        .into_iter()
+        .map(|(index, ty)| Parameter { index, ty })
+        .collect();
     Ok(Plan {
         tables: a.tables.into_iter().map(|t| t.0).collect(),
         joins,
         unit,
-        max_groups_per_unit: if keys.is_empty() { 1 } else { max_groups_per_unit },
+        max_groups_per_unit: if keys.is_empty() {
+            1
+        } else {
+            max_groups_per_unit
+        },
         max_rows_per_unit,
         filter,
         keys,
@@ -514,9 +562,9 @@ fn reject_reserved(query: &ast::Query) -> Result<()> {
     let _ = ast::visit_expressions(query, |e| {
         let hit = match e {
             Expr::Identifier(i) => i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX),
-            Expr::CompoundIdentifier(parts) => {
-                parts.iter().any(|i| i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX))
-            }
+            Expr::CompoundIdentifier(parts) => parts
+                .iter()
+                .any(|i| i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX)),
             _ => false,
         };
         found |= hit;
@@ -532,8 +580,16 @@ fn reject_reserved(query: &ast::Query) -> Result<()> {
 fn default_name(expr: &Expr) -> String {
     match expr {
         Expr::Identifier(i) => i.value.to_ascii_lowercase(),
-        Expr::CompoundIdentifier(p) => p.last().map(|i| i.value.to_ascii_lowercase()).unwrap_or_default(),
-        Expr::Function(f) => f.name.0.last().map(|p| p.to_string().to_ascii_lowercase()).unwrap_or_default(),
+        Expr::CompoundIdentifier(p) => p
+            .last()
+            .map(|i| i.value.to_ascii_lowercase())
+            .unwrap_or_default(),
+        Expr::Function(f) => f
+            .name
+            .0
+            .last()
+            .map(|p| p.to_string().to_ascii_lowercase())
+            .unwrap_or_default(),
         Expr::Nested(e) => default_name(e),
         Expr::Cast { expr, .. } => default_name(expr),
         Expr::Extract { .. } => "extract".into(),
@@ -546,10 +602,15 @@ fn default_name(expr: &Expr) -> String {
 fn resolve_group_reference(g: &Expr, projection: &[SelectItem]) -> Result<Expr> {
     if let Expr::Value(v) = g {
         if let Value::Number(n, _) = &v.value {
-            let i: usize = n.parse().map_err(|_| Error::Syntax { message: format!("invalid GROUP BY position {n}") })?;
+            let i: usize = n.parse().map_err(|_| Error::Syntax {
+                message: format!("invalid GROUP BY position {n}"),
+            })?;
             return match projection.get(i.wrapping_sub(1)) {
-                Some(SelectItem::UnnamedExpr(e)) | Some(SelectItem::ExprWithAlias { expr: e, .. }) => Ok(e.clone()),
-                _ => Err(Error::Syntax { message: format!("GROUP BY position {i} is not in select list") }),
+                Some(SelectItem::UnnamedExpr(e))
+                | Some(SelectItem::ExprWithAlias { expr: e, .. }) => Ok(e.clone()),
+                _ => Err(Error::Syntax {
+                    message: format!("GROUP BY position {i} is not in select list"),
+                }),
             };
         }
     }
@@ -569,16 +630,28 @@ fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
     let number = |e: &Expr| -> Result<u64> {
         match e {
             Expr::Value(v) => match &v.value {
-                Value::Number(n, _) => n.parse::<u64>().map_err(|_| Error::Syntax { message: "LIMIT and OFFSET take a non-negative integer".into() }),
+                Value::Number(n, _) => n.parse::<u64>().map_err(|_| Error::Syntax {
+                    message: "LIMIT and OFFSET take a non-negative integer".into(),
+                }),
                 Value::Null => Ok(u64::MAX),
-                _ => Err(Error::unsupported("non-literal LIMIT / OFFSET", "Use an integer literal.")),
+                _ => Err(Error::unsupported(
+                    "non-literal LIMIT / OFFSET",
+                    "Use an integer literal.",
+                )),
             },
-            _ => Err(Error::unsupported("non-literal LIMIT / OFFSET", "Use an integer literal.")),
+            _ => Err(Error::unsupported(
+                "non-literal LIMIT / OFFSET",
+                "Use an integer literal.",
+            )),
         }
     };
     match &query.limit_clause {
         None => Ok((None, 0)),
-        Some(ast::LimitClause::LimitOffset { limit, offset, limit_by }) => {
+        Some(ast::LimitClause::LimitOffset {
+            limit,
+            offset,
+            limit_by,
+        }) => {
             if !limit_by.is_empty() {
                 return Err(Error::unsupported("LIMIT BY", ""));
             }
@@ -595,7 +668,10 @@ fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
             };
             Ok((l, if o == u64::MAX { 0 } else { o }))
         }
-        Some(ast::LimitClause::OffsetCommaLimit { .. }) => Err(Error::unsupported("LIMIT offset, count", "Use LIMIT … OFFSET …")),
+        Some(ast::LimitClause::OffsetCommaLimit { .. }) => Err(Error::unsupported(
+            "LIMIT offset, count",
+            "Use LIMIT … OFFSET …",
+        )),
     }
 }
 
@@ -633,7 +709,14 @@ struct Info {
 
 impl Info {
     fn constant(ty: Option<ColumnType>, value: Option<f64>) -> Info {
-        Info { ty, bounds: value.map(|v| (v, v)), groupable: true, constant: true, public: PublicKeys::No, column: None }
+        Info {
+            ty,
+            bounds: value.map(|v| (v, v)),
+            groupable: true,
+            constant: true,
+            public: PublicKeys::No,
+            column: None,
+        }
     }
 
     fn derived(ty: Option<ColumnType>, parts: &[&Info], bounds: Option<(f64, f64)>) -> Info {
@@ -665,7 +748,10 @@ fn ident_lower(i: &Ident) -> String {
 }
 
 fn canonical(alias: &str, column: &str) -> Expr {
-    Expr::CompoundIdentifier(vec![Ident::with_quote('"', alias), Ident::with_quote('"', column)])
+    Expr::CompoundIdentifier(vec![
+        Ident::with_quote('"', alias),
+        Ident::with_quote('"', column),
+    ])
 }
 
 impl<'a> Analyzer<'a> {
@@ -673,7 +759,11 @@ impl<'a> Analyzer<'a> {
         let parts: Vec<String> = name
             .0
             .iter()
-            .map(|p| p.as_ident().map(ident_lower).unwrap_or_else(|| p.to_string().to_ascii_lowercase()))
+            .map(|p| {
+                p.as_ident()
+                    .map(ident_lower)
+                    .unwrap_or_else(|| p.to_string().to_ascii_lowercase())
+            })
             .collect();
         let policy = self.ctx.policy;
         let found = match parts.as_slice() {
@@ -694,22 +784,42 @@ impl<'a> Analyzer<'a> {
                 ));
             }
         }
-        found.ok_or_else(|| Error::UnknownTable { name: name.to_string() })
+        found.ok_or_else(|| Error::UnknownTable {
+            name: name.to_string(),
+        })
     }
 
     fn add_table(&mut self, factor: &TableFactor) -> Result<usize> {
         match factor {
-            TableFactor::Table { name, alias, args, with_hints, version, partitions, sample, index_hints, .. } => {
+            TableFactor::Table {
+                name,
+                alias,
+                args,
+                with_hints,
+                version,
+                partitions,
+                sample,
+                index_hints,
+                ..
+            } => {
                 if args.is_some() {
                     return Err(Error::unsupported("table functions", ""));
                 }
-                if !with_hints.is_empty() || version.is_some() || !partitions.is_empty() || sample.is_some() || !index_hints.is_empty() {
+                if !with_hints.is_empty()
+                    || version.is_some()
+                    || !partitions.is_empty()
+                    || sample.is_some()
+                    || !index_hints.is_empty()
+                {
                     return Err(Error::unsupported("table hints, samples and versions", ""));
                 }
                 let table = self.find_table(name)?;
                 let index = self.tables.len();
                 if index >= 8 {
-                    return Err(Error::LimitExceeded { what: "the number of joined tables".into(), limit: 8 });
+                    return Err(Error::LimitExceeded {
+                        what: "the number of joined tables".into(),
+                        limit: 8,
+                    });
                 }
                 let visible = match alias {
                     Some(a) => {
@@ -721,7 +831,9 @@ impl<'a> Analyzer<'a> {
                     None => table.name.clone(),
                 };
                 if self.tables.iter().any(|t| t.2 == visible) {
-                    return Err(Error::Syntax { message: format!("table name \"{visible}\" specified more than once") });
+                    return Err(Error::Syntax {
+                        message: format!("table name \"{visible}\" specified more than once"),
+                    });
                 }
                 let r = TableRef {
                     table: table.qualified_name(),
@@ -735,7 +847,10 @@ impl<'a> Analyzer<'a> {
                 "subqueries in FROM",
                 "Query the table directly; filters go in WHERE.",
             )),
-            _ => Err(Error::unsupported("this FROM item", "Use plain table names joined with JOIN … USING / ON.")),
+            _ => Err(Error::unsupported(
+                "this FROM item",
+                "Use plain table names joined with JOIN … USING / ON.",
+            )),
         }
     }
 
@@ -768,7 +883,11 @@ impl<'a> Analyzer<'a> {
                 JoinConstraint::Using(names) => {
                     let mut parts = Vec::new();
                     for n in names {
-                        let col = n.0.last().and_then(|p| p.as_ident()).map(ident_lower).unwrap_or_default();
+                        let col =
+                            n.0.last()
+                                .and_then(|p| p.as_ident())
+                                .map(ident_lower)
+                                .unwrap_or_default();
                         let left = (0..right)
                             .find(|&i| self.tables[i].1.column(&col).is_some())
                             .ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
@@ -781,17 +900,27 @@ impl<'a> Analyzer<'a> {
                 }
                 JoinConstraint::On(e) => self.equi_join(e, right)?,
                 JoinConstraint::Natural => {
-                    return Err(Error::unsupported("NATURAL JOIN", "Use JOIN … USING (column)."))
+                    return Err(Error::unsupported(
+                        "NATURAL JOIN",
+                        "Use JOIN … USING (column).",
+                    ))
                 }
                 JoinConstraint::None => {
-                    return Err(Error::unsupported("joins without a condition", "Use JOIN … USING (column)."))
+                    return Err(Error::unsupported(
+                        "joins without a condition",
+                        "Use JOIN … USING (column).",
+                    ))
                 }
             };
             self.check_join(&condition, right)?;
             let text = condition
                 .iter()
                 .map(|(l, lc, r, rc)| {
-                    format!("{} = {}", canonical(&self.tables[*l].0.alias, lc), canonical(&self.tables[*r].0.alias, rc))
+                    format!(
+                        "{} = {}",
+                        canonical(&self.tables[*l].0.alias, lc),
+                        canonical(&self.tables[*r].0.alias, rc)
+                    )
                 })
                 .collect::<Vec<_>>()
                 .join(" AND ");
@@ -810,12 +939,20 @@ impl<'a> Analyzer<'a> {
         };
         match e {
             Expr::Nested(inner) => self.equi_join(inner, right),
-            Expr::BinaryOp { left, op: BinaryOperator::And, right: r } => {
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::And,
+                right: r,
+            } => {
                 let mut v = self.equi_join(left, right)?;
                 v.extend(self.equi_join(r, right)?);
                 Ok(v)
             }
-            Expr::BinaryOp { left, op: BinaryOperator::Eq, right: r } => {
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::Eq,
+                right: r,
+            } => {
                 let (lt, lc) = self.column_ref(left)?.ok_or_else(bad)?;
                 let (rt, rc) = self.column_ref(r)?.ok_or_else(bad)?;
                 match (lt == right, rt == right) {
@@ -854,7 +991,10 @@ impl<'a> Analyzer<'a> {
         } else {
             Err(Error::forbidden(
                 "two private tables may be joined only on their privacy unit",
-                format!("Join on the privacy unit, e.g. JOIN {} USING ({runit}).", rref.table),
+                format!(
+                    "Join on the privacy unit, e.g. JOIN {} USING ({runit}).",
+                    rref.table
+                ),
             ))
         }
     }
@@ -864,20 +1004,30 @@ impl<'a> Analyzer<'a> {
         match e {
             Expr::Identifier(id) => {
                 let col = ident_lower(id);
-                let hits: Vec<usize> = (0..self.tables.len()).filter(|&i| self.tables[i].1.column(&col).is_some()).collect();
+                let hits: Vec<usize> = (0..self.tables.len())
+                    .filter(|&i| self.tables[i].1.column(&col).is_some())
+                    .collect();
                 match hits.as_slice() {
-                    [] => Err(Error::UnknownColumn { name: id.value.clone() }),
+                    [] => Err(Error::UnknownColumn {
+                        name: id.value.clone(),
+                    }),
                     [i] => Ok(Some((*i, col))),
                     [i, ..] => {
                         // Columns equated by a join (e.g. USING (person_id)) are the same value:
                         // the first table's is taken. Others are ambiguous.
                         let is_unit = hits.iter().all(|&h| {
-                            self.tables[h].1.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str())
+                            self.tables[h]
+                                .1
+                                .private()
+                                .and_then(|p| p.privacy_unit.as_deref())
+                                == Some(col.as_str())
                         });
                         if is_unit {
                             Ok(Some((*i, col)))
                         } else {
-                            Err(Error::Syntax { message: format!("column reference \"{col}\" is ambiguous") })
+                            Err(Error::Syntax {
+                                message: format!("column reference \"{col}\" is ambiguous"),
+                            })
                         }
                     }
                 }
@@ -887,18 +1037,34 @@ impl<'a> Analyzer<'a> {
                 let (qualifier, col) = match names.as_slice() {
                     [t, c] => (t.clone(), c.clone()),
                     [s, t, c] => (format!("{s}.{t}"), c.clone()),
-                    _ => return Err(Error::UnknownColumn { name: e.to_string() }),
+                    _ => {
+                        return Err(Error::UnknownColumn {
+                            name: e.to_string(),
+                        })
+                    }
                 };
                 let idx = self
                     .tables
                     .iter()
-                    .position(|(r, t, visible)| visible == &qualifier || r.table == qualifier || (qualifier == t.name && visible == &t.name))
-                    .ok_or_else(|| Error::UnknownTable { name: qualifier.clone() })?;
+                    .position(|(r, t, visible)| {
+                        visible == &qualifier
+                            || r.table == qualifier
+                            || (qualifier == t.name && visible == &t.name)
+                    })
+                    .ok_or_else(|| Error::UnknownTable {
+                        name: qualifier.clone(),
+                    })?;
                 if col.starts_with(RESERVED_PREFIX) {
                     return Err(reserved_refusal());
                 }
-                if matches!(col.as_str(), "ctid" | "xmin" | "xmax" | "cmin" | "cmax" | "tableoid") {
-                    return Err(Error::forbidden("system columns are not available through pgdp", ""));
+                if matches!(
+                    col.as_str(),
+                    "ctid" | "xmin" | "xmax" | "cmin" | "cmax" | "tableoid"
+                ) {
+                    return Err(Error::forbidden(
+                        "system columns are not available through pgdp",
+                        "",
+                    ));
                 }
                 if self.tables[idx].1.column(&col).is_none() {
                     return Err(Error::UnknownColumn { name: col });
@@ -910,8 +1076,11 @@ impl<'a> Analyzer<'a> {
     }
 
     fn unit(&self) -> Result<Unit> {
-        let private: Vec<&(TableRef, &Table, String)> = self.tables.iter().filter(|t| t.0.private).collect();
-        let first = private.first().ok_or_else(|| Error::internal("no private table"))?;
+        let private: Vec<&(TableRef, &Table, String)> =
+            self.tables.iter().filter(|t| t.0.private).collect();
+        let first = private
+            .first()
+            .ok_or_else(|| Error::internal("no private table"))?;
         match first.1.private().and_then(|p| p.privacy_unit.clone()) {
             Some(u) => Ok(Unit::Column(canonical(&first.0.alias, &u).to_string())),
             None => {
@@ -927,12 +1096,18 @@ impl<'a> Analyzer<'a> {
     fn expr(&mut self, e: &mut Expr, role: Role) -> Result<Info> {
         if let Some((idx, col)) = self.column_ref(e)? {
             let (r, table, _) = &self.tables[idx];
-            let column = table.column(&col).ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
-            let unit = table.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str());
+            let column = table
+                .column(&col)
+                .ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
+            let unit =
+                table.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str());
             let public = if let Some(values) = &column.public_values {
                 PublicKeys::Listed(values.clone())
             } else if !r.private {
-                PublicKeys::Table { table: r.table.clone(), column: col.clone() }
+                PublicKeys::Table {
+                    table: r.table.clone(),
+                    column: col.clone(),
+                }
             } else {
                 PublicKeys::No
             };
@@ -1032,8 +1207,8 @@ impl<'a> Analyzer<'a> {
                             _ => None,
                         };
                         // Integer arithmetic can overflow (a data-dependent error): compute in numeric.
-                        *left = Box::new(as_numeric(left.as_ref().clone(), &l));
-                        *right = Box::new(as_numeric(right.as_ref().clone(), &r));
+                        **left = as_numeric(left.as_ref().clone(), &l);
+                        **right = as_numeric(right.as_ref().clone(), &r);
                         Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
                     }
                     B::Divide => {
@@ -1048,8 +1223,8 @@ impl<'a> Analyzer<'a> {
                         // Division by zero would raise an error that depends on the data: divide
                         // by NULLIF(divisor, 0) instead, which yields NULL.
                         let divisor = as_numeric(right.as_ref().clone(), &r);
-                        *left = Box::new(as_numeric(left.as_ref().clone(), &l));
-                        *right = Box::new(nullif_zero(divisor));
+                        **left = as_numeric(left.as_ref().clone(), &l);
+                        **right = nullif_zero(divisor);
                         Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
                     }
                     B::StringConcat => Ok(Info::derived(Some(ColumnType::Text), &[&l, &r], None)),
@@ -1123,8 +1298,8 @@ impl<'a> Analyzer<'a> {
                     ty = ty.or(r.ty);
                     parts.push(r);
                 }
-                match else_result {
-                    Some(er) => {
+                if let Some(er) = else_result {
+                    {
                         let r = self.expr(er, role)?;
                         if matches!(er.as_ref(), Expr::Value(v) if v.value == Value::Null) {
                             // ELSE NULL contributes nothing to sums.
@@ -1134,7 +1309,6 @@ impl<'a> Analyzer<'a> {
                         ty = ty.or(r.ty);
                         parts.push(r);
                     }
-                    None => {}
                 }
                 let refs: Vec<&Info> = parts.iter().collect();
                 Ok(Info::derived(ty, &refs, if all_bounded { bounds } else { None }))
@@ -1207,7 +1381,10 @@ impl<'a> Analyzer<'a> {
             return Err(window_refusal());
         }
         if f.filter.is_some() || !f.within_group.is_empty() || f.null_treatment.is_some() {
-            return Err(Error::unsupported("FILTER / WITHIN GROUP", "Move the condition into WHERE."));
+            return Err(Error::unsupported(
+                "FILTER / WITHIN GROUP",
+                "Move the condition into WHERE.",
+            ));
         }
         let name = function_name(&f.name)?;
         if aggregate_kind(&name).is_some() {
@@ -1225,11 +1402,19 @@ impl<'a> Analyzer<'a> {
         let args = match &mut f.args {
             FunctionArguments::List(list) => {
                 if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
-                    return Err(Error::unsupported("DISTINCT or clauses in function arguments", ""));
+                    return Err(Error::unsupported(
+                        "DISTINCT or clauses in function arguments",
+                        "",
+                    ));
                 }
                 &mut list.args
             }
-            FunctionArguments::None => return Err(Error::UnknownFunction { name: name.clone(), hint: String::new() }),
+            FunctionArguments::None => {
+                return Err(Error::UnknownFunction {
+                    name: name.clone(),
+                    hint: String::new(),
+                })
+            }
             FunctionArguments::Subquery(_) => return Err(Error::unsupported("subqueries", "")),
         };
         if args.len() < spec.min_args || args.len() > spec.max_args {
@@ -1241,7 +1426,10 @@ impl<'a> Analyzer<'a> {
         let mut infos = Vec::new();
         for (i, a) in args.iter_mut().enumerate() {
             let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a else {
-                return Err(Error::unsupported("named or wildcard function arguments", ""));
+                return Err(Error::unsupported(
+                    "named or wildcard function arguments",
+                    "",
+                ));
             };
             let info = self.expr(e, role)?;
             if spec.literal_args.contains(&i) && !info.constant {
@@ -1258,8 +1446,18 @@ impl<'a> Analyzer<'a> {
             Result_::Fixed(t) => Some(t),
         };
         let bounds = match name.as_str() {
-            "abs" => infos[0].bounds.map(|(l, u)| if l >= 0.0 { (l, u) } else if u <= 0.0 { (-u, -l) } else { (0.0, u.max(-l)) }),
-            "round" | "floor" | "ceil" | "ceiling" | "trunc" => infos[0].bounds.map(|(l, u)| (l.floor(), u.ceil())),
+            "abs" => infos[0].bounds.map(|(l, u)| {
+                if l >= 0.0 {
+                    (l, u)
+                } else if u <= 0.0 {
+                    (-u, -l)
+                } else {
+                    (0.0, u.max(-l))
+                }
+            }),
+            "round" | "floor" | "ceil" | "ceiling" | "trunc" => {
+                infos[0].bounds.map(|(l, u)| (l.floor(), u.ceil()))
+            }
             "greatest" | "least" | "coalesce" => {
                 let all: Option<Vec<(f64, f64)>> = infos.iter().map(|i| i.bounds).collect();
                 all.map(|v| {
@@ -1306,24 +1504,41 @@ impl<'a> Analyzer<'a> {
             return Err(window_refusal());
         }
         if f.filter.is_some() || !f.within_group.is_empty() {
-            return Err(Error::unsupported("FILTER / WITHIN GROUP", "Move the condition into WHERE, or use CASE inside the aggregate."));
+            return Err(Error::unsupported(
+                "FILTER / WITHIN GROUP",
+                "Move the condition into WHERE, or use CASE inside the aggregate.",
+            ));
         }
         let FunctionArguments::List(list) = &f.args else {
-            return Err(Error::Syntax { message: format!("{name} needs an argument") });
+            return Err(Error::Syntax {
+                message: format!("{name} needs an argument"),
+            });
         };
         if !list.clauses.is_empty() {
             return Err(Error::unsupported("ORDER BY / LIMIT inside aggregates", ""));
         }
-        let distinct = matches!(list.duplicate_treatment, Some(ast::DuplicateTreatment::Distinct));
+        let distinct = matches!(
+            list.duplicate_treatment,
+            Some(ast::DuplicateTreatment::Distinct)
+        );
         let [arg] = list.args.as_slice() else {
-            return Err(Error::Syntax { message: format!("{name} takes exactly one argument") });
+            return Err(Error::Syntax {
+                message: format!("{name} takes exactly one argument"),
+            });
         };
         let arg_expr = match arg {
             FunctionArg::Unnamed(FunctionArgExpr::Wildcard) => {
                 if kind != AggregateKind::CountRows || distinct {
-                    return Err(Error::Syntax { message: format!("{name}(*) is not valid") });
+                    return Err(Error::Syntax {
+                        message: format!("{name}(*) is not valid"),
+                    });
                 }
-                return Ok(Some(Aggregate { kind: AggregateKind::CountRows, argument: None, bounds: None, text: "count(*)".into() }));
+                return Ok(Some(Aggregate {
+                    kind: AggregateKind::CountRows,
+                    argument: None,
+                    bounds: None,
+                    text: "count(*)".into(),
+                }));
             }
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
             _ => return Err(Error::unsupported("named aggregate arguments", "")),
@@ -1333,10 +1548,15 @@ impl<'a> Analyzer<'a> {
         let text = arg_expr.to_string();
         if distinct {
             let unit = self.unit()?;
-            let is_unit = matches!(&unit, Unit::Column(u) if *u == text)
-                || self.is_unit_of_any_table(&text);
+            let is_unit =
+                matches!(&unit, Unit::Column(u) if *u == text) || self.is_unit_of_any_table(&text);
             if kind == AggregateKind::CountRows && is_unit {
-                return Ok(Some(Aggregate { kind: AggregateKind::CountUnits, argument: None, bounds: None, text: "count(distinct unit)".into() }));
+                return Ok(Some(Aggregate {
+                    kind: AggregateKind::CountUnits,
+                    argument: None,
+                    bounds: None,
+                    text: "count(distinct unit)".into(),
+                }));
             }
             return Err(Error::unsupported(
                 "DISTINCT aggregates other than COUNT(DISTINCT <privacy unit>)",
@@ -1344,25 +1564,44 @@ impl<'a> Analyzer<'a> {
             ));
         }
         if kind == AggregateKind::CountRows {
-            return Ok(Some(Aggregate { kind: AggregateKind::CountValues, argument: Some(text.clone()), bounds: None, text: format!("count({text})") }));
+            return Ok(Some(Aggregate {
+                kind: AggregateKind::CountValues,
+                argument: Some(text.clone()),
+                bounds: None,
+                text: format!("count({text})"),
+            }));
         }
         if !info.ty.is_none_or(|t| t.is_numeric()) {
-            return Err(Error::Syntax { message: format!("function {name} needs a numeric argument") });
+            return Err(Error::Syntax {
+                message: format!("function {name} needs a numeric argument"),
+            });
         }
         let Some((lower, upper)) = info.bounds else {
             let hint = match &info.column {
                 Some(c) => format!("Declare bounds for column {c} in the policy (lower and upper)."),
                 None => "Use a column with declared bounds (lower/upper in the policy), or arithmetic of such columns with literals.".into(),
             };
-            return Err(Error::forbidden(format!("the bounds of {text} are not known, so {name} cannot be released"), hint));
+            return Err(Error::forbidden(
+                format!("the bounds of {text} are not known, so {name} cannot be released"),
+                hint,
+            ));
         };
-        if !(lower.is_finite() && upper.is_finite()) || lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
+        if !(lower.is_finite() && upper.is_finite())
+            || lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX
+        {
             return Err(Error::forbidden(
                 format!("the derived bounds of {text} are too large"),
-                format!("Derived bounds must lie within ±{}.", limits::COLUMN_BOUND_ABS_MAX),
+                format!(
+                    "Derived bounds must lie within ±{}.",
+                    limits::COLUMN_BOUND_ABS_MAX
+                ),
             ));
         }
-        let (lower, upper) = if lower == upper { (lower - 0.5, upper + 0.5) } else { (lower, upper) };
+        let (lower, upper) = if lower == upper {
+            (lower - 0.5, upper + 0.5)
+        } else {
+            (lower, upper)
+        };
         Ok(Some(Aggregate {
             kind,
             argument: Some(text.clone()),
@@ -1389,34 +1628,66 @@ impl<'a> Analyzer<'a> {
         allow_position: bool,
     ) -> Result<Post> {
         let by_output = |name: &str| {
-            outputs.iter().find(|o| o.name.eq_ignore_ascii_case(name)).map(|o| match o.source {
-                OutputSource::Key(i) => Post::Key(i),
-                OutputSource::Aggregate(i) => Post::Aggregate(i),
-            })
+            outputs
+                .iter()
+                .find(|o| o.name.eq_ignore_ascii_case(name))
+                .map(|o| match o.source {
+                    OutputSource::Key(i) => Post::Key(i),
+                    OutputSource::Aggregate(i) => Post::Aggregate(i),
+                })
         };
         match e {
             Expr::Nested(inner) => self.post(inner, keys, aggregates, outputs, allow_position),
             Expr::Value(v) => match &v.value {
                 Value::Number(n, _) => {
                     if allow_position {
-                        let i: usize = n.parse().map_err(|_| Error::Syntax { message: format!("invalid ORDER BY position {n}") })?;
-                        let o = outputs.get(i.wrapping_sub(1)).ok_or_else(|| Error::Syntax { message: format!("ORDER BY position {i} is not in select list") })?;
+                        let i: usize = n.parse().map_err(|_| Error::Syntax {
+                            message: format!("invalid ORDER BY position {n}"),
+                        })?;
+                        let o = outputs
+                            .get(i.wrapping_sub(1))
+                            .ok_or_else(|| Error::Syntax {
+                                message: format!("ORDER BY position {i} is not in select list"),
+                            })?;
                         return Ok(match o.source {
                             OutputSource::Key(k) => Post::Key(k),
                             OutputSource::Aggregate(a) => Post::Aggregate(a),
                         });
                     }
-                    Ok(Post::Number(n.parse().map_err(|_| Error::Syntax { message: format!("invalid number {n}") })?))
+                    Ok(Post::Number(n.parse().map_err(|_| Error::Syntax {
+                        message: format!("invalid number {n}"),
+                    })?))
                 }
                 Value::SingleQuotedString(s) => Ok(Post::Text(s.clone())),
                 Value::Null => Ok(Post::Null),
-                _ => Err(Error::unsupported(format!("the literal {v} in HAVING / ORDER BY"), "")),
+                _ => Err(Error::unsupported(
+                    format!("the literal {v} in HAVING / ORDER BY"),
+                    "",
+                )),
             },
-            Expr::Identifier(id) if by_output(&id.value).is_some() => by_output(&id.value).ok_or_else(|| Error::internal("output vanished")),
-            Expr::UnaryOp { op: UnaryOperator::Not, expr } => Ok(Post::Not(Box::new(self.post(expr, keys, aggregates, outputs, false)?))),
-            Expr::UnaryOp { op: UnaryOperator::Minus, expr } => Ok(Post::Negate(Box::new(self.post(expr, keys, aggregates, outputs, false)?))),
-            Expr::IsNull(inner) => Ok(Post::IsNull(Box::new(self.post(inner, keys, aggregates, outputs, false)?), true)),
-            Expr::IsNotNull(inner) => Ok(Post::IsNull(Box::new(self.post(inner, keys, aggregates, outputs, false)?), false)),
+            Expr::Identifier(id) if by_output(&id.value).is_some() => {
+                by_output(&id.value).ok_or_else(|| Error::internal("output vanished"))
+            }
+            Expr::UnaryOp {
+                op: UnaryOperator::Not,
+                expr,
+            } => Ok(Post::Not(Box::new(
+                self.post(expr, keys, aggregates, outputs, false)?,
+            ))),
+            Expr::UnaryOp {
+                op: UnaryOperator::Minus,
+                expr,
+            } => Ok(Post::Negate(Box::new(
+                self.post(expr, keys, aggregates, outputs, false)?,
+            ))),
+            Expr::IsNull(inner) => Ok(Post::IsNull(
+                Box::new(self.post(inner, keys, aggregates, outputs, false)?),
+                true,
+            )),
+            Expr::IsNotNull(inner) => Ok(Post::IsNull(
+                Box::new(self.post(inner, keys, aggregates, outputs, false)?),
+                false,
+            )),
             Expr::BinaryOp { left, op, right } => {
                 use BinaryOperator as B;
                 let op = match op {
@@ -1432,7 +1703,12 @@ impl<'a> Analyzer<'a> {
                     B::Minus => PostOp::Minus,
                     B::Multiply => PostOp::Multiply,
                     B::Divide => PostOp::Divide,
-                    other => return Err(Error::unsupported(format!("the operator {other} in HAVING / ORDER BY"), "")),
+                    other => {
+                        return Err(Error::unsupported(
+                            format!("the operator {other} in HAVING / ORDER BY"),
+                            "",
+                        ))
+                    }
                 };
                 let l = self.post(left, keys, aggregates, outputs, false)?;
                 let r = self.post(right, keys, aggregates, outputs, false)?;
@@ -1475,13 +1751,20 @@ fn as_numeric(e: Expr, info: &Info) -> Expr {
 fn nullif_zero(e: Expr) -> Expr {
     let args = vec![
         FunctionArg::Unnamed(FunctionArgExpr::Expr(e)),
-        FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::Number("0".into(), false)))),
+        FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::Number(
+            "0".into(),
+            false,
+        )))),
     ];
     Expr::Function(ast::Function {
         name: ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new("nullif")]),
         uses_odbc_syntax: false,
         parameters: FunctionArguments::None,
-        args: FunctionArguments::List(ast::FunctionArgumentList { duplicate_treatment: None, args, clauses: vec![] }),
+        args: FunctionArguments::List(ast::FunctionArgumentList {
+            duplicate_treatment: None,
+            args,
+            clauses: vec![],
+        }),
         filter: None,
         null_treatment: None,
         over: None,
@@ -1490,11 +1773,18 @@ fn nullif_zero(e: Expr) -> Expr {
 }
 
 fn function_name(name: &ObjectName) -> Result<String> {
-    let parts: Vec<String> = name.0.iter().map(|p| p.to_string().to_ascii_lowercase()).collect();
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|p| p.to_string().to_ascii_lowercase())
+        .collect();
     match parts.as_slice() {
         [n] => Ok(n.clone()),
         [schema, n] if schema == "pg_catalog" => Ok(n.clone()),
-        _ => Err(Error::UnknownFunction { name: name.to_string(), hint: "User-defined functions are not available through pgdp.".into() }),
+        _ => Err(Error::UnknownFunction {
+            name: name.to_string(),
+            hint: "User-defined functions are not available through pgdp.".into(),
+        }),
     }
 }
 
@@ -1515,7 +1805,11 @@ fn contains_aggregate(e: &Expr) -> bool {
     let mut found = false;
     let _ = ast::visit_expressions(e, |x| {
         if let Expr::Function(f) = x {
-            if function_name(&f.name).ok().and_then(|n| aggregate_kind(&n)).is_some() {
+            if function_name(&f.name)
+                .ok()
+                .and_then(|n| aggregate_kind(&n))
+                .is_some()
+            {
                 found = true;
             }
         }
@@ -1544,10 +1838,19 @@ pub fn is_total_function(name: &str) -> bool {
 
 fn total_function(name: &str) -> Option<FunctionSpec> {
     use ColumnType as T;
-    let spec = |min_args, max_args, literal_args, result| FunctionSpec { min_args, max_args, literal_args, result };
+    let spec = |min_args, max_args, literal_args, result| FunctionSpec {
+        min_args,
+        max_args,
+        literal_args,
+        result,
+    };
     Some(match name {
-        "lower" | "upper" | "btrim" | "ltrim" | "rtrim" | "trim" => spec(1, 1, &[], Result_::Fixed(T::Text)),
-        "length" | "char_length" | "character_length" => spec(1, 1, &[], Result_::Fixed(T::Integer)),
+        "lower" | "upper" | "btrim" | "ltrim" | "rtrim" | "trim" => {
+            spec(1, 1, &[], Result_::Fixed(T::Text))
+        }
+        "length" | "char_length" | "character_length" => {
+            spec(1, 1, &[], Result_::Fixed(T::Integer))
+        }
         "abs" => spec(1, 1, &[], Result_::Same(0)),
         "round" | "trunc" => spec(1, 2, &[1], Result_::Fixed(T::Numeric)),
         "floor" | "ceil" | "ceiling" => spec(1, 1, &[], Result_::Fixed(T::Numeric)),
@@ -1562,10 +1865,23 @@ fn total_function(name: &str) -> Option<FunctionSpec> {
 fn type_of_data_type(dt: &ast::DataType) -> Option<ColumnType> {
     use ast::DataType as D;
     Some(match dt {
-        D::Text | D::Varchar(_) | D::CharacterVarying(_) | D::Char(_) | D::Character(_) | D::String(_) => ColumnType::Text,
-        D::Int(_) | D::Integer(_) | D::BigInt(_) | D::SmallInt(_) | D::Int2(_) | D::Int4(_) | D::Int8(_) => ColumnType::Integer,
+        D::Text
+        | D::Varchar(_)
+        | D::CharacterVarying(_)
+        | D::Char(_)
+        | D::Character(_)
+        | D::String(_) => ColumnType::Text,
+        D::Int(_)
+        | D::Integer(_)
+        | D::BigInt(_)
+        | D::SmallInt(_)
+        | D::Int2(_)
+        | D::Int4(_)
+        | D::Int8(_) => ColumnType::Integer,
         D::Numeric(_) | D::Decimal(_) | D::Dec(_) => ColumnType::Numeric,
-        D::Real | D::Float4 | D::Float8 | D::Double(_) | D::DoublePrecision | D::Float(_) => ColumnType::Float,
+        D::Real | D::Float4 | D::Float8 | D::Double(_) | D::DoublePrecision | D::Float(_) => {
+            ColumnType::Float
+        }
         D::Date => ColumnType::Date,
         D::Timestamp(_, _) => ColumnType::Timestamp,
         D::Boolean | D::Bool => ColumnType::Boolean,

@@ -21,6 +21,7 @@ pub mod mechanism;
 pub mod policy;
 pub mod release;
 pub mod rewrite;
+pub mod server;
 pub mod session;
 pub mod settings;
 pub mod wire;

@@ -1,14 +1,10 @@
 //! The `pgdp` command line: `serve`, `check` and `demo`.
 #![forbid(unsafe_code)]
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use pgdp::backend::Backend;
-use pgdp::session::Shared;
 
 const USAGE: &str = "\
 pgdp: a differentially private PostgreSQL proxy
@@ -141,39 +137,93 @@ async fn run(
     listen: &str,
     banner: Option<String>,
 ) -> anyhow::Result<()> {
-    let backend = Backend::new(upstream).map_err(|_| anyhow::anyhow!("invalid upstream DSN"))?;
-    match backend.server_version().await {
-        Ok(v) => tracing::info!(server_version = %v, "upstream reachable"),
-        Err(_) => tracing::warn!("upstream unreachable at start; pgdp will serve once it is back"),
-    }
-    let addr: SocketAddr = listen
-        .parse()
-        .with_context(|| format!("invalid --listen address {listen}"))?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let ledger_dsn = ledger.unwrap_or(upstream);
-    let ledger = pgdp::budget::Ledger::connect(ledger_dsn)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot open the privacy ledger: {e}"))?;
-    let shared = Arc::new(
-        Shared::new(policy, backend, ledger)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?,
-    );
-    tracing::info!(%addr, database = %shared.policy.database, "pgdp listening");
+    let config = pgdp::server::Config {
+        policy,
+        upstream: upstream.to_string(),
+        ledger: ledger.map(str::to_string),
+        listen: listen.to_string(),
+        noise_seed: None,
+    };
+    let running = pgdp::server::start(config).await?;
+    tracing::info!(addr = %running.addr, database = %running.shared.policy.database, "pgdp ready");
     if let Some(b) = banner {
         println!("{b}");
     }
     tokio::select! {
-        r = pgdp::wire::serve(listener, shared) => r.context("serving")?,
+        _ = running.wait() => bail!("the listener stopped"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
     }
     Ok(())
 }
 
 async fn demo(args: &Args) -> anyhow::Result<()> {
-    let _ = args;
-    let _ = run;
-    bail!("demo is not wired yet")
+    use pgdp::cluster::{dsn_with_dbname, server_answers, Cluster};
+    let scale = args.scale.unwrap_or(1);
+    let mut admin = args
+        .upstream
+        .clone()
+        .unwrap_or_else(|| "host=127.0.0.1 port=5432 user=postgres dbname=postgres".into());
+    let mut _cluster = None;
+    if !server_answers(&admin).await {
+        if args.upstream.is_some() {
+            bail!("no PostgreSQL server answers at the --upstream DSN");
+        }
+        println!("No PostgreSQL server answers on 127.0.0.1:5432; starting a throwaway cluster from the installed binaries…");
+        let cluster = Cluster::start()
+            .await
+            .context("cannot start a throwaway PostgreSQL cluster")?;
+        println!(
+            "Throwaway cluster on port {} (it is deleted when pgdp demo stops).",
+            cluster.port()
+        );
+        admin = cluster.dsn("postgres");
+        _cluster = Some(cluster);
+    }
+    let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .context("cannot connect to the upstream")?;
+    tokio::spawn(connection);
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            &[&pgdp::demo::DATABASE],
+        )
+        .await?
+        .is_some();
+    if !exists {
+        println!("creating database {}…", pgdp::demo::DATABASE);
+        client
+            .batch_execute(&format!("CREATE DATABASE {}", pgdp::demo::DATABASE))
+            .await?;
+    }
+    let upstream = dsn_with_dbname(&admin, pgdp::demo::DATABASE);
+    let (demo_client, connection) =
+        tokio_postgres::connect(&upstream, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let started = std::time::Instant::now();
+    let report = pgdp::demo::load(&demo_client, scale, |line| println!("{line}"))
+        .await
+        .context("loading the demo dataset")?;
+    println!(
+        "demo dataset {} at scale {scale}: {} people, {} visits ({:.1} s)",
+        if report.reused { "reused" } else { "loaded" },
+        report.people,
+        report.visits,
+        started.elapsed().as_secs_f64()
+    );
+    let policy = pgdp::policy::parse(include_str!("../policies/demo.yaml"))
+        .map_err(|e| anyhow::anyhow!("the built-in demo policy is invalid:\n{e}"))?;
+    let listen = args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into());
+    let port = listen.rsplit(':').next().unwrap_or("6432").to_string();
+    let banner = format!(
+        "\npgdp is serving the demo (policy policies/demo.yaml) on {listen}. Connect with:\n\n    psql \"postgresql://analyst:analyst@127.0.0.1:{port}/pgdp_demo\"\n\nthen try: SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region;\nPress Ctrl-C to stop."
+    );
+    run(
+        policy,
+        &upstream,
+        args.ledger.as_deref(),
+        &listen,
+        Some(banner),
+    )
+    .await
 }

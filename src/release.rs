@@ -55,12 +55,16 @@ pub struct Mechanisms {
 }
 
 fn fixed_ceil(x: f64) -> Result<Fixed> {
-    Fixed::from_f64_ceil(x).map_err(|_| Error::InvalidMechanism { reason: format!("cost {x} is not representable") })
+    Fixed::from_f64_ceil(x).map_err(|_| Error::InvalidMechanism {
+        reason: format!("cost {x} is not representable"),
+    })
 }
 
 /// The ρ whose CKS20 conversion at `delta` is at most `epsilon` (bisection, rounded down).
 fn rho_for(epsilon: f64, delta: f64) -> Result<f64> {
-    let delta_fixed = Fixed::from_f64_floor(delta).map_err(|_| Error::InvalidMechanism { reason: "delta".into() })?;
+    let delta_fixed = Fixed::from_f64_floor(delta).map_err(|_| Error::InvalidMechanism {
+        reason: "delta".into(),
+    })?;
     let eps_of = |rho: f64| -> f64 {
         Fixed::from_f64_ceil(rho)
             .ok()
@@ -81,7 +85,9 @@ fn rho_for(epsilon: f64, delta: f64) -> Result<f64> {
         }
     }
     if lo <= 0.0 {
-        return Err(Error::InvalidMechanism { reason: "epsilon too small for the Gaussian mechanism".into() });
+        return Err(Error::InvalidMechanism {
+            reason: "epsilon too small for the Gaussian mechanism".into(),
+        });
     }
     Ok(lo)
 }
@@ -139,7 +145,11 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         noises.push(noise);
     }
     let selection = if needs_selection {
-        Some(PartitionSelection::new(epsilon_share, budget.delta, groups)?)
+        Some(PartitionSelection::new(
+            epsilon_share,
+            budget.delta,
+            groups,
+        )?)
     } else {
         None
     };
@@ -151,7 +161,13 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         (true, Mechanism::Gaussian) => 2.0 * budget.delta,
     };
     let cost = Cost::approx(fixed_ceil(budget.epsilon)?, fixed_ceil(delta_cost)?);
-    Ok(Mechanisms { noises, selection, cost, epsilon_per_measure: epsilon_share, sensitivities })
+    Ok(Mechanisms {
+        noises,
+        selection,
+        cost,
+        epsilon_per_measure: epsilon_share,
+        sensitivities,
+    })
 }
 
 /// The released result.
@@ -168,10 +184,16 @@ pub struct Released {
 fn key_cell(text: Option<&str>, ty: ColumnType) -> Cell {
     let Some(t) = text else { return Cell::Null };
     match ty {
-        ColumnType::Integer => t.parse().map(Cell::Int).unwrap_or_else(|_| Cell::Text(t.to_string())),
-        ColumnType::Numeric | ColumnType::Float => {
-            t.parse::<f64>().ok().filter(|f| f.is_finite()).map(Cell::Float).unwrap_or_else(|| Cell::Text(t.to_string()))
-        }
+        ColumnType::Integer => t
+            .parse()
+            .map(Cell::Int)
+            .unwrap_or_else(|_| Cell::Text(t.to_string())),
+        ColumnType::Numeric | ColumnType::Float => t
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .map(Cell::Float)
+            .unwrap_or_else(|| Cell::Text(t.to_string())),
         ColumnType::Boolean => Cell::Bool(t == "t" || t == "true"),
         ColumnType::Text | ColumnType::Date | ColumnType::Timestamp => Cell::Text(t.to_string()),
     }
@@ -191,21 +213,31 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
     let mut out = Vec::new();
     for o in &plan.outputs {
         match o.source {
-            crate::analyze::OutputSource::Key(i) => out.push(OutColumn::new(o.name.clone(), key_type(plan.keys[i].ty))),
+            crate::analyze::OutputSource::Key(i) => {
+                out.push(OutColumn::new(o.name.clone(), key_type(plan.keys[i].ty)))
+            }
             crate::analyze::OutputSource::Aggregate(i) => {
                 let ty = match plan.aggregates[i].kind {
-                    AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => CellType::Int8,
+                    AggregateKind::CountRows
+                    | AggregateKind::CountValues
+                    | AggregateKind::CountUnits => CellType::Int8,
                     _ => CellType::Float8,
                 };
                 out.push(OutColumn::new(o.name.clone(), ty));
                 if accuracy {
-                    out.push(OutColumn::new(format!("{}_error95", o.name), CellType::Float8));
+                    out.push(OutColumn::new(
+                        format!("{}_error95", o.name),
+                        CellType::Float8,
+                    ));
                 }
             }
         }
     }
     out
 }
+
+/// The key values of one group, as the upstream's text.
+type GroupKeyTexts = Vec<Option<String>>;
 
 /// The domains of public keys: the listed values, or the values read from a public table.
 pub type PublicDomains = BTreeMap<usize, Vec<String>>;
@@ -224,14 +256,19 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     let m = rewrite.measures.len();
     let expected = k + m + 1;
     // Exact statistics per candidate group, keyed by the key texts.
-    let mut groups: BTreeMap<Vec<Option<String>>, (Vec<Option<String>>, u64)> = BTreeMap::new();
+    let mut groups: BTreeMap<GroupKeyTexts, (Vec<Option<String>>, u64)> = BTreeMap::new();
     for row in rows {
         if row.len() != expected {
-            return Err(Error::internal("upstream returned an unexpected number of columns"));
+            return Err(Error::internal(
+                "upstream returned an unexpected number of columns",
+            ));
         }
         let keys = row[..k].to_vec();
         let stats = row[k..k + m].to_vec();
-        let units = row[k + m].as_deref().and_then(|u| u.parse::<u64>().ok()).unwrap_or(0);
+        let units = row[k + m]
+            .as_deref()
+            .and_then(|u| u.parse::<u64>().ok())
+            .unwrap_or(0);
         groups.insert(keys, (stats, units));
     }
 
@@ -239,12 +276,18 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     let released_keys: Vec<Vec<Option<String>>> = if k == 0 {
         vec![Vec::new()]
     } else if let Some(selection) = &mechanisms.selection {
-        groups.iter().filter(|(_, (_, units))| selection.keep(rng, *units)).map(|(keys, _)| keys.clone()).collect()
+        groups
+            .iter()
+            .filter(|(_, (_, units))| selection.keep(rng, *units))
+            .map(|(keys, _)| keys.clone())
+            .collect()
     } else {
         // All public: the cross product of the domains, whether present or not.
         let mut combos: Vec<Vec<Option<String>>> = vec![Vec::new()];
         for i in 0..k {
-            let domain = public_domains.get(&i).ok_or_else(|| Error::internal("missing public domain"))?;
+            let domain = public_domains
+                .get(&i)
+                .ok_or_else(|| Error::internal("missing public domain"))?;
             let mut next = Vec::new();
             for c in &combos {
                 for v in domain {
@@ -266,14 +309,19 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
 
     let mut out_rows = Vec::new();
     for keys in released_keys {
-        let exact = groups.get(&keys).map(|(s, _)| s.clone()).unwrap_or_else(|| vec![None; m]);
+        let exact = groups
+            .get(&keys)
+            .map(|(s, _)| s.clone())
+            .unwrap_or_else(|| vec![None; m]);
         // Noise every measure of the group.
         let mut noisy = Vec::with_capacity(m);
         for (j, measure) in rewrite.measures.iter().enumerate() {
             let noise = &mechanisms.noises[j];
             let text = exact[j].as_deref().unwrap_or("0");
             let value = if measure.is_integer() {
-                let e: i128 = text.parse().map_err(|_| Error::internal("count is not an integer"))?;
+                let e: i128 = text
+                    .parse()
+                    .map_err(|_| Error::internal("count is not an integer"))?;
                 noise.release_integer(rng, e) as f64
             } else {
                 noise.release_real(rng, text)?
@@ -282,9 +330,19 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         }
         let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
         for (i, agg) in plan.aggregates.iter().enumerate() {
-            aggregate_values.push(derive(agg.kind, agg.bounds, &rewrite.aggregate_measures[i], &noisy, mechanisms));
+            aggregate_values.push(derive(
+                agg.kind,
+                agg.bounds,
+                &rewrite.aggregate_measures[i],
+                &noisy,
+                mechanisms,
+            ));
         }
-        let key_cells: Vec<Cell> = keys.iter().zip(&plan.keys).map(|(t, key)| key_cell(t.as_deref(), key.ty)).collect();
+        let key_cells: Vec<Cell> = keys
+            .iter()
+            .zip(&plan.keys)
+            .map(|(t, key)| key_cell(t.as_deref(), key.ty))
+            .collect();
         if let Some(h) = &plan.having {
             if evaluate(h, &key_cells, &aggregate_values) != Cell::Bool(true) {
                 continue;
@@ -320,7 +378,11 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     let truncated = rows_iter.len() > limits::GROUPS_RELEASED_MAX;
     rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
 
-    let bounds95: Vec<f64> = mechanisms.noises.iter().map(|n| n.error_bound(0.05).unwrap_or(f64::NAN)).collect();
+    let bounds95: Vec<f64> = mechanisms
+        .noises
+        .iter()
+        .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
+        .collect();
     let mut rows_out = Vec::with_capacity(rows_iter.len());
     for (key_cells, aggregate_values) in rows_iter {
         let mut row = Vec::new();
@@ -330,31 +392,63 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
                 crate::analyze::OutputSource::Aggregate(i) => {
                     row.push(aggregate_values[i].clone());
                     if accuracy {
-                        row.push(error_bound_cell(plan, rewrite, i, &bounds95, &aggregate_values));
+                        row.push(error_bound_cell(
+                            plan,
+                            rewrite,
+                            i,
+                            &bounds95,
+                            &aggregate_values,
+                        ));
                     }
                 }
             }
         }
         rows_out.push(row);
     }
-    Ok(Released { columns: columns(plan, accuracy), rows: rows_out, truncated })
+    Ok(Released {
+        columns: columns(plan, accuracy),
+        rows: rows_out,
+        truncated,
+    })
 }
 
 /// The 95% error bound of an aggregate, where pgdp can state one.
-fn error_bound_cell(plan: &Plan, rewrite: &Rewrite, i: usize, bounds95: &[f64], values: &[Cell]) -> Cell {
+fn error_bound_cell(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    i: usize,
+    bounds95: &[f64],
+    values: &[Cell],
+) -> Cell {
     let ms = &rewrite.aggregate_measures[i];
-    let finite = |x: f64| if x.is_finite() { Cell::Float(x) } else { Cell::Null };
-    match plan.aggregates[i].kind {
-        AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits | AggregateKind::Sum => {
-            finite(bounds95[ms[0]])
+    let finite = |x: f64| {
+        if x.is_finite() {
+            Cell::Float(x)
+        } else {
+            Cell::Null
         }
+    };
+    match plan.aggregates[i].kind {
+        AggregateKind::CountRows
+        | AggregateKind::CountValues
+        | AggregateKind::CountUnits
+        | AggregateKind::Sum => finite(bounds95[ms[0]]),
         AggregateKind::Avg => {
             // Rough: error of the centered sum over the count, plus the count's relative error
             // times the half range; stated as approximate in docs/privacy.md.
-            let count_like = values.iter().find_map(|v| if let Cell::Int(n) = v { Some(*n as f64) } else { None });
+            let count_like = values.iter().find_map(|v| {
+                if let Cell::Int(n) = v {
+                    Some(*n as f64)
+                } else {
+                    None
+                }
+            });
             let _ = count_like;
             let n = 1.0f64.max(bounds95[ms[0]]);
-            let h = plan.aggregates[i].bounds.map(|b| (b.upper - b.lower) / 2.0).unwrap_or(0.0);
+            let h = plan.aggregates[i]
+                .bounds
+                .map(|b| (b.upper - b.lower) / 2.0)
+                .unwrap_or(0.0);
             finite((bounds95[ms[1]] + h * bounds95[ms[0]]) / n.max(1.0))
         }
         _ => Cell::Null,
@@ -362,11 +456,25 @@ fn error_bound_cell(plan: &Plan, rewrite: &Rewrite, i: usize, bounds95: &[f64], 
 }
 
 /// An aggregate from the noisy measures (post-processing).
-fn derive(kind: AggregateKind, bounds: Option<crate::policy::Bounds>, ms: &[usize], noisy: &[f64], _m: &Mechanisms) -> Cell {
+fn derive(
+    kind: AggregateKind,
+    bounds: Option<crate::policy::Bounds>,
+    ms: &[usize],
+    noisy: &[f64],
+    _m: &Mechanisms,
+) -> Cell {
     let count = |x: f64| Cell::Int(x.round().max(0.0).min(i64::MAX as f64) as i64);
-    let real = |x: f64| if x.is_finite() { Cell::Float(x) } else { Cell::Null };
+    let real = |x: f64| {
+        if x.is_finite() {
+            Cell::Float(x)
+        } else {
+            Cell::Null
+        }
+    };
     match kind {
-        AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => count(noisy[ms[0]]),
+        AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => {
+            count(noisy[ms[0]])
+        }
         AggregateKind::Sum => {
             let mut s = noisy[ms[0]];
             if let Some(b) = bounds {
@@ -379,7 +487,11 @@ fn derive(kind: AggregateKind, bounds: Option<crate::policy::Bounds>, ms: &[usiz
             }
             real(s)
         }
-        AggregateKind::Avg | AggregateKind::VarPop | AggregateKind::VarSamp | AggregateKind::StddevPop | AggregateKind::StddevSamp => {
+        AggregateKind::Avg
+        | AggregateKind::VarPop
+        | AggregateKind::VarSamp
+        | AggregateKind::StddevPop
+        | AggregateKind::StddevSamp => {
             let Some(b) = bounds else { return Cell::Null };
             let mid = (b.lower + b.upper) / 2.0;
             let h = (b.upper - b.lower) / 2.0;
@@ -391,7 +503,9 @@ fn derive(kind: AggregateKind, bounds: Option<crate::policy::Bounds>, ms: &[usiz
             let q = noisy[ms[2]] / n;
             let var_pop = (q - mean_c * mean_c).clamp(0.0, h * h);
             let var = match kind {
-                AggregateKind::VarSamp | AggregateKind::StddevSamp if n > 1.0 => (var_pop * n / (n - 1.0)).min(4.0 * h * h),
+                AggregateKind::VarSamp | AggregateKind::StddevSamp if n > 1.0 => {
+                    (var_pop * n / (n - 1.0)).min(4.0 * h * h)
+                }
                 _ => var_pop,
             };
             match kind {
@@ -413,8 +527,20 @@ fn as_f64(c: &Cell) -> Option<f64> {
 fn compare_cells(a: &Cell, b: &Cell, nulls_first: bool) -> Ordering {
     match (a, b) {
         (Cell::Null, Cell::Null) => Ordering::Equal,
-        (Cell::Null, _) => if nulls_first { Ordering::Less } else { Ordering::Greater },
-        (_, Cell::Null) => if nulls_first { Ordering::Greater } else { Ordering::Less },
+        (Cell::Null, _) => {
+            if nulls_first {
+                Ordering::Less
+            } else {
+                Ordering::Greater
+            }
+        }
+        (_, Cell::Null) => {
+            if nulls_first {
+                Ordering::Greater
+            } else {
+                Ordering::Less
+            }
+        }
         (Cell::Text(x), Cell::Text(y)) => x.cmp(y),
         (Cell::Bool(x), Cell::Bool(y)) => x.cmp(y),
         _ => match (as_f64(a), as_f64(b)) {
@@ -440,7 +566,9 @@ pub fn evaluate(p: &Post, keys: &[Cell], aggregates: &[Cell]) -> Cell {
             Some(v) => Cell::Float(-v),
             None => Cell::Null,
         },
-        Post::IsNull(x, want_null) => Cell::Bool((evaluate(x, keys, aggregates) == Cell::Null) == *want_null),
+        Post::IsNull(x, want_null) => {
+            Cell::Bool((evaluate(x, keys, aggregates) == Cell::Null) == *want_null)
+        }
         Post::Binary(l, op, r) => {
             let a = evaluate(l, keys, aggregates);
             let b = evaluate(r, keys, aggregates);
@@ -455,23 +583,29 @@ pub fn evaluate(p: &Post, keys: &[Cell], aggregates: &[Cell]) -> Cell {
                     (Cell::Bool(false), Cell::Bool(false)) => Cell::Bool(false),
                     _ => Cell::Null,
                 },
-                PostOp::Plus | PostOp::Minus | PostOp::Multiply | PostOp::Divide => match (as_f64(&a), as_f64(&b)) {
-                    (Some(x), Some(y)) => {
-                        let v = match op {
-                            PostOp::Plus => x + y,
-                            PostOp::Minus => x - y,
-                            PostOp::Multiply => x * y,
-                            _ => {
-                                if y == 0.0 {
-                                    return Cell::Null;
+                PostOp::Plus | PostOp::Minus | PostOp::Multiply | PostOp::Divide => {
+                    match (as_f64(&a), as_f64(&b)) {
+                        (Some(x), Some(y)) => {
+                            let v = match op {
+                                PostOp::Plus => x + y,
+                                PostOp::Minus => x - y,
+                                PostOp::Multiply => x * y,
+                                _ => {
+                                    if y == 0.0 {
+                                        return Cell::Null;
+                                    }
+                                    x / y
                                 }
-                                x / y
+                            };
+                            if v.is_finite() {
+                                Cell::Float(v)
+                            } else {
+                                Cell::Null
                             }
-                        };
-                        if v.is_finite() { Cell::Float(v) } else { Cell::Null }
+                        }
+                        _ => Cell::Null,
                     }
-                    _ => Cell::Null,
-                },
+                }
                 _ => {
                     if a == Cell::Null || b == Cell::Null {
                         return Cell::Null;
@@ -501,7 +635,9 @@ pub fn listed_domains(plan: &Plan) -> (PublicDomains, Vec<(usize, String, String
                 let set: BTreeSet<String> = v.iter().cloned().collect();
                 domains.insert(i, set.into_iter().collect());
             }
-            PublicKeys::Table { table, column } => to_fetch.push((i, table.clone(), column.clone())),
+            PublicKeys::Table { table, column } => {
+                to_fetch.push((i, table.clone(), column.clone()))
+            }
             PublicKeys::No => {}
         }
     }
@@ -509,7 +645,12 @@ pub fn listed_domains(plan: &Plan) -> (PublicDomains, Vec<(usize, String, String
 }
 
 /// EXPLAIN: the plan as lines of text, without touching data or budget.
-pub fn explain(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms, budget: Budget) -> Vec<String> {
+pub fn explain(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    budget: Budget,
+) -> Vec<String> {
     let mut lines = vec![
         format!(
             "DP aggregate: {} group key(s), {} aggregate(s); each privacy unit contributes to at most {} group(s) with at most {} row(s) each",
@@ -529,7 +670,10 @@ pub fn explain(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms, budget: 
     ];
     for (j, m) in rewrite.measures.iter().enumerate() {
         let n = &mechanisms.noises[j];
-        let b95 = n.error_bound(0.05).map(|b| format!("{b:.4}")).unwrap_or_else(|_| "?".into());
+        let b95 = n
+            .error_bound(0.05)
+            .map(|b| format!("{b:.4}"))
+            .unwrap_or_else(|_| "?".into());
         lines.push(format!(
             "  measure {}: {:?} noise, sensitivity {:.6}, scale {:.6}, 95% error bound ±{b95}",
             m.label(&rewrite.arguments),

@@ -95,7 +95,11 @@ impl Measure {
                 format!("sum({} - {})", arguments[*i].text, arguments[*i].center().0)
             }
             Measure::SumSquaresCentered(i) => {
-                format!("sum(({} - {})^2)", arguments[*i].text, arguments[*i].center().0)
+                format!(
+                    "sum(({} - {})^2)",
+                    arguments[*i].text,
+                    arguments[*i].center().0
+                )
             }
         }
     }
@@ -132,7 +136,13 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
     let mut per_aggregate = Vec::new();
     for agg in &plan.aggregates {
         let arg = agg.argument.as_ref().map(|text| {
-            push(&mut arguments, Argument { text: text.clone(), bounds: agg.bounds })
+            push(
+                &mut arguments,
+                Argument {
+                    text: text.clone(),
+                    bounds: agg.bounds,
+                },
+            )
         });
         let m: Vec<Measure> = match (agg.kind, arg) {
             (AggregateKind::CountRows, _) => vec![Measure::Rows],
@@ -146,7 +156,11 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
                 | AggregateKind::StddevSamp
                 | AggregateKind::StddevPop,
                 Some(a),
-            ) => vec![Measure::Values(a), Measure::SumCentered(a), Measure::SumSquaresCentered(a)],
+            ) => vec![
+                Measure::Values(a),
+                Measure::SumCentered(a),
+                Measure::SumSquaresCentered(a),
+            ],
             (_, None) => vec![Measure::Rows],
         };
         per_aggregate.push(m.into_iter().map(|x| push(&mut measures, x)).collect());
@@ -165,9 +179,16 @@ impl VisitorMut for BindParameters<'_> {
     type Break = ();
 
     fn post_visit_expr(&mut self, expr: &mut Expr) -> std::ops::ControlFlow<()> {
-        let Expr::Value(v) = expr else { return std::ops::ControlFlow::Continue(()) };
-        let Value::Placeholder(p) = &v.value else { return std::ops::ControlFlow::Continue(()) };
-        let index = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+        let Expr::Value(v) = expr else {
+            return std::ops::ControlFlow::Continue(());
+        };
+        let Value::Placeholder(p) = &v.value else {
+            return std::ops::ControlFlow::Continue(());
+        };
+        let index = p
+            .strip_prefix('$')
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
         let ty = self
             .plan
             .parameters
@@ -188,7 +209,9 @@ impl VisitorMut for BindParameters<'_> {
 
 fn bind_literal(index: usize, value: Option<&Option<String>>, ty: ColumnType) -> Result<Expr> {
     let Some(value) = value else {
-        return Err(Error::Protocol { what: format!("there is no parameter ${index}") });
+        return Err(Error::Protocol {
+            what: format!("there is no parameter ${index}"),
+        });
     };
     let Some(text) = value else {
         return Ok(Expr::value(Value::Null));
@@ -237,7 +260,9 @@ fn bind_literal(index: usize, value: Option<&Option<String>>, ty: ColumnType) ->
 
 fn check_date(text: &str) -> Option<()> {
     let parts: Vec<&str> = text.trim().split('-').collect();
-    let [y, m, d] = parts.as_slice() else { return None };
+    let [y, m, d] = parts.as_slice() else {
+        return None;
+    };
     let (y, m, d): (u32, u32, u32) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
     ((1..=9999).contains(&y) && (1..=12).contains(&m) && (1..=31).contains(&d)).then_some(())
 }
@@ -287,19 +312,29 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     }
     let mut from = String::new();
     for (i, t) in plan.tables.iter().enumerate() {
-        let (schema, name) = t.table.split_once('.').ok_or_else(|| Error::internal("unqualified table"))?;
+        let (schema, name) = t
+            .table
+            .split_once('.')
+            .ok_or_else(|| Error::internal("unqualified table"))?;
         let relation = format!("\"{schema}\".\"{name}\" AS \"{}\"", t.alias);
         if i == 0 {
             from.push_str(&relation);
         } else {
-            let on = plan.joins.get(i - 1).ok_or_else(|| Error::internal("missing join condition"))?;
+            let on = plan
+                .joins
+                .get(i - 1)
+                .ok_or_else(|| Error::internal("missing join condition"))?;
             from.push_str(&format!(" JOIN {relation} ON {on}"));
         }
     }
     let filter = match &plan.filter {
         Some(f) => {
             let mut f = f.clone();
-            let mut binder = BindParameters { plan, values: parameters, error: None };
+            let mut binder = BindParameters {
+                plan,
+                values: parameters,
+                error: None,
+            };
             let _ = f.visit(&mut binder);
             if let Some(e) = binder.error {
                 return Err(e);
@@ -320,7 +355,9 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
             Measure::Units => "1".to_string(),
             Measure::Values(i) => format!("COUNT(__dp_a{i})"),
             Measure::Sum(i) => format!("SUM(__dp_a{i})"),
-            Measure::SumCentered(i) => format!("SUM(__dp_a{i} - {})", num(arguments[*i].center().0)),
+            Measure::SumCentered(i) => {
+                format!("SUM(__dp_a{i} - {})", num(arguments[*i].center().0))
+            }
             Measure::SumSquaresCentered(i) => {
                 let mid = num(arguments[*i].center().0);
                 format!("SUM((__dp_a{i} - {mid}) * (__dp_a{i} - {mid}))")
@@ -357,9 +394,11 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         let cap = rows_cap;
         let expr = match m {
             Measure::Rows | Measure::Values(_) => format!("SUM(LEAST(__dp_m{j}, {cap}))"),
-            Measure::Units => format!("COUNT(*)"),
+            Measure::Units => "COUNT(*)".to_string(),
             Measure::Sum(i) => {
-                let b = arguments[*i].bounds.ok_or_else(|| Error::internal("sum without bounds"))?;
+                let b = arguments[*i]
+                    .bounds
+                    .ok_or_else(|| Error::internal("sum without bounds"))?;
                 format!(
                     "SUM(LEAST(GREATEST(__dp_m{j}, {}), {}))",
                     num(b.lower * cap as f64),
@@ -378,7 +417,11 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         outer.push(expr);
     }
     outer.push("COUNT(*)".into());
-    let source = if ranked_sql.is_some() { "__dp_ranked WHERE __dp_rank <= " } else { "__dp_per_unit" };
+    let source = if ranked_sql.is_some() {
+        "__dp_ranked WHERE __dp_rank <= "
+    } else {
+        "__dp_per_unit"
+    };
     let mut sql = format!("WITH __dp_rows AS ({rows}), __dp_per_unit AS ({per_unit_sql})");
     if let Some(r) = &ranked_sql {
         sql.push_str(&format!(", __dp_ranked AS ({r})"));
@@ -393,18 +436,24 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
 
     // Regenerate from the AST: what is sent is exactly what pgdp parsed.
     let dialect = PostgreSqlDialect {};
-    let statements = Parser::parse_sql(&dialect, &sql).map_err(|e| {
-        Error::internal(format!("rewrite produced SQL that does not parse: {e}"))
-    })?;
+    let statements = Parser::parse_sql(&dialect, &sql)
+        .map_err(|e| Error::internal(format!("rewrite produced SQL that does not parse: {e}")))?;
     let [statement] = statements.as_slice() else {
         return Err(Error::internal("rewrite produced more than one statement"));
     };
-    Ok(Rewrite { sql: statement.to_string(), arguments, measures, aggregate_measures })
+    Ok(Rewrite {
+        sql: statement.to_string(),
+        arguments,
+        measures,
+        aggregate_measures,
+    })
 }
 
 /// SQL listing the values of a public table's column (for zero-filling public keys).
 pub fn public_values_sql(table: &str, column: &str) -> Result<String> {
-    let (schema, name) = table.split_once('.').ok_or_else(|| Error::internal("unqualified table"))?;
+    let (schema, name) = table
+        .split_once('.')
+        .ok_or_else(|| Error::internal("unqualified table"))?;
     let sql = format!(
         "SELECT DISTINCT CAST(\"{column}\" AS TEXT) FROM \"{schema}\".\"{name}\" LIMIT {}",
         crate::limits::PUBLIC_KEY_COMBINATIONS_MAX + 1

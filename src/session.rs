@@ -166,10 +166,17 @@ pub fn describe(
             }
         },
         Statement::Show { name } if name == "pgdp.budget" => Ok(Some(
-            ["epsilon_total", "epsilon_spent", "epsilon_remaining", "delta_total", "delta_spent", "delta_remaining"]
-                .iter()
-                .map(|n| OutColumn::new(*n, CellType::Float8))
-                .collect(),
+            [
+                "epsilon_total",
+                "epsilon_spent",
+                "epsilon_remaining",
+                "delta_total",
+                "delta_spent",
+                "delta_remaining",
+            ]
+            .iter()
+            .map(|n| OutColumn::new(*n, CellType::Float8))
+            .collect(),
         )),
         Statement::Show { name } => {
             let (column, _) = session.settings.show(name, &session.server_version)?;
@@ -260,7 +267,10 @@ impl Session {
         if search_path.is_empty() {
             search_path = schemas;
         }
-        analyze::Context { policy: &shared.policy, search_path }
+        analyze::Context {
+            policy: &shared.policy,
+            search_path,
+        }
     }
 
     fn budget(&self) -> Budget {
@@ -299,14 +309,19 @@ impl Session {
             &budget.epsilon.to_string(),
             &budget.delta.to_string(),
             budget.mechanism.name(),
-            if self.settings.accuracy { "accuracy" } else { "" },
+            if self.settings.accuracy {
+                "accuracy"
+            } else {
+                ""
+            },
         ]);
         let ledger = &shared.ledger;
         let analyst = self.analyst.name.clone();
 
         // 1. Replay: the same query again gets the same noisy answer, free.
-        if let Some(payload) =
-            ledger.replay_get(&analyst, &key, shared.policy.replay_lifetime).await?
+        if let Some(payload) = ledger
+            .replay_get(&analyst, &key, shared.policy.replay_lifetime)
+            .await?
         {
             if let Some(rows) = decode_rows(&payload) {
                 let notice = Notice {
@@ -333,7 +348,9 @@ impl Session {
             }
             domains.insert(
                 i,
-                rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect(),
+                rows.into_iter()
+                    .filter_map(|r| r.into_iter().next().flatten())
+                    .collect(),
             );
         }
 
@@ -373,7 +390,9 @@ impl Session {
             self.settings.accuracy,
             &mut self.rng,
         )?;
-        let _ = ledger.replay_put(&analyst, &key, &encode_rows(&released.rows)).await;
+        let _ = ledger
+            .replay_put(&analyst, &key, &encode_rows(&released.rows))
+            .await;
         let _ = ledger.set_outcome(charge.id, "released").await;
         let b = &charge.balance;
         let mut notices = vec![Notice {
@@ -395,7 +414,11 @@ impl Session {
                 ),
             });
         }
-        Ok(Outcome::Rows { columns: released.columns, rows: released.rows, notices })
+        Ok(Outcome::Rows {
+            columns: released.columns,
+            rows: released.rows,
+            notices,
+        })
     }
 
     async fn show_budget(&self, shared: &Shared) -> Result<Outcome> {
@@ -409,7 +432,11 @@ impl Session {
             Cell::Float(b.spent.delta.to_f64()),
             Cell::Float(b.remaining.delta.to_f64()),
         ];
-        Ok(Outcome::Rows { columns: budget_columns(), rows: vec![row], notices: Vec::new() })
+        Ok(Outcome::Rows {
+            columns: budget_columns(),
+            rows: vec![row],
+            notices: Vec::new(),
+        })
     }
 
     /// Runs one classified statement. `params` are the bound parameter values as text.
@@ -779,7 +806,13 @@ mod tests {
     #[test]
     fn replay_payload_round_trips() {
         let rows = vec![
-            vec![Cell::Text("a'b".into()), Cell::Int(-3), Cell::Float(0.1), Cell::Null, Cell::Bool(true)],
+            vec![
+                Cell::Text("a'b".into()),
+                Cell::Int(-3),
+                Cell::Float(0.1),
+                Cell::Null,
+                Cell::Bool(true),
+            ],
             vec![],
         ];
         assert_eq!(decode_rows(&encode_rows(&rows)), Some(rows));
