@@ -12,6 +12,7 @@
 pub mod analyze;
 pub mod backend;
 pub mod budget;
+pub mod catalog;
 pub mod classify;
 pub mod cluster;
 pub mod demo;

@@ -78,7 +78,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let ledger = Ledger::connect(ledger_dsn)
         .await
         .map_err(StartError::Ledger)?;
-    let mut shared = Shared::new(config.policy, backend, ledger)
+    let shadow = match crate::backend::Shadow::build(&config.upstream, &config.policy).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "no shadow catalog: catalog queries will be refused");
+            None
+        }
+    };
+    let mut shared = Shared::new(config.policy, backend, ledger, shadow)
         .await
         .map_err(StartError::Ledger)?;
     shared.noise_seed = config.noise_seed;

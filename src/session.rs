@@ -38,6 +38,8 @@ pub struct Shared {
     pub ledger: Arc<Ledger>,
     /// The secret keying which groups a unit keeps.
     pub secret: String,
+    /// The shadow catalog answering introspection, if it could be built.
+    pub shadow: Option<crate::backend::Shadow>,
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
     /// seeds a ChaCha20 generator from the operating system.
     pub noise_seed: Option<[u8; 32]>,
@@ -45,7 +47,12 @@ pub struct Shared {
 
 impl Shared {
     /// The shared state of a server: connects the ledger and reads (or creates) the secret.
-    pub async fn new(policy: Policy, backend: Backend, ledger: Ledger) -> Result<Shared> {
+    pub async fn new(
+        policy: Policy,
+        backend: Backend,
+        ledger: Ledger,
+        shadow: Option<crate::backend::Shadow>,
+    ) -> Result<Shared> {
         let secret = match &policy.secret {
             Some(s) => s.clone(),
             None => ledger.group_choice_secret().await?,
@@ -55,6 +62,7 @@ impl Shared {
             backend: Arc::new(backend),
             ledger: Arc::new(ledger),
             secret,
+            shadow,
             noise_seed: None,
         })
     }
@@ -80,6 +88,8 @@ pub enum CellType {
     Text,
     /// `boolean`.
     Bool,
+    /// A catalog column of the given PostgreSQL type OID, sent as text.
+    Raw(u32),
 }
 
 /// One output value.
@@ -144,7 +154,7 @@ pub enum Outcome {
 }
 
 /// The schema of a statement's result, known before running it (for Describe).
-pub fn describe(
+pub async fn describe(
     shared: &Shared,
     session: &Session,
     statement: &Statement,
@@ -160,6 +170,19 @@ pub fn describe(
                     })
                     .collect::<Result<Vec<_>>>()?,
             )),
+            None if crate::catalog::is_catalog_query(query) => {
+                crate::catalog::check(query, &shared.policy)?;
+                let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
+                let mut q = query.as_ref().clone();
+                crate::catalog::bind_parameters(&mut q, &[]);
+                let columns = shadow.describe(&q.to_string()).await?;
+                Ok(Some(
+                    columns
+                        .into_iter()
+                        .map(|(n, oid)| OutColumn::new(n, CellType::Raw(oid)))
+                        .collect(),
+                ))
+            }
             None => {
                 let plan = analyze::analyze(query, &session.context(shared))?;
                 Ok(Some(release::columns(&plan, session.settings.accuracy)))
@@ -185,6 +208,13 @@ pub fn describe(
         Statement::Explain(_) => Ok(Some(vec![OutColumn::new("QUERY PLAN", CellType::Text)])),
         _ => Ok(None),
     }
+}
+
+fn no_shadow() -> Error {
+    Error::unsupported(
+        "catalog queries on this server",
+        "pgdp could not build its shadow catalog (the upstream role needs CREATEDB once); see the server log.",
+    )
 }
 
 /// Columns of `SHOW pgdp.budget`.
@@ -271,6 +301,25 @@ impl Session {
             policy: &shared.policy,
             search_path,
         }
+    }
+
+    /// The session's search_path restricted to schemas that exist in the shadow catalog.
+    fn catalog_search_path(&self, shared: &Shared) -> Vec<String> {
+        let schemas = shared.policy.schemas();
+        let mut path: Vec<String> = self
+            .settings
+            .search_path
+            .split(',')
+            .map(|s| s.trim().trim_matches('"').to_ascii_lowercase())
+            .filter(|s| schemas.contains(s) || s == "public" || s == "pg_catalog")
+            .collect();
+        // Like a database whose search_path lists the policy's schemas, so `\d` shows tables.
+        for s in schemas {
+            if !path.contains(&s) {
+                path.push(s);
+            }
+        }
+        path
     }
 
     fn budget(&self) -> Budget {
@@ -523,6 +572,29 @@ impl Session {
                     return Ok(Outcome::Rows {
                         columns,
                         rows: vec![row],
+                        notices: Vec::new(),
+                    });
+                }
+                if crate::catalog::is_catalog_query(query) {
+                    crate::catalog::check(query, &shared.policy)?;
+                    let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
+                    let mut q = query.as_ref().clone();
+                    crate::catalog::bind_parameters(&mut q, params);
+                    let search_path = self.catalog_search_path(shared);
+                    let (columns, rows) = shadow.run(&q.to_string(), &search_path).await?;
+                    return Ok(Outcome::Rows {
+                        columns: columns
+                            .into_iter()
+                            .map(|(n, oid)| OutColumn::new(n, CellType::Raw(oid)))
+                            .collect(),
+                        rows: rows
+                            .into_iter()
+                            .map(|r| {
+                                r.into_iter()
+                                    .map(|c| c.map(Cell::Text).unwrap_or(Cell::Null))
+                                    .collect()
+                            })
+                            .collect(),
                         notices: Vec::new(),
                     });
                 }

@@ -23,7 +23,7 @@ use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::{AuthSource, LoginInfo, Password, ServerParameterProvider};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{DataRowEncoder, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
@@ -360,6 +360,71 @@ fn pg_type(ty: CellType) -> Type {
         CellType::Float8 => Type::FLOAT8,
         CellType::Text => Type::TEXT,
         CellType::Bool => Type::BOOL,
+        CellType::Raw(oid) => Type::from_oid(oid).unwrap_or(Type::TEXT),
+    }
+}
+
+/// Encodes a catalog value (PostgreSQL text output) in the requested format.
+fn encode_raw(
+    encoder: &mut DataRowEncoder,
+    oid: u32,
+    value: Option<String>,
+    format: FieldFormat,
+) -> PgWireResult<()> {
+    let ty = Type::from_oid(oid).unwrap_or(Type::TEXT);
+    let options = pgwire::types::format::FormatOptions::default();
+    if format == FieldFormat::Text {
+        // The text is already PostgreSQL's output; write it as is (no array re-quoting).
+        return encoder.encode_field_with_type_and_format(&value, &Type::TEXT, format, &options);
+    }
+    let type_name = ty.name().to_string();
+    let bad = || {
+        PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".into(),
+            "0A000".into(),
+            format!(
+                "binary format for catalog columns of type {type_name} is not supported by pgdp"
+            ),
+        )))
+    };
+    let parse_err = |_| bad();
+    match ty.clone() {
+        t if t == Type::INT2 => {
+            let v = value
+                .map(|x| x.parse::<i16>())
+                .transpose()
+                .map_err(parse_err)?;
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
+        t if t == Type::INT4 => {
+            let v = value
+                .map(|x| x.parse::<i32>())
+                .transpose()
+                .map_err(parse_err)?;
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
+        t if t == Type::INT8 => {
+            let v = value
+                .map(|x| x.parse::<i64>())
+                .transpose()
+                .map_err(parse_err)?;
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
+        t if t == Type::OID => {
+            let v = value
+                .map(|x| x.parse::<u32>())
+                .transpose()
+                .map_err(parse_err)?;
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
+        t if t == Type::BOOL => {
+            let v = value.map(|x| x == "t");
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
+        t if t == Type::TEXT || t == Type::VARCHAR || t == Type::NAME || t == Type::BPCHAR => {
+            encoder.encode_field_with_type_and_format(&value, &Type::TEXT, format, &options)
+        }
+        _ => Err(bad()),
     }
 }
 
@@ -388,8 +453,18 @@ fn encode_rows(
     let mut encoder = DataRowEncoder::new(schema.clone());
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        for (cell, column) in row.into_iter().zip(columns) {
+        for (i, (cell, column)) in row.into_iter().zip(columns).enumerate() {
             match (column.ty, cell) {
+                (CellType::Raw(oid), cell) => {
+                    let value = match cell {
+                        Cell::Null => None,
+                        Cell::Text(t) => Some(t),
+                        Cell::Int(x) => Some(x.to_string()),
+                        Cell::Float(x) => Some(x.to_string()),
+                        Cell::Bool(b) => Some(if b { "t" } else { "f" }.to_string()),
+                    };
+                    encode_raw(&mut encoder, oid, value, format.format_for(i))?
+                }
                 (CellType::Int8, Cell::Int(i)) => encoder.encode_field(&Some(i))?,
                 (CellType::Int4, Cell::Int(i)) => {
                     encoder.encode_field(&Some(i32::try_from(i).unwrap_or(i32::MAX)))?
@@ -572,8 +647,9 @@ impl QueryParser for Parser {
         let mut slot = conn.session.lock().await;
         let session =
             ensure_session(&mut slot, client, &self.shared).map_err(|e| user_error(&e))?;
-        let columns =
-            session::describe(&self.shared, session, &statement).map_err(|e| user_error(&e))?;
+        let columns = session::describe(&self.shared, session, &statement)
+            .await
+            .map_err(|e| user_error(&e))?;
         let parameter_types = types
             .iter()
             .map(|t| t.clone().unwrap_or(Type::TEXT))
