@@ -1168,8 +1168,14 @@ impl<'a> Analyzer<'a> {
                 match op {
                     UnaryOperator::Not => Ok(Info::derived(Some(ColumnType::Boolean), &[&info], None)),
                     UnaryOperator::Minus => {
+                        if !info.ty.is_none_or(|t| t.is_numeric()) {
+                            return Err(unsupported_here("unary minus on non-numeric values"));
+                        }
+                        // -(-2147483648) overflows an integer: negate in numeric.
+                        **expr = as_numeric(expr.as_ref().clone(), &info);
                         let b = info.bounds.map(|(l, u)| (-u, -l));
-                        Ok(Info::derived(info.ty, &[&info], b))
+                        let ty = info.ty.map(|t| if t == ColumnType::Integer { ColumnType::Numeric } else { t });
+                        Ok(Info::derived(ty, &[&info], b))
                     }
                     UnaryOperator::Plus => Ok(info),
                     _ => Err(unsupported_here(&format!("the operator {op}"))),
@@ -1185,6 +1191,7 @@ impl<'a> Analyzer<'a> {
                 match op {
                     B::And | B::Or => Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None)),
                     B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq => {
+                        check_comparable(&l, &r)?;
                         Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None))
                     }
                     B::Plus | B::Minus | B::Multiply => {
@@ -1439,6 +1446,12 @@ impl<'a> Analyzer<'a> {
                 ));
             }
             infos.push(info);
+        }
+        if name == "abs" {
+            // abs(-2147483648) overflows an integer: compute in numeric.
+            if let (Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(e))), Some(info)) = (args.first_mut(), infos.first()) {
+                *e = as_numeric(e.clone(), info);
+            }
         }
         let refs: Vec<&Info> = infos.iter().collect();
         let ty = match spec.result {
@@ -1731,6 +1744,25 @@ impl<'a> Analyzer<'a> {
                 })
             }
         }
+    }
+}
+
+/// Refuses comparisons PostgreSQL would reject for their types (text with numbers, …): they
+/// would fail upstream only after the charge.
+fn check_comparable(l: &Info, r: &Info) -> Result<()> {
+    use ColumnType as T;
+    let family = |t: T| match t {
+        T::Integer | T::Numeric | T::Float => 0,
+        T::Text => 1,
+        T::Date | T::Timestamp => 2,
+        T::Boolean => 3,
+    };
+    match (l.ty, r.ty) {
+        (Some(a), Some(b)) if family(a) != family(b) => Err(Error::UnknownFunction {
+            name: format!("operator for {} and {}", a.name(), b.name()),
+            hint: "Compare values of the same kind, e.g. a text column with a quoted string.".into(),
+        }),
+        _ => Ok(()),
     }
 }
 
