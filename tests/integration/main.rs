@@ -7,5 +7,6 @@
 #[path = "../harness/mod.rs"]
 mod harness;
 
+mod dp;
 mod support;
 mod wire;
