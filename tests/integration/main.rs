@@ -7,6 +7,7 @@
 #[path = "../harness/mod.rs"]
 mod harness;
 
+mod budget;
 mod dp;
 mod support;
 mod wire;
