@@ -280,6 +280,47 @@ async fn racing_connections_never_overspend() {
 }
 
 #[tokio::test]
+#[ignore = "bug: the replay key is the upstream SQL only, so a query differing in HAVING, ORDER BY, LIMIT or select-list order gets another query's rows"]
+async fn replay_cache_answers_only_the_same_query() {
+    let proxy = Proxy::start(37).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 2").await.expect("SET");
+    let having = s
+        .query(
+            "SELECT region, COUNT(*) FROM demo.people GROUP BY region HAVING COUNT(*) > 13000",
+            &[],
+        )
+        .await
+        .expect("HAVING");
+    assert_eq!(having.len(), 2, "CE and SE have more than 13,000 people");
+    // Without HAVING every one of the ten public regions is released.
+    let all = s
+        .query(
+            "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .expect("all regions");
+    assert_eq!(all.len(), 10, "got another query's rows");
+    // The same aggregates in another order: the count column must be the count.
+    let swapped = s
+        .query(
+            "SELECT COUNT(*), region FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .expect("swapped select list");
+    assert_eq!(swapped.len(), 10);
+    for row in &swapped {
+        let count: Option<i64> = row.get(0);
+        assert!(count.is_some_and(|c| c > 1000), "count {count:?}");
+        let region: String = row.get(1);
+        assert_eq!(region.len(), 2, "region {region:?}");
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
 async fn rollback_refunds_nothing() {
     let proxy = Proxy::start(38).await;
     let s = proxy.connect().await;

@@ -460,6 +460,32 @@ async fn prepared_statements_bind_typed_parameters_and_run_twice() {
 }
 
 #[tokio::test]
+#[ignore = "bug: Parse without declared types describes no parameters, so tokio-postgres cannot bind $1"]
+async fn prepared_statements_infer_parameter_types() {
+    let proxy = Proxy::start(14).await;
+    let s = proxy.connect().await;
+    let by_age = s
+        .prepare("SELECT COUNT(*) FROM demo.people WHERE age > $1")
+        .await
+        .expect("prepare");
+    assert_eq!(by_age.params().len(), 1, "ParameterDescription");
+    let n: i64 = s.query_one(&by_age, &[&30i32]).await.expect("bind").get(0);
+    assert!(n > 0);
+    let by_region = s
+        .prepare("SELECT COUNT(*) FROM demo.people WHERE region = $1")
+        .await
+        .expect("prepare");
+    assert_eq!(by_region.params().len(), 1, "ParameterDescription");
+    let n: i64 = s
+        .query_one(&by_region, &[&"CE"])
+        .await
+        .expect("bind")
+        .get(0);
+    assert!(n > 0);
+    proxy.stop().await;
+}
+
+#[tokio::test]
 async fn describe_reports_released_column_types_and_costs_nothing() {
     let proxy = Proxy::start(15).await;
     let s = proxy.connect().await;
@@ -503,5 +529,25 @@ async fn describe_reports_released_column_types_and_costs_nothing() {
         .expect("query");
     assert!(row.get::<_, i64>(0) > 0);
     assert!(row.get::<_, f64>(1).is_finite());
+    proxy.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "bug: SET inside a transaction block that is rolled back is not undone (PostgreSQL reverts it)"]
+async fn set_inside_a_rolled_back_transaction_is_undone() {
+    let proxy = Proxy::start(16).await;
+    let s = proxy.connect().await;
+    let before = s.show("pgdp.epsilon").await;
+    s.batch_execute("BEGIN; SET pgdp.epsilon = 0.5; ROLLBACK")
+        .await
+        .expect("BEGIN; SET; ROLLBACK");
+    assert_eq!(s.show("pgdp.epsilon").await, before);
+    let app = s.show("application_name").await;
+    s.batch_execute("BEGIN").await.expect("BEGIN");
+    s.batch_execute("SET application_name = 'inside'")
+        .await
+        .expect("SET");
+    s.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+    assert_eq!(s.show("application_name").await, app);
     proxy.stop().await;
 }
