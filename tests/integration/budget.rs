@@ -1,0 +1,346 @@
+//! The privacy budget through the wire: what SHOW pgdp.budget reports, what costs nothing
+//! (EXPLAIN, replays), exhaustion, durability across restarts, and racing connections.
+
+use std::sync::Arc;
+
+use tokio_postgres::error::SqlState;
+
+use crate::support::{assert_code, code, demo_policy, policy_with_budget, Proxy, Session};
+
+/// A DP query whose text differs with `i`, so that no two are replays of each other.
+fn distinct_query(i: usize) -> String {
+    format!("SELECT COUNT(*) FROM demo.people WHERE age > {i}")
+}
+
+#[tokio::test]
+async fn spent_grows_by_exactly_each_query_epsilon() {
+    let proxy = Proxy::start(31).await;
+    let s = proxy.connect().await;
+    let start = s.budget().await;
+    assert_eq!(start.epsilon_total, 10.0);
+    assert_eq!(start.epsilon_spent, 0.0);
+    assert_eq!(start.epsilon_remaining, 10.0);
+    assert_eq!(start.delta_spent, 0.0);
+
+    let mut expected_spent = 0.0;
+    for (i, epsilon) in [0.5, 2.0, 0.25, 1.0].into_iter().enumerate() {
+        s.batch_execute(&format!("SET pgdp.epsilon = {epsilon}"))
+            .await
+            .expect("SET");
+        s.query(&distinct_query(i), &[]).await.expect("DP query");
+        expected_spent += epsilon;
+        let b = s.budget().await;
+        assert_eq!(b.epsilon_spent, expected_spent, "after ε = {epsilon}");
+        assert_eq!(b.epsilon_remaining, 10.0 - expected_spent);
+        assert_eq!(b.epsilon_total, 10.0);
+        assert_eq!(b.delta_spent, 0.0, "public keys and Laplace need no δ");
+    }
+
+    // Partition selection (diagnosis is not public) spends the session's δ.
+    s.batch_execute("SET pgdp.epsilon = 1; SET pgdp.delta = 1e-6")
+        .await
+        .expect("SET");
+    s.query(
+        "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
+        &[],
+    )
+    .await
+    .expect("partition selection");
+    let b = s.budget().await;
+    assert_eq!(b.epsilon_spent, expected_spent + 1.0);
+    assert!(
+        (b.delta_spent - 1e-6).abs() < 1e-15,
+        "δ spent {}",
+        b.delta_spent
+    );
+    assert!((b.delta_remaining - (1e-5 - 1e-6)).abs() < 1e-15);
+
+    // Another connection of the same analyst sees the same ledger.
+    let other = proxy.connect().await;
+    assert_eq!(other.budget().await, b);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn explain_shows_the_plan_and_costs_nothing() {
+    let proxy = Proxy::start(32).await;
+    let s = proxy.connect().await;
+    let before = s.budget().await;
+    for sql in [
+        "EXPLAIN SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region",
+        "EXPLAIN SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
+    ] {
+        let lines: Vec<String> = s
+            .query(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(
+            lines.iter().any(|l| l.contains("upstream SQL")),
+            "{sql}: {lines:?}"
+        );
+        assert!(s.take_notices().is_empty(), "{sql}: EXPLAIN charged");
+    }
+    assert_eq!(s.budget().await, before);
+    // EXPLAIN of a refused query is refused the same way.
+    assert_code(
+        s.query("EXPLAIN SELECT * FROM demo.people", &[]).await,
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "EXPLAIN SELECT *",
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn identical_query_is_replayed_without_charge() {
+    let proxy = Proxy::start(33).await;
+    let s = proxy.connect().await;
+    let sql = "SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region";
+    let rows = |rows: Vec<tokio_postgres::Row>| -> Vec<(String, i64, f64)> {
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    };
+    let first = rows(s.query(sql, &[]).await.expect("first"));
+    assert!(s
+        .take_notices()
+        .iter()
+        .any(|n| n.starts_with("pgdp: charged")));
+    let after_first = s.budget().await;
+    assert_eq!(after_first.epsilon_spent, 1.0, "the default ε");
+
+    // The session's generator has moved on, so a fresh release would differ: equality means
+    // the answer was replayed.
+    let second = rows(s.query(sql, &[]).await.expect("second"));
+    assert_eq!(first, second);
+    let notices = s.take_notices();
+    assert!(
+        notices.iter().any(|n| n.contains("replay cache")),
+        "{notices:?}"
+    );
+    assert!(!notices.iter().any(|n| n.starts_with("pgdp: charged")));
+    assert_eq!(s.budget().await, after_first);
+
+    // The simple protocol and another connection get the same answer, also free.
+    let other = proxy.connect().await;
+    let third = other.simple_rows(sql).await.expect("simple");
+    assert_eq!(third.len(), first.len());
+    for (t, f) in third.iter().zip(&first) {
+        assert_eq!(t[0].as_deref(), Some(f.0.as_str()));
+        assert_eq!(t[1].as_deref(), Some(f.1.to_string().as_str()));
+    }
+    assert_eq!(other.budget().await, after_first);
+
+    // A different ε is a different query.
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    s.query(sql, &[]).await.expect("at ε = 0.5");
+    assert_eq!(s.budget().await.epsilon_spent, 1.5);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn budget_runs_out_after_exactly_five_queries_at_epsilon_two() {
+    let proxy = Proxy::start(34).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 2").await.expect("SET");
+    let mut answered = 0;
+    let mut first_answer = None;
+    let refusal = loop {
+        match s.query(&distinct_query(answered), &[]).await {
+            Ok(rows) => {
+                first_answer.get_or_insert_with(|| rows[0].get::<_, i64>(0));
+                answered += 1;
+                assert!(answered <= 5, "more than ε 10 / 2 queries answered");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(answered, 5);
+    assert_eq!(code(&refusal), &SqlState::CONFIGURATION_LIMIT_EXCEEDED);
+    assert!(refusal.as_db_error().and_then(|d| d.hint()).is_some());
+    let b = s.budget().await;
+    assert_eq!(b.epsilon_spent, 10.0, "the refused query was not charged");
+    assert_eq!(b.epsilon_remaining, 0.0);
+
+    // The session keeps working for everything that costs nothing.
+    s.assert_alive("exhaustion").await;
+    assert_eq!(s.show("pgdp.epsilon").await, "2");
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    s.query("EXPLAIN SELECT COUNT(*) FROM demo.people", &[])
+        .await
+        .expect("EXPLAIN");
+    // A replay of an answered query is still free, at the ε it was asked with.
+    s.batch_execute("SET pgdp.epsilon = 2").await.expect("SET");
+    let replayed: i64 = s
+        .query_one(&distinct_query(0), &[])
+        .await
+        .expect("replay after exhaustion")
+        .get(0);
+    assert_eq!(Some(replayed), first_answer);
+    // Any new query is refused, however small its ε, here and on a new connection.
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    assert_code(
+        s.query(&distinct_query(100), &[]).await,
+        &SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+        "small query after exhaustion",
+    );
+    let fresh = proxy.connect().await;
+    assert_code(
+        fresh.query(&distinct_query(101), &[]).await,
+        &SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+        "new connection",
+    );
+    assert_code(
+        fresh.simple_query(&distinct_query(102)).await,
+        &SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+        "new connection, simple protocol",
+    );
+    assert_eq!(fresh.budget().await.epsilon_spent, 10.0);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn spent_budget_survives_a_restart() {
+    let mut proxy = Proxy::with_policy(demo_policy(), 35).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 1.5")
+        .await
+        .expect("SET");
+    let answer: i64 = s
+        .query_one(&distinct_query(40), &[])
+        .await
+        .expect("query")
+        .get(0);
+    let before = s.budget().await;
+    assert_eq!(before.epsilon_spent, 1.5);
+    drop(s);
+
+    let old_port = proxy.port();
+    proxy.restart().await;
+    assert_ne!(proxy.port(), old_port);
+    let s = proxy.connect().await;
+    assert_eq!(s.budget().await, before);
+    // The replay cache is durable too: the same query is answered the same way, free.
+    s.batch_execute("SET pgdp.epsilon = 1.5")
+        .await
+        .expect("SET");
+    let again: i64 = s
+        .query_one(&distinct_query(40), &[])
+        .await
+        .expect("replay")
+        .get(0);
+    assert_eq!(again, answer);
+    assert_eq!(s.budget().await, before);
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_connections_never_overspend() {
+    const CONNECTIONS: usize = 30;
+    const AFFORDABLE: usize = 7;
+    // ε 7 in total, 1 per query (the default ε of 1 is within the cap): exactly 7 queries fit.
+    let proxy = Proxy::with_policy(policy_with_budget(AFFORDABLE as u32, 1), 36).await;
+    let dsn = proxy.dsn();
+    let start = Arc::new(tokio::sync::Barrier::new(CONNECTIONS));
+    let mut tasks = Vec::new();
+    for i in 0..CONNECTIONS {
+        let dsn = dsn.clone();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            let s = Session::open(&dsn).await.expect("connect");
+            start.wait().await;
+            s.query(&distinct_query(i), &[]).await.map(|_| ())
+        }));
+    }
+    let mut answered = 0;
+    let mut refused = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(()) => answered += 1,
+            Err(e) => {
+                assert_eq!(code(&e), &SqlState::CONFIGURATION_LIMIT_EXCEEDED, "{e:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(answered, AFFORDABLE);
+    assert_eq!(refused, CONNECTIONS - AFFORDABLE);
+    let b = proxy.connect().await.budget().await;
+    assert_eq!(b.epsilon_spent, AFFORDABLE as f64);
+    assert!(b.epsilon_spent <= b.epsilon_total);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "bug: the replay key is the upstream SQL only, so a query differing in HAVING, ORDER BY, LIMIT or select-list order gets another query's rows"]
+async fn replay_cache_answers_only_the_same_query() {
+    let proxy = Proxy::start(37).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 2").await.expect("SET");
+    let having = s
+        .query(
+            "SELECT region, COUNT(*) FROM demo.people GROUP BY region HAVING COUNT(*) > 13000",
+            &[],
+        )
+        .await
+        .expect("HAVING");
+    assert_eq!(having.len(), 2, "CE and SE have more than 13,000 people");
+    // Without HAVING every one of the ten public regions is released.
+    let all = s
+        .query(
+            "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .expect("all regions");
+    assert_eq!(all.len(), 10, "got another query's rows");
+    // The same aggregates in another order: the count column must be the count.
+    let swapped = s
+        .query(
+            "SELECT COUNT(*), region FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .expect("swapped select list");
+    assert_eq!(swapped.len(), 10);
+    for row in &swapped {
+        let count: Option<i64> = row.get(0);
+        assert!(count.is_some_and(|c| c > 1000), "count {count:?}");
+        let region: String = row.get(1);
+        assert_eq!(region.len(), 2, "region {region:?}");
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn rollback_refunds_nothing() {
+    let proxy = Proxy::start(38).await;
+    let s = proxy.connect().await;
+    s.batch_execute("BEGIN").await.expect("BEGIN");
+    s.query(&distinct_query(1), &[]).await.expect("DP query");
+    s.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+    assert_eq!(s.budget().await.epsilon_spent, 1.0);
+    // Two DP statements in one simple-query message are two charges and two results.
+    let results = s
+        .simple_rows(&format!("{}; {}", distinct_query(2), distinct_query(3)))
+        .await
+        .expect("two statements");
+    assert_eq!(results.len(), 2);
+    assert_eq!(
+        s.take_notices()
+            .iter()
+            .filter(|n| n.starts_with("pgdp: charged"))
+            .count(),
+        3
+    );
+    assert_eq!(s.budget().await.epsilon_spent, 3.0);
+    proxy.stop().await;
+}

@@ -1,0 +1,497 @@
+//! Differentially private answers through the wire, compared with the truth computed directly
+//! on the upstream.
+//!
+//! Tolerances follow from the noise scale b = Δ / ε_share, where Δ is the L1 sensitivity the
+//! policy implies and ε_share is the query's ε divided by the number of noisy measures (an upper
+//! bound on that number is stated at each use). Discrete Laplace noise exceeds 20·b with
+//! probability below e^-20 ≈ 2·10^-9, so a correct pgdp fails one of these assertions with
+//! negligible probability; with the fixed seeds a run always passes or always fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use pgdp::demo::REGIONS;
+
+use crate::support::{policy_with_budget, upstream_client, Proxy, Session};
+
+/// Noise tolerance: 20 noise scales.
+fn tolerance(scale: f64) -> f64 {
+    20.0 * scale
+}
+
+/// A proxy whose analyst can afford every query of a test.
+async fn rich_proxy(seed: u8) -> Proxy {
+    Proxy::with_policy(policy_with_budget(1000, 100), seed).await
+}
+
+async fn set_epsilon(s: &Session, epsilon: f64) {
+    s.batch_execute(&format!("SET pgdp.epsilon = {epsilon}"))
+        .await
+        .expect("SET pgdp.epsilon");
+}
+
+/// True number of people per region.
+async fn true_region_counts() -> BTreeMap<String, i64> {
+    upstream_client()
+        .await
+        .query(
+            "SELECT region, count(*) FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .expect("true counts")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+#[tokio::test]
+async fn region_counts_and_averages_are_close_to_the_truth() {
+    let proxy = rich_proxy(21).await;
+    let s = proxy.connect().await;
+    set_epsilon(&s, 2.0).await;
+    let rows = s
+        .query(
+            "SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .expect("DP query");
+    let truth: BTreeMap<String, (i64, f64)> = upstream_client()
+        .await
+        .query(
+            "SELECT region, count(*), avg(least(greatest(income, 0), 250000))::float8
+             FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .expect("truth")
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+
+    let released: BTreeMap<String, (i64, f64)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    assert_eq!(rows.len(), 10, "one row per region");
+    let expected_regions: BTreeSet<String> = REGIONS.iter().map(|r| r.code.to_string()).collect();
+    assert_eq!(
+        released.keys().cloned().collect::<BTreeSet<_>>(),
+        expected_regions
+    );
+
+    // ε = 2 over at most 3 measures (count, sum of income, a count for the average): a person is
+    // in one region with one row, so the count has Δ = 1 and b ≤ 1.5; the sum has
+    // Δ = 250000 (the upper bound of income) and b ≤ 375000.
+    let count_tolerance = tolerance(1.5);
+    let sum_tolerance = tolerance(375_000.0);
+    for (region, (count, avg)) in &released {
+        let (true_count, true_avg) = truth[region];
+        assert!(
+            (*count as f64 - true_count as f64).abs() <= count_tolerance,
+            "{region}: count {count}, truth {true_count}"
+        );
+        assert!((0.0..=250_000.0).contains(avg), "{region}: avg {avg}");
+        // avg = (S + e_s) / (n + e_c), so |avg − S/n| ≤ (|e_s| + (S/n)·|e_c|) / (n − |e_c|).
+        let n = true_count as f64;
+        let avg_tolerance = (sum_tolerance + true_avg * count_tolerance) / (n - count_tolerance);
+        assert!(
+            (avg - true_avg).abs() <= avg_tolerance,
+            "{region}: avg {avg}, truth {true_avg}, tolerance {avg_tolerance}"
+        );
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn noise_has_the_stated_scale() {
+    let proxy = rich_proxy(29).await;
+    let s = proxy.connect().await;
+    // COUNT(*) alone over public keys: one measure, Δ = 1 (one row per person), so at ε = 0.1
+    // the noise is discrete Laplace with scale b = 10, whose mean absolute value is 9.98 and
+    // whose standard deviation of |X| is about 10.
+    set_epsilon(&s, 0.1).await;
+    let released: BTreeMap<(String, String, String), i64> = s
+        .query(
+            "SELECT region, sex, education, COUNT(*) FROM demo.people GROUP BY region, sex, education",
+            &[],
+        )
+        .await
+        .expect("DP query")
+        .iter()
+        .map(|r| ((r.get(0), r.get(1), r.get(2)), r.get(3)))
+        .collect();
+    assert_eq!(released.len(), 10 * 3 * 6, "every public combination");
+    let truth: BTreeMap<(String, String, String), i64> = upstream_client()
+        .await
+        .query(
+            "SELECT region, sex, education, count(*) FROM demo.people GROUP BY 1, 2, 3",
+            &[],
+        )
+        .await
+        .expect("truth")
+        .iter()
+        .map(|r| ((r.get(0), r.get(1), r.get(2)), r.get(3)))
+        .collect();
+    // Groups far from zero, where clamping at 0 cannot bias the error.
+    let errors: Vec<f64> = truth
+        .iter()
+        .filter(|(_, n)| **n >= 100)
+        .map(|(k, n)| (released[k] - n).abs() as f64)
+        .collect();
+    assert!(errors.len() >= 80, "{} large groups", errors.len());
+    let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+    // The mean of n ≥ 80 absolute errors has standard error ≤ 10/√80 ≈ 1.1: [6, 14.5] is more
+    // than 3.5 standard errors either side of 9.98, and excludes a scale off by a factor 1.5.
+    assert!((6.0..=14.5).contains(&mean), "mean |error| {mean}");
+    let exact = errors.iter().filter(|e| **e == 0.0).count();
+    assert!(exact * 5 < errors.len(), "{exact} exact answers");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn partition_selection_hides_single_person_diagnoses() {
+    let proxy = rich_proxy(22).await;
+    let s = proxy.connect().await;
+    set_epsilon(&s, 2.0).await;
+    let rows = s
+        .query(
+            "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
+            &[],
+        )
+        .await
+        .expect("DP query");
+    let released: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    for common in ["J06", "I10"] {
+        assert!(released.iter().any(|d| d == common), "{common} missing");
+    }
+    let single: Vec<&String> = released
+        .iter()
+        .filter(|d| d.starts_with(pgdp::demo::SINGLE_PERSON_DIAGNOSIS_PREFIX))
+        .collect();
+    assert!(
+        single.is_empty(),
+        "single-person codes released: {single:?}"
+    );
+    for r in &rows {
+        assert!(r.get::<_, i64>(1) >= 0);
+    }
+    // Stronger: no released code is held by fewer than two people. A code of one person passes
+    // partition selection with probability at most δ = 1e-7 (the session default), and the demo
+    // data has about 1,500 such codes.
+    let held_by_one: Vec<String> = upstream_client()
+        .await
+        .query(
+            "SELECT diagnosis FROM demo.visits WHERE diagnosis = ANY($1)
+             GROUP BY diagnosis HAVING count(DISTINCT person_id) < 2",
+            &[&released],
+        )
+        .await
+        .expect("truth")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(held_by_one.is_empty(), "released: {held_by_one:?}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn joined_sum_by_sex_releases_every_public_value() {
+    let proxy = rich_proxy(23).await;
+    let s = proxy.connect().await;
+    set_epsilon(&s, 2.0).await;
+    let rows = s
+        .query(
+            "SELECT sex, SUM(cost) FROM demo.visits JOIN demo.people USING (person_id) GROUP BY sex",
+            &[],
+        )
+        .await
+        .expect("DP query");
+    let sums: BTreeMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        sums.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec!["F", "M", "X"]
+    );
+    // Δ = 5 groups × 10 rows × 2000 = 100000 per unit; ε = 2 over at most 2 measures gives
+    // b ≤ 100000. Without contribution bounds the clamped sums are about 5.4e7 (F, M) and 5.4e5
+    // (X); bounding only removes rows, so the released sums lie below those plus the tolerance.
+    let tol = tolerance(100_000.0);
+    let upper: BTreeMap<String, f64> = upstream_client()
+        .await
+        .query(
+            "SELECT p.sex, sum(least(greatest(v.cost, 0), 2000))::float8
+             FROM demo.visits v JOIN demo.people p USING (person_id) GROUP BY p.sex",
+            &[],
+        )
+        .await
+        .expect("truth")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for (sex, sum) in &sums {
+        assert!(sum.is_finite(), "{sex}: {sum}");
+        assert!(*sum >= -tol && *sum <= upper[sex] + tol, "{sex}: {sum}");
+    }
+    assert!(sums["F"] > sums["X"] + 2.0 * tol, "{sums:?}");
+    assert!(sums["M"] > sums["X"] + 2.0 * tol, "{sums:?}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn distinct_units_and_variance_are_plausible() {
+    let proxy = rich_proxy(24).await;
+    let s = proxy.connect().await;
+    set_epsilon(&s, 2.0).await;
+    let upstream = upstream_client().await;
+
+    let people_with_visits: i64 = upstream
+        .query_one("SELECT count(DISTINCT person_id) FROM demo.visits", &[])
+        .await
+        .expect("truth")
+        .get(0);
+    let released: i64 = s
+        .query_one("SELECT COUNT(DISTINCT person_id) FROM demo.visits", &[])
+        .await
+        .expect("COUNT(DISTINCT person_id)")
+        .get(0);
+    // Δ = 1 (a person counts once), ε = 2 over at most 2 measures: b ≤ 1.
+    assert!(
+        (released - people_with_visits).abs() as f64 <= tolerance(1.0),
+        "{released} vs {people_with_visits}"
+    );
+
+    let (true_var, true_sd): (f64, f64) = {
+        let r = upstream
+            .query_one(
+                "SELECT var_samp(age)::float8, stddev_samp(age)::float8 FROM demo.people",
+                &[],
+            )
+            .await
+            .expect("truth");
+        (r.get(0), r.get(1))
+    };
+    let r = s
+        .query_one("SELECT VARIANCE(age), STDDEV(age) FROM demo.people", &[])
+        .await
+        .expect("VARIANCE, STDDEV");
+    let (var, sd): (f64, f64) = (r.get(0), r.get(1));
+    // ε = 2 over at most 6 measures (count, Σx, Σx² for each): b ≤ 3·Δ with Δ = 100 for Σage
+    // and 10000 for Σage². Over n = 100000 people that moves the mean by at most 0.06 and the
+    // mean of squares by at most 6, so the variance (≈ 630) by at most about 11 and the
+    // standard deviation (≈ 25) by about 0.25: we allow 30 and 1.
+    assert!((var - true_var).abs() <= 30.0, "var {var} vs {true_var}");
+    assert!((sd - true_sd).abs() <= 1.0, "stddev {sd} vs {true_sd}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn having_order_by_limit_and_public_joins_work_on_noisy_values() {
+    let proxy = rich_proxy(25).await;
+    let s = proxy.connect().await;
+    let truth = true_region_counts().await;
+    // Each query runs at its own ε (2, 1.9, 1.8) so that none is answered from the replay cache
+    // of another (see `budget::replay_cache_answers_only_the_same_query`). One measure at ε ≥ 1.8
+    // with Δ = 1 gives b ≤ 0.56; we allow b = 1, so 20.
+    let tol = tolerance(1.0);
+
+    let threshold = 13_000;
+    assert!(
+        truth.values().all(|c| (c - threshold).abs() as f64 > tol),
+        "the threshold must be clear of every true count"
+    );
+    let expected: BTreeSet<String> = truth
+        .iter()
+        .filter(|(_, c)| **c > threshold)
+        .map(|(r, _)| r.clone())
+        .collect();
+    assert!(!expected.is_empty() && expected.len() < 10);
+    set_epsilon(&s, 2.0).await;
+    let having: BTreeSet<String> = s
+        .query(
+            &format!(
+                "SELECT region, COUNT(*) FROM demo.people GROUP BY region HAVING COUNT(*) > {threshold}"
+            ),
+            &[],
+        )
+        .await
+        .expect("HAVING")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(having, expected);
+
+    set_epsilon(&s, 1.9).await;
+    let top: Vec<(String, i64)> = s
+        .query(
+            "SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region ORDER BY n DESC LIMIT 3",
+            &[],
+        )
+        .await
+        .expect("ORDER BY … LIMIT")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut by_truth: Vec<(&String, &i64)> = truth.iter().collect();
+    by_truth.sort_by_key(|(_, c)| std::cmp::Reverse(**c));
+    // The top true counts are hundreds apart, far more than the noise.
+    let expected_top: Vec<String> = by_truth.iter().take(3).map(|(r, _)| (*r).clone()).collect();
+    assert_eq!(
+        top.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(),
+        expected_top
+    );
+    assert!(top.windows(2).all(|w| w[0].1 >= w[1].1), "{top:?}");
+
+    set_epsilon(&s, 1.8).await;
+    let names: BTreeMap<String, i64> = s
+        .query(
+            "SELECT regions.name, COUNT(*) FROM demo.people JOIN demo.regions USING (region) GROUP BY regions.name",
+            &[],
+        )
+        .await
+        .expect("join with a public table")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(names.len(), REGIONS.len(), "{names:?}");
+    for region in REGIONS {
+        let released = names
+            .get(region.name)
+            .unwrap_or_else(|| panic!("{} missing", region.name));
+        let true_count = truth[region.code];
+        assert!(
+            (released - true_count).abs() as f64 <= tol,
+            "{}: {released} vs {true_count}",
+            region.name
+        );
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn every_dp_query_sends_a_charge_notice() {
+    let proxy = rich_proxy(26).await;
+    let s = proxy.connect().await;
+    let queries = [
+        "SELECT COUNT(*) FROM demo.people",
+        "SELECT sex, AVG(age) FROM demo.people GROUP BY sex",
+        "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic",
+    ];
+    for sql in queries {
+        s.query(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        let notices = s.take_notices();
+        assert_eq!(
+            notices
+                .iter()
+                .filter(|n| n.starts_with("pgdp: charged"))
+                .count(),
+            1,
+            "{sql}: {notices:?}"
+        );
+    }
+    // Session statements send none.
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    s.query("SHOW pgdp.budget", &[]).await.expect("SHOW");
+    assert!(s.take_notices().is_empty());
+    // The simple protocol and psql get it too.
+    s.simple_query("SELECT COUNT(*) FROM demo.visits WHERE cost > 100")
+        .await
+        .expect("simple");
+    assert!(s
+        .take_notices()
+        .iter()
+        .any(|n| n.starts_with("pgdp: charged")));
+    let run = proxy
+        .psql(
+            &["-A", "-t"],
+            &["SELECT COUNT(*) FROM demo.visits WHERE cost > 200"],
+        )
+        .await;
+    run.assert_ok();
+    assert!(
+        run.stderr
+            .lines()
+            .any(|l| l.starts_with("NOTICE:  pgdp: charged")),
+        "{run:?}"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn released_values_are_never_nan_and_counts_never_negative() {
+    let proxy = rich_proxy(27).await;
+    let s = proxy.connect().await;
+    // Empty groups (no one is older than 200) with large noise: counts near zero, averages and
+    // variances of (almost) nothing. Every public region and sex is still released.
+    let queries = [
+        "SELECT region, COUNT(*), AVG(income), SUM(income), VARIANCE(income), STDDEV(income)
+         FROM demo.people WHERE age > 200 GROUP BY region",
+        "SELECT sex, education, COUNT(*), AVG(age), SUM(age), VARIANCE(age), STDDEV(age)
+         FROM demo.people WHERE age > 200 GROUP BY sex, education",
+        "SELECT sex, COUNT(*), AVG(cost), STDDEV(cost)
+         FROM demo.visits JOIN demo.people USING (person_id) WHERE cost < 0 GROUP BY sex",
+    ];
+    let mut released = 0;
+    for epsilon in [0.1, 0.3, 1.0] {
+        set_epsilon(&s, epsilon).await;
+        for sql in queries {
+            let rows = s
+                .query(sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+            assert!(!rows.is_empty(), "{sql}: public keys are zero-filled");
+            for row in &rows {
+                for (i, column) in row.columns().iter().enumerate() {
+                    match column.type_().name() {
+                        "int8" => {
+                            let v: Option<i64> = row.get(i);
+                            if let Some(v) = v {
+                                assert!(v >= 0, "{sql}: {} = {v}", column.name());
+                            }
+                        }
+                        "float8" => {
+                            let v: Option<f64> = row.get(i);
+                            if let Some(v) = v {
+                                assert!(v.is_finite(), "{sql}: {} = {v}", column.name());
+                                if column.name() != "sum" {
+                                    assert!(v >= 0.0, "{sql}: {} = {v}", column.name());
+                                }
+                            }
+                            released += 1;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    assert!(released > 100, "too few real values released: {released}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "bug: the rewriter emits pg_catalog.nullif/coalesce/greatest/least, which PostgreSQL does not have; every query with / or those functions fails upstream (58000) and is charged"]
+async fn division_and_conditional_expressions_are_answered() {
+    let proxy = rich_proxy(28).await;
+    let s = proxy.connect().await;
+    let queries = [
+        "SELECT COUNT(*) FROM demo.people WHERE 1 / (age - 30) > 0",
+        "SELECT COUNT(*) FROM demo.people WHERE income / 0 > 1",
+        "SELECT SUM(age / 2) FROM demo.people",
+        "SELECT COUNT(*) FROM demo.people WHERE coalesce(age, 0) > 10",
+        "SELECT COUNT(*) FROM demo.people WHERE greatest(age, 10) > 10",
+        "SELECT COUNT(*) FROM demo.people WHERE least(age, 10) < 10",
+        "SELECT COUNT(*) FROM demo.people WHERE nullif(age, 5) > 10",
+    ];
+    let mut failed = Vec::new();
+    for sql in queries {
+        if let Err(e) = s.query(sql, &[]).await {
+            failed.push((sql, e.code().map(|c| c.code().to_string())));
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+    proxy.stop().await;
+}

@@ -1,0 +1,383 @@
+//! What every integration test needs: an in-process pgdp over the demo dataset with a ledger of
+//! its own, clients for it (tokio-postgres with its notices collected, and the real `psql`), and
+//! small helpers for SQLSTATEs and the budget.
+//!
+//! Each [`Proxy`] owns a fresh ledger database, so every test starts with a full budget, and a
+//! fixed noise seed, so every run releases the same values.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use pgdp::policy::Policy;
+use pgdp::server::{self, Config, Running};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
+
+use crate::harness::{self, TestDb};
+
+/// The database name the demo policy serves.
+pub const DATABASE: &str = "pgdp_demo";
+
+/// The demo policy's analyst and password.
+pub const ANALYST: &str = "analyst";
+pub const PASSWORD: &str = "analyst";
+
+/// How long any single psql run may take before the test fails.
+const PSQL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The demo policy's YAML text.
+pub fn demo_policy_text() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The demo policy as shipped (ε 10, δ 1e-5, at most ε 2 per query).
+pub fn demo_policy() -> Policy {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
+    pgdp::policy::load(&path).unwrap_or_else(|e| panic!("demo policy: {e:?}"))
+}
+
+/// The demo policy with the analyst's total ε and per-query cap replaced.
+pub fn policy_with_budget(epsilon_total: u32, epsilon_per_query_max: u32) -> Policy {
+    let text = demo_policy_text();
+    let total = "      epsilon: 10\n";
+    let cap = "      epsilon_per_query_max: 2\n";
+    assert!(
+        text.contains(total) && text.contains(cap),
+        "the demo policy's budget lines changed; update policy_with_budget"
+    );
+    let text = text
+        .replace(total, &format!("      epsilon: {epsilon_total}\n"))
+        .replace(
+            cap,
+            &format!("      epsilon_per_query_max: {epsilon_per_query_max}\n"),
+        );
+    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy variant: {e:?}"))
+}
+
+/// A running pgdp with its own ledger database.
+pub struct Proxy {
+    // Field order matters: the server stops before its ledger database is dropped.
+    running: Option<Running>,
+    ledger: Option<TestDb>,
+    ledger_dsn: String,
+    policy: Policy,
+    seed: u8,
+}
+
+impl Proxy {
+    /// pgdp with the demo policy and a fresh ledger.
+    pub async fn start(seed: u8) -> Proxy {
+        Proxy::with_policy(demo_policy(), seed).await
+    }
+
+    /// pgdp with `policy` over the demo data and a fresh ledger.
+    pub async fn with_policy(policy: Policy, seed: u8) -> Proxy {
+        let ledger = harness::fresh_database("ledger").await;
+        let ledger_dsn = ledger.dsn().to_string();
+        let running = start_server(policy.clone(), &ledger_dsn, seed).await;
+        Proxy {
+            running: Some(running),
+            ledger: Some(ledger),
+            ledger_dsn,
+            policy,
+            seed,
+        }
+    }
+
+    /// Stops the server and starts a new one on the same ledger (and a new port).
+    pub async fn restart(&mut self) {
+        drop(self.running.take());
+        self.running = Some(start_server(self.policy.clone(), &self.ledger_dsn, self.seed).await);
+    }
+
+    /// The port pgdp listens on.
+    pub fn port(&self) -> u16 {
+        self.running.as_ref().expect("server running").addr.port()
+    }
+
+    /// A DSN for `user` / `password` on database `dbname`.
+    pub fn dsn_for(&self, user: &str, password: &str, dbname: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={dbname} sslmode=disable connect_timeout=10",
+            self.port()
+        )
+    }
+
+    /// A connection as `user`, or the error of the attempt.
+    pub async fn try_connect(
+        &self,
+        user: &str,
+        password: &str,
+        dbname: &str,
+    ) -> Result<Session, tokio_postgres::Error> {
+        Session::open(&self.dsn_for(user, password, dbname)).await
+    }
+
+    /// The DSN of the demo analyst.
+    pub fn dsn(&self) -> String {
+        self.dsn_for(ANALYST, PASSWORD, DATABASE)
+    }
+
+    /// A connection as the demo analyst.
+    pub async fn connect(&self) -> Session {
+        self.try_connect(ANALYST, PASSWORD, DATABASE)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to pgdp: {e}"))
+    }
+
+    /// Runs the real `psql` as the demo analyst with the given `-c` commands (each one simple
+    /// query message, or a backslash command) and extra arguments.
+    pub async fn psql(&self, extra_args: &[&str], commands: &[&str]) -> PsqlRun {
+        self.psql_as(ANALYST, PASSWORD, extra_args, commands).await
+    }
+
+    /// Runs `psql` as `user` with `password` (see [`Proxy::psql`]).
+    pub async fn psql_as(
+        &self,
+        user: &str,
+        password: &str,
+        extra_args: &[&str],
+        commands: &[&str],
+    ) -> PsqlRun {
+        let port = self.port().to_string();
+        let mut cmd = tokio::process::Command::new("psql");
+        cmd.args([
+            "-X",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            user,
+            "-d",
+            DATABASE,
+        ])
+        .args(extra_args);
+        for c in commands {
+            cmd.arg("-c").arg(c);
+        }
+        cmd.env("PGPASSWORD", password)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .env("LC_ALL", "C")
+            .env_remove("PGSERVICE")
+            .env_remove("PGOPTIONS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(PSQL_TIMEOUT, cmd.output())
+            .await
+            .expect("psql did not finish in time")
+            .expect("psql could not be run");
+        PsqlRun {
+            status: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Stops the server and drops the ledger database.
+    pub async fn stop(mut self) {
+        drop(self.running.take());
+        if let Some(ledger) = self.ledger.take() {
+            ledger.drop_db().await;
+        }
+    }
+}
+
+async fn start_server(policy: Policy, ledger_dsn: &str, seed: u8) -> Running {
+    let upstream = harness::demo_database(1).await.dsn().to_string();
+    server::start(Config {
+        policy,
+        upstream,
+        ledger: Some(ledger_dsn.to_string()),
+        listen: "127.0.0.1:0".into(),
+        noise_seed: Some([seed; 32]),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("pgdp did not start: {e}"))
+}
+
+/// A tokio-postgres connection to pgdp whose NOTICE messages are collected.
+pub struct Session {
+    pub client: Client,
+    notices: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::ops::Deref for Session {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Session {
+    /// Connects to `dsn`, driving the connection on the current runtime and collecting notices.
+    pub async fn open(dsn: &str) -> Result<Session, tokio_postgres::Error> {
+        let (client, mut connection) = tokio_postgres::connect(dsn, NoTls).await?;
+        let notices = Arc::new(Mutex::new(Vec::new()));
+        let sink = notices.clone();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notice(notice)) => sink
+                        .lock()
+                        .expect("notice list poisoned")
+                        .push(notice.message().to_string()),
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        });
+        Ok(Session { client, notices })
+    }
+
+    /// The notices received since the last call. The connection task records a notice before it
+    /// passes on the rest of the response, so a finished query's notices are all here.
+    pub fn take_notices(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notices.lock().expect("notice list poisoned"))
+    }
+
+    /// `SHOW pgdp.budget` as (total, spent, remaining) ε.
+    pub async fn budget(&self) -> Budget {
+        let row = self
+            .client
+            .query_one("SHOW pgdp.budget", &[])
+            .await
+            .expect("SHOW pgdp.budget");
+        Budget {
+            epsilon_total: row.get("epsilon_total"),
+            epsilon_spent: row.get("epsilon_spent"),
+            epsilon_remaining: row.get("epsilon_remaining"),
+            delta_total: row.get("delta_total"),
+            delta_spent: row.get("delta_spent"),
+            delta_remaining: row.get("delta_remaining"),
+        }
+    }
+
+    /// Runs SQL with the simple protocol and returns the text rows (NULL as `None`).
+    pub async fn simple_rows(
+        &self,
+        sql: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, tokio_postgres::Error> {
+        let messages = self.client.simple_query(sql).await?;
+        Ok(messages
+            .into_iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(row) => Some(
+                    (0..row.len())
+                        .map(|i| row.get(i).map(str::to_string))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// `SHOW name` through the simple protocol.
+    pub async fn show(&self, name: &str) -> String {
+        let rows = self
+            .simple_rows(&format!("SHOW {name}"))
+            .await
+            .unwrap_or_else(|e| panic!("SHOW {name}: {e}"));
+        rows.first()
+            .and_then(|r| r.first().cloned().flatten())
+            .unwrap_or_else(|| panic!("SHOW {name} returned no value"))
+    }
+
+    /// Asserts that the connection still answers a trivial query.
+    pub async fn assert_alive(&self, after: &str) {
+        let rows = self
+            .simple_rows("SELECT 1")
+            .await
+            .unwrap_or_else(|e| panic!("connection unusable after {after:?}: {e}"));
+        assert_eq!(rows, vec![vec![Some("1".to_string())]], "after {after:?}");
+    }
+}
+
+/// The analyst's budget as `SHOW pgdp.budget` reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    pub epsilon_total: f64,
+    pub epsilon_spent: f64,
+    pub epsilon_remaining: f64,
+    pub delta_total: f64,
+    pub delta_spent: f64,
+    pub delta_remaining: f64,
+}
+
+/// The result of one psql run.
+#[derive(Debug)]
+pub struct PsqlRun {
+    pub status: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl PsqlRun {
+    /// stdout lines, without empty ones.
+    pub fn lines(&self) -> Vec<&str> {
+        self.stdout.lines().filter(|l| !l.is_empty()).collect()
+    }
+
+    /// SQLSTATEs of the `ERROR:  XXXXX: …` lines psql prints with `\set VERBOSITY verbose`, in
+    /// order.
+    pub fn error_codes(&self) -> Vec<String> {
+        self.stderr
+            .lines()
+            .filter_map(|l| l.split_once("ERROR:  "))
+            .map(|(_, rest)| rest.chars().take(5).collect::<String>())
+            .collect()
+    }
+
+    /// Asserts psql exited with status 0 and printed no error.
+    pub fn assert_ok(&self) {
+        assert!(
+            self.status == Some(0) && !self.stderr.contains("ERROR"),
+            "psql failed: status {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+/// The SQLSTATE of a failed call (panics with the error if it carries none).
+pub fn code(error: &tokio_postgres::Error) -> &SqlState {
+    error
+        .code()
+        .unwrap_or_else(|| panic!("error without SQLSTATE: {error:?}"))
+}
+
+/// Asserts that `result` failed with `expected`, naming `what` on failure.
+#[track_caller]
+pub fn assert_code<T: std::fmt::Debug>(
+    result: Result<T, tokio_postgres::Error>,
+    expected: &SqlState,
+    what: &str,
+) -> tokio_postgres::Error {
+    match result {
+        Ok(v) => panic!(
+            "{what}: expected SQLSTATE {}, got success: {v:?}",
+            expected.code()
+        ),
+        Err(e) => {
+            assert_eq!(
+                code(&e).code(),
+                expected.code(),
+                "{what}: wrong SQLSTATE ({e:?})"
+            );
+            e
+        }
+    }
+}
+
+/// True counts on the upstream, computed directly with tokio-postgres.
+pub async fn upstream_client() -> Client {
+    harness::demo_database(1).await.client().await
+}
