@@ -222,6 +222,8 @@ pub struct Parameter {
     pub index: usize,
     /// Type inferred from the context (the column compared with).
     pub ty: ColumnType,
+    /// The declared SQL type of that column, when the parameter is compared with a column.
+    pub declared: Option<String>,
 }
 
 /// The analysed query.
@@ -508,7 +510,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     let parameters = a
         .parameters
         .into_iter()
-        .map(|(index, ty)| Parameter { index, ty })
+        .map(|(index, (ty, declared))| Parameter { index, ty, declared })
         .collect();
     Ok(Plan {
         tables: a.tables.into_iter().map(|t| t.0).collect(),
@@ -705,6 +707,8 @@ struct Info {
     public: PublicKeys,
     /// The name of a bare column reference (for hints).
     column: Option<String>,
+    /// The declared SQL type of a bare column reference.
+    declared: Option<String>,
 }
 
 impl Info {
@@ -716,6 +720,7 @@ impl Info {
             constant: true,
             public: PublicKeys::No,
             column: None,
+            declared: None,
         }
     }
 
@@ -727,6 +732,7 @@ impl Info {
             constant: parts.iter().all(|p| p.constant),
             public: PublicKeys::No,
             column: None,
+            declared: None,
         }
     }
 }
@@ -735,8 +741,8 @@ struct Analyzer<'a> {
     ctx: &'a Context<'a>,
     /// FROM tables with the analyst's alias (or table name) used for qualified references.
     tables: Vec<(TableRef, &'a Table, String)>,
-    /// Parameter index → inferred type.
-    parameters: BTreeMap<usize, ColumnType>,
+    /// Parameter index → inferred type and declared column type.
+    parameters: BTreeMap<usize, (ColumnType, Option<String>)>,
 }
 
 fn ident_lower(i: &Ident) -> String {
@@ -1118,6 +1124,7 @@ impl<'a> Analyzer<'a> {
                 constant: false,
                 public,
                 column: Some(format!("{}.{}", r.table, col)),
+                declared: Some(column.declared_type.clone()),
             };
             *e = canonical(&r.alias, &col);
             return Ok(info);
@@ -1151,7 +1158,7 @@ impl<'a> Analyzer<'a> {
                             .and_then(|n| n.parse().ok())
                             .filter(|n| *n >= 1 && *n <= 256)
                             .ok_or_else(|| Error::unsupported("this parameter syntax", "Use $1, $2, …"))?;
-                        self.parameters.entry(index).or_insert(ColumnType::Text);
+                        self.parameters.entry(index).or_insert((ColumnType::Text, None));
                         return Ok(Info::constant(None, None));
                     }
                     _ => return Err(unsupported_here(&format!("the literal {v}"))),
@@ -1341,7 +1348,7 @@ impl<'a> Analyzer<'a> {
                     ));
                 }
                 let bounds = if target.is_numeric() { i.bounds } else { None };
-                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None })
+                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None })
             }
             Expr::Extract { field, expr, .. } => {
                 let i = self.expr(expr, role)?;
@@ -1377,7 +1384,7 @@ impl<'a> Analyzer<'a> {
         if let (Expr::Value(v), Some(ty)) = (e, other.ty) {
             if let Value::Placeholder(p) = &v.value {
                 if let Some(i) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
-                    self.parameters.insert(i, ty);
+                    self.parameters.insert(i, (ty, other.declared.clone()));
                 }
             }
         }
@@ -1484,7 +1491,14 @@ impl<'a> Analyzer<'a> {
             _ => None,
         };
         // Qualify as pg_catalog so a search_path can never substitute another function.
-        f.name = ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name.clone())]);
+        // Qualify as pg_catalog so a search_path can never substitute another function; the SQL
+        // constructs that look like functions (COALESCE, NULLIF, GREATEST, LEAST) cannot be
+        // qualified and cannot be shadowed.
+        f.name = if matches!(name.as_str(), "coalesce" | "nullif" | "greatest" | "least") {
+            ObjectName::from(vec![Ident::new(name.to_ascii_uppercase())])
+        } else {
+            ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name.clone())])
+        };
         Ok(Info::derived(ty, &refs, bounds))
     }
 
@@ -1789,7 +1803,7 @@ fn nullif_zero(e: Expr) -> Expr {
         )))),
     ];
     Expr::Function(ast::Function {
-        name: ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new("nullif")]),
+        name: ObjectName::from(vec![Ident::new("NULLIF")]),
         uses_odbc_syntax: false,
         parameters: FunctionArguments::None,
         args: FunctionArguments::List(ast::FunctionArgumentList {

@@ -204,6 +204,8 @@ pub struct Column {
     pub name: String,
     /// Declared SQL type.
     pub ty: ColumnType,
+    /// The declared type as written in the policy, lower-cased (e.g. `integer`, `bigint`).
+    pub declared_type: String,
     /// Bounds for aggregating the column (SUM, AVG, …).
     pub bounds: Option<Bounds>,
     /// Whether the column may be used as a GROUP BY key.
@@ -794,6 +796,7 @@ fn validate(raw: RawPolicy, env: &dyn Fn(&str) -> Option<String>) -> Result<Poli
             columns.push(Column {
                 name: cname,
                 ty,
+                declared_type: c.ty.trim().to_ascii_lowercase(),
                 bounds,
                 groupable,
                 public_values,

@@ -217,6 +217,31 @@ fn no_shadow() -> Error {
     )
 }
 
+/// EXPLAIN shows the upstream SQL, but never the secret that keys the choice of groups.
+fn redact_secret(line: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        return line.to_string();
+    }
+    line.replace(&secret.replace('\'', "''"), "<secret>")
+}
+
+/// Parameter types a DP or catalog statement infers (for Describe of untyped parameters).
+pub fn parameter_types(
+    shared: &Shared,
+    session: &Session,
+    statement: &Statement,
+) -> Vec<(usize, crate::policy::ColumnType, Option<String>)> {
+    match statement {
+        Statement::Query(q) | Statement::Explain(q) if constant_select(q).is_none() && !crate::catalog::is_catalog_query(q) => {
+            match analyze::analyze(q, &session.context(shared)) {
+                Ok(plan) => plan.parameters.iter().map(|p| (p.index, p.ty, p.declared.clone())).collect(),
+                Err(_) => Vec::new(),
+            }
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Columns of `SHOW pgdp.budget`.
 fn budget_columns() -> Vec<OutColumn> {
     [
@@ -254,6 +279,8 @@ pub struct Session {
     pub server_version: String,
     /// Whether a transaction block is open (BEGIN seen).
     pub in_transaction: bool,
+    /// Settings at BEGIN, restored by ROLLBACK (SET is transactional in PostgreSQL).
+    settings_at_begin: Option<Settings>,
     /// pgdp's process id as reported by `pg_backend_pid()`.
     pub backend_pid: i32,
     /// The noise generator of this session.
@@ -279,6 +306,7 @@ impl Session {
             settings,
             server_version,
             in_transaction: false,
+            settings_at_begin: None,
             backend_pid,
             rng,
         })
@@ -353,7 +381,18 @@ impl Session {
     ) -> Result<Outcome> {
         let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params)?;
         let budget = self.budget();
+        // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
+        // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
+        // and every privacy setting.
+        let query_text = query.to_string();
+        let bound: Vec<String> = params
+            .iter()
+            .map(|p| p.as_deref().map(|v| format!("v{v}")).unwrap_or_else(|| "null".into()))
+            .collect();
+        let bound = bound.join("\u{1f}");
         let key = budget::fingerprint(&[
+            &query_text,
+            &bound,
             &rewrite.sql,
             &budget.epsilon.to_string(),
             &budget.delta.to_string(),
@@ -497,17 +536,24 @@ impl Session {
     ) -> Result<Outcome> {
         match statement {
             Statement::Begin => {
+                if !self.in_transaction {
+                    self.settings_at_begin = Some(self.settings.clone());
+                }
                 self.in_transaction = true;
                 Ok(Outcome::TransactionStart)
             }
             Statement::Commit => {
                 self.in_transaction = false;
+                self.settings_at_begin = None;
                 Ok(Outcome::TransactionEnd {
                     tag: "COMMIT".into(),
                 })
             }
             Statement::Rollback => {
                 self.in_transaction = false;
+                if let Some(saved) = self.settings_at_begin.take() {
+                    self.settings = saved;
+                }
                 Ok(Outcome::TransactionEnd {
                     tag: "ROLLBACK".into(),
                 })
@@ -602,7 +648,10 @@ impl Session {
             }
             Statement::Explain(query) => {
                 let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params)?;
-                let lines = release::explain(&plan, &rewrite, &mechanisms, self.budget());
+                let lines = release::explain(&plan, &rewrite, &mechanisms, self.budget())
+                    .into_iter()
+                    .map(|l| redact_secret(&l, &shared.secret))
+                    .collect::<Vec<_>>();
                 Ok(Outcome::Rows {
                     columns: vec![OutColumn::new("QUERY PLAN", CellType::Text)],
                     rows: lines.into_iter().map(|l| vec![Cell::Text(l)]).collect(),

@@ -364,6 +364,24 @@ fn pg_type(ty: CellType) -> Type {
     }
 }
 
+fn parameter_pg_type(ty: crate::policy::ColumnType, declared: Option<&str>) -> Type {
+    use crate::policy::ColumnType as C;
+    match declared {
+        Some("integer" | "int" | "int4") => return Type::INT4,
+        Some("smallint" | "int2") => return Type::INT2,
+        _ => {}
+    }
+    match ty {
+        C::Integer => Type::INT8,
+        // Drivers bind floats more easily than numerics; pgdp casts to numeric itself.
+        C::Numeric | C::Float => Type::FLOAT8,
+        C::Text => Type::TEXT,
+        C::Date => Type::DATE,
+        C::Timestamp => Type::TIMESTAMP,
+        C::Boolean => Type::BOOL,
+    }
+}
+
 /// Encodes a catalog value (PostgreSQL text output) in the requested format.
 fn encode_raw(
     encoder: &mut DataRowEncoder,
@@ -650,9 +668,19 @@ impl QueryParser for Parser {
         let columns = session::describe(&self.shared, session, &statement)
             .await
             .map_err(|e| user_error(&e))?;
-        let parameter_types = types
-            .iter()
-            .map(|t| t.clone().unwrap_or(Type::TEXT))
+        // Client-declared types win; otherwise the type analysis inferred from the context.
+        let inferred = session::parameter_types(&self.shared, session, &statement);
+        let count = inferred.iter().map(|(i, _, _)| *i).max().unwrap_or(0).max(types.len());
+        let parameter_types = (1..=count)
+            .map(|i| {
+                types.get(i - 1).cloned().flatten().unwrap_or_else(|| {
+                    inferred
+                        .iter()
+                        .find(|(j, _, _)| *j == i)
+                        .map(|(_, t, declared)| parameter_pg_type(*t, declared.as_deref()))
+                        .unwrap_or(Type::TEXT)
+                })
+            })
             .collect();
         Ok(Some(Prepared {
             statement: Some(statement),
@@ -677,6 +705,20 @@ impl QueryParser for Parser {
             .map(|c| fields(c, &format))
             .unwrap_or_default())
     }
+}
+
+/// A binary `date` (days since 2000-01-01) as `YYYY-MM-DD` (Hinnant's civil-from-days).
+fn date_from_days(days_since_2000: i32) -> String {
+    let z = i64::from(days_since_2000) + 10_957 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
 }
 
 /// Bound parameters as text, decoding binary formats of the common scalar types.
@@ -719,6 +761,9 @@ fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, 
                 t if t == Type::FLOAT4 && b.len() == 4 => {
                     f32::from_be_bytes([b[0], b[1], b[2], b[3]]).to_string()
                 }
+                t if t == Type::DATE && b.len() == 4 => {
+                    date_from_days(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                }
                 t if t == Type::BOOL && b.len() == 1 => {
                     if b[0] != 0 { "true" } else { "false" }.to_string()
                 }
@@ -741,6 +786,16 @@ fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, 
             Ok(Some(text))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn binary_dates_decode() {
+        assert_eq!(super::date_from_days(0), "2000-01-01");
+        assert_eq!(super::date_from_days(-1), "1999-12-31");
+        assert_eq!(super::date_from_days(8_927), "2024-06-01");
+    }
 }
 
 #[async_trait]
@@ -795,6 +850,18 @@ impl ExtendedQueryHandler for QueryHandler {
                     },
                     (_, o) => o,
                 };
+                // Rows must match what Describe announced at Parse (a SET in between, e.g. of
+                // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans.
+                if let (Outcome::Rows { columns, .. }, Some(described)) =
+                    (&outcome, &portal.statement.statement.columns)
+                {
+                    if columns != described {
+                        return Err(user_error(&Error::unsupported(
+                            "a prepared statement whose result columns changed since it was prepared",
+                            "Prepare the statement again after changing pgdp.accuracy.",
+                        )));
+                    }
+                }
                 respond(client, outcome, &portal.result_column_format).await
             }
             Err(e) => Err(user_error(&e)),

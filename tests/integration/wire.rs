@@ -248,7 +248,7 @@ const REFUSALS: &[(&str, &str)] = &[
     ("DROP TABLE demo.people", "42501"),
     ("CREATE TABLE demo.t (a int)", "42501"),
     ("SELECT COUNT(*) FROM demo.no_such_table", "42P01"),
-    ("SELECT COUNT(*) FROM pg_catalog.pg_stats", "0A000"),
+    ("SELECT COUNT(*) FROM pg_catalog.pg_stats", "42501"),
     ("SELECT AVG(no_such_column) FROM demo.people", "42703"),
     ("SELEC COUNT(*) FROM demo.people", "42601"),
     ("EXPLAIN ANALYZE SELECT COUNT(*) FROM demo.people", "42501"),
@@ -460,7 +460,6 @@ async fn prepared_statements_bind_typed_parameters_and_run_twice() {
 }
 
 #[tokio::test]
-#[ignore = "bug: Parse without declared types describes no parameters, so tokio-postgres cannot bind $1"]
 async fn prepared_statements_infer_parameter_types() {
     let proxy = Proxy::start(14).await;
     let s = proxy.connect().await;
@@ -533,7 +532,6 @@ async fn describe_reports_released_column_types_and_costs_nothing() {
 }
 
 #[tokio::test]
-#[ignore = "bug: SET inside a transaction block that is rolled back is not undone (PostgreSQL reverts it)"]
 async fn set_inside_a_rolled_back_transaction_is_undone() {
     let proxy = Proxy::start(16).await;
     let s = proxy.connect().await;
@@ -596,7 +594,6 @@ async fn parameters_are_bound_as_values_never_as_sql() {
 }
 
 #[tokio::test]
-#[ignore = "bug: Execute of a prepared statement after SET pgdp.accuracy sends DataRows of another shape than its RowDescription"]
 async fn a_prepared_statement_keeps_its_described_columns() {
     let proxy = Proxy::start(18).await;
     let s = proxy.connect().await;
