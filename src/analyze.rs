@@ -510,7 +510,11 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     let parameters = a
         .parameters
         .into_iter()
-        .map(|(index, (ty, declared))| Parameter { index, ty, declared })
+        .map(|(index, (ty, declared))| Parameter {
+            index,
+            ty,
+            declared,
+        })
         .collect();
     Ok(Plan {
         tables: a.tables.into_iter().map(|t| t.0).collect(),
@@ -1140,6 +1144,14 @@ impl<'a> Analyzer<'a> {
                 let (ty, value) = match &v.value {
                     Value::Number(n, _) => {
                         let f: f64 = n.parse().map_err(|_| Error::Syntax { message: format!("invalid number {n}") })?;
+                        // Huge literals make numeric arithmetic overflow on some rows and not
+                        // others (an error that depends on the data).
+                        if !f.is_finite() || f.abs() > limits::COLUMN_BOUND_ABS_MAX {
+                            return Err(Error::forbidden(
+                                format!("the literal {n} is too large"),
+                                format!("Numeric literals must lie within ±{}.", limits::COLUMN_BOUND_ABS_MAX),
+                            ));
+                        }
                         let ty = if n.contains(['.', 'e', 'E']) { ColumnType::Numeric } else { ColumnType::Integer };
                         (Some(ty), Some(f))
                     }
@@ -1452,11 +1464,25 @@ impl<'a> Analyzer<'a> {
                     "This argument must be a literal (a value from the data could make it fail).",
                 ));
             }
+            if i == 0 && matches!(name.as_str(), "date_trunc" | "date_part") {
+                check_date_unit(&name, e)?;
+            }
+            if name == "round" && i == 1 {
+                // round(x, n) with a huge n is slow and can fail; keep it to sane digits.
+                if info.bounds.is_none_or(|(l, u)| l < -20.0 || u > 20.0) {
+                    return Err(Error::unsupported(
+                        "round() to more than 20 digits",
+                        "Use round(x, n) with -20 ≤ n ≤ 20.",
+                    ));
+                }
+            }
             infos.push(info);
         }
         if name == "abs" {
             // abs(-2147483648) overflows an integer: compute in numeric.
-            if let (Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(e))), Some(info)) = (args.first_mut(), infos.first()) {
+            if let (Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(e))), Some(info)) =
+                (args.first_mut(), infos.first())
+            {
                 *e = as_numeric(e.clone(), info);
             }
         }
@@ -1761,6 +1787,45 @@ impl<'a> Analyzer<'a> {
     }
 }
 
+/// The unit of date_trunc / field of date_part must be one PostgreSQL knows, or the upstream
+/// would fail (after the charge).
+fn check_date_unit(name: &str, e: &Expr) -> Result<()> {
+    let text = match e {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) => s.to_ascii_lowercase(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    };
+    let units: &[&str] = &[
+        "microseconds",
+        "milliseconds",
+        "second",
+        "minute",
+        "hour",
+        "day",
+        "week",
+        "month",
+        "quarter",
+        "year",
+        "decade",
+        "century",
+        "millennium",
+    ];
+    let fields: &[&str] = &["dow", "doy", "isodow", "isoyear", "epoch", "julian"];
+    let ok =
+        units.contains(&text.as_str()) || (name == "date_part" && fields.contains(&text.as_str()));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidParameter {
+            name: format!("the first argument of {name}"),
+            reason: "is not a unit PostgreSQL knows".into(),
+            hint: "Use a quoted unit such as 'day', 'week', 'month', 'quarter' or 'year'.".into(),
+        })
+    }
+}
+
 /// Refuses comparisons PostgreSQL would reject for their types (text with numbers, …): they
 /// would fail upstream only after the charge.
 fn check_comparable(l: &Info, r: &Info) -> Result<()> {
@@ -1774,7 +1839,8 @@ fn check_comparable(l: &Info, r: &Info) -> Result<()> {
     match (l.ty, r.ty) {
         (Some(a), Some(b)) if family(a) != family(b) => Err(Error::UnknownFunction {
             name: format!("operator for {} and {}", a.name(), b.name()),
-            hint: "Compare values of the same kind, e.g. a text column with a quoted string.".into(),
+            hint: "Compare values of the same kind, e.g. a text column with a quoted string."
+                .into(),
         }),
         _ => Ok(()),
     }
@@ -1782,7 +1848,8 @@ fn check_comparable(l: &Info, r: &Info) -> Result<()> {
 
 /// Wraps an integer-typed operand in a numeric cast so arithmetic cannot overflow.
 fn as_numeric(e: Expr, info: &Info) -> Expr {
-    if info.ty == Some(ColumnType::Integer) {
+    // Integer and float arithmetic overflow raise errors; numeric does not in practice.
+    if matches!(info.ty, Some(ColumnType::Integer | ColumnType::Float)) {
         Expr::Cast {
             kind: ast::CastKind::Cast,
             expr: Box::new(Expr::Nested(Box::new(e))),

@@ -307,6 +307,11 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         combos
     };
 
+    let bounds95: Vec<f64> = mechanisms
+        .noises
+        .iter()
+        .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
+        .collect();
     let mut out_rows = Vec::new();
     for keys in released_keys {
         let exact = groups
@@ -348,7 +353,14 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
                 continue;
             }
         }
-        out_rows.push((key_cells, aggregate_values));
+        let errors: Vec<Cell> = if accuracy {
+            (0..plan.aggregates.len())
+                .map(|i| error_bound_cell(plan, rewrite, i, &bounds95, &noisy))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        out_rows.push((key_cells, aggregate_values, errors));
     }
 
     // ORDER BY on released values (keys order by default, for stable output).
@@ -371,20 +383,16 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         Ordering::Equal
     });
     let start = usize::try_from(plan.offset).unwrap_or(usize::MAX);
-    let mut rows_iter: Vec<(Vec<Cell>, Vec<Cell>)> = out_rows.into_iter().skip(start).collect();
+    let mut rows_iter: Vec<(Vec<Cell>, Vec<Cell>, Vec<Cell>)> =
+        out_rows.into_iter().skip(start).collect();
     if let Some(l) = plan.limit {
         rows_iter.truncate(usize::try_from(l).unwrap_or(usize::MAX));
     }
     let truncated = rows_iter.len() > limits::GROUPS_RELEASED_MAX;
     rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
 
-    let bounds95: Vec<f64> = mechanisms
-        .noises
-        .iter()
-        .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
-        .collect();
     let mut rows_out = Vec::with_capacity(rows_iter.len());
-    for (key_cells, aggregate_values) in rows_iter {
+    for (key_cells, aggregate_values, errors) in rows_iter {
         let mut row = Vec::new();
         for o in &plan.outputs {
             match o.source {
@@ -392,13 +400,7 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
                 crate::analyze::OutputSource::Aggregate(i) => {
                     row.push(aggregate_values[i].clone());
                     if accuracy {
-                        row.push(error_bound_cell(
-                            plan,
-                            rewrite,
-                            i,
-                            &bounds95,
-                            &aggregate_values,
-                        ));
+                        row.push(errors.get(i).cloned().unwrap_or(Cell::Null));
                     }
                 }
             }
@@ -412,13 +414,14 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     })
 }
 
-/// The 95% error bound of an aggregate, where pgdp can state one.
+/// The 95% error bound of an aggregate, where pgdp can state one. For AVG it is approximate:
+/// (bound of the centered sum + half-range × bound of the count) / noisy count.
 fn error_bound_cell(
     plan: &Plan,
     rewrite: &Rewrite,
     i: usize,
     bounds95: &[f64],
-    values: &[Cell],
+    noisy: &[f64],
 ) -> Cell {
     let ms = &rewrite.aggregate_measures[i];
     let finite = |x: f64| {
@@ -434,22 +437,12 @@ fn error_bound_cell(
         | AggregateKind::CountUnits
         | AggregateKind::Sum => finite(bounds95[ms[0]]),
         AggregateKind::Avg => {
-            // Rough: error of the centered sum over the count, plus the count's relative error
-            // times the half range; stated as approximate in docs/privacy.md.
-            let count_like = values.iter().find_map(|v| {
-                if let Cell::Int(n) = v {
-                    Some(*n as f64)
-                } else {
-                    None
-                }
-            });
-            let _ = count_like;
-            let n = 1.0f64.max(bounds95[ms[0]]);
+            let n = noisy[ms[0]].round().max(1.0);
             let h = plan.aggregates[i]
                 .bounds
                 .map(|b| (b.upper - b.lower) / 2.0)
                 .unwrap_or(0.0);
-            finite((bounds95[ms[1]] + h * bounds95[ms[0]]) / n.max(1.0))
+            finite(((bounds95[ms[1]] + h * bounds95[ms[0]]) / n).min(2.0 * h))
         }
         _ => Cell::Null,
     }

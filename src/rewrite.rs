@@ -135,14 +135,23 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
     let mut measures = Vec::new();
     let mut per_aggregate = Vec::new();
     for agg in &plan.aggregates {
+        // One argument per expression: COUNT(x) and AVG(x) share the count of x.
         let arg = agg.argument.as_ref().map(|text| {
-            push(
-                &mut arguments,
-                Argument {
-                    text: text.clone(),
-                    bounds: agg.bounds,
-                },
-            )
+            match arguments.iter().position(|a| a.text == *text) {
+                Some(i) => {
+                    if arguments[i].bounds.is_none() {
+                        arguments[i].bounds = agg.bounds;
+                    }
+                    i
+                }
+                None => {
+                    arguments.push(Argument {
+                        text: text.clone(),
+                        bounds: agg.bounds,
+                    });
+                    arguments.len() - 1
+                }
+            }
         });
         let m: Vec<Measure> = match (agg.kind, arg) {
             (AggregateKind::CountRows, _) => vec![Measure::Rows],

@@ -232,9 +232,15 @@ pub fn parameter_types(
     statement: &Statement,
 ) -> Vec<(usize, crate::policy::ColumnType, Option<String>)> {
     match statement {
-        Statement::Query(q) | Statement::Explain(q) if constant_select(q).is_none() && !crate::catalog::is_catalog_query(q) => {
+        Statement::Query(q) | Statement::Explain(q)
+            if constant_select(q).is_none() && !crate::catalog::is_catalog_query(q) =>
+        {
             match analyze::analyze(q, &session.context(shared)) {
-                Ok(plan) => plan.parameters.iter().map(|p| (p.index, p.ty, p.declared.clone())).collect(),
+                Ok(plan) => plan
+                    .parameters
+                    .iter()
+                    .map(|p| (p.index, p.ty, p.declared.clone()))
+                    .collect(),
                 Err(_) => Vec::new(),
             }
         }
@@ -387,7 +393,11 @@ impl Session {
         let query_text = query.to_string();
         let bound: Vec<String> = params
             .iter()
-            .map(|p| p.as_deref().map(|v| format!("v{v}")).unwrap_or_else(|| "null".into()))
+            .map(|p| {
+                p.as_deref()
+                    .map(|v| format!("v{v}"))
+                    .unwrap_or_else(|| "null".into())
+            })
             .collect();
         let bound = bound.join("\u{1f}");
         let key = budget::fingerprint(&[

@@ -670,7 +670,12 @@ impl QueryParser for Parser {
             .map_err(|e| user_error(&e))?;
         // Client-declared types win; otherwise the type analysis inferred from the context.
         let inferred = session::parameter_types(&self.shared, session, &statement);
-        let count = inferred.iter().map(|(i, _, _)| *i).max().unwrap_or(0).max(types.len());
+        let count = inferred
+            .iter()
+            .map(|(i, _, _)| *i)
+            .max()
+            .unwrap_or(0)
+            .max(types.len());
         let parameter_types = (1..=count)
             .map(|i| {
                 types.get(i - 1).cloned().flatten().unwrap_or_else(|| {
@@ -788,16 +793,6 @@ fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, 
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn binary_dates_decode() {
-        assert_eq!(super::date_from_days(0), "2000-01-01");
-        assert_eq!(super::date_from_days(-1), "1999-12-31");
-        assert_eq!(super::date_from_days(8_927), "2024-06-01");
-    }
-}
-
 #[async_trait]
 impl ExtendedQueryHandler for QueryHandler {
     type Statement = Prepared;
@@ -866,5 +861,15 @@ impl ExtendedQueryHandler for QueryHandler {
             }
             Err(e) => Err(user_error(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn binary_dates_decode() {
+        assert_eq!(super::date_from_days(0), "2000-01-01");
+        assert_eq!(super::date_from_days(-1), "1999-12-31");
+        assert_eq!(super::date_from_days(8_918), "2024-06-01");
     }
 }
