@@ -170,6 +170,21 @@ pub async fn describe(
                     })
                     .collect::<Result<Vec<_>>>()?,
             )),
+            None if budget_view(query)?.is_some() => {
+                let all = budget_columns();
+                let names = budget_view(query)?.unwrap_or_default();
+                Ok(Some(
+                    names
+                        .iter()
+                        .map(|n| {
+                            all.iter()
+                                .find(|a| a.name == *n)
+                                .cloned()
+                                .ok_or_else(|| Error::UnknownColumn { name: n.clone() })
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                ))
+            }
             None if crate::catalog::is_catalog_query(query) => {
                 crate::catalog::check(query, &shared.policy)?;
                 let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
@@ -246,6 +261,55 @@ pub fn parameter_types(
         }
         _ => Vec::new(),
     }
+}
+
+/// `SELECT <columns> FROM pgdp.budget`: the analyst's own budget as a one-row virtual table.
+/// Returns the requested column names, or None if the query is not about `pgdp.budget`.
+fn budget_view(query: &ast::Query) -> Result<Option<Vec<String>>> {
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return Ok(None);
+    };
+    let [from] = select.from.as_slice() else {
+        return Ok(None);
+    };
+    let ast::TableFactor::Table { name, .. } = &from.relation else {
+        return Ok(None);
+    };
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|p| p.to_string().to_ascii_lowercase())
+        .collect();
+    if parts != ["pgdp", "budget"] {
+        return Ok(None);
+    }
+    let plain = from.joins.is_empty()
+        && select.selection.is_none()
+        && select.having.is_none()
+        && matches!(&select.group_by, ast::GroupByExpr::Expressions(e, _) if e.is_empty())
+        && query.with.is_none();
+    if !plain {
+        return Err(Error::unsupported(
+            "clauses on pgdp.budget",
+            "Use SELECT * FROM pgdp.budget (or name its columns).",
+        ));
+    }
+    let mut columns = Vec::new();
+    for item in &select.projection {
+        match item {
+            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
+                columns.extend(budget_columns().into_iter().map(|c| c.name));
+            }
+            SelectItem::UnnamedExpr(Expr::Identifier(i)) => columns.push(i.value.to_ascii_lowercase()),
+            _ => {
+                return Err(Error::unsupported(
+                    "expressions on pgdp.budget",
+                    "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining.",
+                ))
+            }
+        }
+    }
+    Ok(Some(columns))
 }
 
 /// Columns of `SHOW pgdp.budget`.
@@ -628,6 +692,28 @@ impl Session {
                     return Ok(Outcome::Rows {
                         columns,
                         rows: vec![row],
+                        notices: Vec::new(),
+                    });
+                }
+                if let Some(columns) = budget_view(query)? {
+                    let Outcome::Rows { rows, .. } = self.show_budget(shared).await? else {
+                        return Err(Error::internal("budget view"));
+                    };
+                    let all = budget_columns();
+                    let picked: Vec<usize> = columns
+                        .iter()
+                        .map(|c| {
+                            all.iter()
+                                .position(|a| a.name == *c)
+                                .ok_or_else(|| Error::UnknownColumn { name: c.clone() })
+                        })
+                        .collect::<Result<_>>()?;
+                    return Ok(Outcome::Rows {
+                        columns: picked.iter().map(|&i| all[i].clone()).collect(),
+                        rows: rows
+                            .into_iter()
+                            .map(|r| picked.iter().map(|&i| r[i].clone()).collect())
+                            .collect(),
                         notices: Vec::new(),
                     });
                 }

@@ -343,3 +343,40 @@ async fn rollback_refunds_nothing() {
     assert_eq!(s.budget().await.epsilon_spent, 3.0);
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn budget_is_a_virtual_table_in_select() {
+    let proxy = Proxy::start(38).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 1.5")
+        .await
+        .expect("SET");
+    s.query(&distinct_query(0), &[]).await.expect("DP query");
+    let row = s
+        .query_one("SELECT * FROM pgdp.budget", &[])
+        .await
+        .expect("SELECT * FROM pgdp.budget");
+    assert_eq!(row.columns().len(), 6);
+    assert_eq!(row.get::<_, f64>("epsilon_spent"), 1.5);
+    assert_eq!(row.get::<_, f64>("epsilon_remaining"), 8.5);
+    let row = s
+        .query_one(
+            "SELECT epsilon_remaining, delta_total FROM pgdp.budget",
+            &[],
+        )
+        .await
+        .expect("named columns");
+    assert_eq!(row.columns().len(), 2);
+    assert_eq!(row.get::<_, f64>(0), 8.5);
+    assert_eq!(row.get::<_, f64>(1), 1e-5);
+    assert_code(
+        s.query("SELECT nope FROM pgdp.budget", &[]).await,
+        &SqlState::UNDEFINED_COLUMN,
+        "unknown budget column",
+    );
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        1.5,
+        "reading the budget is free"
+    );
+}
