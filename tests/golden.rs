@@ -573,6 +573,13 @@ fn golden_rewrites() {
             if let Some(Err(e)) = invariants {
                 failures.push(format!("{}: invariant broken: {e}", case.at()));
             }
+            if matches!(&actual, Expected::Refused { code } if code == "XX000") {
+                failures.push(format!(
+                    "{}: internal error (XX000) is never an expectation",
+                    case.at()
+                ));
+                continue;
+            }
             if actual == case.expected {
                 continue;
             }
@@ -856,5 +863,41 @@ async fn sum_clamp_inflates_units_below_the_lower_cap() {
         as_f64(&exact),
         as_f64(&truth),
         "the pre-noise sum of one visit"
+    );
+}
+
+/// AVG (and the variances) divide a per-unit centred sum taken over *all* of a unit's rows
+/// (clamped to `±max_rows·half_range`) by a count capped at `max_rows`. A unit with more rows than
+/// the cap and values below the midpoint is pushed to the lower bound: with cost in [0, 2000]
+/// (midpoint 1000) a person with 40 visits of about 90 contributes as 10 visits of 0. On the demo
+/// data the exact, pre-noise AVG(cost) comes out at 33.5 where the clamped average is 109.2 (and
+/// scaling each unit's sum by `min(1, max_rows/rows)` gives 109.2 too).
+#[tokio::test]
+#[ignore = "bug: AVG/VARIANCE cap the count per unit but not the rows behind the centred sum"]
+async fn avg_caps_count_and_centred_sum_alike() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let c = compile(&policy, "SELECT AVG(cost) FROM demo.visits", &[]).expect("accepted");
+    let rows = text_rows(&client, &c.rewrite.sql).await.expect("runs");
+    let number = |t: &Option<String>| -> f64 {
+        t.as_deref()
+            .expect("a value")
+            .parse()
+            .expect("numeric text")
+    };
+    let (count, centred) = (number(&rows[0][0]), number(&rows[0][1]));
+    let derived = 1000.0 + centred / count;
+    let clamped = number(
+        &text_rows(
+            &client,
+            "SELECT AVG(LEAST(GREATEST(cost, 0), 2000)) FROM demo.visits",
+        )
+        .await
+        .expect("runs")[0][0],
+    );
+    assert!(
+        (derived - clamped).abs() <= 0.1 * clamped,
+        "pre-noise AVG(cost) {derived}, clamped average {clamped}"
     );
 }
