@@ -1,0 +1,903 @@
+//! The golden rewrite corpus: analyst SQL on the demo schema → the upstream SQL pgdp sends and
+//! the release plan it charges for, or the SQLSTATE it refuses with.
+//!
+//! The corpus lives in `tests/cases/*.case`; the format is described in `tests/cases/README.md`.
+//! Each case is classified, analysed against `policies/demo.yaml` (search_path `demo`),
+//! rewritten with the fixed secret [`SECRET`] and the case's parameters, and given mechanisms at
+//! ε = 1, δ = 1e-7, Laplace. `PGDP_BLESS=1 cargo test --test golden` rewrites the expected parts
+//! of every case whose outcome kind (accepted / refused) is unchanged, the way `expect-test`
+//! does; review the diff. It never turns an intended refusal into an acceptance (or back), and it
+//! leaves cases marked `expect_bug` alone.
+//!
+//! Besides comparing, every accepted case is checked for invariants that hold whatever the
+//! expected text says: the SQL round-trips through sqlparser, names only canonical
+//! `"__dp_tN"."column"` references, policy tables, `__dp_` identifiers and whitelisted
+//! functions, and every measure has a finite positive sensitivity. Then the same SQL runs on the
+//! demo dataset in a real PostgreSQL ([`golden_sql_runs_on_postgres`]).
+//!
+//! Cases marked `expect_bug` are strict expected failures: the case states the correct outcome,
+//! and the test fails if the code now produces it (so the marker gets removed with the fix).
+//! The tests marked `#[ignore = "bug: …"]` at the bottom reproduce bugs that need a database.
+
+mod harness;
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use pgdp::analyze::{self, Context, Plan, PublicKeys};
+use pgdp::classify::{self, Statement};
+use pgdp::policy::{self, Mechanism, Policy};
+use pgdp::release::{self, Budget, Mechanisms};
+use pgdp::rewrite::{self, Rewrite};
+use sqlparser::ast::{self, Expr};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+/// The secret keying the groups-per-unit choice; fixed so the expected SQL is stable.
+const SECRET: &str = "golden-secret";
+
+/// The budget every case is given mechanisms for.
+const BUDGET: Budget = Budget {
+    epsilon: 1.0,
+    delta: 1e-7,
+    mechanism: Mechanism::Laplace,
+};
+
+/// Set to `1` to rewrite the expected parts of the corpus.
+const BLESS_ENV: &str = "PGDP_BLESS";
+
+/// The corpus must stay at least this large.
+const CASES_MIN: usize = 70;
+
+// ---------------------------------------------------------------------------------------------
+// The corpus
+// ---------------------------------------------------------------------------------------------
+
+/// What a case expects.
+#[derive(Debug, Clone, PartialEq)]
+enum Expected {
+    /// Accepted: the upstream SQL and the release description (one line each).
+    Accepted { sql: String, release: Vec<String> },
+    /// Refused with this SQLSTATE.
+    Refused { code: String },
+}
+
+/// One case of the corpus.
+#[derive(Debug, Clone)]
+struct Case {
+    file: PathBuf,
+    line: usize,
+    /// `#` lines just before the case, kept when blessing.
+    comments: Vec<String>,
+    name: String,
+    notes: Vec<String>,
+    sql: String,
+    params: Vec<Option<String>>,
+    /// The case states the correct outcome, which the code does not produce yet.
+    expect_bug: Option<String>,
+    expected: Expected,
+}
+
+impl Case {
+    fn at(&self) -> String {
+        format!("{}:{} ({})", self.file.display(), self.line, self.name)
+    }
+}
+
+/// A parsed case file: its header (comment lines before the first case) and its cases.
+struct CaseFile {
+    path: PathBuf,
+    header: Vec<String>,
+    cases: Vec<Case>,
+}
+
+fn cases_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases")
+}
+
+fn parse_case_file(path: &Path) -> CaseFile {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let mut header = Vec::new();
+    let mut cases: Vec<Case> = Vec::new();
+    let mut pending: Vec<String> = Vec::new();
+    // Fields of the case being read; `expected` is decided when the case ends.
+    let mut expect: Option<String> = None;
+    let mut release: Vec<String> = Vec::new();
+    let mut error: Option<String> = None;
+
+    fn finish(
+        cases: &mut [Case],
+        expect: &mut Option<String>,
+        release: &mut Vec<String>,
+        error: &mut Option<String>,
+    ) {
+        let Some(case) = cases.last_mut() else { return };
+        case.expected = match (expect.take(), error.take()) {
+            (Some(sql), None) => Expected::Accepted {
+                sql,
+                release: std::mem::take(release),
+            },
+            (None, Some(code)) if release.is_empty() => Expected::Refused { code },
+            _ => panic!(
+                "{}: a case needs exactly one of `expect:` (with `release:` lines) or `error:`",
+                case.at()
+            ),
+        };
+    }
+
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_end();
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with('#') {
+            if cases.is_empty() && pending.is_empty() && header_continues(&header, i) {
+                header.push(line.to_string());
+            } else {
+                pending.push(line.to_string());
+            }
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("-- ") else {
+            panic!(
+                "{}:{}: expected `-- key: value` or `# comment`",
+                path.display(),
+                i + 1
+            );
+        };
+        let (key, value) = rest
+            .split_once(':')
+            .unwrap_or_else(|| panic!("{}:{}: missing `:`", path.display(), i + 1));
+        let value = value.strip_prefix(' ').unwrap_or(value).to_string();
+        if key == "name" {
+            finish(&mut cases, &mut expect, &mut release, &mut error);
+            cases.push(Case {
+                file: path.to_path_buf(),
+                line: i + 1,
+                comments: std::mem::take(&mut pending),
+                name: value,
+                notes: Vec::new(),
+                sql: String::new(),
+                params: Vec::new(),
+                expect_bug: None,
+                expected: Expected::Refused {
+                    code: String::new(),
+                },
+            });
+            continue;
+        }
+        let case = cases
+            .last_mut()
+            .unwrap_or_else(|| panic!("{}:{}: `{key}:` before `name:`", path.display(), i + 1));
+        match key {
+            "note" => case.notes.push(value),
+            "sql" => {
+                if !case.sql.is_empty() {
+                    case.sql.push(' ');
+                }
+                case.sql.push_str(&value);
+            }
+            "param" => case.params.push((value != "NULL").then_some(value.clone())),
+            "expect_bug" => case.expect_bug = Some(value),
+            "expect" => expect = Some(value),
+            "release" => release.push(value),
+            "error" => error = Some(value),
+            other => panic!("{}:{}: unknown key `{other}`", path.display(), i + 1),
+        }
+    }
+    finish(&mut cases, &mut expect, &mut release, &mut error);
+    let names: BTreeSet<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names.len(),
+        cases.len(),
+        "{}: duplicate case names",
+        path.display()
+    );
+    CaseFile {
+        path: path.to_path_buf(),
+        header,
+        cases,
+    }
+}
+
+/// Header comments are the `#` lines at the very top of a file, before any blank line.
+fn header_continues(header: &[String], index: usize) -> bool {
+    header.len() == index
+}
+
+fn render_case_file(file: &CaseFile) -> String {
+    let mut out = String::new();
+    for h in &file.header {
+        out.push_str(h);
+        out.push('\n');
+    }
+    for case in &file.cases {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        for c in &case.comments {
+            let _ = writeln!(out, "{c}");
+        }
+        let _ = writeln!(out, "-- name: {}", case.name);
+        for n in &case.notes {
+            let _ = writeln!(out, "-- note: {n}");
+        }
+        let _ = writeln!(out, "-- sql: {}", case.sql);
+        for p in &case.params {
+            let _ = writeln!(out, "-- param: {}", p.as_deref().unwrap_or("NULL"));
+        }
+        if let Some(b) = &case.expect_bug {
+            let _ = writeln!(out, "-- expect_bug: {b}");
+        }
+        match &case.expected {
+            Expected::Accepted { sql, release } => {
+                let _ = writeln!(
+                    out,
+                    "-- expect:{}{sql}",
+                    if sql.is_empty() { "" } else { " " }
+                );
+                for r in release {
+                    let _ = writeln!(out, "-- release: {r}");
+                }
+            }
+            Expected::Refused { code } => {
+                let _ = writeln!(out, "-- error: {code}");
+            }
+        }
+    }
+    out
+}
+
+fn corpus() -> Vec<CaseFile> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(cases_dir())
+        .expect("tests/cases exists")
+        .map(|e| e.expect("readable directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "case"))
+        .collect();
+    paths.sort();
+    paths.iter().map(|p| parse_case_file(p)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running a case
+// ---------------------------------------------------------------------------------------------
+
+fn demo_policy() -> Policy {
+    policy::parse(include_str!("../policies/demo.yaml"))
+        .unwrap_or_else(|e| panic!("the demo policy is valid: {e}"))
+}
+
+/// Everything pgdp decides before the upstream is touched.
+struct Compiled {
+    plan: Plan,
+    rewrite: Rewrite,
+    mechanisms: Mechanisms,
+}
+
+fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Compiled, pgdp::Error> {
+    let statements = classify::classify(sql)?;
+    let query = match statements.as_slice() {
+        [Statement::Query(q)] => q,
+        other => panic!("a case must be one query, got {other:?}"),
+    };
+    let ctx = Context {
+        policy,
+        search_path: vec!["demo".to_string()],
+    };
+    let plan = analyze::analyze(query, &ctx)?;
+    let rewrite = rewrite::rewrite(&plan, params, SECRET)?;
+    let mechanisms = release::mechanisms(&plan, &rewrite, BUDGET)?;
+    Ok(Compiled {
+        plan,
+        rewrite,
+        mechanisms,
+    })
+}
+
+/// The release description of an accepted case: one line per fact, stable across runs.
+fn describe(c: &Compiled) -> Vec<String> {
+    let (plan, rw, m) = (&c.plan, &c.rewrite, &c.mechanisms);
+    let mut lines = vec![format!(
+        "cost epsilon={} delta={}; {} group(s) x {} row(s) per unit",
+        m.cost.epsilon, m.cost.delta, plan.max_groups_per_unit, plan.max_rows_per_unit
+    )];
+    for (j, measure) in rw.measures.iter().enumerate() {
+        let noise = &m.noises[j];
+        let grid = match noise.grid_exponent() {
+            Some(k) => format!(", grid 2^{k}"),
+            None => String::new(),
+        };
+        lines.push(format!(
+            "m{j} {}: sensitivity {}, {:?} scale {:.6}{grid}",
+            measure.label(&rw.arguments),
+            m.sensitivities[j],
+            noise.kind(),
+            noise.scale()
+        ));
+    }
+    let aggregates: Vec<String> = plan
+        .aggregates
+        .iter()
+        .zip(&rw.aggregate_measures)
+        .map(|(a, ms)| {
+            let ms: Vec<String> = ms.iter().map(|j| format!("m{j}")).collect();
+            format!("{} <- {}", a.text, ms.join(" "))
+        })
+        .collect();
+    lines.push(format!("aggregates: {}", aggregates.join("; ")));
+    let outputs: Vec<String> = plan
+        .outputs
+        .iter()
+        .map(|o| match o.source {
+            analyze::OutputSource::Key(i) => format!("{}=key{i}", o.name),
+            analyze::OutputSource::Aggregate(i) => format!("{}=agg{i}", o.name),
+        })
+        .collect();
+    lines.push(format!("outputs: {}", outputs.join(", ")));
+    for (i, k) in plan.keys.iter().enumerate() {
+        let domain = match &k.public {
+            PublicKeys::No => "selected".to_string(),
+            PublicKeys::Listed(v) => format!("public list of {}", v.len()),
+            PublicKeys::Table { table, column } => format!("public table {table}.{column}"),
+        };
+        lines.push(format!("key{i} {} ({:?}): {domain}", k.expr, k.ty));
+    }
+    if let Some(s) = &m.selection {
+        lines.push(format!(
+            "partition selection: scale {}, threshold {}, delta {}",
+            s.scale(),
+            s.threshold(),
+            s.delta()
+        ));
+    }
+    let mut post = Vec::new();
+    if plan.having.is_some() {
+        post.push("having".to_string());
+    }
+    if !plan.order_by.is_empty() {
+        post.push(format!("order by {} key(s)", plan.order_by.len()));
+    }
+    if let Some(l) = plan.limit {
+        post.push(format!("limit {l}"));
+    }
+    if plan.offset > 0 {
+        post.push(format!("offset {}", plan.offset));
+    }
+    if !post.is_empty() {
+        lines.push(format!("post-processing: {}", post.join(", ")));
+    }
+    lines
+}
+
+/// What the code does with a case, in the corpus's terms.
+fn outcome(policy: &Policy, case: &Case) -> (Expected, Option<Compiled>) {
+    match compile(policy, &case.sql, &case.params) {
+        Ok(c) => (
+            Expected::Accepted {
+                sql: c.rewrite.sql.clone(),
+                release: describe(&c),
+            },
+            Some(c),
+        ),
+        Err(e) => (
+            Expected::Refused {
+                code: e.sqlstate().code().to_string(),
+            },
+            None,
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Invariants of every accepted case
+// ---------------------------------------------------------------------------------------------
+
+/// Functions the rewrite itself emits, unqualified.
+const REWRITE_FUNCTIONS: [&str; 7] = [
+    "count",
+    "sum",
+    "least",
+    "greatest",
+    "coalesce",
+    "md5",
+    "row_number",
+];
+
+/// SQL constructs that look like functions but are not functions of `pg_catalog`: PostgreSQL
+/// refuses `pg_catalog.coalesce(…)` and the like.
+const SPECIAL_FORMS: [&str; 5] = ["coalesce", "nullif", "greatest", "least", "trim"];
+
+fn is_generated(name: &str) -> bool {
+    name.starts_with(analyze::RESERVED_PREFIX)
+}
+
+/// Checks the emitted SQL: round trip, identifiers, relations, functions, no placeholders.
+fn check_emitted_sql(policy: &Policy, c: &Compiled) -> Result<(), String> {
+    let sql = &c.rewrite.sql;
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+        .map_err(|e| format!("the emitted SQL does not parse: {e}"))?;
+    let [statement] = statements.as_slice() else {
+        return Err(format!("{} statements emitted", statements.len()));
+    };
+    let again = statement.to_string();
+    if &again != sql {
+        return Err(format!("round trip changed the SQL:\n  {sql}\n  {again}"));
+    }
+    let table_of_alias = |alias: &str| {
+        c.plan
+            .tables
+            .iter()
+            .find(|t| t.alias == alias)
+            .and_then(|t| policy.table(&t.table))
+    };
+    let mut problems: Vec<String> = Vec::new();
+    let _ = ast::visit_expressions(statement, |e| {
+        match e {
+            Expr::Identifier(i) if !is_generated(&i.value) => {
+                problems.push(format!("bare identifier {i}"));
+            }
+            Expr::CompoundIdentifier(parts) => {
+                let ok = match parts.as_slice() {
+                    [t, col] => {
+                        t.quote_style == Some('"')
+                            && col.quote_style == Some('"')
+                            && table_of_alias(&t.value)
+                                .is_some_and(|table| table.column(&col.value).is_some())
+                    }
+                    _ => false,
+                };
+                if !ok {
+                    problems.push(format!("non-canonical column reference {e}"));
+                }
+            }
+            Expr::Function(f) => {
+                let parts: Vec<String> = f
+                    .name
+                    .0
+                    .iter()
+                    .map(|p| p.to_string().to_ascii_lowercase())
+                    .collect();
+                let ok = match parts.as_slice() {
+                    [n] => REWRITE_FUNCTIONS.contains(&n.as_str()),
+                    [schema, n] => {
+                        schema == "pg_catalog"
+                            && analyze::is_total_function(n)
+                            && !SPECIAL_FORMS.contains(&n.as_str())
+                    }
+                    _ => false,
+                };
+                if !ok {
+                    problems.push(format!("function {}", f.name));
+                }
+            }
+            Expr::Value(v) if matches!(v.value, ast::Value::Placeholder(_)) => {
+                problems.push(format!("unbound parameter {v}"));
+            }
+            _ => {}
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let _ = ast::visit_relations(statement, |name| {
+        let parts: Vec<&ast::Ident> = name.0.iter().filter_map(|p| p.as_ident()).collect();
+        let ok = match parts.as_slice() {
+            [n] => is_generated(&n.value),
+            [s, t] => {
+                s.quote_style == Some('"')
+                    && t.quote_style == Some('"')
+                    && policy.table(&format!("{}.{}", s.value, t.value)).is_some()
+            }
+            _ => false,
+        };
+        if !ok || parts.len() != name.0.len() {
+            problems.push(format!("relation {name}"));
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+fn check_sensitivities(c: &Compiled) -> Result<(), String> {
+    for (j, m) in c.rewrite.measures.iter().enumerate() {
+        let contribution = m.contribution(&c.rewrite.arguments, c.plan.max_rows_per_unit);
+        let sensitivity = c.mechanisms.sensitivities[j];
+        for (what, x) in [("contribution", contribution), ("sensitivity", sensitivity)] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(format!("measure m{j} has {what} {x}"));
+            }
+        }
+        if sensitivity < contribution {
+            return Err(format!(
+                "measure m{j}: sensitivity {sensitivity} below one group's contribution {contribution}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn golden_rewrites() {
+    let policy = demo_policy();
+    let bless = std::env::var(BLESS_ENV).is_ok_and(|v| v == "1");
+    let mut failures: Vec<String> = Vec::new();
+    for mut file in corpus() {
+        let mut changed = false;
+        for case in &mut file.cases {
+            let (actual, compiled) = outcome(&policy, case);
+            let invariants = compiled
+                .as_ref()
+                .map(|c| check_emitted_sql(&policy, c).and_then(|()| check_sensitivities(c)));
+            let same_kind =
+                std::mem::discriminant(&actual) == std::mem::discriminant(&case.expected);
+            if let Some(bug) = &case.expect_bug {
+                // Strict expected failure: the case must not pass yet.
+                let fixed = match (&case.expected, &actual) {
+                    // A refusal is safe whatever the case intended; an internal error is not a
+                    // refusal.
+                    (_, Expected::Refused { code }) if code != "XX000" => {
+                        let stated =
+                            matches!(&case.expected, Expected::Refused { code: c } if c == code);
+                        Some(format!(
+                            "it is now refused with {code}{}",
+                            if stated { "" } else { " (update the case)" }
+                        ))
+                    }
+                    (
+                        Expected::Accepted { sql, .. },
+                        Expected::Accepted {
+                            sql: actual_sql, ..
+                        },
+                    ) => (matches!(invariants, Some(Ok(())))
+                        && (sql.is_empty() || sql == actual_sql))
+                        .then(|| "it is now accepted with a sound rewrite".to_string()),
+                    _ => None,
+                };
+                if let Some(how) = fixed {
+                    failures.push(format!(
+                        "{}: marked expect_bug ({bug}) but {how}: remove the marker",
+                        case.at()
+                    ));
+                }
+                continue;
+            }
+            if let Some(Err(e)) = invariants {
+                failures.push(format!("{}: invariant broken: {e}", case.at()));
+            }
+            if matches!(&actual, Expected::Refused { code } if code == "XX000") {
+                failures.push(format!(
+                    "{}: internal error (XX000) is never an expectation",
+                    case.at()
+                ));
+                continue;
+            }
+            if actual == case.expected {
+                continue;
+            }
+            if bless && same_kind {
+                case.expected = actual;
+                changed = true;
+                continue;
+            }
+            failures.push(format!(
+                "{}:\n  expected: {:?}\n  actual:   {:?}{}",
+                case.at(),
+                case.expected,
+                actual,
+                if same_kind {
+                    "\n  (PGDP_BLESS=1 updates it)"
+                } else {
+                    "\n  (accepted/refused changed: edit the case by hand)"
+                }
+            ));
+        }
+        if changed {
+            std::fs::write(&file.path, render_case_file(&file))
+                .unwrap_or_else(|e| panic!("cannot bless {}: {e}", file.path.display()));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn corpus_is_large_and_files_are_canonical() {
+    let files = corpus();
+    let cases: Vec<&Case> = files.iter().flat_map(|f| &f.cases).collect();
+    let accepted = cases
+        .iter()
+        .filter(|c| matches!(c.expected, Expected::Accepted { .. }))
+        .count();
+    assert!(cases.len() >= CASES_MIN, "only {} cases", cases.len());
+    assert!(
+        accepted >= 30 && cases.len() - accepted >= 30,
+        "{accepted} accepted of {}",
+        cases.len()
+    );
+    let names: BTreeSet<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names.len(),
+        cases.len(),
+        "case names are unique across files"
+    );
+    for f in &files {
+        let text = std::fs::read_to_string(&f.path).expect("readable");
+        assert_eq!(
+            text,
+            render_case_file(f),
+            "{} is not in canonical form (blessing would rewrite it)",
+            f.path.display()
+        );
+    }
+}
+
+/// Every accepted case's SQL runs on the demo dataset without error.
+#[tokio::test]
+async fn golden_sql_runs_on_postgres() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for file in corpus() {
+        for case in &file.cases {
+            if case.expect_bug.is_some() {
+                continue;
+            }
+            let Ok(c) = compile(&policy, &case.sql, &case.params) else {
+                continue;
+            };
+            let sql = format!("SELECT count(*) FROM ({}) q", c.rewrite.sql);
+            ran += 1;
+            if let Err(e) = client.simple_query(&sql).await {
+                let detail = e
+                    .as_db_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_else(|| e.to_string());
+                failures.push(format!("{}: {detail}", case.at()));
+            }
+        }
+    }
+    assert!(ran >= 30, "only {ran} cases ran");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bugs that need a database to show. Each test asserts the correct behaviour and is ignored
+// until the bug is fixed; `cargo test --test golden -- --ignored` runs them.
+// ---------------------------------------------------------------------------------------------
+
+/// Runs a query on the demo dataset and returns its rows as text.
+async fn text_rows(
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, String> {
+    let messages = client.simple_query(sql).await.map_err(|e| {
+        e.as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_else(|| e.to_string())
+    })?;
+    Ok(messages
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect())
+}
+
+/// A string value with a backslash before a quote ends the literal early in the emitted SQL, so
+/// the rest of the value is run as SQL: here a SELECT of one person's income, returned as the
+/// "count" and released with noise of scale 10 (income·100 ± a few tens).
+///
+/// Reproduction (psql through pgdp, any analyst):
+/// `SELECT COUNT(*) FROM demo.visits WHERE clinic = 'x\'') SELECT CAST(income * 100 AS bigint), 1 FROM demo.people WHERE person_id = 6 --';`
+/// returns about 164217 (person 6's income is 1642.17). The correct answer is a noisy 0.
+#[tokio::test]
+#[ignore = "bug: string literals and parameters containing \\' are emitted unescaped (SQL injection)"]
+async fn string_literals_cannot_change_the_upstream_query() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let payload = "SELECT CAST(income * 100 AS bigint), 1 FROM demo.people WHERE person_id = 6 --";
+    let attacks: [(String, Vec<Option<String>>); 2] = [
+        (
+            format!("SELECT COUNT(*) FROM demo.visits WHERE clinic = 'x\\'') {payload}'"),
+            vec![],
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE clinic = $1".to_string(),
+            vec![Some(format!("x\\' AS TEXT)) {payload}"))],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (sql, params) in attacks {
+        let Ok(c) = compile(&policy, &sql, &params) else {
+            continue; // Refusing such values is a fix too.
+        };
+        let rows = text_rows(&client, &c.rewrite.sql).await.expect("runs");
+        // No visit has that clinic: no unit contributes, and the count is 0.
+        if rows != vec![vec![None, Some("0".to_string())]] {
+            failures.push(format!(
+                "{sql} {params:?}\n  sent: {}\n  got:  {rows:?}",
+                c.rewrite.sql
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Accepted queries whose upstream statement fails for some data and not for other data. Each
+/// template is filled with two literals: with the first the failing expression reaches rows (and
+/// the upstream fails), with the second it reaches none (and the query succeeds), so whether a
+/// query fails tells the analyst whether such rows exist.
+#[tokio::test]
+#[ignore = "bug: unchecked date_trunc/date_part units, narrowing casts, LIKE trailing escapes and numeric overflow raise data-dependent errors upstream"]
+async fn data_dependent_upstream_errors_are_refused() {
+    let pairs: [(&str, &str, &str); 7] = [
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE person_id = {} AND date_trunc('fortnight', visit_date) IS NOT NULL",
+            "5",
+            "-1",
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE person_id = {} AND date_part('fortnight', visit_date) > 0",
+            "5",
+            "-1",
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE person_id = {} AND CAST(person_id AS smallint) > 0",
+            "40001",
+            "1",
+        ),
+        (
+            "SELECT SUM(CAST(income AS numeric(5,2))) FROM demo.people WHERE person_id = {}",
+            "6",
+            "5",
+        ),
+        // The pattern is only read as far as the text matches it: the error needs a row whose
+        // text runs into the trailing escape.
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE E'{}\\\\'",
+            "J",
+            "QQ",
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE diagnosis = 'J06' AND diagnosis || '\\x' LIKE '{}\\\\\\'",
+            "J06",
+            "QQ",
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.people WHERE person_id = {} AND income * 1e100000 * 1e100000 > 0",
+            "6",
+            "5",
+        ),
+    ];
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let mut failures = Vec::new();
+    for (template, reaching, not_reaching) in pairs {
+        for literal in [reaching, not_reaching] {
+            let sql = template.replace("{}", literal);
+            let Ok(c) = compile(&policy, &sql, &[]) else {
+                continue;
+            };
+            if let Err(e) = text_rows(&client, &c.rewrite.sql).await {
+                failures.push(format!("{sql}: accepted, but the upstream fails: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `LEAST(GREATEST(x, lower), upper)` maps NULL to `lower` (GREATEST ignores NULLs), so NULL
+/// arguments are counted and averaged as the lower bound: `AVG(CASE WHEN sex = 'F' THEN income
+/// END)` counts every person and averages the men's incomes as 0. With one row per person and
+/// no grouping, the exact count of values must be the number of women.
+#[tokio::test]
+#[ignore = "bug: the clamp turns NULL aggregate arguments into the lower bound (COUNT/AVG/VARIANCE count them)"]
+async fn clamp_turns_null_arguments_into_the_lower_bound() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let c = compile(
+        &policy,
+        "SELECT AVG(CASE WHEN sex = 'F' THEN income END) FROM demo.people",
+        &[],
+    )
+    .expect("accepted");
+    let rows = text_rows(&client, &c.rewrite.sql).await.expect("runs");
+    let values = rows[0][0].clone().expect("a count");
+    let women = text_rows(&client, "SELECT count(*) FROM demo.people WHERE sex = 'F'")
+        .await
+        .expect("runs")[0][0]
+        .clone()
+        .expect("a count");
+    assert_eq!(values, women, "count of non-NULL values of the CASE");
+}
+
+/// Each unit's sum is clamped to `[max_rows·lower, max_rows·upper]`; with `lower > 0` a unit with
+/// fewer than `max_rows` rows is raised to `max_rows·lower`. `SUM(cost + 100)` (bounds 100..2100,
+/// 10 rows per unit) over one visit gives 1000 instead of `cost + 100`. Clamping to
+/// `[min(0, max_rows·lower), max(0, max_rows·upper)]` keeps the same sensitivity without the bias.
+#[tokio::test]
+#[ignore = "bug: per-unit sums are clamped up to max_rows_per_unit x lower when lower > 0"]
+async fn sum_clamp_inflates_units_below_the_lower_cap() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let c = compile(
+        &policy,
+        "SELECT SUM(cost + 100) FROM demo.visits WHERE visit_id = 1",
+        &[],
+    )
+    .expect("accepted");
+    let rows = text_rows(&client, &c.rewrite.sql).await.expect("runs");
+    let exact = rows[0][0].clone().expect("a sum");
+    let truth = text_rows(
+        &client,
+        "SELECT LEAST(GREATEST(cost, 0), 2000) + 100 FROM demo.visits WHERE visit_id = 1",
+    )
+    .await
+    .expect("runs")[0][0]
+        .clone()
+        .expect("a value");
+    let as_f64 = |t: &str| t.parse::<f64>().expect("numeric");
+    assert_eq!(
+        as_f64(&exact),
+        as_f64(&truth),
+        "the pre-noise sum of one visit"
+    );
+}
+
+/// AVG (and the variances) divide a per-unit centred sum taken over *all* of a unit's rows
+/// (clamped to `±max_rows·half_range`) by a count capped at `max_rows`. A unit with more rows than
+/// the cap and values below the midpoint is pushed to the lower bound: with cost in [0, 2000]
+/// (midpoint 1000) a person with 40 visits of about 90 contributes as 10 visits of 0. On the demo
+/// data the exact, pre-noise AVG(cost) comes out at 33.5 where the clamped average is 109.2 (and
+/// scaling each unit's sum by `min(1, max_rows/rows)` gives 109.2 too).
+#[tokio::test]
+#[ignore = "bug: AVG/VARIANCE cap the count per unit but not the rows behind the centred sum"]
+async fn avg_caps_count_and_centred_sum_alike() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let c = compile(&policy, "SELECT AVG(cost) FROM demo.visits", &[]).expect("accepted");
+    let rows = text_rows(&client, &c.rewrite.sql).await.expect("runs");
+    let number = |t: &Option<String>| -> f64 {
+        t.as_deref()
+            .expect("a value")
+            .parse()
+            .expect("numeric text")
+    };
+    let (count, centred) = (number(&rows[0][0]), number(&rows[0][1]));
+    let derived = 1000.0 + centred / count;
+    let clamped = number(
+        &text_rows(
+            &client,
+            "SELECT AVG(LEAST(GREATEST(cost, 0), 2000)) FROM demo.visits",
+        )
+        .await
+        .expect("runs")[0][0],
+    );
+    assert!(
+        (derived - clamped).abs() <= 0.1 * clamped,
+        "pre-noise AVG(cost) {derived}, clamped average {clamped}"
+    );
+}
