@@ -576,8 +576,7 @@ fn reject_reserved(query: &ast::Query) -> Result<()> {
         found |= hit;
         std::ops::ControlFlow::<()>::Continue(())
     });
-    let text = query.to_string().to_ascii_lowercase();
-    if found || text.contains(RESERVED_PREFIX) {
+    if found {
         return Err(reserved_refusal());
     }
     Ok(())
@@ -840,6 +839,9 @@ impl<'a> Analyzer<'a> {
                     }
                     None => table.name.clone(),
                 };
+                if visible.starts_with(RESERVED_PREFIX) {
+                    return Err(reserved_refusal());
+                }
                 if self.tables.iter().any(|t| t.2 == visible) {
                     return Err(Error::Syntax {
                         message: format!("table name \"{visible}\" specified more than once"),
@@ -1155,7 +1157,7 @@ impl<'a> Analyzer<'a> {
                         let ty = if n.contains(['.', 'e', 'E']) { ColumnType::Numeric } else { ColumnType::Integer };
                         (Some(ty), Some(f))
                     }
-                    Value::SingleQuotedString(_) | Value::EscapedStringLiteral(_) | Value::NationalStringLiteral(_) => (None, None),
+                    Value::SingleQuotedString(_) | Value::EscapedStringLiteral(_) | Value::NationalStringLiteral(_) | Value::DollarQuotedString(_) => (None, None),
                     Value::Boolean(_) => (Some(ColumnType::Boolean), None),
                     Value::Null => (None, None),
                     Value::Placeholder(p) => {
@@ -1179,6 +1181,23 @@ impl<'a> Analyzer<'a> {
             }
             Expr::TypedString(ts) => {
                 let ty = type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
+                // A malformed date fails upstream after the charge: check it here.
+                let text = crate::classify::string_value(&ts.value.value).unwrap_or_default();
+                let valid = match ty {
+                    ColumnType::Date => crate::rewrite::is_valid_date(text),
+                    ColumnType::Timestamp => {
+                        crate::rewrite::is_valid_date(text.get(..10).unwrap_or(""))
+                            && text.get(10..).is_none_or(|rest| rest.chars().all(|c| c.is_ascii_digit() || " :.T+-".contains(c)))
+                    }
+                    _ => true,
+                };
+                if !valid {
+                    return Err(Error::InvalidParameter {
+                        name: format!("the {} literal", ts.data_type),
+                        reason: "is not a valid value".into(),
+                        hint: "Write dates as DATE 'YYYY-MM-DD'.".into(),
+                    });
+                }
                 Ok(Info::constant(Some(ty), None))
             }
             Expr::Nested(inner) => self.expr(inner, role),
@@ -1190,8 +1209,11 @@ impl<'a> Analyzer<'a> {
                         if !info.ty.is_none_or(|t| t.is_numeric()) {
                             return Err(unsupported_here("unary minus on non-numeric values"));
                         }
-                        // -(-2147483648) overflows an integer: negate in numeric.
-                        **expr = as_numeric(expr.as_ref().clone(), &info);
+                        // -(-2147483648) overflows an integer: negate columns in numeric
+                        // (literals stay as written, e.g. round(x, -1)).
+                        if !info.constant {
+                            **expr = as_numeric(expr.as_ref().clone(), &info);
+                        }
                         let b = info.bounds.map(|(l, u)| (-u, -l));
                         let ty = info.ty.map(|t| if t == ColumnType::Integer { ColumnType::Numeric } else { t });
                         Ok(Info::derived(ty, &[&info], b))
@@ -1296,12 +1318,18 @@ impl<'a> Analyzer<'a> {
                     // A pattern read from the data can be malformed (an error that depends on it).
                     return Err(unsupported_here("LIKE with a non-literal pattern"));
                 }
-                if let Expr::Value(v) = pattern.as_ref() {
-                    if let Value::SingleQuotedString(s) = &v.value {
-                        if s.ends_with('\\') && !s.ends_with("\\\\") {
-                            return Err(Error::Syntax { message: "LIKE pattern must not end with escape character".into() });
-                        }
-                    }
+                // The pattern must be one string literal; an odd number of trailing backslashes
+                // is an error in PostgreSQL, so it is refused here, before any charge.
+                let text = match pattern.as_ref() {
+                    Expr::Value(v) => crate::classify::string_value(&v.value).map(str::to_string),
+                    _ => None,
+                };
+                let Some(text) = text else {
+                    return Err(unsupported_here("LIKE with a pattern that is not a single string literal"));
+                };
+                let trailing = text.chars().rev().take_while(|c| *c == '\\').count();
+                if trailing % 2 == 1 {
+                    return Err(Error::Syntax { message: "LIKE pattern must not end with escape character".into() });
                 }
                 Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &p], None))
             }
@@ -1348,11 +1376,24 @@ impl<'a> Analyzer<'a> {
                 let target = type_of_data_type(data_type).ok_or_else(|| unsupported_here(&format!("casts to {data_type}")))?;
                 // Casts of literals are constant (they fail or not regardless of the data);
                 // casts of columns must be total.
+                // Only casts that cannot fail: to text, and to the widest type of a family
+                // (bigint, unconstrained numeric, double precision); never narrowing.
+                use ast::DataType as D;
+                let widest = match data_type {
+                    D::BigInt(_) | D::Int8(_) => Some(ColumnType::Integer),
+                    D::Numeric(ast::ExactNumberInfo::None) | D::Decimal(ast::ExactNumberInfo::None) => {
+                        Some(ColumnType::Numeric)
+                    }
+                    D::Float8 | D::DoublePrecision | D::Double(_) => Some(ColumnType::Float),
+                    D::Date => Some(ColumnType::Date),
+                    D::Boolean | D::Bool => Some(ColumnType::Boolean),
+                    _ => None,
+                };
                 let total = i.constant
                     || target == ColumnType::Text
-                    || i.ty == Some(target)
-                    || (i.ty == Some(ColumnType::Integer) && matches!(target, ColumnType::Numeric | ColumnType::Float))
-                    || (i.ty == Some(ColumnType::Date) && target == ColumnType::Timestamp);
+                    || (i.ty == Some(target) && widest == Some(target))
+                    || (i.ty == Some(ColumnType::Integer)
+                        && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)));
                 if !total {
                     return Err(Error::forbidden(
                         format!("the cast of {} to {data_type} can fail on some values", i.column.as_deref().unwrap_or("this expression")),
@@ -1712,6 +1753,7 @@ impl<'a> Analyzer<'a> {
                     })?))
                 }
                 Value::SingleQuotedString(s) => Ok(Post::Text(s.clone())),
+                Value::DollarQuotedString(d) => Ok(Post::Text(d.value.clone())),
                 Value::Null => Ok(Post::Null),
                 _ => Err(Error::unsupported(
                     format!("the literal {v} in HAVING / ORDER BY"),
@@ -1791,10 +1833,9 @@ impl<'a> Analyzer<'a> {
 /// would fail (after the charge).
 fn check_date_unit(name: &str, e: &Expr) -> Result<()> {
     let text = match e {
-        Expr::Value(v) => match &v.value {
-            Value::SingleQuotedString(s) => s.to_ascii_lowercase(),
-            _ => String::new(),
-        },
+        Expr::Value(v) => crate::classify::string_value(&v.value)
+            .unwrap_or_default()
+            .to_ascii_lowercase(),
         _ => String::new(),
     };
     let units: &[&str] = &[

@@ -374,7 +374,7 @@ pub fn bind_parameters(query: &mut ast::Query, params: &[Option<String>]) {
                     .and_then(|n| n.parse::<usize>().ok())
                     .unwrap_or(0);
                 *e = match params.get(index.wrapping_sub(1)) {
-                    Some(Some(text)) => Expr::value(ast::Value::SingleQuotedString(text.clone())),
+                    Some(Some(text)) => Expr::value(crate::classify::dollar_quoted(text)),
                     _ => Expr::value(ast::Value::Null),
                 };
             }

@@ -109,10 +109,71 @@ pub fn classify(sql: &str) -> Result<Vec<Statement>> {
     parse(sql)?.into_iter().map(classify_statement).collect()
 }
 
+/// A dollar-quoted string literal holding exactly `value`, with a tag that does not occur in it.
+/// PostgreSQL reads dollar-quoted strings literally (no escapes, whatever
+/// `standard_conforming_strings` says), so the value pgdp analysed is the value the upstream sees.
+pub fn dollar_quoted(value: &str) -> ast::Value {
+    let mut n = 0u32;
+    let tag = loop {
+        let tag = format!("__dp_s{n}");
+        // The first closing delimiter after the opening one must be the one pgdp writes.
+        let closing = format!("${tag}$");
+        if format!("{value}{closing}").find(&closing) == Some(value.len()) {
+            break tag;
+        }
+        n += 1;
+    };
+    ast::Value::DollarQuotedString(ast::DollarQuotedString {
+        value: value.to_string(),
+        tag: Some(tag),
+    })
+}
+
+/// The text of a string literal of any quoting style.
+pub fn string_value(v: &ast::Value) -> Option<&str> {
+    match v {
+        ast::Value::SingleQuotedString(s)
+        | ast::Value::EscapedStringLiteral(s)
+        | ast::Value::NationalStringLiteral(s)
+        | ast::Value::DoubleQuotedString(s) => Some(s),
+        ast::Value::DollarQuotedString(d) => Some(&d.value),
+        _ => None,
+    }
+}
+
+/// Rewrites every string literal of a query as a dollar-quoted string of the value sqlparser
+/// parsed. sqlparser's own rendering of quotes after backslashes differs from PostgreSQL's
+/// reading, which would let a literal end early upstream and smuggle SQL past the analysis.
+pub fn neutralize_literals(query: &mut ast::Query) {
+    let fix = |v: &mut ast::Value| {
+        let text = match v {
+            ast::Value::SingleQuotedString(s)
+            | ast::Value::EscapedStringLiteral(s)
+            | ast::Value::NationalStringLiteral(s) => Some(s.clone()),
+            ast::Value::DollarQuotedString(d) => Some(d.value.clone()),
+            _ => None,
+        };
+        if let Some(t) = text {
+            *v = dollar_quoted(&t);
+        }
+    };
+    let _ = ast::visit_expressions_mut(query, |e| {
+        match e {
+            ast::Expr::Value(v) => fix(&mut v.value),
+            ast::Expr::TypedString(ts) => fix(&mut ts.value.value),
+            _ => {}
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+}
+
 /// Classifies one parsed statement.
 pub fn classify_statement(statement: Ast) -> Result<Statement> {
     match statement {
-        Ast::Query(query) => Ok(Statement::Query(query)),
+        Ast::Query(mut query) => {
+            neutralize_literals(&mut query);
+            Ok(Statement::Query(query))
+        }
         Ast::StartTransaction { statements, exception, .. } => {
             if !statements.is_empty() || exception.is_some() {
                 return Err(Error::unsupported("procedural BEGIN … END blocks", ""));
@@ -161,7 +222,10 @@ pub fn classify_statement(statement: Ast) -> Result<Statement> {
                 ));
             }
             match *statement {
-                Ast::Query(query) => Ok(Statement::Explain(query)),
+                Ast::Query(mut query) => {
+                    neutralize_literals(&mut query);
+                    Ok(Statement::Explain(query))
+                }
                 _ => Err(Error::unsupported(
                     "EXPLAIN of anything but a query",
                     "EXPLAIN a SELECT to see its DP plan, cost and accuracy.",
@@ -411,6 +475,21 @@ mod tests {
         assert_eq!(code(&long), "54000");
         let many = "SELECT 1;".repeat(limits::STATEMENTS_PER_MESSAGE_MAX + 1);
         assert_eq!(code(&many), "54000");
+    }
+
+    #[test]
+    fn literals_cannot_end_early_upstream() {
+        let sql = r"SELECT COUNT(*) FROM demo.visits WHERE clinic = 'x\'') SELECT 1 --'";
+        let Ok(mut s) = classify(sql) else { return };
+        let Some(Statement::Query(q)) = s.pop() else {
+            panic!("query")
+        };
+        let text = q.to_string();
+        // The whole literal is one dollar-quoted constant; nothing of it is SQL.
+        assert!(text.contains("$__dp_s0$"), "{text}");
+        let again = parse(&text).expect("re-parses");
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].to_string(), text);
     }
 
     #[test]

@@ -261,10 +261,15 @@ fn bind_literal(index: usize, value: Option<&Option<String>>, ty: ColumnType) ->
     };
     Ok(Expr::Cast {
         kind: ast::CastKind::Cast,
-        expr: Box::new(Expr::value(Value::SingleQuotedString(text.clone()))),
+        expr: Box::new(Expr::value(crate::classify::dollar_quoted(text))),
         data_type,
         format: None,
     })
+}
+
+/// Whether `text` is a calendar date `YYYY-MM-DD` (years 1 to 9999).
+pub fn is_valid_date(text: &str) -> bool {
+    check_date(text).is_some()
 }
 
 fn check_date(text: &str) -> Option<()> {
@@ -273,7 +278,15 @@ fn check_date(text: &str) -> Option<()> {
         return None;
     };
     let (y, m, d): (u32, u32, u32) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
-    ((1..=9999).contains(&y) && (1..=12).contains(&m) && (1..=31).contains(&d)).then_some(())
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days = match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return None,
+    };
+    ((1..=9999).contains(&y) && (1..=days).contains(&d)).then_some(())
 }
 
 /// A numeric literal for a bound (shortest decimal that round-trips the f64).
@@ -286,16 +299,23 @@ fn num(x: f64) -> String {
     }
 }
 
+/// Measure `j` of a unit scaled to at most `cap` values of argument `i`.
+fn scaled(j: usize, i: usize, cap: u64) -> String {
+    format!("__dp_m{j} * LEAST(1, CAST({cap} AS NUMERIC) / GREATEST(__dp_n{i}, 1))")
+}
+
+/// Clamps a value to its bounds, keeping NULL as NULL (GREATEST and LEAST ignore NULLs, so a
+/// bare clamp would turn a NULL into the lower bound).
 fn clamp(arg: &str, b: &Bounds) -> String {
     format!(
-        "LEAST(GREATEST(CAST({arg} AS NUMERIC), {}), {})",
+        "CASE WHEN ({arg}) IS NULL THEN NULL ELSE LEAST(GREATEST(CAST({arg} AS NUMERIC), {}), {}) END",
         num(b.lower),
         num(b.upper)
     )
 }
 
 fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
+    crate::classify::dollar_quoted(s).to_string()
 }
 
 /// Produces the upstream SQL for a plan with bound parameter values.
@@ -374,6 +394,11 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         };
         per_unit.push(format!("{expr} AS __dp_m{j}"));
     }
+    // Each unit's number of values of each argument, to scale its sums to at most
+    // max_rows_per_unit values (keeping its mean) before clamping.
+    for i in 0..arguments.len() {
+        per_unit.push(format!("COUNT(__dp_a{i}) AS __dp_n{i}"));
+    }
     let mut group_unit = vec!["__dp_unit".to_string()];
     group_unit.extend(keys.iter().cloned());
     let per_unit_sql = format!(
@@ -388,7 +413,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     } else {
         let key_text: Vec<String> = keys
             .iter()
-            .map(|k| format!("COALESCE(CAST({k} AS TEXT), '\\N')"))
+            .map(|k| format!("COALESCE(CAST({k} AS TEXT), '<null>')"))
             .collect();
         Some(format!(
             "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY md5({} || CAST(__dp_unit AS TEXT) || '|' || {})) AS __dp_rank FROM __dp_per_unit",
@@ -408,19 +433,31 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
                 let b = arguments[*i]
                     .bounds
                     .ok_or_else(|| Error::internal("sum without bounds"))?;
+                // A unit with n values contributes sum · min(1, C/n): the sum of at most C values
+                // at its own mean, within [min(0, C·lower), max(0, C·upper)].
                 format!(
-                    "SUM(LEAST(GREATEST(__dp_m{j}, {}), {}))",
-                    num(b.lower * cap as f64),
-                    num(b.upper * cap as f64)
+                    "SUM(LEAST(GREATEST({}, {}), {}))",
+                    scaled(j, *i, cap),
+                    num((b.lower * cap as f64).min(0.0)),
+                    num((b.upper * cap as f64).max(0.0))
                 )
             }
             Measure::SumCentered(i) => {
                 let h = arguments[*i].center().1 * cap as f64;
-                format!("SUM(LEAST(GREATEST(__dp_m{j}, {}), {}))", num(-h), num(h))
+                format!(
+                    "SUM(LEAST(GREATEST({}, {}), {}))",
+                    scaled(j, *i, cap),
+                    num(-h),
+                    num(h)
+                )
             }
             Measure::SumSquaresCentered(i) => {
                 let h = arguments[*i].center().1;
-                format!("SUM(LEAST(__dp_m{j}, {}))", num(h * h * cap as f64))
+                format!(
+                    "SUM(LEAST(GREATEST({}, 0), {}))",
+                    scaled(j, *i, cap),
+                    num(h * h * cap as f64)
+                )
             }
         };
         outer.push(expr);

@@ -786,6 +786,7 @@ impl Session {
                             .map_err(|_| not_constant())?,
                     },
                     ast::Value::SingleQuotedString(s) => Cell::Text(s.clone()),
+                    ast::Value::DollarQuotedString(d) => Cell::Text(d.value.clone()),
                     ast::Value::Boolean(b) => Cell::Bool(*b),
                     ast::Value::Null => Cell::Null,
                     _ => return Err(not_constant()),

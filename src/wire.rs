@@ -827,9 +827,26 @@ impl ExtendedQueryHandler for QueryHandler {
         {
             Err(aborted_transaction())
         } else {
-            match parameters_as_text(portal) {
-                Ok(params) => session.execute(&self.shared, &statement, &params).await,
-                Err(e) => Err(e),
+            // Rows must match what Describe announced at Parse (a SET in between, e.g. of
+            // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans; checked
+            // before running, so the refusal costs nothing.
+            let described = &portal.statement.statement.columns;
+            let shape = match (&statement, described) {
+                (Statement::Query(_), Some(before)) => {
+                    match session::describe(&self.shared, session, &statement).await {
+                        Ok(Some(now)) if now != *before => Err(Error::unsupported(
+                            "a prepared statement whose result columns changed since it was prepared",
+                            "Prepare the statement again after changing pgdp.accuracy.",
+                        )),
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+                _ => Ok(()),
+            };
+            match (shape, parameters_as_text(portal)) {
+                (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+                (Ok(()), Ok(params)) => session.execute(&self.shared, &statement, &params).await,
             }
         };
         log_statement(&session.analyst.name, statement.kind(), &result, started);
@@ -845,18 +862,6 @@ impl ExtendedQueryHandler for QueryHandler {
                     },
                     (_, o) => o,
                 };
-                // Rows must match what Describe announced at Parse (a SET in between, e.g. of
-                // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans.
-                if let (Outcome::Rows { columns, .. }, Some(described)) =
-                    (&outcome, &portal.statement.statement.columns)
-                {
-                    if columns != described {
-                        return Err(user_error(&Error::unsupported(
-                            "a prepared statement whose result columns changed since it was prepared",
-                            "Prepare the statement again after changing pgdp.accuracy.",
-                        )));
-                    }
-                }
                 respond(client, outcome, &portal.result_column_format).await
             }
             Err(e) => Err(user_error(&e)),
