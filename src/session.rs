@@ -203,19 +203,7 @@ pub async fn describe(
                 Ok(Some(release::columns(&plan, session.settings.accuracy)))
             }
         },
-        Statement::Show { name } if name == "pgdp.budget" => Ok(Some(
-            [
-                "epsilon_total",
-                "epsilon_spent",
-                "epsilon_remaining",
-                "delta_total",
-                "delta_spent",
-                "delta_remaining",
-            ]
-            .iter()
-            .map(|n| OutColumn::new(*n, CellType::Float8))
-            .collect(),
-        )),
+        Statement::Show { name } if name == "pgdp.budget" => Ok(Some(budget_columns())),
         Statement::Show { name } => {
             let (column, _) = session.settings.show(name, &session.server_version)?;
             Ok(Some(vec![OutColumn::new(column, CellType::Text)]))
