@@ -380,3 +380,77 @@ async fn budget_is_a_virtual_table_in_select() {
         "reading the budget is free"
     );
 }
+
+#[tokio::test]
+async fn every_execution_of_a_prepared_statement_is_charged_or_replayed() {
+    let proxy = Proxy::start(39).await;
+    let mut s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    let by_age = s
+        .prepare("SELECT COUNT(*) FROM demo.people WHERE age > $1")
+        .await
+        .expect("prepare");
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        0.0,
+        "Parse/Describe are free"
+    );
+
+    let first: i64 = s.query_one(&by_age, &[&30i32]).await.expect("30").get(0);
+    assert_eq!(s.budget().await.epsilon_spent, 0.5);
+    let other: i64 = s.query_one(&by_age, &[&40i32]).await.expect("40").get(0);
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        1.0,
+        "new parameters, new charge"
+    );
+    assert!(other < first, "fewer people are older than 40 than 30");
+    // The same statement with the same parameters and settings is the same query: replayed.
+    let again: i64 = s
+        .query_one(&by_age, &[&30i32])
+        .await
+        .expect("30 again")
+        .get(0);
+    assert_eq!(again, first);
+    assert_eq!(s.budget().await.epsilon_spent, 1.0, "a replay is free");
+    // New privacy settings make it a new query.
+    s.batch_execute("SET pgdp.epsilon = 0.25")
+        .await
+        .expect("SET");
+    s.query_one(&by_age, &[&30i32]).await.expect("30 at ε 0.25");
+    assert_eq!(s.budget().await.epsilon_spent, 1.25);
+
+    // Inside a transaction that is rolled back, executions are charged all the same.
+    s.batch_execute("BEGIN").await.expect("BEGIN");
+    s.query_one(&by_age, &[&50i32]).await.expect("50");
+    s.query_one(&by_age, &[&60i32]).await.expect("60");
+    s.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+    assert_eq!(s.budget().await.epsilon_spent, 1.75);
+
+    // A portal bound once and executed in parts is one execution: one charge.
+    let regions = s
+        .prepare("SELECT region, COUNT(*) FROM demo.people WHERE age > $1 GROUP BY region")
+        .await
+        .expect("prepare");
+    let mut rows = 0;
+    {
+        let transaction = s.client.transaction().await.expect("BEGIN");
+        let portal = transaction.bind(&regions, &[&70i32]).await.expect("bind");
+        loop {
+            let part = transaction
+                .query_portal(&portal, 3)
+                .await
+                .expect("execute 3 rows");
+            rows += part.len();
+            if part.len() < 3 {
+                break;
+            }
+        }
+        transaction.commit().await.expect("COMMIT");
+    }
+    assert_eq!(rows, 10, "every public region, in parts");
+    assert_eq!(s.budget().await.epsilon_spent, 2.0);
+    proxy.stop().await;
+}

@@ -9,5 +9,6 @@ mod harness;
 
 mod budget;
 mod dp;
+mod replicas;
 mod support;
 mod wire;

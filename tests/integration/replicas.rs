@@ -1,0 +1,282 @@
+//! pgdp as separate operating-system processes sharing one ledger: replicas racing for the last
+//! of a budget, and a process killed with SIGKILL while its upstream query runs.
+//!
+//! These tests run the real `pgdp serve` binary (`CARGO_BIN_EXE_pgdp`), so nothing is shared
+//! between the replicas but the ledger database: no in-process lock or cache can make them pass.
+
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+use tokio_postgres::error::SqlState;
+
+use crate::harness::{self, TestDb};
+use crate::support::{code, demo_policy_text, Session, ANALYST, DATABASE, PASSWORD};
+
+/// How long a child pgdp may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A `pgdp serve` child process; killed (SIGKILL) when dropped.
+struct Replica {
+    child: Child,
+    port: u16,
+    _policy: tempfile_path::PolicyFile,
+}
+
+mod tempfile_path {
+    //! A policy file in the system temporary directory, removed on drop.
+    use std::path::PathBuf;
+
+    pub struct PolicyFile(pub PathBuf);
+
+    impl PolicyFile {
+        pub fn write(text: &str) -> PolicyFile {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static COUNTER: AtomicU32 = AtomicU32::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "pgdp-replica-policy-{}-{}.yaml",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::write(&path, text).expect("write the policy file");
+            PolicyFile(path)
+        }
+    }
+
+    impl Drop for PolicyFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+impl Replica {
+    /// Starts `pgdp serve` with `policy_text` over the demo data and the given ledger, and waits
+    /// until the analyst can connect.
+    async fn start(policy_text: &str, ledger: &TestDb) -> Replica {
+        let upstream = harness::demo_database(1).await.dsn().to_string();
+        let policy = tempfile_path::PolicyFile::write(policy_text);
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_pgdp"))
+            .arg("serve")
+            .arg("--policy")
+            .arg(&policy.0)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--upstream")
+            .arg(&upstream)
+            .arg("--ledger")
+            .arg(ledger.dsn())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn pgdp serve");
+        let mut replica = Replica {
+            child,
+            port,
+            _policy: policy,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(session) = Session::open(&replica.dsn()).await {
+                drop(session);
+                return replica;
+            }
+            if let Ok(Some(status)) = replica.child.try_wait() {
+                panic!("pgdp serve exited during startup: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pgdp serve did not start in time"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn dsn(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={ANALYST} password={PASSWORD} dbname={DATABASE} sslmode=disable connect_timeout=10",
+            self.port
+        )
+    }
+
+    async fn connect(&self) -> Session {
+        Session::open(&self.dsn())
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to the replica: {e}"))
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL pgdp");
+        let status = self.child.wait().await.expect("wait for pgdp");
+        assert!(!status.success(), "pgdp was killed, not stopped: {status}");
+    }
+}
+
+/// A port nobody listens on right now (a race with other processes is possible but harmless:
+/// the replica then fails to start and the test says so).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// The demo policy with the analyst's ε total and per-query cap replaced.
+fn policy_text(epsilon_total: u32, epsilon_per_query_max: u32) -> String {
+    let text = demo_policy_text();
+    let total = "      epsilon: 10\n";
+    let cap = "      epsilon_per_query_max: 2\n";
+    assert!(text.contains(total) && text.contains(cap));
+    text.replace(total, &format!("      epsilon: {epsilon_total}\n"))
+        .replace(
+            cap,
+            &format!("      epsilon_per_query_max: {epsilon_per_query_max}\n"),
+        )
+}
+
+fn distinct_query(i: usize) -> String {
+    format!("SELECT COUNT(*) FROM demo.people WHERE age > {i}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_ledger_never_overspend() {
+    const CONNECTIONS: usize = 40;
+    const AFFORDABLE: usize = 9;
+    let ledger = harness::fresh_database("replicas_race").await;
+    let text = policy_text(AFFORDABLE as u32, 1);
+    let (a, b) = tokio::join!(
+        Replica::start(&text, &ledger),
+        Replica::start(&text, &ledger)
+    );
+    let dsns = [a.dsn(), b.dsn()];
+
+    let start = Arc::new(tokio::sync::Barrier::new(CONNECTIONS));
+    let mut tasks = Vec::new();
+    for i in 0..CONNECTIONS {
+        let dsn = dsns[i % 2].clone();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            let s = Session::open(&dsn).await.expect("connect");
+            start.wait().await;
+            s.query(&distinct_query(i), &[]).await.map(|_| ())
+        }));
+    }
+    let (mut answered, mut refused) = (0, 0);
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(()) => answered += 1,
+            Err(e) => {
+                assert_eq!(code(&e), &SqlState::CONFIGURATION_LIMIT_EXCEEDED, "{e:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(answered, AFFORDABLE, "exactly the affordable queries run");
+    assert_eq!(refused, CONNECTIONS - AFFORDABLE);
+    // Both replicas report the same, exact balance.
+    for replica in [&a, &b] {
+        let budget = replica.connect().await.budget().await;
+        assert_eq!(budget.epsilon_spent, AFFORDABLE as f64);
+        assert_eq!(budget.epsilon_remaining, 0.0);
+    }
+    // The audit log has one row per admitted query, and its sum is the total.
+    let log = ledger.client().await;
+    let row = log
+        .query_one(
+            "SELECT count(*), sum(epsilon)::text FROM pgdp.charge_log WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("read the audit log");
+    assert_eq!(row.get::<_, i64>(0), AFFORDABLE as i64);
+    assert_eq!(
+        row.get::<_, String>(1).parse::<f64>().expect("sum"),
+        AFFORDABLE as f64
+    );
+    a.kill().await;
+    b.kill().await;
+    ledger.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_the_upstream_query_keeps_the_charge() {
+    let ledger = harness::fresh_database("replicas_kill").await;
+    let text = policy_text(10, 2);
+    let replica = Replica::start(&text, &ledger).await;
+    let session = replica.connect().await;
+    session
+        .batch_execute("SET pgdp.epsilon = 1.25")
+        .await
+        .expect("SET");
+
+    // Hold the upstream query back deterministically: an exclusive lock on a table of the demo
+    // dataset makes the (already charged) upstream query wait. Nothing before the charge reads
+    // demo.people (its region keys are public values from the policy). Other tests reading the
+    // table wait a moment too; nobody else ever writes it.
+    let demo = harness::demo_database(1).await;
+    let locker = demo.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE demo.people IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock demo.people");
+
+    let query = tokio::spawn(async move {
+        let result = session
+            .query(
+                "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+                &[],
+            )
+            .await;
+        (session, result)
+    });
+
+    // Wait until the charge is committed in the ledger: the query is then past the charge and
+    // blocked on the lock upstream.
+    let log = ledger.client().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = log
+            .query_one(
+                "SELECT count(*) FROM pgdp.charge_log WHERE analyst = $1",
+                &[&ANALYST],
+            )
+            .await
+            .expect("read the audit log");
+        if row.get::<_, i64>(0) == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the charge never appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!query.is_finished(), "the query must still be running");
+    replica.kill().await;
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+
+    // The client sees its connection die, never an answer.
+    let (_session, result) = query.await.expect("query task");
+    assert!(result.is_err(), "a killed pgdp cannot have answered");
+
+    // A new process on the same ledger reports the charge: it was committed before the upstream
+    // saw the query, and nothing refunds it.
+    let restarted = Replica::start(&text, &ledger).await;
+    let budget = restarted.connect().await.budget().await;
+    assert_eq!(budget.epsilon_spent, 1.25);
+    assert_eq!(budget.epsilon_remaining, 10.0 - 1.25);
+    let row = log
+        .query_one(
+            "SELECT epsilon::text, outcome FROM pgdp.charge_log WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("read the audit log");
+    assert_eq!(row.get::<_, String>(0).parse::<f64>().expect("ε"), 1.25);
+    // The process died before it could record an outcome: the row still says it was charged.
+    assert_eq!(row.get::<_, String>(1), "charged");
+    restarted.kill().await;
+    ledger.drop_db().await;
+}
