@@ -165,8 +165,8 @@ pub async fn describe(
                 items
                     .iter()
                     .map(|item| {
-                        let (name, cell) = session.evaluate_constant(shared, item)?;
-                        Ok(OutColumn::new(name, cell_type_of(&cell)))
+                        let (name, _cell, ty) = session.evaluate_constant(shared, item)?;
+                        Ok(OutColumn::new(name, ty))
                     })
                     .collect::<Result<Vec<_>>>()?,
             )),
@@ -315,8 +315,27 @@ fn budget_columns() -> Vec<OutColumn> {
     .collect()
 }
 
+/// The type PostgreSQL gives a FROM-less constant: an integer literal is `integer` when it fits
+/// in 32 bits and `bigint` otherwise (so `SELECT 1` is `int4`, as clients expect), and an
+/// explicit cast decides.
+fn constant_type(expr: &Expr, cell: &Cell) -> CellType {
+    match expr {
+        Expr::Nested(inner) => constant_type(inner, cell),
+        Expr::Cast { data_type, .. } => {
+            let ty = data_type.to_string().to_ascii_lowercase();
+            match ty.split('(').next().unwrap_or("").trim() {
+                "int" | "integer" | "int4" | "smallint" | "int2" => CellType::Int4,
+                "bigint" | "int8" => CellType::Int8,
+                _ => cell_type_of(cell),
+            }
+        }
+        _ => cell_type_of(cell),
+    }
+}
+
 fn cell_type_of(cell: &Cell) -> CellType {
     match cell {
+        Cell::Int(i) if i32::try_from(*i).is_ok() => CellType::Int4,
         Cell::Int(_) => CellType::Int8,
         Cell::Float(_) => CellType::Float8,
         Cell::Bool(_) => CellType::Bool,
@@ -673,8 +692,8 @@ impl Session {
                     let mut columns = Vec::new();
                     let mut row = Vec::new();
                     for item in items {
-                        let (name, cell) = self.evaluate_constant(shared, item)?;
-                        columns.push(OutColumn::new(name, cell_type_of(&cell)));
+                        let (name, cell, ty) = self.evaluate_constant(shared, item)?;
+                        columns.push(OutColumn::new(name, ty));
                         row.push(cell);
                     }
                     return Ok(Outcome::Rows {
@@ -745,15 +764,21 @@ impl Session {
         }
     }
 
-    /// Evaluates one item of a FROM-less SELECT of constants and harmless session lookups.
-    fn evaluate_constant(&self, shared: &Shared, item: &SelectItem) -> Result<(String, Cell)> {
+    /// Evaluates one item of a FROM-less SELECT of constants and harmless session lookups, with
+    /// the column type PostgreSQL would give it.
+    fn evaluate_constant(
+        &self,
+        shared: &Shared,
+        item: &SelectItem,
+    ) -> Result<(String, Cell, CellType)> {
         let (expr, alias) = match item {
             SelectItem::UnnamedExpr(e) => (e, None),
             SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
             _ => return Err(Error::unsupported("* without FROM", "")),
         };
         let (default_name, cell) = self.constant_value(shared, expr)?;
-        Ok((alias.unwrap_or(default_name), cell))
+        let ty = constant_type(expr, &cell);
+        Ok((alias.unwrap_or(default_name), cell, ty))
     }
 
     fn constant_value(&self, shared: &Shared, expr: &Expr) -> Result<(String, Cell)> {

@@ -626,3 +626,28 @@ async fn a_prepared_statement_keeps_its_described_columns() {
     }
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn constants_have_postgresql_types() {
+    let proxy = Proxy::start(60).await;
+    let s = proxy.connect().await;
+    let statement = s
+        .prepare("SELECT 1, 3000000000, 1::bigint, 2::int, 1.5, 'x', true")
+        .await
+        .expect("prepare constants");
+    let types: Vec<String> = statement
+        .columns()
+        .iter()
+        .map(|c| c.type_().name().to_string())
+        .collect();
+    assert_eq!(
+        types,
+        ["int4", "int8", "int8", "int4", "float8", "text", "bool"],
+        "node-postgres and JDBC map SELECT 1 by its type"
+    );
+    let row = s.query_one(&statement, &[]).await.expect("execute");
+    assert_eq!(row.get::<_, i32>(0), 1);
+    assert_eq!(row.get::<_, i64>(1), 3_000_000_000);
+    assert_eq!(row.get::<_, i64>(2), 1);
+    proxy.stop().await;
+}
