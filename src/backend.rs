@@ -482,8 +482,12 @@ impl Shadow {
             .built
             .get_or_try_init(|| build(&self.upstream_dsn, &self.policy))
             .await;
+        // Only a build that failed on a reachable upstream is worth not retrying at once; while
+        // the upstream is down, an attempt costs one refused connection.
         if let (Err(error), Ok(mut failed)) = (&result, self.failed.lock()) {
-            *failed = Some((Instant::now(), error.clone()));
+            if *error != Error::UpstreamUnavailable {
+                *failed = Some((Instant::now(), error.clone()));
+            }
         }
         result
     }
