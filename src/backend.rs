@@ -9,13 +9,21 @@
 //!   `warn`) and the caller receives [`Error::Upstream`], [`Error::Canceled`] or
 //!   [`Error::UpstreamUnavailable`], whose messages are fixed.
 //! - A connection that saw an error is discarded, never returned to the pool mid-transaction.
+//! - A connection is returned to the pool only after a statement completed on it and no cancel
+//!   was sent for it: a late `CancelRequest` can therefore only reach a connection nobody uses.
+//! - An unreachable upstream is never fatal: every call connects anew when the pool has no live
+//!   connection, so pgdp serves again as soon as the upstream is back. The shadow catalog is
+//!   built on first use if it could not be built at start ([`Shadow::ensure`]).
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage};
+use tokio_postgres::{CancelToken, Client, Config, NoTls, SimpleQueryMessage};
 
 use crate::error::{Error, Result};
 use crate::limits;
@@ -29,6 +37,9 @@ pub struct Backend {
     idle: Mutex<Vec<Client>>,
     permits: Arc<Semaphore>,
     server_version: Mutex<Option<String>>,
+    /// The `statement_timeout` of DP statements: [`limits::STATEMENT_TIMEOUT_MS`] unless lowered
+    /// by [`Backend::lower_statement_timeout`].
+    statement_timeout_ms: AtomicU64,
 }
 
 /// A pooled connection; returned to the pool when dropped unless marked broken.
@@ -40,6 +51,52 @@ pub struct Pooled<'a> {
 }
 
 impl Pooled<'_> {
+    /// Runs one pgdp-generated SELECT in a read-only transaction with pgdp's statement timeout,
+    /// and returns its rows in text format. `cancel` can stop it from another task (a
+    /// CancelRequest, the client going away).
+    pub async fn run_release_query(mut self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
+        let batch = format!(
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; {sql}; COMMIT",
+            self.backend.statement_timeout_ms.load(Ordering::Relaxed)
+        );
+        // Until the statement has completed, the connection is not returned to the pool: if this
+        // future is dropped midway, the upstream may still be running the statement.
+        self.broken = true;
+        let mut reconnected = false;
+        loop {
+            let run = cancel.begin(self.client().cancel_token())?;
+            let result = self.client().simple_query(&batch).await;
+            let requested = run.end();
+            let e = match result {
+                Ok(messages) => {
+                    // A cancel sent for this run may still be on its way: never reuse the
+                    // connection then.
+                    self.broken = requested.is_some();
+                    return collect_rows(&messages);
+                }
+                Err(e) => e,
+            };
+            tracing::warn!(error = %e, "upstream DP statement failed");
+            if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
+                return Err(Error::Canceled {
+                    reason: requested
+                        .map_or("statement timeout", CancelReason::message)
+                        .into(),
+                });
+            }
+            if !is_connection_error(&e) {
+                return Err(Error::Upstream);
+            }
+            // The connection died (the upstream restarted): one more try on a fresh one. Running
+            // the statement twice reveals nothing, since only the released answer leaves pgdp.
+            if reconnected || requested.is_some() {
+                return Err(Error::UpstreamUnavailable);
+            }
+            reconnected = true;
+            self.client = Some(self.backend.connect().await?);
+        }
+    }
+
     /// The connection.
     pub fn client(&self) -> &Client {
         // Invariant: `client` is Some from construction until drop.
@@ -89,7 +146,16 @@ impl Backend {
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(limits::UPSTREAM_POOL_SIZE)),
             server_version: Mutex::new(None),
+            statement_timeout_ms: AtomicU64::new(limits::STATEMENT_TIMEOUT_MS),
         })
+    }
+
+    /// Lowers the statement timeout of DP statements to `ms` (never above
+    /// [`limits::STATEMENT_TIMEOUT_MS`], never below 1 ms). For tests of slow upstreams and for
+    /// operators who want a tighter bound.
+    pub fn lower_statement_timeout(&self, ms: u64) {
+        let ms = ms.clamp(1, limits::STATEMENT_TIMEOUT_MS);
+        self.statement_timeout_ms.store(ms, Ordering::Relaxed);
     }
 
     /// The database name of the upstream DSN.
@@ -107,10 +173,24 @@ impl Backend {
                 tracing::debug!(error = %e, "upstream connection ended");
             }
         });
+        if self.cached_server_version().is_none() {
+            match client.simple_query("SHOW server_version").await {
+                Ok(rows) => {
+                    let version = first_value(&rows).unwrap_or_else(|| "15.0".into());
+                    tracing::info!(server_version = %version, "upstream reachable");
+                    if let Ok(mut v) = self.server_version.lock() {
+                        *v = Some(version);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the upstream's server_version"),
+            }
+        }
         Ok(client)
     }
 
-    /// A connection from the pool, opening one if none is idle.
+    /// A live connection from the pool, opening one if none is idle. Connections that died
+    /// (the upstream restarted) are dropped on the way; [`Error::UpstreamUnavailable`] (57P03) if
+    /// the upstream cannot be reached.
     pub async fn get(&self) -> Result<Pooled<'_>> {
         let permit = self
             .permits
@@ -144,25 +224,14 @@ impl Backend {
         })
     }
 
-    /// The upstream's `server_version`, fetched once and cached.
+    /// The upstream's `server_version`, read on the first connection and cached.
     pub async fn server_version(&self) -> Result<String> {
-        if let Some(v) = self.server_version.lock().ok().and_then(|v| v.clone()) {
+        if let Some(v) = self.cached_server_version() {
             return Ok(v);
         }
-        let conn = self.get().await?;
-        let rows = conn
-            .client()
-            .simple_query("SHOW server_version")
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "cannot read the upstream's server_version");
-                Error::UpstreamUnavailable
-            })?;
-        let version = first_value(&rows).unwrap_or_else(|| "15.0".into());
-        if let Ok(mut v) = self.server_version.lock() {
-            *v = Some(version.clone());
-        }
-        Ok(version)
+        drop(self.get().await?);
+        self.cached_server_version()
+            .ok_or(Error::UpstreamUnavailable)
     }
 
     /// The cached server version, if known (for ParameterStatus at startup, which cannot wait).
@@ -170,38 +239,160 @@ impl Backend {
         self.server_version.lock().ok().and_then(|v| v.clone())
     }
 
-    /// Runs one pgdp-generated SELECT in a read-only transaction with pgdp's statement timeout,
-    /// and returns its rows in text format.
-    pub async fn run_release_query(&self, sql: &str) -> Result<TextRows> {
-        let mut conn = self.get().await?;
-        let batch = format!(
-            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; {sql}; COMMIT",
-            limits::STATEMENT_TIMEOUT_MS
-        );
-        let result = conn.client().simple_query(&batch).await;
-        match result {
-            Ok(messages) => collect_rows(&messages),
-            Err(e) => {
-                conn.discard();
-                let canceled = e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED);
-                tracing::warn!(error = %e, "upstream DP statement failed");
-                if canceled {
-                    Err(Error::Canceled {
-                        reason: "statement timeout".into(),
-                    })
-                } else if e.is_closed() || e.code().is_none() {
-                    Err(Error::UpstreamUnavailable)
-                } else {
-                    Err(Error::Upstream)
-                }
-            }
+    /// Runs SQL that reads no private data (public tables), returning text rows, with the
+    /// transaction discipline of [`Pooled::run_release_query`].
+    pub async fn run_public_query(&self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
+        self.get().await?.run_release_query(sql, cancel).await
+    }
+}
+
+/// Why a running upstream statement is stopped on request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// A CancelRequest with the session's key (psql's Ctrl-C).
+    UserRequest,
+    /// The client closed its connection; nobody waits for the answer.
+    ClientGone,
+}
+
+impl CancelReason {
+    /// The end of PostgreSQL's "canceling statement due to …" message.
+    fn message(self) -> &'static str {
+        match self {
+            CancelReason::UserRequest => "user request",
+            CancelReason::ClientGone => "client disconnect",
         }
     }
+}
 
-    /// Runs SQL that reads no private data (public tables), returning text rows. Same
-    /// transaction discipline as [`Backend::run_release_query`].
-    pub async fn run_public_query(&self, sql: &str) -> Result<TextRows> {
-        self.run_release_query(sql).await
+impl std::fmt::Debug for CancelState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CancelState")
+            .field("running", &self.running.is_some())
+            .field("requested", &self.requested)
+            .field("client_gone", &self.client_gone)
+            .finish()
+    }
+}
+
+/// Stops the upstream statement of one client connection from another task: a CancelRequest
+/// naming the connection's key, or the watcher that notices the client went away.
+///
+/// Like PostgreSQL, a cancel reaches only a statement that is running: one that arrives between
+/// statements does nothing. A client that went away is remembered, so the session starts no
+/// statement after it (its charge, if any, was made and stays).
+#[derive(Debug, Default)]
+pub struct Cancel {
+    state: Mutex<CancelState>,
+}
+
+#[derive(Default)]
+struct CancelState {
+    /// The cancel token of the upstream connection running this connection's statement.
+    running: Option<CancelToken>,
+    /// Why the running statement was cancelled, if it was.
+    requested: Option<CancelReason>,
+    /// The client went away.
+    client_gone: bool,
+}
+
+impl Cancel {
+    /// Cancels the running upstream statement, if any; returns whether one was running. The
+    /// cancel is sent to the upstream before this returns (best effort: it is logged if the
+    /// upstream cannot be reached).
+    pub async fn request(&self, reason: CancelReason) -> bool {
+        let token = {
+            let Ok(mut state) = self.state.lock() else {
+                return false;
+            };
+            if reason == CancelReason::ClientGone {
+                state.client_gone = true;
+            }
+            match state.running.take() {
+                Some(token) => {
+                    state.requested = Some(reason);
+                    token
+                }
+                None => return false,
+            }
+        };
+        tracing::info!(
+            reason = reason.message(),
+            "cancelling the upstream statement"
+        );
+        if let Err(e) = token.cancel_query(NoTls).await {
+            tracing::warn!(error = %e, "cannot send the cancel request to the upstream");
+        }
+        true
+    }
+
+    /// Marks a statement as running on the connection of `token`.
+    fn begin(&self, token: CancelToken) -> Result<Running<'_>> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| Error::internal("cancel state poisoned"))?;
+        if state.client_gone {
+            return Err(Error::Canceled {
+                reason: CancelReason::ClientGone.message().into(),
+            });
+        }
+        state.running = Some(token);
+        state.requested = None;
+        Ok(Running {
+            cancel: self,
+            ended: false,
+        })
+    }
+}
+
+/// A statement running under a [`Cancel`]; [`Running::end`] says whether it was cancelled. If it
+/// is dropped instead (the future running the statement was dropped), the statement is
+/// cancelled on the upstream.
+struct Running<'c> {
+    cancel: &'c Cancel,
+    ended: bool,
+}
+
+impl Running<'_> {
+    /// The statement completed (or failed); returns why it was cancelled, if it was.
+    fn end(mut self) -> Option<CancelReason> {
+        self.ended = true;
+        self.cancel.state.lock().ok().and_then(|mut state| {
+            state.running = None;
+            state.requested.take()
+        })
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let token = self
+            .cancel
+            .state
+            .lock()
+            .ok()
+            .and_then(|mut state| state.running.take());
+        if let (Some(token), Ok(runtime)) = (token, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                let _ = token.cancel_query(NoTls).await;
+            });
+        }
+    }
+}
+
+/// Whether `error` means the upstream connection is gone (closed, or the server shutting down or
+/// restarting: SQLSTATE classes 08 and 57P), as opposed to a statement failing on a healthy one.
+fn is_connection_error(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    match error.code() {
+        None => error.as_db_error().is_none(),
+        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
     }
 }
 
@@ -228,16 +419,30 @@ fn collect_rows(messages: &[SimpleQueryMessage]) -> Result<TextRows> {
     Ok(rows)
 }
 
+/// How long after a failed build of the shadow catalog the next catalog query tries again.
+/// (A limit; it belongs in `limits.rs`, which this module's author does not own yet.)
+const SHADOW_RETRY_MS: u64 = 2_000;
+
 /// A catalog column: its name and the upstream type OID.
 pub type CatalogColumns = Vec<(String, u32)>;
 
 /// The shadow catalog: a database with the policy's schemas and tables (declared columns only,
-/// with the upstream's column types) and no rows.
+/// with the upstream's column types) and no rows. Built by [`Shadow::ensure`], at start if the
+/// upstream answers, else on the first catalog query after it is back.
 #[derive(Debug)]
 pub struct Shadow {
+    upstream_dsn: String,
+    policy: crate::policy::Policy,
+    built: tokio::sync::OnceCell<Built>,
+    /// When the last build failed, and how: builds are retried at most once per
+    /// [`SHADOW_RETRY_MS`], so a permanent failure (no CREATEDB) costs little.
+    failed: Mutex<Option<(Instant, Error)>>,
+}
+
+/// A built shadow catalog.
+#[derive(Debug)]
+struct Built {
     backend: Backend,
-    /// The shadow database's name.
-    pub dbname: String,
 }
 
 fn quote_ident(name: &str) -> String {
@@ -245,51 +450,136 @@ fn quote_ident(name: &str) -> String {
 }
 
 impl Shadow {
-    /// Creates (if needed) and rebuilds the shadow catalog of `policy` next to the upstream
-    /// database. Needs CREATEDB on the upstream role the first time.
-    pub async fn build(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Shadow> {
-        let upstream = Backend::new(upstream_dsn)?;
-        let dbname = format!("{}_pgdp_catalog", upstream.dbname().unwrap_or("postgres"));
-        let conn = upstream.get().await?;
-        let fail = |what: &'static str| {
-            move |e: tokio_postgres::Error| {
-                tracing::warn!(error = %e, what, "shadow catalog");
+    /// The shadow catalog of `policy` next to the upstream database, not built yet. Fails only if
+    /// the DSN is invalid.
+    pub fn new(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Shadow> {
+        Backend::new(upstream_dsn)?;
+        Ok(Shadow {
+            upstream_dsn: upstream_dsn.to_string(),
+            policy: policy.clone(),
+            built: tokio::sync::OnceCell::new(),
+            failed: Mutex::new(None),
+        })
+    }
+
+    /// Builds the shadow catalog unless it is built: [`Error::UpstreamUnavailable`] (57P03) while
+    /// the upstream cannot be reached, [`Error::Unsupported`] (0A000) if it answers but the build
+    /// fails (the role lacks CREATEDB).
+    pub async fn ensure(&self) -> Result<()> {
+        self.built().await.map(|_| ())
+    }
+
+    async fn built(&self) -> Result<&Built> {
+        if let Some(built) = self.built.get() {
+            return Ok(built);
+        }
+        if let Some((at, error)) = self.failed.lock().ok().and_then(|f| f.clone()) {
+            if at.elapsed() < Duration::from_millis(SHADOW_RETRY_MS) {
+                return Err(error);
+            }
+        }
+        let result = self
+            .built
+            .get_or_try_init(|| build(&self.upstream_dsn, &self.policy))
+            .await;
+        // Only a build that failed on a reachable upstream is worth not retrying at once; while
+        // the upstream is down, an attempt costs one refused connection.
+        if let (Err(error), Ok(mut failed)) = (&result, self.failed.lock()) {
+            if *error != Error::UpstreamUnavailable {
+                *failed = Some((Instant::now(), error.clone()));
+            }
+        }
+        result
+    }
+}
+
+/// Creates (if needed) and rebuilds the shadow catalog of `policy` next to the upstream database.
+/// Needs CREATEDB on the upstream role the first time.
+async fn build(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Built> {
+    let built = build_once(upstream_dsn, policy).await;
+    match built {
+        Err(Error::UpstreamUnavailable) => {
+            // Tell "down" from "up but refusing": only the former is worth waiting for.
+            let probe = Backend::new(upstream_dsn)?;
+            let reachable = probe.get().await.is_ok();
+            Err(if reachable {
+                no_shadow()
+            } else {
                 Error::UpstreamUnavailable
-            }
-        };
-        let exists = conn
-            .client()
-            .query_opt(
-                "SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1",
-                &[&dbname],
-            )
-            .await
-            .map_err(fail("look up"))?
-            .is_some();
-        if !exists {
-            let create = format!("CREATE DATABASE {}", quote_ident(&dbname));
-            if let Err(e) = conn.client().batch_execute(&create).await {
-                // Another pgdp may have created it at the same moment.
-                if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
-                    return Err(fail("create database")(e));
-                }
+            })
+        }
+        other => other,
+    }
+}
+
+/// The refusal of catalog queries when the shadow catalog cannot be built on a reachable upstream.
+fn no_shadow() -> Error {
+    Error::unsupported(
+        "catalog queries on this server",
+        "pgdp could not build its shadow catalog (the upstream role needs CREATEDB once); see the server log.",
+    )
+}
+
+impl Shadow {
+    /// The result columns of a catalog query, without running it.
+    pub async fn describe(&self, sql: &str) -> Result<CatalogColumns> {
+        self.built().await?.describe(sql).await
+    }
+
+    /// Runs a checked catalog query on the shadow database: its columns and text rows.
+    /// `search_path` is the session's, already validated against the policy's schemas.
+    pub async fn run(
+        &self,
+        sql: &str,
+        search_path: &[String],
+    ) -> Result<(CatalogColumns, TextRows)> {
+        self.built().await?.run(sql, search_path).await
+    }
+}
+
+async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Built> {
+    let upstream = Backend::new(upstream_dsn)?;
+    let dbname = format!("{}_pgdp_catalog", upstream.dbname().unwrap_or("postgres"));
+    let conn = upstream.get().await?;
+    let fail = |what: &'static str| {
+        move |e: tokio_postgres::Error| {
+            tracing::warn!(error = %e, what, "shadow catalog");
+            Error::UpstreamUnavailable
+        }
+    };
+    let exists = conn
+        .client()
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1",
+            &[&dbname],
+        )
+        .await
+        .map_err(fail("look up"))?
+        .is_some();
+    if !exists {
+        let create = format!("CREATE DATABASE {}", quote_ident(&dbname));
+        if let Err(e) = conn.client().batch_execute(&create).await {
+            // Another pgdp may have created it at the same moment.
+            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+                return Err(fail("create database")(e));
             }
         }
-        // Column types as the upstream declares them.
-        let mut ddl = String::from("SELECT pg_advisory_xact_lock(7367626470);");
-        for schema in policy.schemas() {
-            ddl.push_str(&format!(
-                "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
-                quote_ident(&schema)
-            ));
-        }
-        for table in policy.tables.values() {
-            let qualified = format!(
-                "{}.{}",
-                quote_ident(&table.schema),
-                quote_ident(&table.name)
-            );
-            let rows = conn
+    }
+    // Column types as the upstream declares them.
+    let mut ddl = String::from("SELECT pg_advisory_xact_lock(7367626470);");
+    for schema in policy.schemas() {
+        ddl.push_str(&format!(
+            "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
+            quote_ident(&schema)
+        ));
+    }
+    for table in policy.tables.values() {
+        let qualified = format!(
+            "{}.{}",
+            quote_ident(&table.schema),
+            quote_ident(&table.name)
+        );
+        let rows = conn
                 .client()
                 .query(
                     "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) \
@@ -299,60 +589,60 @@ impl Shadow {
                 )
                 .await
                 .map_err(fail("read column types"))?;
-            // Upstream order first (attnum), then declared columns the upstream lacks.
-            let upstream_types: Vec<(String, String)> = rows
-                .iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
-                .collect();
-            if upstream_types.is_empty() {
-                tracing::error!(table = %table.qualified_name(), "policy table does not exist on the upstream");
+        // Upstream order first (attnum), then declared columns the upstream lacks.
+        let upstream_types: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect();
+        if upstream_types.is_empty() {
+            tracing::error!(table = %table.qualified_name(), "policy table does not exist on the upstream");
+        }
+        let mut ordered: Vec<&crate::policy::Column> = upstream_types
+            .iter()
+            .filter_map(|(name, _)| table.column(name))
+            .collect();
+        for c in &table.columns {
+            if !ordered.iter().any(|o| o.name == c.name) {
+                tracing::error!(table = %table.qualified_name(), column = %c.name, "policy column does not exist on the upstream");
+                ordered.push(c);
             }
-            let mut ordered: Vec<&crate::policy::Column> = upstream_types
-                .iter()
-                .filter_map(|(name, _)| table.column(name))
-                .collect();
-            for c in &table.columns {
-                if !ordered.iter().any(|o| o.name == c.name) {
-                    tracing::error!(table = %table.qualified_name(), column = %c.name, "policy column does not exist on the upstream");
-                    ordered.push(c);
-                }
+        }
+        let columns: Vec<String> = ordered
+            .iter()
+            .map(|c| {
+                let ty = upstream_types
+                    .iter()
+                    .find(|(n, _)| *n == c.name)
+                    .map(|(_, t)| t.clone())
+                    .unwrap_or_else(|| match c.ty {
+                        crate::policy::ColumnType::Integer => "bigint".into(),
+                        crate::policy::ColumnType::Float => "double precision".into(),
+                        other => other.name().into(),
+                    });
+                format!("{} {ty}", quote_ident(&c.name))
+            })
+            .collect();
+        let mut column_notes = String::new();
+        for c in &ordered {
+            let mut parts = Vec::new();
+            if let Some(b) = c.bounds {
+                parts.push(format!("bounds [{}, {}]", b.lower, b.upper));
             }
-            let columns: Vec<String> = ordered
-                .iter()
-                .map(|c| {
-                    let ty = upstream_types
-                        .iter()
-                        .find(|(n, _)| *n == c.name)
-                        .map(|(_, t)| t.clone())
-                        .unwrap_or_else(|| match c.ty {
-                            crate::policy::ColumnType::Integer => "bigint".into(),
-                            crate::policy::ColumnType::Float => "double precision".into(),
-                            other => other.name().into(),
-                        });
-                    format!("{} {ty}", quote_ident(&c.name))
-                })
-                .collect();
-            let mut column_notes = String::new();
-            for c in &ordered {
-                let mut parts = Vec::new();
-                if let Some(b) = c.bounds {
-                    parts.push(format!("bounds [{}, {}]", b.lower, b.upper));
-                }
-                if c.groupable {
-                    parts.push("groupable".to_string());
-                }
-                if let Some(v) = &c.public_values {
-                    parts.push(format!("{} public values", v.len()));
-                }
-                if !parts.is_empty() {
-                    column_notes.push_str(&format!(
-                        "COMMENT ON COLUMN {qualified}.{} IS '{}';",
-                        quote_ident(&c.name),
-                        parts.join("; ").replace('\'', "''")
-                    ));
-                }
+            if c.groupable {
+                parts.push("groupable".to_string());
             }
-            let note = match &table.kind {
+            if let Some(v) = &c.public_values {
+                parts.push(format!("{} public values", v.len()));
+            }
+            if !parts.is_empty() {
+                column_notes.push_str(&format!(
+                    "COMMENT ON COLUMN {qualified}.{} IS '{}';",
+                    quote_ident(&c.name),
+                    parts.join("; ").replace('\'', "''")
+                ));
+            }
+        }
+        let note = match &table.kind {
                 crate::policy::TableKind::Public => "public table (pgdp)".to_string(),
                 crate::policy::TableKind::Private(p) => format!(
                     "private table: DP aggregates only; privacy unit {}, at most {} group(s) and {} row(s) per unit (pgdp)",
@@ -361,34 +651,36 @@ impl Shadow {
                     p.max_rows_per_unit
                 ),
             };
-            ddl.push_str(&format!(
-                "CREATE TABLE {qualified} ({}); COMMENT ON TABLE {qualified} IS '{}';{column_notes}",
-                columns.join(", "),
-                note.replace('\'', "''")
-            ));
-        }
-        drop(conn);
-        let mut config = upstream.config.clone();
-        config.dbname(&dbname);
-        let backend = Backend {
-            config,
-            idle: Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new(4)),
-            server_version: Mutex::new(None),
-        };
-        {
-            let mut shadow = backend.get().await?;
-            let client = shadow.client();
-            let result = client.batch_execute(&format!("BEGIN; {ddl} COMMIT;")).await;
-            if let Err(e) = result {
-                shadow.discard();
-                return Err(fail("build")(e));
-            }
-        }
-        tracing::info!(database = %dbname, tables = policy.tables.len(), "shadow catalog ready");
-        Ok(Shadow { backend, dbname })
+        ddl.push_str(&format!(
+            "CREATE TABLE {qualified} ({}); COMMENT ON TABLE {qualified} IS '{}';{column_notes}",
+            columns.join(", "),
+            note.replace('\'', "''")
+        ));
     }
+    drop(conn);
+    let mut config = upstream.config.clone();
+    config.dbname(&dbname);
+    let backend = Backend {
+        config,
+        idle: Mutex::new(Vec::new()),
+        permits: Arc::new(Semaphore::new(4)),
+        server_version: Mutex::new(None),
+        statement_timeout_ms: AtomicU64::new(limits::STATEMENT_TIMEOUT_MS),
+    };
+    {
+        let mut shadow = backend.get().await?;
+        let client = shadow.client();
+        let result = client.batch_execute(&format!("BEGIN; {ddl} COMMIT;")).await;
+        if let Err(e) = result {
+            shadow.discard();
+            return Err(fail("build")(e));
+        }
+    }
+    tracing::info!(database = %dbname, tables = policy.tables.len(), "shadow catalog ready");
+    Ok(Built { backend })
+}
 
+impl Built {
     /// The result columns of a catalog query, without running it.
     pub async fn describe(&self, sql: &str) -> Result<CatalogColumns> {
         let conn = self.backend.get().await?;

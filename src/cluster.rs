@@ -8,7 +8,8 @@
 //! allows [`MAX_CONNECTIONS`] connections because tests open many. Dropping the [`Cluster`]
 //! stops the server (`pg_ctl stop -m immediate`) and deletes the directory, best effort; a cluster
 //! kept in a `static` is never dropped, so [`Cluster::stop_when_process_exits`] hands that job to a
-//! small watcher process.
+//! small watcher process. [`Cluster::stop`] and [`Cluster::resume`] stop and restart the server
+//! on the same port and data, for tests of an upstream that goes away.
 //!
 //! PostgreSQL refuses to run as root. When the effective uid is 0 (read from `/proc/self/status`,
 //! else from `id -u`), every server command runs as the unprivileged user `postgres` (or `nobody`
@@ -160,6 +161,28 @@ impl Cluster {
         }
         cluster.wait_until_ready().await?;
         Ok(cluster)
+    }
+
+    /// Stops the server (`pg_ctl stop -m fast`: sessions are terminated, as when an operator
+    /// restarts PostgreSQL) and keeps the data directory, so [`Cluster::resume`] can start it
+    /// again. For tests of an upstream or ledger that goes away.
+    pub async fn stop(&self) -> Result<(), ClusterError> {
+        let mut command = self.server_command("pg_ctl");
+        command.arg("stop").arg("-D").arg(&self.data_dir).args([
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            &START_TIMEOUT.as_secs().to_string(),
+        ]);
+        run(&mut command).await
+    }
+
+    /// Starts a server stopped by [`Cluster::stop`] again, on the same port; returns once it
+    /// accepts connections.
+    pub async fn resume(&self) -> Result<(), ClusterError> {
+        self.start_server().await?;
+        self.wait_until_ready().await
     }
 
     /// The TCP port the server listens on (on 127.0.0.1).

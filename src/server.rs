@@ -36,7 +36,7 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
-    /// The ledger could not be opened.
+    /// The ledger DSN is invalid.
     #[error("cannot open the privacy ledger: {0}")]
     Ledger(Error),
     /// The upstream DSN is invalid.
@@ -67,27 +67,35 @@ impl Drop for Running {
     }
 }
 
-/// Opens the ledger, binds the listener and serves in a background task.
+/// Binds the listener and serves in a background task. Neither the upstream nor the ledger needs
+/// to be reachable: while the upstream is down, DP and catalog queries are refused with 57P03;
+/// while the ledger is down, DP queries are (nothing runs uncharged); both are retried on every
+/// query, so pgdp serves as soon as they are back. Only invalid DSNs and the listen address
+/// stop it from starting.
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let backend = Backend::new(&config.upstream).map_err(|_| StartError::Upstream)?;
-    match backend.server_version().await {
-        Ok(v) => tracing::info!(server_version = %v, "upstream reachable"),
-        Err(_) => tracing::warn!("upstream unreachable at start; pgdp will serve once it is back"),
-    }
     let ledger_dsn = config.ledger.as_deref().unwrap_or(&config.upstream);
-    let ledger = Ledger::connect(ledger_dsn)
-        .await
-        .map_err(StartError::Ledger)?;
-    let shadow = match crate::backend::Shadow::build(&config.upstream, &config.policy).await {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "no shadow catalog: catalog queries will be refused");
-            None
+    let ledger = Ledger::new(ledger_dsn).map_err(StartError::Ledger)?;
+    let shadow = crate::backend::Shadow::new(&config.upstream, &config.policy)
+        .map_err(|_| StartError::Upstream)?;
+    match backend.server_version().await {
+        Ok(_) => {
+            if let Err(e) = shadow.ensure().await {
+                tracing::warn!(error = %e, "no shadow catalog yet: catalog queries will retry it");
+            }
         }
-    };
-    let mut shared = Shared::new(config.policy, backend, ledger, shadow)
+        Err(_) => tracing::warn!(
+            "upstream unreachable at start: DP and catalog queries are refused (57P03) until it is back"
+        ),
+    }
+    let mut shared = Shared::new(config.policy, backend, ledger, Some(shadow))
         .await
         .map_err(StartError::Ledger)?;
+    if shared.secret().await.is_err() {
+        tracing::warn!(
+            "privacy ledger unreachable at start: DP queries are refused (57P03) until it is back"
+        );
+    }
     shared.noise_seed = config.noise_seed;
     let shared = Arc::new(shared);
     let listener = tokio::net::TcpListener::bind(&config.listen)

@@ -36,8 +36,9 @@ pub struct Shared {
     pub backend: Arc<Backend>,
     /// The durable privacy ledger.
     pub ledger: Arc<Ledger>,
-    /// The secret keying which groups a unit keeps.
-    pub secret: String,
+    /// The secret keying which groups a unit keeps: the policy's, or the ledger's, read on
+    /// first need (the ledger may be down at start); see [`Shared::secret`].
+    secret: tokio::sync::OnceCell<String>,
     /// The shadow catalog answering introspection, if it could be built.
     pub shadow: Option<crate::backend::Shadow>,
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
@@ -46,17 +47,15 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The shared state of a server: connects the ledger and reads (or creates) the secret.
+    /// The shared state of a server. Touches neither the ledger nor the upstream: either may be
+    /// down at start.
     pub async fn new(
         policy: Policy,
         backend: Backend,
         ledger: Ledger,
         shadow: Option<crate::backend::Shadow>,
     ) -> Result<Shared> {
-        let secret = match &policy.secret {
-            Some(s) => s.clone(),
-            None => ledger.group_choice_secret().await?,
-        };
+        let secret = tokio::sync::OnceCell::new_with(policy.secret.clone());
         Ok(Shared {
             policy: Arc::new(policy),
             backend: Arc::new(backend),
@@ -65,6 +64,15 @@ impl Shared {
             shadow,
             noise_seed: None,
         })
+    }
+
+    /// The secret keying which groups a unit keeps: the policy's, else the one stored in the
+    /// ledger (created there by the first pgdp to ask). 57P03 while the ledger is unreachable.
+    pub async fn secret(&self) -> Result<&str> {
+        self.secret
+            .get_or_try_init(|| self.ledger.group_choice_secret())
+            .await
+            .map(String::as_str)
     }
 }
 
@@ -360,6 +368,8 @@ pub struct Session {
     settings_at_begin: Option<Settings>,
     /// pgdp's process id as reported by `pg_backend_pid()`.
     pub backend_pid: i32,
+    /// Stops this connection's running upstream statement (CancelRequest, client gone).
+    pub cancel: Arc<crate::backend::Cancel>,
     /// The noise generator of this session.
     rng: ChaCha20Rng,
 }
@@ -371,6 +381,7 @@ impl Session {
         analyst: Analyst,
         server_version: String,
         backend_pid: i32,
+        cancel: Arc<crate::backend::Cancel>,
     ) -> Result<Session> {
         let settings = Settings::new(&shared.policy, &analyst, "UTC");
         let rng = match shared.noise_seed {
@@ -385,6 +396,7 @@ impl Session {
             in_transaction: false,
             settings_at_begin: None,
             backend_pid,
+            cancel,
             rng,
         })
     }
@@ -441,9 +453,10 @@ impl Session {
         shared: &Shared,
         query: &ast::Query,
         params: &[Option<String>],
+        secret: &str,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let plan = analyze::analyze(query, &self.context(shared))?;
-        let rewrite = rewrite::rewrite(&plan, params, &shared.secret)?;
+        let rewrite = rewrite::rewrite(&plan, params, secret)?;
         crate::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
         let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
         Ok((plan, rewrite, mechanisms))
@@ -456,7 +469,8 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
     ) -> Result<Outcome> {
-        let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params)?;
+        let secret = shared.secret().await?;
+        let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params, secret)?;
         let budget = self.budget();
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
         // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
@@ -508,7 +522,7 @@ impl Session {
         let (mut domains, to_fetch) = release::listed_domains(&plan);
         for (i, table, column) in to_fetch {
             let sql = rewrite::public_values_sql(&table, &column)?;
-            let rows = shared.backend.run_public_query(&sql).await?;
+            let rows = shared.backend.run_public_query(&sql, &self.cancel).await?;
             if rows.len() > crate::limits::PUBLIC_KEY_COMBINATIONS_MAX {
                 return Err(Error::LimitExceeded {
                     what: format!("the number of values of public column {table}.{column}"),
@@ -523,7 +537,9 @@ impl Session {
             );
         }
 
-        // 3. Charge, durably, before the upstream sees the statement.
+        // 3. Charge, durably, before the upstream sees the statement; an upstream connection is
+        // taken first, so an unreachable upstream refuses (57P03) without spending.
+        let upstream = shared.backend.get().await?;
         let limit = limit_of(&self.analyst.budget)?;
         let dataset_limit = match &shared.policy.dataset_budget {
             Some(b) => Some(limit_of(b)?),
@@ -541,7 +557,7 @@ impl Session {
             .await?;
 
         // 4. The upstream; a failure keeps the charge.
-        let rows = match shared.backend.run_release_query(&rewrite.sql).await {
+        let rows = match upstream.run_release_query(&rewrite.sql, &self.cancel).await {
             Ok(rows) => rows,
             Err(e) => {
                 let _ = ledger.set_outcome(charge.id, "upstream failed").await;
@@ -750,10 +766,11 @@ impl Session {
                 self.dp_query(shared, query, params).await
             }
             Statement::Explain(query) => {
-                let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params)?;
+                let secret = shared.secret().await?;
+                let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params, secret)?;
                 let lines = release::explain(&plan, &rewrite, &mechanisms, self.budget())
                     .into_iter()
-                    .map(|l| redact_secret(&l, &shared.secret))
+                    .map(|l| redact_secret(&l, secret))
                     .collect::<Vec<_>>();
                 Ok(Outcome::Rows {
                     columns: vec![OutColumn::new("QUERY PLAN", CellType::Text)],

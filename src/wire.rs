@@ -10,9 +10,15 @@
 //!   message and hint; a refused statement never ends the connection.
 //! - Authentication failures look the same for unknown analysts and wrong passwords (28P01):
 //!   unknown names get a decoy verifier, so the SCRAM exchange runs the same way.
+//! - A CancelRequest reaches only the connection whose BackendKeyData (process id and secret
+//!   key, sent by pgwire at startup) it carries, and stops only that connection's running
+//!   upstream statement ([`Cancels`]); a wrong key does nothing. A client that goes away
+//!   mid-statement has its upstream statement cancelled too ([`watch_client`]). Either way the
+//!   charge stands.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,6 +27,7 @@ use futures::{stream, Sink, SinkExt};
 use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth, ScramSecret};
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::{AuthSource, LoginInfo, Password, ServerParameterProvider};
+use pgwire::api::cancel::CancelHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
@@ -28,11 +35,15 @@ use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::cancel::CancelRequest;
 use pgwire::messages::response::NoticeResponse;
 use pgwire::messages::startup::ParameterStatus;
+use pgwire::messages::startup::SecretKey;
 use pgwire::messages::PgWireBackendMessage;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
+
+use crate::backend::{Cancel, CancelReason};
 
 use crate::classify::{self, Statement};
 use crate::error::Error;
@@ -53,9 +64,19 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
         let handlers = handlers.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+            let (socket, watcher) = match watch_client(socket, handlers.cancels.open(peer)) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "cannot watch the client connection");
+                    handlers.cancels.close(peer);
+                    return;
+                }
+            };
+            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers.clone()).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
+            watcher.abort();
+            handlers.cancels.close(peer);
         });
     }
 }
@@ -65,6 +86,7 @@ pub struct Handlers {
     shared: Arc<Shared>,
     query: Arc<QueryHandler>,
     startup: Arc<SASLAuthStartupHandler<Parameters>>,
+    cancels: Arc<Cancels>,
 }
 
 impl Handlers {
@@ -76,15 +98,19 @@ impl Handlers {
             shared: shared.clone(),
         }))
         .with_scram(scram);
+        let cancels = Arc::new(Cancels::default());
         Handlers {
             query: Arc::new(QueryHandler {
                 shared: shared.clone(),
                 parser: Arc::new(Parser {
                     shared: shared.clone(),
+                    cancels: cancels.clone(),
                 }),
+                cancels: cancels.clone(),
             }),
             startup: Arc::new(startup),
             shared,
+            cancels,
         }
     }
 }
@@ -102,6 +128,130 @@ impl PgWireServerHandlers for Handlers {
         let _ = &self.shared;
         self.startup.clone()
     }
+
+    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
+        self.cancels.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation: CancelRequest, and clients that go away mid-statement
+// ---------------------------------------------------------------------------------------------
+
+/// The [`Cancel`] of every open client connection, by peer address, with the key pgwire sent
+/// it in BackendKeyData once its session exists.
+#[derive(Default)]
+pub struct Cancels {
+    by_peer: std::sync::Mutex<HashMap<SocketAddr, CancelEntry>>,
+}
+
+struct CancelEntry {
+    cancel: Arc<Cancel>,
+    key: Option<(i32, SecretKey)>,
+}
+
+impl Cancels {
+    /// Registers a new connection.
+    fn open(&self, peer: SocketAddr) -> Arc<Cancel> {
+        let cancel = Arc::new(Cancel::default());
+        if let Ok(mut by_peer) = self.by_peer.lock() {
+            by_peer.insert(
+                peer,
+                CancelEntry {
+                    cancel: cancel.clone(),
+                    key: None,
+                },
+            );
+        }
+        cancel
+    }
+
+    /// Forgets a connection that ended.
+    fn close(&self, peer: SocketAddr) {
+        if let Ok(mut by_peer) = self.by_peer.lock() {
+            by_peer.remove(&peer);
+        }
+    }
+
+    /// The connection's [`Cancel`], now reachable with its BackendKeyData.
+    fn attach(&self, peer: SocketAddr, pid: i32, key: SecretKey) -> Arc<Cancel> {
+        let Ok(mut by_peer) = self.by_peer.lock() else {
+            return Arc::new(Cancel::default());
+        };
+        match by_peer.get_mut(&peer) {
+            Some(entry) => {
+                entry.key = Some((pid, key));
+                entry.cancel.clone()
+            }
+            None => Arc::new(Cancel::default()),
+        }
+    }
+
+    /// The connection a CancelRequest names, if its process id and secret key both match.
+    fn find(&self, pid: i32, key: &SecretKey) -> Option<Arc<Cancel>> {
+        let by_peer = self.by_peer.lock().ok()?;
+        by_peer.values().find_map(|entry| match &entry.key {
+            Some((p, k)) if *p == pid && same_key(k, key) => Some(entry.cancel.clone()),
+            _ => None,
+        })
+    }
+}
+
+/// Compares secret keys in time independent of where they differ.
+fn same_key(a: &SecretKey, b: &SecretKey) -> bool {
+    let (a, b) = (a.to_bytes(), b.to_bytes());
+    a.len() == b.len() && a.iter().zip(b.iter()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+#[async_trait]
+impl CancelHandler for Cancels {
+    async fn on_cancel_request(&self, request: CancelRequest) {
+        match self.find(request.pid, &request.secret_key) {
+            Some(cancel) => {
+                let running = cancel.request(CancelReason::UserRequest).await;
+                tracing::info!(pid = request.pid, running, "cancel request");
+            }
+            None => tracing::info!(
+                pid = request.pid,
+                "cancel request with an unknown key ignored"
+            ),
+        }
+    }
+}
+
+/// How often a client's socket is looked at again while it holds bytes pgdp has not read yet.
+const CLIENT_WATCH_INTERVAL_MS: u64 = 200;
+
+/// Watches `socket` for the client going away, through a duplicate of its descriptor (pgwire
+/// owns the original): when the client closes or resets the connection, `cancel` stops the
+/// upstream statement it was waiting for. Returns the socket for pgwire and the watcher task.
+/// While the client has sent bytes pgdp has not read yet (pipelined messages), the end of the
+/// stream cannot be seen behind them; the watcher then looks again every
+/// [`CLIENT_WATCH_INTERVAL_MS`].
+fn watch_client(
+    socket: TcpStream,
+    cancel: Arc<Cancel>,
+) -> std::io::Result<(TcpStream, tokio::task::JoinHandle<()>)> {
+    let original = socket.into_std()?;
+    let duplicate = original.try_clone()?;
+    let socket = TcpStream::from_std(original)?;
+    let watched = TcpStream::from_std(duplicate)?;
+    let watcher = tokio::spawn(async move {
+        let mut byte = [0u8; 1];
+        loop {
+            match watched.peek(&mut byte).await {
+                Ok(0) | Err(_) => {
+                    cancel.request(CancelReason::ClientGone).await;
+                    return;
+                }
+                Ok(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(CLIENT_WATCH_INTERVAL_MS))
+                        .await
+                }
+            }
+        }
+    });
+    Ok((socket, watcher))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -301,11 +451,13 @@ pub struct Prepared {
 pub struct QueryHandler {
     shared: Arc<Shared>,
     parser: Arc<Parser>,
+    cancels: Arc<Cancels>,
 }
 
 /// Parses and classifies statements of the extended protocol.
 pub struct Parser {
     shared: Arc<Shared>,
+    cancels: Arc<Cancels>,
 }
 
 fn connection<C: ClientInfo>(client: &C) -> Arc<Connection> {
@@ -319,6 +471,7 @@ fn ensure_session<'a, C: ClientInfo>(
     slot: &'a mut Option<Session>,
     client: &C,
     shared: &Shared,
+    cancels: &Cancels,
 ) -> Result<&'a mut Session, Error> {
     if slot.is_none() {
         let user = client.metadata().get("user").cloned().unwrap_or_default();
@@ -332,8 +485,9 @@ fn ensure_session<'a, C: ClientInfo>(
             .backend
             .cached_server_version()
             .unwrap_or_else(|| "15.0".into());
-        let (pid, _) = client.pid_and_secret_key();
-        *slot = Some(Session::new(shared, analyst, version, pid)?);
+        let (pid, key) = client.pid_and_secret_key();
+        let cancel = cancels.attach(client.socket_addr(), pid, key);
+        *slot = Some(Session::new(shared, analyst, version, pid, cancel)?);
     }
     slot.as_mut()
         .ok_or_else(|| Error::internal("session missing after creation"))
@@ -590,8 +744,8 @@ impl SimpleQueryHandler for QueryHandler {
     {
         let conn = connection(client);
         let mut slot = conn.session.lock().await;
-        let session =
-            ensure_session(&mut slot, client, &self.shared).map_err(|e| user_error(&e))?;
+        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
+            .map_err(|e| user_error(&e))?;
         let started = Instant::now();
         let statements = match classify::classify(query) {
             Ok(s) => s,
@@ -663,8 +817,8 @@ impl QueryParser for Parser {
         };
         let conn = connection(client);
         let mut slot = conn.session.lock().await;
-        let session =
-            ensure_session(&mut slot, client, &self.shared).map_err(|e| user_error(&e))?;
+        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
+            .map_err(|e| user_error(&e))?;
         let columns = session::describe(&self.shared, session, &statement)
             .await
             .map_err(|e| user_error(&e))?;
@@ -819,8 +973,8 @@ impl ExtendedQueryHandler for QueryHandler {
         };
         let conn = connection(client);
         let mut slot = conn.session.lock().await;
-        let session =
-            ensure_session(&mut slot, client, &self.shared).map_err(|e| user_error(&e))?;
+        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
+            .map_err(|e| user_error(&e))?;
         let started = Instant::now();
         let result = if in_failed_transaction(client)
             && !matches!(statement, Statement::Commit | Statement::Rollback)

@@ -44,12 +44,20 @@
 //!     created_at timestamptz NOT NULL DEFAULT now(),
 //!     PRIMARY KEY (analyst, key));
 //! ```
-//! The exact DDL is [`SCHEMA_DDL`]; [`Ledger::connect`] runs it under a transaction-scoped
-//! advisory lock when any table is missing, so processes starting together do not race. A role
-//! without CREATE rights can use a ledger whose tables a DBA created beforehand.
+//! The exact DDL is [`SCHEMA_DDL`]; the first connection a [`Ledger`] opens runs it under a
+//! transaction-scoped advisory lock when any table is missing, so processes starting together do
+//! not race. A role without CREATE rights can use a ledger whose tables a DBA created beforehand.
+//!
+//! # Connections
+//! [`Ledger::new`] connects to nothing: every call takes a connection slot and (re)connects when
+//! the slot has none or its connection died, so a ledger that is down at start or restarts later
+//! serves again as soon as it is back. While it cannot be reached every call fails with
+//! [`Error::LedgerUnavailable`] (57P03), and since [`Ledger::charge`] comes before the upstream,
+//! no DP query runs uncharged. [`Ledger::connect`] is `new` followed by one connection, for
+//! callers that want to fail early.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Mutex, MutexGuard};
@@ -158,6 +166,8 @@ pub struct Ledger {
     config: Config,
     slots: Vec<Mutex<Option<Client>>>,
     next_slot: AtomicUsize,
+    /// The tables exist and have this version (checked on the first connection).
+    schema_ready: AtomicBool,
 }
 
 impl fmt::Debug for Ledger {
@@ -199,6 +209,17 @@ impl Ledger {
     /// [`Error::LedgerUnavailable`] if the DSN is invalid, the server cannot be reached, or the
     /// tables belong to a newer schema version.
     pub async fn connect(dsn: &str) -> Result<Ledger> {
+        let ledger = Ledger::new(dsn)?;
+        let mut attempts = ledger.attempts().await;
+        attempts.client().await?;
+        drop(attempts);
+        Ok(ledger)
+    }
+
+    /// A ledger for `dsn` (a libpq key=value string or a `postgres://` URL) that connects on
+    /// first use (see the module docs). Fails with [`Error::LedgerUnavailable`] only if the DSN
+    /// is invalid.
+    pub fn new(dsn: &str) -> Result<Ledger> {
         let mut config: Config = dsn.parse().map_err(|e: tokio_postgres::Error| {
             warn!(error = %e, "invalid privacy ledger connection string");
             Error::LedgerUnavailable
@@ -209,19 +230,12 @@ impl Ledger {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS));
         }
-        let ledger = Ledger {
+        Ok(Ledger {
             config,
             slots: (0..LEDGER_CONNECTIONS).map(|_| Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
-        };
-        let mut attempts = ledger.attempts().await;
-        loop {
-            let result = ensure_schema(attempts.client().await?).await;
-            if let Some(done) = attempts.settle(result) {
-                drop(attempts);
-                return done.map(|()| ledger);
-            }
-        }
+            schema_ready: AtomicBool::new(false),
+        })
     }
 
     /// Charges `cost` to `analyst` if it fits within `limit` (and `dataset_limit`, the cap across
@@ -402,6 +416,7 @@ impl Ledger {
             if let Ok(slot) = slot.try_lock() {
                 return Attempts {
                     config: &self.config,
+                    schema_ready: &self.schema_ready,
                     slot,
                     retried: false,
                 };
@@ -410,6 +425,7 @@ impl Ledger {
         let index = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         Attempts {
             config: &self.config,
+            schema_ready: &self.schema_ready,
             slot: self.slots[index].lock().await,
             retried: false,
         }
@@ -422,15 +438,33 @@ impl Ledger {
 /// async closure would make the methods' futures lose `Send`).
 struct Attempts<'l> {
     config: &'l Config,
+    schema_ready: &'l AtomicBool,
     slot: MutexGuard<'l, Option<Client>>,
     retried: bool,
 }
 
 impl Attempts<'_> {
-    /// The slot's connection, opened now if it has none or it was closed.
+    /// The slot's connection, opened now if it has none or it was closed. The first connection
+    /// of the ledger also creates or checks the tables.
     async fn client(&mut self) -> Result<&mut Client> {
         if self.slot.as_ref().is_none_or(Client::is_closed) {
-            *self.slot = Some(open(self.config).await?);
+            *self.slot = None;
+            let mut client = open(self.config).await?;
+            if !self.schema_ready.load(Ordering::Acquire) {
+                match ensure_schema(&mut client).await {
+                    Ok(()) => self.schema_ready.store(true, Ordering::Release),
+                    Err(Fault::Db(error)) => {
+                        warn!(error = %error, "cannot create or check the privacy ledger's tables");
+                        return Err(Error::LedgerUnavailable);
+                    }
+                    Err(Fault::Corrupt(what)) => {
+                        warn!(what, "the privacy ledger's tables cannot be used");
+                        return Err(Error::LedgerUnavailable);
+                    }
+                    Err(Fault::Refused(_)) => return Err(Error::internal("schema check refused")),
+                }
+            }
+            *self.slot = Some(client);
         }
         Ok(self.slot.as_mut().expect("the slot was filled just above"))
     }

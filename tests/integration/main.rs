@@ -9,6 +9,7 @@ mod harness;
 
 mod budget;
 mod dp;
+mod faults;
 mod replicas;
 mod support;
 mod wire;

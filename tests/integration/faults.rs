@@ -1,0 +1,444 @@
+//! Faults: an upstream that is down at start or restarts, a slow upstream, cancel requests,
+//! clients that go away mid-query, and an unreachable ledger.
+//!
+//! Every test runs pgdp in process over its own throwaway [`Cluster`] (a tiny private table
+//! `f.items`), so that it can stop, restart and lock the upstream without touching the shared
+//! server. Ledgers live in databases from the harness, or on the cluster when the test stops it.
+//! Slow statements are made by holding an `ACCESS EXCLUSIVE` lock on `f.items` from another
+//! connection: pgdp's upstream statement waits on it until the lock is released, the statement
+//! times out, or it is cancelled.
+
+use std::time::{Duration, Instant};
+
+use pgdp::cluster::Cluster;
+use pgdp::server::{self, Config, Running};
+use tokio::io::AsyncWriteExt;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+use crate::harness;
+use crate::support::assert_code;
+
+/// The policy: one private table, the demo analyst (password `analyst`).
+const POLICY: &str = r#"
+database: pgdp_faults
+defaults:
+  epsilon: 1.0
+  delta: 1.0e-7
+  mechanism: laplace
+analysts:
+  analyst:
+    scram_verifier: "SCRAM-SHA-256$4096:cGdkcC1kZW1vLXNhbHQtMQ==$lInLWt8gswE0sagso62TdobVlP/4N1mG//OTC1uOjxU=:Cs+4xOdBEHF3GmuzWiAu/lrFp8VOJ+dfMKys15hYAlg="
+    budget:
+      epsilon: 10
+      delta: 1.0e-5
+      epsilon_per_query_max: 2
+tables:
+  f.items:
+    kind: private
+    privacy_unit: person_id
+    max_groups_per_unit: 1
+    max_rows_per_unit: 1
+    columns:
+      person_id: { type: bigint }
+      v: { type: integer, lower: 0, upper: 100 }
+"#;
+
+/// A catalog query (answered from the shadow catalog).
+const CATALOG_QUERY: &str =
+    "SELECT table_name FROM information_schema.tables WHERE table_schema = 'f'";
+
+/// How long a test waits for something that should happen within a second or two.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A DP query whose text differs with `i` (so that none is a replay of another).
+fn dp_query(i: u32) -> String {
+    format!("SELECT COUNT(*) FROM f.items WHERE v >= {i}")
+}
+
+/// A throwaway cluster with database `faults` holding `f.items` (500 units).
+async fn cluster_with_items() -> Cluster {
+    let cluster = Cluster::start().await.expect("throwaway cluster");
+    let admin = harness::connect(&cluster.dsn("postgres")).await;
+    for db in ["faults", "ledger"] {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await
+            .expect("create database");
+    }
+    harness::connect(&cluster.dsn("faults"))
+        .await
+        .batch_execute(
+            "CREATE SCHEMA f; CREATE TABLE f.items (person_id bigint, v integer);
+             INSERT INTO f.items SELECT i, i % 100 FROM generate_series(1, 500) i",
+        )
+        .await
+        .expect("load f.items");
+    cluster
+}
+
+async fn start_pgdp(upstream: &str, ledger: &str) -> Running {
+    server::start(Config {
+        policy: pgdp::policy::parse(POLICY).expect("policy"),
+        upstream: upstream.to_string(),
+        ledger: Some(ledger.to_string()),
+        listen: "127.0.0.1:0".into(),
+        noise_seed: Some([7; 32]),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("pgdp did not start: {e}"))
+}
+
+/// An analyst connection to pgdp, and the task driving it (abort it to drop the socket).
+async fn analyst(running: &Running) -> (Client, tokio::task::JoinHandle<()>) {
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=analyst password=analyst dbname=pgdp_faults sslmode=disable connect_timeout=10",
+        running.addr.port()
+    );
+    let (client, connection) = tokio_postgres::connect(&dsn, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to pgdp: {e}"));
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (client, task)
+}
+
+/// The first value of the first row.
+fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
+    messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
+/// The audit log: (outcome, ε) of every charge, in order.
+async fn charges(ledger: &Client) -> Vec<(String, String)> {
+    ledger
+        .query(
+            "SELECT outcome, epsilon::text FROM pgdp.charge_log ORDER BY id",
+            &[],
+        )
+        .await
+        .expect("read the charge log")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Waits until `f.items` has (`true`) or has no (`false`) statement waiting for its lock.
+async fn wait_for_lock_waiter(locker: &Client, present: bool) {
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = locker
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'f.items'::regclass",
+                &[],
+            )
+            .await
+            .expect("read pg_locks")
+            .get(0);
+        if (waiting > 0) == present {
+            return;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "f.items lock waiter present = {present} not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Holds an ACCESS EXCLUSIVE lock on `f.items` until the returned client runs ROLLBACK.
+async fn lock_items(cluster: &Cluster) -> Client {
+    let locker = harness::connect(&cluster.dsn("faults")).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE f.items IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock f.items");
+    locker
+}
+
+#[tokio::test]
+async fn upstream_down_at_start_refuses_with_57p03_until_it_is_back() {
+    let cluster = cluster_with_items().await;
+    let ledger_db = harness::fresh_database("faults_ledger").await;
+    cluster.stop().await.expect("stop the upstream");
+
+    let running = start_pgdp(&cluster.dsn("faults"), ledger_db.dsn()).await;
+    let (c, _task) = analyst(&running).await;
+    // Session statements need no upstream.
+    assert_eq!(
+        first_value(&c.simple_query("SELECT 1").await.expect("SELECT 1")),
+        Some("1".into())
+    );
+    c.simple_query("SET pgdp.epsilon = 0.5").await.expect("SET");
+    assert_code(
+        c.simple_query(&dp_query(1)).await,
+        &SqlState::CANNOT_CONNECT_NOW,
+        "DP query while the upstream is down",
+    );
+    assert_code(
+        c.simple_query(CATALOG_QUERY).await,
+        &SqlState::CANNOT_CONNECT_NOW,
+        "catalog query while the upstream is down",
+    );
+    let ledger = ledger_db.client().await;
+    assert_eq!(
+        charges(&ledger).await,
+        vec![],
+        "nothing is charged while the upstream is down"
+    );
+
+    cluster.resume().await.expect("restart the upstream");
+    let rows = c
+        .simple_query(&dp_query(1))
+        .await
+        .expect("DP query once back");
+    assert!(first_value(&rows).is_some(), "a released count");
+    let rows = c
+        .simple_query(CATALOG_QUERY)
+        .await
+        .expect("catalog once back");
+    assert_eq!(first_value(&rows).as_deref(), Some("items"));
+    assert_eq!(
+        charges(&ledger).await,
+        vec![("released".to_string(), "0.5".to_string())]
+    );
+    drop(running);
+    ledger_db.drop_db().await;
+}
+
+#[tokio::test]
+async fn upstream_restart_mid_session_reconnects() {
+    let cluster = cluster_with_items().await;
+    let ledger_db = harness::fresh_database("faults_ledger").await;
+    let running = start_pgdp(&cluster.dsn("faults"), ledger_db.dsn()).await;
+    let (c, _task) = analyst(&running).await;
+    c.simple_query(&dp_query(1)).await.expect("DP query");
+    c.simple_query(CATALOG_QUERY).await.expect("catalog query");
+
+    // The pooled connections die with the server.
+    cluster.stop().await.expect("stop the upstream");
+    assert_code(
+        c.simple_query(&dp_query(2)).await,
+        &SqlState::CANNOT_CONNECT_NOW,
+        "DP query while the upstream is down",
+    );
+    cluster.resume().await.expect("restart the upstream");
+
+    let rows = c
+        .simple_query(&dp_query(3))
+        .await
+        .expect("DP query after restart");
+    assert!(first_value(&rows).is_some());
+    let rows = c
+        .simple_query(CATALOG_QUERY)
+        .await
+        .expect("catalog after restart");
+    assert_eq!(first_value(&rows).as_deref(), Some("items"));
+    let ledger = ledger_db.client().await;
+    assert_eq!(
+        charges(&ledger).await,
+        vec![
+            ("released".to_string(), "1".to_string()),
+            ("released".to_string(), "1".to_string())
+        ],
+        "the refused query was not charged"
+    );
+    drop(running);
+    ledger_db.drop_db().await;
+}
+
+#[tokio::test]
+async fn statement_timeout_gives_57014_and_the_charge_stands() {
+    let cluster = cluster_with_items().await;
+    let running = start_pgdp(&cluster.dsn("faults"), &cluster.dsn("ledger")).await;
+    running.shared.backend.lower_statement_timeout(1_000);
+    let (c, _task) = analyst(&running).await;
+    let locker = lock_items(&cluster).await;
+
+    let started = Instant::now();
+    assert_code(
+        c.simple_query(&dp_query(1)).await,
+        &SqlState::QUERY_CANCELED,
+        "DP query past the statement timeout",
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(started.elapsed() < PATIENCE);
+    let ledger = harness::connect(&cluster.dsn("ledger")).await;
+    assert_eq!(
+        charges(&ledger).await,
+        vec![("upstream failed".to_string(), "1".to_string())]
+    );
+
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    c.simple_query(&dp_query(1))
+        .await
+        .expect("the same query runs (and is charged again) once the upstream is fast");
+    assert_eq!(charges(&ledger).await.len(), 2);
+}
+
+#[tokio::test]
+async fn cancel_request_with_the_session_key_cancels_its_upstream_query() {
+    let cluster = cluster_with_items().await;
+    let running = start_pgdp(&cluster.dsn("faults"), &cluster.dsn("ledger")).await;
+    let (c, _task) = analyst(&running).await;
+    let pid: i32 = first_value(
+        &c.simple_query("SELECT pg_backend_pid()")
+            .await
+            .expect("pid"),
+    )
+    .and_then(|p| p.parse().ok())
+    .expect("a process id");
+    let token = c.cancel_token();
+    let locker = lock_items(&cluster).await;
+
+    let query = tokio::spawn(async move {
+        let result = c.simple_query(&dp_query(1)).await.map(|_| ());
+        (c, result)
+    });
+    wait_for_lock_waiter(&locker, true).await;
+
+    // A CancelRequest with the right process id and a wrong key does nothing.
+    let mut wrong = tokio::net::TcpStream::connect(running.addr)
+        .await
+        .expect("connect for a cancel request");
+    let mut request = Vec::new();
+    request.extend_from_slice(&16i32.to_be_bytes());
+    request.extend_from_slice(&80_877_102i32.to_be_bytes());
+    request.extend_from_slice(&pid.to_be_bytes());
+    request.extend_from_slice(&0x5EC2_E7i32.to_be_bytes());
+    wrong
+        .write_all(&request)
+        .await
+        .expect("send cancel request");
+    drop(wrong);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    wait_for_lock_waiter(&locker, true).await;
+    assert!(!query.is_finished(), "a wrong key cancelled the query");
+
+    // The right key (what psql sends on Ctrl-C) cancels it.
+    token.cancel_query(NoTls).await.expect("cancel request");
+    let (c, result) = tokio::time::timeout(PATIENCE, query)
+        .await
+        .expect("the query ends after the cancel")
+        .expect("query task");
+    assert_code(result, &SqlState::QUERY_CANCELED, "cancelled DP query");
+    wait_for_lock_waiter(&locker, false).await;
+    let ledger = harness::connect(&cluster.dsn("ledger")).await;
+    assert_eq!(
+        charges(&ledger).await,
+        vec![("upstream failed".to_string(), "1".to_string())],
+        "the charge stands"
+    );
+    // The session goes on.
+    assert_eq!(
+        first_value(
+            &c.simple_query("SELECT 1")
+                .await
+                .expect("SELECT 1 after cancel")
+        ),
+        Some("1".into())
+    );
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+}
+
+#[tokio::test]
+async fn client_gone_mid_query_cancels_its_upstream_query() {
+    let cluster = cluster_with_items().await;
+    let running = start_pgdp(&cluster.dsn("faults"), &cluster.dsn("ledger")).await;
+    let (c, connection) = analyst(&running).await;
+    let locker = lock_items(&cluster).await;
+    let query = tokio::spawn(async move { c.simple_query(&dp_query(1)).await.map(|_| ()) });
+    wait_for_lock_waiter(&locker, true).await;
+
+    // Dropping the connection task closes the client's socket.
+    connection.abort();
+    wait_for_lock_waiter(&locker, false).await;
+    assert!(
+        query.await.expect("query task").is_err(),
+        "the client saw no answer"
+    );
+    let ledger = harness::connect(&cluster.dsn("ledger")).await;
+    let started = Instant::now();
+    loop {
+        let log = charges(&ledger).await;
+        if log == vec![("upstream failed".to_string(), "1".to_string())] {
+            break;
+        }
+        assert!(started.elapsed() < PATIENCE, "charge log {log:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+}
+
+#[tokio::test]
+async fn ledger_unreachable_refuses_dp_queries_and_serves_the_rest() {
+    let cluster = cluster_with_items().await;
+    // A ledger DSN naming a database that does not exist: every connection attempt fails.
+    let running = start_pgdp(&cluster.dsn("faults"), &cluster.dsn("no_such_ledger")).await;
+    let (c, _task) = analyst(&running).await;
+    assert_eq!(
+        first_value(&c.simple_query("SELECT 1").await.expect("SELECT 1")),
+        Some("1".into())
+    );
+    c.simple_query("SET pgdp.epsilon = 0.5").await.expect("SET");
+    assert_eq!(
+        first_value(&c.simple_query("SHOW pgdp.epsilon").await.expect("SHOW")).as_deref(),
+        Some("0.5")
+    );
+    let rows = c.simple_query(CATALOG_QUERY).await.expect("catalog query");
+    assert_eq!(first_value(&rows).as_deref(), Some("items"));
+
+    // With f.items locked, a DP query that reached the upstream would wait: it is refused at
+    // once, and nothing waits on the lock.
+    let locker = lock_items(&cluster).await;
+    let started = Instant::now();
+    assert_code(
+        c.simple_query(&dp_query(1)).await,
+        &SqlState::CANNOT_CONNECT_NOW,
+        "DP query without a ledger",
+    );
+    assert!(started.elapsed() < PATIENCE);
+    wait_for_lock_waiter(&locker, false).await;
+    assert_code(
+        c.query(&dp_query(2), &[]).await,
+        &SqlState::CANNOT_CONNECT_NOW,
+        "DP query without a ledger (extended protocol)",
+    );
+    wait_for_lock_waiter(&locker, false).await;
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+}
+
+#[tokio::test]
+async fn ledger_restart_mid_session_refuses_then_charges_again() {
+    let cluster = cluster_with_items().await;
+    let ledger_cluster = Cluster::start().await.expect("ledger cluster");
+    let running = start_pgdp(&cluster.dsn("faults"), &ledger_cluster.dsn("postgres")).await;
+    let (c, _task) = analyst(&running).await;
+    c.simple_query(&dp_query(1)).await.expect("DP query");
+
+    ledger_cluster.stop().await.expect("stop the ledger");
+    assert_code(
+        c.simple_query(&dp_query(2)).await,
+        &SqlState::CANNOT_CONNECT_NOW,
+        "DP query while the ledger is down",
+    );
+    c.simple_query(CATALOG_QUERY)
+        .await
+        .expect("catalog query while the ledger is down");
+    ledger_cluster.resume().await.expect("restart the ledger");
+
+    c.simple_query(&dp_query(3))
+        .await
+        .expect("DP query once back");
+    let ledger = harness::connect(&ledger_cluster.dsn("postgres")).await;
+    assert_eq!(
+        charges(&ledger).await,
+        vec![
+            ("released".to_string(), "1".to_string()),
+            ("released".to_string(), "1".to_string())
+        ]
+    );
+}
