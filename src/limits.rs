@@ -49,6 +49,10 @@ pub const UPSTREAM_POOL_SIZE: usize = 16;
 /// Prepared statements one connection may hold.
 pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
 
+/// Rows sent for one Execute message; a larger row limit asked by the client is lowered to this
+/// (the portal is then suspended and the client fetches the rest with the next Execute).
+pub const ROWS_PER_EXECUTE_MAX: usize = GROUPS_RELEASED_MAX;
+
 /// Largest `max_groups_per_unit` a policy may declare.
 pub const GROUPS_PER_UNIT_MAX: u64 = 10_000;
 

@@ -36,6 +36,7 @@ use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::cancel::CancelRequest;
+use pgwire::messages::extendedquery::Execute;
 use pgwire::messages::response::NoticeResponse;
 use pgwire::messages::startup::ParameterStatus;
 use pgwire::messages::startup::SecretKey;
@@ -948,12 +949,38 @@ fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, 
 }
 
 #[async_trait]
+/// The row limit pgdp applies to one Execute asking for `requested` rows (0: all).
+fn rows_per_execute(requested: i32) -> i32 {
+    let cap = i32::try_from(crate::limits::ROWS_PER_EXECUTE_MAX).unwrap_or(i32::MAX);
+    if requested <= 0 {
+        0
+    } else {
+        requested.min(cap)
+    }
+}
+
 impl ExtendedQueryHandler for QueryHandler {
     type Statement = Prepared;
     type QueryParser = Parser;
 
     fn query_parser(&self) -> Arc<Parser> {
         self.parser.clone()
+    }
+
+    /// Execute with the client's row limit made safe before pgwire sees it: pgwire casts the
+    /// `i32` to `usize` and preallocates that many rows, so a negative limit panicked and a huge
+    /// one aborted the whole process on a failed allocation (found by the wire fuzzer). As in
+    /// PostgreSQL, a limit of zero or less means all rows; a positive one is capped at
+    /// [`crate::limits::ROWS_PER_EXECUTE_MAX`] (the portal is then suspended, and the client fetches on).
+    async fn on_execute<C>(&self, client: &mut C, mut message: Execute) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        message.max_rows = rows_per_execute(message.max_rows);
+        self._on_execute(client, message).await
     }
 
     async fn do_query<C>(
@@ -1030,5 +1057,16 @@ mod tests {
         assert_eq!(super::date_from_days(0), "2000-01-01");
         assert_eq!(super::date_from_days(-1), "1999-12-31");
         assert_eq!(super::date_from_days(8_918), "2024-06-01");
+    }
+
+    #[test]
+    fn execute_row_limits_are_made_safe_for_pgwire() {
+        use super::rows_per_execute;
+        assert_eq!(rows_per_execute(0), 0, "zero: all rows");
+        assert_eq!(rows_per_execute(-1), 0, "negative: all rows, as in PostgreSQL");
+        assert_eq!(rows_per_execute(i32::MIN), 0);
+        assert_eq!(rows_per_execute(3), 3);
+        let cap = i32::try_from(crate::limits::ROWS_PER_EXECUTE_MAX).expect("fits");
+        assert_eq!(rows_per_execute(i32::MAX), cap, "no huge preallocation");
     }
 }

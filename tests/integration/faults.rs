@@ -308,7 +308,7 @@ async fn cancel_request_with_the_session_key_cancels_its_upstream_query() {
     request.extend_from_slice(&16i32.to_be_bytes());
     request.extend_from_slice(&80_877_102i32.to_be_bytes());
     request.extend_from_slice(&pid.to_be_bytes());
-    request.extend_from_slice(&0x5EC2_E7i32.to_be_bytes());
+    request.extend_from_slice(&0x005E_C2E7_i32.to_be_bytes());
     wrong
         .write_all(&request)
         .await
