@@ -53,13 +53,20 @@ const checks = {
     assert(JSON.stringify(a.rows) === JSON.stringify(b.rows), 'named statement answered differently');
     return `count=${n} groups=${a.rows.length}`;
   }),
+  // PostgreSQL types an integer literal as int4, which node-postgres returns as a number.
+  constant_select_int4: () => withClient(async (c) => {
+    const r = await c.query('SELECT 1 AS one');
+    assert(r.fields[0].dataTypeID === 23, `type OID ${r.fields[0].dataTypeID}, expected 23 (int4)`);
+    assert(r.rows[0].one === 1, JSON.stringify(r.rows));
+    return 'int4';
+  }),
   refusal: () => withClient(async (c) => {
     try {
       await c.query('SELECT * FROM demo.people WHERE age > $1', [1]);
     } catch (e) {
       assert(e.code === '42501', `SQLSTATE ${e.code}`);
       const r = await c.query('SELECT 1 AS one');
-      assert(r.rows[0].one === 1, JSON.stringify(r.rows));
+      assert(String(r.rows[0].one) === '1', JSON.stringify(r.rows));
       return `42501`;
     }
     throw new Error('no refusal');

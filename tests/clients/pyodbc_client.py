@@ -10,12 +10,12 @@ import matrix
 DRIVER = "PostgreSQL Unicode"
 
 
-def connect(declare_fetch):
+def connect(declare_fetch, autocommit=True):
     return pyodbc.connect(
         f"DRIVER={{{DRIVER}}};SERVER={matrix.HOST};PORT={matrix.PORT};"
         f"DATABASE={matrix.DATABASE};UID={matrix.USER};PWD={matrix.PASSWORD};"
         f"SSLmode=disable;UseDeclareFetch={declare_fetch};Fetch=2",
-        timeout=10)
+        timeout=10, autocommit=autocommit)
 
 
 def connect_check(declare_fetch):
@@ -68,8 +68,21 @@ def refusal(declare_fetch):
         conn.close()
 
 
+def dp_query_in_transaction(declare_fetch):
+    # autocommit off: psqlODBC sends BEGIN, and with its default statement-level rollback it
+    # wraps each statement in a SAVEPOINT.
+    conn = connect(declare_fetch, autocommit=False)
+    try:
+        n = conn.cursor().execute("SELECT COUNT(*) FROM demo.people WHERE age >= ?", 0).fetchval()
+        matrix.assert_people_count(int(n))
+        conn.commit()
+        return f"count={n}"
+    finally:
+        conn.close()
+
+
 CHECKS = {"connect": connect_check, "tables_columns": tables_and_columns, "dp_query": dp_query,
-          "refusal": refusal}
+          "refusal": refusal, "dp_query_in_transaction": dp_query_in_transaction}
 
 if __name__ == "__main__":
     matrix.run({

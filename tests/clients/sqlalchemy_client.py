@@ -22,17 +22,11 @@ def people_table():
     )
 
 
-def for_each_dialect(check):
-    def run_all():
-        return " ".join(f"{d}:{check(d)}" for d in DIALECTS)
-    return run_all
-
-
 def connect(dialect):
     with engine(dialect).connect() as conn:
         user = conn.execute(text("SELECT current_user")).scalar_one()
         assert user == matrix.USER, user
-        return "ok"
+        return user
 
 
 def inspect_tables(dialect):
@@ -70,8 +64,8 @@ def dp_query_core(dialect):
 
 if __name__ == "__main__":
     matrix.run({
-        "connect": for_each_dialect(connect),
-        "inspect": for_each_dialect(inspect_tables),
-        "dp_query_text": for_each_dialect(dp_query_text),
-        "dp_query_core": for_each_dialect(dp_query_core),
+        f"{name}_{dialect}": (lambda fn=fn, dialect=dialect: fn(dialect))
+        for name, fn in [("connect", connect), ("inspect", inspect_tables),
+                         ("dp_query_text", dp_query_text), ("dp_query_core", dp_query_core)]
+        for dialect in DIALECTS
     })
