@@ -176,6 +176,9 @@ pub const ALLOWED_FUNCTIONS: &[&str] = &[
     "has_schema_privilege",
     "has_database_privilege",
     "has_column_privilege",
+    // Metabase's table-privileges sync; like the other privilege checks it reads only the
+    // shadow's own grants.
+    "has_any_column_privilege",
     "has_function_privilege",
     "has_sequence_privilege",
     "has_type_privilege",
@@ -266,6 +269,12 @@ pub const ALLOWED_FUNCTIONS: &[&str] = &[
     "string_to_array",
     "pg_column_is_updatable",
     "pg_relation_is_updatable",
+    // Pure JSON constructors: SQLAlchemy's `get_columns` builds identity and collation details
+    // with them (from the shadow's pg_sequence and pg_collation rows).
+    "json_build_object",
+    "jsonb_build_object",
+    "json_build_array",
+    "json_agg",
 ];
 
 /// Names of catalog schemas.
@@ -419,6 +428,14 @@ mod tests {
             verdict("SELECT table_name FROM information_schema.tables WHERE table_schema = 'demo'"),
             "ok"
         );
+    }
+
+    #[test]
+    fn client_introspection_queries_are_admitted() {
+        // SQLAlchemy 2 `Inspector.get_columns` (abridged to the functions it calls).
+        assert_eq!(verdict("SELECT pg_catalog.pg_attribute.attname, CASE WHEN (pg_catalog.pg_attribute.attidentity != '') THEN (SELECT json_build_object('always', pg_catalog.pg_attribute.attidentity = 'a', 'start', pg_catalog.pg_sequence.seqstart) FROM pg_catalog.pg_sequence WHERE pg_catalog.pg_sequence.seqrelid = CAST(CAST(pg_catalog.pg_get_serial_sequence(CAST(CAST(pg_catalog.pg_attribute.attrelid AS REGCLASS) AS TEXT), pg_catalog.pg_attribute.attname) AS REGCLASS) AS OID)) ELSE NULL END AS identity_options FROM pg_catalog.pg_class LEFT OUTER JOIN pg_catalog.pg_attribute ON pg_catalog.pg_class.oid = pg_catalog.pg_attribute.attrelid"), "ok");
+        // Metabase's table-privileges sync (abridged).
+        assert_eq!(verdict("SELECT pg_catalog.has_any_column_privilege(current_user, '\"demo\".\"people\"', 'select') FROM pg_catalog.pg_tables t WHERE pg_catalog.has_schema_privilege(current_user, t.schemaname, 'usage')"), "ok");
     }
 
     #[test]

@@ -1,0 +1,71 @@
+"""SQLAlchemy 2 against pgdp, with the psycopg2 and psycopg (3) dialects: engine connect (the
+dialect's own start-up queries), inspection from the shadow catalog, a DP query through text()
+and through Core select(func.count()). See matrix.py."""
+
+from sqlalchemy import Column, Integer, MetaData, Table, Text, create_engine, func, inspect, select, text
+
+import matrix
+
+DIALECTS = {"psycopg2": "postgresql+psycopg2", "psycopg": "postgresql+psycopg"}
+
+
+def engine(dialect):
+    return create_engine(matrix.url(DIALECTS[dialect]))
+
+
+def people_table():
+    # Declared by hand: a DP query must not depend on reflection.
+    return Table(
+        "people", MetaData(),
+        Column("person_id", Integer), Column("age", Integer), Column("region", Text),
+        schema="demo",
+    )
+
+
+def connect(dialect):
+    with engine(dialect).connect() as conn:
+        user = conn.execute(text("SELECT current_user")).scalar_one()
+        assert user == matrix.USER, user
+        return user
+
+
+def inspect_tables(dialect):
+    insp = inspect(engine(dialect))
+    tables = sorted(insp.get_table_names(schema="demo"))
+    assert tables == ["people", "regions", "visits"], tables
+    assert "demo" in insp.get_schema_names(), insp.get_schema_names()
+    columns = {c["name"]: str(c["type"]) for c in insp.get_columns("people", schema="demo")}
+    assert set(columns) == {"person_id", "age", "sex", "region", "education", "income"}, columns
+    assert columns["age"] == "INTEGER", columns
+    return ",".join(tables)
+
+
+def dp_query_text(dialect):
+    with engine(dialect).connect() as conn:
+        n = conn.execute(
+            text("SELECT COUNT(*) FROM demo.people WHERE age >= :age"), {"age": 0}).scalar_one()
+        matrix.assert_people_count(n)
+        return str(n)
+
+
+def dp_query_core(dialect):
+    people = people_table()
+    with engine(dialect).connect() as conn:
+        n = conn.execute(select(func.count()).select_from(people)).scalar_one()
+        matrix.assert_people_count(n)
+        m = conn.execute(
+            select(func.count()).select_from(people).where(people.c.age >= 50)).scalar_one()
+        matrix.assert_fraction_count(m)
+        rows = conn.execute(
+            select(people.c.region, func.count()).group_by(people.c.region)).all()
+        assert {r[0] for r in rows} == matrix.REGIONS, rows
+        return f"{n}/{m}/{len(rows)}groups"
+
+
+if __name__ == "__main__":
+    matrix.run({
+        f"{name}_{dialect}": (lambda fn=fn, dialect=dialect: fn(dialect))
+        for name, fn in [("connect", connect), ("inspect", inspect_tables),
+                         ("dp_query_text", dp_query_text), ("dp_query_core", dp_query_core)]
+        for dialect in DIALECTS
+    })
