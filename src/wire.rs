@@ -594,6 +594,32 @@ fn encode_raw(
             let v = value.map(|x| x == "t");
             encoder.encode_field_with_type_and_format(&v, &t, format, &options)
         }
+        t if t == Type::CHAR => {
+            // The single-byte "char" (pg_class.relkind and friends): its binary form is the byte.
+            let v = value
+                .map(|x| match x.as_bytes() {
+                    [] => Ok(0i8),
+                    [b] => Ok(i8::from_ne_bytes([*b])),
+                    _ => Err(()),
+                })
+                .transpose()
+                .map_err(|()| bad())?;
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
+        t if t == Type::FLOAT4 => {
+            let v = value
+                .map(|x| x.parse::<f32>())
+                .transpose()
+                .map_err(|_| bad())?;
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
+        t if t == Type::FLOAT8 => {
+            let v = value
+                .map(|x| x.parse::<f64>())
+                .transpose()
+                .map_err(|_| bad())?;
+            encoder.encode_field_with_type_and_format(&v, &t, format, &options)
+        }
         t if t == Type::TEXT || t == Type::VARCHAR || t == Type::NAME || t == Type::BPCHAR => {
             encoder.encode_field_with_type_and_format(&value, &Type::TEXT, format, &options)
         }
@@ -1063,7 +1089,11 @@ mod tests {
     fn execute_row_limits_are_made_safe_for_pgwire() {
         use super::rows_per_execute;
         assert_eq!(rows_per_execute(0), 0, "zero: all rows");
-        assert_eq!(rows_per_execute(-1), 0, "negative: all rows, as in PostgreSQL");
+        assert_eq!(
+            rows_per_execute(-1),
+            0,
+            "negative: all rows, as in PostgreSQL"
+        );
         assert_eq!(rows_per_execute(i32::MIN), 0);
         assert_eq!(rows_per_execute(3), 3);
         let cap = i32::try_from(crate::limits::ROWS_PER_EXECUTE_MAX).expect("fits");

@@ -460,7 +460,6 @@ async fn node_pg_parameterised_dp_query() {
 }
 
 #[tokio::test]
-#[ignore = "bug: SELECT 1 is described as int8 (PostgreSQL: int4), so node-postgres returns the string '1'"]
 async fn node_pg_constant_select_is_int4() {
     let modules = clients_dir().join("node_modules/pg");
     if !require(on_path("node"), "node")
@@ -913,7 +912,6 @@ async fn introspection_of_metabase_and_tableau_answers_without_leak() {
 /// The same fixtures through the extended protocol with binary results (what pgjdbc and
 /// tokio-postgres send): the same verdict, and as many rows as the simple protocol returns.
 #[tokio::test]
-#[ignore = "bug: binary result format for catalog columns of type \"char\" (pg_class.relkind) is refused with 0A000"]
 async fn introspection_fixtures_through_the_extended_protocol() {
     let fixtures = fixtures();
     let proxy = start_proxy(28).await;
