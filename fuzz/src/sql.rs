@@ -1,0 +1,364 @@
+//! Fuzz target: arbitrary SQL text → classify → analyze → rewrite → mechanisms → release.
+//!
+//! Shared by the cargo-fuzz target `fuzz/fuzz_targets/sql.rs` and the stable smoke test
+//! `tests/fuzz_smoke.rs` (which includes this file with `#[path]`), so it uses only pgdp's public
+//! API and crates pgdp itself depends on.
+//!
+//! Invariants checked for every input (a violation panics, which the fuzzer reports):
+//! - Nothing panics, whatever the text.
+//! - Refusals never carry SQLSTATE XX000 (an internal error is a bug, not a refusal).
+//! - Every accepted query's rewrite parses back into exactly one statement that prints the same
+//!   SQL again, and names no relation but the policy's tables and pgdp's `__dp_` CTEs.
+//! - Every aggregated value is clamped: each `__dp_aN` argument of the `__dp_rows` CTE is
+//!   `CASE WHEN … IS NULL THEN NULL ELSE LEAST(GREATEST(…)) END` with finite bounds, and every
+//!   measure column of the outer SELECT is `SUM(LEAST(…))` (capped or clamped per unit).
+//! - Every output column is released through a mechanism: an aggregate through at least one
+//!   noisy measure with a finite positive sensitivity and scale; a group key through a public
+//!   domain or partition selection.
+//! - Releasing synthetic upstream rows (derived from the input) never panics and never yields a
+//!   NaN or infinite value.
+
+use std::ops::ControlFlow;
+
+use pgdp::analyze::{self, Context, OutputSource, Plan, PublicKeys};
+use pgdp::classify::{self, Statement};
+use pgdp::policy::{ColumnType, Mechanism, Policy};
+use pgdp::release::{self, Budget};
+use pgdp::rewrite::{self, Measure, Rewrite};
+use pgdp::session::Cell;
+use rand::SeedableRng;
+use sqlparser::ast::{self, SetExpr};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+/// The secret keying the per-unit group choice in the rewrite.
+const SECRET: &str = "fuzz-secret";
+
+/// The privacy parameters every query is given mechanisms for.
+const BUDGETS: [Budget; 2] = [
+    Budget {
+        epsilon: 1.0,
+        delta: 1e-7,
+        mechanism: Mechanism::Laplace,
+    },
+    Budget {
+        epsilon: 0.5,
+        delta: 1e-6,
+        mechanism: Mechanism::Gaussian,
+    },
+];
+
+/// The demo policy, parsed once.
+pub fn demo_policy() -> &'static Policy {
+    static POLICY: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
+    POLICY.get_or_init(|| {
+        pgdp::policy::parse(include_str!("../../policies/demo.yaml"))
+            .unwrap_or_else(|e| panic!("the demo policy is valid: {e}"))
+    })
+}
+
+/// Runs the target on one input.
+pub fn run(data: &[u8]) {
+    let Ok(sql) = std::str::from_utf8(data) else {
+        return;
+    };
+    check_sql(sql);
+}
+
+/// Runs the target on SQL text.
+pub fn check_sql(sql: &str) {
+    let statements = match classify::classify(sql) {
+        Ok(s) => s,
+        Err(e) => {
+            assert_not_internal(&e, sql);
+            return;
+        }
+    };
+    let policy = demo_policy();
+    for statement in statements {
+        let query = match statement {
+            Statement::Query(q) | Statement::Explain(q) => q,
+            _ => continue,
+        };
+        if pgdp::catalog::is_catalog_query(&query) {
+            continue;
+        }
+        let ctx = Context {
+            policy,
+            search_path: vec!["demo".to_string()],
+        };
+        let plan = match analyze::analyze(&query, &ctx) {
+            Ok(p) => p,
+            Err(e) => {
+                assert_not_internal(&e, sql);
+                continue;
+            }
+        };
+        for params in parameter_sets(&plan) {
+            let rw = match rewrite::rewrite(&plan, &params, SECRET) {
+                Ok(r) => r,
+                Err(e) => {
+                    assert_not_internal(&e, sql);
+                    continue;
+                }
+            };
+            check_rewrite(policy, &plan, &rw, sql);
+            for budget in BUDGETS {
+                let mechanisms = match release::mechanisms(&plan, &rw, budget) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        assert_not_internal(&e, sql);
+                        continue;
+                    }
+                };
+                check_mechanisms(&plan, &rw, &mechanisms, sql);
+                let _ = release::explain(&plan, &rw, &mechanisms, budget);
+                check_release(&plan, &rw, &mechanisms, sql);
+            }
+        }
+    }
+}
+
+fn assert_not_internal(e: &pgdp::Error, sql: &str) {
+    assert!(
+        e.sqlstate().code() != "XX000",
+        "internal error for {sql:?}: {e:?}"
+    );
+}
+
+/// Parameter values of the right types, and all NULLs.
+fn parameter_sets(plan: &Plan) -> Vec<Vec<Option<String>>> {
+    let n = plan.parameters.iter().map(|p| p.index).max().unwrap_or(0);
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut typed = vec![Some("1".to_string()); n];
+    for p in &plan.parameters {
+        let value = match p.ty {
+            ColumnType::Integer => "7",
+            ColumnType::Numeric | ColumnType::Float => "1.5",
+            ColumnType::Text => "it\\'s",
+            ColumnType::Date => "2020-01-01",
+            ColumnType::Timestamp => "2020-01-01 00:00:00",
+            ColumnType::Boolean => "true",
+        };
+        if let Some(slot) = typed.get_mut(p.index.wrapping_sub(1)) {
+            *slot = Some(value.to_string());
+        }
+    }
+    vec![typed, vec![None; n]]
+}
+
+fn check_rewrite(policy: &Policy, plan: &Plan, rw: &Rewrite, sql: &str) {
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, &rw.sql)
+        .unwrap_or_else(|e| panic!("rewrite of {sql:?} does not parse: {e}\n{}", rw.sql));
+    let [statement] = statements.as_slice() else {
+        panic!("rewrite of {sql:?} is {} statements", statements.len());
+    };
+    assert_eq!(
+        statement.to_string(),
+        rw.sql,
+        "rewrite of {sql:?} does not round-trip"
+    );
+    let _ = ast::visit_relations(statement, |name| {
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .filter_map(|p| p.as_ident())
+            .map(|i| i.value.clone())
+            .collect();
+        let ok = match parts.as_slice() {
+            [n] => n.starts_with(analyze::RESERVED_PREFIX),
+            [s, t] => policy.table(&format!("{s}.{t}")).is_some(),
+            _ => false,
+        };
+        assert!(ok, "rewrite of {sql:?} reads relation {name}");
+        ControlFlow::<()>::Continue(())
+    });
+    let ast::Statement::Query(query) = statement else {
+        panic!("rewrite of {sql:?} is not a query");
+    };
+    check_clamps(query, plan, rw, sql);
+}
+
+/// Every argument in `__dp_rows` is clamped, and every measure of the outer SELECT is a capped
+/// or clamped sum over units.
+fn check_clamps(query: &ast::Query, plan: &Plan, rw: &Rewrite, sql: &str) {
+    let with = query
+        .with
+        .as_ref()
+        .unwrap_or_else(|| panic!("rewrite of {sql:?} has no WITH"));
+    let rows = with
+        .cte_tables
+        .iter()
+        .find(|c| c.alias.name.value == "__dp_rows")
+        .unwrap_or_else(|| panic!("rewrite of {sql:?} has no __dp_rows"));
+    let SetExpr::Select(select) = rows.query.body.as_ref() else {
+        panic!("__dp_rows of {sql:?} is not a SELECT");
+    };
+    let clamps: std::collections::BTreeMap<String, String> = select
+        .projection
+        .iter()
+        .filter_map(|item| match item {
+            ast::SelectItem::ExprWithAlias { expr, alias } => {
+                Some((alias.value.clone(), expr.to_string()))
+            }
+            _ => None,
+        })
+        .collect();
+    // Arguments that are summed (SUM, AVG, the variances) must be clamped; COUNT(x) only
+    // counts them.
+    for measure in &rw.measures {
+        let (Measure::Sum(i) | Measure::SumCentered(i) | Measure::SumSquaresCentered(i)) = measure
+        else {
+            continue;
+        };
+        let alias = format!("__dp_a{i}");
+        let text = clamps
+            .get(&alias)
+            .unwrap_or_else(|| panic!("{sql:?}: summed argument {alias} is not in __dp_rows"));
+        assert!(
+            text.starts_with("CASE WHEN (")
+                && text.contains(") IS NULL THEN NULL ELSE LEAST(GREATEST(CAST(")
+                && text.ends_with(" END"),
+            "argument {alias} of {sql:?} is summed but not clamped: {text}"
+        );
+        assert!(
+            rw.arguments[*i].bounds.is_some(),
+            "{sql:?}: summed argument {alias} has no bounds"
+        );
+    }
+    for a in &rw.arguments {
+        if let Some(b) = a.bounds {
+            assert!(
+                b.lower.is_finite() && b.upper.is_finite() && b.lower <= b.upper,
+                "{sql:?}: argument {} has bounds {b:?}",
+                a.text
+            );
+        }
+    }
+    let SetExpr::Select(outer) = query.body.as_ref() else {
+        panic!("the outer query of {sql:?} is not a SELECT");
+    };
+    let k = plan.keys.len();
+    let m = rw.measures.len();
+    assert_eq!(
+        outer.projection.len(),
+        k + m + 1,
+        "{sql:?}: outer SELECT has {} columns for {k} key(s) and {m} measure(s)",
+        outer.projection.len()
+    );
+    for (j, item) in outer.projection[k..k + m].iter().enumerate() {
+        let text = item.to_string();
+        let capped = match rw.measures[j] {
+            Measure::Units => text.starts_with("COUNT(") || text.starts_with("SUM("),
+            _ => text.starts_with("SUM(LEAST("),
+        };
+        assert!(
+            capped,
+            "{sql:?}: measure m{j} is not bounded per unit: {text}"
+        );
+    }
+}
+
+fn check_mechanisms(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &str) {
+    assert_eq!(
+        m.noises.len(),
+        rw.measures.len(),
+        "{sql:?}: one noise per measure"
+    );
+    for (j, noise) in m.noises.iter().enumerate() {
+        let s = m.sensitivities[j];
+        assert!(
+            s.is_finite() && s > 0.0,
+            "{sql:?}: measure m{j} sensitivity {s}"
+        );
+        let contribution = rw.measures[j].contribution(&rw.arguments, plan.max_rows_per_unit);
+        assert!(
+            s >= contribution,
+            "{sql:?}: measure m{j} sensitivity {s} below one group's contribution {contribution}"
+        );
+        let scale = noise.scale();
+        assert!(
+            scale.is_finite() && scale > 0.0,
+            "{sql:?}: measure m{j} scale {scale}"
+        );
+    }
+    assert_eq!(
+        rw.aggregate_measures.len(),
+        plan.aggregates.len(),
+        "{sql:?}: measures per aggregate"
+    );
+    for output in &plan.outputs {
+        match output.source {
+            OutputSource::Aggregate(i) => {
+                let ms = &rw.aggregate_measures[i];
+                assert!(
+                    !ms.is_empty() && ms.iter().all(|&j| j < rw.measures.len()),
+                    "{sql:?}: output {} is released through no measure",
+                    output.name
+                );
+            }
+            OutputSource::Key(i) => {
+                let key = &plan.keys[i];
+                assert!(
+                    key.public != PublicKeys::No || m.selection.is_some(),
+                    "{sql:?}: key {} is neither public nor selected",
+                    key.expr
+                );
+            }
+        }
+    }
+}
+
+/// Releases a few synthetic groups derived from the query text.
+fn check_release(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &str) {
+    let mut seed = [0u8; 32];
+    for (i, b) in sql.bytes().enumerate() {
+        seed[i % 32] = seed[i % 32].wrapping_mul(31).wrapping_add(b);
+    }
+    let mut rng = rand::rngs::ChaCha20Rng::from_seed(seed);
+    let (mut domains, to_fetch) = release::listed_domains(plan);
+    for (i, _, _) in to_fetch {
+        domains.insert(i, vec!["CE".to_string(), "EA".to_string()]);
+    }
+    let values = [
+        "0",
+        "1",
+        "-3",
+        "12345678901234567890",
+        "0.5",
+        "-0.25",
+        "99999999999999999999.125",
+    ];
+    let mut rows = Vec::new();
+    for g in 0..3usize {
+        let mut row: Vec<Option<String>> = (0..plan.keys.len())
+            .map(|i| {
+                domains
+                    .get(&i)
+                    .and_then(|d| d.get(g % d.len().max(1)).cloned())
+                    .or_else(|| (g != 2).then(|| format!("k{g}")))
+            })
+            .collect();
+        for (j, measure) in rw.measures.iter().enumerate() {
+            let v = values[(g * 3 + j) % values.len()];
+            let v = if measure.is_integer() {
+                v.split('.').next().unwrap_or("0").to_string()
+            } else {
+                v.to_string()
+            };
+            row.push(Some(v));
+        }
+        row.push(Some(format!("{}", 200 * g + 1)));
+        rows.push(row);
+    }
+    if let Ok(released) = release::release(plan, rw, m, &rows, &domains, true, &mut rng) {
+        let finite = released
+            .rows
+            .iter()
+            .flatten()
+            .all(|c| !matches!(c, Cell::Float(f) if !f.is_finite()));
+        assert!(finite, "{sql:?}: a released value is not finite");
+    }
+}
