@@ -1,0 +1,1648 @@
+//! The pgdp benchmark: what the proxy costs on the demo dataset, next to baselines measured in the
+//! same run on the same machine.
+//!
+//! ```text
+//! cargo bench --bench proxy                      # scales 1 and 10, writes BENCHMARKS.md
+//! cargo bench --bench proxy -- --scale 1         # one scale
+//! cargo bench --bench proxy -- --smoke           # seconds; CI; writes target/bench-smoke/
+//! cargo bench --bench proxy -- --scale 10 --load-only   # only load the demo data
+//! ```
+//!
+//! Figures (BENCHMARKS.md states the targets and reads the results):
+//! 1. proxy overhead: a DP query through pgdp against its rewritten SQL sent directly;
+//! 2. cost of privacy: the DP query through pgdp against the plain aggregate sent directly;
+//! 3. throughput: 1, 8, 32 and 128 concurrent clients through pgdp against direct;
+//! 4. front end: classify + analyze + rewrite per golden-corpus query, and release per row;
+//! 5. memory: resident size of a `pgdp serve` child process idle, while releasing ~10^5 groups,
+//!    and with many idle connections;
+//! 6. scaling: DP latency against table size and number of groups.
+//!
+//! Invariants:
+//! - Every latency is a median over repeated runs, measured interleaved with its baselines (the
+//!   order alternates from run to run), after one discarded warm-up of each.
+//! - No DP query is answered from pgdp's replay cache: each run gives its query a fresh output
+//!   alias, which changes the replay key and leaves the upstream SQL unchanged. The report checks
+//!   it: the ledger holds one charge per DP query sent.
+//! - The demo databases (`pgdp_test_demo_s<N>`) are shared with the integration tests and only
+//!   read here; the ledger is a database of this process, dropped at the end.
+//! - The upstream is `PGDP_BENCH_UPSTREAM` (a DSN of a maintenance database, user allowed to
+//!   create databases) or `host=127.0.0.1 port=5432 user=postgres dbname=postgres`.
+//!
+//! A benchmark program, not a test: progress goes to standard error, the report to a file.
+
+mod plot;
+
+use std::error::Error as _;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgdp::analyze::{self, Context};
+use pgdp::classify::{self, Statement};
+use pgdp::policy::{Mechanism, Policy};
+use pgdp::release::{self, Budget};
+use pgdp::rewrite;
+use pgdp::server::{self, Config, Running};
+use rand::rngs::ChaCha20Rng;
+use rand::SeedableRng;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+type Res<T> = Result<T, Error>;
+
+fn fail(message: impl Into<String>) -> Error {
+    message.into().into()
+}
+
+/// The upstream used when `PGDP_BENCH_UPSTREAM` is not set.
+const DEFAULT_ADMIN_DSN: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
+
+/// The demo policy, with a budget large enough for thousands of queries (see [`bench_policy`]).
+const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
+
+/// Fixed noise seed of the in-process server (results do not depend on it; runs repeat exactly).
+const NOISE_SEED: [u8; 32] = [7; 32];
+
+/// Most direct upstream connections the throughput figure opens (PostgreSQL's default
+/// `max_connections` is 100 and the machine is shared); more clients share them.
+const DIRECT_CONNECTIONS_MAX: usize = 48;
+
+/// Queries whose output alias `{n}` is replaced by a fresh number at each run.
+struct Query {
+    label: &'static str,
+    template: &'static str,
+}
+
+const fn q(label: &'static str, template: &'static str) -> Query {
+    Query { label, template }
+}
+
+/// Figure 1: proxy overhead (target ratio).
+const OVERHEAD: [(Query, f64); 4] = [
+    (
+        q(
+            "tiny: people, 100 rows by key",
+            "SELECT COUNT(*) AS n_{n} FROM demo.people WHERE person_id <= 100",
+        ),
+        1.3,
+    ),
+    (
+        q("people: COUNT(*)", "SELECT COUNT(*) AS n_{n} FROM demo.people"),
+        1.05,
+    ),
+    (
+        q("visits: COUNT(*)", "SELECT COUNT(*) AS n_{n} FROM demo.visits"),
+        1.05,
+    ),
+    (
+        q(
+            "visits: SUM by clinic",
+            "SELECT clinic, SUM(cost) AS s_{n} FROM demo.visits GROUP BY clinic",
+        ),
+        1.05,
+    ),
+];
+
+/// Labels of [`OVERHEAD`] in the plot.
+const OVERHEAD_SHORT: [&str; 4] = ["TINY", "PEOPLE", "VISITS", "BY CLINIC"];
+
+/// Figure 2: cost of privacy (target ratio).
+const PRIVACY: [(Query, f64); 5] = [
+    (
+        q("COUNT(*) visits", "SELECT COUNT(*) AS n_{n} FROM demo.visits"),
+        1.5,
+    ),
+    (
+        q(
+            "SUM+AVG cost",
+            "SELECT SUM(cost) AS s_{n}, AVG(cost) FROM demo.visits",
+        ),
+        1.5,
+    ),
+    (
+        q(
+            "GROUP BY public",
+            "SELECT region, COUNT(*) AS n_{n}, AVG(income) FROM demo.people GROUP BY region",
+        ),
+        1.5,
+    ),
+    (
+        q(
+            "GROUP BY selected",
+            "SELECT clinic, COUNT(*) AS n_{n}, SUM(cost) FROM demo.visits GROUP BY clinic",
+        ),
+        2.5,
+    ),
+    (
+        q(
+            "join",
+            "SELECT region, AVG(cost) AS a_{n} FROM demo.visits JOIN demo.people USING (person_id) GROUP BY region",
+        ),
+        2.5,
+    ),
+];
+
+/// Labels of [`PRIVACY`] in the plot.
+const PRIVACY_SHORT: [&str; 5] = ["COUNT", "SUM+AVG", "PUBLIC KEYS", "SELECTED", "JOIN"];
+
+/// Figure 3: the throughput workloads.
+const THROUGHPUT: [Query; 2] = [
+    q("people: COUNT(*)", "SELECT COUNT(*) AS n_{n} FROM demo.people"),
+    q(
+        "tiny: people, 100 rows by key",
+        "SELECT COUNT(*) AS n_{n} FROM demo.people WHERE person_id <= 100",
+    ),
+];
+
+/// Figure 6: scaling with rows (the table's row count is read from the upstream).
+const SCALING_ROWS: [Query; 2] = [
+    q(
+        "people: COUNT+SUM",
+        "SELECT COUNT(*) AS n_{n}, SUM(income) FROM demo.people",
+    ),
+    q(
+        "visits: COUNT+SUM",
+        "SELECT COUNT(*) AS n_{n}, SUM(cost) FROM demo.visits",
+    ),
+];
+
+/// Figure 6: scaling with groups (all on demo.visits, keys released by partition selection).
+const SCALING_GROUPS: [Query; 3] = [
+    q(
+        "month (12 keys)",
+        "SELECT date_part('month', visit_date), COUNT(*) AS n_{n} FROM demo.visits GROUP BY 1",
+    ),
+    q(
+        "day (731 keys)",
+        "SELECT visit_date, COUNT(*) AS n_{n} FROM demo.visits GROUP BY visit_date",
+    ),
+    q(
+        "clinic × diagnosis (~10^5 keys)",
+        "SELECT clinic, diagnosis, COUNT(*) AS n_{n} FROM demo.visits GROUP BY clinic, diagnosis",
+    ),
+];
+
+/// Figure 5: the query whose release the memory figure watches (at ε = [`WIDE_EPSILON`], so that
+/// partition selection keeps most of its candidate groups).
+const WIDE: Query = q(
+    "visits by day, clinic, diagnosis",
+    "SELECT visit_date, clinic, diagnosis, COUNT(*) AS n_{n}, SUM(cost) FROM demo.visits GROUP BY visit_date, clinic, diagnosis",
+);
+
+/// ε of [`WIDE`] in the memory and release figures.
+const WIDE_EPSILON: f64 = 100.0;
+
+/// How much work each figure does.
+#[derive(Debug, Clone)]
+struct Settings {
+    smoke: bool,
+    /// Only create and load the demo databases of `scales`, measure nothing.
+    load_only: bool,
+    scales: Vec<u32>,
+    out: PathBuf,
+    admin_dsn: String,
+    runs_min: usize,
+    runs_max: usize,
+    /// Stop adding runs to a latency series after this long (once `runs_min` are done).
+    series_budget: Duration,
+    throughput_window: Duration,
+    clients: Vec<usize>,
+    idle_connections: usize,
+    frontend_samples: usize,
+    frontend_sample_time: Duration,
+    release_runs: usize,
+    command: String,
+}
+
+fn parse_args() -> Res<Settings> {
+    let mut smoke = false;
+    let mut load_only = false;
+    let mut scales = None;
+    let mut out = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--smoke" => smoke = true,
+            "--load-only" => load_only = true,
+            "--scale" => {
+                let value = args.next().ok_or_else(|| fail("--scale needs a value"))?;
+                let parsed: Result<Vec<u32>, _> =
+                    value.split(',').map(|s| s.trim().parse::<u32>()).collect();
+                scales = Some(parsed.map_err(|_| fail("--scale takes numbers like 1,10"))?);
+            }
+            "--out" => out = Some(PathBuf::from(args.next().ok_or_else(|| fail("--out needs a directory"))?)),
+            // cargo passes --bench to harness = false targets; filters are ignored.
+            _ => {}
+        }
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let admin_dsn = std::env::var("PGDP_BENCH_UPSTREAM")
+        .ok()
+        .filter(|d| !d.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ADMIN_DSN.to_string());
+    let mut command = String::from("cargo bench --bench proxy --");
+    if smoke {
+        command.push_str(" --smoke");
+    }
+    if let Some(s) = &scales {
+        let list: Vec<String> = s.iter().map(u32::to_string).collect();
+        write!(command, " --scale {}", list.join(","))?;
+    }
+    let settings = if smoke {
+        Settings {
+            smoke,
+            load_only,
+            scales: scales.unwrap_or_else(|| vec![1]),
+            out: out.unwrap_or_else(|| root.join("target/bench-smoke")),
+            admin_dsn,
+            runs_min: 3,
+            runs_max: 3,
+            series_budget: Duration::from_secs(1),
+            throughput_window: Duration::from_millis(500),
+            clients: vec![1, 8, 32, 128],
+            idle_connections: 50,
+            frontend_samples: 3,
+            frontend_sample_time: Duration::from_micros(200),
+            release_runs: 1,
+            command,
+        }
+    } else {
+        Settings {
+            smoke,
+            load_only,
+            scales: scales.unwrap_or_else(|| vec![1, 10]),
+            out: out.unwrap_or(root),
+            admin_dsn,
+            runs_min: 5,
+            runs_max: 21,
+            series_budget: Duration::from_secs(20),
+            throughput_window: Duration::from_secs(8),
+            clients: vec![1, 8, 32, 128],
+            idle_connections: 500,
+            frontend_samples: 21,
+            frontend_sample_time: Duration::from_millis(2),
+            release_runs: 7,
+            command,
+        }
+    };
+    if settings.scales.is_empty() || settings.scales.iter().any(|&s| s == 0 || s > 10) {
+        return Err(fail("scales must be between 1 and 10"));
+    }
+    Ok(settings)
+}
+
+fn main() {
+    let code = match run() {
+        Ok(()) => 0,
+        Err(e) => {
+            // tokio-postgres puts the server's message in the error's source.
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(inner) = source {
+                message.push_str(&format!(": {inner}"));
+                source = inner.source();
+            }
+            eprintln!("bench: {message}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run() -> Res<()> {
+    let settings = parse_args()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(settings))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+fn median(xs: &[f64]) -> f64 {
+    percentile(xs, 0.5)
+}
+
+fn percentile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections and queries
+
+async fn connect(dsn: &str) -> Res<Client> {
+    let (client, connection) = tokio_postgres::connect(dsn, NoTls).await?;
+    tokio::spawn(async move {
+        // Errors surface on the client's next call.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// `dsn` with its database replaced.
+fn with_dbname(dsn: &str, dbname: &str) -> String {
+    pgdp::cluster::dsn_with_dbname(dsn, dbname)
+}
+
+fn proxy_dsn(port: u16) -> String {
+    format!(
+        "host=127.0.0.1 port={port} user=analyst password=analyst dbname={} sslmode=disable connect_timeout=30",
+        pgdp::demo::DATABASE
+    )
+}
+
+/// DP queries sent to pgdp (to check against the ledger's charges).
+static DP_QUERIES: AtomicU64 = AtomicU64::new(0);
+static ALIAS: AtomicU64 = AtomicU64::new(1);
+
+/// The query with a fresh alias: never seen by the replay cache.
+fn fresh(template: &str) -> String {
+    template.replace("{n}", &ALIAS.fetch_add(1, Ordering::Relaxed).to_string())
+}
+
+/// Rows of a simple query's answer.
+async fn simple_rows(client: &Client, sql: &str) -> Res<Vec<Vec<Option<String>>>> {
+    let messages = client.simple_query(sql).await?;
+    Ok(messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect())
+}
+
+async fn scalar(client: &Client, sql: &str) -> Res<String> {
+    simple_rows(client, sql)
+        .await?
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+        .ok_or_else(|| fail(format!("no value from {sql}")))
+}
+
+/// One way of running a query: through pgdp (fresh alias each time) or a fixed SQL directly.
+#[derive(Clone, Copy)]
+enum Way<'a> {
+    Proxy(&'a Client, &'a str),
+    Direct(&'a Client, &'a str),
+}
+
+impl Way<'_> {
+    /// Runs once; returns the latency and the number of rows.
+    async fn once(&self) -> Res<(Duration, usize)> {
+        let (client, sql) = match self {
+            Way::Proxy(c, template) => {
+                DP_QUERIES.fetch_add(1, Ordering::Relaxed);
+                (*c, fresh(template))
+            }
+            Way::Direct(c, sql) => (*c, sql.to_string()),
+        };
+        let started = Instant::now();
+        let messages = client
+            .simple_query(&sql)
+            .await
+            .map_err(|e| fail(format!("{sql}: {e}")))?;
+        let elapsed = started.elapsed();
+        let rows = messages
+            .iter()
+            .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+            .count();
+        Ok((elapsed, rows))
+    }
+}
+
+/// Latencies (ms) of several ways of running one query, interleaved.
+#[derive(Debug, Clone, Default)]
+struct Series {
+    ms: Vec<Vec<f64>>,
+    rows: Vec<usize>,
+}
+
+impl Series {
+    fn median(&self, i: usize) -> f64 {
+        median(&self.ms[i])
+    }
+
+    /// Median of way `i` over median of way `j`.
+    fn ratio(&self, i: usize, j: usize) -> f64 {
+        self.median(i) / self.median(j)
+    }
+
+    fn runs(&self) -> usize {
+        self.ms.first().map_or(0, Vec::len)
+    }
+}
+
+async fn series(s: &Settings, ways: &[Way<'_>]) -> Res<Series> {
+    // One warm-up of each (caches, plans, pool connections), discarded.
+    for w in ways {
+        w.once().await?;
+    }
+    let mut out = Series {
+        ms: vec![Vec::new(); ways.len()],
+        rows: vec![0; ways.len()],
+    };
+    let started = Instant::now();
+    let mut run = 0usize;
+    while run < s.runs_max && (run < s.runs_min || started.elapsed() < s.series_budget) {
+        let order: Vec<usize> = if run % 2 == 0 {
+            (0..ways.len()).collect()
+        } else {
+            (0..ways.len()).rev().collect()
+        };
+        for i in order {
+            let (d, rows) = ways[i].once().await?;
+            out.ms[i].push(ms(d));
+            out.rows[i] = rows;
+        }
+        run += 1;
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup: the machine, the demo data, the ledger, the policy, the server
+
+struct Machine {
+    cpu: String,
+    cores: usize,
+    memory_gib: f64,
+    kernel: String,
+    postgres: String,
+    load: String,
+    date: String,
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+async fn machine(admin: &Client) -> Res<Machine> {
+    let cpuinfo = read("/proc/cpuinfo");
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let memory_kib: f64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let settings = simple_rows(
+        admin,
+        "SELECT version(), current_setting('shared_buffers'), current_setting('work_mem'), \
+         current_setting('max_parallel_workers_per_gather'), current_setting('synchronous_commit')",
+    )
+    .await?;
+    let r = settings.first().ok_or_else(|| fail("no version"))?;
+    let text = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
+    let version = text(0);
+    let version = version.split(" on ").next().unwrap_or(&version).to_string();
+    Ok(Machine {
+        cpu,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_gib: memory_kib / 1024.0 / 1024.0,
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        postgres: format!(
+            "{version} (shared_buffers {}, work_mem {}, max_parallel_workers_per_gather {}, synchronous_commit {})",
+            text(1),
+            text(2),
+            text(3),
+            text(4)
+        ),
+        load: read("/proc/loadavg")
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        date: utc_now(),
+    })
+}
+
+/// The current UTC time as `YYYY-MM-DD HH:MM`.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        (rem % 3600) / 60
+    )
+}
+
+/// The demo database at `scale` (shared with the tests), created and loaded when needed.
+async fn demo_database(s: &Settings, admin: &Client, scale: u32) -> Res<String> {
+    let name = format!("pgdp_test_demo_s{scale}");
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await?
+        .is_some();
+    if !exists {
+        if let Err(e) = admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+        {
+            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+                return Err(e.into());
+            }
+        }
+    }
+    let dsn = with_dbname(&s.admin_dsn, &name);
+    let client = connect(&dsn).await?;
+    let started = Instant::now();
+    let report = pgdp::demo::load(&client, scale, |line| eprintln!("  {line}")).await?;
+    if !report.reused {
+        eprintln!(
+            "  loaded scale {scale} in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(dsn)
+}
+
+/// The ledger database of this run.
+struct LedgerDb {
+    name: String,
+    dsn: String,
+}
+
+impl LedgerDb {
+    async fn create(s: &Settings, admin: &Client) -> Res<LedgerDb> {
+        let name = format!("pgdp_bench_ledger_{}", std::process::id());
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+            .await?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await?;
+        Ok(LedgerDb {
+            dsn: with_dbname(&s.admin_dsn, &name),
+            name,
+        })
+    }
+
+    async fn charges(&self) -> Res<u64> {
+        let client = connect(&self.dsn).await?;
+        Ok(scalar(&client, "SELECT count(*) FROM pgdp.charge_log")
+            .await?
+            .parse()?)
+    }
+
+    async fn drop_db(&self, admin: &Client) {
+        let _ = admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ))
+            .await;
+    }
+}
+
+/// The demo policy with a budget for thousands of queries: total ε 10^6, δ 0.5, at most ε 100
+/// per query. Everything else (bounds, caps, public keys) is the demo's.
+fn bench_policy_text() -> Res<String> {
+    let mut text = DEMO_POLICY.to_string();
+    for (from, to) in [
+        ("      epsilon: 10\n", "      epsilon: 1000000\n"),
+        ("      delta: 1.0e-5\n", "      delta: 0.5\n"),
+        (
+            "      epsilon_per_query_max: 2\n",
+            "      epsilon_per_query_max: 100\n",
+        ),
+    ] {
+        if !text.contains(from) {
+            return Err(fail(format!(
+                "the demo policy no longer contains {from:?}; update bench_policy_text"
+            )));
+        }
+        text = text.replace(from, to);
+    }
+    Ok(text)
+}
+
+fn bench_policy() -> Res<Policy> {
+    pgdp::policy::parse(&bench_policy_text()?).map_err(|e| fail(format!("bench policy: {e:?}")))
+}
+
+async fn start_server(upstream: &str, ledger: &LedgerDb) -> Res<Running> {
+    Ok(server::start(Config {
+        policy: bench_policy()?,
+        upstream: upstream.to_string(),
+        ledger: Some(ledger.dsn.clone()),
+        listen: "127.0.0.1:0".into(),
+        noise_seed: Some(NOISE_SEED),
+    })
+    .await?)
+}
+
+/// The upstream SQL pgdp sends for `template` (the alias does not change it).
+fn rewritten(policy: &Policy, secret: &str, template: &str) -> Res<String> {
+    let sql = template.replace("{n}", "0");
+    let statements = classify::classify(&sql).map_err(|e| fail(format!("{sql}: {e}")))?;
+    let [Statement::Query(query)] = statements.as_slice() else {
+        return Err(fail(format!("{sql}: not one query")));
+    };
+    let ctx = Context {
+        policy,
+        search_path: vec![pgdp::demo::SCHEMA.to_string()],
+    };
+    let plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
+    Ok(rewrite::rewrite(&plan, &[], secret)
+        .map_err(|e| fail(format!("{sql}: {e}")))?
+        .sql)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results
+
+struct Overhead {
+    label: &'static str,
+    target: f64,
+    series: Series, // 0 = direct rewritten SQL, 1 = pgdp
+}
+
+struct Privacy {
+    label: &'static str,
+    target: f64,
+    series: Series, // 0 = plain, 1 = rewritten direct, 2 = pgdp
+    /// Hand-edited variants of the rewritten SQL, sent directly: 0 = as pgdp sends it, then
+    /// [`PROTOTYPES`]; and whether each returned exactly the same rows.
+    prototypes: Series,
+    same_rows: Vec<bool>,
+}
+
+/// Prototype rewrites, measured directly on the upstream against the SQL pgdp sends.
+const PROTOTYPES: [&str; 3] = [
+    "work_mem 64MB",
+    "rank heavy units only",
+    "both",
+];
+
+/// `sql` in a transaction with a larger `work_mem`, so per-unit hash aggregation stays in memory.
+fn with_work_mem(sql: &str) -> String {
+    format!("BEGIN READ ONLY; SET LOCAL work_mem = '64MB'; {sql}; COMMIT")
+}
+
+/// The rewrite with its ranking (which sorts every (unit, group) row by unit and keyed hash)
+/// applied only to the units that have more groups than the cap; the others keep all their groups
+/// whatever their rank, so the result is the same. Units are counted by hash aggregation and
+/// joined back by hash join. `None` when the rewrite has no ranking.
+fn rank_heavy_only(sql: &str) -> Option<String> {
+    let prefix = "__dp_ranked AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY ";
+    let suffix = ") AS __dp_rank FROM __dp_per_unit)";
+    let start = sql.find(prefix)?;
+    let end = start + sql[start..].find(suffix)?;
+    let order = &sql[start + prefix.len()..end];
+    let cap_at = sql.find("WHERE __dp_rank <= ")? + "WHERE __dp_rank <= ".len();
+    let cap: String = sql[cap_at..].chars().take_while(char::is_ascii_digit).collect();
+    let ranked = format!(
+        "__dp_groups AS (SELECT __dp_unit, COUNT(*) AS __dp_n FROM __dp_per_unit GROUP BY __dp_unit), \
+         __dp_ranked AS (SELECT __dp_per_unit.*, 1 AS __dp_rank FROM __dp_per_unit JOIN __dp_groups USING (__dp_unit) WHERE __dp_n <= {cap} \
+         UNION ALL SELECT __dp_per_unit.*, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY {order}) AS __dp_rank \
+         FROM __dp_per_unit JOIN __dp_groups USING (__dp_unit) WHERE __dp_n > {cap})"
+    );
+    Some(format!("{}{ranked}{}", &sql[..start], &sql[end + suffix.len()..]))
+}
+
+/// Latencies of the [`PROTOTYPES`] of `sql` against `sql`, and whether each gives the same rows.
+async fn prototypes(
+    s: &Settings,
+    direct: &Client,
+    sql: &str,
+    heavy: &str,
+) -> Res<(Series, Vec<bool>)> {
+    let variants = [with_work_mem(sql), heavy.to_string(), with_work_mem(heavy)];
+    let prototypes = series(
+        s,
+        &[
+            Way::Direct(direct, sql),
+            Way::Direct(direct, &variants[0]),
+            Way::Direct(direct, &variants[1]),
+            Way::Direct(direct, &variants[2]),
+        ],
+    )
+    .await?;
+    let reference = sorted_rows(direct, sql).await?;
+    let mut same_rows = Vec::new();
+    for v in &variants {
+        same_rows.push(sorted_rows(direct, v).await? == reference);
+    }
+    eprintln!(
+        "  {:<34} prototypes: as sent {:.1} ms, {}",
+        "",
+        prototypes.median(0),
+        PROTOTYPES
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{p} {:.1} ms", prototypes.median(i + 1)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok((prototypes, same_rows))
+}
+
+/// Sorted rows, to compare answers whatever their order.
+async fn sorted_rows(client: &Client, sql: &str) -> Res<Vec<Vec<Option<String>>>> {
+    let mut rows = simple_rows(client, sql).await?;
+    rows.sort();
+    Ok(rows)
+}
+
+struct Throughput {
+    label: &'static str,
+    /// (clients, direct qps, pgdp qps, pgdp errors)
+    levels: Vec<(usize, f64, f64, u64)>,
+}
+
+struct Scaling {
+    label: String,
+    /// Table rows or upstream candidate groups.
+    size: u64,
+    series: Series, // 0 = plain, 1 = pgdp
+}
+
+struct ScaleResult {
+    scale: u32,
+    people: u64,
+    visits: u64,
+    overhead: Vec<Overhead>,
+    privacy: Vec<Privacy>,
+    throughput: Vec<Throughput>,
+    rows: Vec<Scaling>,
+    groups: Vec<Scaling>,
+    ledger_commit: Series, // 0 = synchronous_commit off, 1 = on
+    plans: String,
+}
+
+struct Frontend {
+    accepted: Vec<(String, f64)>,
+    refused: Vec<(String, f64)>,
+}
+
+struct ReleaseCost {
+    label: String,
+    candidates: usize,
+    released: usize,
+    ms: f64,
+}
+
+struct Memory {
+    idle_kib: u64,
+    release_peak_kib: u64,
+    release_after_kib: u64,
+    released_rows: usize,
+    release_ms: f64,
+    idle_connections: usize,
+    connections_kib: u64,
+    connect_failures: usize,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+
+async fn bench(s: Settings) -> Res<()> {
+    let admin = connect(&s.admin_dsn).await?;
+    if s.load_only {
+        for &scale in &s.scales {
+            eprintln!("scale {scale}: demo data");
+            demo_database(&s, &admin, scale).await?;
+        }
+        return Ok(());
+    }
+    let machine = machine(&admin).await?;
+    eprintln!(
+        "pgdp bench ({}): scales {:?}, upstream {}",
+        if s.smoke { "smoke" } else { "full" },
+        s.scales,
+        machine.postgres
+    );
+    let ledger = LedgerDb::create(&s, &admin).await?;
+    let result = bench_all(&s, &admin, &ledger).await;
+    let charges = ledger.charges().await;
+    ledger.drop_db(&admin).await;
+    let (frontend, releases, memory, scales) = result?;
+    let charges = charges?;
+    let sent = DP_QUERIES.load(Ordering::Relaxed);
+    let report = report(
+        &s, &machine, &frontend, &releases, &memory, &scales, charges, sent,
+    )?;
+    std::fs::create_dir_all(&s.out)?;
+    let md = s.out.join("BENCHMARKS.md");
+    write_report(&md, &report)?;
+    let png = s.out.join("benches/ratios.png");
+    if let Some(dir) = png.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    plot::ratios(&png, &plot_data(&scales))?;
+    for sc in &scales {
+        let plans = s.out.join(format!("benches/plans-s{}.txt", sc.scale));
+        std::fs::write(&plans, &sc.plans)?;
+    }
+    eprintln!("wrote {} and {}", md.display(), png.display());
+    if charges != sent {
+        return Err(fail(format!(
+            "the ledger holds {charges} charges for {sent} DP queries: some were replayed"
+        )));
+    }
+    Ok(())
+}
+
+type All = (Frontend, Vec<ReleaseCost>, Option<Memory>, Vec<ScaleResult>);
+
+async fn bench_all(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<All> {
+    eprintln!("front end: golden corpus");
+    let frontend = frontend(s)?;
+    let mut scales = Vec::new();
+    let mut releases = Vec::new();
+    let mut memory = None;
+    for &scale in &s.scales {
+        eprintln!("scale {scale}: demo data");
+        let demo = demo_database(s, admin, scale).await?;
+        let running = start_server(&demo, ledger).await?;
+        let result = bench_scale(s, scale, &demo, ledger, &running).await?;
+        if releases.is_empty() {
+            eprintln!("scale {scale}: release cost");
+            releases = release_cost(s, &demo, &running).await?;
+        }
+        drop(running);
+        if memory.is_none() {
+            eprintln!("scale {scale}: memory (child process)");
+            memory = Some(memory_figure(s, &demo, ledger).await?);
+        }
+        scales.push(result);
+    }
+    Ok((frontend, releases, memory, scales))
+}
+
+async fn bench_scale(
+    s: &Settings,
+    scale: u32,
+    demo: &str,
+    ledger: &LedgerDb,
+    running: &Running,
+) -> Res<ScaleResult> {
+    // Larger scales take seconds per query: fewer runs.
+    let fewer = Settings {
+        runs_min: if scale > 1 { s.runs_min.min(3) } else { s.runs_min },
+        ..s.clone()
+    };
+    let s = &fewer;
+    let policy = &running.shared.policy;
+    let secret = &running.shared.secret;
+    let port = running.addr.port();
+    let proxy = connect(&proxy_dsn(port)).await?;
+    let direct = connect(demo).await?;
+    let people: u64 = scalar(&direct, "SELECT count(*) FROM demo.people")
+        .await?
+        .parse()?;
+    let visits: u64 = scalar(&direct, "SELECT count(*) FROM demo.visits")
+        .await?
+        .parse()?;
+
+    eprintln!("scale {scale}: 1. proxy overhead");
+    let mut overhead = Vec::new();
+    for (query, target) in &OVERHEAD {
+        let sql = rewritten(policy, secret, query.template)?;
+        let series = series(
+            s,
+            &[Way::Direct(&direct, &sql), Way::Proxy(&proxy, query.template)],
+        )
+        .await?;
+        eprintln!(
+            "  {:<34} direct {:>9.2} ms  pgdp {:>9.2} ms  {:.3}x",
+            query.label,
+            series.median(0),
+            series.median(1),
+            series.ratio(1, 0)
+        );
+        overhead.push(Overhead {
+            label: query.label,
+            target: *target,
+            series,
+        });
+    }
+
+    eprintln!("scale {scale}: ledger commit round trip");
+    let ledger_commit = ledger_commit(s, ledger).await?;
+
+    eprintln!("scale {scale}: 2. cost of privacy");
+    let mut privacy = Vec::new();
+    let mut plans = String::new();
+    for (query, target) in &PRIVACY {
+        let plain = query.template.replace("{n}", "0");
+        let sql = rewritten(policy, secret, query.template)?;
+        let series = series(
+            s,
+            &[
+                Way::Direct(&direct, &plain),
+                Way::Direct(&direct, &sql),
+                Way::Proxy(&proxy, query.template),
+            ],
+        )
+        .await?;
+        eprintln!(
+            "  {:<34} plain {:>9.2} ms  rewritten {:>9.2} ms  pgdp {:>9.2} ms  {:.2}x",
+            query.label,
+            series.median(0),
+            series.median(1),
+            series.median(2),
+            series.ratio(2, 0)
+        );
+        let heavy = rank_heavy_only(&sql).unwrap_or_else(|| sql.clone());
+        // Prototypes at the smallest scale only: at scale 10 each variant takes seconds.
+        let (prototypes, same_rows) = if scale == 1 {
+            prototypes(s, &direct, &sql, &heavy).await?
+        } else {
+            (Series::default(), Vec::new())
+        };
+        if !s.smoke {
+            for (what, text) in [("plain", &plain), ("rewritten", &sql), ("rank heavy units only", &heavy)] {
+                let explained = simple_rows(
+                    &direct,
+                    &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {text}"),
+                )
+                .await?;
+                writeln!(plans, "=== {} ({what}) ===\n{text}\n", query.label)?;
+                for row in explained {
+                    writeln!(plans, "{}", row.into_iter().flatten().collect::<String>())?;
+                }
+                plans.push('\n');
+            }
+        }
+        privacy.push(Privacy {
+            label: query.label,
+            target: *target,
+            series,
+            prototypes,
+            same_rows,
+        });
+    }
+
+    eprintln!("scale {scale}: 3. throughput");
+    let mut throughput = Vec::new();
+    for query in &THROUGHPUT {
+        let sql = rewritten(policy, secret, query.template)?;
+        let mut levels = Vec::new();
+        for &clients in &s.clients {
+            let (direct_qps, _) = load_test(s, demo, &sql, false, clients).await?;
+            let (proxy_qps, errors) =
+                load_test(s, &proxy_dsn(port), query.template, true, clients).await?;
+            eprintln!(
+                "  {:<34} {clients:>3} clients: direct {direct_qps:>8.1} q/s  pgdp {proxy_qps:>8.1} q/s  {:.2}x",
+                query.label,
+                proxy_qps / direct_qps
+            );
+            levels.push((clients, direct_qps, proxy_qps, errors));
+        }
+        throughput.push(Throughput {
+            label: query.label,
+            levels,
+        });
+    }
+
+    eprintln!("scale {scale}: 6. scaling");
+    let mut rows = Vec::new();
+    for (query, table) in SCALING_ROWS.iter().zip([people, visits]) {
+        let plain = query.template.replace("{n}", "0");
+        let series = series(
+            s,
+            &[Way::Direct(&direct, &plain), Way::Proxy(&proxy, query.template)],
+        )
+        .await?;
+        eprintln!(
+            "  {:<34} {table:>9} rows: plain {:>9.2} ms  pgdp {:>9.2} ms",
+            query.label,
+            series.median(0),
+            series.median(1)
+        );
+        rows.push(Scaling {
+            label: query.label.to_string(),
+            size: table,
+            series,
+        });
+    }
+    let mut groups = Vec::new();
+    for query in &SCALING_GROUPS {
+        let plain = query.template.replace("{n}", "0");
+        let sql = rewritten(policy, secret, query.template)?;
+        let candidates = simple_rows(&direct, &sql).await?.len() as u64;
+        let series = series(
+            s,
+            &[Way::Direct(&direct, &plain), Way::Proxy(&proxy, query.template)],
+        )
+        .await?;
+        eprintln!(
+            "  {:<34} {candidates:>9} candidate groups, {} released: plain {:>9.2} ms  pgdp {:>9.2} ms",
+            query.label,
+            series.rows[1],
+            series.median(0),
+            series.median(1)
+        );
+        groups.push(Scaling {
+            label: query.label.to_string(),
+            size: candidates,
+            series,
+        });
+    }
+
+    Ok(ScaleResult {
+        scale,
+        people,
+        visits,
+        overhead,
+        privacy,
+        throughput,
+        rows,
+        groups,
+        ledger_commit,
+        plans,
+    })
+}
+
+/// Latency of one single-row commit on the upstream server, with `synchronous_commit` off and
+/// on, in a table of the bench's own ledger database. pgdp's ledger commits three times per DP
+/// query (charge, replay entry, outcome); only the charge needs to be durable before the upstream
+/// runs the query.
+async fn ledger_commit(s: &Settings, ledger: &LedgerDb) -> Res<Series> {
+    let off = connect(&ledger.dsn).await?;
+    let on = connect(&ledger.dsn).await?;
+    off.batch_execute(
+        "CREATE TABLE IF NOT EXISTS bench_commit (id int PRIMARY KEY, n bigint); \
+         INSERT INTO bench_commit VALUES (1, 0) ON CONFLICT DO NOTHING",
+    )
+    .await?;
+    off.batch_execute("SET synchronous_commit = off").await?;
+    on.batch_execute("SET synchronous_commit = on").await?;
+    let sql = "UPDATE bench_commit SET n = n + 1 WHERE id = 1";
+    series(s, &[Way::Direct(&off, sql), Way::Direct(&on, sql)]).await
+}
+
+/// Queries per second over the measurement window with `clients` concurrent clients.
+/// `is_proxy`: connect to pgdp and give each query a fresh alias.
+async fn load_test(
+    s: &Settings,
+    dsn: &str,
+    template: &str,
+    is_proxy: bool,
+    clients: usize,
+) -> Res<(f64, u64)> {
+    let connections = if is_proxy {
+        clients
+    } else {
+        clients.min(DIRECT_CONNECTIONS_MAX)
+    };
+    let mut pool = Vec::new();
+    for _ in 0..connections {
+        pool.push(Arc::new(connect(dsn).await?));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let counting = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let client = Arc::clone(&pool[i % pool.len()]);
+        let (stop, counting, done, errors) = (
+            Arc::clone(&stop),
+            Arc::clone(&counting),
+            Arc::clone(&done),
+            Arc::clone(&errors),
+        );
+        let template = template.to_string();
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let sql = if is_proxy {
+                    DP_QUERIES.fetch_add(1, Ordering::Relaxed);
+                    fresh(&template)
+                } else {
+                    template.clone()
+                };
+                let ok = client.simple_query(&sql).await.is_ok();
+                if counting.load(Ordering::Relaxed) {
+                    if ok {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    // A short ramp-up, then the window.
+    tokio::time::sleep(s.throughput_window / 4).await;
+    counting.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(s.throughput_window).await;
+    counting.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok((
+        done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        errors.load(Ordering::Relaxed),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figure 4: front end
+
+struct Case {
+    name: String,
+    sql: String,
+    params: Vec<Option<String>>,
+    accepted: bool,
+}
+
+/// The golden corpus (tests/cases/README.md describes the format).
+fn corpus() -> Res<Vec<Case>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "case"))
+        .collect();
+    files.sort();
+    let mut cases = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        let mut current: Option<Case> = None;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("-- ") else {
+                continue;
+            };
+            let Some((key, value)) = rest.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            match key {
+                "name" => {
+                    cases.extend(current.take());
+                    current = Some(Case {
+                        name: value.to_string(),
+                        sql: String::new(),
+                        params: Vec::new(),
+                        accepted: false,
+                    });
+                }
+                "sql" => {
+                    if let Some(c) = current.as_mut() {
+                        if !c.sql.is_empty() {
+                            c.sql.push(' ');
+                        }
+                        c.sql.push_str(value);
+                    }
+                }
+                "param" => {
+                    if let Some(c) = current.as_mut() {
+                        c.params
+                            .push((value != "NULL").then(|| value.to_string()));
+                    }
+                }
+                "expect" => {
+                    if let Some(c) = current.as_mut() {
+                        c.accepted = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        cases.extend(current.take());
+    }
+    Ok(cases)
+}
+
+/// classify + analyze + rewrite, as the session runs them.
+fn front_end(policy: &Policy, case: &Case) -> bool {
+    let Ok(statements) = classify::classify(&case.sql) else {
+        return false;
+    };
+    let [Statement::Query(query)] = statements.as_slice() else {
+        return false;
+    };
+    let ctx = Context {
+        policy,
+        search_path: vec![pgdp::demo::SCHEMA.to_string()],
+    };
+    let Ok(plan) = analyze::analyze(query, &ctx) else {
+        return false;
+    };
+    let rewritten = rewrite::rewrite(&plan, &case.params, "bench-secret");
+    std::hint::black_box(&rewritten);
+    rewritten.is_ok()
+}
+
+/// Median µs per query of each case, criterion-style: warm up, size a sample to a minimum time,
+/// take the median over samples.
+fn frontend(s: &Settings) -> Res<Frontend> {
+    let policy = pgdp::policy::parse(DEMO_POLICY).map_err(|e| fail(format!("{e:?}")))?;
+    let mut out = Frontend {
+        accepted: Vec::new(),
+        refused: Vec::new(),
+    };
+    for case in corpus()? {
+        let ok = front_end(&policy, &case);
+        let mut iterations = 1u32;
+        loop {
+            let started = Instant::now();
+            for _ in 0..iterations {
+                std::hint::black_box(front_end(&policy, &case));
+            }
+            if started.elapsed() >= s.frontend_sample_time || iterations >= 1 << 20 {
+                break;
+            }
+            iterations *= 2;
+        }
+        let mut samples = Vec::new();
+        for _ in 0..s.frontend_samples {
+            let started = Instant::now();
+            for _ in 0..iterations {
+                std::hint::black_box(front_end(&policy, &case));
+            }
+            samples.push(started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations));
+        }
+        let us = median(&samples);
+        if ok && case.accepted {
+            out.accepted.push((case.name, us));
+        } else {
+            out.refused.push((case.name, us));
+        }
+    }
+    if out.accepted.is_empty() {
+        return Err(fail("no accepted case in tests/cases"));
+    }
+    Ok(out)
+}
+
+/// Noise and release time per released row, on exact rows read once from the upstream.
+async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<ReleaseCost>> {
+    let direct = connect(demo).await?;
+    let policy = &running.shared.policy;
+    let mut out = Vec::new();
+    for (query, epsilon) in [
+        (&WIDE, WIDE_EPSILON),
+        (&WIDE, 1.0),
+        (&PRIVACY[2].0, 1.0),
+        (&PRIVACY[3].0, 1.0),
+    ] {
+        let sql = query.template.replace("{n}", "0");
+        let statements = classify::classify(&sql)?;
+        let [Statement::Query(ast)] = statements.as_slice() else {
+            return Err(fail("not one query"));
+        };
+        let ctx = Context {
+            policy,
+            search_path: vec![pgdp::demo::SCHEMA.to_string()],
+        };
+        let plan = analyze::analyze(ast, &ctx)?;
+        let rw = rewrite::rewrite(&plan, &[], &running.shared.secret)?;
+        let budget = Budget {
+            epsilon,
+            delta: 1e-7,
+            mechanism: Mechanism::Laplace,
+        };
+        let mechanisms = release::mechanisms(&plan, &rw, budget)?;
+        let (mut domains, to_fetch) = release::listed_domains(&plan);
+        for (i, table, column) in to_fetch {
+            let values = simple_rows(&direct, &rewrite::public_values_sql(&table, &column)?).await?;
+            domains.insert(i, values.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect());
+        }
+        let exact = simple_rows(&direct, &rw.sql).await?;
+        let mut times = Vec::new();
+        let mut released = 0;
+        for run in 0..s.release_runs {
+            let mut seed = [0u8; 32];
+            seed[..8].copy_from_slice(&(run as u64).to_le_bytes());
+            let mut rng = ChaCha20Rng::from_seed(seed);
+            let started = Instant::now();
+            let r = release::release(&plan, &rw, &mechanisms, &exact, &domains, false, &mut rng)?;
+            times.push(ms(started.elapsed()));
+            released = r.rows.len();
+        }
+        out.push(ReleaseCost {
+            label: format!("{} (ε = {epsilon})", query.label),
+            candidates: exact.len(),
+            released,
+            ms: median(&times),
+        });
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figure 5: memory of a `pgdp serve` child process
+
+fn rss_kib(pid: u32) -> u64 {
+    read(&format!("/proc/{pid}/status"))
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Kills the child when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn memory_figure(s: &Settings, demo: &str, ledger: &LedgerDb) -> Res<Memory> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let policy_path = dir.join("policy.yaml");
+    std::fs::write(&policy_path, bench_policy_text()?)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let log = std::fs::File::create(dir.join("pgdp.log"))?;
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_pgdp"))
+            .arg("serve")
+            .arg("--policy")
+            .arg(&policy_path)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--upstream")
+            .arg(demo)
+            .arg("--ledger")
+            .arg(&ledger.dsn)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()?,
+    );
+    let pid = child.0.id();
+    let dsn = proxy_dsn(port);
+    let started = Instant::now();
+    let client = loop {
+        match connect(&dsn).await {
+            Ok(c) => break c,
+            Err(e) if started.elapsed() > Duration::from_secs(60) => {
+                return Err(fail(format!("pgdp serve did not come up: {e}")))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    // Idle: one small query done (pools and caches warm), then quiet.
+    DP_QUERIES.fetch_add(1, Ordering::Relaxed);
+    client.simple_query(&fresh(OVERHEAD[0].0.template)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle_kib = rss_kib(pid);
+
+    // Releasing many groups: sample the resident size while the query runs.
+    client
+        .batch_execute(&format!("SET pgdp.epsilon = {WIDE_EPSILON}"))
+        .await?;
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
+        tokio::spawn(async move {
+            while sampling.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    DP_QUERIES.fetch_add(1, Ordering::Relaxed);
+    let t = Instant::now();
+    let released = client.simple_query(&fresh(WIDE.template)).await?;
+    let release_ms = ms(t.elapsed());
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.await;
+    let released_rows = released
+        .iter()
+        .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+        .count();
+    drop(released);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let release_after_kib = rss_kib(pid);
+
+    // Many idle connections (authenticated with SCRAM, a few at a time).
+    let mut idle = Vec::new();
+    let mut connect_failures = 0;
+    let mut pending = Vec::new();
+    for i in 0..s.idle_connections {
+        pending.push(connect(&dsn));
+        if pending.len() == 8 || i + 1 == s.idle_connections {
+            for r in futures::future::join_all(pending.drain(..)).await {
+                match r {
+                    Ok(c) => idle.push(c),
+                    Err(_) => connect_failures += 1,
+                }
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let connections_kib = rss_kib(pid);
+    drop(idle);
+    drop(client);
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Memory {
+        idle_kib,
+        release_peak_kib: peak.load(Ordering::Relaxed),
+        release_after_kib,
+        released_rows,
+        release_ms,
+        idle_connections: s.idle_connections,
+        connections_kib,
+        connect_failures,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+fn mark(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the arguments
+fn report(
+    s: &Settings,
+    m: &Machine,
+    frontend: &Frontend,
+    releases: &[ReleaseCost],
+    memory: &Option<Memory>,
+    scales: &[ScaleResult],
+    charges: u64,
+    sent: u64,
+) -> Res<String> {
+    let mut r = String::new();
+    writeln!(r, "Command: `{}`{}\n", s.command, if s.smoke { " (smoke mode: few runs, short windows; not for reading)" } else { "" })?;
+    writeln!(r, "- Machine: {}, {} cores, {:.1} GiB, Linux {}; load average at start {}", m.cpu, m.cores, m.memory_gib, m.kernel, m.load)?;
+    writeln!(r, "- Upstream on the same machine: {}", m.postgres)?;
+    writeln!(r, "- Run: {}; latencies are medians of {}–{} interleaved runs (order alternating, one warm-up discarded), with the baseline measured in the same run", m.date, s.runs_min, s.runs_max)?;
+    writeln!(r, "- Replay check: the ledger holds {charges} charges for {sent} DP queries sent ({})", if charges == sent { "none was answered from the replay cache" } else { "SOME WERE REPLAYED" })?;
+    writeln!(r, "- Policy: policies/demo.yaml with a larger budget (ε 10^6 total, δ 0.5, ε ≤ 100 per query); queries at ε = 1, δ = 1e-7, Laplace unless stated\n")?;
+    writeln!(r, "![overhead and cost-of-privacy ratios](benches/ratios.png)\n")?;
+
+    for sc in scales {
+        writeln!(r, "### Scale {} ({} people, {} visits)\n", sc.scale, sc.people, sc.visits)?;
+        writeln!(r, "**1. Proxy overhead** (pgdp vs. its rewritten SQL sent directly, one client)\n")?;
+        writeln!(r, "| query | direct ms | pgdp ms | ratio | target | |\n|---|---:|---:|---:|---:|---|")?;
+        for o in &sc.overhead {
+            let ratio = o.series.ratio(1, 0);
+            writeln!(r, "| {} | {:.2} | {:.2} | {:.3} | ≤ {} | {} |", o.label, o.series.median(0), o.series.median(1), ratio, o.target, mark(ratio <= o.target))?;
+        }
+        let c = &sc.ledger_commit;
+        writeln!(r, "\nOne single-row commit on this server: {:.2} ms with synchronous_commit = on, {:.2} ms with off (pgdp's ledger commits three times per DP query, one durably by design).\n", c.median(1), c.median(0))?;
+        writeln!(r, "**2. Cost of privacy** (pgdp vs. the plain aggregate sent directly)\n")?;
+        writeln!(r, "| query | plain ms | rewritten SQL direct ms | pgdp ms | rewrite / plain | pgdp / plain | target | |\n|---|---:|---:|---:|---:|---:|---:|---|")?;
+        for p in &sc.privacy {
+            let ratio = p.series.ratio(2, 0);
+            writeln!(r, "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | ≤ {} | {} |", p.label, p.series.median(0), p.series.median(1), p.series.median(2), p.series.ratio(1, 0), ratio, p.target, mark(ratio <= p.target))?;
+        }
+        if sc.privacy.iter().all(|p| p.prototypes.runs() > 0) {
+        writeln!(r, "\nPrototype rewrites (hand-edited SQL sent directly; ms, and whether the rows are identical to the SQL pgdp sends):\n")?;
+        writeln!(r, "| query | as sent | {} |\n|---|---:|{}", PROTOTYPES.join(" | "), "---:|".repeat(PROTOTYPES.len()))?;
+        for p in &sc.privacy {
+            let cells: Vec<String> = (0..PROTOTYPES.len())
+                .map(|i| format!("{:.1}{}", p.prototypes.median(i + 1), if p.same_rows[i] { "" } else { " (rows differ)" }))
+                .collect();
+            writeln!(r, "| {} | {:.1} | {} |", p.label, p.prototypes.median(0), cells.join(" | "))?;
+        }
+        }
+        writeln!(r, "\n**3. Throughput** (queries per second over {:.1} s; direct uses at most {DIRECT_CONNECTIONS_MAX} connections, shared by more clients)\n", s.throughput_window.as_secs_f64())?;
+        for t in &sc.throughput {
+            writeln!(r, "{}:\n\n| clients | direct q/s | pgdp q/s | ratio | errors |\n|---:|---:|---:|---:|---:|", t.label)?;
+            for (clients, d, p, e) in &t.levels {
+                let target = if *clients == 32 { format!(" ({}, target ≥ 0.9)", mark(p / d >= 0.9)) } else { String::new() };
+                writeln!(r, "| {clients} | {d:.1} | {p:.1} | {:.2}{target} | {e} |", p / d)?;
+            }
+            r.push('\n');
+        }
+        writeln!(r, "**6. Scaling** (DP through pgdp vs. the plain aggregate directly)\n")?;
+        writeln!(r, "| query | rows | plain ms | pgdp ms | ratio |\n|---|---:|---:|---:|---:|")?;
+        for x in &sc.rows {
+            writeln!(r, "| {} | {} | {:.1} | {:.1} | {:.2} |", x.label, x.size, x.series.median(0), x.series.median(1), x.series.ratio(1, 0))?;
+        }
+        writeln!(r, "\n| query (demo.visits) | candidate groups | released | plain ms | pgdp ms | ratio |\n|---|---:|---:|---:|---:|---:|")?;
+        for x in &sc.groups {
+            writeln!(r, "| {} | {} | {} | {:.1} | {:.1} | {:.2} |", x.label, x.size, x.series.rows[1], x.series.median(0), x.series.median(1), x.series.ratio(1, 0))?;
+        }
+        r.push('\n');
+    }
+
+    writeln!(r, "### Scale-independent figures\n")?;
+    let accepted: Vec<f64> = frontend.accepted.iter().map(|(_, us)| *us).collect();
+    let refused: Vec<f64> = frontend.refused.iter().map(|(_, us)| *us).collect();
+    let slowest = frontend.accepted.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+    let med = median(&accepted);
+    writeln!(r, "**4. Front end**: classify + analyze + rewrite over the golden corpus (tests/cases/*.case), median of {} samples per case\n", s.frontend_samples)?;
+    writeln!(r, "| cases | median µs | p90 µs | max µs | target | |\n|---|---:|---:|---:|---:|---|")?;
+    writeln!(r, "| {} accepted | {:.1} | {:.1} | {:.1} | ≤ 50 (median) | {} |", accepted.len(), med, percentile(&accepted, 0.9), percentile(&accepted, 1.0), mark(med <= 50.0))?;
+    writeln!(r, "| {} refused | {:.1} | {:.1} | {:.1} | | |", refused.len(), median(&refused), percentile(&refused, 0.9), percentile(&refused, 1.0))?;
+    if let Some((name, us)) = slowest {
+        writeln!(r, "\nSlowest accepted case: `{name}` ({us:.1} µs).")?;
+    }
+    writeln!(r, "\nNoise and release (release::release on exact rows read once; median of {} runs):\n", s.release_runs)?;
+    writeln!(r, "| query | candidate groups | released | ms | µs per released row | µs per candidate |\n|---|---:|---:|---:|---:|---:|")?;
+    for x in releases {
+        writeln!(r, "| {} | {} | {} | {:.1} | {:.2} | {:.2} |", x.label, x.candidates, x.released, x.ms, x.ms * 1e3 / x.released.max(1) as f64, x.ms * 1e3 / x.candidates.max(1) as f64)?;
+    }
+    if let Some(mem) = memory {
+        writeln!(r, "\n**5. Memory** (`pgdp serve` child process, VmRSS, scale {})\n", s.scales[0])?;
+        writeln!(r, "| state | resident MiB | target | |\n|---|---:|---:|---|")?;
+        writeln!(r, "| idle (after one query) | {:.1} | | |", mib(mem.idle_kib))?;
+        writeln!(r, "| peak while releasing {} groups ({:.0} ms, ε = {WIDE_EPSILON}) | {:.1} | | |", mem.released_rows, mem.release_ms, mib(mem.release_peak_kib))?;
+        writeln!(r, "| after that release | {:.1} | | |", mib(mem.release_after_kib))?;
+        let ok = mib(mem.connections_kib) <= 64.0 && mem.connect_failures == 0;
+        writeln!(r, "| {} idle connections ({} failed to connect) | {:.1} | ≤ 64 | {} |", mem.idle_connections, mem.connect_failures, mib(mem.connections_kib), if mem.idle_connections < 500 { "(smoke: fewer connections)" } else { mark(ok) })?;
+    }
+    Ok(r)
+}
+
+const BEGIN: &str = "<!-- bench:begin (generated by benches/proxy/main.rs; edits inside are overwritten) -->";
+const END: &str = "<!-- bench:end -->";
+
+/// Replaces the generated section of `path` (or writes a file holding only it).
+fn write_report(path: &Path, generated: &str) -> Res<()> {
+    let section = format!("{BEGIN}\n{generated}{END}");
+    let text = match std::fs::read_to_string(path) {
+        Ok(old) => match (old.find(BEGIN), old.find(END)) {
+            (Some(b), Some(e)) if b < e => {
+                format!("{}{section}{}", &old[..b], &old[e + END.len()..])
+            }
+            _ => format!("{old}\n{section}\n"),
+        },
+        Err(_) => format!("# pgdp benchmarks\n\n{section}\n"),
+    };
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
+fn plot_data(scales: &[ScaleResult]) -> plot::Data {
+    let mut panels = Vec::new();
+    let mut o = plot::Panel {
+        title: "PROXY OVERHEAD: PGDP / REWRITTEN SQL DIRECT".into(),
+        groups: Vec::new(),
+        series: scales.iter().map(|s| format!("SCALE {}", s.scale)).collect(),
+    };
+    for (i, (_, target)) in OVERHEAD.iter().enumerate() {
+        o.groups.push(plot::Group {
+            label: OVERHEAD_SHORT[i].into(),
+            target: *target,
+            values: scales.iter().map(|s| s.overhead[i].series.ratio(1, 0)).collect(),
+        });
+    }
+    panels.push(o);
+    let mut p = plot::Panel {
+        title: "COST OF PRIVACY: PGDP / PLAIN AGGREGATE DIRECT".into(),
+        groups: Vec::new(),
+        series: scales.iter().map(|s| format!("SCALE {}", s.scale)).collect(),
+    };
+    for (i, (_, target)) in PRIVACY.iter().enumerate() {
+        p.groups.push(plot::Group {
+            label: PRIVACY_SHORT[i].into(),
+            target: *target,
+            values: scales.iter().map(|s| s.privacy[i].series.ratio(2, 0)).collect(),
+        });
+    }
+    panels.push(p);
+    plot::Data { panels }
+}
