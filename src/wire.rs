@@ -974,7 +974,6 @@ fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, 
         .collect()
 }
 
-#[async_trait]
 /// The row limit pgdp applies to one Execute asking for `requested` rows (0: all).
 fn rows_per_execute(requested: i32) -> i32 {
     let cap = i32::try_from(crate::limits::ROWS_PER_EXECUTE_MAX).unwrap_or(i32::MAX);
@@ -985,6 +984,7 @@ fn rows_per_execute(requested: i32) -> i32 {
     }
 }
 
+#[async_trait]
 impl ExtendedQueryHandler for QueryHandler {
     type Statement = Prepared;
     type QueryParser = Parser;
