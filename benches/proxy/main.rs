@@ -32,7 +32,6 @@
 
 mod plot;
 
-use std::error::Error as _;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,11 +88,17 @@ const OVERHEAD: [(Query, f64); 4] = [
         1.3,
     ),
     (
-        q("people: COUNT(*)", "SELECT COUNT(*) AS n_{n} FROM demo.people"),
+        q(
+            "people: COUNT(*)",
+            "SELECT COUNT(*) AS n_{n} FROM demo.people",
+        ),
         1.05,
     ),
     (
-        q("visits: COUNT(*)", "SELECT COUNT(*) AS n_{n} FROM demo.visits"),
+        q(
+            "visits: COUNT(*)",
+            "SELECT COUNT(*) AS n_{n} FROM demo.visits",
+        ),
         1.05,
     ),
     (
@@ -149,7 +154,10 @@ const PRIVACY_SHORT: [&str; 5] = ["COUNT", "SUM+AVG", "PUBLIC KEYS", "SELECTED",
 
 /// Figure 3: the throughput workloads.
 const THROUGHPUT: [Query; 2] = [
-    q("people: COUNT(*)", "SELECT COUNT(*) AS n_{n} FROM demo.people"),
+    q(
+        "people: COUNT(*)",
+        "SELECT COUNT(*) AS n_{n} FROM demo.people",
+    ),
     q(
         "tiny: people, 100 rows by key",
         "SELECT COUNT(*) AS n_{n} FROM demo.people WHERE person_id <= 100",
@@ -232,7 +240,11 @@ fn parse_args() -> Res<Settings> {
                     value.split(',').map(|s| s.trim().parse::<u32>()).collect();
                 scales = Some(parsed.map_err(|_| fail("--scale takes numbers like 1,10"))?);
             }
-            "--out" => out = Some(PathBuf::from(args.next().ok_or_else(|| fail("--out needs a directory"))?)),
+            "--out" => {
+                out = Some(PathBuf::from(
+                    args.next().ok_or_else(|| fail("--out needs a directory"))?,
+                ))
+            }
             // cargo passes --bench to harness = false targets; filters are ignored.
             _ => {}
         }
@@ -257,10 +269,10 @@ fn parse_args() -> Res<Settings> {
             scales: scales.unwrap_or_else(|| vec![1]),
             out: out.unwrap_or_else(|| root.join("target/bench-smoke")),
             admin_dsn,
-            runs_min: 3,
-            runs_max: 3,
+            runs_min: 1,
+            runs_max: 1,
             series_budget: Duration::from_secs(1),
-            throughput_window: Duration::from_millis(500),
+            throughput_window: Duration::from_secs(2),
             clients: vec![1, 8, 32, 128],
             idle_connections: 50,
             frontend_samples: 3,
@@ -450,9 +462,11 @@ impl Series {
 }
 
 async fn series(s: &Settings, ways: &[Way<'_>]) -> Res<Series> {
-    // One warm-up of each (caches, plans, pool connections), discarded.
-    for w in ways {
-        w.once().await?;
+    // One warm-up of each (caches, plans, pool connections), discarded; smoke runs skip it.
+    if !s.smoke {
+        for w in ways {
+            w.once().await?;
+        }
     }
     let mut out = Series {
         ms: vec![Vec::new(); ways.len()],
@@ -703,11 +717,7 @@ struct Privacy {
 }
 
 /// Prototype rewrites, measured directly on the upstream against the SQL pgdp sends.
-const PROTOTYPES: [&str; 3] = [
-    "work_mem 64MB",
-    "rank heavy units only",
-    "both",
-];
+const PROTOTYPES: [&str; 3] = ["work_mem 64MB", "rank heavy units only", "both"];
 
 /// `sql` in a transaction with a larger `work_mem`, so per-unit hash aggregation stays in memory.
 fn with_work_mem(sql: &str) -> String {
@@ -725,14 +735,21 @@ fn rank_heavy_only(sql: &str) -> Option<String> {
     let end = start + sql[start..].find(suffix)?;
     let order = &sql[start + prefix.len()..end];
     let cap_at = sql.find("WHERE __dp_rank <= ")? + "WHERE __dp_rank <= ".len();
-    let cap: String = sql[cap_at..].chars().take_while(char::is_ascii_digit).collect();
+    let cap: String = sql[cap_at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
     let ranked = format!(
         "__dp_groups AS (SELECT __dp_unit, COUNT(*) AS __dp_n FROM __dp_per_unit GROUP BY __dp_unit), \
          __dp_ranked AS (SELECT __dp_per_unit.*, 1 AS __dp_rank FROM __dp_per_unit JOIN __dp_groups USING (__dp_unit) WHERE __dp_n <= {cap} \
          UNION ALL SELECT __dp_per_unit.*, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY {order}) AS __dp_rank \
          FROM __dp_per_unit JOIN __dp_groups USING (__dp_unit) WHERE __dp_n > {cap})"
     );
-    Some(format!("{}{ranked}{}", &sql[..start], &sql[end + suffix.len()..]))
+    Some(format!(
+        "{}{ranked}{}",
+        &sql[..start],
+        &sql[end + suffix.len()..]
+    ))
 }
 
 /// Latencies of the [`PROTOTYPES`] of `sql` against `sql`, and whether each gives the same rows.
@@ -914,7 +931,11 @@ async fn bench_scale(
 ) -> Res<ScaleResult> {
     // Larger scales take seconds per query: fewer runs.
     let fewer = Settings {
-        runs_min: if scale > 1 { s.runs_min.min(3) } else { s.runs_min },
+        runs_min: if scale > 1 {
+            s.runs_min.min(3)
+        } else {
+            s.runs_min
+        },
         ..s.clone()
     };
     let s = &fewer;
@@ -936,7 +957,10 @@ async fn bench_scale(
         let sql = rewritten(policy, secret, query.template)?;
         let series = series(
             s,
-            &[Way::Direct(&direct, &sql), Way::Proxy(&proxy, query.template)],
+            &[
+                Way::Direct(&direct, &sql),
+                Way::Proxy(&proxy, query.template),
+            ],
         )
         .await?;
         eprintln!(
@@ -980,14 +1004,19 @@ async fn bench_scale(
             series.ratio(2, 0)
         );
         let heavy = rank_heavy_only(&sql).unwrap_or_else(|| sql.clone());
-        // Prototypes at the smallest scale only: at scale 10 each variant takes seconds.
-        let (prototypes, same_rows) = if scale == 1 {
+        // Prototypes at the smallest scale only (at scale 10 each variant takes seconds), and not
+        // in smoke runs.
+        let (prototypes, same_rows) = if scale == 1 && !s.smoke {
             prototypes(s, &direct, &sql, &heavy).await?
         } else {
             (Series::default(), Vec::new())
         };
         if !s.smoke {
-            for (what, text) in [("plain", &plain), ("rewritten", &sql), ("rank heavy units only", &heavy)] {
+            for (what, text) in [
+                ("plain", &plain),
+                ("rewritten", &sql),
+                ("rank heavy units only", &heavy),
+            ] {
                 let explained = simple_rows(
                     &direct,
                     &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {text}"),
@@ -1037,7 +1066,10 @@ async fn bench_scale(
         let plain = query.template.replace("{n}", "0");
         let series = series(
             s,
-            &[Way::Direct(&direct, &plain), Way::Proxy(&proxy, query.template)],
+            &[
+                Way::Direct(&direct, &plain),
+                Way::Proxy(&proxy, query.template),
+            ],
         )
         .await?;
         eprintln!(
@@ -1059,7 +1091,10 @@ async fn bench_scale(
         let candidates = simple_rows(&direct, &sql).await?.len() as u64;
         let series = series(
             s,
-            &[Way::Direct(&direct, &plain), Way::Proxy(&proxy, query.template)],
+            &[
+                Way::Direct(&direct, &plain),
+                Way::Proxy(&proxy, query.template),
+            ],
         )
         .await?;
         eprintln!(
@@ -1226,8 +1261,7 @@ fn corpus() -> Res<Vec<Case>> {
                 }
                 "param" => {
                     if let Some(c) = current.as_mut() {
-                        c.params
-                            .push((value != "NULL").then(|| value.to_string()));
+                        c.params.push((value != "NULL").then(|| value.to_string()));
                     }
                 }
                 "expect" => {
@@ -1335,8 +1369,15 @@ async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<Re
         let mechanisms = release::mechanisms(&plan, &rw, budget)?;
         let (mut domains, to_fetch) = release::listed_domains(&plan);
         for (i, table, column) in to_fetch {
-            let values = simple_rows(&direct, &rewrite::public_values_sql(&table, &column)?).await?;
-            domains.insert(i, values.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect());
+            let values =
+                simple_rows(&direct, &rewrite::public_values_sql(&table, &column)?).await?;
+            domains.insert(
+                i,
+                values
+                    .into_iter()
+                    .filter_map(|r| r.into_iter().next().flatten())
+                    .collect(),
+            );
         }
         let exact = simple_rows(&direct, &rw.sql).await?;
         let mut times = Vec::new();
@@ -1383,11 +1424,14 @@ impl Drop for Child {
 }
 
 async fn memory_figure(s: &Settings, demo: &str, ledger: &LedgerDb) -> Res<Memory> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-{}", std::process::id()));
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let policy_path = dir.join("policy.yaml");
     std::fs::write(&policy_path, bench_policy_text()?)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let log = std::fs::File::create(dir.join("pgdp.log"))?;
     let child = Child(
         std::process::Command::new(env!("CARGO_BIN_EXE_pgdp"))
@@ -1513,57 +1557,162 @@ fn report(
     sent: u64,
 ) -> Res<String> {
     let mut r = String::new();
-    writeln!(r, "Command: `{}`{}\n", s.command, if s.smoke { " (smoke mode: few runs, short windows; not for reading)" } else { "" })?;
-    writeln!(r, "- Machine: {}, {} cores, {:.1} GiB, Linux {}; load average at start {}", m.cpu, m.cores, m.memory_gib, m.kernel, m.load)?;
+    writeln!(
+        r,
+        "Command: `{}`{}\n",
+        s.command,
+        if s.smoke {
+            " (smoke mode: few runs, short windows; not for reading)"
+        } else {
+            ""
+        }
+    )?;
+    writeln!(
+        r,
+        "- Machine: {}, {} cores, {:.1} GiB, Linux {}; load average at start {}",
+        m.cpu, m.cores, m.memory_gib, m.kernel, m.load
+    )?;
     writeln!(r, "- Upstream on the same machine: {}", m.postgres)?;
     writeln!(r, "- Run: {}; latencies are medians of {}–{} interleaved runs (order alternating, one warm-up discarded), with the baseline measured in the same run", m.date, s.runs_min, s.runs_max)?;
-    writeln!(r, "- Replay check: the ledger holds {charges} charges for {sent} DP queries sent ({})", if charges == sent { "none was answered from the replay cache" } else { "SOME WERE REPLAYED" })?;
+    writeln!(
+        r,
+        "- Replay check: the ledger holds {charges} charges for {sent} DP queries sent ({})",
+        if charges == sent {
+            "none was answered from the replay cache"
+        } else {
+            "SOME WERE REPLAYED"
+        }
+    )?;
     writeln!(r, "- Policy: policies/demo.yaml with a larger budget (ε 10^6 total, δ 0.5, ε ≤ 100 per query); queries at ε = 1, δ = 1e-7, Laplace unless stated\n")?;
-    writeln!(r, "![overhead and cost-of-privacy ratios](benches/ratios.png)\n")?;
+    writeln!(
+        r,
+        "![overhead and cost-of-privacy ratios](benches/ratios.png)\n"
+    )?;
 
     for sc in scales {
-        writeln!(r, "### Scale {} ({} people, {} visits)\n", sc.scale, sc.people, sc.visits)?;
-        writeln!(r, "**1. Proxy overhead** (pgdp vs. its rewritten SQL sent directly, one client)\n")?;
-        writeln!(r, "| query | direct ms | pgdp ms | ratio | target | |\n|---|---:|---:|---:|---:|---|")?;
+        writeln!(
+            r,
+            "### Scale {} ({} people, {} visits)\n",
+            sc.scale, sc.people, sc.visits
+        )?;
+        writeln!(
+            r,
+            "**1. Proxy overhead** (pgdp vs. its rewritten SQL sent directly, one client)\n"
+        )?;
+        writeln!(
+            r,
+            "| query | direct ms | pgdp ms | ratio | target | |\n|---|---:|---:|---:|---:|---|"
+        )?;
         for o in &sc.overhead {
             let ratio = o.series.ratio(1, 0);
-            writeln!(r, "| {} | {:.2} | {:.2} | {:.3} | ≤ {} | {} |", o.label, o.series.median(0), o.series.median(1), ratio, o.target, mark(ratio <= o.target))?;
+            writeln!(
+                r,
+                "| {} | {:.2} | {:.2} | {:.3} | ≤ {} | {} |",
+                o.label,
+                o.series.median(0),
+                o.series.median(1),
+                ratio,
+                o.target,
+                mark(ratio <= o.target)
+            )?;
         }
         let c = &sc.ledger_commit;
         writeln!(r, "\nOne single-row commit on this server: {:.2} ms with synchronous_commit = on, {:.2} ms with off (pgdp's ledger commits three times per DP query, one durably by design).\n", c.median(1), c.median(0))?;
-        writeln!(r, "**2. Cost of privacy** (pgdp vs. the plain aggregate sent directly)\n")?;
+        writeln!(
+            r,
+            "**2. Cost of privacy** (pgdp vs. the plain aggregate sent directly)\n"
+        )?;
         writeln!(r, "| query | plain ms | rewritten SQL direct ms | pgdp ms | rewrite / plain | pgdp / plain | target | |\n|---|---:|---:|---:|---:|---:|---:|---|")?;
         for p in &sc.privacy {
             let ratio = p.series.ratio(2, 0);
-            writeln!(r, "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | ≤ {} | {} |", p.label, p.series.median(0), p.series.median(1), p.series.median(2), p.series.ratio(1, 0), ratio, p.target, mark(ratio <= p.target))?;
+            writeln!(
+                r,
+                "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | ≤ {} | {} |",
+                p.label,
+                p.series.median(0),
+                p.series.median(1),
+                p.series.median(2),
+                p.series.ratio(1, 0),
+                ratio,
+                p.target,
+                mark(ratio <= p.target)
+            )?;
         }
         if sc.privacy.iter().all(|p| p.prototypes.runs() > 0) {
-        writeln!(r, "\nPrototype rewrites (hand-edited SQL sent directly; ms, and whether the rows are identical to the SQL pgdp sends):\n")?;
-        writeln!(r, "| query | as sent | {} |\n|---|---:|{}", PROTOTYPES.join(" | "), "---:|".repeat(PROTOTYPES.len()))?;
-        for p in &sc.privacy {
-            let cells: Vec<String> = (0..PROTOTYPES.len())
-                .map(|i| format!("{:.1}{}", p.prototypes.median(i + 1), if p.same_rows[i] { "" } else { " (rows differ)" }))
-                .collect();
-            writeln!(r, "| {} | {:.1} | {} |", p.label, p.prototypes.median(0), cells.join(" | "))?;
-        }
+            writeln!(r, "\nPrototype rewrites (hand-edited SQL sent directly; ms, and whether the rows are identical to the SQL pgdp sends):\n")?;
+            writeln!(
+                r,
+                "| query | as sent | {} |\n|---|---:|{}",
+                PROTOTYPES.join(" | "),
+                "---:|".repeat(PROTOTYPES.len())
+            )?;
+            for p in &sc.privacy {
+                let cells: Vec<String> = (0..PROTOTYPES.len())
+                    .map(|i| {
+                        format!(
+                            "{:.1}{}",
+                            p.prototypes.median(i + 1),
+                            if p.same_rows[i] { "" } else { " (rows differ)" }
+                        )
+                    })
+                    .collect();
+                writeln!(
+                    r,
+                    "| {} | {:.1} | {} |",
+                    p.label,
+                    p.prototypes.median(0),
+                    cells.join(" | ")
+                )?;
+            }
         }
         writeln!(r, "\n**3. Throughput** (queries per second over {:.1} s; direct uses at most {DIRECT_CONNECTIONS_MAX} connections, shared by more clients)\n", s.throughput_window.as_secs_f64())?;
         for t in &sc.throughput {
             writeln!(r, "{}:\n\n| clients | direct q/s | pgdp q/s | ratio | errors |\n|---:|---:|---:|---:|---:|", t.label)?;
             for (clients, d, p, e) in &t.levels {
-                let target = if *clients == 32 { format!(" ({}, target ≥ 0.9)", mark(p / d >= 0.9)) } else { String::new() };
-                writeln!(r, "| {clients} | {d:.1} | {p:.1} | {:.2}{target} | {e} |", p / d)?;
+                let target = if *clients == 32 {
+                    format!(" ({}, target ≥ 0.9)", mark(p / d >= 0.9))
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    r,
+                    "| {clients} | {d:.1} | {p:.1} | {:.2}{target} | {e} |",
+                    p / d
+                )?;
             }
             r.push('\n');
         }
-        writeln!(r, "**6. Scaling** (DP through pgdp vs. the plain aggregate directly)\n")?;
-        writeln!(r, "| query | rows | plain ms | pgdp ms | ratio |\n|---|---:|---:|---:|---:|")?;
+        writeln!(
+            r,
+            "**6. Scaling** (DP through pgdp vs. the plain aggregate directly)\n"
+        )?;
+        writeln!(
+            r,
+            "| query | rows | plain ms | pgdp ms | ratio |\n|---|---:|---:|---:|---:|"
+        )?;
         for x in &sc.rows {
-            writeln!(r, "| {} | {} | {:.1} | {:.1} | {:.2} |", x.label, x.size, x.series.median(0), x.series.median(1), x.series.ratio(1, 0))?;
+            writeln!(
+                r,
+                "| {} | {} | {:.1} | {:.1} | {:.2} |",
+                x.label,
+                x.size,
+                x.series.median(0),
+                x.series.median(1),
+                x.series.ratio(1, 0)
+            )?;
         }
         writeln!(r, "\n| query (demo.visits) | candidate groups | released | plain ms | pgdp ms | ratio |\n|---|---:|---:|---:|---:|---:|")?;
         for x in &sc.groups {
-            writeln!(r, "| {} | {} | {} | {:.1} | {:.1} | {:.2} |", x.label, x.size, x.series.rows[1], x.series.median(0), x.series.median(1), x.series.ratio(1, 0))?;
+            writeln!(
+                r,
+                "| {} | {} | {} | {:.1} | {:.1} | {:.2} |",
+                x.label,
+                x.size,
+                x.series.rows[1],
+                x.series.median(0),
+                x.series.median(1),
+                x.series.ratio(1, 0)
+            )?;
         }
         r.push('\n');
     }
@@ -1574,30 +1723,94 @@ fn report(
     let slowest = frontend.accepted.iter().max_by(|a, b| a.1.total_cmp(&b.1));
     let med = median(&accepted);
     writeln!(r, "**4. Front end**: classify + analyze + rewrite over the golden corpus (tests/cases/*.case), median of {} samples per case\n", s.frontend_samples)?;
-    writeln!(r, "| cases | median µs | p90 µs | max µs | target | |\n|---|---:|---:|---:|---:|---|")?;
-    writeln!(r, "| {} accepted | {:.1} | {:.1} | {:.1} | ≤ 50 (median) | {} |", accepted.len(), med, percentile(&accepted, 0.9), percentile(&accepted, 1.0), mark(med <= 50.0))?;
-    writeln!(r, "| {} refused | {:.1} | {:.1} | {:.1} | | |", refused.len(), median(&refused), percentile(&refused, 0.9), percentile(&refused, 1.0))?;
+    writeln!(
+        r,
+        "| cases | median µs | p90 µs | max µs | target | |\n|---|---:|---:|---:|---:|---|"
+    )?;
+    writeln!(
+        r,
+        "| {} accepted | {:.1} | {:.1} | {:.1} | ≤ 50 (median) | {} |",
+        accepted.len(),
+        med,
+        percentile(&accepted, 0.9),
+        percentile(&accepted, 1.0),
+        mark(med <= 50.0)
+    )?;
+    writeln!(
+        r,
+        "| {} refused | {:.1} | {:.1} | {:.1} | | |",
+        refused.len(),
+        median(&refused),
+        percentile(&refused, 0.9),
+        percentile(&refused, 1.0)
+    )?;
     if let Some((name, us)) = slowest {
         writeln!(r, "\nSlowest accepted case: `{name}` ({us:.1} µs).")?;
     }
-    writeln!(r, "\nNoise and release (release::release on exact rows read once; median of {} runs):\n", s.release_runs)?;
+    writeln!(
+        r,
+        "\nNoise and release (release::release on exact rows read once; median of {} runs):\n",
+        s.release_runs
+    )?;
     writeln!(r, "| query | candidate groups | released | ms | µs per released row | µs per candidate |\n|---|---:|---:|---:|---:|---:|")?;
     for x in releases {
-        writeln!(r, "| {} | {} | {} | {:.1} | {:.2} | {:.2} |", x.label, x.candidates, x.released, x.ms, x.ms * 1e3 / x.released.max(1) as f64, x.ms * 1e3 / x.candidates.max(1) as f64)?;
+        writeln!(
+            r,
+            "| {} | {} | {} | {:.1} | {:.2} | {:.2} |",
+            x.label,
+            x.candidates,
+            x.released,
+            x.ms,
+            x.ms * 1e3 / x.released.max(1) as f64,
+            x.ms * 1e3 / x.candidates.max(1) as f64
+        )?;
     }
     if let Some(mem) = memory {
-        writeln!(r, "\n**5. Memory** (`pgdp serve` child process, VmRSS, scale {})\n", s.scales[0])?;
-        writeln!(r, "| state | resident MiB | target | |\n|---|---:|---:|---|")?;
-        writeln!(r, "| idle (after one query) | {:.1} | | |", mib(mem.idle_kib))?;
-        writeln!(r, "| peak while releasing {} groups ({:.0} ms, ε = {WIDE_EPSILON}) | {:.1} | | |", mem.released_rows, mem.release_ms, mib(mem.release_peak_kib))?;
-        writeln!(r, "| after that release | {:.1} | | |", mib(mem.release_after_kib))?;
+        writeln!(
+            r,
+            "\n**5. Memory** (`pgdp serve` child process, VmRSS, scale {})\n",
+            s.scales[0]
+        )?;
+        writeln!(
+            r,
+            "| state | resident MiB | target | |\n|---|---:|---:|---|"
+        )?;
+        writeln!(
+            r,
+            "| idle (after one query) | {:.1} | | |",
+            mib(mem.idle_kib)
+        )?;
+        writeln!(
+            r,
+            "| peak while releasing {} groups ({:.0} ms, ε = {WIDE_EPSILON}) | {:.1} | | |",
+            mem.released_rows,
+            mem.release_ms,
+            mib(mem.release_peak_kib)
+        )?;
+        writeln!(
+            r,
+            "| after that release | {:.1} | | |",
+            mib(mem.release_after_kib)
+        )?;
         let ok = mib(mem.connections_kib) <= 64.0 && mem.connect_failures == 0;
-        writeln!(r, "| {} idle connections ({} failed to connect) | {:.1} | ≤ 64 | {} |", mem.idle_connections, mem.connect_failures, mib(mem.connections_kib), if mem.idle_connections < 500 { "(smoke: fewer connections)" } else { mark(ok) })?;
+        writeln!(
+            r,
+            "| {} idle connections ({} failed to connect) | {:.1} | ≤ 64 | {} |",
+            mem.idle_connections,
+            mem.connect_failures,
+            mib(mem.connections_kib),
+            if mem.idle_connections < 500 {
+                "(smoke: fewer connections)"
+            } else {
+                mark(ok)
+            }
+        )?;
     }
     Ok(r)
 }
 
-const BEGIN: &str = "<!-- bench:begin (generated by benches/proxy/main.rs; edits inside are overwritten) -->";
+const BEGIN: &str =
+    "<!-- bench:begin (generated by benches/proxy/main.rs; edits inside are overwritten) -->";
 const END: &str = "<!-- bench:end -->";
 
 /// Replaces the generated section of `path` (or writes a file holding only it).
@@ -1621,26 +1834,38 @@ fn plot_data(scales: &[ScaleResult]) -> plot::Data {
     let mut o = plot::Panel {
         title: "PROXY OVERHEAD: PGDP / REWRITTEN SQL DIRECT".into(),
         groups: Vec::new(),
-        series: scales.iter().map(|s| format!("SCALE {}", s.scale)).collect(),
+        series: scales
+            .iter()
+            .map(|s| format!("SCALE {}", s.scale))
+            .collect(),
     };
     for (i, (_, target)) in OVERHEAD.iter().enumerate() {
         o.groups.push(plot::Group {
             label: OVERHEAD_SHORT[i].into(),
             target: *target,
-            values: scales.iter().map(|s| s.overhead[i].series.ratio(1, 0)).collect(),
+            values: scales
+                .iter()
+                .map(|s| s.overhead[i].series.ratio(1, 0))
+                .collect(),
         });
     }
     panels.push(o);
     let mut p = plot::Panel {
         title: "COST OF PRIVACY: PGDP / PLAIN AGGREGATE DIRECT".into(),
         groups: Vec::new(),
-        series: scales.iter().map(|s| format!("SCALE {}", s.scale)).collect(),
+        series: scales
+            .iter()
+            .map(|s| format!("SCALE {}", s.scale))
+            .collect(),
     };
     for (i, (_, target)) in PRIVACY.iter().enumerate() {
         p.groups.push(plot::Group {
             label: PRIVACY_SHORT[i].into(),
             target: *target,
-            values: scales.iter().map(|s| s.privacy[i].series.ratio(2, 0)).collect(),
+            values: scales
+                .iter()
+                .map(|s| s.privacy[i].series.ratio(2, 0))
+                .collect(),
         });
     }
     panels.push(p);

@@ -35,7 +35,12 @@ const BLACK: Rgb = [0, 0, 0];
 const GREY: Rgb = [160, 160, 160];
 const LIGHT: Rgb = [225, 225, 225];
 const RED: Rgb = [210, 30, 30];
-const COLOURS: [Rgb; 4] = [[70, 110, 190], [235, 140, 40], [90, 160, 90], [150, 90, 170]];
+const COLOURS: [Rgb; 4] = [
+    [70, 110, 190],
+    [235, 140, 40],
+    [90, 160, 90],
+    [150, 90, 170],
+];
 
 const WIDTH: usize = 960;
 const PANEL_HEIGHT: usize = 330;
@@ -121,7 +126,13 @@ fn draw_panel(c: &mut Canvas, top: usize, panel: &Panel) {
     let mut v = 0.0;
     while v <= max + 1e-9 {
         let y = y_of(v);
-        c.rect(left, y, right - left, 1, if v == 1.0 { GREY } else { LIGHT });
+        c.rect(
+            left,
+            y,
+            right - left,
+            1,
+            if v == 1.0 { GREY } else { LIGHT },
+        );
         c.text(8, y.saturating_sub(4), &format!("{v:.1}X"), 1, BLACK);
         v += step;
     }
@@ -137,19 +148,37 @@ fn draw_panel(c: &mut Canvas, top: usize, panel: &Panel) {
             let x = x0 + i * bar;
             if value.is_finite() {
                 let y = y_of(*value);
-                c.rect(x + 2, y, bar - 4, plot_bottom - y, COLOURS[i % COLOURS.len()]);
+                c.rect(
+                    x + 2,
+                    y,
+                    bar - 4,
+                    plot_bottom - y,
+                    COLOURS[i % COLOURS.len()],
+                );
                 let label = if *value >= 100.0 {
                     format!("{value:.0}")
                 } else {
                     format!("{value:.2}")
                 };
-                c.text_centered(x + bar / 2, y.saturating_sub(10).max(plot_top - 10), &label, 1, BLACK);
+                c.text_centered(
+                    x + bar / 2,
+                    y.saturating_sub(10).max(plot_top - 10),
+                    &label,
+                    1,
+                    BLACK,
+                );
             }
         }
         // Target: a red tick across the group.
         let y = y_of(group.target);
         c.rect(x0.saturating_sub(6), y, bar * bars + 12, 2, RED);
-        c.text_centered(left + g * slot + slot / 2, plot_bottom + 8, &group.label, 1, BLACK);
+        c.text_centered(
+            left + g * slot + slot / 2,
+            plot_bottom + 8,
+            &group.label,
+            1,
+            BLACK,
+        );
         c.text_centered(
             left + g * slot + slot / 2,
             plot_bottom + 20,
