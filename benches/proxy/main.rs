@@ -269,10 +269,10 @@ fn parse_args() -> Res<Settings> {
             scales: scales.unwrap_or_else(|| vec![1]),
             out: out.unwrap_or_else(|| root.join("target/bench-smoke")),
             admin_dsn,
-            runs_min: 3,
-            runs_max: 3,
+            runs_min: 1,
+            runs_max: 1,
             series_budget: Duration::from_secs(1),
-            throughput_window: Duration::from_millis(500),
+            throughput_window: Duration::from_secs(2),
             clients: vec![1, 8, 32, 128],
             idle_connections: 50,
             frontend_samples: 3,
@@ -462,9 +462,11 @@ impl Series {
 }
 
 async fn series(s: &Settings, ways: &[Way<'_>]) -> Res<Series> {
-    // One warm-up of each (caches, plans, pool connections), discarded.
-    for w in ways {
-        w.once().await?;
+    // One warm-up of each (caches, plans, pool connections), discarded; smoke runs skip it.
+    if !s.smoke {
+        for w in ways {
+            w.once().await?;
+        }
     }
     let mut out = Series {
         ms: vec![Vec::new(); ways.len()],
@@ -1002,8 +1004,9 @@ async fn bench_scale(
             series.ratio(2, 0)
         );
         let heavy = rank_heavy_only(&sql).unwrap_or_else(|| sql.clone());
-        // Prototypes at the smallest scale only: at scale 10 each variant takes seconds.
-        let (prototypes, same_rows) = if scale == 1 {
+        // Prototypes at the smallest scale only (at scale 10 each variant takes seconds), and not
+        // in smoke runs.
+        let (prototypes, same_rows) = if scale == 1 && !s.smoke {
             prototypes(s, &direct, &sql, &heavy).await?
         } else {
             (Series::default(), Vec::new())
