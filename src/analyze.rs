@@ -827,6 +827,8 @@ struct Info {
     column: Option<String>,
     /// The declared SQL type of a bare column reference.
     declared: Option<String>,
+    /// Whether it reads the privacy unit (never a group key, even with a public domain).
+    uses_unit: bool,
 }
 
 impl Info {
@@ -839,6 +841,7 @@ impl Info {
             public: PublicKeys::No,
             column: None,
             declared: None,
+            uses_unit: false,
         }
     }
 
@@ -851,6 +854,7 @@ impl Info {
             public: PublicKeys::No,
             column: None,
             declared: None,
+            uses_unit: parts.iter().any(|p| p.uses_unit),
         }
     }
 }
@@ -1683,6 +1687,7 @@ impl<'a> Analyzer<'a> {
                 public,
                 column: Some(format!("{}.{}", r.table, col)),
                 declared: Some(column.declared_type.clone()),
+                uses_unit: unit,
             };
             *e = canonical(&r.alias, &col);
             return Ok(info);
@@ -1928,7 +1933,9 @@ impl<'a> Analyzer<'a> {
                 }
                 if let Some(domain) = literal_domain(&results)? {
                     info.public = PublicKeys::Listed(domain);
-                    info.groupable = true;
+                    // Public domain: as safe as one filtered query per literal, except that a
+                    // CASE on the privacy unit stays refused as a key (policy intent).
+                    info.groupable = !info.uses_unit;
                 }
                 Ok(info)
             }
@@ -1966,7 +1973,7 @@ impl<'a> Analyzer<'a> {
                     ));
                 }
                 let bounds = if target.is_numeric() { i.bounds } else { None };
-                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None })
+                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit })
             }
             Expr::Extract { field, expr, .. } => {
                 let i = self.expr(expr, role)?;
@@ -2349,6 +2356,7 @@ impl<'a> Analyzer<'a> {
             public: PublicKeys::No,
             column: None,
             declared: None,
+            uses_unit: false,
         })
     }
 

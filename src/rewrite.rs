@@ -587,7 +587,7 @@ fn value_stages(
         Some(b) => {
             let buckets = crate::mechanism::QUANTILE_BUCKETS;
             format!(
-                "LEAST(GREATEST(pg_catalog.floor((__dp_a{i} - {}) * {buckets} / {}), 0), {})",
+                "LEAST(GREATEST(pg_catalog.trunc((__dp_a{i} - {}) * {buckets} / {}), 0), {})",
                 num(b.lower),
                 num(b.upper - b.lower),
                 buckets - 1

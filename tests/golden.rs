@@ -613,8 +613,12 @@ fn golden_rewrites() {
                 failures.push(format!("{}: invariant broken: {e}", case.at()));
             }
             if matches!(&actual, Expected::Refused { code } if code == "XX000") {
+                let message = compile(&policy, &case.sql, &case.params)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
                 failures.push(format!(
-                    "{}: internal error (XX000) is never an expectation",
+                    "{}: internal error (XX000) is never an expectation: {message}",
                     case.at()
                 ));
                 continue;
