@@ -52,7 +52,7 @@ const BUDGET: Budget = Budget {
 };
 
 /// Representative analyst queries: (label, SQL).
-const QUERIES: [(&str, &str); 12] = [
+const QUERIES: [(&str, &str); 21] = [
     ("count visits", "SELECT COUNT(*) FROM demo.visits"),
     ("sum cost", "SELECT SUM(cost) FROM demo.visits"),
     ("avg income", "SELECT AVG(income) FROM demo.people"),
@@ -91,6 +91,42 @@ const QUERIES: [(&str, &str); 12] = [
     (
         "people by region name (pub.)",
         "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY r.name",
+    ),
+    (
+        "women (CASE in SUM)",
+        "SELECT SUM(CASE WHEN sex = 'F' THEN 1 ELSE 0 END) FROM demo.people",
+    ),
+    (
+        "people by age band (CASE key)",
+        "SELECT CASE WHEN age < 18 THEN 'child' WHEN age < 65 THEN 'adult' ELSE 'senior' END, COUNT(*) FROM demo.people GROUP BY 1",
+    ),
+    (
+        "distinct clinics",
+        "SELECT COUNT(DISTINCT clinic) FROM demo.visits",
+    ),
+    (
+        "recent visits by clinic (CTE)",
+        "WITH recent AS (SELECT * FROM demo.visits WHERE visit_date > DATE '2024-06-01') SELECT clinic, COUNT(*) FROM recent GROUP BY clinic",
+    ),
+    (
+        "avg visits per person (subq.)",
+        "SELECT AVG(n) FROM (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id) t",
+    ),
+    (
+        "visits-per-person histogram",
+        "SELECT n, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(*), 10) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n",
+    ),
+    (
+        "median cost (quantile)",
+        "SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY cost) FROM demo.visits",
+    ),
+    (
+        "median income by region",
+        "SELECT region, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY income) FROM demo.people GROUP BY region",
+    ),
+    (
+        "min / max age (p1 / p99)",
+        "SELECT MIN(age), MAX(age) FROM demo.people",
     ),
 ];
 

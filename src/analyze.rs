@@ -13,8 +13,16 @@
 //! - Every aggregated expression has bounds derived from the policy; a query whose bounds cannot
 //!   be derived is refused, never answered with data-dependent sensitivity.
 //! - Only the group keys may leave as values; every aggregate leaves through a mechanism.
+//! - A subquery in FROM (derived table or CTE) becomes a [`TableRef`] with its own SQL
+//!   ([`TableRef::source`]) and a table pgdp built with a privacy unit and contribution bounds:
+//!   row-level subqueries keep those of the private tables they read; subqueries grouped by the
+//!   privacy unit have one row per unit (1 group, 1 row). Their values' bounds and public
+//!   domains come from the query's literals and the policy, never from the data.
+//! - Group keys with a public domain: `public_values` columns, public tables' columns, CASE
+//!   expressions whose results are all literals, and bounded integer per-unit values.
 //! - Analysis does no I/O.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use sqlparser::ast::{
@@ -25,10 +33,18 @@ use sqlparser::ast::{
 
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::policy::{Bounds, ColumnType, Policy, Table, TableKind};
+use crate::policy::{Bounds, Column, ColumnType, Policy, PrivateTable, Table, TableKind};
 
 /// Prefix of every identifier pgdp generates; analyst SQL may not use it.
 pub const RESERVED_PREFIX: &str = "__dp_";
+
+/// Most tables (policy tables and subqueries, at any depth) one query may name; bounds the
+/// expansion of CTEs referenced several times.
+pub const VIEW_TABLES_MAX: usize = 32;
+
+/// Most values of an integer per-unit value (e.g. `LEAST(COUNT(*), 10)`) treated as a public
+/// domain of group keys.
+pub const INTEGER_DOMAIN_VALUES_MAX: f64 = 1001.0;
 
 /// Context of the analysis: the session's view of the policy.
 #[derive(Debug, Clone)]
@@ -48,6 +64,10 @@ pub struct TableRef {
     pub alias: String,
     /// Whether the table is private.
     pub private: bool,
+    /// For a subquery in FROM (a derived table or a CTE): the contribution-preserving SQL pgdp
+    /// built for it, with `$n` placeholders until the rewrite binds them. `None` for a policy
+    /// table.
+    pub source: Option<Box<ast::Query>>,
 }
 
 /// How the privacy unit of a row is found.
@@ -80,6 +100,14 @@ pub enum AggregateKind {
     StddevSamp,
     /// `STDDEV_POP`.
     StddevPop,
+    /// `COUNT(DISTINCT expr)` for an expression other than the privacy unit.
+    CountDistinct,
+    /// A quantile (`PERCENTILE_CONT`, `PERCENTILE_DISC`, `MEDIAN`, `MIN` = 0, `MAX` = 1) of a
+    /// bounded argument, in thousandths.
+    Quantile {
+        /// The quantile × 1000, in 0..=1000.
+        permille: u16,
+    },
 }
 
 impl AggregateKind {
@@ -95,6 +123,8 @@ impl AggregateKind {
             AggregateKind::VarPop => "var_pop",
             AggregateKind::StddevSamp => "stddev_samp",
             AggregateKind::StddevPop => "stddev_pop",
+            AggregateKind::CountDistinct => "count_distinct",
+            AggregateKind::Quantile { .. } => "quantile",
         }
     }
 }
@@ -273,12 +303,7 @@ impl Plan {
 /// Analyses a query. Refusals carry a SQLSTATE and a hint.
 pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     reject_reserved(query)?;
-    if query.with.is_some() {
-        return Err(Error::unsupported(
-            "WITH (common table expressions)",
-            "Write the filter directly in the WHERE clause of one aggregate query.",
-        ));
-    }
+    let ctes = common_table_expressions(query)?;
     if !query.locks.is_empty() {
         return Err(Error::forbidden(
             "FOR UPDATE / FOR SHARE is not allowed through pgdp",
@@ -326,6 +351,10 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         ctx,
         tables: Vec::new(),
         parameters: BTreeMap::new(),
+        ctes,
+        expanding: Vec::new(),
+        next_alias: 0,
+        view_hints: BTreeMap::new(),
     };
     let joins = a.resolve_from(&select.from)?;
 
@@ -493,7 +522,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         .tables
         .iter()
         .filter(|t| t.0.private)
-        .map(|t| t.1)
+        .map(|t| &*t.1)
         .collect();
     let max_groups_per_unit = policy_tables
         .iter()
@@ -536,6 +565,89 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         offset,
         parameters,
     })
+}
+
+/// The `WITH` list of a query: name → body. Recursive CTEs and column lists are refused.
+fn common_table_expressions(query: &ast::Query) -> Result<Vec<(String, ast::Query)>> {
+    let Some(with) = &query.with else {
+        return Ok(Vec::new());
+    };
+    if with.recursive {
+        return Err(Error::unsupported(
+            "WITH RECURSIVE",
+            "Use non-recursive CTEs that filter, project or join rows, or aggregate per privacy unit (GROUP BY person_id).",
+        ));
+    }
+    let mut out: Vec<(String, ast::Query)> = Vec::new();
+    for cte in &with.cte_tables {
+        if !cte.alias.columns.is_empty() {
+            return Err(Error::unsupported(
+                "column lists on CTE names",
+                "Name the columns inside the CTE with AS.",
+            ));
+        }
+        if cte.materialized.is_some() || cte.from.is_some() {
+            return Err(Error::unsupported(
+                "MATERIALIZED / FROM on a CTE",
+                "Write WITH name AS (SELECT …).",
+            ));
+        }
+        let name = ident_lower(&cte.alias.name);
+        if name.starts_with(RESERVED_PREFIX) {
+            return Err(reserved_refusal());
+        }
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(Error::Syntax {
+                message: format!("WITH query name \"{name}\" specified more than once"),
+            });
+        }
+        out.push((name, cte.query.as_ref().clone()));
+    }
+    Ok(out)
+}
+
+/// The public domain of an integer per-unit value with finite bounds: every integer between
+/// them. The bounds come from the query's literals and the policy, never from the data, so the
+/// domain is data-independent; values outside it (data beyond declared bounds) are not released.
+fn integer_domain(ty: ColumnType, bounds: Option<Bounds>) -> Option<Vec<String>> {
+    let b = bounds?;
+    let integral = b.lower.fract() == 0.0 && b.upper.fract() == 0.0;
+    if ty != ColumnType::Integer || !integral || b.upper - b.lower >= INTEGER_DOMAIN_VALUES_MAX {
+        return None;
+    }
+    let (lo, hi) = (b.lower as i64, b.upper as i64);
+    Some((lo..=hi).map(|v| v.to_string()).collect())
+}
+
+/// The FROM clause of tables and their join conditions (one per table after the first); a
+/// subquery's SQL is rendered by `source` (the rewrite binds its parameters there).
+pub fn from_clause(
+    tables: &[TableRef],
+    joins: &[String],
+    source: impl Fn(&ast::Query) -> Result<String>,
+) -> Result<String> {
+    let mut from = String::new();
+    for (i, t) in tables.iter().enumerate() {
+        let relation = match &t.source {
+            Some(q) => format!("({}) AS \"{}\"", source(q)?, t.alias),
+            None => {
+                let (schema, name) = t
+                    .table
+                    .split_once('.')
+                    .ok_or_else(|| Error::internal("unqualified table"))?;
+                format!("\"{schema}\".\"{name}\" AS \"{}\"", t.alias)
+            }
+        };
+        if i == 0 {
+            from.push_str(&relation);
+        } else {
+            let on = joins
+                .get(i - 1)
+                .ok_or_else(|| Error::internal("missing join condition"))?;
+            from.push_str(&format!(" JOIN {relation} ON {on}"));
+        }
+    }
+    Ok(from)
 }
 
 fn push_aggregate(aggregates: &mut Vec<Aggregate>, agg: Aggregate) -> usize {
@@ -693,6 +805,9 @@ enum Role {
     Key,
     /// The argument of an aggregate.
     Argument,
+    /// A select item or HAVING of a subquery grouped by the privacy unit: aggregates of the
+    /// unit's rows are allowed, bare columns other than the unit are not.
+    UnitAggregate,
 }
 
 /// What analysis learned about an expression.
@@ -712,6 +827,8 @@ struct Info {
     column: Option<String>,
     /// The declared SQL type of a bare column reference.
     declared: Option<String>,
+    /// Whether it reads the privacy unit (never a group key, even with a public domain).
+    uses_unit: bool,
 }
 
 impl Info {
@@ -724,6 +841,7 @@ impl Info {
             public: PublicKeys::No,
             column: None,
             declared: None,
+            uses_unit: false,
         }
     }
 
@@ -736,16 +854,27 @@ impl Info {
             public: PublicKeys::No,
             column: None,
             declared: None,
+            uses_unit: parts.iter().any(|p| p.uses_unit),
         }
     }
 }
 
 struct Analyzer<'a> {
     ctx: &'a Context<'a>,
-    /// FROM tables with the analyst's alias (or table name) used for qualified references.
-    tables: Vec<(TableRef, &'a Table, String)>,
+    /// FROM tables with the analyst's alias (or table name) used for qualified references. A
+    /// subquery in FROM appears as a table pgdp built (`Cow::Owned`) with its own contribution
+    /// bounds.
+    tables: Vec<(TableRef, Cow<'a, Table>, String)>,
     /// Parameter index → inferred type and declared column type.
     parameters: BTreeMap<usize, (ColumnType, Option<String>)>,
+    /// The query's `WITH` list.
+    ctes: Vec<(String, ast::Query)>,
+    /// Names of the CTEs being expanded (to refuse self-reference).
+    expanding: Vec<String>,
+    /// The next generated table alias `__dp_tN`.
+    next_alias: usize,
+    /// Hints for columns of subqueries whose values have no finite bounds (`view.column`).
+    view_hints: BTreeMap<String, String>,
 }
 
 fn ident_lower(i: &Ident) -> String {
@@ -798,6 +927,376 @@ impl<'a> Analyzer<'a> {
         })
     }
 
+    fn fresh_alias(&mut self) -> String {
+        let a = format!("{RESERVED_PREFIX}t{}", self.next_alias);
+        self.next_alias += 1;
+        a
+    }
+
+    /// A subquery in FROM (a derived table or a reference to a CTE) becomes a table pgdp builds,
+    /// with its own SQL and contribution bounds (docs/privacy.md, "Subqueries in FROM"):
+    /// - row-level (WHERE, projection of row expressions, joins under the join rules): each of
+    ///   its rows is a row of one privacy unit, so it keeps the unit and the bounds of the
+    ///   private tables it reads;
+    /// - per unit (`GROUP BY <privacy unit>` with aggregates): one row per unit, so each unit
+    ///   contributes one row to one group of the outer query; its values are aggregates of the
+    ///   unit's own rows, with bounds derived from the query (LEAST / GREATEST / CASE) or the
+    ///   policy, and are clamped again by the outer aggregate like any argument.
+    fn view(&mut self, q: &ast::Query, visible: String) -> Result<usize> {
+        if visible.starts_with(RESERVED_PREFIX) {
+            return Err(reserved_refusal());
+        }
+        if self.tables.iter().any(|t| t.2 == visible) {
+            return Err(Error::Syntax {
+                message: format!("table name \"{visible}\" specified more than once"),
+            });
+        }
+        if self.tables.len() >= 8 || self.next_alias >= VIEW_TABLES_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of joined tables".into(),
+                limit: 8,
+            });
+        }
+        if q.with.is_some() {
+            return Err(Error::unsupported(
+                "WITH inside a subquery",
+                "Move the CTEs to the top of the query.",
+            ));
+        }
+        if q.order_by.is_some() || q.limit_clause.is_some() || q.fetch.is_some() {
+            return Err(Error::unsupported(
+                "ORDER BY / LIMIT inside a subquery in FROM",
+                "They would pick rows by their values; filter with WHERE instead, and put ORDER BY / LIMIT on the outer query.",
+            ));
+        }
+        if !q.locks.is_empty() {
+            return Err(Error::forbidden(
+                "FOR UPDATE / FOR SHARE is not allowed through pgdp",
+                "",
+            ));
+        }
+        let SetExpr::Select(select) = q.body.as_ref() else {
+            return Err(Error::unsupported(
+                "set operations or nested parentheses in a subquery",
+                "Use one SELECT … FROM … [WHERE …] [GROUP BY <privacy unit>] per subquery.",
+            ));
+        };
+        if select.distinct.is_some() {
+            return Err(Error::unsupported(
+                "SELECT DISTINCT in a subquery",
+                "Aggregate per privacy unit (GROUP BY person_id) in the subquery, or use COUNT(DISTINCT col) in the outer query.",
+            ));
+        }
+        if select.into.is_some()
+            || select.qualify.is_some()
+            || !select.named_window.is_empty()
+            || select.top.is_some()
+            || select.prewhere.is_some()
+            || !select.lateral_views.is_empty()
+        {
+            return Err(Error::unsupported("this clause in a subquery", ""));
+        }
+        let saved = std::mem::take(&mut self.tables);
+        let built = self.view_body(select, &visible);
+        self.tables = saved;
+        let (query, table) = built?;
+        let r = TableRef {
+            table: visible.clone(),
+            alias: self.fresh_alias(),
+            private: true,
+            source: Some(Box::new(query)),
+        };
+        self.tables.push((r, Cow::Owned(table), visible));
+        Ok(self.tables.len() - 1)
+    }
+
+    /// The SQL and the table of a subquery, analysed with `self.tables` holding its own FROM.
+    fn view_body(&mut self, select: &ast::Select, visible: &str) -> Result<(ast::Query, Table)> {
+        let joins = self.resolve_from(&select.from)?;
+        if !self.tables.iter().any(|t| t.0.private) {
+            return Err(Error::unsupported(
+                "subqueries over public tables only",
+                "Join the public table directly in the outer query.",
+            ));
+        }
+        let unit = match self.unit()? {
+            Unit::Column(c) => c,
+            Unit::Row(_) => {
+                return Err(Error::unsupported(
+                    "subqueries over row-level private tables",
+                    "Query the row-level table directly.",
+                ))
+            }
+        };
+        let filter = match &select.selection {
+            Some(e) => {
+                let mut e = e.clone();
+                let info = self.expr(&mut e, Role::Filter)?;
+                if info.ty.is_some_and(|t| t != ColumnType::Boolean) {
+                    return Err(Error::Syntax {
+                        message: "argument of WHERE must be type boolean".into(),
+                    });
+                }
+                Some(e.to_string())
+            }
+            None => None,
+        };
+        let group_exprs = match &select.group_by {
+            GroupByExpr::Expressions(exprs, modifiers) if modifiers.is_empty() => exprs.clone(),
+            _ => {
+                return Err(Error::unsupported(
+                    "ROLLUP / CUBE / GROUPING SETS / GROUP BY ALL in a subquery",
+                    "GROUP BY the privacy unit alone.",
+                ))
+            }
+        };
+        let per_unit = !group_exprs.is_empty()
+            || select.having.is_some()
+            || select.projection.iter().any(|item| match item {
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                    contains_aggregate(e)
+                }
+                _ => false,
+            });
+        let per_unit_hint = "Aggregate per privacy unit, e.g. (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id), and aggregate n in the outer query.";
+        if per_unit {
+            let ok = match group_exprs.as_slice() {
+                [g] => {
+                    let mut g = resolve_group_reference(g, &select.projection)?;
+                    self.expr(&mut g, Role::Filter)?;
+                    let text = g.to_string();
+                    text == unit || self.is_unit_of_any_table(&text)
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(Error::forbidden(
+                    "a subquery in FROM that aggregates must GROUP BY the privacy unit alone",
+                    per_unit_hint,
+                ));
+            }
+        }
+        let role = if per_unit {
+            Role::UnitAggregate
+        } else {
+            Role::Argument
+        };
+
+        let mut items: Vec<(String, String)> = Vec::new();
+        let mut columns: Vec<Column> = Vec::new();
+        let mut unit_name: Option<String> = None;
+        for item in &select.projection {
+            let (expr, alias) = match item {
+                SelectItem::UnnamedExpr(e) => (e, None),
+                SelectItem::ExprWithAlias { expr, alias } => (expr, Some(ident_lower(alias))),
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) if per_unit => {
+                    return Err(Error::unsupported(
+                        "* in a subquery grouped by the privacy unit",
+                        per_unit_hint,
+                    ))
+                }
+                SelectItem::Wildcard(_) => {
+                    if self.tables.len() != 1 {
+                        return Err(Error::unsupported(
+                            "SELECT * over a join in a subquery",
+                            "List the columns, or select t.* of one table.",
+                        ));
+                    }
+                    self.table_columns(0, &mut items, &mut columns, &mut unit_name);
+                    continue;
+                }
+                SelectItem::QualifiedWildcard(kind, _) => {
+                    let ast::SelectItemQualifiedWildcardKind::ObjectName(name) = kind else {
+                        return Err(Error::unsupported("this wildcard", "List the columns."));
+                    };
+                    let qualifier = name
+                        .0
+                        .iter()
+                        .map(|p| {
+                            p.as_ident()
+                                .map(ident_lower)
+                                .unwrap_or_else(|| p.to_string().to_ascii_lowercase())
+                        })
+                        .collect::<Vec<_>>()
+                        .join(".");
+                    let idx = self
+                        .tables
+                        .iter()
+                        .position(|(r, _, v)| *v == qualifier || r.table == qualifier)
+                        .ok_or_else(|| Error::UnknownTable {
+                            name: qualifier.clone(),
+                        })?;
+                    self.table_columns(idx, &mut items, &mut columns, &mut unit_name);
+                    continue;
+                }
+                SelectItem::ExprWithAliases { .. } => {
+                    return Err(Error::unsupported(
+                        "multiple aliases for one select item",
+                        "",
+                    ))
+                }
+            };
+            let name = alias.unwrap_or_else(|| default_name(expr));
+            if name.starts_with(RESERVED_PREFIX) {
+                return Err(reserved_refusal());
+            }
+            let mut e = expr.clone();
+            // The unit itself (bare, possibly qualified) names the view's privacy unit.
+            if let Some((idx, col)) = self.column_ref(&e)? {
+                let alias_of = self.tables[idx].0.alias.clone();
+                let text = canonical(&alias_of, &col).to_string();
+                if text == unit || self.is_unit_of_any_table(&text) {
+                    let ty = self.tables[idx]
+                        .1
+                        .column(&col)
+                        .map(|c| (c.ty, c.declared_type.clone()))
+                        .unwrap_or((ColumnType::Integer, "bigint".into()));
+                    unit_name.get_or_insert(name.clone());
+                    columns.push(Column {
+                        name: name.clone(),
+                        ty: ty.0,
+                        declared_type: ty.1,
+                        bounds: None,
+                        groupable: false,
+                        public_values: None,
+                    });
+                    items.push((text, name));
+                    continue;
+                }
+            }
+            let info = self.expr(&mut e, role)?;
+            let bounds = info
+                .bounds
+                .filter(|(l, u)| l.is_finite() && u.is_finite())
+                .map(|(lower, upper)| Bounds { lower, upper });
+            let ty = info.ty.unwrap_or(ColumnType::Text);
+            if bounds.is_none() && ty.is_numeric() && per_unit {
+                self.view_hints.insert(
+                    format!("{visible}.{name}"),
+                    "Clamp the per-unit value with stated bounds in the subquery, e.g. LEAST(COUNT(*), 20) or LEAST(GREATEST(SUM(cost), 0), 5000).".into(),
+                );
+            }
+            let public_values = match &info.public {
+                PublicKeys::Listed(v) => Some(v.clone()),
+                _ if per_unit => integer_domain(ty, bounds),
+                _ => None,
+            };
+            columns.push(Column {
+                name: name.clone(),
+                ty,
+                declared_type: info
+                    .declared
+                    .clone()
+                    .unwrap_or_else(|| ty.name().to_string()),
+                bounds,
+                groupable: info.groupable || per_unit,
+                public_values,
+            });
+            items.push((e.to_string(), name));
+        }
+        let unit_name = match unit_name {
+            Some(u) => u,
+            None => {
+                let hidden = format!("{RESERVED_PREFIX}unit");
+                items.push((unit.clone(), hidden.clone()));
+                columns.push(Column {
+                    name: hidden.clone(),
+                    ty: ColumnType::Integer,
+                    declared_type: "bigint".into(),
+                    bounds: None,
+                    groupable: false,
+                    public_values: None,
+                });
+                hidden
+            }
+        };
+        let mut names: Vec<&str> = items.iter().map(|i| i.1.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::unsupported(
+                "two columns of the same name in a subquery",
+                "Give the columns distinct aliases with AS.",
+            ));
+        }
+
+        let having = match &select.having {
+            Some(h) => {
+                let mut h = h.clone();
+                self.expr(&mut h, Role::UnitAggregate)?;
+                Some(h.to_string())
+            }
+            None => None,
+        };
+        let (max_groups_per_unit, max_rows_per_unit) = if per_unit {
+            (1, 1)
+        } else {
+            let caps: Vec<&PrivateTable> =
+                self.tables.iter().filter_map(|t| t.1.private()).collect();
+            (
+                caps.iter()
+                    .map(|p| p.max_groups_per_unit)
+                    .max()
+                    .unwrap_or(1),
+                caps.iter().map(|p| p.max_rows_per_unit).max().unwrap_or(1),
+            )
+        };
+        let refs: Vec<TableRef> = self.tables.iter().map(|t| t.0.clone()).collect();
+        let from = from_clause(&refs, &joins, |q| Ok(q.to_string()))?;
+        let select_list: Vec<String> = items
+            .iter()
+            .map(|(e, n)| format!("{e} AS \"{n}\""))
+            .collect();
+        let mut sql = format!("SELECT {} FROM {from}", select_list.join(", "));
+        if let Some(f) = filter {
+            sql.push_str(&format!(" WHERE {f}"));
+        }
+        if per_unit {
+            sql.push_str(&format!(" GROUP BY {unit}"));
+        }
+        if let Some(h) = having {
+            sql.push_str(&format!(" HAVING {h}"));
+        }
+        let dialect = sqlparser::dialect::PostgreSqlDialect {};
+        let statements = sqlparser::parser::Parser::parse_sql(&dialect, &sql)
+            .map_err(|e| Error::internal(format!("subquery SQL does not parse: {e}")))?;
+        let query = match statements.into_iter().next() {
+            Some(ast::Statement::Query(q)) => *q,
+            _ => return Err(Error::internal("subquery SQL is not a query")),
+        };
+        let table = Table {
+            schema: String::new(),
+            name: visible.to_string(),
+            kind: TableKind::Private(PrivateTable {
+                privacy_unit: Some(unit_name),
+                max_groups_per_unit,
+                max_rows_per_unit,
+            }),
+            columns,
+        };
+        Ok((query, table))
+    }
+
+    /// The declared columns of FROM table `idx`, as columns of a row-level subquery.
+    fn table_columns(
+        &self,
+        idx: usize,
+        items: &mut Vec<(String, String)>,
+        columns: &mut Vec<Column>,
+        unit_name: &mut Option<String>,
+    ) {
+        let (r, table, _) = &self.tables[idx];
+        let unit = table.private().and_then(|p| p.privacy_unit.clone());
+        for c in &table.columns {
+            let mut c = c.clone();
+            if unit.as_deref() == Some(c.name.as_str()) {
+                unit_name.get_or_insert(c.name.clone());
+                c.groupable = false;
+            }
+            items.push((canonical(&r.alias, &c.name).to_string(), c.name.clone()));
+            columns.push(c);
+        }
+    }
+
     fn add_table(&mut self, factor: &TableFactor) -> Result<usize> {
         match factor {
             TableFactor::Table {
@@ -814,6 +1313,33 @@ impl<'a> Analyzer<'a> {
                 if args.is_some() {
                     return Err(Error::unsupported("table functions", ""));
                 }
+                if let [part] = name.0.as_slice() {
+                    let cte_name = part
+                        .as_ident()
+                        .map(ident_lower)
+                        .unwrap_or_else(|| part.to_string().to_ascii_lowercase());
+                    let cte = self
+                        .ctes
+                        .iter()
+                        .find(|(n, _)| *n == cte_name)
+                        .map(|(_, q)| q.clone());
+                    // Inside its own body a CTE's name means the table of that name (PostgreSQL
+                    // without RECURSIVE), so only CTEs not being expanded are looked up.
+                    let cte = cte.filter(|_| !self.expanding.contains(&cte_name));
+                    if let Some(q) = cte {
+                        let visible = match alias {
+                            Some(a) if !a.columns.is_empty() => {
+                                return Err(Error::unsupported("column aliases on tables", ""))
+                            }
+                            Some(a) => ident_lower(&a.name),
+                            None => cte_name.clone(),
+                        };
+                        self.expanding.push(cte_name);
+                        let r = self.view(&q, visible);
+                        self.expanding.pop();
+                        return r;
+                    }
+                }
                 if !with_hints.is_empty()
                     || version.is_some()
                     || !partitions.is_empty()
@@ -823,8 +1349,7 @@ impl<'a> Analyzer<'a> {
                     return Err(Error::unsupported("table hints, samples and versions", ""));
                 }
                 let table = self.find_table(name)?;
-                let index = self.tables.len();
-                if index >= 8 {
+                if self.tables.len() >= 8 {
                     return Err(Error::LimitExceeded {
                         what: "the number of joined tables".into(),
                         limit: 8,
@@ -849,16 +1374,41 @@ impl<'a> Analyzer<'a> {
                 }
                 let r = TableRef {
                     table: table.qualified_name(),
-                    alias: format!("{RESERVED_PREFIX}t{index}"),
+                    alias: self.fresh_alias(),
                     private: matches!(table.kind, TableKind::Private(_)),
+                    source: None,
                 };
-                self.tables.push((r, table, visible));
-                Ok(index)
+                self.tables.push((r, Cow::Borrowed(table), visible));
+                Ok(self.tables.len() - 1)
             }
-            TableFactor::Derived { .. } => Err(Error::unsupported(
-                "subqueries in FROM",
-                "Query the table directly; filters go in WHERE.",
-            )),
+            TableFactor::Derived {
+                lateral,
+                subquery,
+                alias,
+                sample,
+            } => {
+                if *lateral || sample.is_some() {
+                    return Err(Error::unsupported(
+                        "LATERAL or sampled subqueries",
+                        "Use a plain subquery in FROM that filters, projects or joins rows, or aggregates per privacy unit.",
+                    ));
+                }
+                let visible = match alias {
+                    Some(a) if !a.columns.is_empty() => {
+                        return Err(Error::unsupported(
+                            "column aliases on subqueries",
+                            "Name the columns inside the subquery with AS.",
+                        ))
+                    }
+                    Some(a) => ident_lower(&a.name),
+                    None => {
+                        return Err(Error::Syntax {
+                            message: "subquery in FROM must have an alias".into(),
+                        })
+                    }
+                };
+                self.view(subquery, visible)
+            }
             _ => Err(Error::unsupported(
                 "this FROM item",
                 "Use plain table names joined with JOIN … USING / ON.",
@@ -995,7 +1545,7 @@ impl<'a> Analyzer<'a> {
             return Ok(());
         }
         let ok = condition.iter().any(|(l, lc, _, rc)| {
-            let lt = self.tables[*l].1;
+            let lt: &Table = &self.tables[*l].1;
             self.tables[*l].0.private && unit_of(lt).as_deref() == Some(lc.as_str()) && rc == &runit
         });
         if ok {
@@ -1088,7 +1638,7 @@ impl<'a> Analyzer<'a> {
     }
 
     fn unit(&self) -> Result<Unit> {
-        let private: Vec<&(TableRef, &Table, String)> =
+        let private: Vec<&(TableRef, Cow<Table>, String)> =
             self.tables.iter().filter(|t| t.0.private).collect();
         let first = private
             .first()
@@ -1113,6 +1663,12 @@ impl<'a> Analyzer<'a> {
                 .ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
             let unit =
                 table.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str());
+            if role == Role::UnitAggregate && !unit {
+                return Err(Error::unsupported(
+                    format!("the column {col} outside an aggregate in a subquery grouped by the privacy unit"),
+                    "Aggregate it per unit (e.g. MAX(age), LEAST(COUNT(*), 20)), or join the table in the outer query on the privacy unit.",
+                ));
+            }
             let public = if let Some(values) = &column.public_values {
                 PublicKeys::Listed(values.clone())
             } else if !r.private {
@@ -1131,6 +1687,7 @@ impl<'a> Analyzer<'a> {
                 public,
                 column: Some(format!("{}.{}", r.table, col)),
                 declared: Some(column.declared_type.clone()),
+                uses_unit: unit,
             };
             *e = canonical(&r.alias, &col);
             return Ok(info);
@@ -1243,7 +1800,8 @@ impl<'a> Analyzer<'a> {
                             }
                             return Err(unsupported_here(&format!("the operator {op} on non-numeric values")));
                         }
-                        let bounds = match (l.bounds, r.bounds) {
+                        let finite = |b: Option<(f64, f64)>| b.filter(|(x, y)| x.is_finite() && y.is_finite());
+                        let bounds = match (finite(l.bounds), finite(r.bounds)) {
                             (Some((a, b)), Some((c, d))) => Some(match op {
                                 B::Plus => (a + c, b + d),
                                 B::Minus => (a - d, b - c),
@@ -1261,7 +1819,7 @@ impl<'a> Analyzer<'a> {
                     }
                     B::Divide => {
                         let divisor_literal = r.constant && r.bounds.is_some_and(|(v, _)| v != 0.0);
-                        let bounds = match (l.bounds, r.bounds) {
+                        let bounds = match (l.bounds.filter(|(x, y)| x.is_finite() && y.is_finite()), r.bounds) {
                             (Some((a, b)), Some((c, d))) if divisor_literal && c == d => {
                                 let (x, y) = (a / c, b / c);
                                 Some((x.min(y), x.max(y)))
@@ -1365,7 +1923,21 @@ impl<'a> Analyzer<'a> {
                     }
                 }
                 let refs: Vec<&Info> = parts.iter().collect();
-                Ok(Info::derived(ty, &refs, if all_bounded { bounds } else { None }))
+                let mut info = Info::derived(ty, &refs, if all_bounded { bounds } else { None });
+                // Results that are all literals form a public domain: the group keys are the
+                // THEN / ELSE values whatever the data (a NULL group, from a missing ELSE, is
+                // not released).
+                let mut results: Vec<&Expr> = conditions.iter().map(|cw| &cw.result).collect();
+                if let Some(er) = else_result.as_deref() {
+                    results.push(er);
+                }
+                if let Some(domain) = literal_domain(&results)? {
+                    info.public = PublicKeys::Listed(domain);
+                    // Public domain: as safe as one filtered query per literal, except that a
+                    // CASE on the privacy unit stays refused as a key (policy intent).
+                    info.groupable = !info.uses_unit;
+                }
+                Ok(info)
             }
             Expr::Cast { expr, data_type, kind, format, .. } => {
                 if format.is_some() {
@@ -1401,7 +1973,7 @@ impl<'a> Analyzer<'a> {
                     ));
                 }
                 let bounds = if target.is_numeric() { i.bounds } else { None };
-                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None })
+                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit })
             }
             Expr::Extract { field, expr, .. } => {
                 let i = self.expr(expr, role)?;
@@ -1454,6 +2026,9 @@ impl<'a> Analyzer<'a> {
             ));
         }
         let name = function_name(&f.name)?;
+        if aggregate_kind(&name).is_some() && role == Role::UnitAggregate {
+            return self.unit_aggregate(f, &name);
+        }
         if aggregate_kind(&name).is_some() {
             return Err(Error::unsupported(
                 "aggregates inside expressions",
@@ -1546,12 +2121,23 @@ impl<'a> Analyzer<'a> {
                 infos[0].bounds.map(|(l, u)| (l.floor(), u.ceil()))
             }
             "greatest" | "least" | "coalesce" => {
-                let all: Option<Vec<(f64, f64)>> = infos.iter().map(|i| i.bounds).collect();
-                all.map(|v| {
-                    let lo = v.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
-                    let hi = v.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
-                    (lo, hi)
-                })
+                // An argument without bounds ranges over everything; GREATEST / LEAST ignore
+                // NULLs, so the result lies between the extreme bounds of the arguments, and
+                // LEAST(x, k) ≤ k, GREATEST(x, k) ≥ k whatever x is.
+                let v: Vec<(f64, f64)> = infos
+                    .iter()
+                    .map(|i| i.bounds.unwrap_or((f64::NEG_INFINITY, f64::INFINITY)))
+                    .collect();
+                let min_lo = v.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
+                let max_lo = v.iter().map(|b| b.0).fold(f64::NEG_INFINITY, f64::max);
+                let min_hi = v.iter().map(|b| b.1).fold(f64::INFINITY, f64::min);
+                let max_hi = v.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
+                let b = match name.as_str() {
+                    "least" => (min_lo, min_hi),
+                    "greatest" => (max_lo, max_hi),
+                    _ => (min_lo, max_hi),
+                };
+                (!b.0.is_nan() && !b.1.is_nan()).then_some(b)
             }
             "nullif" => infos[0].bounds,
             "date_part" => Some((f64::MIN / 4.0, f64::MAX / 4.0)).filter(|_| false),
@@ -1596,6 +2182,9 @@ impl<'a> Analyzer<'a> {
         };
         if f.over.is_some() {
             return Err(window_refusal());
+        }
+        if let AggregateKind::Quantile { .. } = kind {
+            return self.quantile_aggregate(f, &name).map(Some);
         }
         if f.filter.is_some() || !f.within_group.is_empty() {
             return Err(Error::unsupported(
@@ -1652,9 +2241,18 @@ impl<'a> Analyzer<'a> {
                     text: "count(distinct unit)".into(),
                 }));
             }
+            if kind == AggregateKind::CountRows {
+                // Each unit's distinct values per group are capped at max_rows_per_unit.
+                return Ok(Some(Aggregate {
+                    kind: AggregateKind::CountDistinct,
+                    argument: Some(text.clone()),
+                    bounds: None,
+                    text: format!("count(distinct {text})"),
+                }));
+            }
             return Err(Error::unsupported(
-                "DISTINCT aggregates other than COUNT(DISTINCT <privacy unit>)",
-                "COUNT(DISTINCT person_id) counts people; other distinct counts are not supported yet.",
+                format!("{name}(DISTINCT …)"),
+                "Use COUNT(DISTINCT col), or aggregate per privacy unit in a subquery first.",
             ));
         }
         if kind == AggregateKind::CountRows {
@@ -1670,9 +2268,197 @@ impl<'a> Analyzer<'a> {
                 message: format!("function {name} needs a numeric argument"),
             });
         }
-        let Some((lower, upper)) = info.bounds else {
+        let bounds = self.checked_bounds(&info, &text, &name)?;
+        Ok(Some(Aggregate {
+            kind,
+            argument: Some(text.clone()),
+            bounds: Some(bounds),
+            text: format!("{}({text})", kind.sql_name()),
+        }))
+    }
+
+    /// An aggregate of one unit's rows inside a subquery grouped by the privacy unit. Its bounds
+    /// follow from the argument's (`±∞` where the data could make it grow without limit, e.g.
+    /// `COUNT(*)`); the analyst states finite ones with LEAST / GREATEST / CASE.
+    fn unit_aggregate(&mut self, f: &mut ast::Function, name: &str) -> Result<Info> {
+        let hint = "Use COUNT, SUM, AVG, MIN or MAX of the unit's rows inside a subquery grouped by the privacy unit.";
+        if !matches!(name, "count" | "sum" | "avg" | "min" | "max") {
+            return Err(Error::unsupported(format!("{name} per privacy unit"), hint));
+        }
+        let FunctionArguments::List(list) = &mut f.args else {
+            return Err(Error::Syntax {
+                message: format!("{name} needs an argument"),
+            });
+        };
+        if !list.clauses.is_empty() {
+            return Err(Error::unsupported("ORDER BY / LIMIT inside aggregates", ""));
+        }
+        let distinct = match list.duplicate_treatment {
+            None | Some(ast::DuplicateTreatment::All) => false,
+            Some(ast::DuplicateTreatment::Distinct) if name == "count" => true,
+            Some(ast::DuplicateTreatment::Distinct) => {
+                return Err(Error::unsupported(
+                    format!("{name}(DISTINCT …) per unit"),
+                    hint,
+                ))
+            }
+        };
+        let _ = distinct;
+        let [arg] = list.args.as_mut_slice() else {
+            return Err(Error::Syntax {
+                message: format!("{name} takes exactly one argument"),
+            });
+        };
+        let arg_info = match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Wildcard) if name == "count" => None,
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(self.expr(e, Role::Argument)?),
+            _ => return Err(Error::unsupported("this aggregate argument", hint)),
+        };
+        let inf = f64::INFINITY;
+        let (ty, bounds) = match (name, &arg_info) {
+            ("count", _) => (ColumnType::Integer, (0.0, inf)),
+            (_, None) => {
+                return Err(Error::Syntax {
+                    message: format!("{name}(*) is not valid"),
+                })
+            }
+            (_, Some(i)) => {
+                if !i.ty.is_none_or(|t| t.is_numeric()) && name != "min" && name != "max" {
+                    return Err(Error::Syntax {
+                        message: format!("function {name} needs a numeric argument"),
+                    });
+                }
+                let (lo, hi) = i.bounds.unwrap_or((-inf, inf));
+                match name {
+                    "sum" => {
+                        let b = (
+                            if lo >= 0.0 { 0.0 } else { -inf },
+                            if hi <= 0.0 { 0.0 } else { inf },
+                        );
+                        let ty = if i.ty == Some(ColumnType::Integer) {
+                            ColumnType::Integer
+                        } else {
+                            ColumnType::Numeric
+                        };
+                        (ty, b)
+                    }
+                    "avg" => (ColumnType::Numeric, (lo, hi)),
+                    _ => (i.ty.unwrap_or(ColumnType::Numeric), (lo, hi)),
+                }
+            }
+        };
+        f.name = ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name)]);
+        Ok(Info {
+            ty: Some(ty),
+            bounds: Some(bounds),
+            groupable: true,
+            constant: false,
+            public: PublicKeys::No,
+            column: None,
+            declared: None,
+            uses_unit: false,
+        })
+    }
+
+    /// A quantile aggregate: `MIN`, `MAX`, `MEDIAN(x)`, `PERCENTILE_CONT(p) / PERCENTILE_DISC(p)
+    /// WITHIN GROUP (ORDER BY x)` of a bounded argument.
+    fn quantile_aggregate(&mut self, f: &ast::Function, name: &str) -> Result<Aggregate> {
+        if f.filter.is_some() {
+            return Err(Error::unsupported(
+                "FILTER",
+                "Move the condition into WHERE, or use CASE inside the aggregate.",
+            ));
+        }
+        let FunctionArguments::List(list) = &f.args else {
+            return Err(Error::Syntax {
+                message: format!("{name} needs an argument"),
+            });
+        };
+        if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+            return Err(Error::unsupported(
+                format!("DISTINCT or ORDER BY inside {name}"),
+                "",
+            ));
+        }
+        let one_arg = || match list.args.as_slice() {
+            [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => Ok(e.clone()),
+            _ => Err(Error::Syntax {
+                message: format!("{name} takes exactly one argument"),
+            }),
+        };
+        let (arg, permille) = match name {
+            "min" | "max" | "median" => {
+                if !f.within_group.is_empty() {
+                    return Err(Error::Syntax {
+                        message: format!("{name} does not take WITHIN GROUP"),
+                    });
+                }
+                let permille = match name {
+                    "min" => crate::mechanism::MIN_PERMILLE,
+                    "max" => crate::mechanism::MAX_PERMILLE,
+                    _ => 500,
+                };
+                (one_arg()?, permille)
+            }
+            _ => {
+                let p = one_arg()?;
+                let fraction = match &p {
+                    Expr::Value(v) => match &v.value {
+                        Value::Number(n, _) => n.parse::<f64>().ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                }
+                .filter(|x| (0.0..=1.0).contains(x))
+                .ok_or_else(|| Error::InvalidParameter {
+                    name: format!("the fraction of {name}"),
+                    reason: "is not a literal between 0 and 1".into(),
+                    hint: "Write e.g. PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY cost).".into(),
+                })?;
+                let [ob] = f.within_group.as_slice() else {
+                    return Err(Error::Syntax {
+                        message: format!("{name} needs WITHIN GROUP (ORDER BY x)"),
+                    });
+                };
+                let permille = (fraction * 1000.0).round() as u16;
+                let permille = match &ob.options.sort {
+                    Some(ast::OrderBySort::Desc) => 1000 - permille,
+                    None | Some(ast::OrderBySort::Asc) => permille,
+                    Some(ast::OrderBySort::Using(_)) => {
+                        return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."))
+                    }
+                };
+                (ob.expr.clone(), permille)
+            }
+        };
+        let mut arg = arg;
+        let info = self.expr(&mut arg, Role::Argument)?;
+        let text = arg.to_string();
+        if !info.ty.is_none_or(|t| t.is_numeric()) {
+            return Err(Error::unsupported(
+                format!("{name} of a non-numeric value"),
+                "DP quantiles are computed over numeric columns with declared bounds; for dates, aggregate EXTRACT(year FROM d) or similar.",
+            ));
+        }
+        let bounds = self.checked_bounds(&info, &text, name)?;
+        Ok(Aggregate {
+            kind: AggregateKind::Quantile { permille },
+            argument: Some(text.clone()),
+            bounds: Some(bounds),
+            text: format!("quantile_{permille}({text})"),
+        })
+    }
+
+    /// The finite bounds of an aggregate argument, or a refusal that says how to get them.
+    fn checked_bounds(&self, info: &Info, text: &str, name: &str) -> Result<Bounds> {
+        let finite = info.bounds.filter(|(l, u)| l.is_finite() && u.is_finite());
+        let Some((lower, upper)) = finite else {
             let hint = match &info.column {
-                Some(c) => format!("Declare bounds for column {c} in the policy (lower and upper)."),
+                Some(c) => match self.view_hints.get(c) {
+                    Some(h) => h.clone(),
+                    None => format!("Declare bounds for column {c} in the policy (lower and upper)."),
+                },
+                None if info.bounds.is_some() => "Clamp the expression with stated bounds, e.g. LEAST(GREATEST(x, 0), 100), or use columns with declared bounds.".into(),
                 None => "Use a column with declared bounds (lower/upper in the policy), or arithmetic of such columns with literals.".into(),
             };
             return Err(Error::forbidden(
@@ -1680,9 +2466,7 @@ impl<'a> Analyzer<'a> {
                 hint,
             ));
         };
-        if !(lower.is_finite() && upper.is_finite())
-            || lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX
-        {
+        if lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
             return Err(Error::forbidden(
                 format!("the derived bounds of {text} are too large"),
                 format!(
@@ -1691,17 +2475,14 @@ impl<'a> Analyzer<'a> {
                 ),
             ));
         }
-        let (lower, upper) = if lower == upper {
-            (lower - 0.5, upper + 0.5)
+        Ok(if lower == upper {
+            Bounds {
+                lower: lower - 0.5,
+                upper: upper + 0.5,
+            }
         } else {
-            (lower, upper)
-        };
-        Ok(Some(Aggregate {
-            kind,
-            argument: Some(text.clone()),
-            bounds: Some(Bounds { lower, upper }),
-            text: format!("{}({text})", kind.sql_name()),
-        }))
+            Bounds { lower, upper }
+        })
     }
 
     fn is_unit_of_any_table(&self, text: &str) -> bool {
@@ -1829,6 +2610,41 @@ impl<'a> Analyzer<'a> {
     }
 }
 
+/// The domain of a CASE whose results are all literals of one kind (strings, or integers), as
+/// the text PostgreSQL prints for them; `None` if some result is not such a literal.
+fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<String>>> {
+    let mut strings = Vec::new();
+    let mut integers = Vec::new();
+    for r in results {
+        let Expr::Value(v) = r else { return Ok(None) };
+        match &v.value {
+            Value::Number(n, _) => match n.parse::<i64>() {
+                Ok(i) => integers.push(i.to_string()),
+                Err(_) => return Ok(None),
+            },
+            Value::Null => {}
+            other => match crate::classify::string_value(other) {
+                Some(t) => strings.push(t.to_string()),
+                None => return Ok(None),
+            },
+        }
+    }
+    if !strings.is_empty() && !integers.is_empty() {
+        // PostgreSQL would fail on this CASE (after the charge): refuse it before.
+        return Err(Error::Syntax {
+            message: "CASE types text and integer cannot be matched".into(),
+        });
+    }
+    let mut domain = if strings.is_empty() {
+        integers
+    } else {
+        strings
+    };
+    domain.sort();
+    domain.dedup();
+    Ok((!domain.is_empty()).then_some(domain))
+}
+
 /// The unit of date_trunc / field of date_part must be one PostgreSQL knows, or the upstream
 /// would fail (after the charge).
 fn check_date_unit(name: &str, e: &Expr) -> Result<()> {
@@ -1951,6 +2767,9 @@ fn aggregate_kind(name: &str) -> Option<AggregateKind> {
         "var_pop" => AggregateKind::VarPop,
         "stddev" | "stddev_samp" => AggregateKind::StddevSamp,
         "stddev_pop" => AggregateKind::StddevPop,
+        "min" | "max" | "median" | "percentile_cont" | "percentile_disc" => {
+            AggregateKind::Quantile { permille: 0 }
+        }
         _ => return None,
     })
 }

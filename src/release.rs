@@ -110,6 +110,16 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             "SET pgdp.delta to a small positive value, or SET pgdp.mechanism = 'laplace'.",
         ));
     }
+    let has_quantile = rewrite
+        .measures
+        .iter()
+        .any(|m| matches!(m, crate::rewrite::Measure::Quantile(..)));
+    if has_quantile && budget.mechanism == Mechanism::Gaussian {
+        return Err(Error::forbidden(
+            "quantiles (MIN, MAX, MEDIAN, PERCENTILE_*) are released with the Laplace report-noisy-max mechanism only",
+            "SET pgdp.mechanism = 'laplace' for this query.",
+        ));
+    }
     let mut noises = Vec::new();
     let mut sensitivities = Vec::new();
     // Gaussian: the measures together are ρ-zCDP with ρ converted from their ε share at δ.
@@ -220,7 +230,8 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
                 let ty = match plan.aggregates[i].kind {
                     AggregateKind::CountRows
                     | AggregateKind::CountValues
-                    | AggregateKind::CountUnits => CellType::Int8,
+                    | AggregateKind::CountUnits
+                    | AggregateKind::CountDistinct => CellType::Int8,
                     _ => CellType::Float8,
                 };
                 out.push(OutColumn::new(o.name.clone(), ty));
@@ -322,6 +333,18 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         let mut noisy = Vec::with_capacity(m);
         for (j, measure) in rewrite.measures.iter().enumerate() {
             let noise = &mechanisms.noises[j];
+            if let crate::rewrite::Measure::Quantile(i, permille) = measure {
+                // Report-noisy-max over the histogram (crate::mechanism::quantile).
+                let histogram =
+                    crate::mechanism::parse_histogram(exact[j].as_deref().unwrap_or(""))?;
+                let b = rewrite.arguments[*i]
+                    .bounds
+                    .ok_or_else(|| Error::internal("quantile without bounds"))?;
+                let bucket =
+                    crate::mechanism::noisy_quantile_bucket(rng, noise, &histogram, *permille);
+                noisy.push(crate::mechanism::bucket_value(bucket, b.lower, b.upper));
+                continue;
+            }
             let text = exact[j].as_deref().unwrap_or("0");
             let value = if measure.is_integer() {
                 let e: i128 = text
@@ -435,6 +458,7 @@ fn error_bound_cell(
         AggregateKind::CountRows
         | AggregateKind::CountValues
         | AggregateKind::CountUnits
+        | AggregateKind::CountDistinct
         | AggregateKind::Sum => finite(bounds95[ms[0]]),
         AggregateKind::Avg => {
             let n = noisy[ms[0]].round().max(1.0);
@@ -465,9 +489,11 @@ fn derive(
         }
     };
     match kind {
-        AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => {
-            count(noisy[ms[0]])
-        }
+        AggregateKind::CountRows
+        | AggregateKind::CountValues
+        | AggregateKind::CountUnits
+        | AggregateKind::CountDistinct => count(noisy[ms[0]]),
+        AggregateKind::Quantile { .. } => real(noisy[ms[0]]),
         AggregateKind::Sum => {
             let mut s = noisy[ms[0]];
             if let Some(b) = bounds {

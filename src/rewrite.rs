@@ -42,6 +42,13 @@ pub enum Measure {
     SumCentered(usize),
     /// Sum of (clamped argument `i` − midpoint)².
     SumSquaresCentered(usize),
+    /// Distinct non-NULL values of argument `i`, each unit keeping at most `max_rows_per_unit`
+    /// of its values per group (chosen by a keyed hash of the unit and the value).
+    Distinct(usize),
+    /// The histogram of clamped argument `i` over [`crate::mechanism::QUANTILE_BUCKETS`] equal
+    /// buckets of its bounds, each unit keeping at most `max_rows_per_unit` values per group;
+    /// released as one bucket chosen by report-noisy-max for the quantile `permille`/1000.
+    Quantile(usize, u16),
 }
 
 /// An aggregate argument with its bounds.
@@ -68,8 +75,11 @@ impl Measure {
     pub fn contribution(&self, arguments: &[Argument], max_rows_per_unit: u64) -> f64 {
         let c = max_rows_per_unit as f64;
         match self {
-            Measure::Rows | Measure::Values(_) => c,
+            Measure::Rows | Measure::Values(_) | Measure::Distinct(_) => c,
             Measure::Units => 1.0,
+            Measure::Quantile(..) => {
+                crate::mechanism::quantile_noise_sensitivity(max_rows_per_unit)
+            }
             Measure::Sum(i) => c * arguments[*i].bounds.map(|b| b.magnitude()).unwrap_or(0.0),
             Measure::SumCentered(i) => c * arguments[*i].center().1,
             Measure::SumSquaresCentered(i) => {
@@ -81,7 +91,14 @@ impl Measure {
 
     /// Whether the statistic is an integer (counts) or real (sums).
     pub fn is_integer(&self) -> bool {
-        matches!(self, Measure::Rows | Measure::Values(_) | Measure::Units)
+        matches!(
+            self,
+            Measure::Rows
+                | Measure::Values(_)
+                | Measure::Units
+                | Measure::Distinct(_)
+                | Measure::Quantile(..)
+        )
     }
 
     /// A short label for EXPLAIN.
@@ -90,6 +107,14 @@ impl Measure {
             Measure::Rows => "count(*)".into(),
             Measure::Values(i) => format!("count({})", arguments[*i].text),
             Measure::Units => "count(distinct unit)".into(),
+            Measure::Distinct(i) => format!("count(distinct {})", arguments[*i].text),
+            Measure::Quantile(i, p) => format!(
+                "quantile {}.{:03} of {} (noisy max over {} buckets)",
+                p / 1000,
+                p % 1000,
+                arguments[*i].text,
+                crate::mechanism::QUANTILE_BUCKETS
+            ),
             Measure::Sum(i) => format!("sum({})", arguments[*i].text),
             Measure::SumCentered(i) => {
                 format!("sum({} - {})", arguments[*i].text, arguments[*i].center().0)
@@ -170,6 +195,8 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
                 Measure::SumCentered(a),
                 Measure::SumSquaresCentered(a),
             ],
+            (AggregateKind::CountDistinct, Some(a)) => vec![Measure::Distinct(a)],
+            (AggregateKind::Quantile { permille }, Some(a)) => vec![Measure::Quantile(a, permille)],
             (_, None) => vec![Measure::Rows],
         };
         per_aggregate.push(m.into_iter().map(|x| push(&mut measures, x)).collect());
@@ -339,23 +366,19 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         };
         select.push(format!("{value} AS __dp_a{i}"));
     }
-    let mut from = String::new();
-    for (i, t) in plan.tables.iter().enumerate() {
-        let (schema, name) = t
-            .table
-            .split_once('.')
-            .ok_or_else(|| Error::internal("unqualified table"))?;
-        let relation = format!("\"{schema}\".\"{name}\" AS \"{}\"", t.alias);
-        if i == 0 {
-            from.push_str(&relation);
-        } else {
-            let on = plan
-                .joins
-                .get(i - 1)
-                .ok_or_else(|| Error::internal("missing join condition"))?;
-            from.push_str(&format!(" JOIN {relation} ON {on}"));
+    let from = crate::analyze::from_clause(&plan.tables, &plan.joins, |q| {
+        let mut q = q.clone();
+        let mut binder = BindParameters {
+            plan,
+            values: parameters,
+            error: None,
+        };
+        let _ = q.visit(&mut binder);
+        match binder.error {
+            Some(e) => Err(e),
+            None => Ok(q.to_string()),
         }
-    }
+    })?;
     let filter = match &plan.filter {
         Some(f) => {
             let mut f = f.clone();
@@ -381,7 +404,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     for (j, m) in measures.iter().enumerate() {
         let expr = match m {
             Measure::Rows => "COUNT(*)".to_string(),
-            Measure::Units => "1".to_string(),
+            Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => "1".to_string(),
             Measure::Values(i) => format!("COUNT(__dp_a{i})"),
             Measure::Sum(i) => format!("SUM(__dp_a{i})"),
             Measure::SumCentered(i) => {
@@ -423,12 +446,32 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     };
 
     // Stage 4: per group, each unit's contribution capped.
+    let key_match = |prefix: &str| -> String {
+        if keys.is_empty() {
+            String::new()
+        } else {
+            let parts: Vec<String> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| format!("{prefix}{i} IS NOT DISTINCT FROM {k}"))
+                .collect();
+            format!(" WHERE {}", parts.join(" AND "))
+        }
+    };
     let mut outer: Vec<String> = keys.iter().map(|k| format!("CAST({k} AS TEXT)")).collect();
     for (j, m) in measures.iter().enumerate() {
         let cap = rows_cap;
         let expr = match m {
             Measure::Rows | Measure::Values(_) => format!("SUM(LEAST(__dp_m{j}, {cap}))"),
             Measure::Units => "COUNT(*)".to_string(),
+            Measure::Distinct(_) => {
+                let filter = key_match("__dp_dk");
+                format!("COALESCE((SELECT __dp_c FROM __dp_d{j}{filter}), 0)")
+            }
+            Measure::Quantile(..) => {
+                let filter = key_match("__dp_dk");
+                format!("COALESCE((SELECT __dp_h FROM __dp_d{j}{filter}), '')")
+            }
             Measure::Sum(i) => {
                 let b = arguments[*i]
                     .bounds
@@ -472,6 +515,28 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     if let Some(r) = &ranked_sql {
         sql.push_str(&format!(", __dp_ranked AS ({r})"));
     }
+    for (j, m) in measures.iter().enumerate() {
+        match m {
+            Measure::Distinct(i) => sql.push_str(&value_stages(
+                j, *i, &keys, secret, rows_cap, groups_cap, None,
+            )?),
+            Measure::Quantile(i, _) => {
+                let b = arguments[*i]
+                    .bounds
+                    .ok_or_else(|| Error::internal("quantile without bounds"))?;
+                sql.push_str(&value_stages(
+                    j,
+                    *i,
+                    &keys,
+                    secret,
+                    rows_cap,
+                    groups_cap,
+                    Some(b),
+                )?)
+            }
+            _ => {}
+        }
+    }
     sql.push_str(&format!(" SELECT {} FROM {source}", outer.join(", ")));
     if ranked_sql.is_some() {
         sql.push_str(&groups_cap.to_string());
@@ -493,6 +558,86 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         measures,
         aggregate_measures,
     })
+}
+
+/// The CTEs of a value-level measure `j` on argument `i` (a distinct count, or a quantile's
+/// histogram when `histogram` gives the bounds): `__dp_v{j}` keeps, per unit and group, at most
+/// `rows_cap` values (distinct values for a distinct count, rows for a histogram) chosen by
+/// `md5(secret || unit || value)`, in the groups the unit kept in `__dp_ranked`; `__dp_d{j}` has
+/// one row per group with the statistic, columns `__dp_dk0…` for the keys.
+fn value_stages(
+    j: usize,
+    i: usize,
+    keys: &[String],
+    secret: &str,
+    rows_cap: u64,
+    groups_cap: u64,
+    histogram: Option<Bounds>,
+) -> Result<String> {
+    let key_list: String = keys.iter().map(|k| format!(", {k}")).collect();
+    let dk_names: Vec<String> = (0..keys.len()).map(|n| format!("__dp_dk{n}")).collect();
+    let source = match histogram {
+        None => format!(
+            "(SELECT DISTINCT __dp_unit{key_list}, __dp_a{i} FROM __dp_rows WHERE __dp_a{i} IS NOT NULL) AS __dp_distinct{j}"
+        ),
+        Some(_) => format!("__dp_rows WHERE __dp_a{i} IS NOT NULL"),
+    };
+    let value = match histogram {
+        None => format!("__dp_a{i}"),
+        Some(b) => {
+            let buckets = crate::mechanism::QUANTILE_BUCKETS;
+            format!(
+                "LEAST(GREATEST(pg_catalog.trunc((__dp_a{i} - {}) * {buckets} / {}), 0), {})",
+                num(b.lower),
+                num(b.upper - b.lower),
+                buckets - 1
+            )
+        }
+    };
+    let kept_group = if keys.is_empty() {
+        String::new()
+    } else {
+        let parts: Vec<String> = (0..keys.len())
+            .map(|n| format!("__dp_k{n} IS NOT DISTINCT FROM __dp_vk{n}"))
+            .collect();
+        format!(
+            " AND EXISTS (SELECT 1 FROM __dp_ranked WHERE __dp_unit = __dp_vu AND {} AND __dp_rank <= {groups_cap})",
+            parts.join(" AND ")
+        )
+    };
+    let vk_list: String = (0..keys.len())
+        .map(|n| format!(", __dp_k{n} AS __dp_vk{n}"))
+        .collect();
+    let values = format!(
+        "__dp_v{j} AS (SELECT __dp_unit AS __dp_vu{vk_list}, {value} AS __dp_v, ROW_NUMBER() OVER (PARTITION BY __dp_unit{key_list} ORDER BY md5({} || CAST(__dp_unit AS TEXT) || '|' || CAST(__dp_a{i} AS TEXT))) AS __dp_vrank FROM {source})",
+        quote_literal(secret)
+    );
+    let vk_as_dk: String = (0..keys.len())
+        .map(|n| format!(", __dp_vk{n} AS __dp_dk{n}"))
+        .collect();
+    let group_by = if keys.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {}", dk_names.join(", "))
+    };
+    let per_group = match histogram {
+        None => format!(
+            "__dp_d{j} AS (SELECT COUNT(DISTINCT __dp_v) AS __dp_c{vk_as_dk} FROM __dp_v{j} WHERE __dp_vrank <= {rows_cap}{kept_group}{group_by})"
+        ),
+        Some(_) => {
+            let bucket_group: Vec<String> = dk_names
+                .iter()
+                .cloned()
+                .chain(std::iter::once("__dp_v".to_string()))
+                .collect();
+            format!(
+                "__dp_d{j} AS (SELECT string_agg(CAST(__dp_v AS TEXT) || ':' || CAST(__dp_n AS TEXT), ',') AS __dp_h{} FROM (SELECT __dp_v, COUNT(*) AS __dp_n{vk_as_dk} FROM __dp_v{j} WHERE __dp_vrank <= {rows_cap}{kept_group} GROUP BY {}) AS __dp_buckets{j}{group_by})",
+                dk_names.iter().map(|d| format!(", {d}")).collect::<String>(),
+                bucket_group.join(", ").replace("__dp_dk", "__dp_vk")
+            )
+        }
+    };
+    Ok(format!(", {values}, {per_group}"))
 }
 
 /// SQL listing the values of a public table's column (for zero-filling public keys).

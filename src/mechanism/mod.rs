@@ -11,6 +11,8 @@
 //! - `noise`: [`Noise`], built from a sensitivity and a budget share, releasing integer or real
 //!   statistics, and [`Noise::error_bound`] for EXPLAIN.
 //! - `partition`: [`PartitionSelection`] for group keys that are not public.
+//! - `quantile`: report-noisy-max over a bucketed histogram for quantiles, MIN and MAX
+//!   ([`noisy_quantile_bucket`]).
 //!
 //! Invariants:
 //! - Pure: no I/O, no global state, no clock. Randomness is a parameter
@@ -45,6 +47,7 @@
 mod exact;
 mod noise;
 mod partition;
+mod quantile;
 mod sample;
 #[cfg(test)]
 mod testing;
@@ -58,6 +61,10 @@ use crate::{Error, Result};
 pub use exact::{parse_numeric_exact, rational_from_f64, NUMERIC_EXPONENT_ABS_MAX};
 pub use noise::{MechanismKind, Noise, GRID_BITS};
 pub use partition::PartitionSelection;
+pub use quantile::{
+    bucket_value, noisy_quantile_bucket, parse_histogram, quantile_noise_sensitivity, MAX_PERMILLE,
+    MIN_PERMILLE, QUANTILE_BUCKETS,
+};
 pub use sample::{
     bernoulli, bernoulli_exp, sample_discrete_gaussian, sample_discrete_laplace, sample_geometric,
     uniform_below,

@@ -11,5 +11,6 @@ mod budget;
 mod dp;
 mod faults;
 mod replicas;
+mod sql;
 mod support;
 mod wire;
