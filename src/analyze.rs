@@ -38,13 +38,7 @@ use crate::policy::{Bounds, Column, ColumnType, Policy, PrivateTable, Table, Tab
 /// Prefix of every identifier pgdp generates; analyst SQL may not use it.
 pub const RESERVED_PREFIX: &str = "__dp_";
 
-/// Most tables (policy tables and subqueries, at any depth) one query may name; bounds the
-/// expansion of CTEs referenced several times.
-pub const VIEW_TABLES_MAX: usize = 32;
-
-/// Most values of an integer per-unit value (e.g. `LEAST(COUNT(*), 10)`) treated as a public
-/// domain of group keys.
-pub const INTEGER_DOMAIN_VALUES_MAX: f64 = 1001.0;
+pub use crate::limits::{INTEGER_DOMAIN_VALUES_MAX, JOINED_TABLES_MAX, VIEW_TABLES_MAX};
 
 /// Context of the analysis: the session's view of the policy.
 #[derive(Debug, Clone)]
@@ -951,10 +945,10 @@ impl<'a> Analyzer<'a> {
                 message: format!("table name \"{visible}\" specified more than once"),
             });
         }
-        if self.tables.len() >= 8 || self.next_alias >= VIEW_TABLES_MAX {
+        if self.tables.len() >= JOINED_TABLES_MAX || self.next_alias >= VIEW_TABLES_MAX {
             return Err(Error::LimitExceeded {
                 what: "the number of joined tables".into(),
-                limit: 8,
+                limit: JOINED_TABLES_MAX as u64,
             });
         }
         if q.with.is_some() {
@@ -1349,10 +1343,10 @@ impl<'a> Analyzer<'a> {
                     return Err(Error::unsupported("table hints, samples and versions", ""));
                 }
                 let table = self.find_table(name)?;
-                if self.tables.len() >= 8 {
+                if self.tables.len() >= JOINED_TABLES_MAX {
                     return Err(Error::LimitExceeded {
                         what: "the number of joined tables".into(),
-                        limit: 8,
+                        limit: JOINED_TABLES_MAX as u64,
                     });
                 }
                 let visible = match alias {
@@ -1740,21 +1734,7 @@ impl<'a> Analyzer<'a> {
                 let ty = type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
                 // A malformed date fails upstream after the charge: check it here.
                 let text = crate::classify::string_value(&ts.value.value).unwrap_or_default();
-                let valid = match ty {
-                    ColumnType::Date => crate::rewrite::is_valid_date(text),
-                    ColumnType::Timestamp => {
-                        crate::rewrite::is_valid_date(text.get(..10).unwrap_or(""))
-                            && text.get(10..).is_none_or(|rest| rest.chars().all(|c| c.is_ascii_digit() || " :.T+-".contains(c)))
-                    }
-                    _ => true,
-                };
-                if !valid {
-                    return Err(Error::InvalidParameter {
-                        name: format!("the {} literal", ts.data_type),
-                        reason: "is not a valid value".into(),
-                        hint: "Write dates as DATE 'YYYY-MM-DD'.".into(),
-                    });
-                }
+                check_temporal_text(text, ty)?;
                 Ok(Info::constant(Some(ty), None))
             }
             Expr::Nested(inner) => self.expr(inner, role),
@@ -1790,6 +1770,10 @@ impl<'a> Analyzer<'a> {
                     B::And | B::Or => Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None)),
                     B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq => {
                         check_comparable(&l, &r)?;
+                        // 'YYYY-MM-DD' compared with a date is read as a date by the upstream:
+                        // a malformed one would fail there, after the charge.
+                        check_temporal_literal(left, r.ty)?;
+                        check_temporal_literal(right, l.ty)?;
                         Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None))
                     }
                     B::Plus | B::Minus | B::Multiply => {
@@ -1843,8 +1827,8 @@ impl<'a> Analyzer<'a> {
             }
             Expr::InList { expr, list, .. } => {
                 let i = self.expr(expr, role)?;
-                if list.len() > 1000 {
-                    return Err(Error::LimitExceeded { what: "the length of an IN list".into(), limit: 1000 });
+                if list.len() > limits::IN_LIST_VALUES_MAX {
+                    return Err(Error::LimitExceeded { what: "the length of an IN list".into(), limit: limits::IN_LIST_VALUES_MAX as u64 });
                 }
                 let mut parts = vec![i.clone()];
                 for item in list.iter_mut() {
@@ -1946,6 +1930,7 @@ impl<'a> Analyzer<'a> {
                 let _ = kind;
                 let i = self.expr(expr, role)?;
                 let target = type_of_data_type(data_type).ok_or_else(|| unsupported_here(&format!("casts to {data_type}")))?;
+                check_temporal_literal(expr, Some(target))?;
                 // Casts of literals are constant (they fail or not regardless of the data);
                 // casts of columns must be total.
                 // Only casts that cannot fail: to text, and to the widest type of a family
@@ -2143,12 +2128,17 @@ impl<'a> Analyzer<'a> {
             "date_part" => Some((f64::MIN / 4.0, f64::MAX / 4.0)).filter(|_| false),
             _ => None,
         };
-        // Qualify as pg_catalog so a search_path can never substitute another function.
         // Qualify as pg_catalog so a search_path can never substitute another function; the SQL
         // constructs that look like functions (COALESCE, NULLIF, GREATEST, LEAST) cannot be
-        // qualified and cannot be shadowed.
+        // qualified and cannot be shadowed. Names that sqlparser reads as special syntax even
+        // after `pg_catalog.` (FLOOR, CEIL) are quoted, so the rewrite re-parses.
         f.name = if matches!(name.as_str(), "coalesce" | "nullif" | "greatest" | "least") {
             ObjectName::from(vec![Ident::new(name.to_ascii_uppercase())])
+        } else if matches!(name.as_str(), "floor" | "ceil" | "ceiling") {
+            ObjectName::from(vec![
+                Ident::new("pg_catalog"),
+                Ident::with_quote('"', name.clone()),
+            ])
         } else {
             ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name.clone())])
         };
@@ -2860,4 +2850,45 @@ fn type_of_data_type(dt: &ast::DataType) -> Option<ColumnType> {
         D::Boolean | D::Bool => ColumnType::Boolean,
         _ => return None,
     })
+}
+
+/// Refuses (22023, before any charge) a string literal that the upstream would read as a date or
+/// timestamp of type `ty` and reject: the error would come after the charge.
+fn check_temporal_literal(expr: &Expr, ty: Option<ColumnType>) -> Result<()> {
+    let Some(ty @ (ColumnType::Date | ColumnType::Timestamp)) = ty else {
+        return Ok(());
+    };
+    match expr {
+        Expr::Nested(inner) => check_temporal_literal(inner, Some(ty)),
+        Expr::Value(v) => match crate::classify::string_value(&v.value) {
+            Some(text) => check_temporal_text(text, ty),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// Whether `text` is a date (`YYYY-MM-DD`) or timestamp (a date, then digits, spaces, `:.T+-`)
+/// the upstream accepts; 22023 otherwise.
+fn check_temporal_text(text: &str, ty: ColumnType) -> Result<()> {
+    let valid = match ty {
+        ColumnType::Date => crate::rewrite::is_valid_date(text),
+        ColumnType::Timestamp => {
+            crate::rewrite::is_valid_date(text.get(..10).unwrap_or(""))
+                && text.get(10..).is_none_or(|rest| {
+                    rest.chars()
+                        .all(|c| c.is_ascii_digit() || " :.T+-".contains(c))
+                })
+        }
+        _ => true,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidParameter {
+            name: format!("the {} literal '{text}'", if ty == ColumnType::Date { "date" } else { "timestamp" }),
+            reason: "is not a valid value".into(),
+            hint: "Write dates as 'YYYY-MM-DD' (e.g. DATE '2024-06-01') and timestamps as 'YYYY-MM-DD HH:MM:SS'.".into(),
+        })
+    }
 }

@@ -49,6 +49,24 @@ pub const UPSTREAM_POOL_SIZE: usize = 16;
 /// Prepared statements one connection may hold.
 pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
 
+/// Most values in one `IN (…)` list.
+pub const IN_LIST_VALUES_MAX: usize = 1_000;
+
+/// Most tables one query may join (policy tables, at any depth of its subqueries).
+pub const JOINED_TABLES_MAX: usize = 8;
+
+/// Most tables (policy tables and subqueries, at any depth) one query may name; bounds the
+/// expansion of CTEs referenced several times.
+pub const VIEW_TABLES_MAX: usize = 32;
+
+/// Most values of an integer per-unit value (e.g. `LEAST(COUNT(*), 10)`) treated as a public
+/// domain of group keys.
+pub const INTEGER_DOMAIN_VALUES_MAX: f64 = 1001.0;
+
+/// Number of equal buckets of `[lower, upper]` a quantile is chosen from: the released value is
+/// the middle of a bucket, so the bucketing alone costs at most `(upper − lower)/512` of accuracy.
+pub const QUANTILE_BUCKETS: u64 = 256;
+
 /// Rows sent for one Execute message; a larger row limit asked by the client is lowered to this
 /// (the portal is then suspended and the client fetches the rest with the next Execute).
 pub const ROWS_PER_EXECUTE_MAX: usize = GROUPS_RELEASED_MAX;

@@ -40,8 +40,6 @@ const WIRE_SQL_SEEDS: usize = 12;
 const KNOWN_BUGS: &[(&str, &str)] = &[
     ("wire", "bug-sasl-initial-response-without-length"),
     ("wire", "bug-parse-trailing-bytes-read-as-next-message"),
-    ("wire", "bug-execute-max-rows-negative-panics"),
-    ("wire", "bug-execute-max-rows-huge-aborts-the-server"),
 ];
 
 fn root() -> &'static Path {
@@ -431,14 +429,24 @@ async fn wire_target_survives_seeds_and_mutations() {
 /// Sends one regression input of a known bug and checks the wire invariants, and that pgdp
 /// did not panic.
 async fn wire_regression(name: &str) {
-    count_panics();
     let data = std::fs::read(root().join("fuzz/regressions/wire").join(name)).expect("input");
     assert!(
         wire::known_bug(&data).is_some(),
         "{name} no longer matches known_bug"
     );
+    send_regression(name, &data).await;
+}
+
+/// Sends the input of a fixed bug: pgdp must keep every wire invariant.
+async fn wire_fixed_regression(name: &str) {
+    let data = std::fs::read(root().join("fuzz/regressions/wire").join(name)).expect("input");
+    send_regression(name, &data).await;
+}
+
+async fn send_regression(name: &str, data: &[u8]) {
+    count_panics();
     let target = wire::start().await;
-    let result = wire::exchange_unfiltered(target.addr, &data).await;
+    let result = wire::exchange_unfiltered(target.addr, data).await;
     let alive = wire::alive(target.addr).await;
     let panics = PANICS.load(Ordering::SeqCst);
     target.stop().await;
@@ -467,21 +475,20 @@ async fn parse_trailing_bytes_are_not_read_as_a_message() {
 }
 
 /// Execute with a negative row limit: pgwire 0.42's `Portal::fetch` calls
-/// `Vec::with_capacity(max_rows as usize)`, which panics (`capacity overflow`) and ends the
-/// connection.
+/// `Vec::with_capacity(max_rows as usize)`, which panicked (`capacity overflow`) and ended the
+/// connection. Fixed: pgdp's `on_execute` treats a limit <= 0 as "all rows" before pgwire sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: pgwire panics on Execute with a negative max_rows"]
 async fn execute_negative_max_rows_does_not_panic() {
-    wire_regression("bug-execute-max-rows-negative-panics").await;
+    wire_fixed_regression("bug-execute-max-rows-negative-panics").await;
 }
 
 /// Execute with max_rows = 2^31 - 1 after Parse/Bind of `SELECT 1`: pgwire 0.42 preallocates
 /// that many rows (about 80 GB), the allocation fails, and **the whole pgdp process aborts**
-/// ("memory allocation of 85899345880 bytes failed"). Any authenticated analyst can stop pgdp
+/// ("memory allocation of 85899345880 bytes failed"): any authenticated analyst could stop pgdp
 /// for everyone with one message (tokio-postgres: `Transaction::bind` then
-/// `query_portal(&portal, i32::MAX)`). This test aborts the test process until it is fixed.
+/// `query_portal(&portal, i32::MAX)`). Fixed: pgdp caps the limit at
+/// `limits::ROWS_PER_EXECUTE_MAX` before pgwire sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: Execute with a huge max_rows aborts the pgdp process (pgwire preallocates)"]
 async fn execute_huge_max_rows_does_not_abort_the_server() {
-    wire_regression("bug-execute-max-rows-huge-aborts-the-server").await;
+    wire_fixed_regression("bug-execute-max-rows-huge-aborts-the-server").await;
 }

@@ -168,35 +168,11 @@ pub fn known_bug(data: &[u8]) -> Option<&'static str> {
         }
         _ => {
             let frames = frames(rest);
-            if frames
-                .iter()
-                .any(|(tag, payload)| *tag == b'E' && !sane_max_rows(payload))
-            {
-                return Some("pgwire preallocates Execute's max_rows rows: a negative value panics, a large one aborts the process");
-            }
             frames
                 .iter()
                 .any(|(tag, payload)| !fields_fill_payload(*tag, payload))
                 .then_some("pgwire reads the bytes after a message's fields as the next message")
         }
-    }
-}
-
-/// Largest Execute row limit that pgwire 0.42's preallocation (`Vec::with_capacity(max_rows)`
-/// in `Portal::fetch`) survives comfortably.
-const EXECUTE_MAX_ROWS_SANE: i32 = 1 << 16;
-
-/// Whether an Execute payload's row limit (the int32 after the portal name) is one pgwire can
-/// preallocate for; payloads too short to hold one are judged by [`fields_fill_payload`].
-fn sane_max_rows(payload: &[u8]) -> bool {
-    let Some(nul) = payload.iter().position(|b| *b == 0) else {
-        return true;
-    };
-    match payload.get(nul + 1..nul + 5) {
-        Some(b) => {
-            (0..=EXECUTE_MAX_ROWS_SANE).contains(&i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        }
-        None => true,
     }
 }
 

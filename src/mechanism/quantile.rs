@@ -41,9 +41,7 @@ use rand::{CryptoRng, Rng};
 use crate::error::{Error, Result};
 use crate::mechanism::Noise;
 
-/// Number of equal buckets of `[lower, upper]` a quantile is chosen from: the released value is
-/// the middle of a bucket, so the bucketing alone costs at most `(upper − lower)/512` of accuracy.
-pub const QUANTILE_BUCKETS: u64 = 256;
+pub use crate::limits::QUANTILE_BUCKETS;
 
 /// The quantile (in thousandths) released for `MIN`: the 1st percentile.
 pub const MIN_PERMILLE: u16 = 10;
