@@ -9,5 +9,6 @@ mod harness;
 
 mod budget;
 mod dp;
+mod protocol;
 mod support;
 mod wire;
