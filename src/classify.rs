@@ -130,6 +130,10 @@ fn strip_parser_prefix(message: &str) -> String {
 /// Parses and classifies all statements of one message. Refuses the whole message if any
 /// statement is refused.
 pub fn classify(sql: &str) -> Result<Vec<Statement>> {
+    if let Some(fetch) = fetch_with_from(sql) {
+        // sqlparser requires FROM or IN before the cursor name; PostgreSQL does not.
+        return classify(&fetch);
+    }
     if let Some(fetch) = move_as_fetch(sql) {
         // sqlparser has no MOVE; it is FETCH without the rows, so it is parsed as one.
         let mut statements = parse(&fetch)?
@@ -153,6 +157,30 @@ fn move_as_fetch(sql: &str) -> Option<String> {
     let (keyword, rest) = trimmed.split_at_checked(4)?;
     let separated = rest.starts_with(|c: char| c.is_whitespace());
     (keyword.eq_ignore_ascii_case("move") && separated).then(|| format!("FETCH{rest}"))
+}
+
+/// A lone `FETCH …`/`MOVE …` without `FROM`/`IN`, with `FROM` inserted before the cursor name
+/// (its last word).
+fn fetch_with_from(sql: &str) -> Option<String> {
+    let text = sql.trim().trim_end_matches(';').trim_end();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let [first, .., name] = words.as_slice() else {
+        return None;
+    };
+    let cursor_statement =
+        first.eq_ignore_ascii_case("fetch") || first.eq_ignore_ascii_case("move");
+    let has_from = words
+        .iter()
+        .any(|w| w.eq_ignore_ascii_case("from") || w.eq_ignore_ascii_case("in"));
+    let simple = !text.contains(';') && !name.contains('"');
+    (cursor_statement && !has_from && simple).then(|| {
+        if words.len() == 2 {
+            // `FETCH name`: sqlparser also wants a direction.
+            return format!("{first} NEXT FROM {name}");
+        }
+        let head = &text[..text.len() - name.len()];
+        format!("{head}FROM {name}")
+    })
 }
 
 /// A cursor statement's name as PostgreSQL folds it: lower case unless quoted.
@@ -667,6 +695,9 @@ mod tests {
         assert_eq!(code("FETCH PRIOR c"), "0A000");
         assert_eq!(code("CLOSE c; CLOSE ALL"), "ok close,close");
         assert_eq!(code("MOVE 5 IN c"), "ok move");
+        assert_eq!(code("FETCH c"), "ok fetch");
+        assert_eq!(code("fetch next c;"), "ok fetch");
+        assert_eq!(code("MOVE 2 c"), "ok move");
         assert_eq!(code("move forward all from c"), "ok move");
         assert_eq!(code("MOVE 5 IN c; SELECT 1"), "42601");
         assert_eq!(

@@ -607,7 +607,10 @@ async fn psql_connects_over_tls_with_require_and_verify_full() {
     .await;
     assert_ne!(wrong.status, Some(0));
     assert!(
-        wrong.stderr.contains("password authentication failed"),
+        wrong
+            .stderr
+            .to_lowercase()
+            .contains("password authentication failed"),
         "{}",
         wrong.stderr
     );
