@@ -1,7 +1,8 @@
 //! Statement kinds, from the sqlparser AST.
 //!
 //! [`classify`] parses one message's SQL text and sorts each statement into a [`Statement`]: a
-//! session statement pgdp answers itself, a query for the analyzer, or an `EXPLAIN` of one.
+//! session statement pgdp answers itself, a query for the analyzer, an `EXPLAIN` of one, or a
+//! cursor statement (`DECLARE … CURSOR FOR <query>`, `FETCH`/`MOVE` forward, `CLOSE`).
 //! Everything else is refused here, before anything reaches the upstream.
 //!
 //! Invariants:
@@ -41,6 +42,21 @@ pub enum Statement {
     Query(Box<ast::Query>),
     /// `EXPLAIN <query>` without ANALYZE.
     Explain(Box<ast::Query>),
+    /// `DECLARE name [NO SCROLL] CURSOR [WITH HOLD | WITHOUT HOLD] FOR <query>` (name lower-cased
+    /// unless quoted).
+    DeclareCursor {
+        name: String,
+        hold: bool,
+        query: Box<ast::Query>,
+    },
+    /// `FETCH` or `MOVE` forward: `count` rows, or all remaining rows when `None`.
+    Fetch {
+        name: String,
+        count: Option<u64>,
+        move_only: bool,
+    },
+    /// `CLOSE name`, or `CLOSE ALL` when `name` is `None`.
+    CloseCursor { name: Option<String> },
 }
 
 impl Statement {
@@ -56,6 +72,14 @@ impl Statement {
             Statement::Deallocate { .. } => "deallocate",
             Statement::Query(_) => "query",
             Statement::Explain(_) => "explain",
+            Statement::DeclareCursor { .. } => "declare",
+            Statement::Fetch {
+                move_only: false, ..
+            } => "fetch",
+            Statement::Fetch {
+                move_only: true, ..
+            } => "move",
+            Statement::CloseCursor { .. } => "close",
         }
     }
 }
@@ -106,7 +130,157 @@ fn strip_parser_prefix(message: &str) -> String {
 /// Parses and classifies all statements of one message. Refuses the whole message if any
 /// statement is refused.
 pub fn classify(sql: &str) -> Result<Vec<Statement>> {
+    if let Some(fetch) = fetch_with_from(sql) {
+        // sqlparser requires FROM or IN before the cursor name; PostgreSQL does not.
+        return classify(&fetch);
+    }
+    if let Some(fetch) = move_as_fetch(sql) {
+        // sqlparser has no MOVE; it is FETCH without the rows, so it is parsed as one.
+        let mut statements = parse(&fetch)?
+            .into_iter()
+            .map(classify_statement)
+            .collect::<Result<Vec<_>>>()?;
+        if let [Statement::Fetch { move_only, .. }] = statements.as_mut_slice() {
+            *move_only = true;
+            return Ok(statements);
+        }
+        return Err(Error::Syntax {
+            message: "MOVE must be sent on its own".into(),
+        });
+    }
     parse(sql)?.into_iter().map(classify_statement).collect()
+}
+
+/// `MOVE …` rewritten as `FETCH …`, if the text is a MOVE statement.
+fn move_as_fetch(sql: &str) -> Option<String> {
+    let trimmed = sql.trim_start();
+    let (keyword, rest) = trimmed.split_at_checked(4)?;
+    let separated = rest.starts_with(|c: char| c.is_whitespace());
+    (keyword.eq_ignore_ascii_case("move") && separated).then(|| format!("FETCH{rest}"))
+}
+
+/// A lone `FETCH …`/`MOVE …` without `FROM`/`IN`, with `FROM` inserted before the cursor name
+/// (its last word).
+fn fetch_with_from(sql: &str) -> Option<String> {
+    let text = sql.trim().trim_end_matches(';').trim_end();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let [first, .., name] = words.as_slice() else {
+        return None;
+    };
+    let cursor_statement =
+        first.eq_ignore_ascii_case("fetch") || first.eq_ignore_ascii_case("move");
+    let has_from = words
+        .iter()
+        .any(|w| w.eq_ignore_ascii_case("from") || w.eq_ignore_ascii_case("in"));
+    let simple = !text.contains(';') && !name.contains('"');
+    (cursor_statement && !has_from && simple).then(|| {
+        if words.len() == 2 {
+            // `FETCH name`: sqlparser also wants a direction.
+            return format!("{first} NEXT FROM {name}");
+        }
+        let head = &text[..text.len() - name.len()];
+        format!("{head}FROM {name}")
+    })
+}
+
+/// A cursor statement's name as PostgreSQL folds it: lower case unless quoted.
+fn cursor_name(ident: &ast::Ident) -> String {
+    if ident.quote_style.is_some() {
+        ident.value.clone()
+    } else {
+        ident.value.to_lowercase()
+    }
+}
+
+/// The count of a FETCH/MOVE direction: a non-negative integer literal.
+fn fetch_count(value: &ast::ValueWithSpan) -> Result<u64> {
+    match &value.value {
+        ast::Value::Number(n, _) => n.parse::<u64>().map_err(|_| {
+            Error::unsupported(
+                "FETCH backward or with this count",
+                "pgdp cursors scan forward only: FETCH n, NEXT, FORWARD n, ALL.",
+            )
+        }),
+        _ => Err(Error::Syntax {
+            message: "FETCH count must be an integer".into(),
+        }),
+    }
+}
+
+/// `DECLARE … CURSOR FOR <query>`: only forward-only, text-format cursors over a query.
+fn classify_declare(stmts: Vec<ast::Declare>) -> Result<Statement> {
+    let [declare] = <[ast::Declare; 1]>::try_from(stmts).map_err(|_| {
+        Error::unsupported("DECLARE of several names", "Declare one cursor at a time.")
+    })?;
+    let not_a_cursor = || {
+        Error::unsupported(
+            "DECLARE of anything but a cursor",
+            "Declare a cursor: DECLARE name CURSOR [WITH HOLD] FOR SELECT …",
+        )
+    };
+    if !matches!(declare.declare_type, Some(ast::DeclareType::Cursor))
+        || declare.data_type.is_some()
+        || declare.assignment.is_some()
+    {
+        return Err(not_a_cursor());
+    }
+    let [name] = declare.names.as_slice() else {
+        return Err(not_a_cursor());
+    };
+    if declare.binary == Some(true) {
+        return Err(Error::unsupported(
+            "BINARY cursors",
+            "Declare the cursor without BINARY; drivers choose binary results per Execute.",
+        ));
+    }
+    if declare.scroll == Some(true) {
+        return Err(Error::unsupported(
+            "SCROLL cursors",
+            "pgdp cursors scan forward only: declare the cursor with NO SCROLL (or without SCROLL).",
+        ));
+    }
+    let Some(mut query) = declare.for_query else {
+        return Err(not_a_cursor());
+    };
+    neutralize_literals(&mut query);
+    Ok(Statement::DeclareCursor {
+        name: cursor_name(name),
+        hold: declare.hold == Some(true),
+        query,
+    })
+}
+
+/// `FETCH [direction] [FROM | IN] name`, forward directions only.
+fn classify_fetch(name: &ast::Ident, direction: &ast::FetchDirection) -> Result<Statement> {
+    use ast::FetchDirection as D;
+    let count = match direction {
+        D::Next | D::Forward { limit: None } => Some(1),
+        D::Count { limit } | D::Forward { limit: Some(limit) } => Some(fetch_count(limit)?),
+        D::All | D::ForwardAll => None,
+        D::Prior
+        | D::First
+        | D::Last
+        | D::Absolute { .. }
+        | D::Relative { .. }
+        | D::Backward { .. }
+        | D::BackwardAll => {
+            return Err(Error::unsupported(
+                format!("FETCH {direction}"),
+                "pgdp cursors scan forward only: FETCH n, NEXT, FORWARD n, ALL.",
+            ))
+        }
+    };
+    if count == Some(0) {
+        return Err(Error::unsupported(
+            "FETCH 0 (re-fetching the current row)",
+            "pgdp cursors scan forward only: FETCH n, NEXT, FORWARD n, ALL.",
+        ));
+    }
+    Ok(Statement::Fetch {
+        name: cursor_name(name),
+        count,
+        move_only: false,
+    })
 }
 
 /// A dollar-quoted string literal holding exactly `value`, with a tag that does not occur in it.
@@ -246,10 +420,15 @@ pub fn classify_statement(statement: Ast) -> Result<Statement> {
             "SQL-level PREPARE and EXECUTE",
             "Use your driver's prepared statements (the extended protocol) instead.",
         )),
-        Ast::Declare { .. } | Ast::Fetch { .. } | Ast::Close { .. } => Err(Error::unsupported(
-            "cursors",
-            "Run the aggregate query directly; its result is small.",
-        )),
+        Ast::Declare { stmts } => classify_declare(stmts),
+        Ast::Fetch { name, direction, into: None, .. } => classify_fetch(&name, &direction),
+        Ast::Fetch { .. } => Err(Error::unsupported("FETCH … INTO", "")),
+        Ast::Close { cursor } => match cursor {
+            ast::CloseCursor::All => Ok(Statement::CloseCursor { name: None }),
+            ast::CloseCursor::Specific { name } => Ok(Statement::CloseCursor {
+                name: Some(cursor_name(&name)),
+            }),
+        },
         Ast::Discard { .. } => Err(Error::forbidden(
             "DISCARD is not allowed through pgdp",
             "pgdp keeps no server-side state worth discarding; reconnect for a fresh session.",
@@ -490,6 +669,57 @@ mod tests {
         let again = parse(&text).expect("re-parses");
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].to_string(), text);
+    }
+
+    #[test]
+    fn cursors() {
+        assert_eq!(
+            code("DECLARE c CURSOR WITH HOLD FOR SELECT COUNT(*) FROM demo.people"),
+            "ok declare"
+        );
+        assert_eq!(
+            code("declare c no scroll cursor for select 1"),
+            "ok declare"
+        );
+        assert_eq!(code("DECLARE c SCROLL CURSOR FOR SELECT 1"), "0A000");
+        assert_eq!(code("DECLARE c BINARY CURSOR FOR SELECT 1"), "0A000");
+        assert_eq!(
+            code("FETCH 10 FROM c; FETCH NEXT c; FETCH ALL IN c"),
+            "ok fetch,fetch,fetch"
+        );
+        assert_eq!(
+            code("FETCH FORWARD 3 c; FETCH FORWARD ALL c"),
+            "ok fetch,fetch"
+        );
+        assert_eq!(code("FETCH BACKWARD 1 c"), "0A000");
+        assert_eq!(code("FETCH PRIOR c"), "0A000");
+        assert_eq!(code("CLOSE c; CLOSE ALL"), "ok close,close");
+        assert_eq!(code("MOVE 5 IN c"), "ok move");
+        assert_eq!(code("FETCH c"), "ok fetch");
+        assert_eq!(code("fetch next c;"), "ok fetch");
+        assert_eq!(code("MOVE 2 c"), "ok move");
+        assert_eq!(code("move forward all from c"), "ok move");
+        assert_eq!(code("MOVE 5 IN c; SELECT 1"), "42601");
+        assert_eq!(
+            classify("BEGIN;declare \"SQL_CUR1\" cursor with hold for SELECT 1;;fetch 100 in \"SQL_CUR1\"")
+                .ok()
+                .map(|s| s[2].clone()),
+            Some(Statement::Fetch {
+                name: "SQL_CUR1".into(),
+                count: Some(100),
+                move_only: false
+            })
+        );
+        assert_eq!(
+            classify("DECLARE MyCur CURSOR FOR SELECT 1")
+                .ok()
+                .and_then(|mut s| s.pop())
+                .map(|s| match s {
+                    Statement::DeclareCursor { name, hold, .. } => (name, hold),
+                    _ => (String::new(), true),
+                }),
+            Some(("mycur".to_string(), false))
+        );
     }
 
     #[test]

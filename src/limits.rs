@@ -43,6 +43,20 @@ pub const CONNECTIONS_MAX: usize = 1_000;
 /// Most client connections at once for one analyst.
 pub const CONNECTIONS_PER_ANALYST_MAX: usize = 200;
 
+/// Connections past [`CONNECTIONS_MAX`] being told so (53300) at once; beyond this many, further
+/// sockets are closed without a message.
+pub const CONNECTIONS_REFUSING_MAX: usize = 64;
+
+/// Largest protocol message a client may send (a Query, Parse or Bind with its parameters); a
+/// larger one ends the connection with FATAL 54000 as soon as its header arrives.
+pub const MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+
+/// Open cursors (`DECLARE`) one session may hold.
+pub const CURSORS_PER_SESSION_MAX: usize = 64;
+
+/// Released rows one session may hold in its open cursors, all cursors together.
+pub const CURSOR_ROWS_PER_SESSION_MAX: usize = 2 * GROUPS_RELEASED_MAX;
+
 /// Upstream connections in the pool.
 pub const UPSTREAM_POOL_SIZE: usize = 16;
 
@@ -97,6 +111,16 @@ const _: () = assert!(
 const _: () = assert!(GROUPS_RELEASED_MAX <= UPSTREAM_ROWS_MAX);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
 const _: () = assert!(CONNECTIONS_PER_ANALYST_MAX <= CONNECTIONS_MAX);
+const _: () = assert!(CONNECTIONS_REFUSING_MAX >= 1 && CONNECTIONS_REFUSING_MAX <= CONNECTIONS_MAX);
+const _: () = assert!(
+    MESSAGE_BYTES_MAX > SQL_BYTES_MAX + 1024,
+    "a Query or Parse of SQL_BYTES_MAX must fit in one message, so that it is refused by \
+     classify with an ordinary error rather than by the message-size guard"
+);
+const _: () = assert!(
+    CURSOR_ROWS_PER_SESSION_MAX >= GROUPS_RELEASED_MAX,
+    "one cursor over a full release must fit"
+);
 const _: () = assert!(UPSTREAM_CONNECT_TIMEOUT_MS < STATEMENT_TIMEOUT_MS);
 const _: () = assert!(STARTUP_TIMEOUT_MS > 0);
 const _: () = assert!(AGGREGATES_PER_QUERY_MAX >= 1 && GROUP_KEYS_PER_QUERY_MAX >= 1);

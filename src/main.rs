@@ -11,11 +11,17 @@ pgdp: a differentially private PostgreSQL proxy
 
 USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
+               [--tls-cert FILE --tls-key FILE]
     pgdp check --policy FILE
-    pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
+    pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR] [--tls-cert FILE --tls-key FILE]
+
+OPTIONS:
+    --tls-cert FILE, --tls-key FILE   serve TLS (PEM certificate chain and private key); without
+                                      them every SSLRequest is answered 'N' (clear text only)
 
 ENVIRONMENT:
     PGDP_LISTEN, PGDP_UPSTREAM, PGDP_LEDGER   defaults for --listen, --upstream, --ledger
+    PGDP_TLS_CERT, PGDP_TLS_KEY               defaults for --tls-cert, --tls-key
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -29,6 +35,8 @@ struct Args {
     upstream: Option<String>,
     ledger: Option<String>,
     scale: Option<u32>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -42,6 +50,8 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("upstream") => args.upstream = Some(parser.value()?.string()?),
             Long("ledger") => args.ledger = Some(parser.value()?.string()?),
             Long("scale") => args.scale = Some(parser.value()?.parse()?),
+            Long("tls-cert") => args.tls_cert = Some(parser.value()?.into()),
+            Long("tls-key") => args.tls_key = Some(parser.value()?.into()),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -59,7 +69,26 @@ fn parse_args() -> anyhow::Result<Args> {
     if args.ledger.is_none() {
         args.ledger = std::env::var("PGDP_LEDGER").ok();
     }
+    if args.tls_cert.is_none() {
+        args.tls_cert = std::env::var_os("PGDP_TLS_CERT").map(PathBuf::from);
+    }
+    if args.tls_key.is_none() {
+        args.tls_key = std::env::var_os("PGDP_TLS_KEY").map(PathBuf::from);
+    }
     Ok(args)
+}
+
+/// The TLS files, if both are given; one without the other is an error, not clear text.
+fn tls_files(args: &Args) -> anyhow::Result<Option<pgdp::server::TlsFiles>> {
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(certificate), Some(key)) => Ok(Some(pgdp::server::TlsFiles {
+            certificate: certificate.clone(),
+            key: key.clone(),
+        })),
+        (None, None) => Ok(None),
+        (Some(_), None) => bail!("--tls-cert needs --tls-key (or PGDP_TLS_KEY)"),
+        (None, Some(_)) => bail!("--tls-key needs --tls-cert (or PGDP_TLS_CERT)"),
+    }
 }
 
 fn init_logging() {
@@ -126,7 +155,16 @@ async fn serve(args: &Args) -> anyhow::Result<()> {
         .clone()
         .context("--upstream DSN (or PGDP_UPSTREAM) is required")?;
     let listen = args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into());
-    run(policy, &upstream, args.ledger.as_deref(), &listen, None).await
+    let tls = tls_files(args)?;
+    run(
+        policy,
+        &upstream,
+        args.ledger.as_deref(),
+        &listen,
+        tls,
+        None,
+    )
+    .await
 }
 
 /// Starts the proxy and serves until interrupted.
@@ -135,6 +173,7 @@ async fn run(
     upstream: &str,
     ledger: Option<&str>,
     listen: &str,
+    tls: Option<pgdp::server::TlsFiles>,
     banner: Option<String>,
 ) -> anyhow::Result<()> {
     let config = pgdp::server::Config {
@@ -144,7 +183,11 @@ async fn run(
         listen: listen.to_string(),
         noise_seed: None,
     };
-    let running = pgdp::server::start(config).await?;
+    let options = pgdp::server::Options {
+        tls,
+        ..Default::default()
+    };
+    let running = pgdp::server::start_with(config, options).await?;
     tracing::info!(addr = %running.addr, database = %running.shared.policy.database, "pgdp ready");
     if let Some(b) = banner {
         println!("{b}");
@@ -159,6 +202,7 @@ async fn run(
 async fn demo(args: &Args) -> anyhow::Result<()> {
     use pgdp::cluster::{dsn_with_dbname, server_answers, Cluster};
     let scale = args.scale.unwrap_or(1);
+    let tls = tls_files(args)?;
     let mut admin = args
         .upstream
         .clone()
@@ -215,14 +259,16 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("the built-in demo policy is invalid:\n{e}"))?;
     let listen = args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into());
     let port = listen.rsplit(':').next().unwrap_or("6432").to_string();
+    let sslmode = if tls.is_some() { "require" } else { "disable" };
     let banner = format!(
-        "\npgdp is serving the demo (policy policies/demo.yaml) on {listen}. Connect with:\n\n    psql \"postgresql://analyst:analyst@127.0.0.1:{port}/pgdp_demo\"\n\nthen try: SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region;\nPress Ctrl-C to stop."
+        "\npgdp is serving the demo (policy policies/demo.yaml) on {listen}. Connect with:\n\n    psql \"postgresql://analyst:analyst@127.0.0.1:{port}/pgdp_demo?sslmode={sslmode}\"\n\nthen try: SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region;\nPress Ctrl-C to stop."
     );
     run(
         policy,
         &upstream,
         args.ledger.as_deref(),
         &listen,
+        tls,
         Some(banner),
     )
     .await

@@ -1,7 +1,12 @@
-//! Starting a pgdp server: the one place that assembles policy, upstream, ledger and listener.
-//! Used by the `serve` and `demo` commands and by the integration tests.
+//! Starting a pgdp server: the one place that assembles policy, upstream, ledger, TLS and
+//! listener. Used by the `serve` and `demo` commands and by the integration tests.
+//!
+//! Invariant: a server either starts with everything it was asked for (a TLS certificate that
+//! cannot be read or does not match its key is an error, never a silent fallback to clear text)
+//! or does not start.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
@@ -27,6 +32,24 @@ pub struct Config {
     pub noise_seed: Option<[u8; 32]>,
 }
 
+/// A TLS certificate chain and its private key, both PEM files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The certificate chain, server certificate first.
+    pub certificate: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// What a server may be given besides its [`Config`]: TLS and connection limits.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// TLS for client connections; `None` answers every SSLRequest with `N`.
+    pub tls: Option<TlsFiles>,
+    /// Connection limits (the defaults of `limits.rs` unless a test lowers them).
+    pub limits: crate::wire::ConnectionLimits,
+}
+
 /// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -42,6 +65,53 @@ pub enum StartError {
     /// The upstream DSN is invalid.
     #[error("invalid upstream DSN")]
     Upstream,
+    /// The TLS certificate or key cannot be used.
+    #[error("TLS: {path}: {reason}")]
+    Tls { path: String, reason: String },
+}
+
+/// Reads a certificate chain and key into a TLS acceptor (rustls with the ring provider; TLS 1.2
+/// and 1.3; ALPN `postgresql`, which direct TLS negotiation requires).
+pub fn load_tls(files: &TlsFiles) -> Result<crate::wire::Tls, StartError> {
+    use pgwire::tokio::tokio_rustls::rustls;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let fail = |path: &PathBuf, reason: String| StartError::Tls {
+        path: path.display().to_string(),
+        reason,
+    };
+    let certificate_pem =
+        std::fs::read(&files.certificate).map_err(|e| fail(&files.certificate, e.to_string()))?;
+    let chain = CertificateDer::pem_slice_iter(&certificate_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            fail(
+                &files.certificate,
+                format!("not a PEM certificate chain: {e}"),
+            )
+        })?;
+    if chain.is_empty() {
+        return Err(fail(
+            &files.certificate,
+            "no certificate in the file".into(),
+        ));
+    }
+    let key_pem = std::fs::read(&files.key).map_err(|e| fail(&files.key, e.to_string()))?;
+    // The error of a key that does not parse never quotes the file.
+    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|_| fail(&files.key, "not a PEM private key".into()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| fail(&files.certificate, e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| fail(&files.key, format!("does not match the certificate: {e}")))?;
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(crate::wire::Tls {
+        acceptor: pgwire::tokio::TlsAcceptor::from(Arc::new(config)),
+        certificate_pem,
+    })
 }
 
 /// A running server; stops when dropped.
@@ -67,12 +137,20 @@ impl Drop for Running {
     }
 }
 
-/// Binds the listener and serves in a background task. Neither the upstream nor the ledger needs
-/// to be reachable: while the upstream is down, DP and catalog queries are refused with 57P03;
-/// while the ledger is down, DP queries are (nothing runs uncharged); both are retried on every
-/// query, so pgdp serves as soon as they are back. Only invalid DSNs and the listen address
-/// stop it from starting.
+/// [`start_with`] without TLS and with the default limits.
 pub async fn start(config: Config) -> Result<Running, StartError> {
+    start_with(config, Options::default()).await
+}
+
+/// Loads TLS, binds the listener and serves in a background task. Neither the upstream nor the
+/// ledger needs to be reachable: while the upstream is down, DP and catalog queries are refused
+/// with 57P03; while the ledger is down, DP queries are (nothing runs uncharged); both are
+/// retried on every query, so pgdp serves as soon as they are back. Only invalid DSNs, TLS files
+/// and the listen address stop it from starting.
+pub async fn start_with(config: Config, options: Options) -> Result<Running, StartError> {
+    let tls = options.tls.as_ref().map(load_tls).transpose()?;
+    let tls_enabled = tls.is_some();
+    let limits = options.limits;
     let backend = Backend::new(&config.upstream).map_err(|_| StartError::Upstream)?;
     let ledger_dsn = config.ledger.as_deref().unwrap_or(&config.upstream);
     let ledger = Ledger::new(ledger_dsn).map_err(StartError::Ledger)?;
@@ -110,11 +188,12 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     })?;
     let serving = shared.clone();
     let handle = tokio::spawn(async move {
-        if let Err(e) = crate::wire::serve(listener, serving).await {
+        let front = crate::wire::Front { tls, limits };
+        if let Err(e) = crate::wire::serve_with(listener, serving, front).await {
             tracing::error!(error = %e, "listener failed");
         }
     });
-    tracing::info!(%addr, "pgdp listening");
+    tracing::info!(%addr, tls = tls_enabled, "pgdp listening");
     Ok(Running {
         addr,
         shared,

@@ -9,10 +9,14 @@
 //! - The only path from upstream rows to an [`Outcome`] goes through [`crate::release`].
 //! - Budget is charged durably before the rewritten SQL reaches the upstream, and never refunded.
 //! - A refused statement changes no state of the session and spends nothing.
+//! - A cursor's query runs once, at DECLARE, through [`Session::execute`]; FETCH and MOVE only
+//!   read the rows it released (post-processing, never the upstream or the ledger).
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use sqlparser::ast::{self, Expr, SelectItem, SetExpr};
+use tokio_postgres::error::SqlState;
 
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
@@ -372,6 +376,8 @@ pub struct Session {
     pub cancel: Arc<crate::backend::Cancel>,
     /// The noise generator of this session.
     rng: ChaCha20Rng,
+    /// Open cursors (see [`Session::run`]).
+    cursors: Cursors,
 }
 
 impl Session {
@@ -398,6 +404,7 @@ impl Session {
             backend_pid,
             cancel,
             rng,
+            cursors: Cursors::default(),
         })
     }
 
@@ -765,6 +772,11 @@ impl Session {
                 }
                 self.dp_query(shared, query, params).await
             }
+            Statement::DeclareCursor { .. }
+            | Statement::Fetch { .. }
+            | Statement::CloseCursor { .. } => {
+                Err(Error::internal("cursor statements are run by Session::run"))
+            }
             Statement::Explain(query) => {
                 let secret = shared.secret().await?;
                 let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params, secret)?;
@@ -936,6 +948,237 @@ impl Session {
             .map(|s| s.trim().trim_matches('"').to_ascii_lowercase())
             .find(|s| schemas.contains(s))
             .unwrap_or_else(|| "public".into())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cursors
+// ---------------------------------------------------------------------------------------------
+//
+// A cursor's query runs once, at DECLARE, through `Session::execute` like any query (a DP query
+// is analysed, charged and released there); its released rows are kept in the session, and FETCH
+// and MOVE serve them without the upstream or the ledger: post-processing of a release, free.
+// A cursor without HOLD lives until its transaction block ends; one WITH HOLD survives COMMIT,
+// but not the ROLLBACK of the block that declared it. Bounded by `CURSORS_PER_SESSION_MAX` and
+// `CURSOR_ROWS_PER_SESSION_MAX`.
+
+/// An open cursor: the rows its query released, not yet fetched.
+#[derive(Debug)]
+struct Cursor {
+    columns: Vec<OutColumn>,
+    rows: VecDeque<Vec<Cell>>,
+    /// The notices of the DECLARE (what it charged), sent with the first FETCH.
+    notices: Vec<Notice>,
+    hold: bool,
+    /// Declared in the transaction block still open (its ROLLBACK removes even a HOLD cursor).
+    in_block: bool,
+}
+
+/// The open cursors of a session, by name.
+#[derive(Debug, Default)]
+struct Cursors {
+    open: HashMap<String, Cursor>,
+}
+
+impl Cursors {
+    fn rows_held(&self) -> usize {
+        self.open.values().map(|c| c.rows.len()).sum()
+    }
+}
+
+/// Why a statement was refused: an [`Error`], or a cursor condition that has a SQLSTATE of its
+/// own in PostgreSQL.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// Any refusal of [`Session::execute`].
+    #[error(transparent)]
+    Error(#[from] Error),
+    /// `DECLARE` without `WITH HOLD` outside a transaction block (25P01).
+    #[error("DECLARE CURSOR can only be used in transaction blocks")]
+    NoTransaction,
+    /// `FETCH`/`MOVE`/`CLOSE` of a cursor that is not open (34000).
+    #[error("cursor \"{name}\" does not exist")]
+    UnknownCursor { name: String },
+    /// `DECLARE` of a name already open (42P03).
+    #[error("cursor \"{name}\" already exists")]
+    DuplicateCursor { name: String },
+}
+
+impl Refusal {
+    /// The SQLSTATE sent to the client.
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            Refusal::Error(e) => e.sqlstate(),
+            Refusal::NoTransaction => SqlState::NO_ACTIVE_SQL_TRANSACTION,
+            Refusal::UnknownCursor { .. } => SqlState::INVALID_CURSOR_NAME,
+            Refusal::DuplicateCursor { .. } => SqlState::DUPLICATE_CURSOR,
+        }
+    }
+
+    /// A hint for the client, if one helps.
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            Refusal::Error(e) => e.hint(),
+            Refusal::NoTransaction => Some("Run BEGIN first, or declare the cursor WITH HOLD."),
+            Refusal::UnknownCursor { .. } | Refusal::DuplicateCursor { .. } => None,
+        }
+    }
+}
+
+impl Session {
+    /// Runs one classified statement, cursor statements included: the wire layer's entry point.
+    /// Everything but cursor statements goes to [`Session::execute`]; the end of a transaction
+    /// block closes its cursors.
+    pub async fn run(
+        &mut self,
+        shared: &Shared,
+        statement: &Statement,
+        params: &[Option<String>],
+    ) -> std::result::Result<Outcome, Refusal> {
+        match statement {
+            Statement::DeclareCursor { name, hold, query } => {
+                self.declare_cursor(shared, name, *hold, query, params)
+                    .await
+            }
+            Statement::Fetch {
+                name,
+                count,
+                move_only,
+            } => self.fetch_cursor(name, *count, *move_only),
+            Statement::CloseCursor { name } => self.close_cursor(name.as_deref()),
+            other => {
+                let outcome = self.execute(shared, other, params).await?;
+                match other {
+                    Statement::Commit => self.end_block_cursors(true),
+                    Statement::Rollback => self.end_block_cursors(false),
+                    _ => {}
+                }
+                Ok(outcome)
+            }
+        }
+    }
+
+    /// The result columns of an open cursor (for Describe of a prepared FETCH).
+    pub fn cursor_columns(&self, name: &str) -> Option<Vec<OutColumn>> {
+        self.cursors.open.get(name).map(|c| c.columns.clone())
+    }
+
+    async fn declare_cursor(
+        &mut self,
+        shared: &Shared,
+        name: &str,
+        hold: bool,
+        query: &ast::Query,
+        params: &[Option<String>],
+    ) -> std::result::Result<Outcome, Refusal> {
+        if !hold && !self.in_transaction {
+            return Err(Refusal::NoTransaction);
+        }
+        if self.cursors.open.contains_key(name) {
+            return Err(Refusal::DuplicateCursor { name: name.into() });
+        }
+        if self.cursors.open.len() >= crate::limits::CURSORS_PER_SESSION_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of open cursors of this session".into(),
+                limit: crate::limits::CURSORS_PER_SESSION_MAX as u64,
+            }
+            .into());
+        }
+        // Checked before the query runs, so that the check below cannot refuse a release that
+        // was charged: every release fits in what is left (`GROUPS_RELEASED_MAX`).
+        let room = crate::limits::CURSOR_ROWS_PER_SESSION_MAX - crate::limits::GROUPS_RELEASED_MAX;
+        if self.cursors.rows_held() > room {
+            return Err(Error::LimitExceeded {
+                what: "the number of rows held in the open cursors of this session".into(),
+                limit: crate::limits::CURSOR_ROWS_PER_SESSION_MAX as u64,
+            }
+            .into());
+        }
+        let statement = Statement::Query(Box::new(query.clone()));
+        let Outcome::Rows {
+            columns,
+            rows,
+            notices,
+        } = self.execute(shared, &statement, params).await?
+        else {
+            return Err(Error::internal("a query answered without rows").into());
+        };
+        // A safety net for answers that are not releases (catalog rows), which charge nothing.
+        if self.cursors.rows_held() + rows.len() > crate::limits::CURSOR_ROWS_PER_SESSION_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of rows held in the open cursors of this session".into(),
+                limit: crate::limits::CURSOR_ROWS_PER_SESSION_MAX as u64,
+            }
+            .into());
+        }
+        self.cursors.open.insert(
+            name.to_string(),
+            Cursor {
+                columns,
+                rows: rows.into(),
+                notices,
+                hold,
+                in_block: self.in_transaction,
+            },
+        );
+        Ok(Outcome::Command {
+            tag: "DECLARE CURSOR".into(),
+            reported: None,
+        })
+    }
+
+    fn fetch_cursor(
+        &mut self,
+        name: &str,
+        count: Option<u64>,
+        move_only: bool,
+    ) -> std::result::Result<Outcome, Refusal> {
+        let cursor = self
+            .cursors
+            .open
+            .get_mut(name)
+            .ok_or_else(|| Refusal::UnknownCursor { name: name.into() })?;
+        let wanted = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
+        let n = wanted.min(cursor.rows.len());
+        let rows: Vec<Vec<Cell>> = cursor.rows.drain(..n).collect();
+        if move_only {
+            return Ok(Outcome::Command {
+                tag: format!("MOVE {}", rows.len()),
+                reported: None,
+            });
+        }
+        Ok(Outcome::Rows {
+            columns: cursor.columns.clone(),
+            rows,
+            notices: std::mem::take(&mut cursor.notices),
+        })
+    }
+
+    fn close_cursor(&mut self, name: Option<&str>) -> std::result::Result<Outcome, Refusal> {
+        match name {
+            None => self.cursors.open.clear(),
+            Some(n) => {
+                self.cursors
+                    .open
+                    .remove(n)
+                    .ok_or_else(|| Refusal::UnknownCursor { name: n.into() })?;
+            }
+        }
+        Ok(Outcome::Command {
+            tag: "CLOSE CURSOR".into(),
+            reported: None,
+        })
+    }
+
+    /// The end of a transaction block: cursors without HOLD close; after a ROLLBACK, so do the
+    /// HOLD cursors the block declared.
+    fn end_block_cursors(&mut self, committed: bool) {
+        self.cursors
+            .open
+            .retain(|_, c| c.hold && (committed || !c.in_block));
+        for c in self.cursors.open.values_mut() {
+            c.in_block = false;
+        }
     }
 }
 

@@ -16,53 +16,161 @@
 //!   mid-statement has its upstream statement cancelled too ([`watch_client`]). Either way the
 //!   charge stands.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::{stream, Sink, SinkExt};
+use bytes::BytesMut;
+use futures::{stream, Sink, SinkExt, StreamExt};
+use pgwire::api::auth::mechanism::AuthMechanismFactory;
 use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth, ScramSecret};
-use pgwire::api::auth::sasl::SASLAuthStartupHandler;
-use pgwire::api::auth::{AuthSource, LoginInfo, Password, ServerParameterProvider};
+use pgwire::api::auth::sasl::SaslMechanisms;
+use pgwire::api::auth::{
+    protocol_negotiation, save_startup_parameters_to_metadata, AuthDriver, AuthOutcome, AuthSource,
+    LoginInfo, Password, ServerParameterProvider, StartupHandler,
+};
 use pgwire::api::cancel::CancelHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
-use pgwire::api::stmt::QueryParser;
+use pgwire::api::stmt::{QueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ErrorHandler, PgWireConnectionState, PgWireServerHandlers, Type,
+    DEFAULT_NAME,
+};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::cancel::CancelRequest;
-use pgwire::messages::extendedquery::Execute;
+use pgwire::messages::extendedquery::{
+    Close, CloseComplete, Execute, Parse, ParseComplete, TARGET_TYPE_BYTE_PORTAL,
+    TARGET_TYPE_BYTE_STATEMENT,
+};
 use pgwire::messages::response::NoticeResponse;
 use pgwire::messages::startup::ParameterStatus;
 use pgwire::messages::startup::SecretKey;
-use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use pgwire::tokio::server::{
+    negotiate_tls, process_error, process_message, MaybeTls, PgWireMessageServerCodec,
+};
+use pgwire::tokio::TlsAcceptor;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
+use tokio_util::codec::{Framed, FramedParts};
 
 use crate::backend::{Cancel, CancelReason};
 
 use crate::classify::{self, Statement};
 use crate::error::Error;
+use crate::limits;
 use crate::policy::{Credential, Policy};
-use crate::session::{self, Cell, CellType, OutColumn, Outcome, Session, Shared};
+use crate::session::{self, Cell, CellType, OutColumn, Outcome, Refusal, Session, Shared};
+
+// ---------------------------------------------------------------------------------------------
+// Connections: TLS negotiation, admission, the startup timeout and the message-size guard
+// ---------------------------------------------------------------------------------------------
+
+/// The bounds the front end enforces on connections. The defaults are those of
+/// [`crate::limits`]; tests lower them to reach them quickly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Most client connections at once; the next one is refused with 53300.
+    pub connections_max: usize,
+    /// Most authenticated connections of one analyst at once; the next one is refused with 53300.
+    pub connections_per_analyst_max: usize,
+    /// Time a client has to negotiate TLS, start up and authenticate before it is dropped.
+    pub startup_timeout_ms: u64,
+    /// Largest protocol message accepted; a larger one ends the connection with FATAL 54000.
+    pub message_bytes_max: usize,
+    /// Named prepared statements one connection may hold; Parse of one more is refused (54000).
+    pub prepared_statements_max: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            connections_max: limits::CONNECTIONS_MAX,
+            connections_per_analyst_max: limits::CONNECTIONS_PER_ANALYST_MAX,
+            startup_timeout_ms: limits::STARTUP_TIMEOUT_MS,
+            message_bytes_max: limits::MESSAGE_BYTES_MAX,
+            prepared_statements_max: limits::PREPARED_STATEMENTS_PER_CONNECTION_MAX,
+        }
+    }
+}
+
+/// TLS for client connections: the acceptor and the server certificate chain (PEM), which also
+/// enables SCRAM channel binding (`SCRAM-SHA-256-PLUS`) on TLS connections.
+#[derive(Clone)]
+pub struct Tls {
+    /// The rustls acceptor (ring provider).
+    pub acceptor: TlsAcceptor,
+    /// The server certificate chain as PEM, for `tls-server-end-point` channel binding.
+    pub certificate_pem: Vec<u8>,
+}
+
+impl Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").finish_non_exhaustive()
+    }
+}
+
+/// How the front end runs: with or without TLS, and its connection limits.
+#[derive(Debug, Clone, Default)]
+pub struct Front {
+    /// TLS, if a certificate is configured; without it an `SSLRequest` is answered `N`.
+    pub tls: Option<Tls>,
+    /// Connection limits.
+    pub limits: ConnectionLimits,
+}
+
+/// Accepts connections forever, one task per connection, without TLS and with the default limits.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    serve_with(listener, shared, Front::default()).await
+}
 
 /// Accepts connections forever, one task per connection.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
-    let handlers = Arc::new(Handlers::new(shared.clone()));
-    let connections = Arc::new(tokio::sync::Semaphore::new(crate::limits::CONNECTIONS_MAX));
+///
+/// A connection past `connections_max` still gets a task, so that it can be told why it is
+/// refused (53300, after TLS negotiation and its startup message, as PostgreSQL does); at most
+/// [`limits::CONNECTIONS_REFUSING_MAX`] such refusals run at once, beyond which sockets are
+/// closed without a word.
+pub async fn serve_with(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    front: Front,
+) -> std::io::Result<()> {
+    let handlers = Arc::new(Handlers::with_front(shared, &front));
+    let front = Arc::new(front);
+    let connections = Arc::new(Semaphore::new(front.limits.connections_max));
+    let refusing = Arc::new(Semaphore::new(limits::CONNECTIONS_REFUSING_MAX));
     loop {
-        let (socket, peer) = listener.accept().await?;
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "refusing connection: too many connections");
-            drop(socket);
-            continue;
+        let (socket, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and similar: keep serving the connections there are.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
+                continue;
+            }
+        };
+        let (admitted, permit) = match connections.clone().try_acquire_owned() {
+            Ok(permit) => (true, permit),
+            Err(_) => match refusing.clone().try_acquire_owned() {
+                Ok(permit) => (false, permit),
+                Err(_) => {
+                    tracing::warn!(%peer, "too many connections; closing without a message");
+                    drop(socket);
+                    continue;
+                }
+            },
         };
         let handlers = handlers.clone();
+        let front = front.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let (socket, watcher) = match watch_client(socket, handlers.cancels.open(peer)) {
@@ -73,32 +181,447 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
                     return;
                 }
             };
-            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers.clone()).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
+            let cancels = handlers.cancels.clone();
+            run_connection(socket, peer, &front, handlers, admitted).await;
             watcher.abort();
-            handlers.cancels.close(peer);
+            cancels.close(peer);
         });
+    }
+}
+
+/// Pause after a failed `accept` before trying again.
+const ACCEPT_RETRY_MS: u64 = 50;
+
+/// How long a connection ended for an oversized message keeps reading (and discarding) the
+/// client's bytes, so that its error reaches the client before the socket closes.
+const LINGER_MS: u64 = 2_000;
+
+type ClientSocket = Framed<Framing<MaybeTls>, PgWireMessageServerCodec<Prepared>>;
+
+/// Runs one connection: TLS negotiation and startup under the startup timeout, then messages
+/// until the client leaves. The message loop is pgwire's (`process_socket`), with pgdp's
+/// startup timeout, admission and message-size guard.
+async fn run_connection(
+    socket: TcpStream,
+    peer: SocketAddr,
+    front: &Front,
+    handlers: Arc<Handlers>,
+    admitted: bool,
+) {
+    let startup_deadline =
+        tokio::time::sleep(Duration::from_millis(front.limits.startup_timeout_ms));
+    tokio::pin!(startup_deadline);
+    let acceptor = front.tls.as_ref().map(|t| t.acceptor.clone());
+    let negotiated = tokio::select! {
+        _ = &mut startup_deadline => {
+            tracing::info!(%peer, "startup timeout: connection dropped");
+            return;
+        }
+        negotiated = negotiate_tls::<Prepared>(socket, acceptor) => negotiated,
+    };
+    let socket = match negotiated {
+        Ok(Some(socket)) => socket,
+        // A direct TLS handshake without a certificate configured.
+        Ok(None) => return,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "TLS negotiation failed");
+            return;
+        }
+    };
+    // From here on every byte the client sends passes the message-size guard, including those
+    // pgwire already read while looking for an SSLRequest.
+    let old = socket.into_parts();
+    let io = Framing::new(old.io, old.read_buf, front.limits.message_bytes_max);
+    let mut parts = FramedParts::new(io, old.codec);
+    parts.write_buf = old.write_buf;
+    let mut socket: ClientSocket = Framed::from_parts(parts);
+
+    // The concrete handlers (the trait's `impl` types would hide the statement type).
+    let startup_handler = handlers.startup.clone();
+    let simple_query_handler = handlers.query.clone();
+    let extended_query_handler = handlers.query.clone();
+    let copy_handler = handlers.copy_handler();
+    let cancel_handler = handlers.cancel_handler();
+    let error_handler = handlers.error_handler();
+    loop {
+        let starting = matches!(
+            socket.state(),
+            PgWireConnectionState::AwaitingStartup
+                | PgWireConnectionState::AuthenticationInProgress
+        );
+        let message = if starting {
+            tokio::select! {
+                _ = &mut startup_deadline => {
+                    tracing::info!(%peer, "startup timeout: connection dropped");
+                    return;
+                }
+                message = socket.next() => message,
+            }
+        } else {
+            socket.next().await
+        };
+        let message = match message {
+            None => return,
+            Some(Ok(message)) => message,
+            Some(Err(e)) => {
+                let declared = socket.get_ref().refused_length().or(match e {
+                    PgWireError::MessageTooLarge(_, length) => Some(length),
+                    _ => None,
+                });
+                match declared {
+                    Some(length) => {
+                        tracing::warn!(%peer, length, "protocol message too large: connection closed");
+                        let refusal = Error::LimitExceeded {
+                            what: "the length of a protocol message in bytes".into(),
+                            limit: front.limits.message_bytes_max as u64,
+                        };
+                        let _ = socket.send(fatal(&refusal)).await;
+                        linger(socket).await;
+                    }
+                    None => {
+                        tracing::debug!(%peer, error = %e, "unreadable message: connection closed")
+                    }
+                }
+                return;
+            }
+        };
+        if matches!(message, PgWireFrontendMessage::Terminate(_)) {
+            return;
+        }
+        if !admitted && matches!(message, PgWireFrontendMessage::Startup(_)) {
+            tracing::warn!(%peer, "too many connections: refused");
+            let refusal = Error::TooManyConnections {
+                scope: String::new(),
+            };
+            let _ = socket.send(fatal(&refusal)).await;
+            let _ = socket.close().await;
+            return;
+        }
+        let extended = match socket.state() {
+            PgWireConnectionState::CopyInProgress(extended) => extended,
+            _ => message.is_extended_query(),
+        };
+        let cancel = matches!(message, PgWireFrontendMessage::CancelRequest(_));
+        let result = process_message(
+            message,
+            &mut socket,
+            startup_handler.clone(),
+            simple_query_handler.clone(),
+            extended_query_handler.clone(),
+            copy_handler.clone(),
+            cancel_handler.clone(),
+        )
+        .await;
+        if let Err(mut e) = result {
+            error_handler.on_error(&socket, &mut e);
+            if e.is_fatal() {
+                // A FATAL error ends the session, as in PostgreSQL: no ReadyForQuery after it.
+                let info: ErrorInfo = e.into();
+                let _ = socket
+                    .send(PgWireBackendMessage::ErrorResponse(info.into()))
+                    .await;
+                let _ = socket.close().await;
+                return;
+            }
+            if process_error(&mut socket, e, extended).await.is_err() {
+                return;
+            }
+        }
+        if cancel {
+            return;
+        }
+    }
+}
+
+/// An `Error` as a FATAL ErrorResponse, which ends the connection.
+fn fatal(e: &Error) -> PgWireBackendMessage {
+    let mut info = error_info(e);
+    info.severity = "FATAL".to_owned();
+    PgWireBackendMessage::ErrorResponse(info.into())
+}
+
+/// Closes our side, then reads and discards what the client still sends, for a bounded time
+/// and amount: closing a socket with unread input resets it, and the client could lose the error
+/// it was just sent.
+async fn linger(socket: ClientSocket) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut io = socket.into_parts().io.inner;
+    let _ = io.shutdown().await;
+    let mut scratch = vec![0u8; 64 * 1024];
+    let drain = async {
+        let mut total = 0usize;
+        while total < limits::MESSAGE_BYTES_MAX * 4 {
+            match io.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(LINGER_MS), drain).await;
+}
+
+/// The client's byte stream, framed as it flows past: every message's declared length is
+/// compared with the limit as soon as its header arrives, before pgwire buffers its body.
+///
+/// Invariant: bytes are passed on in order and unchanged; once a header declares a length over
+/// the limit, nothing after that header is passed on and every later read fails.
+struct Framing<S> {
+    inner: S,
+    /// Bytes pgwire read before the guard was installed, passed on (and framed) first.
+    replay: BytesMut,
+    header: [u8; 5],
+    header_filled: usize,
+    /// False until the startup message (the only one without a type byte) has been framed.
+    typed: bool,
+    body_left: usize,
+    message_bytes_max: usize,
+    refused: Option<usize>,
+}
+
+impl<S> Framing<S> {
+    fn new(inner: S, replay: BytesMut, message_bytes_max: usize) -> Framing<S> {
+        Framing {
+            inner,
+            replay,
+            header: [0; 5],
+            header_filled: 0,
+            typed: false,
+            body_left: 0,
+            message_bytes_max,
+            refused: None,
+        }
+    }
+
+    /// The declared length of the message refused, if one was.
+    fn refused_length(&self) -> Option<usize> {
+        self.refused
+    }
+
+    /// Frames `bytes` and returns how many of them may be passed on.
+    fn scan(&mut self, bytes: &[u8]) -> usize {
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.body_left > 0 {
+                let n = self.body_left.min(bytes.len() - i);
+                self.body_left -= n;
+                i += n;
+                continue;
+            }
+            let header_len = if self.typed { 5 } else { 4 };
+            self.header[self.header_filled] = bytes[i];
+            self.header_filled += 1;
+            i += 1;
+            if self.header_filled == header_len {
+                let l = &self.header[header_len - 4..header_len];
+                let length = u32::from_be_bytes([l[0], l[1], l[2], l[3]]) as usize;
+                self.header_filled = 0;
+                self.typed = true;
+                if length > self.message_bytes_max {
+                    self.refused = Some(length);
+                    return i;
+                }
+                // The length counts itself; a length below 4 is pgwire's to reject.
+                self.body_left = length.saturating_sub(4);
+            }
+        }
+        i
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Framing<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.refused.is_some() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "protocol message too large",
+            )));
+        }
+        let start = buf.filled().len();
+        if this.replay.is_empty() {
+            ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        } else {
+            let n = this.replay.len().min(buf.remaining());
+            let head = this.replay.split_to(n);
+            buf.put_slice(&head);
+        }
+        let passed = this.scan(&buf.filled()[start..]);
+        buf.set_filled(start + passed);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Framing<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Counts the authenticated connections of each analyst.
+#[derive(Debug)]
+struct Admission {
+    per_analyst_max: usize,
+    open: std::sync::Mutex<HashMap<String, usize>>,
+}
+
+/// One analyst's place among their connections; given back when the connection ends (the slot
+/// lives in the connection's session extensions).
+struct AnalystSlot {
+    admission: Arc<Admission>,
+    analyst: String,
+}
+
+impl Admission {
+    fn new(per_analyst_max: usize) -> Admission {
+        Admission {
+            per_analyst_max,
+            open: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A slot for `analyst`, or `None` if they already hold `per_analyst_max` connections.
+    fn admit(self: &Arc<Self>, analyst: &str) -> Option<AnalystSlot> {
+        // A poisoned map is still a consistent map: every update is a single statement.
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(analyst.to_string()).or_insert(0);
+        if *count >= self.per_analyst_max {
+            return None;
+        }
+        *count += 1;
+        Some(AnalystSlot {
+            admission: self.clone(),
+            analyst: analyst.to_string(),
+        })
+    }
+}
+
+impl Drop for AnalystSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .admission
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.analyst) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.analyst);
+            }
+        }
+    }
+}
+
+/// Startup and SCRAM-SHA-256 authentication, with the per-analyst connection limit checked once
+/// the password is verified and before `AuthenticationOk` is sent.
+struct Startup {
+    driver: AuthDriver<Arc<Parameters>>,
+    /// SCRAM-SHA-256, for plain connections.
+    plain: SaslMechanisms,
+    /// SCRAM-SHA-256 and, with a certificate, SCRAM-SHA-256-PLUS, for TLS connections.
+    secure: SaslMechanisms,
+    admission: Arc<Admission>,
+}
+
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let outcome = match message {
+            PgWireFrontendMessage::Startup(ref startup) => {
+                protocol_negotiation(client, startup).await?;
+                save_startup_parameters_to_metadata(client, startup);
+                let mechanism = if client.is_secure() {
+                    self.secure.create()
+                } else {
+                    self.plain.create()
+                };
+                self.driver.begin_authentication(client, mechanism).await?
+            }
+            PgWireFrontendMessage::PasswordMessageFamily(message) => {
+                self.driver.advance_authentication(client, message).await?
+            }
+            _ => return Ok(()),
+        };
+        match outcome {
+            AuthOutcome::InProgress => Ok(()),
+            AuthOutcome::Authenticated { final_message, .. } => {
+                let analyst = client.metadata().get("user").cloned().unwrap_or_default();
+                let Some(slot) = self.admission.admit(&analyst) else {
+                    tracing::warn!(analyst, "too many connections for this analyst: refused");
+                    let refusal = Error::TooManyConnections {
+                        scope: format!(
+                            " for analyst \"{analyst}\" (at most {})",
+                            self.admission.per_analyst_max
+                        ),
+                    };
+                    let mut info = error_info(&refusal);
+                    info.severity = "FATAL".to_owned();
+                    return Err(PgWireError::UserError(Box::new(info)));
+                };
+                client.session_extensions().insert(slot);
+                self.driver
+                    .complete_authentication(client, final_message)
+                    .await
+            }
+        }
     }
 }
 
 /// The handlers of all connections. Per-connection state lives in pgwire's session extensions.
 pub struct Handlers {
-    shared: Arc<Shared>,
     query: Arc<QueryHandler>,
-    startup: Arc<SASLAuthStartupHandler<Parameters>>,
+    startup: Arc<Startup>,
     cancels: Arc<Cancels>,
 }
 
 impl Handlers {
-    /// Handlers for a server.
+    /// Handlers for a server without TLS and with the default limits.
     pub fn new(shared: Arc<Shared>) -> Handlers {
-        let credentials = Credentials::new(&shared.policy);
-        let scram = ScramAuth::new(Arc::new(credentials));
-        let startup = SASLAuthStartupHandler::new(Arc::new(Parameters {
-            shared: shared.clone(),
-        }))
-        .with_scram(scram);
+        Handlers::with_front(shared, &Front::default())
+    }
+
+    /// Handlers for a server with the given TLS and limits.
+    pub fn with_front(shared: Arc<Shared>, front: &Front) -> Handlers {
+        let credentials: Arc<dyn AuthSource> = Arc::new(Credentials::new(&shared.policy));
+        let scram = ScramAuth::new(credentials);
+        let mut secure_scram = scram.clone();
+        if let Some(tls) = &front.tls {
+            if let Err(e) = secure_scram.configure_certificate(&tls.certificate_pem) {
+                tracing::warn!(error = %e, "no SCRAM channel binding with this certificate");
+            }
+        }
+        let startup = Startup {
+            driver: AuthDriver::new(Arc::new(Parameters {
+                shared: shared.clone(),
+            })),
+            plain: SaslMechanisms::new(vec![Arc::new(scram)]),
+            secure: SaslMechanisms::new(vec![Arc::new(secure_scram)]),
+            admission: Arc::new(Admission::new(front.limits.connections_per_analyst_max)),
+        };
         let cancels = Arc::new(Cancels::default());
         Handlers {
             query: Arc::new(QueryHandler {
@@ -108,9 +631,9 @@ impl Handlers {
                     cancels: cancels.clone(),
                 }),
                 cancels: cancels.clone(),
+                prepared_statements_max: front.limits.prepared_statements_max,
             }),
             startup: Arc::new(startup),
-            shared,
             cancels,
         }
     }
@@ -125,8 +648,7 @@ impl PgWireServerHandlers for Handlers {
         self.query.clone()
     }
 
-    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        let _ = &self.shared;
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
         self.startup.clone()
     }
 
@@ -438,6 +960,40 @@ impl ServerParameterProvider for Parameters {
 #[derive(Default)]
 struct Connection {
     session: Mutex<Option<Session>>,
+    /// Names of the named prepared statements this connection holds (pgwire's store cannot be
+    /// counted), bounded by `prepared_statements_max`.
+    prepared_names: std::sync::Mutex<HashSet<String>>,
+}
+
+impl Connection {
+    fn prepared_names(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // Every update is a single insert or remove: a poisoned set is still consistent.
+        self.prepared_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Removes prepared statements from pgwire's store and from the connection's count: one by name,
+/// or all of them (`DEALLOCATE ALL`).
+fn forget_statements<C>(client: &C, name: Option<&str>)
+where
+    C: ClientInfo + ClientPortalStore,
+    C::PortalStore: PortalStore,
+{
+    let conn = connection(client);
+    let mut names = conn.prepared_names();
+    match name {
+        Some(n) => {
+            client.portal_store().rm_statement(n);
+            names.remove(n);
+        }
+        None => {
+            for n in names.drain() {
+                client.portal_store().rm_statement(&n);
+            }
+        }
+    }
 }
 
 /// A statement prepared with Parse: classified once, its result schema known for Describe.
@@ -453,6 +1009,7 @@ pub struct QueryHandler {
     shared: Arc<Shared>,
     parser: Arc<Parser>,
     cancels: Arc<Cancels>,
+    prepared_statements_max: usize,
 }
 
 /// Parses and classifies statements of the extended protocol.
@@ -692,8 +1249,14 @@ fn encode_rows(
     Ok(QueryResponse::new(schema, stream::iter(out)))
 }
 
-/// Sends notices and parameter changes, and turns an outcome into a pgwire response.
-async fn respond<C>(client: &mut C, outcome: Outcome, format: &Format) -> PgWireResult<Response>
+/// Sends notices and parameter changes, and turns an outcome into a pgwire response. Rows of a
+/// FETCH are tagged `FETCH n`, as PostgreSQL does.
+async fn respond<C>(
+    client: &mut C,
+    outcome: Outcome,
+    format: &Format,
+    fetch: bool,
+) -> PgWireResult<Response>
 where
     C: Sink<PgWireBackendMessage> + Unpin + Send,
     C::Error: Debug,
@@ -725,12 +1288,48 @@ where
                     )))
                     .await?;
             }
-            Response::Query(encode_rows(&columns, rows, format)?)
+            let mut response = encode_rows(&columns, rows, format)?;
+            if fetch {
+                response.set_command_tag("FETCH");
+            }
+            Response::Query(response)
         }
     })
 }
 
-fn log_statement(analyst: &str, kind: &str, result: &Result<Outcome, Error>, started: Instant) {
+/// A refusal as an ErrorResponse: its SQLSTATE, message and hint.
+fn refusal_info(r: &Refusal) -> ErrorInfo {
+    match r {
+        Refusal::Error(e) => error_info(e),
+        other => {
+            let mut info = ErrorInfo::new(
+                "ERROR".to_owned(),
+                other.sqlstate().code().to_owned(),
+                other.to_string(),
+            );
+            info.hint = other.hint().map(str::to_owned);
+            info
+        }
+    }
+}
+
+/// Runs one statement: in a failed transaction block only COMMIT and ROLLBACK run, and COMMIT
+/// rolls back (as in PostgreSQL).
+async fn run_statement(
+    session: &mut Session,
+    shared: &Shared,
+    statement: &Statement,
+    params: &[Option<String>],
+    failed: bool,
+) -> Result<Outcome, Refusal> {
+    match (failed, statement) {
+        (false, _) | (true, Statement::Rollback) => session.run(shared, statement, params).await,
+        (true, Statement::Commit) => session.run(shared, &Statement::Rollback, params).await,
+        (true, _) => Err(aborted_transaction().into()),
+    }
+}
+
+fn log_statement(analyst: &str, kind: &str, result: &Result<Outcome, Refusal>, started: Instant) {
     let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     match result {
         Ok(_) => tracing::info!(analyst, kind, outcome = "ok", duration_ms, "statement"),
@@ -777,41 +1376,31 @@ impl SimpleQueryHandler for QueryHandler {
         let statements = match classify::classify(query) {
             Ok(s) => s,
             Err(e) => {
-                let result = Err(e);
-                log_statement(&session.analyst.name, "message", &result, started);
-                let Err(e) = result else { unreachable!() };
-                return Ok(vec![Response::Error(Box::new(error_info(&e)))]);
+                let refusal = Refusal::from(e);
+                let info = refusal_info(&refusal);
+                log_statement(&session.analyst.name, "message", &Err(refusal), started);
+                return Ok(vec![Response::Error(Box::new(info))]);
             }
         };
         let mut failed = in_failed_transaction(client);
         let mut responses = Vec::with_capacity(statements.len());
         for statement in statements {
             let started = Instant::now();
-            let result = if failed && !matches!(statement, Statement::Commit | Statement::Rollback)
-            {
-                Err(aborted_transaction())
-            } else {
-                session.execute(&self.shared, &statement, &[]).await
-            };
+            let result = run_statement(session, &self.shared, &statement, &[], failed).await;
             log_statement(&session.analyst.name, statement.kind(), &result, started);
             match result {
                 Ok(outcome) => {
-                    if let Statement::Deallocate { name: Some(n) } = &statement {
-                        client.portal_store().rm_statement(n);
+                    if let Statement::Deallocate { name } = &statement {
+                        forget_statements(client, name.as_deref());
                     }
-                    let outcome = match (failed, outcome) {
-                        (true, Outcome::TransactionEnd { .. }) => {
-                            failed = false;
-                            Outcome::TransactionEnd {
-                                tag: "ROLLBACK".into(),
-                            }
-                        }
-                        (_, o) => o,
-                    };
-                    responses.push(respond(client, outcome, &Format::UnifiedText).await?);
+                    if matches!(outcome, Outcome::TransactionEnd { .. }) {
+                        failed = false;
+                    }
+                    let fetch = matches!(statement, Statement::Fetch { .. });
+                    responses.push(respond(client, outcome, &Format::UnifiedText, fetch).await?);
                 }
                 Err(e) => {
-                    responses.push(Response::Error(Box::new(error_info(&e))));
+                    responses.push(Response::Error(Box::new(refusal_info(&e))));
                     break;
                 }
             }
@@ -846,9 +1435,17 @@ impl QueryParser for Parser {
         let mut slot = conn.session.lock().await;
         let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
-        let columns = session::describe(&self.shared, session, &statement)
-            .await
-            .map_err(|e| user_error(&e))?;
+        let columns = match &statement {
+            // A prepared FETCH returns the cursor's columns (if it is open when prepared).
+            Statement::Fetch {
+                name,
+                move_only: false,
+                ..
+            } => session.cursor_columns(name),
+            _ => session::describe(&self.shared, session, &statement)
+                .await
+                .map_err(|e| user_error(&e))?,
+        };
         // Client-declared types win; otherwise the type analysis inferred from the context.
         let inferred = session::parameter_types(&self.shared, session, &statement);
         let count = inferred
@@ -1009,6 +1606,62 @@ impl ExtendedQueryHandler for QueryHandler {
         self._on_execute(client, message).await
     }
 
+    /// pgwire's Parse, with the number of named prepared statements bounded (54000).
+    async fn on_parse<C>(&self, client: &mut C, message: Parse) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let named = message
+            .name
+            .clone()
+            .filter(|n| !n.is_empty() && n != DEFAULT_NAME);
+        if let Some(name) = &named {
+            let conn = connection(client);
+            let names = conn.prepared_names();
+            if !names.contains(name) && names.len() >= self.prepared_statements_max {
+                return Err(user_error(&Error::LimitExceeded {
+                    what: "the number of prepared statements of this connection".into(),
+                    limit: self.prepared_statements_max as u64,
+                }));
+            }
+        }
+        let name = named.clone().unwrap_or_else(|| DEFAULT_NAME.to_owned());
+        match StoredStatement::parse(client, &message, self.query_parser()).await? {
+            Some(statement) => client.portal_store().put_statement(Arc::new(statement)),
+            None => client.portal_store().put_empty_statement(&name),
+        }
+        if let Some(name) = named {
+            connection(client).prepared_names().insert(name);
+        }
+        client
+            .send(PgWireBackendMessage::ParseComplete(ParseComplete::new()))
+            .await?;
+        Ok(())
+    }
+
+    /// pgwire's Close, keeping the count of prepared statements.
+    async fn on_close<C>(&self, client: &mut C, message: Close) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
+        match message.target_type {
+            TARGET_TYPE_BYTE_STATEMENT => forget_statements(client, Some(name)),
+            TARGET_TYPE_BYTE_PORTAL => client.portal_store().rm_portal(name),
+            _ => {}
+        }
+        client
+            .send(PgWireBackendMessage::CloseComplete(CloseComplete::new()))
+            .await?;
+        Ok(())
+    }
+
     async fn do_query<C>(
         &self,
         client: &mut C,
@@ -1029,10 +1682,9 @@ impl ExtendedQueryHandler for QueryHandler {
         let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
         let started = Instant::now();
-        let result = if in_failed_transaction(client)
-            && !matches!(statement, Statement::Commit | Statement::Rollback)
-        {
-            Err(aborted_transaction())
+        let failed = in_failed_transaction(client);
+        let result = if failed && !matches!(statement, Statement::Commit | Statement::Rollback) {
+            Err(aborted_transaction().into())
         } else {
             // Rows must match what Describe announced at Parse (a SET in between, e.g. of
             // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans; checked
@@ -1052,26 +1704,23 @@ impl ExtendedQueryHandler for QueryHandler {
                 _ => Ok(()),
             };
             match (shape, parameters_as_text(portal)) {
-                (Err(e), _) | (Ok(()), Err(e)) => Err(e),
-                (Ok(()), Ok(params)) => session.execute(&self.shared, &statement, &params).await,
+                (Err(e), _) | (Ok(()), Err(e)) => Err(e.into()),
+                (Ok(()), Ok(params)) => {
+                    run_statement(session, &self.shared, &statement, &params, failed).await
+                }
             }
         };
         log_statement(&session.analyst.name, statement.kind(), &result, started);
         drop(slot);
         match result {
             Ok(outcome) => {
-                if let Statement::Deallocate { name: Some(n) } = &statement {
-                    client.portal_store().rm_statement(n);
+                if let Statement::Deallocate { name } = &statement {
+                    forget_statements(client, name.as_deref());
                 }
-                let outcome = match (in_failed_transaction(client), outcome) {
-                    (true, Outcome::TransactionEnd { .. }) => Outcome::TransactionEnd {
-                        tag: "ROLLBACK".into(),
-                    },
-                    (_, o) => o,
-                };
-                respond(client, outcome, &portal.result_column_format).await
+                let fetch = matches!(statement, Statement::Fetch { .. });
+                respond(client, outcome, &portal.result_column_format, fetch).await
             }
-            Err(e) => Err(user_error(&e)),
+            Err(e) => Err(PgWireError::UserError(Box::new(refusal_info(&e)))),
         }
     }
 }

@@ -139,9 +139,7 @@ mod tests {
     #[test]
     fn minimum_and_maximum_pick_the_extreme_occupied_buckets() {
         let mut h = vec![0u64; QUANTILE_BUCKETS as usize];
-        for b in 50..=200 {
-            h[b] = 1000;
-        }
+        h[50..=200].fill(1000);
         let noise = Noise::laplace(quantile_noise_sensitivity(1), 10.0).unwrap();
         let mut rng = seeded(11);
         // 151 000 values; the 1st percentile (rank 1510) is in bucket 51, the 99th (rank
