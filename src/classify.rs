@@ -29,6 +29,12 @@ pub enum Statement {
     Commit,
     /// `ROLLBACK`, `ABORT`.
     Rollback,
+    /// `SAVEPOINT name` (lower-cased unless quoted).
+    Savepoint { name: String },
+    /// `RELEASE [SAVEPOINT] name`.
+    ReleaseSavepoint { name: String },
+    /// `ROLLBACK TO [SAVEPOINT] name`.
+    RollbackToSavepoint { name: String },
     /// `SET name = value` / `SET name TO value` / `SET TIME ZONE value`. The name is lower-cased;
     /// the value is the literal text (quotes removed). `local` is `SET LOCAL`.
     Set { name: String, value: String },
@@ -66,6 +72,9 @@ impl Statement {
             Statement::Begin => "begin",
             Statement::Commit => "commit",
             Statement::Rollback => "rollback",
+            Statement::Savepoint { .. } => "savepoint",
+            Statement::ReleaseSavepoint { .. } => "release",
+            Statement::RollbackToSavepoint { .. } => "rollback to savepoint",
             Statement::Set { .. } => "set",
             Statement::Reset { .. } => "reset",
             Statement::Show { .. } => "show",
@@ -341,6 +350,15 @@ pub fn neutralize_literals(query: &mut ast::Query) {
     });
 }
 
+/// An identifier as PostgreSQL folds it: lower-cased unless quoted.
+fn identifier_name(ident: &ast::Ident) -> String {
+    if ident.quote_style.is_some() {
+        ident.value.clone()
+    } else {
+        ident.value.to_lowercase()
+    }
+}
+
 /// Classifies one parsed statement.
 pub fn classify_statement(statement: Ast) -> Result<Statement> {
     match statement {
@@ -356,6 +374,13 @@ pub fn classify_statement(statement: Ast) -> Result<Statement> {
         }
         Ast::Commit { chain: false, .. } => Ok(Statement::Commit),
         Ast::Rollback { chain: false, savepoint: None } => Ok(Statement::Rollback),
+        Ast::Rollback { chain: false, savepoint: Some(name) } => Ok(Statement::RollbackToSavepoint {
+            name: identifier_name(&name),
+        }),
+        Ast::Savepoint { name } => Ok(Statement::Savepoint { name: identifier_name(&name) }),
+        Ast::ReleaseSavepoint { name } => Ok(Statement::ReleaseSavepoint {
+            name: identifier_name(&name),
+        }),
         Ast::Commit { .. } | Ast::Rollback { .. } => Err(Error::unsupported(
             "transaction chaining and savepoints",
             "pgdp runs each statement on its own; use plain BEGIN / COMMIT / ROLLBACK.",

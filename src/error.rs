@@ -96,6 +96,19 @@ pub enum Error {
     #[error("{what}")]
     Transaction { what: String },
 
+    /// A statement that needs a transaction block ran outside one (`DECLARE` without `WITH
+    /// HOLD`, `SAVEPOINT`, `RELEASE`, `ROLLBACK TO`).
+    #[error("{what} can only be used in transaction blocks")]
+    NoTransaction { what: String },
+
+    /// `FETCH`/`MOVE`/`CLOSE` of a cursor that is not open, or a savepoint that does not exist.
+    #[error("{kind} \"{name}\" does not exist")]
+    UnknownCursor { kind: &'static str, name: String },
+
+    /// `DECLARE` of a cursor name already open.
+    #[error("cursor \"{name}\" already exists")]
+    DuplicateCursor { name: String },
+
     /// A protocol-level misuse by the client (unknown portal, bad Bind …).
     #[error("{what}")]
     Protocol { what: String },
@@ -131,6 +144,12 @@ impl Error {
             Error::Upstream => SqlState::SYSTEM_ERROR,
             Error::LedgerUnavailable => SqlState::CANNOT_CONNECT_NOW,
             Error::Transaction { .. } => SqlState::IN_FAILED_SQL_TRANSACTION,
+            Error::NoTransaction { .. } => SqlState::NO_ACTIVE_SQL_TRANSACTION,
+            Error::UnknownCursor {
+                kind: "savepoint", ..
+            } => SqlState::S_E_INVALID_SPECIFICATION,
+            Error::UnknownCursor { .. } => SqlState::INVALID_CURSOR_NAME,
+            Error::DuplicateCursor { .. } => SqlState::DUPLICATE_CURSOR,
             Error::Protocol { .. } => SqlState::PROTOCOL_VIOLATION,
             Error::Internal { .. } => SqlState::INTERNAL_ERROR,
         }
@@ -155,7 +174,12 @@ impl Error {
             Error::UnknownParameter { .. } => {
                 Some("pgdp answers SET and SHOW only for a whitelist of harmless parameters and pgdp.* settings.")
             }
+            Error::NoTransaction { .. } => {
+                Some("Run BEGIN first (a cursor can also be declared WITH HOLD).")
+            }
             Error::Syntax { .. }
+            | Error::UnknownCursor { .. }
+            | Error::DuplicateCursor { .. }
             | Error::InvalidMechanism { .. }
             | Error::Authentication { .. }
             | Error::UnknownDatabase { .. }

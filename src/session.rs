@@ -16,7 +16,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use sqlparser::ast::{self, Expr, SelectItem, SetExpr};
-use tokio_postgres::error::SqlState;
 
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
@@ -370,6 +369,8 @@ pub struct Session {
     pub in_transaction: bool,
     /// Settings at BEGIN, restored by ROLLBACK (SET is transactional in PostgreSQL).
     settings_at_begin: Option<Settings>,
+    /// Open savepoints of the transaction block, innermost last, with the settings at each.
+    savepoints: Vec<(String, Settings)>,
     /// pgdp's process id as reported by `pg_backend_pid()`.
     pub backend_pid: i32,
     /// Stops this connection's running upstream statement (CancelRequest, client gone).
@@ -401,6 +402,7 @@ impl Session {
             server_version,
             in_transaction: false,
             settings_at_begin: None,
+            savepoints: Vec::new(),
             backend_pid,
             cancel,
             rng,
@@ -649,17 +651,59 @@ impl Session {
             Statement::Commit => {
                 self.in_transaction = false;
                 self.settings_at_begin = None;
+                self.savepoints.clear();
                 Ok(Outcome::TransactionEnd {
                     tag: "COMMIT".into(),
                 })
             }
             Statement::Rollback => {
                 self.in_transaction = false;
+                self.savepoints.clear();
                 if let Some(saved) = self.settings_at_begin.take() {
                     self.settings = saved;
                 }
                 Ok(Outcome::TransactionEnd {
                     tag: "ROLLBACK".into(),
+                })
+            }
+            Statement::Savepoint { name } => {
+                if !self.in_transaction {
+                    return Err(Error::NoTransaction {
+                        what: "SAVEPOINT".into(),
+                    });
+                }
+                self.savepoints.push((name.clone(), self.settings.clone()));
+                Ok(Outcome::Command {
+                    tag: "SAVEPOINT".into(),
+                    reported: None,
+                })
+            }
+            Statement::ReleaseSavepoint { name } | Statement::RollbackToSavepoint { name } => {
+                let rollback = matches!(statement, Statement::RollbackToSavepoint { .. });
+                let what = if rollback {
+                    "ROLLBACK TO SAVEPOINT"
+                } else {
+                    "RELEASE SAVEPOINT"
+                };
+                if !self.in_transaction {
+                    return Err(Error::NoTransaction { what: what.into() });
+                }
+                let Some(at) = self.savepoints.iter().rposition(|(n, _)| n == name) else {
+                    return Err(Error::UnknownCursor {
+                        kind: "savepoint",
+                        name: name.clone(),
+                    });
+                };
+                if rollback {
+                    // Settings come back as they were; charges stay (nothing is refunded).
+                    self.settings = self.savepoints[at].1.clone();
+                    self.savepoints.truncate(at + 1);
+                } else {
+                    self.savepoints.truncate(at);
+                }
+                Ok(Outcome::Command {
+                    tag: if rollback { "ROLLBACK" } else { "RELEASE" }.into(),
+                    reported: None,
                 })
             }
             Statement::Set { name, value } => {
@@ -986,44 +1030,9 @@ impl Cursors {
     }
 }
 
-/// Why a statement was refused: an [`Error`], or a cursor condition that has a SQLSTATE of its
-/// own in PostgreSQL.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    /// Any refusal of [`Session::execute`].
-    #[error(transparent)]
-    Error(#[from] Error),
-    /// `DECLARE` without `WITH HOLD` outside a transaction block (25P01).
-    #[error("DECLARE CURSOR can only be used in transaction blocks")]
-    NoTransaction,
-    /// `FETCH`/`MOVE`/`CLOSE` of a cursor that is not open (34000).
-    #[error("cursor \"{name}\" does not exist")]
-    UnknownCursor { name: String },
-    /// `DECLARE` of a name already open (42P03).
-    #[error("cursor \"{name}\" already exists")]
-    DuplicateCursor { name: String },
-}
-
-impl Refusal {
-    /// The SQLSTATE sent to the client.
-    pub fn sqlstate(&self) -> SqlState {
-        match self {
-            Refusal::Error(e) => e.sqlstate(),
-            Refusal::NoTransaction => SqlState::NO_ACTIVE_SQL_TRANSACTION,
-            Refusal::UnknownCursor { .. } => SqlState::INVALID_CURSOR_NAME,
-            Refusal::DuplicateCursor { .. } => SqlState::DUPLICATE_CURSOR,
-        }
-    }
-
-    /// A hint for the client, if one helps.
-    pub fn hint(&self) -> Option<&str> {
-        match self {
-            Refusal::Error(e) => e.hint(),
-            Refusal::NoTransaction => Some("Run BEGIN first, or declare the cursor WITH HOLD."),
-            Refusal::UnknownCursor { .. } | Refusal::DuplicateCursor { .. } => None,
-        }
-    }
-}
+/// Refusals of [`Session::run`]: the one [`Error`] type (cursor conditions have variants of
+/// their own there).
+pub type Refusal = Error;
 
 impl Session {
     /// Runs one classified statement, cursor statements included: the wire layer's entry point.
@@ -1072,17 +1081,18 @@ impl Session {
         params: &[Option<String>],
     ) -> std::result::Result<Outcome, Refusal> {
         if !hold && !self.in_transaction {
-            return Err(Refusal::NoTransaction);
+            return Err(Error::NoTransaction {
+                what: "DECLARE CURSOR".into(),
+            });
         }
         if self.cursors.open.contains_key(name) {
-            return Err(Refusal::DuplicateCursor { name: name.into() });
+            return Err(Error::DuplicateCursor { name: name.into() });
         }
         if self.cursors.open.len() >= crate::limits::CURSORS_PER_SESSION_MAX {
             return Err(Error::LimitExceeded {
                 what: "the number of open cursors of this session".into(),
                 limit: crate::limits::CURSORS_PER_SESSION_MAX as u64,
-            }
-            .into());
+            });
         }
         // Checked before the query runs, so that the check below cannot refuse a release that
         // was charged: every release fits in what is left (`GROUPS_RELEASED_MAX`).
@@ -1091,8 +1101,7 @@ impl Session {
             return Err(Error::LimitExceeded {
                 what: "the number of rows held in the open cursors of this session".into(),
                 limit: crate::limits::CURSOR_ROWS_PER_SESSION_MAX as u64,
-            }
-            .into());
+            });
         }
         let statement = Statement::Query(Box::new(query.clone()));
         let Outcome::Rows {
@@ -1101,15 +1110,14 @@ impl Session {
             notices,
         } = self.execute(shared, &statement, params).await?
         else {
-            return Err(Error::internal("a query answered without rows").into());
+            return Err(Error::internal("a query answered without rows"));
         };
         // A safety net for answers that are not releases (catalog rows), which charge nothing.
         if self.cursors.rows_held() + rows.len() > crate::limits::CURSOR_ROWS_PER_SESSION_MAX {
             return Err(Error::LimitExceeded {
                 what: "the number of rows held in the open cursors of this session".into(),
                 limit: crate::limits::CURSOR_ROWS_PER_SESSION_MAX as u64,
-            }
-            .into());
+            });
         }
         self.cursors.open.insert(
             name.to_string(),
@@ -1137,7 +1145,10 @@ impl Session {
             .cursors
             .open
             .get_mut(name)
-            .ok_or_else(|| Refusal::UnknownCursor { name: name.into() })?;
+            .ok_or_else(|| Error::UnknownCursor {
+                kind: "cursor",
+                name: name.into(),
+            })?;
         let wanted = count.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
         let n = wanted.min(cursor.rows.len());
         let rows: Vec<Vec<Cell>> = cursor.rows.drain(..n).collect();
@@ -1161,7 +1172,10 @@ impl Session {
                 self.cursors
                     .open
                     .remove(n)
-                    .ok_or_else(|| Refusal::UnknownCursor { name: n.into() })?;
+                    .ok_or_else(|| Error::UnknownCursor {
+                        kind: "cursor",
+                        name: n.into(),
+                    })?;
             }
         }
         Ok(Outcome::Command {

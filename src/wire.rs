@@ -1299,18 +1299,7 @@ where
 
 /// A refusal as an ErrorResponse: its SQLSTATE, message and hint.
 fn refusal_info(r: &Refusal) -> ErrorInfo {
-    match r {
-        Refusal::Error(e) => error_info(e),
-        other => {
-            let mut info = ErrorInfo::new(
-                "ERROR".to_owned(),
-                other.sqlstate().code().to_owned(),
-                other.to_string(),
-            );
-            info.hint = other.hint().map(str::to_owned);
-            info
-        }
-    }
+    error_info(r)
 }
 
 /// Runs one statement: in a failed transaction block only COMMIT and ROLLBACK run, and COMMIT
@@ -1325,7 +1314,7 @@ async fn run_statement(
     match (failed, statement) {
         (false, _) | (true, Statement::Rollback) => session.run(shared, statement, params).await,
         (true, Statement::Commit) => session.run(shared, &Statement::Rollback, params).await,
-        (true, _) => Err(aborted_transaction().into()),
+        (true, _) => Err(aborted_transaction()),
     }
 }
 
@@ -1376,9 +1365,8 @@ impl SimpleQueryHandler for QueryHandler {
         let statements = match classify::classify(query) {
             Ok(s) => s,
             Err(e) => {
-                let refusal = Refusal::from(e);
-                let info = refusal_info(&refusal);
-                log_statement(&session.analyst.name, "message", &Err(refusal), started);
+                let info = refusal_info(&e);
+                log_statement(&session.analyst.name, "message", &Err(e), started);
                 return Ok(vec![Response::Error(Box::new(info))]);
             }
         };
@@ -1684,7 +1672,7 @@ impl ExtendedQueryHandler for QueryHandler {
         let started = Instant::now();
         let failed = in_failed_transaction(client);
         let result = if failed && !matches!(statement, Statement::Commit | Statement::Rollback) {
-            Err(aborted_transaction().into())
+            Err(aborted_transaction())
         } else {
             // Rows must match what Describe announced at Parse (a SET in between, e.g. of
             // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans; checked
@@ -1704,7 +1692,7 @@ impl ExtendedQueryHandler for QueryHandler {
                 _ => Ok(()),
             };
             match (shape, parameters_as_text(portal)) {
-                (Err(e), _) | (Ok(()), Err(e)) => Err(e.into()),
+                (Err(e), _) | (Ok(()), Err(e)) => Err(e),
                 (Ok(()), Ok(params)) => {
                     run_statement(session, &self.shared, &statement, &params, failed).await
                 }

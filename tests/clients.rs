@@ -424,7 +424,6 @@ async fn sqlalchemy_psycopg2_engine_inspect_text_and_core() {
 }
 
 #[tokio::test]
-#[ignore = "bug: SAVEPOINT is refused with 0A000; SQLAlchemy's psycopg dialect opens one when it connects (psycopg TypeInfo.fetch inside a transaction)"]
 async fn sqlalchemy_psycopg3_engine_inspect_text_and_core() {
     sqlalchemy_checks(25, "psycopg").await;
 }
@@ -592,13 +591,11 @@ async fn odbc_pyodbc_without_cursor_mode() {
 }
 
 #[tokio::test]
-#[ignore = "known gap: DECLARE/FETCH cursors are refused with 0A000 (UseDeclareFetch=1 declares one per query)"]
 async fn odbc_pyodbc_with_cursor_mode() {
     pyodbc_checks(21, 1, &PYODBC_CHECKS).await;
 }
 
 #[tokio::test]
-#[ignore = "bug: SAVEPOINT is refused with 0A000; psqlODBC wraps each statement of a transaction in one (statement-level rollback, its default)"]
 async fn odbc_pyodbc_dp_query_in_transaction() {
     pyodbc_checks(27, 0, &["dp_query_in_transaction"]).await;
 }
@@ -681,7 +678,6 @@ async fn odbc_isql_without_cursor_mode() {
 }
 
 #[tokio::test]
-#[ignore = "known gap: DECLARE/FETCH cursors are refused with 0A000 (UseDeclareFetch=1 declares one per query)"]
 async fn odbc_isql_with_cursor_mode() {
     isql_checks(23, 1).await;
 }

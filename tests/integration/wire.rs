@@ -651,3 +651,66 @@ async fn constants_have_postgresql_types() {
     assert_eq!(row.get::<_, i64>(2), 1);
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn savepoints_restore_settings_and_keep_charges() {
+    let proxy = Proxy::start(61).await;
+    let s = proxy.connect().await;
+    // Outside a block, as in PostgreSQL.
+    assert_code(
+        s.simple_query("SAVEPOINT a").await,
+        &SqlState::NO_ACTIVE_SQL_TRANSACTION,
+        "SAVEPOINT outside BEGIN",
+    );
+    s.batch_execute("BEGIN; SET pgdp.epsilon = 0.5; SAVEPOINT a; SET pgdp.epsilon = 0.25")
+        .await
+        .expect("BEGIN … SAVEPOINT");
+    s.query("SELECT COUNT(*) FROM demo.people", &[])
+        .await
+        .expect("DP query after the savepoint");
+    s.batch_execute("ROLLBACK TO SAVEPOINT a")
+        .await
+        .expect("ROLLBACK TO");
+    assert_eq!(
+        s.show("pgdp.epsilon").await,
+        "0.5",
+        "the setting at the savepoint"
+    );
+    assert_eq!(s.budget().await.epsilon_spent, 0.25, "the charge stays");
+    s.batch_execute("RELEASE SAVEPOINT a")
+        .await
+        .expect("RELEASE");
+    assert_code(
+        s.simple_query("RELEASE SAVEPOINT a").await,
+        &SqlState::S_E_INVALID_SPECIFICATION,
+        "released twice",
+    );
+    s.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+    // The tags psql shows.
+    let run = proxy
+        .psql(
+            &["-A"],
+            &[
+                "BEGIN",
+                "SAVEPOINT b",
+                "RELEASE b",
+                "SAVEPOINT c",
+                "ROLLBACK TO c",
+                "COMMIT",
+            ],
+        )
+        .await;
+    assert_eq!(
+        run.lines(),
+        vec![
+            "BEGIN",
+            "SAVEPOINT",
+            "RELEASE",
+            "SAVEPOINT",
+            "ROLLBACK",
+            "COMMIT"
+        ],
+        "{run:?}"
+    );
+    proxy.stop().await;
+}
