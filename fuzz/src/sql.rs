@@ -251,9 +251,10 @@ fn check_clamps(query: &ast::Query, plan: &Plan, rw: &Rewrite, sql: &str) {
     for (j, item) in outer.projection[k..k + m].iter().enumerate() {
         let text = item.to_string();
         let capped = match rw.measures[j] {
-            Measure::Units | Measure::Distinct(_) => {
-                text.starts_with("COUNT(") || text.starts_with("SUM(")
-            }
+            Measure::Units => text.starts_with("COUNT(") || text.starts_with("SUM("),
+            // Distinct values are counted in their own stage, where each unit keeps at most
+            // max_rows_per_unit values per group (see rewrite::Measure::Distinct).
+            Measure::Distinct(_) => text.starts_with("COALESCE((SELECT __dp_c FROM __dp_d"),
             // The histogram is built in its own stage, where each unit keeps at most
             // max_rows_per_unit values per group (see rewrite::Measure::Quantile).
             Measure::Quantile(..) => text.starts_with("COALESCE((SELECT __dp_h FROM __dp_d"),

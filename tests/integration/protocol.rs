@@ -417,11 +417,11 @@ async fn prepared_statements_past_the_limit_are_refused_with_54000() {
     session.assert_alive("the prepared-statement limit").await;
     // The statements held still run; closing one (tokio-postgres sends Close on drop) makes room.
     let rows = session.query(&held[1], &[]).await.expect("held statement");
-    assert_eq!(rows[0].get::<_, i64>(0), 1);
+    assert_eq!(rows[0].get::<_, i32>(0), 1);
     drop(held.pop());
     let again = session.prepare("SELECT 4").await.expect("room after Close");
     assert_eq!(
-        session.query(&again, &[]).await.expect("run")[0].get::<_, i64>(0),
+        session.query(&again, &[]).await.expect("run")[0].get::<_, i32>(0),
         4
     );
     // Unnamed statements (query with parameters through the unnamed statement) do not count.
