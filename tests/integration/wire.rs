@@ -258,10 +258,7 @@ const REFUSALS: &[(&str, &str)] = &[
         "0A000",
     ),
     // A row-level subquery in FROM is answered since issue 8; one that returns raw rows is not.
-    (
-        "SELECT age FROM (SELECT age FROM demo.people) p",
-        "42501",
-    ),
+    ("SELECT age FROM (SELECT age FROM demo.people) p", "42501"),
     (
         "SELECT person_id, COUNT(*) FROM demo.people GROUP BY person_id",
         "42501",
