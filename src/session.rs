@@ -585,9 +585,8 @@ impl Session {
             &mut self.rng,
         )?;
         let _ = ledger
-            .replay_put(&analyst, &key, &encode_rows(&released.rows))
+            .record_release(charge.id, &analyst, &key, &encode_rows(&released.rows))
             .await;
-        let _ = ledger.set_outcome(charge.id, "released").await;
         let b = &charge.balance;
         let mut notices = vec![Notice {
             message: format!(

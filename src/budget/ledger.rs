@@ -56,12 +56,14 @@
 //! no DP query runs uncharged. [`Ledger::connect`] is `new` followed by one connection, for
 //! callers that want to fail early.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Mutex, MutexGuard};
-use tokio_postgres::{Client, Config, NoTls, Row};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 use tracing::warn;
 
 use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Scope, Spent};
@@ -164,7 +166,7 @@ pub struct Charge {
 /// few connections.
 pub struct Ledger {
     config: Config,
-    slots: Vec<Mutex<Option<Client>>>,
+    slots: Vec<Mutex<Option<Conn>>>,
     next_slot: AtomicUsize,
     /// The tables exist and have this version (checked on the first connection).
     schema_ready: AtomicBool,
@@ -177,6 +179,46 @@ impl fmt::Debug for Ledger {
             .field("config", &self.config)
             .field("connections", &self.slots.len())
             .finish()
+    }
+}
+
+/// One ledger connection and the statements prepared on it (each SQL text is parsed once per
+/// connection, so a charge costs one round trip per statement).
+struct Conn {
+    client: Client,
+    statements: HashMap<&'static str, Statement>,
+}
+
+impl Conn {
+    /// `sql` prepared on this connection (prepared now on first use).
+    async fn statement(&mut self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql).await?;
+        self.statements.insert(sql, statement.clone());
+        Ok(statement)
+    }
+
+    /// Runs `writes` in one transaction committed with `synchronous_commit = off`: for records
+    /// whose loss in a crash only ever costs the analyst (a replay entry, an outcome note),
+    /// never for a charge. The setting is `LOCAL`, so it ends with the transaction whatever
+    /// happens.
+    async fn write_lazily(
+        &mut self,
+        writes: &[(&'static str, &[&(dyn ToSql + Sync)])],
+    ) -> Result<(), tokio_postgres::Error> {
+        let mut prepared = Vec::with_capacity(writes.len());
+        for (sql, _) in writes {
+            prepared.push(self.statement(sql).await?);
+        }
+        let tx = self.client.transaction().await?;
+        tx.batch_execute("SET LOCAL synchronous_commit = off")
+            .await?;
+        for (statement, (_, params)) in prepared.iter().zip(writes) {
+            tx.execute(statement, params).await?;
+        }
+        tx.commit().await
     }
 }
 
@@ -287,8 +329,8 @@ impl Ledger {
         loop {
             let client = attempts.client().await?;
             let result = async {
-                client.execute(INSERT, &[&candidate]).await?;
-                let row = client.query_one(SELECT, &[]).await?;
+                client.client.execute(INSERT, &[&candidate]).await?;
+                let row = client.client.query_one(SELECT, &[]).await?;
                 Ok::<String, tokio_postgres::Error>(row.get::<_, String>(0))
             }
             .await
@@ -299,18 +341,46 @@ impl Ledger {
         }
     }
 
+    /// Committed lazily (see [`Ledger::record_release`]).
     pub async fn set_outcome(&self, charge_id: i64, outcome: &str) -> Result<()> {
-        const SQL: &str =
-            "UPDATE pgdp.charge_log SET outcome = $2, outcome_at = now() WHERE id = $1";
         let mut attempts = self.attempts().await;
         loop {
             let result = attempts
                 .client()
                 .await?
-                .execute(SQL, &[&charge_id, &outcome])
+                .write_lazily(&[(SET_OUTCOME, &[&charge_id, &outcome])])
                 .await;
             if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
-                return done.map(|_| ());
+                return done;
+            }
+        }
+    }
+
+    /// After a release: stores the released answer for (`analyst`, `key`) in the replay cache
+    /// (first writer wins, as [`Ledger::replay_put`]) and marks charge `charge_id` `released`,
+    /// in one transaction committed with `synchronous_commit = off`. Only the charge must
+    /// survive a crash; losing these records in one costs the analyst at most a second charge
+    /// for a repeated query, so they do not wait for a disk flush.
+    pub async fn record_release(
+        &self,
+        charge_id: i64,
+        analyst: &str,
+        key: &str,
+        payload: &[u8],
+    ) -> Result<()> {
+        let outcome = "released";
+        let mut attempts = self.attempts().await;
+        loop {
+            let result = attempts
+                .client()
+                .await?
+                .write_lazily(&[
+                    (REPLAY_PUT, &[&analyst, &key, &payload]),
+                    (SET_OUTCOME, &[&charge_id, &outcome]),
+                ])
+                .await;
+            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
+                return done;
             }
         }
     }
@@ -320,7 +390,11 @@ impl Ledger {
         const SQL: &str = "SELECT epsilon::text, delta::text, rho::text FROM pgdp.analyst_spent WHERE analyst = $1";
         let mut attempts = self.attempts().await;
         loop {
-            let result = attempts.client().await?.query_opt(SQL, &[&analyst]).await;
+            let conn = attempts.client().await?;
+            let result = match conn.statement(SQL).await {
+                Ok(statement) => conn.client.query_opt(&statement, &[&analyst]).await,
+                Err(e) => Err(e),
+            };
             let spent = result
                 .map_err(Fault::from)
                 .and_then(|row| row.as_ref().map_or(Ok(Spent::ZERO), spent_from_row));
@@ -336,7 +410,11 @@ impl Ledger {
             "SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id";
         let mut attempts = self.attempts().await;
         loop {
-            let result = attempts.client().await?.query_opt(SQL, &[]).await;
+            let conn = attempts.client().await?;
+            let result = match conn.statement(SQL).await {
+                Ok(statement) => conn.client.query_opt(&statement, &[]).await,
+                Err(e) => Err(e),
+            };
             let spent = result
                 .map_err(Fault::from)
                 .and_then(|row| row.as_ref().map_or(Ok(Spent::ZERO), spent_from_row));
@@ -364,11 +442,15 @@ impl Ledger {
             WHERE analyst = $1 AND key = $2 AND created_at > now() - $3::float8 * interval '1 second'";
         let mut attempts = self.attempts().await;
         loop {
-            let result = attempts
-                .client()
-                .await?
-                .query_opt(SQL, &[&analyst, &key, &lifetime_s])
-                .await;
+            let conn = attempts.client().await?;
+            let result = match conn.statement(SQL).await {
+                Ok(statement) => {
+                    conn.client
+                        .query_opt(&statement, &[&analyst, &key, &lifetime_s])
+                        .await
+                }
+                Err(e) => Err(e),
+            };
             let payload =
                 result.and_then(|row| row.map(|row| row.try_get::<_, Vec<u8>>(0)).transpose());
             if let Some(done) = attempts.settle(payload.map_err(Fault::from)) {
@@ -380,19 +462,17 @@ impl Ledger {
     /// Stores a released answer for (`analyst`, `key`) unless one is already there: the first
     /// writer wins, so after two identical queries race, [`Ledger::replay_get`] gives both the
     /// same answer.
+    /// Committed lazily (see [`Ledger::record_release`]).
     pub async fn replay_put(&self, analyst: &str, key: &str, payload: &[u8]) -> Result<()> {
-        const SQL: &str =
-            "INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)
-            ON CONFLICT (analyst, key) DO NOTHING";
         let mut attempts = self.attempts().await;
         loop {
             let result = attempts
                 .client()
                 .await?
-                .execute(SQL, &[&analyst, &key, &payload])
+                .write_lazily(&[(REPLAY_PUT, &[&analyst, &key, &payload])])
                 .await;
             if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
-                return done.map(|_| ());
+                return done;
             }
         }
     }
@@ -403,7 +483,12 @@ impl Ledger {
         const SQL: &str = "DELETE FROM pgdp.replay_cache WHERE created_at <= now() - $1::float8 * interval '1 second'";
         let mut attempts = self.attempts().await;
         loop {
-            let result = attempts.client().await?.execute(SQL, &[&lifetime_s]).await;
+            let result = attempts
+                .client()
+                .await?
+                .client
+                .execute(SQL, &[&lifetime_s])
+                .await;
             if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
                 return done;
             }
@@ -439,15 +524,19 @@ impl Ledger {
 struct Attempts<'l> {
     config: &'l Config,
     schema_ready: &'l AtomicBool,
-    slot: MutexGuard<'l, Option<Client>>,
+    slot: MutexGuard<'l, Option<Conn>>,
     retried: bool,
 }
 
 impl Attempts<'_> {
     /// The slot's connection, opened now if it has none or it was closed. The first connection
     /// of the ledger also creates or checks the tables.
-    async fn client(&mut self) -> Result<&mut Client> {
-        if self.slot.as_ref().is_none_or(Client::is_closed) {
+    async fn client(&mut self) -> Result<&mut Conn> {
+        if self
+            .slot
+            .as_ref()
+            .is_none_or(|conn| conn.client.is_closed())
+        {
             *self.slot = None;
             let mut client = open(self.config).await?;
             if !self.schema_ready.load(Ordering::Acquire) {
@@ -464,7 +553,10 @@ impl Attempts<'_> {
                     Err(Fault::Refused(_)) => return Err(Error::internal("schema check refused")),
                 }
             }
-            *self.slot = Some(client);
+            *self.slot = Some(Conn {
+                client,
+                statements: HashMap::new(),
+            });
         }
         Ok(self.slot.as_mut().expect("the slot was filled just above"))
     }
@@ -569,9 +661,49 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
     Ok(())
 }
 
-/// The body of [`Ledger::charge`], one attempt.
+/// Locks the analyst's row (created at zero on first use) and returns its totals: one
+/// statement, since `ON CONFLICT DO UPDATE` locks the row it finds and returns its newest
+/// committed version.
+const LOCK_ANALYST: &str = "INSERT INTO pgdp.analyst_spent AS s (analyst) VALUES ($1)
+     ON CONFLICT (analyst) DO UPDATE SET analyst = s.analyst
+     RETURNING s.epsilon::text, s.delta::text, s.rho::text";
+
+/// Locks the dataset row and returns its totals.
+const LOCK_DATASET: &str =
+    "SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id FOR UPDATE";
+
+/// Writes the analyst's new totals and the dataset's, and appends the audit row, in one
+/// statement. Without a dataset cap the dataset row is not read first: its totals grow by the
+/// cost in place (exact `numeric` addition), still under the row lock the UPDATE takes.
+const RECORD_CHARGE: &str = "WITH analyst AS (
+        UPDATE pgdp.analyst_spent
+        SET epsilon = $2::text::numeric, delta = $3::text::numeric, rho = $4::text::numeric,
+            charges = charges + 1, updated_at = now()
+        WHERE analyst = $1),
+     dataset AS (
+        UPDATE pgdp.dataset_spent
+        SET epsilon = CASE WHEN $5::text IS NULL THEN epsilon + $10::text::numeric ELSE $5::text::numeric END,
+            delta = CASE WHEN $6::text IS NULL THEN delta + $11::text::numeric ELSE $6::text::numeric END,
+            rho = CASE WHEN $7::text IS NULL THEN rho + $12::text::numeric ELSE $7::text::numeric END,
+            charges = charges + 1, updated_at = now()
+        WHERE id)
+     INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho)
+     VALUES ($1, $8, $9, $10::text::numeric, $11::text::numeric, $12::text::numeric)
+     RETURNING id";
+
+/// Records what became of a charge.
+const SET_OUTCOME: &str =
+    "UPDATE pgdp.charge_log SET outcome = $2, outcome_at = now() WHERE id = $1";
+
+/// Stores a released answer unless one is there (first writer wins).
+const REPLAY_PUT: &str = "INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)
+     ON CONFLICT (analyst, key) DO NOTHING";
+
+/// The body of [`Ledger::charge`], one attempt: BEGIN, lock the analyst's row, lock the dataset
+/// row (only with a dataset cap), one statement writing totals and the audit row, COMMIT (the
+/// one durable flush of a query).
 async fn charge_once(
-    client: &mut Client,
+    conn: &mut Conn,
     analyst: &str,
     limit: &Limit,
     dataset_limit: Option<&Limit>,
@@ -579,18 +711,11 @@ async fn charge_once(
     fingerprint: &str,
     mechanism: &str,
 ) -> Result<Charge, Fault> {
-    let tx = client.transaction().await?;
-    tx.execute(
-        "INSERT INTO pgdp.analyst_spent (analyst) VALUES ($1) ON CONFLICT DO NOTHING",
-        &[&analyst],
-    )
-    .await?;
-    let row = tx
-        .query_one(
-            "SELECT epsilon::text, delta::text, rho::text FROM pgdp.analyst_spent WHERE analyst = $1 FOR UPDATE",
-            &[&analyst],
-        )
-        .await?;
+    let lock_analyst = conn.statement(LOCK_ANALYST).await?;
+    let lock_dataset = conn.statement(LOCK_DATASET).await?;
+    let record = conn.statement(RECORD_CHARGE).await?;
+    let tx = conn.client.transaction().await?;
+    let row = tx.query_one(&lock_analyst, &[&analyst]).await?;
     let spent = match admit(limit, &spent_from_row(&row)?, cost) {
         Ok(after) => after,
         Err(refusal) => {
@@ -599,58 +724,38 @@ async fn charge_once(
         }
     };
 
-    // Locked second, by every charge, so lock order is the same everywhere.
-    let row = tx
-        .query_one("SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id FOR UPDATE", &[])
-        .await?;
-    let dataset_before = spent_from_row(&row)?;
+    // Locked second, by every charge (here or by the UPDATE below), so lock order is the same
+    // everywhere.
     let dataset_spent = match dataset_limit {
-        Some(dataset_limit) => match admit(dataset_limit, &dataset_before, cost) {
-            Ok(after) => after,
-            Err(refusal) => {
-                tx.rollback().await?;
-                return Err(Fault::Refused(Box::new(Refusal {
-                    scope: Scope::Dataset,
-                    ..refusal
-                })));
+        Some(dataset_limit) => {
+            let row = tx.query_one(&lock_dataset, &[]).await?;
+            match admit(dataset_limit, &spent_from_row(&row)?, cost) {
+                Ok(after) => Some(after),
+                Err(refusal) => {
+                    tx.rollback().await?;
+                    return Err(Fault::Refused(Box::new(Refusal {
+                        scope: Scope::Dataset,
+                        ..refusal
+                    })));
+                }
             }
-        },
-        None => dataset_before + *cost,
+        }
+        None => None,
     };
 
     let text = |x: Fixed| x.to_numeric_text();
-    tx.execute(
-        "UPDATE pgdp.analyst_spent
-         SET epsilon = $2::text::numeric, delta = $3::text::numeric, rho = $4::text::numeric,
-             charges = charges + 1, updated_at = now()
-         WHERE analyst = $1",
-        &[
-            &analyst,
-            &text(spent.epsilon),
-            &text(spent.delta),
-            &text(spent.rho),
-        ],
-    )
-    .await?;
-    tx.execute(
-        "UPDATE pgdp.dataset_spent
-         SET epsilon = $1::text::numeric, delta = $2::text::numeric, rho = $3::text::numeric,
-             charges = charges + 1, updated_at = now()
-         WHERE id",
-        &[
-            &text(dataset_spent.epsilon),
-            &text(dataset_spent.delta),
-            &text(dataset_spent.rho),
-        ],
-    )
-    .await?;
+    let dataset_text = |f: fn(&Spent) -> Fixed| dataset_spent.as_ref().map(|s| text(f(s)));
     let id: i64 = tx
         .query_one(
-            "INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho)
-             VALUES ($1, $2, $3, $4::text::numeric, $5::text::numeric, $6::text::numeric)
-             RETURNING id",
+            &record,
             &[
                 &analyst,
+                &text(spent.epsilon),
+                &text(spent.delta),
+                &text(spent.rho),
+                &dataset_text(|s| s.epsilon),
+                &dataset_text(|s| s.delta),
+                &dataset_text(|s| s.rho),
                 &fingerprint,
                 &mechanism,
                 &text(cost.epsilon),
