@@ -65,16 +65,19 @@ impl Pooled<'_> {
         let mut reconnected = false;
         loop {
             let run = cancel.begin(self.client().cancel_token())?;
-            let result = self.client().simple_query(&batch).await;
+            let result = stream_rows(self.client(), &batch).await;
             let requested = run.end();
             let e = match result {
-                Ok(messages) => {
+                Ok(rows) => {
                     // A cancel sent for this run may still be on its way: never reuse the
                     // connection then.
                     self.broken = requested.is_some();
-                    return collect_rows(&messages);
+                    return Ok(rows);
                 }
-                Err(e) => e,
+                // The upstream is still sending: the connection stays marked broken and is
+                // closed when dropped, which ends the statement.
+                Err(RowsFault::TooMany(limit)) => return Err(limit),
+                Err(RowsFault::Db(e)) => e,
             };
             tracing::warn!(error = %e, "upstream DP statement failed");
             if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
@@ -403,15 +406,51 @@ fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
     })
 }
 
+/// Why reading a DP statement's rows stopped early.
+enum RowsFault {
+    Db(tokio_postgres::Error),
+    /// More than [`limits::UPSTREAM_ROWS_MAX`] rows.
+    TooMany(Error),
+}
+
+impl From<tokio_postgres::Error> for RowsFault {
+    fn from(e: tokio_postgres::Error) -> RowsFault {
+        RowsFault::Db(e)
+    }
+}
+
+/// Runs `batch` and converts each row to text as it arrives, so at most one copy of the rows
+/// is held and reading stops at [`limits::UPSTREAM_ROWS_MAX`] rows instead of after buffering
+/// whatever the upstream sends.
+async fn stream_rows(client: &Client, batch: &str) -> std::result::Result<TextRows, RowsFault> {
+    use futures_util::StreamExt;
+    let stream = client.simple_query_raw(batch).await?;
+    let mut stream = std::pin::pin!(stream);
+    let mut rows = Vec::new();
+    while let Some(message) = stream.next().await {
+        if let SimpleQueryMessage::Row(r) = message? {
+            if rows.len() >= limits::UPSTREAM_ROWS_MAX {
+                return Err(RowsFault::TooMany(too_many_rows()));
+            }
+            rows.push((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect());
+        }
+    }
+    Ok(rows)
+}
+
+fn too_many_rows() -> Error {
+    Error::LimitExceeded {
+        what: "the number of candidate groups read from the upstream".into(),
+        limit: limits::UPSTREAM_ROWS_MAX as u64,
+    }
+}
+
 fn collect_rows(messages: &[SimpleQueryMessage]) -> Result<TextRows> {
     let mut rows = Vec::new();
     for m in messages {
         if let SimpleQueryMessage::Row(r) = m {
             if rows.len() >= limits::UPSTREAM_ROWS_MAX {
-                return Err(Error::LimitExceeded {
-                    what: "the number of candidate groups read from the upstream".into(),
-                    limit: limits::UPSTREAM_ROWS_MAX as u64,
-                });
+                return Err(too_many_rows());
             }
             rows.push((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect());
         }

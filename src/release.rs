@@ -247,9 +247,6 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
     out
 }
 
-/// The key values of one group, as the upstream's text.
-type GroupKeyTexts = Vec<Option<String>>;
-
 /// The domains of public keys: the listed values, or the values read from a public table.
 pub type PublicDomains = BTreeMap<usize, Vec<String>>;
 
@@ -266,16 +263,17 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     let k = plan.keys.len();
     let m = rewrite.measures.len();
     let expected = k + m + 1;
-    // Exact statistics per candidate group, keyed by the key texts.
-    let mut groups: BTreeMap<GroupKeyTexts, (Vec<Option<String>>, u64)> = BTreeMap::new();
+    // Exact statistics per candidate group, keyed by the key texts: slices of the upstream's
+    // rows, so the candidates are held once, not copied (the release of 10^5 groups).
+    let mut groups: BTreeMap<&[Option<String>], (&[Option<String>], u64)> = BTreeMap::new();
     for row in rows {
         if row.len() != expected {
             return Err(Error::internal(
                 "upstream returned an unexpected number of columns",
             ));
         }
-        let keys = row[..k].to_vec();
-        let stats = row[k..k + m].to_vec();
+        let keys = &row[..k];
+        let stats = &row[k..k + m];
         let units = row[k + m]
             .as_deref()
             .and_then(|u| u.parse::<u64>().ok())
@@ -290,7 +288,7 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         groups
             .iter()
             .filter(|(_, (_, units))| selection.keep(rng, *units))
-            .map(|(keys, _)| keys.clone())
+            .map(|(keys, _)| keys.to_vec())
             .collect()
     } else {
         // All public: the cross product of the domains, whether present or not.
@@ -323,12 +321,10 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         .iter()
         .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
         .collect();
+    let absent: Vec<Option<String>> = vec![None; m];
     let mut out_rows = Vec::new();
     for keys in released_keys {
-        let exact = groups
-            .get(&keys)
-            .map(|(s, _)| s.clone())
-            .unwrap_or_else(|| vec![None; m]);
+        let exact: &[Option<String>] = groups.get(keys.as_slice()).map_or(&absent, |(s, _)| s);
         // Noise every measure of the group.
         let mut noisy = Vec::with_capacity(m);
         for (j, measure) in rewrite.measures.iter().enumerate() {
