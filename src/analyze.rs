@@ -281,9 +281,40 @@ pub struct Plan {
     pub offset: u64,
     /// Parameters used in WHERE.
     pub parameters: Vec<Parameter>,
+    /// Every row of `__dp_rows` has a unit of its own: one policy table, no join, and a unit that
+    /// is the row itself or a column the upstream declares unique. Analysis leaves it `false`;
+    /// the session sets it from upstream catalog facts ([`Plan::unit_key`]). It only lets the
+    /// rewrite skip work that is then the identity (docs/privacy.md, "Unique units").
+    pub unit_unique: bool,
 }
 
 impl Plan {
+    /// For a plan over one policy table without joins: the (table, column) whose uniqueness
+    /// upstream makes every row its own unit, or `None` when the unit is the row itself (always
+    /// unique) or the plan has joins or subqueries (never considered unique).
+    pub fn unit_key(&self) -> Option<(String, String)> {
+        let [table] = self.tables.as_slice() else {
+            return None;
+        };
+        if !table.private || table.source.is_some() || !self.joins.is_empty() {
+            return None;
+        }
+        let Unit::Column(c) = &self.unit else {
+            return None;
+        };
+        let column = c.strip_prefix(&format!("\"{}\".", table.alias))?;
+        let column = column.strip_prefix('"')?.strip_suffix('"')?;
+        Some((table.table.clone(), column.replace("\"\"", "\"")))
+    }
+
+    /// Whether every row is its own unit without a catalog fact: one policy table, no join,
+    /// and row-level (each row is a unit).
+    pub fn rows_are_units(&self) -> bool {
+        matches!(self.unit, Unit::Row(_))
+            && matches!(self.tables.as_slice(), [t] if t.private && t.source.is_none())
+            && self.joins.is_empty()
+    }
+
     /// Whether every key's domain is public, so no partition selection is needed.
     pub fn keys_public(&self) -> bool {
         self.keys.iter().all(|k| k.public != PublicKeys::No)
@@ -558,6 +589,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         limit,
         offset,
         parameters,
+        unit_unique: false,
     })
 }
 

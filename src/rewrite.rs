@@ -341,6 +341,11 @@ fn clamp(arg: &str, b: &Bounds) -> String {
     )
 }
 
+/// `COUNT(__dp_a{i})` over one row.
+fn present(i: usize) -> String {
+    format!("CASE WHEN __dp_a{i} IS NULL THEN 0 ELSE 1 END")
+}
+
 fn quote_literal(s: &str) -> String {
     crate::classify::dollar_quoted(s).to_string()
 }
@@ -399,39 +404,60 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
 
     // Stage 2: per unit and group.
     let keys: Vec<String> = (0..plan.keys.len()).map(|i| format!("__dp_k{i}")).collect();
+    // Each item twice: as the aggregate over the unit's rows, and as the value that aggregate
+    // takes over exactly one row (used when every row is its own unit, below).
     let mut per_unit = vec!["__dp_unit".to_string()];
     per_unit.extend(keys.iter().cloned());
+    let mut one_row = per_unit.clone();
     for (j, m) in measures.iter().enumerate() {
-        let expr = match m {
-            Measure::Rows => "COUNT(*)".to_string(),
-            Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => "1".to_string(),
-            Measure::Values(i) => format!("COUNT(__dp_a{i})"),
-            Measure::Sum(i) => format!("SUM(__dp_a{i})"),
+        let (expr, single) = match m {
+            Measure::Rows => ("COUNT(*)".to_string(), "1".to_string()),
+            Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
+                ("1".to_string(), "1".to_string())
+            }
+            Measure::Values(i) => (format!("COUNT(__dp_a{i})"), present(*i)),
+            Measure::Sum(i) => (format!("SUM(__dp_a{i})"), format!("__dp_a{i}")),
             Measure::SumCentered(i) => {
-                format!("SUM(__dp_a{i} - {})", num(arguments[*i].center().0))
+                let x = format!("__dp_a{i} - {}", num(arguments[*i].center().0));
+                (format!("SUM({x})"), format!("({x})"))
             }
             Measure::SumSquaresCentered(i) => {
                 let mid = num(arguments[*i].center().0);
-                format!("SUM((__dp_a{i} - {mid}) * (__dp_a{i} - {mid}))")
+                let x = format!("(__dp_a{i} - {mid}) * (__dp_a{i} - {mid})");
+                (format!("SUM({x})"), format!("({x})"))
             }
         };
         per_unit.push(format!("{expr} AS __dp_m{j}"));
+        one_row.push(format!("{single} AS __dp_m{j}"));
     }
     // Each unit's number of values of each argument, to scale its sums to at most
     // max_rows_per_unit values (keeping its mean) before clamping.
     for i in 0..arguments.len() {
         per_unit.push(format!("COUNT(__dp_a{i}) AS __dp_n{i}"));
+        one_row.push(format!("{} AS __dp_n{i}", present(i)));
     }
     let mut group_unit = vec!["__dp_unit".to_string()];
     group_unit.extend(keys.iter().cloned());
-    let per_unit_sql = format!(
-        "SELECT {} FROM __dp_rows GROUP BY {}",
-        per_unit.join(", "),
-        group_unit.join(", ")
-    );
+    // When every row is its own unit, a unit has one row in one group: stage 2 is a projection
+    // of what the per-unit aggregates give for one row, and stage 3 (which would keep rank
+    // 1 ≤ max_groups_per_unit) is skipped. Stage 4 is unchanged, so the statistics equal the
+    // general form's; only the work is less.
+    let flat = (plan.unit_unique || plan.rows_are_units())
+        && measures
+            .iter()
+            .all(|m| !matches!(m, Measure::Distinct(_) | Measure::Quantile(..)));
+    let per_unit_sql = if flat {
+        format!("SELECT {} FROM __dp_rows", one_row.join(", "))
+    } else {
+        format!(
+            "SELECT {} FROM __dp_rows GROUP BY {}",
+            per_unit.join(", "),
+            group_unit.join(", ")
+        )
+    };
 
     // Stage 3: at most max_groups_per_unit groups per unit, chosen by a keyed hash.
-    let ranked_sql = if keys.is_empty() {
+    let ranked_sql = if keys.is_empty() || flat {
         None
     } else {
         let key_text: Vec<String> = keys

@@ -718,6 +718,52 @@ async fn golden_sql_runs_on_postgres() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// When every row is its own unit (one table whose unit column is unique upstream, as
+/// demo.people.person_id is), the rewrite skips the per-unit aggregation and the ranking. Its SQL
+/// must give exactly the rows of the general form, for every corpus case it applies to.
+#[tokio::test]
+async fn unique_unit_rewrite_gives_the_same_statistics() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let mut compared = 0;
+    for file in corpus() {
+        for case in &file.cases {
+            if case.expect_bug.is_some() {
+                continue;
+            }
+            let Ok(c) = compile(&policy, &case.sql, &case.params) else {
+                continue;
+            };
+            if c.plan.unit_key() != Some(("demo.people".into(), "person_id".into())) {
+                continue;
+            }
+            let mut plan = c.plan.clone();
+            plan.unit_unique = true;
+            let flat = rewrite::rewrite(&plan, &case.params, SECRET).unwrap();
+            assert_eq!(flat.measures, c.rewrite.measures, "{}", case.at());
+            let general = text_rows(&client, &c.rewrite.sql).await.unwrap();
+            let fast = text_rows(&client, &flat.sql).await.unwrap();
+            // Numeric sums print with the scale of their terms; compare values.
+            let value = |t: &Option<String>| {
+                t.as_deref()
+                    .map(|t| t.parse::<f64>().map_or(t.to_string(), |x| format!("{x:.6}")))
+            };
+            let norm = |rows: Vec<Vec<Option<String>>>| -> Vec<Vec<Option<String>>> {
+                let mut rows: Vec<Vec<Option<String>>> =
+                    rows.iter().map(|r| r.iter().map(value).collect()).collect();
+                rows.sort();
+                rows
+            };
+            assert_eq!(norm(general), norm(fast), "{}", case.at());
+            if !flat.sql.contains("ROW_NUMBER") {
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared >= 5, "only {compared} cases used the unique-unit form");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bugs that need a database to show. Each test asserts the correct behaviour and is ignored
 // until the bug is fixed; `cargo test --test golden -- --ignored` runs them.
