@@ -7,7 +7,8 @@
 //! 2. `__dp_per_unit`: one row per (unit, group) with the unit's row count and its sums of the
 //!    clamped arguments (`LEAST(GREATEST(x, lower), upper)`, in exact `numeric`);
 //! 3. `__dp_ranked`: each unit keeps at most `max_groups_per_unit` groups, chosen by
-//!    `md5(secret || unit || keys)`: the choice depends only on the unit's own rows and a secret;
+//!    `hashtextextended(unit || keys, seed)`, the seed derived from a secret
+//!    ([`ranking_seed`]): the choice depends only on the unit's own rows and the secret;
 //! 4. per group: the sum over units of each statistic capped per unit (`LEAST(n, max_rows)`,
 //!    sums clamped to `[max_rows·lower, max_rows·upper]`), and the number of units.
 //!
@@ -346,8 +347,16 @@ fn present(i: usize) -> String {
     format!("CASE WHEN __dp_a{i} IS NULL THEN 0 ELSE 1 END")
 }
 
-fn quote_literal(s: &str) -> String {
-    crate::classify::dollar_quoted(s).to_string()
+/// The key of the keyed hash that ranks a unit's groups and values: the first 63 bits of
+/// SHA-256(secret). PostgreSQL's `hashtextextended(text, seed)` (the hash of hash partitioning,
+/// stable across platforms) costs a fraction of `md5` over text. Privacy does not rest on the
+/// hash: any choice that depends only on the unit's own rows keeps the contribution bound; the
+/// keyed hash makes the choice unbiased and unpredictable.
+pub fn ranking_seed(secret: &str) -> i64 {
+    let digest = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_ref()[..8]);
+    i64::from_be_bytes(first) & i64::MAX
 }
 
 /// Produces the upstream SQL for a plan with bound parameter values.
@@ -465,9 +474,9 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
             .map(|k| format!("COALESCE(CAST({k} AS TEXT), '<null>')"))
             .collect();
         Some(format!(
-            "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY md5({} || CAST(__dp_unit AS TEXT) || '|' || {})) AS __dp_rank FROM __dp_per_unit",
-            quote_literal(secret),
-            key_text.join(" || '|' || ")
+            "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || {}, {})) AS __dp_rank FROM __dp_per_unit",
+            key_text.join(" || '|' || "),
+            ranking_seed(secret)
         ))
     };
 
@@ -589,7 +598,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
 /// The CTEs of a value-level measure `j` on argument `i` (a distinct count, or a quantile's
 /// histogram when `histogram` gives the bounds): `__dp_v{j}` keeps, per unit and group, at most
 /// `rows_cap` values (distinct values for a distinct count, rows for a histogram) chosen by
-/// `md5(secret || unit || value)`, in the groups the unit kept in `__dp_ranked`; `__dp_d{j}` has
+/// `hashtextextended(unit || value, seed)`, in the groups the unit kept in `__dp_ranked`; `__dp_d{j}` has
 /// one row per group with the statistic, columns `__dp_dk0…` for the keys.
 fn value_stages(
     j: usize,
@@ -635,8 +644,8 @@ fn value_stages(
         .map(|n| format!(", __dp_k{n} AS __dp_vk{n}"))
         .collect();
     let values = format!(
-        "__dp_v{j} AS (SELECT __dp_unit AS __dp_vu{vk_list}, {value} AS __dp_v, ROW_NUMBER() OVER (PARTITION BY __dp_unit{key_list} ORDER BY md5({} || CAST(__dp_unit AS TEXT) || '|' || CAST(__dp_a{i} AS TEXT))) AS __dp_vrank FROM {source})",
-        quote_literal(secret)
+        "__dp_v{j} AS (SELECT __dp_unit AS __dp_vu{vk_list}, {value} AS __dp_v, ROW_NUMBER() OVER (PARTITION BY __dp_unit{key_list} ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || CAST(__dp_a{i} AS TEXT), {})) AS __dp_vrank FROM {source})",
+        ranking_seed(secret)
     );
     let vk_as_dk: String = (0..keys.len())
         .map(|n| format!(", __dp_vk{n} AS __dp_dk{n}"))

@@ -237,6 +237,10 @@ fn redact_secret(line: &str, secret: &str) -> String {
         return line.to_string();
     }
     line.replace(&secret.replace('\'', "''"), "<secret>")
+        .replace(
+            &crate::rewrite::ranking_seed(secret).to_string(),
+            "<secret>",
+        )
 }
 
 /// Parameter types a DP or catalog statement infers (for Describe of untyped parameters).

@@ -402,7 +402,7 @@ const REWRITE_FUNCTIONS: [&str; 8] = [
     "least",
     "greatest",
     "coalesce",
-    "md5",
+    "hashtextextended",
     "row_number",
     "string_agg",
 ];
@@ -746,8 +746,10 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
             let fast = text_rows(&client, &flat.sql).await.unwrap();
             // Numeric sums print with the scale of their terms; compare values.
             let value = |t: &Option<String>| {
-                t.as_deref()
-                    .map(|t| t.parse::<f64>().map_or(t.to_string(), |x| format!("{x:.6}")))
+                t.as_deref().map(|t| {
+                    t.parse::<f64>()
+                        .map_or(t.to_string(), |x| format!("{x:.6}"))
+                })
             };
             let norm = |rows: Vec<Vec<Option<String>>>| -> Vec<Vec<Option<String>>> {
                 let mut rows: Vec<Vec<Option<String>>> =
@@ -761,7 +763,10 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
             }
         }
     }
-    assert!(compared >= 5, "only {compared} cases used the unique-unit form");
+    assert!(
+        compared >= 5,
+        "only {compared} cases used the unique-unit form"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
