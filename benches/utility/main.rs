@@ -65,8 +65,14 @@ const DEFAULT_ADMIN_DSN: &str = "host=127.0.0.1 port=5432 user=postgres dbname=p
 /// The demo policy, with a budget large enough for the run (see [`bench_policy_text`]).
 const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
 
+/// The group-choice secret of the benchmark's policy (benchmark only; see [`bench_policy`]).
+const GROUP_CHOICE_SECRET: &str = "pgdp-utility-benchmark-secret";
+
 /// Fixed noise seed of the in-process server.
 const NOISE_SEED: [u8; 32] = [7; 32];
+
+/// Groups near a clamp named in the report per row (the rest are counted).
+const NEAR_CLAMP_LISTED: usize = 6;
 
 /// Candidate groups beyond which a query gets a fifth of the repetitions.
 const MANY_CANDIDATES: usize = 1000;
@@ -461,7 +467,8 @@ async fn demo_database(o: &Options, admin: &Client) -> Res<String> {
     Ok(dsn)
 }
 
-/// The demo policy with a budget for the whole run: total ε 10^6, δ 0.5, at most ε 100 per query.
+/// The demo policy with a budget for the whole run (total ε 10^6, δ 0.5, at most ε 100 per
+/// query) and a fixed group-choice secret.
 fn bench_policy() -> Res<Policy> {
     let mut text = DEMO_POLICY.to_string();
     for (from, to) in [
@@ -479,7 +486,12 @@ fn bench_policy() -> Res<Policy> {
         }
         text = text.replace(from, to);
     }
-    pgdp::policy::parse(&text).map_err(|e| fail(format!("bench policy: {e:?}")))
+    let mut policy =
+        pgdp::policy::parse(&text).map_err(|e| fail(format!("bench policy: {e:?}")))?;
+    // A fixed group-choice secret (instead of a random one kept in this run's new ledger), so
+    // that which groups each person keeps, and so every figure, is the same from run to run.
+    policy.secret = Some(GROUP_CHOICE_SECRET.into());
+    Ok(policy)
 }
 
 struct Machine {
@@ -1496,7 +1508,7 @@ fn report(
     )?;
     writeln!(
         r,
-        "- R = {} repetitions per query and setting (a fifth for queries with more than {MANY_CANDIDATES} candidate groups): one end to end through pgdp for each query (at the setting named below the query), the rest by `pgdp::release::release` on the rows of pgdp's rewritten SQL; fixed seeds, so a rerun gives the same figures",
+        "- R = {} repetitions per query and setting (a fifth for queries with more than {MANY_CANDIDATES} candidate groups): one end to end through pgdp for each query (at the setting named below the query), the rest by `pgdp::release::release` on the rows of pgdp's rewritten SQL; fixed noise seeds and group-choice secret, so a rerun gives the same figures",
         o.reps
     )?;
     writeln!(
@@ -1620,15 +1632,27 @@ fn report(
                 let keys: Vec<String> = row
                     .near_clamp
                     .iter()
+                    .take(NEAR_CLAMP_LISTED)
                     .map(|k| {
                         if k.is_empty() {
                             "the one group".to_string()
                         } else {
-                            k.replace('\u{1f}', ", ")
+                            k.replace('\u{1f}', "/")
                         }
                     })
                     .collect();
-                format!("{} at {}: {}", row.aggregate, row.setting, keys.join(" "))
+                let more = row.near_clamp.len().saturating_sub(NEAR_CLAMP_LISTED);
+                format!(
+                    "{} at {}: {}{}",
+                    row.aggregate,
+                    row.setting,
+                    keys.join(" "),
+                    if more > 0 {
+                        format!(" and {more} more of the {} true groups", row.groups_true)
+                    } else {
+                        String::new()
+                    }
+                )
             })
             .collect();
         if !near.is_empty() {
