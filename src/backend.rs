@@ -239,6 +239,49 @@ impl Backend {
         self.server_version.lock().ok().and_then(|v| v.clone())
     }
 
+    /// Verifies on the upstream catalog that every key a plan's unit paths rely on is unique
+    /// ([`crate::catalog::UNIQUE_KEY_SQL`]), looking up only keys `known` has no answer for, and
+    /// refuses the plan unless all are ([`crate::catalog::UniqueKeys::check`]). 57P03 while the
+    /// upstream cannot be reached; nothing is charged either way.
+    pub async fn verify_unique_keys(
+        &self,
+        known: &crate::catalog::UniqueKeys,
+        keys: &[(String, String)],
+    ) -> Result<()> {
+        let unverified = known.unverified(keys);
+        if !unverified.is_empty() {
+            let mut conn = self.get().await?;
+            for (table, column) in unverified {
+                let (schema, name) = table
+                    .split_once('.')
+                    .ok_or_else(|| Error::internal("unqualified table in a unit path"))?;
+                let qualified = format!(
+                    "\"{}\".\"{}\"",
+                    schema.replace('"', "\"\""),
+                    name.replace('"', "\"\"")
+                );
+                let row = conn
+                    .client()
+                    .query_one(crate::catalog::UNIQUE_KEY_SQL, &[&qualified, &column])
+                    .await;
+                match row.and_then(|r| r.try_get::<_, bool>(0)) {
+                    Ok(unique) => {
+                        if !unique {
+                            tracing::error!(%table, %column, "unit path key is not unique upstream: queries of tables whose path uses it are refused");
+                        }
+                        known.record((table, column), unique);
+                    }
+                    Err(e) => {
+                        conn.discard();
+                        tracing::warn!(error = %e, "unit path key lookup");
+                        return Err(Error::UpstreamUnavailable);
+                    }
+                }
+            }
+        }
+        known.check(keys)
+    }
+
     /// Runs SQL that reads no private data (public tables), returning text rows, with the
     /// transaction discipline of [`Pooled::run_release_query`].
     pub async fn run_public_query(&self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
@@ -646,7 +689,7 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
                 crate::policy::TableKind::Public => "public table (pgdp)".to_string(),
                 crate::policy::TableKind::Private(p) => format!(
                     "private table: DP aggregates only; privacy unit {}, at most {} group(s) and {} row(s) per unit (pgdp)",
-                    p.privacy_unit.as_deref().unwrap_or("<row>"),
+                    p.unit_description(),
                     p.max_groups_per_unit,
                     p.max_rows_per_unit
                 ),

@@ -44,6 +44,8 @@ pub struct Shared {
     secret: tokio::sync::OnceCell<String>,
     /// The shadow catalog answering introspection, if it could be built.
     pub shadow: Option<crate::backend::Shadow>,
+    /// Which keys of unit paths the upstream declares unique, learnt on first need.
+    pub unique_keys: crate::catalog::UniqueKeys,
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
     /// seeds a ChaCha20 generator from the operating system.
     pub noise_seed: Option<[u8; 32]>,
@@ -65,6 +67,7 @@ impl Shared {
             ledger: Arc::new(ledger),
             secret,
             shadow,
+            unique_keys: crate::catalog::UniqueKeys::default(),
             noise_seed: None,
         })
     }
@@ -480,6 +483,11 @@ impl Session {
     ) -> Result<Outcome> {
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params, secret)?;
+        // A row of a table with a unit path has one unit only if each key of the path is unique.
+        shared
+            .backend
+            .verify_unique_keys(&shared.unique_keys, &plan.unique_keys)
+            .await?;
         let budget = self.budget();
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
         // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
