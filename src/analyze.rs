@@ -33,7 +33,7 @@ use sqlparser::ast::{
 
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::policy::{Bounds, Column, ColumnType, Policy, PrivateTable, Table, TableKind};
+use crate::policy::{Bounds, Column, ColumnType, Policy, PrivateTable, Table, TableKind, UnitPath};
 
 /// Prefix of every identifier pgdp generates; analyst SQL may not use it.
 pub const RESERVED_PREFIX: &str = "__dp_";
@@ -286,6 +286,10 @@ pub struct Plan {
     /// the session sets it from upstream catalog facts ([`Plan::unit_key`]). It only lets the
     /// rewrite skip work that is then the identity (docs/privacy.md, "Unique units").
     pub unit_unique: bool,
+    /// `(table, column)` pairs the plan relies on being unique upstream: the keys of the unit
+    /// paths it reads through (docs/privacy.md, "Tables with a unit path"). The caller verifies
+    /// them on the upstream catalog before running the plan and refuses it otherwise.
+    pub unique_keys: Vec<(String, String)>,
 }
 
 impl Plan {
@@ -380,6 +384,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         expanding: Vec::new(),
         next_alias: 0,
         view_hints: BTreeMap::new(),
+        unique_keys: Vec::new(),
     };
     let joins = a.resolve_from(&select.from)?;
 
@@ -590,6 +595,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         offset,
         parameters,
         unit_unique: false,
+        unique_keys: a.unique_keys,
     })
 }
 
@@ -736,6 +742,8 @@ fn default_name(expr: &Expr) -> String {
         Expr::Nested(e) => default_name(e),
         Expr::Cast { expr, .. } => default_name(expr),
         Expr::Extract { .. } => "extract".into(),
+        Expr::Floor { .. } => "floor".into(),
+        Expr::Ceil { .. } => "ceil".into(),
         Expr::Case { .. } => "case".into(),
         _ => "?column?".into(),
     }
@@ -901,6 +909,8 @@ struct Analyzer<'a> {
     next_alias: usize,
     /// Hints for columns of subqueries whose values have no finite bounds (`view.column`).
     view_hints: BTreeMap<String, String>,
+    /// Keys of unit paths read so far, which must be unique upstream ([`Plan::unique_keys`]).
+    unique_keys: Vec<(String, String)>,
 }
 
 fn ident_lower(i: &Ident) -> String {
@@ -1294,6 +1304,7 @@ impl<'a> Analyzer<'a> {
             name: visible.to_string(),
             kind: TableKind::Private(PrivateTable {
                 privacy_unit: Some(unit_name),
+                unit_path: None,
                 max_groups_per_unit,
                 max_rows_per_unit,
             }),
@@ -1398,6 +1409,17 @@ impl<'a> Analyzer<'a> {
                         message: format!("table name \"{visible}\" specified more than once"),
                     });
                 }
+                if let Some(path) = table.private().and_then(|p| p.unit_path.as_ref()) {
+                    let (query, owned) = self.key_path_view(table, path)?;
+                    let r = TableRef {
+                        table: table.qualified_name(),
+                        alias: self.fresh_alias(),
+                        private: true,
+                        source: Some(Box::new(query)),
+                    };
+                    self.tables.push((r, Cow::Owned(owned), visible));
+                    return Ok(self.tables.len() - 1);
+                }
                 let r = TableRef {
                     table: table.qualified_name(),
                     alias: self.fresh_alias(),
@@ -1440,6 +1462,105 @@ impl<'a> Analyzer<'a> {
                 "Use plain table names joined with JOIN … USING / ON.",
             )),
         }
+    }
+
+    /// A table whose rows reach their privacy unit through a unit path is read as a subquery
+    /// that follows the path with inner joins and carries the unit under its own name
+    /// (docs/privacy.md, "Tables with a unit path"):
+    /// `SELECT t0.*, tN.unit FROM t t0 JOIN r1 t1 ON t0.c1 = t1.k1 … JOIN rN tN ON …`.
+    /// Each key is unique upstream (recorded in [`Plan::unique_keys`] and verified before the
+    /// plan runs), so each row meets at most one row of each referenced table and has at most
+    /// one unit; a row whose chain is broken meets none and is not read. The subquery is then a
+    /// private table with a privacy unit column like any other, with the table's own caps.
+    fn key_path_view(&mut self, table: &Table, path: &UnitPath) -> Result<(ast::Query, Table)> {
+        // Fresh aliases, distinct from every other table of the query.
+        let aliases: Vec<String> = (0..=path.steps.len()).map(|_| self.fresh_alias()).collect();
+        let alias = |i: usize| aliases[i].clone();
+        let mut items: Vec<String> = table
+            .columns
+            .iter()
+            .map(|c| format!("{} AS \"{}\"", canonical(&alias(0), &c.name), c.name))
+            .collect();
+        items.push(format!(
+            "{} AS \"{}\"",
+            canonical(&alias(path.steps.len()), &path.unit),
+            path.unit
+        ));
+        let mut from = format!(
+            "\"{}\".\"{}\" AS \"{}\"",
+            table.schema,
+            table.name,
+            alias(0)
+        );
+        for (i, step) in path.steps.iter().enumerate() {
+            let (schema, name) = step
+                .references
+                .split_once('.')
+                .ok_or_else(|| Error::internal("unqualified table in a unit path"))?;
+            from.push_str(&format!(
+                " JOIN \"{schema}\".\"{name}\" AS \"{}\" ON {} = {}",
+                alias(i + 1),
+                canonical(&alias(i), &step.column),
+                canonical(&alias(i + 1), &step.key)
+            ));
+            let key = (step.references.clone(), step.key.clone());
+            if !self.unique_keys.contains(&key) {
+                self.unique_keys.push(key);
+            }
+        }
+        let sql = format!("SELECT {} FROM {from}", items.join(", "));
+        let dialect = sqlparser::dialect::PostgreSqlDialect {};
+        let statements = sqlparser::parser::Parser::parse_sql(&dialect, &sql)
+            .map_err(|e| Error::internal(format!("unit path SQL does not parse: {e}")))?;
+        let query = match statements.into_iter().next() {
+            Some(ast::Statement::Query(q)) => *q,
+            _ => return Err(Error::internal("unit path SQL is not a query")),
+        };
+        let caps = table
+            .private()
+            .ok_or_else(|| Error::internal("unit path on a public table"))?;
+        let mut owned = table.clone();
+        owned.columns.push(Column {
+            name: path.unit.clone(),
+            ty: ColumnType::parse(&path.unit_type).unwrap_or(ColumnType::Integer),
+            declared_type: path.unit_type.clone(),
+            bounds: None,
+            groupable: false,
+            public_values: None,
+        });
+        owned.kind = TableKind::Private(PrivateTable {
+            privacy_unit: Some(path.unit.clone()),
+            unit_path: Some(path.clone()),
+            max_groups_per_unit: caps.max_groups_per_unit,
+            max_rows_per_unit: caps.max_rows_per_unit,
+        });
+        Ok((query, owned))
+    }
+
+    /// Whether `a.ac = b.bc` is the first step of table `a`'s unit path, with `b` the policy
+    /// table it references: then each row of `a` meets exactly its own parent row, which has the
+    /// same privacy unit.
+    fn is_path_step(&self, a: usize, ac: &str, b: usize, bc: &str) -> bool {
+        let Some(step) = self.tables[a]
+            .1
+            .private()
+            .and_then(|p| p.unit_path.as_ref())
+            .and_then(|path| path.steps.first())
+        else {
+            return false;
+        };
+        let (bref, btable, _) = &self.tables[b];
+        // A subquery is never the referenced table, whatever its alias: only the policy table
+        // (or its own unit-path reading) has the unique key.
+        let policy_table = bref.source.is_none()
+            || btable
+                .private()
+                .is_some_and(|p| p.unit_path.is_some() && p.privacy_unit.is_some());
+        step.column == ac
+            && step.key == bc
+            && bref.private
+            && bref.table == step.references
+            && policy_table
     }
 
     /// Resolves FROM and returns one canonical join condition per joined table.
@@ -1500,7 +1621,8 @@ impl<'a> Analyzer<'a> {
                     ))
                 }
             };
-            self.check_join(&condition, right)?;
+            let mut condition = condition;
+            self.check_join(&mut condition, right)?;
             let text = condition
                 .iter()
                 .map(|(l, lc, r, rc)| {
@@ -1553,8 +1675,15 @@ impl<'a> Analyzer<'a> {
         }
     }
 
-    /// Private tables join only on their privacy units; public tables join on anything.
-    fn check_join(&self, condition: &[(usize, String, usize, String)], right: usize) -> Result<()> {
+    /// Private tables join only on their privacy units; public tables join on anything. A table
+    /// with a unit path also joins the table its path starts with on that first step (e.g.
+    /// `prescriptions JOIN visits USING (visit_id)`): the rows joined have the same unit, and the
+    /// equality of the units is added to the condition so the plan has the usual shape.
+    fn check_join(
+        &self,
+        condition: &mut Vec<(usize, String, usize, String)>,
+        right: usize,
+    ) -> Result<()> {
         let (rref, rtable, _) = &self.tables[right];
         if !rref.private {
             return Ok(());
@@ -1570,6 +1699,22 @@ impl<'a> Analyzer<'a> {
         if earlier_private == 0 {
             return Ok(());
         }
+        let path_join = condition.iter().find_map(|(l, lc, r, rc)| {
+            (self.is_path_step(*l, lc, *r, rc) || self.is_path_step(*r, rc, *l, lc)).then_some(*l)
+        });
+        if let Some(l) = path_join {
+            if let Some(lunit) = unit_of(&self.tables[l].1) {
+                condition.push((l, lunit, right, runit.clone()));
+            }
+        }
+        let path_step = (0..=right).find_map(|i| {
+            self.tables[i]
+                .1
+                .private()
+                .and_then(|p| p.unit_path.as_ref())
+                .and_then(|p| p.steps.first())
+                .map(|s| (self.tables[i].0.table.clone(), s.clone()))
+        });
         let ok = condition.iter().any(|(l, lc, _, rc)| {
             let lt: &Table = &self.tables[*l].1;
             self.tables[*l].0.private && unit_of(lt).as_deref() == Some(lc.as_str()) && rc == &runit
@@ -1579,10 +1724,16 @@ impl<'a> Analyzer<'a> {
         } else {
             Err(Error::forbidden(
                 "two private tables may be joined only on their privacy unit",
-                format!(
-                    "Join on the privacy unit, e.g. JOIN {} USING ({runit}).",
-                    rref.table
-                ),
+                match path_step {
+                    Some((t, step)) => format!(
+                        "Join on the privacy unit, e.g. JOIN {} USING ({runit}), or join {t} with {} ON {t}.{} = {}.{} (the first step of its unit path).",
+                        rref.table, step.references, step.column, step.references, step.key
+                    ),
+                    None => format!(
+                        "Join on the privacy unit, e.g. JOIN {} USING ({runit}).",
+                        rref.table
+                    ),
+                },
             ))
         }
     }
@@ -2013,6 +2164,29 @@ impl<'a> Analyzer<'a> {
                 Ok(Info::derived(Some(ColumnType::Numeric), &[&i], bounds))
             }
             Expr::Function(f) => self.function(f, role),
+            // sqlparser reads FLOOR(x) and CEIL(x) as special syntax (for `CEIL(x TO DAY)`);
+            // the plain one-argument forms are the total functions and go through the same
+            // checks as any other function call. `FLOOR(x, n)` and `… TO field` are not
+            // PostgreSQL and stay refused.
+            Expr::Floor { expr, field } | Expr::Ceil { expr, field }
+                if *field
+                    == ast::CeilFloorKind::DateTimeField(ast::DateTimeField::NoDateTime) =>
+            {
+                let argument = expr.as_ref().clone();
+                let name = if matches!(e, Expr::Floor { .. }) {
+                    "floor"
+                } else {
+                    "ceil"
+                };
+                let mut call = function_call(name, vec![argument]);
+                let info = self.function(&mut call, role)?;
+                *e = Expr::Function(call);
+                Ok(info)
+            }
+            Expr::Floor { .. } | Expr::Ceil { .. } => Err(Error::unsupported(
+                "FLOOR / CEIL with a scale or a TO field",
+                "Use floor(x) or ceil(x) with one argument, round(x, n) for decimal places, or date_trunc for dates.",
+            )),
             Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. } => Err(Error::unsupported(
                 "subqueries",
                 "Subqueries over private data are not supported; use a join on the privacy unit or a public table.",
@@ -2741,27 +2915,31 @@ fn as_numeric(e: Expr, info: &Info) -> Expr {
 }
 
 fn nullif_zero(e: Expr) -> Expr {
-    let args = vec![
-        FunctionArg::Unnamed(FunctionArgExpr::Expr(e)),
-        FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::Number(
-            "0".into(),
-            false,
-        )))),
-    ];
-    Expr::Function(ast::Function {
-        name: ObjectName::from(vec![Ident::new("NULLIF")]),
+    Expr::Function(function_call(
+        "NULLIF",
+        vec![e, Expr::value(Value::Number("0".into(), false))],
+    ))
+}
+
+/// A plain call `name(args…)`.
+fn function_call(name: &str, args: Vec<Expr>) -> ast::Function {
+    ast::Function {
+        name: ObjectName::from(vec![Ident::new(name)]),
         uses_odbc_syntax: false,
         parameters: FunctionArguments::None,
         args: FunctionArguments::List(ast::FunctionArgumentList {
             duplicate_treatment: None,
-            args,
+            args: args
+                .into_iter()
+                .map(|a| FunctionArg::Unnamed(FunctionArgExpr::Expr(a)))
+                .collect(),
             clauses: vec![],
         }),
         filter: None,
         null_treatment: None,
         over: None,
         within_group: vec![],
-    })
+    }
 }
 
 fn function_name(name: &ObjectName) -> Result<String> {

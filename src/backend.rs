@@ -242,6 +242,65 @@ impl Backend {
         self.server_version.lock().ok().and_then(|v| v.clone())
     }
 
+    /// Verifies on the upstream catalog that every key a plan's unit paths rely on is unique
+    /// ([`crate::catalog::UNIQUE_KEY_SQL`]), looking up only keys `known` has no answer for, and
+    /// refuses the plan unless all are ([`crate::catalog::UniqueKeys::check`]). 57P03 while the
+    /// upstream cannot be reached; nothing is charged either way.
+    pub async fn verify_unique_keys(
+        &self,
+        known: &crate::catalog::UniqueKeys,
+        keys: &[(String, String)],
+    ) -> Result<()> {
+        for (table, column) in self.learn_unique_keys(known, keys).await? {
+            tracing::error!(%table, %column, "unit path key is not unique upstream: queries of tables whose path uses it are refused");
+        }
+        known.check(keys)
+    }
+
+    /// Looks up on the upstream catalog whether each of `keys` that `known` has no answer for is
+    /// unique, records the answers in `known`, and returns the keys found not unique. Reads no
+    /// rows of any table. 57P03 while the upstream cannot be reached.
+    pub async fn learn_unique_keys(
+        &self,
+        known: &crate::catalog::UniqueKeys,
+        keys: &[(String, String)],
+    ) -> Result<Vec<(String, String)>> {
+        let unverified = known.unverified(keys);
+        let mut not_unique = Vec::new();
+        if unverified.is_empty() {
+            return Ok(not_unique);
+        }
+        let mut conn = self.get().await?;
+        for (table, column) in unverified {
+            let (schema, name) = table
+                .split_once('.')
+                .ok_or_else(|| Error::internal("unqualified table name"))?;
+            let qualified = format!(
+                "\"{}\".\"{}\"",
+                schema.replace('"', "\"\""),
+                name.replace('"', "\"\"")
+            );
+            let row = conn
+                .client()
+                .query_one(crate::catalog::UNIQUE_KEY_SQL, &[&qualified, &column])
+                .await;
+            match row.and_then(|r| r.try_get::<_, bool>(0)) {
+                Ok(unique) => {
+                    if !unique {
+                        not_unique.push((table.clone(), column.clone()));
+                    }
+                    known.record((table, column), unique);
+                }
+                Err(e) => {
+                    conn.discard();
+                    tracing::warn!(error = %e, "unique key lookup");
+                    return Err(Error::UpstreamUnavailable);
+                }
+            }
+        }
+        Ok(not_unique)
+    }
+
     /// Runs SQL that reads no private data (public tables), returning text rows, with the
     /// transaction discipline of [`Pooled::run_release_query`].
     pub async fn run_public_query(&self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
@@ -685,7 +744,7 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
                 crate::policy::TableKind::Public => "public table (pgdp)".to_string(),
                 crate::policy::TableKind::Private(p) => format!(
                     "private table: DP aggregates only; privacy unit {}, at most {} group(s) and {} row(s) per unit (pgdp)",
-                    p.privacy_unit.as_deref().unwrap_or("<row>"),
+                    p.unit_description(),
                     p.max_groups_per_unit,
                     p.max_rows_per_unit
                 ),

@@ -30,6 +30,14 @@
 //!   (median near 70) for most, and 5,000 to 200,000 for 0.1 %.
 //! - `demo.regions(region text primary key, name text, population int)`: the ten [`REGIONS`], a
 //!   public dimension table; `demo.people.region` references it.
+//! - `demo.prescriptions(prescription_id bigint primary key, visit_id bigint references
+//!   demo.visits, drug text, quantity int, prescribed_on date)`: about 400,000 × scale rows,
+//!   generated from the visits after them (the earlier tables are unchanged). About one visit in
+//!   five gets 1 to [`PRESCRIPTIONS_PER_VISIT_MAX`] prescriptions; `prescription_id` is
+//!   `4 × visit_id + k` for the k-th (unique, not dense). `drug` is one of [`DRUGS`] (low
+//!   indexes more common), `quantity` one of [`QUANTITIES`] for 99 % and 100 to 499 for 1 %, and
+//!   `prescribed_on` the visit's date. A prescription has no person column: its privacy unit is
+//!   the person of its visit (`unit_path` in the demo policy).
 //!
 //! A comment on schema `demo` records the scale and [`VERSION`] ([`marker`]); [`load`] reuses a
 //! dataset whose marker matches and drops and reloads it otherwise. Loading runs in one
@@ -47,7 +55,7 @@ pub const SCHEMA: &str = "demo";
 
 /// Version of the generator. Bump it whenever the generated rows change, so that stored datasets
 /// are reloaded instead of reused.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Largest accepted scale (10 million people, about 100 million visits).
 pub const SCALE_MAX: u32 = 100;
@@ -85,6 +93,28 @@ pub const COMMON_DIAGNOSES: [&str; 20] = [
     "J06", "I10", "E11", "M54", "Z00", "J20", "K21", "F32", "F41", "E78", "N39", "R51", "J45",
     "L20", "H10", "M79", "R10", "K59", "B34", "I25",
 ];
+
+/// Most prescriptions written at one visit.
+pub const PRESCRIPTIONS_PER_VISIT_MAX: i64 = 3;
+
+/// Values of `demo.prescriptions.drug`, most prescribed first.
+pub const DRUGS: [&str; 12] = [
+    "paracetamol",
+    "ibuprofen",
+    "amoxicillin",
+    "omeprazole",
+    "metformin",
+    "atorvastatin",
+    "amlodipine",
+    "lisinopril",
+    "salbutamol",
+    "sertraline",
+    "levothyroxine",
+    "cetirizine",
+];
+
+/// The usual pack sizes of `demo.prescriptions.quantity`.
+pub const QUANTITIES: [i32; 8] = [7, 10, 14, 20, 28, 30, 60, 90];
 
 /// Prefix of the diagnosis codes that each belong to exactly one person (`Z99.<person_id>`).
 pub const SINGLE_PERSON_DIAGNOSIS_PREFIX: &str = "Z99.";
@@ -163,6 +193,8 @@ const SEED_PEOPLE_B: i64 = 102;
 const SEED_VISIT_COUNT: i64 = 200;
 const SEED_VISIT_A: i64 = 201;
 const SEED_VISIT_B: i64 = 202;
+const SEED_PRESCRIPTION_COUNT: i64 = 300;
+const SEED_PRESCRIPTION: i64 = 301;
 
 /// What [`load`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +203,8 @@ pub struct LoadReport {
     pub people: i64,
     /// Rows in `demo.visits`.
     pub visits: i64,
+    /// Rows in `demo.prescriptions`.
+    pub prescriptions: i64,
     /// True when a dataset at the same scale and version was already there and was kept.
     pub reused: bool,
 }
@@ -204,6 +238,8 @@ pub enum Inserted {
     People,
     /// The step fills `demo.visits`.
     Visits,
+    /// The step fills `demo.prescriptions`.
+    Prescriptions,
 }
 
 /// One statement of the load script, with the progress line shown before it runs.
@@ -213,7 +249,7 @@ pub struct Step {
     pub label: String,
     /// The SQL; a single statement when `inserted` is set, otherwise possibly several.
     pub sql: String,
-    /// Set on the two big `INSERT … SELECT` statements, whose row counts [`load`] reports.
+    /// Set on the big `INSERT … SELECT` statements, whose row counts [`load`] reports.
     pub inserted: Option<Inserted>,
 }
 
@@ -248,6 +284,14 @@ pub fn steps(scale: u32) -> Vec<Step> {
             inserted: Some(Inserted::Visits),
         },
         Step {
+            label: format!(
+                "loading {SCHEMA}.prescriptions (about {} rows)…",
+                people * 4
+            ),
+            sql: prescriptions_sql(),
+            inserted: Some(Inserted::Prescriptions),
+        },
+        Step {
             label: "creating keys and indexes…".to_string(),
             sql: indexes_sql(),
             inserted: None,
@@ -255,7 +299,8 @@ pub fn steps(scale: u32) -> Vec<Step> {
         Step {
             label: format!("analyzing {SCHEMA}…"),
             sql: format!(
-                "ANALYZE {SCHEMA}.regions; ANALYZE {SCHEMA}.people; ANALYZE {SCHEMA}.visits;"
+                "ANALYZE {SCHEMA}.regions; ANALYZE {SCHEMA}.people; ANALYZE {SCHEMA}.visits; \
+                 ANALYZE {SCHEMA}.prescriptions;"
             ),
             inserted: None,
         },
@@ -334,6 +379,7 @@ async fn load_in_transaction(
     let mut report = LoadReport {
         people: 0,
         visits: 0,
+        prescriptions: 0,
         reused: false,
     };
     for step in steps(scale) {
@@ -353,6 +399,7 @@ async fn load_in_transaction(
                 match table {
                     Inserted::People => report.people = rows,
                     Inserted::Visits => report.visits = rows,
+                    Inserted::Prescriptions => report.prescriptions = rows,
                 }
             }
         }
@@ -369,8 +416,8 @@ async fn load_in_transaction(
             source,
         })?;
     progress(&format!(
-        "demo dataset loaded: {} people, {} visits (scale {scale})",
-        report.people, report.visits
+        "demo dataset loaded: {} people, {} visits, {} prescriptions (scale {scale})",
+        report.people, report.visits, report.prescriptions
     ));
     Ok(report)
 }
@@ -411,7 +458,8 @@ async fn reuse(
     let row = client
         .query_one(
             &format!(
-                "SELECT (SELECT count(*) FROM {SCHEMA}.people), (SELECT count(*) FROM {SCHEMA}.visits)"
+                "SELECT (SELECT count(*) FROM {SCHEMA}.people), (SELECT count(*) FROM {SCHEMA}.visits), \
+                 (SELECT count(*) FROM {SCHEMA}.prescriptions)"
             ),
             &[],
         )
@@ -419,12 +467,15 @@ async fn reuse(
         .map_err(counted)?;
     let people: i64 = row.try_get(0).map_err(counted)?;
     let visits: i64 = row.try_get(1).map_err(counted)?;
+    let prescriptions: i64 = row.try_get(2).map_err(counted)?;
     progress(&format!(
-        "demo dataset (scale {scale}) already loaded: reusing {people} people, {visits} visits"
+        "demo dataset (scale {scale}) already loaded: reusing {people} people, {visits} visits, \
+         {prescriptions} prescriptions"
     ));
     Ok(LoadReport {
         people,
         visits,
+        prescriptions,
         reused: true,
     })
 }
@@ -503,9 +554,17 @@ CREATE TABLE {SCHEMA}.visits (
     diagnosis text,
     cost numeric(10,2) CHECK (cost >= 0)
 );
+CREATE TABLE {SCHEMA}.prescriptions (
+    prescription_id bigint NOT NULL,
+    visit_id bigint,
+    drug text,
+    quantity int CHECK (quantity > 0),
+    prescribed_on date
+);
 COMMENT ON TABLE {SCHEMA}.regions IS 'pgdp demo: regions, a public dimension table';
 COMMENT ON TABLE {SCHEMA}.people IS 'pgdp demo: one row per person, the privacy unit';
-COMMENT ON TABLE {SCHEMA}.visits IS 'pgdp demo: clinic visits, 0 to {VISITS_PER_PERSON_MAX} per person';"
+COMMENT ON TABLE {SCHEMA}.visits IS 'pgdp demo: clinic visits, 0 to {VISITS_PER_PERSON_MAX} per person';
+COMMENT ON TABLE {SCHEMA}.prescriptions IS 'pgdp demo: prescriptions, 0 to {PRESCRIPTIONS_PER_VISIT_MAX} per visit; the person is the visit''s';"
     )
 }
 
@@ -637,6 +696,44 @@ FROM (
     )
 }
 
+/// `INSERT … SELECT` for `prescriptions`, drawn per visit from the visits already loaded (each
+/// visit's draws depend only on its `visit_id`).
+fn prescriptions_sql() -> String {
+    let count = raw16("hc", 0);
+    let how_many = raw16("hc", 1);
+    let drugs: Vec<String> = DRUGS.iter().map(|d| quote_literal(d)).collect();
+    let drugs_len = DRUGS.len();
+    let quantities: Vec<String> = QUANTITIES.iter().map(|q| q.to_string()).collect();
+    let quantities_len = QUANTITIES.len();
+    let (u_drug, u_quantity, u_large, u_amount) =
+        (unit("h", 0), unit("h", 1), unit("h", 2), unit("h", 3));
+    let max = PRESCRIPTIONS_PER_VISIT_MAX;
+    format!(
+        "INSERT INTO {SCHEMA}.prescriptions (prescription_id, visit_id, drug, quantity, prescribed_on)
+SELECT prescription_id, visit_id,
+    (ARRAY[{drugs}])[1 + floor({drugs_len} * power(u_drug, 1.6))::int],
+    CASE WHEN u_large < 0.01 THEN 100 + floor(400 * u_amount)::int
+        ELSE (ARRAY[{quantities}])[1 + floor({quantities_len} * u_quantity)::int] END,
+    visit_date
+FROM (
+    SELECT prescription_id, visit_id, visit_date,
+        {u_drug} AS u_drug, {u_quantity} AS u_quantity, {u_large} AS u_large, {u_amount} AS u_amount
+    FROM (
+        SELECT 4 * visit_id + k AS prescription_id, visit_id, visit_date,
+            hashint8extended(4 * visit_id + k, {SEED_PRESCRIPTION}) AS h
+        FROM (
+            SELECT visit_id, visit_date, hashint8extended(visit_id, {SEED_PRESCRIPTION_COUNT}) AS hc
+            FROM {SCHEMA}.visits
+            OFFSET 0) AS hashed
+        CROSS JOIN LATERAL generate_series(1, CASE WHEN {count} < 13107
+            THEN 1 + ({how_many} % {max})::int ELSE 0 END) AS g(k)
+        OFFSET 0) AS numbered
+    OFFSET 0) AS drawn",
+        drugs = drugs.join(", "),
+        quantities = quantities.join(", "),
+    )
+}
+
 fn indexes_sql() -> String {
     format!(
         "ALTER TABLE {SCHEMA}.regions ADD PRIMARY KEY (region);
@@ -644,7 +741,10 @@ ALTER TABLE {SCHEMA}.people ADD PRIMARY KEY (person_id);
 ALTER TABLE {SCHEMA}.people ADD FOREIGN KEY (region) REFERENCES {SCHEMA}.regions (region);
 ALTER TABLE {SCHEMA}.visits ADD PRIMARY KEY (visit_id);
 ALTER TABLE {SCHEMA}.visits ADD FOREIGN KEY (person_id) REFERENCES {SCHEMA}.people (person_id);
-CREATE INDEX visits_person_id_idx ON {SCHEMA}.visits (person_id);"
+CREATE INDEX visits_person_id_idx ON {SCHEMA}.visits (person_id);
+ALTER TABLE {SCHEMA}.prescriptions ADD PRIMARY KEY (prescription_id);
+ALTER TABLE {SCHEMA}.prescriptions ADD FOREIGN KEY (visit_id) REFERENCES {SCHEMA}.visits (visit_id);
+CREATE INDEX prescriptions_visit_id_idx ON {SCHEMA}.prescriptions (visit_id);"
     )
 }
 
@@ -725,6 +825,7 @@ mod tests {
             .iter()
             .chain(EDUCATION_LEVELS.iter())
             .chain(COMMON_DIAGNOSES.iter())
+            .chain(DRUGS.iter())
         {
             assert!(script.contains(&format!("'{value}'")), "{value}");
         }

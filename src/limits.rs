@@ -73,6 +73,11 @@ pub const JOINED_TABLES_MAX: usize = 8;
 /// expansion of CTEs referenced several times.
 pub const VIEW_TABLES_MAX: usize = 32;
 
+/// Most foreign-key steps from a table to its privacy unit (`unit_path` in the policy, counting
+/// the steps of the tables it passes through): each step is one more join in every query of
+/// the table.
+pub const UNIT_PATH_STEPS_MAX: usize = 4;
+
 /// Most values of an integer per-unit value (e.g. `LEAST(COUNT(*), 10)`) treated as a public
 /// domain of group keys.
 pub const INTEGER_DOMAIN_VALUES_MAX: f64 = 1001.0;
@@ -124,4 +129,8 @@ const _: () = assert!(
 const _: () = assert!(UPSTREAM_CONNECT_TIMEOUT_MS < STATEMENT_TIMEOUT_MS);
 const _: () = assert!(STARTUP_TIMEOUT_MS > 0);
 const _: () = assert!(AGGREGATES_PER_QUERY_MAX >= 1 && GROUP_KEYS_PER_QUERY_MAX >= 1);
+const _: () = assert!(
+    UNIT_PATH_STEPS_MAX >= 1 && UNIT_PATH_STEPS_MAX < VIEW_TABLES_MAX,
+    "a unit path is read through joins inside one table of a query"
+);
 const _: () = assert!(EPSILON_PER_QUERY_MIN > 0.0 && EPSILON_PER_QUERY_MIN < EPSILON_PER_QUERY_MAX);

@@ -11,6 +11,11 @@
 //!   [`crate::limits`]; a private table without a privacy unit column is row-level and has both
 //!   caps equal to 1;
 //! - the privacy unit column of a private table is one of its declared columns;
+//! - a private table has a privacy unit column, or a unit path (a chain of foreign keys to a
+//!   table that has one), or neither (row-level), never both; a unit path is resolved here into
+//!   its full chain ([`UnitPath`]): every step names declared columns of private tables, the chain
+//!   has no cycle, ends at a table with a privacy unit column and has at most
+//!   [`limits::UNIT_PATH_STEPS_MAX`] steps;
 //! - every declared bound is finite, `lower < upper`, `|bound| ≤ COLUMN_BOUND_ABS_MAX`, and only
 //!   numeric columns carry bounds;
 //! - every budget has ε > 0 finite and δ in [0, 1); per-query caps are positive and no larger than
@@ -189,12 +194,63 @@ pub enum TableKind {
 /// The contribution bounds of a private table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrivateTable {
-    /// The column naming the privacy unit; `None` for a row-level table (each row is a unit).
+    /// The column naming the privacy unit; `None` for a row-level table (each row is a unit) and
+    /// for a table whose unit is found through [`PrivateTable::unit_path`].
     pub privacy_unit: Option<String>,
+    /// For a table whose rows belong to a unit through foreign keys: the resolved chain.
+    pub unit_path: Option<UnitPath>,
     /// Most groups one unit contributes to in one query.
     pub max_groups_per_unit: u64,
     /// Most rows one unit contributes to one group.
     pub max_rows_per_unit: u64,
+}
+
+impl PrivateTable {
+    /// How a row's privacy unit is found, for summaries and catalog comments.
+    pub fn unit_description(&self) -> String {
+        match (&self.privacy_unit, &self.unit_path) {
+            (Some(u), _) => u.clone(),
+            (None, Some(path)) => {
+                let chain: Vec<String> = path
+                    .steps
+                    .iter()
+                    .map(|s| format!("{} -> {}.{}", s.column, s.references, s.key))
+                    .collect();
+                format!("{} via {}", path.unit, chain.join(", "))
+            }
+            (None, None) => "<row>".to_string(),
+        }
+    }
+}
+
+/// The foreign-key chain from a table's rows to their privacy unit (`unit_path` in YAML),
+/// resolved through every table it passes.
+///
+/// A row belongs to the unit of the row its first step's column references, and so on until a
+/// table with a privacy unit column. Each step's `key` must be unique in the referenced table
+/// (verified on the upstream before any query reads the table), so a row has at most one unit;
+/// a row whose chain is broken (a NULL or dangling reference) has none and is never read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitPath {
+    /// The steps, from the table itself to the table holding the unit.
+    pub steps: Vec<PathStep>,
+    /// The privacy unit column of the last referenced table; the table's rows carry it under
+    /// this name in queries.
+    pub unit: String,
+    /// Declared type of that column (as written in the policy).
+    pub unit_type: String,
+}
+
+/// One step of a [`UnitPath`]: `column` of the current table equals `key` of `references`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathStep {
+    /// Column of the current table (the table itself for the first step, else the table the
+    /// previous step references).
+    pub column: String,
+    /// The referenced table, qualified.
+    pub references: String,
+    /// The column of the referenced table, unique there.
+    pub key: String,
 }
 
 /// A declared column.
@@ -250,7 +306,8 @@ pub enum ColumnType {
 }
 
 impl ColumnType {
-    fn parse(text: &str) -> Option<ColumnType> {
+    /// The type of a declared SQL type name, if pgdp handles it.
+    pub fn parse(text: &str) -> Option<ColumnType> {
         let t = text.trim().to_ascii_lowercase();
         let base = t.split('(').next().unwrap_or("").trim();
         Some(match base {
@@ -339,7 +396,7 @@ impl Policy {
                 TableKind::Public => "public".to_string(),
                 TableKind::Private(p) => format!(
                     "private, unit {}, at most {} group(s) and {} row(s) per unit",
-                    p.privacy_unit.as_deref().unwrap_or("<row>"),
+                    p.unit_description(),
                     p.max_groups_per_unit,
                     p.max_rows_per_unit
                 ),
@@ -459,10 +516,20 @@ struct RawTable {
     #[serde(default)]
     privacy_unit: Option<String>,
     #[serde(default)]
+    unit_path: Option<Vec<RawPathStep>>,
+    #[serde(default)]
     max_groups_per_unit: Option<u64>,
     #[serde(default)]
     max_rows_per_unit: Option<u64>,
     columns: BTreeMap<String, RawColumn>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPathStep {
+    column: String,
+    references: String,
+    key: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -574,6 +641,184 @@ fn value_text(v: &serde_norway::Value) -> Option<String> {
         serde_norway::Value::Number(n) => Some(n.to_string()),
         serde_norway::Value::Bool(b) => Some(b.to_string()),
         _ => None,
+    }
+}
+
+/// The steps of a `unit_path` as written, lower-cased, with shape errors reported.
+fn raw_path_steps(p: &mut Problems, path: &str, raw: &[RawPathStep]) -> Vec<PathStep> {
+    if raw.is_empty() {
+        p.add(&format!("{path}.unit_path"), "needs at least one step");
+    }
+    let mut steps = Vec::new();
+    for (i, s) in raw.iter().enumerate() {
+        let spath = format!("{path}.unit_path[{i}]");
+        let column = s.column.to_ascii_lowercase();
+        let key = s.key.to_ascii_lowercase();
+        let references = s.references.to_ascii_lowercase();
+        for (what, name) in [("column", &column), ("key", &key)] {
+            if !is_identifier(name) {
+                p.add(
+                    &format!("{spath}.{what}"),
+                    "must be a plain lower-case identifier",
+                );
+            }
+        }
+        if !references
+            .split_once('.')
+            .is_some_and(|(s, t)| is_identifier(s) && is_identifier(t))
+        {
+            p.add(
+                &format!("{spath}.references"),
+                "must be a table of the policy, qualified as schema.table",
+            );
+        }
+        steps.push(PathStep {
+            column,
+            references,
+            key,
+        });
+    }
+    steps
+}
+
+/// Resolves every table's unit path through the tables it references (a referenced table with a
+/// path of its own continues the chain), checking each step against the declared columns, and
+/// stores the result in the table.
+fn resolve_unit_paths(
+    p: &mut Problems,
+    raw_paths: &BTreeMap<String, Vec<PathStep>>,
+    tables: &mut BTreeMap<String, Table>,
+) {
+    for (name, own) in raw_paths {
+        let path = format!("tables.{name}.unit_path");
+        let mut steps: Vec<PathStep> = Vec::new();
+        let mut visited = vec![name.clone()];
+        let mut pending: Vec<(String, PathStep)> = own
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("{path}[{i}]"), s.clone()))
+            .collect();
+        pending.reverse();
+        let mut resolved: Option<(String, String)> = None;
+        let mut failed = false;
+        while let Some((spath, step)) = pending.pop() {
+            if steps.len() >= limits::UNIT_PATH_STEPS_MAX {
+                p.add(
+                    &path,
+                    format!(
+                        "the chain to the privacy unit has more than {} steps",
+                        limits::UNIT_PATH_STEPS_MAX
+                    ),
+                );
+                failed = true;
+                break;
+            }
+            // The column this step starts from belongs to the previous table of the chain.
+            let from = visited.last().cloned().unwrap_or_default();
+            if let Some(t) = tables.get(&from) {
+                if t.column(&step.column).is_none() {
+                    p.add(
+                        &format!("{spath}.column"),
+                        format!("column {} is not declared in {from}", step.column),
+                    );
+                    failed = true;
+                    break;
+                }
+            }
+            let Some(target) = tables.get(&step.references) else {
+                p.add(
+                    &format!("{spath}.references"),
+                    format!("{} is not a table of the policy", step.references),
+                );
+                failed = true;
+                break;
+            };
+            let Some(private) = target.private() else {
+                p.add(
+                    &format!("{spath}.references"),
+                    format!(
+                        "{} is public: a unit path leads to a private table",
+                        step.references
+                    ),
+                );
+                failed = true;
+                break;
+            };
+            if target.column(&step.key).is_none() {
+                p.add(
+                    &format!("{spath}.key"),
+                    format!("column {} is not declared in {}", step.key, step.references),
+                );
+                failed = true;
+                break;
+            }
+            if visited.contains(&step.references) {
+                p.add(
+                    &format!("{spath}.references"),
+                    format!("the unit path returns to {} (a cycle)", step.references),
+                );
+                failed = true;
+                break;
+            }
+            visited.push(step.references.clone());
+            steps.push(step.clone());
+            if pending.is_empty() {
+                match (&private.privacy_unit, raw_paths.get(&step.references)) {
+                    (Some(unit), _) => {
+                        let ty = target
+                            .column(unit)
+                            .map(|c| c.declared_type.clone())
+                            .unwrap_or_else(|| "bigint".into());
+                        resolved = Some((unit.clone(), ty));
+                    }
+                    (None, Some(next)) => {
+                        // The referenced table's own path continues the chain.
+                        let next_path = format!("tables.{}.unit_path", step.references);
+                        pending = next
+                            .iter()
+                            .enumerate()
+                            .map(|(i, s)| (format!("{next_path}[{i}]"), s.clone()))
+                            .collect();
+                        pending.reverse();
+                    }
+                    (None, None) => {
+                        p.add(
+                            &format!("{spath}.references"),
+                            format!(
+                                "{} is row-level: a unit path must end at a table with a privacy_unit",
+                                step.references
+                            ),
+                        );
+                        failed = true;
+                    }
+                }
+            }
+        }
+        if failed {
+            continue;
+        }
+        let Some((unit, unit_type)) = resolved else {
+            continue;
+        };
+        let Some(table) = tables.get_mut(name) else {
+            continue;
+        };
+        if table.column(&unit).is_some() {
+            p.add(
+                &format!("tables.{name}.columns.{unit}"),
+                format!(
+                    "the unit path gives this table's rows the privacy unit column {unit}; do not declare a column of that name"
+                ),
+            );
+            continue;
+        }
+        if let TableKind::Private(pt) = &mut table.kind {
+            pt.unit_path = Some(UnitPath {
+                steps,
+                unit,
+                unit_type,
+            });
+        }
     }
 }
 
@@ -689,6 +934,8 @@ fn validate(raw: RawPolicy, env: &dyn Fn(&str) -> Option<String>) -> Result<Poli
     }
 
     let mut tables = BTreeMap::new();
+    // Unit paths as written (table → steps), resolved once every table is known.
+    let mut raw_paths: BTreeMap<String, Vec<PathStep>> = BTreeMap::new();
     if raw.tables.is_empty() {
         p.add("tables", "at least one table is required");
     }
@@ -807,6 +1054,7 @@ fn validate(raw: RawPolicy, env: &dyn Fn(&str) -> Option<String>) -> Result<Poli
             "public" => {
                 for (key, present) in [
                     ("privacy_unit", t.privacy_unit.is_some()),
+                    ("unit_path", t.unit_path.is_some()),
                     ("max_groups_per_unit", t.max_groups_per_unit.is_some()),
                     ("max_rows_per_unit", t.max_rows_per_unit.is_some()),
                 ] {
@@ -829,6 +1077,23 @@ fn validate(raw: RawPolicy, env: &dyn Fn(&str) -> Option<String>) -> Result<Poli
                         );
                     }
                 }
+                let own_path = match (&unit, &t.unit_path) {
+                    (Some(_), Some(_)) => {
+                        p.add(
+                            &path,
+                            "privacy_unit and unit_path exclude each other: name the unit column, or the path to it",
+                        );
+                        None
+                    }
+                    (None, Some(steps)) => {
+                        // Steps are checked against the tables they name once all are read.
+                        Some(raw_path_steps(&mut p, &path, steps))
+                    }
+                    _ => None,
+                };
+                if let Some(steps) = &own_path {
+                    raw_paths.insert(lowered.clone(), steps.clone());
+                }
                 let groups = t.max_groups_per_unit.unwrap_or(1);
                 let rows = t.max_rows_per_unit.unwrap_or(1);
                 if !(1..=limits::GROUPS_PER_UNIT_MAX).contains(&groups) {
@@ -843,7 +1108,7 @@ fn validate(raw: RawPolicy, env: &dyn Fn(&str) -> Option<String>) -> Result<Poli
                         format!("must be between 1 and {}", limits::ROWS_PER_UNIT_MAX),
                     );
                 }
-                if unit.is_none() && (groups != 1 || rows != 1) {
+                if unit.is_none() && own_path.is_none() && (groups != 1 || rows != 1) {
                     p.add(
                         &path,
                         "a row-level table (no privacy_unit) has one group and one row per unit",
@@ -851,6 +1116,7 @@ fn validate(raw: RawPolicy, env: &dyn Fn(&str) -> Option<String>) -> Result<Poli
                 }
                 TableKind::Private(PrivateTable {
                     privacy_unit: unit,
+                    unit_path: None,
                     max_groups_per_unit: groups,
                     max_rows_per_unit: rows,
                 })
@@ -886,6 +1152,8 @@ fn validate(raw: RawPolicy, env: &dyn Fn(&str) -> Option<String>) -> Result<Poli
         };
         tables.insert(lowered.clone(), table);
     }
+
+    resolve_unit_paths(&mut p, &raw_paths, &mut tables);
 
     if p.0.is_empty() {
         Ok(Policy {
@@ -1036,6 +1304,130 @@ tables:
         assert!(parse_scram_verifier("SCRAM-SHA-256$10:c2FsdA==$AA==:AA==").is_err());
     }
 
+    fn with_path(path: &str, extra_columns: &str) -> String {
+        minimal(&format!(
+            "  s.c:\n    kind: private\n    unit_path: {path}\n    max_groups_per_unit: 2\n    columns:\n      t_id: {{ type: bigint }}\n{extra_columns}"
+        ))
+        .replace(
+            "      uid: { type: bigint }\n",
+            "      uid: { type: bigint }\n      t_key: { type: bigint }\n",
+        )
+    }
+
+    #[test]
+    fn unit_path_resolves_to_the_unit_of_the_table_it_reaches() {
+        let p = parse(&with_path(
+            "[ { column: t_id, references: s.t, key: t_key } ]",
+            "",
+        ))
+        .expect("valid");
+        let pt = p.table("s.c").and_then(|t| t.private()).expect("private");
+        assert_eq!(pt.privacy_unit, None);
+        let path = pt.unit_path.as_ref().expect("resolved path");
+        assert_eq!(path.unit, "uid");
+        assert_eq!(path.steps.len(), 1);
+        assert_eq!(pt.max_groups_per_unit, 2);
+        assert!(p.summary().contains("uid via t_id -> s.t.t_key"));
+    }
+
+    #[test]
+    fn unit_path_errors_name_the_step() {
+        let e = errors(&with_path(
+            "[ { column: t_id, references: s.t, key: nothing } ]",
+            "",
+        ));
+        assert_eq!(
+            e,
+            vec!["tables.s.c.unit_path[0].key: column nothing is not declared in s.t"]
+        );
+        let e = errors(&with_path(
+            "[ { column: t_id, references: s.missing, key: t_key } ]",
+            "",
+        ));
+        assert_eq!(
+            e,
+            vec!["tables.s.c.unit_path[0].references: s.missing is not a table of the policy"]
+        );
+        let e = errors(&with_path(
+            "[ { column: nope, references: s.t, key: t_key } ]",
+            "",
+        ));
+        assert_eq!(
+            e,
+            vec!["tables.s.c.unit_path[0].column: column nope is not declared in s.c"]
+        );
+        // The derived unit cannot also be a declared column.
+        let e = errors(&with_path(
+            "[ { column: t_id, references: s.t, key: t_key } ]",
+            "      uid: { type: bigint }\n",
+        ));
+        assert!(e[0].starts_with("tables.s.c.columns.uid:"), "{e:?}");
+        // Both ways of naming the unit at once.
+        let e = errors(
+            &with_path("[ { column: t_id, references: s.t, key: t_key } ]", "")
+                .replace("    unit_path:", "    privacy_unit: t_id\n    unit_path:"),
+        );
+        assert!(e.iter().any(|m| m.contains("exclude each other")), "{e:?}");
+    }
+
+    #[test]
+    fn unit_path_cycles_and_row_level_ends_are_refused() {
+        let cyclic = minimal(
+            "  s.a:\n    kind: private\n    unit_path: [ { column: b_id, references: s.b, key: id } ]\n    columns:\n      id: { type: bigint }\n      b_id: { type: bigint }\n  s.b:\n    kind: private\n    unit_path: [ { column: a_id, references: s.a, key: id } ]\n    columns:\n      id: { type: bigint }\n      a_id: { type: bigint }\n",
+        );
+        let e = errors(&cyclic);
+        assert!(e.iter().any(|m| m.contains("(a cycle)")), "{e:?}");
+        let row_level = minimal(
+            "  s.a:\n    kind: private\n    unit_path: [ { column: r_id, references: s.r, key: id } ]\n    columns:\n      r_id: { type: bigint }\n  s.r:\n    kind: private\n    columns:\n      id: { type: bigint }\n",
+        );
+        let e = errors(&row_level);
+        assert_eq!(
+            e,
+            vec!["tables.s.a.unit_path[0].references: s.r is row-level: a unit path must end at a table with a privacy_unit"]
+        );
+    }
+
+    #[test]
+    fn unit_path_chains_through_tables_with_paths_up_to_the_limit() {
+        let mut extra = String::new();
+        // s.c0 -> s.t directly, s.cN -> s.c(N-1): N + 1 steps in all.
+        for i in 0..=limits::UNIT_PATH_STEPS_MAX {
+            let target = if i == 0 {
+                "s.t".to_string()
+            } else {
+                format!("s.c{}", i - 1)
+            };
+            let key = if i == 0 { "t_key" } else { "id" };
+            extra.push_str(&format!(
+                "  s.c{i}:\n    kind: private\n    unit_path: [ {{ column: up, references: {target}, key: {key} }} ]\n    columns:\n      id: {{ type: bigint }}\n      up: {{ type: bigint }}\n"
+            ));
+        }
+        let text = minimal(&extra).replace(
+            "      uid: { type: bigint }\n",
+            "      uid: { type: bigint }\n      t_key: { type: bigint }\n",
+        );
+        let e = errors(&text);
+        let last = limits::UNIT_PATH_STEPS_MAX;
+        assert_eq!(
+            e,
+            vec![format!(
+                "tables.s.c{last}.unit_path: the chain to the privacy unit has more than {last} steps"
+            )]
+        );
+        let ok = parse(&minimal(
+            "  s.a:\n    kind: private\n    unit_path: [ { column: b_id, references: s.b, key: id } ]\n    columns:\n      b_id: { type: bigint }\n  s.b:\n    kind: private\n    unit_path: [ { column: uid_ref, references: s.t, key: uid } ]\n    columns:\n      id: { type: bigint }\n      uid_ref: { type: bigint }\n",
+        ))
+        .expect("a chain through a table with its own path");
+        let path = ok
+            .table("s.a")
+            .and_then(|t| t.private())
+            .and_then(|p| p.unit_path.clone())
+            .expect("resolved");
+        assert_eq!(path.steps.len(), 2);
+        assert_eq!(path.steps[1].references, "s.t");
+        assert_eq!(path.unit, "uid");
+    }
+
     #[test]
     fn demo_policy_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
@@ -1046,6 +1438,13 @@ tables:
         assert_eq!(a.budget.delta, 1e-5);
         assert!(p.table("demo.people").and_then(|t| t.private()).is_some());
         assert!(p.table("demo.visits").and_then(|t| t.private()).is_some());
+        assert_eq!(
+            p.table("demo.prescriptions")
+                .and_then(|t| t.private())
+                .and_then(|p| p.unit_path.as_ref())
+                .map(|path| path.unit.as_str()),
+            Some("person_id")
+        );
         assert_eq!(
             p.table("demo.regions").map(|t| &t.kind),
             Some(&TableKind::Public)

@@ -44,6 +44,8 @@ pub struct Shared {
     secret: tokio::sync::OnceCell<String>,
     /// The shadow catalog answering introspection, if it could be built.
     pub shadow: Option<crate::backend::Shadow>,
+    /// Which keys of unit paths the upstream declares unique, learnt on first need.
+    pub unique_keys: crate::catalog::UniqueKeys,
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
     /// seeds a ChaCha20 generator from the operating system.
     pub noise_seed: Option<[u8; 32]>,
@@ -65,6 +67,7 @@ impl Shared {
             ledger: Arc::new(ledger),
             secret,
             shadow,
+            unique_keys: crate::catalog::UniqueKeys::default(),
             noise_seed: None,
         })
     }
@@ -468,11 +471,43 @@ impl Session {
         params: &[Option<String>],
         secret: &str,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
-        let plan = analyze::analyze(query, &self.context(shared))?;
+        let mut plan = analyze::analyze(query, &self.context(shared))?;
+        plan.unit_unique = plan
+            .unit_key()
+            .is_some_and(|key| shared.unique_keys.check(&[key]).is_ok());
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
         crate::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
         let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
         Ok((plan, rewrite, mechanisms))
+    }
+
+    /// [`Session::prepare_dp`], after learning (once per process, from the upstream catalog)
+    /// whether the plan's unit column is unique, so the rewrite can use the unique-unit form
+    /// (docs/privacy.md, "Unique units"). A failed lookup leaves the general form, which is
+    /// always sound.
+    async fn plan_dp(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        secret: &str,
+    ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+        let prepared = self.prepare_dp(shared, query, params, secret)?;
+        let Some(key) = prepared.0.unit_key() else {
+            return Ok(prepared);
+        };
+        let keys = [key];
+        if shared.unique_keys.unverified(&keys).is_empty() {
+            return Ok(prepared);
+        }
+        match shared
+            .backend
+            .learn_unique_keys(&shared.unique_keys, &keys)
+            .await
+        {
+            Ok(_) => self.prepare_dp(shared, query, params, secret),
+            Err(_) => Ok(prepared),
+        }
     }
 
     /// Runs a DP query: replay, charge, upstream, release. The order is the privacy argument.
@@ -483,7 +518,12 @@ impl Session {
         params: &[Option<String>],
     ) -> Result<Outcome> {
         let secret = shared.secret().await?;
-        let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params, secret)?;
+        let (plan, rewrite, mechanisms) = self.plan_dp(shared, query, params, secret).await?;
+        // A row of a table with a unit path has one unit only if each key of the path is unique.
+        shared
+            .backend
+            .verify_unique_keys(&shared.unique_keys, &plan.unique_keys)
+            .await?;
         let budget = self.budget();
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
         // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
@@ -826,7 +866,8 @@ impl Session {
             }
             Statement::Explain(query) => {
                 let secret = shared.secret().await?;
-                let (plan, rewrite, mechanisms) = self.prepare_dp(shared, query, params, secret)?;
+                let (plan, rewrite, mechanisms) =
+                    self.plan_dp(shared, query, params, secret).await?;
                 let lines = release::explain(&plan, &rewrite, &mechanisms, self.budget())
                     .into_iter()
                     .map(|l| redact_secret(&l, secret))

@@ -250,10 +250,14 @@ async fn psql_describe_dp_query_refusal_and_explain() {
     assert_eq!(run.status, Some(0), "{run:#?}");
     let out = &run.stdout;
 
-    // \d with demo on the search path: the three policy tables, and nothing else.
+    // \d with demo on the search path: the four policy tables, and nothing else.
     let relations = psql_table(out, "List of relations");
     let names: Vec<&str> = relations.iter().map(|r| r[1]).collect();
-    assert_eq!(names, ["people", "regions", "visits"], "\\d: {run:#?}");
+    assert_eq!(
+        names,
+        ["people", "prescriptions", "regions", "visits"],
+        "\\d: {run:#?}"
+    );
     assert!(relations.iter().all(|r| r[0] == "demo" && r[2] == "table"));
 
     // \dt demo.*
@@ -262,7 +266,7 @@ async fn psql_describe_dp_query_refusal_and_explain() {
     let names: Vec<&str> = tables.iter().map(|r| r[1]).collect();
     assert_eq!(
         names,
-        ["people", "regions", "visits"],
+        ["people", "prescriptions", "regions", "visits"],
         "\\dt demo.*: {run:#?}"
     );
 
@@ -648,7 +652,11 @@ async fn isql_checks(seed: u8, declare_fetch: u8) {
             (cells.get(1) == Some(&"demo")).then(|| cells[2])
         })
         .collect();
-    assert_eq!(demo_tables, ["people", "regions", "visits"], "{tables:#?}");
+    assert_eq!(
+        demo_tables,
+        ["people", "prescriptions", "regions", "visits"],
+        "{tables:#?}"
+    );
 
     // (isql's `help <table>` calls SQLColumns without a schema, which finds nothing outside the
     // search path even on PostgreSQL itself; pyodbc's test covers SQLColumns.)

@@ -488,11 +488,16 @@ fn check_emitted_sql(policy: &Policy, c: &Compiled) -> Result<(), String> {
                 }
             }
             Expr::Function(f) => {
+                // Quoted names (`pg_catalog."floor"`) are compared by their value.
                 let parts: Vec<String> = f
                     .name
                     .0
                     .iter()
-                    .map(|p| p.to_string().to_ascii_lowercase())
+                    .map(|p| {
+                        p.as_ident()
+                            .map(|i| i.value.to_ascii_lowercase())
+                            .unwrap_or_else(|| p.to_string().to_ascii_lowercase())
+                    })
                     .collect();
                 let ok = match parts.as_slice() {
                     // The special forms are emitted unqualified (they cannot be shadowed).

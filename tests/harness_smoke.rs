@@ -90,7 +90,10 @@ async fn databases_of_dead_processes_are_swept() {
 #[test]
 fn database_names_carry_the_process_id() {
     assert_eq!(harness::owner_pid("pgdp_t_a_b_42_7"), Some(42));
-    assert_eq!(harness::owner_pid("pgdp_test_demo_s1"), None);
+    assert_eq!(
+        harness::owner_pid(&format!("pgdp_test_demo_s1_v{}", pgdp::demo::VERSION)),
+        None
+    );
     assert_eq!(harness::owner_pid("pgdp_t_x_y"), None);
     assert_eq!(harness::sanitize("A-b c"), "a_b_c");
     assert_eq!(harness::sanitize(""), "db");

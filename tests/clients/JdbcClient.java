@@ -68,7 +68,7 @@ public final class JdbcClient {
                     tables.add(rs.getString("TABLE_NAME"));
                 }
             }
-            check(tables.equals(Arrays.asList("people", "regions", "visits")), tables.toString());
+            check(tables.equals(Arrays.asList("people", "prescriptions", "regions", "visits")), tables.toString());
             Map<String, String> columns = new LinkedHashMap<>();
             try (ResultSet rs = md.getColumns(null, "demo", "people", "%")) {
                 while (rs.next()) {

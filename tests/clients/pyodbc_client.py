@@ -32,7 +32,7 @@ def tables_and_columns(declare_fetch):
     conn = connect(declare_fetch)
     try:
         tables = sorted(r.table_name for r in conn.cursor().tables(schema="demo", tableType="TABLE"))
-        assert tables == ["people", "regions", "visits"], tables
+        assert tables == ["people", "prescriptions", "regions", "visits"], tables
         columns = [(r.column_name, r.type_name) for r in conn.cursor().columns(table="people", schema="demo")]
         names = {c[0] for c in columns}
         assert names == {"person_id", "age", "sex", "region", "education", "income"}, columns

@@ -32,7 +32,7 @@ def connect(dialect):
 def inspect_tables(dialect):
     insp = inspect(engine(dialect))
     tables = sorted(insp.get_table_names(schema="demo"))
-    assert tables == ["people", "regions", "visits"], tables
+    assert tables == ["people", "prescriptions", "regions", "visits"], tables
     assert "demo" in insp.get_schema_names(), insp.get_schema_names()
     columns = {c["name"]: str(c["type"]) for c in insp.get_columns("people", schema="demo")}
     assert set(columns) == {"person_id", "age", "sex", "region", "education", "income"}, columns

@@ -22,7 +22,8 @@
 //! `PGDP_TEST_UPSTREAM` server are left alone (its processes are not ours to check) and are
 //! harmless: names never repeat while a process lives.
 //!
-//! The demo dataset ([`demo_database`]) lives in one database per scale, `pgdp_test_demo_s<N>`,
+//! The demo dataset ([`demo_database`]) lives in one database per scale and generator version,
+//! `pgdp_test_demo_s<N>_v<V>`,
 //! kept across test processes and runs: [`pgdp::demo::load`] reuses it when its marker matches and
 //! reloads it when the generator's version changed. An advisory lock on the upstream's maintenance
 //! database keeps two test binaries from creating or loading it at the same time. Tests must only
@@ -269,7 +270,9 @@ pub async fn demo_database(scale: u32) -> TestDb {
 
 async fn load_demo_database(scale: u32) -> String {
     let upstream = upstream().await;
-    let name = format!("pgdp_test_demo_s{scale}");
+    // The generator's version is part of the name: branches whose datasets differ can share one
+    // PostgreSQL without reloading each other's database back and forth.
+    let name = format!("pgdp_test_demo_s{scale}_v{}", pgdp::demo::VERSION);
     let admin = upstream.admin_client().await;
     // Session-level lock on the maintenance database, shared by all test processes; it ends at
     // the latest when `admin` disconnects.

@@ -93,6 +93,51 @@ async fn explain_shows_the_plan_and_costs_nothing() {
     proxy.stop().await;
 }
 
+/// demo.people's unit is its primary key: pgdp learns that from the upstream catalog and skips
+/// the per-unit aggregation and the ranking (docs/privacy.md, "Unique units"); demo.visits has
+/// many rows per person and keeps them. EXPLAIN shows the SQL pgdp runs.
+#[tokio::test]
+async fn unique_unit_tables_skip_the_per_unit_stage() {
+    let proxy = Proxy::start(37).await;
+    let s = proxy.connect().await;
+    let upstream_sql = |lines: Vec<tokio_postgres::Row>| -> String {
+        lines
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .skip_while(|l| !l.contains("upstream SQL"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let people = upstream_sql(
+        s.query(
+            "EXPLAIN SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region",
+            &[],
+        )
+        .await
+        .unwrap(),
+    );
+    assert!(!people.contains("ROW_NUMBER"), "{people}");
+    assert!(!people.contains("GROUP BY __dp_unit"), "{people}");
+    let visits = upstream_sql(
+        s.query(
+            "EXPLAIN SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic",
+            &[],
+        )
+        .await
+        .unwrap(),
+    );
+    assert!(visits.contains("ROW_NUMBER"), "{visits}");
+    assert!(visits.contains("GROUP BY __dp_unit"), "{visits}");
+    // The answer is still a DP release over all 100,000 people (noise scale 3 per count).
+    let rows = s
+        .query("SELECT COUNT(*) AS n FROM demo.people WHERE age >= 0", &[])
+        .await
+        .unwrap();
+    let n: i64 = rows[0].get(0);
+    assert!((99_000..=101_000).contains(&n), "{n}");
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn identical_query_is_replayed_without_charge() {
     let proxy = Proxy::start(33).await;

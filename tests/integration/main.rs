@@ -10,6 +10,7 @@ mod harness;
 mod budget;
 mod dp;
 mod faults;
+mod keypath;
 mod protocol;
 mod replicas;
 mod sql;
