@@ -72,8 +72,9 @@ const ALPHA: f64 = 1e-6;
 const BINS_EACH_SIDE: i64 = 24;
 
 /// Queries whose sensitivity is checked: counts, sums, averages, variances, partition selection
-/// on a non-public key, public keys, a date key, and joins.
-const SENSITIVITY_QUERIES: [&str; 8] = [
+/// on a non-public key, public keys, a date key, joins, and a table reached through a unit path
+/// (the heavy user's prescriptions go with their visits).
+const SENSITIVITY_QUERIES: [&str; 10] = [
     "SELECT COUNT(*) FROM demo.visits",
     "SELECT SUM(cost) FROM demo.visits",
     "SELECT AVG(income) FROM demo.people",
@@ -82,6 +83,8 @@ const SENSITIVITY_QUERIES: [&str; 8] = [
     "SELECT date_trunc('month', visit_date) AS month, COUNT(*) FROM demo.visits GROUP BY 1",
     "SELECT region, COUNT(*), AVG(cost) FROM demo.visits JOIN demo.people USING (person_id) GROUP BY region",
     "SELECT r.name, SUM(p.income), COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY r.name",
+    "SELECT drug, COUNT(*), SUM(quantity) FROM demo.prescriptions GROUP BY drug",
+    "SELECT v.clinic, COUNT(*), AVG(p.quantity) FROM demo.prescriptions p JOIN demo.visits v USING (visit_id) GROUP BY v.clinic",
 ];
 
 fn demo_policy() -> Policy {
@@ -204,7 +207,9 @@ async fn load_neighbours() -> Neighbours {
     }
     client
         .batch_execute(&format!(
-            "BEGIN; DELETE FROM demo.visits WHERE person_id = {person_id}; \
+            "BEGIN; DELETE FROM demo.prescriptions WHERE visit_id IN \
+             (SELECT visit_id FROM demo.visits WHERE person_id = {person_id}); \
+             DELETE FROM demo.visits WHERE person_id = {person_id}; \
              DELETE FROM demo.people WHERE person_id = {person_id}"
         ))
         .await
