@@ -8,6 +8,8 @@
 //!   plain data.
 //! - Errors reach the client as `ErrorResponse` with the SQLSTATE of [`Error::sqlstate`], our
 //!   message and hint; a refused statement never ends the connection.
+//! - pgwire decodes only messages that passed [`Framing`]'s checks of size and layout; a message
+//!   that fails them ends its connection with FATAL 54000 or 08P01, never the process.
 //! - Authentication failures look the same for unknown analysts and wrong passwords (28P01):
 //!   unknown names get a decoy verifier, so the SCRAM exchange runs the same way.
 //! - A CancelRequest reaches only the connection whose BackendKeyData (process id and secret
