@@ -8,6 +8,8 @@
 //!   plain data.
 //! - Errors reach the client as `ErrorResponse` with the SQLSTATE of [`Error::sqlstate`], our
 //!   message and hint; a refused statement never ends the connection.
+//! - pgwire decodes only messages that passed [`Framing`]'s checks of size and layout; a message
+//!   that fails them ends its connection with FATAL 54000 or 08P01, never the process.
 //! - Authentication failures look the same for unknown analysts and wrong passwords (28P01):
 //!   unknown names get a decoy verifier, so the SCRAM exchange runs the same way.
 //! - A CancelRequest reaches only the connection whose BackendKeyData (process id and secret
@@ -72,7 +74,7 @@ use crate::policy::{Credential, Policy};
 use crate::session::{self, Cell, CellType, OutColumn, Outcome, Refusal, Session, Shared};
 
 // ---------------------------------------------------------------------------------------------
-// Connections: TLS negotiation, admission, the startup timeout and the message-size guard
+// Connections: TLS negotiation, admission, the startup timeout and the message guards
 // ---------------------------------------------------------------------------------------------
 
 /// The bounds the front end enforces on connections. The defaults are those of
@@ -200,7 +202,10 @@ type ClientSocket = Framed<Framing<MaybeTls>, PgWireMessageServerCodec<Prepared>
 
 /// Runs one connection: TLS negotiation and startup under the startup timeout, then messages
 /// until the client leaves. The message loop is pgwire's (`process_socket`), with pgdp's
-/// startup timeout, admission and message-size guard.
+/// startup timeout, admission, and the message-size and message-structure guards of
+/// [`Framing`]: a message that fails them ends the connection with FATAL 54000 or 08P01 once
+/// the messages before it were answered, as PostgreSQL ends a connection whose framing it can no
+/// longer trust.
 async fn run_connection(
     socket: TcpStream,
     peer: SocketAddr,
@@ -228,7 +233,7 @@ async fn run_connection(
             return;
         }
     };
-    // From here on every byte the client sends passes the message-size guard, including those
+    // From here on every byte the client sends passes the message guards, including those
     // pgwire already read while looking for an SSLRequest.
     let old = socket.into_parts();
     let io = Framing::new(old.io, old.read_buf, front.limits.message_bytes_max);
@@ -264,6 +269,15 @@ async fn run_connection(
             None => return,
             Some(Ok(message)) => message,
             Some(Err(e)) => {
+                if let Some(what) = socket.get_ref().violation() {
+                    tracing::warn!(%peer, what, "malformed protocol message: connection closed");
+                    let refusal = Error::Protocol {
+                        what: what.to_owned(),
+                    };
+                    let _ = socket.send(fatal(&refusal)).await;
+                    linger(socket).await;
+                    return;
+                }
                 let declared = socket.get_ref().refused_length().or(match e {
                     PgWireError::MessageTooLarge(_, length) => Some(length),
                     _ => None,
@@ -360,35 +374,59 @@ async fn linger(socket: ClientSocket) {
     let _ = tokio::time::timeout(Duration::from_millis(LINGER_MS), drain).await;
 }
 
-/// The client's byte stream, framed as it flows past: every message's declared length is
-/// compared with the limit as soon as its header arrives, before pgwire buffers its body.
+/// The client's byte stream, framed and checked as it flows past, before pgwire decodes it.
 ///
-/// Invariant: bytes are passed on in order and unchanged; once a header declares a length over
-/// the limit, nothing after that header is passed on and every later read fails.
+/// Two guards, each ending the connection with a FATAL error in [`run_connection`]:
+/// - **Size**: every message's declared length is compared with the limit as soon as its header
+///   arrives, before its body is buffered (54000).
+/// - **Structure**: each message is held back until it is complete, then its body is checked
+///   against the layout of its type ([`check_message`]); a message whose fields do not exactly
+///   fill its declared length, an unknown message type, or a length below 4 is a protocol
+///   violation (08P01). pgwire 0.42 decodes each body from the shared read buffer without
+///   bounding it by the declared length, so bytes after a message's fields were read as the next
+///   message (a Query hidden inside a Parse ran), and fields missing from a SASLInitialResponse
+///   panicked the connection task; no such message reaches pgwire now.
+///
+/// Invariant: bytes are passed on in order and unchanged, whole messages at a time, and only
+/// messages that passed both guards; after the first one that fails, nothing more is passed on
+/// and every later read fails.
 struct Framing<S> {
     inner: S,
-    /// Bytes pgwire read before the guard was installed, passed on (and framed) first.
+    /// Bytes pgwire read before the guard was installed, checked (and passed on) first.
     replay: BytesMut,
-    header: [u8; 5],
-    header_filled: usize,
-    /// False until the startup message (the only one without a type byte) has been framed.
-    typed: bool,
+    /// Checked bytes not yet handed to pgwire.
+    checked: BytesMut,
+    /// The message being received: its header and as much of its body as has arrived.
+    current: Vec<u8>,
+    /// Length of the current header once complete (5 with a type byte, 4 for the startup packet).
+    header_len: usize,
     body_left: usize,
+    /// False until the startup packet (the only message without a type byte) has been framed.
+    typed: bool,
+    /// `p` messages framed so far: the first one is the SASLInitialResponse.
+    password_messages: usize,
     message_bytes_max: usize,
     refused: Option<usize>,
+    violation: Option<String>,
 }
+
+/// Bytes read from the client at a time.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 impl<S> Framing<S> {
     fn new(inner: S, replay: BytesMut, message_bytes_max: usize) -> Framing<S> {
         Framing {
             inner,
             replay,
-            header: [0; 5],
-            header_filled: 0,
-            typed: false,
+            checked: BytesMut::new(),
+            current: Vec::new(),
+            header_len: 0,
             body_left: 0,
+            typed: false,
+            password_messages: 0,
             message_bytes_max,
             refused: None,
+            violation: None,
         }
     }
 
@@ -397,34 +435,208 @@ impl<S> Framing<S> {
         self.refused
     }
 
-    /// Frames `bytes` and returns how many of them may be passed on.
-    fn scan(&mut self, bytes: &[u8]) -> usize {
+    /// What was wrong with the malformed message that ended the stream, if one did.
+    fn violation(&self) -> Option<&str> {
+        self.violation.as_deref()
+    }
+
+    fn failed(&self) -> bool {
+        self.refused.is_some() || self.violation.is_some()
+    }
+
+    /// Frames `bytes`, moving every complete message that passes both guards to `checked`.
+    fn scan(&mut self, bytes: &[u8]) {
         let mut i = 0;
-        while i < bytes.len() {
-            if self.body_left > 0 {
-                let n = self.body_left.min(bytes.len() - i);
-                self.body_left -= n;
-                i += n;
-                continue;
-            }
+        while i < bytes.len() && !self.failed() {
             let header_len = if self.typed { 5 } else { 4 };
-            self.header[self.header_filled] = bytes[i];
-            self.header_filled += 1;
-            i += 1;
-            if self.header_filled == header_len {
-                let l = &self.header[header_len - 4..header_len];
+            if self.current.len() < header_len {
+                let n = (header_len - self.current.len()).min(bytes.len() - i);
+                self.current.extend_from_slice(&bytes[i..i + n]);
+                i += n;
+                if self.current.len() < header_len {
+                    break;
+                }
+                let l = &self.current[header_len - 4..header_len];
                 let length = u32::from_be_bytes([l[0], l[1], l[2], l[3]]) as usize;
-                self.header_filled = 0;
-                self.typed = true;
+                self.header_len = header_len;
                 if length > self.message_bytes_max {
                     self.refused = Some(length);
-                    return i;
+                    break;
                 }
-                // The length counts itself; a length below 4 is pgwire's to reject.
-                self.body_left = length.saturating_sub(4);
+                if length < 4 {
+                    self.violation = Some("invalid message length".to_owned());
+                    break;
+                }
+                self.body_left = length - 4;
+            } else {
+                let n = self.body_left.min(bytes.len() - i);
+                self.current.extend_from_slice(&bytes[i..i + n]);
+                self.body_left -= n;
+                i += n;
+            }
+            if self.body_left == 0 {
+                self.finish_message();
             }
         }
-        i
+    }
+
+    /// Checks the complete message in `current` and passes it on, or records the violation.
+    fn finish_message(&mut self) {
+        let message = std::mem::take(&mut self.current);
+        let (tag, body) = if self.typed {
+            (Some(message[0]), &message[self.header_len..])
+        } else {
+            (None, &message[self.header_len..])
+        };
+        let sasl_initial = tag == Some(b'p') && self.password_messages == 0;
+        match check_message(tag, body, sasl_initial) {
+            Ok(()) => {
+                self.typed = true;
+                if tag == Some(b'p') {
+                    self.password_messages += 1;
+                }
+                self.checked.extend_from_slice(&message);
+            }
+            Err(what) => self.violation = Some(what),
+        }
+    }
+}
+
+/// `Ok` if `body` is laid out as a frontend message of type `tag` must be (`None`: the startup
+/// packet), the way PostgreSQL reads it (`pq_getmsg*` and `pq_getmsgend` in
+/// `src/backend/tcop/postgres.c`): every field present, nothing after the last one. `sasl_initial`
+/// says that a `p` message is the SASLInitialResponse (pgdp only offers SCRAM, so that is the
+/// first `p` after the startup packet; later ones are SASLResponses, opaque bytes). Otherwise the
+/// message as PostgreSQL words it.
+fn check_message(tag: Option<u8>, body: &[u8], sasl_initial: bool) -> Result<(), String> {
+    const FORMAT: &str = "invalid message format";
+    let mut r = Fields { rest: body };
+    let ok = match tag {
+        None => return check_startup_packet(body),
+        Some(b'p') if sasl_initial => {
+            let ok = r.cstring() && {
+                match r.int32() {
+                    Some(-1) => true,
+                    Some(n) => usize::try_from(n).is_ok_and(|n| r.take(n)),
+                    None => false,
+                }
+            };
+            if !(ok && r.rest.is_empty()) {
+                return Err("malformed SASL message".to_owned());
+            }
+            return Ok(());
+        }
+        // SASLResponse, CopyData: opaque bytes.
+        Some(b'p' | b'd') => return Ok(()),
+        Some(b'Q' | b'f') => r.cstring(),
+        Some(b'P') => r.cstring() && r.cstring() && r.counted(4),
+        Some(b'B') => {
+            r.cstring() && r.cstring() && r.counted(2) && r.parameter_values() && r.counted(2)
+        }
+        Some(b'E') => r.cstring() && r.int32().is_some(),
+        Some(kind @ (b'D' | b'C')) => {
+            let what = if kind == b'D' { "DESCRIBE" } else { "CLOSE" };
+            match r.byte() {
+                Some(b'S' | b'P') => {}
+                Some(_) => return Err(format!("invalid {what} message subtype")),
+                None => return Err(FORMAT.to_owned()),
+            }
+            r.cstring()
+        }
+        Some(b'S' | b'H' | b'X' | b'c') => true,
+        Some(other) => return Err(format!("invalid frontend message type {other}")),
+    };
+    if ok && r.rest.is_empty() {
+        Ok(())
+    } else {
+        Err(FORMAT.to_owned())
+    }
+}
+
+/// The startup packet: a CancelRequest (left to pgwire) or a StartupMessage of protocol 3.x,
+/// whose parameters are name/value strings ended by one empty name that is its last byte.
+/// pgwire reads the parameters until an empty name without a bound, so a packet without the
+/// terminator was read on into the next message. Other codes are left to pgwire, which refuses
+/// them.
+fn check_startup_packet(body: &[u8]) -> Result<(), String> {
+    let Some(code) = body.get(..4) else {
+        return Ok(());
+    };
+    if u16::from_be_bytes([code[0], code[1]]) != 3 {
+        return Ok(());
+    }
+    let mut r = Fields { rest: &body[4..] };
+    loop {
+        match r.rest {
+            [0] => return Ok(()),
+            // An empty name is the terminator, and only the last byte may be one.
+            [] | [0, ..] => break,
+            _ => {
+                if !(r.cstring() && r.cstring()) {
+                    break;
+                }
+            }
+        }
+    }
+    Err("invalid startup packet layout: expected terminator as last byte".to_owned())
+}
+
+/// A cursor over a message body, for [`check_message`].
+struct Fields<'a> {
+    rest: &'a [u8],
+}
+
+impl Fields<'_> {
+    fn take(&mut self, n: usize) -> bool {
+        match self.rest.get(n..) {
+            Some(rest) => {
+                self.rest = rest;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.rest.first()?;
+        self.take(1).then_some(b)
+    }
+
+    fn cstring(&mut self) -> bool {
+        match self.rest.iter().position(|b| *b == 0) {
+            Some(i) => self.take(i + 1),
+            None => false,
+        }
+    }
+
+    fn uint16(&mut self) -> Option<usize> {
+        let b = self.rest.get(..2)?;
+        let v = usize::from(u16::from_be_bytes([b[0], b[1]]));
+        self.take(2).then_some(v)
+    }
+
+    fn int32(&mut self) -> Option<i32> {
+        let b = self.rest.get(..4)?;
+        let v = i32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        self.take(4).then_some(v)
+    }
+
+    /// A 16-bit count, then that many items of `size` bytes.
+    fn counted(&mut self, size: usize) -> bool {
+        self.uint16().is_some_and(|n| self.take(n * size))
+    }
+
+    /// Bind's parameter values: a 16-bit count, then each a 32-bit length (-1 for NULL) and
+    /// that many bytes.
+    fn parameter_values(&mut self) -> bool {
+        let Some(n) = self.uint16() else {
+            return false;
+        };
+        (0..n).all(|_| match self.int32() {
+            Some(-1) => true,
+            Some(len) => usize::try_from(len).is_ok_and(|len| self.take(len)),
+            None => false,
+        })
     }
 }
 
@@ -435,23 +647,33 @@ impl<S: AsyncRead + Unpin> AsyncRead for Framing<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        if this.refused.is_some() {
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "protocol message too large",
-            )));
+        loop {
+            if !this.checked.is_empty() {
+                let n = this.checked.len().min(buf.remaining());
+                buf.put_slice(&this.checked.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            if this.failed() {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "protocol message refused",
+                )));
+            }
+            if !this.replay.is_empty() {
+                let replay = this.replay.split();
+                this.scan(&replay);
+                continue;
+            }
+            let mut chunk = [0u8; READ_CHUNK_BYTES];
+            let mut read = ReadBuf::new(&mut chunk);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
+                // The end of the stream: a message cut short is dropped, pgwire sees the end.
+                return Poll::Ready(Ok(()));
+            }
+            let filled = read.filled().len();
+            this.scan(&chunk[..filled]);
         }
-        let start = buf.filled().len();
-        if this.replay.is_empty() {
-            ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        } else {
-            let n = this.replay.len().min(buf.remaining());
-            let head = this.replay.split_to(n);
-            buf.put_slice(&head);
-        }
-        let passed = this.scan(&buf.filled()[start..]);
-        buf.set_filled(start + passed);
-        Poll::Ready(Ok(()))
     }
 }
 
@@ -1720,6 +1942,151 @@ mod tests {
         assert_eq!(super::date_from_days(0), "2000-01-01");
         assert_eq!(super::date_from_days(-1), "1999-12-31");
         assert_eq!(super::date_from_days(8_918), "2024-06-01");
+    }
+
+    /// A framed message: type byte, length, body.
+    fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn startup() -> Vec<u8> {
+        let body = b"\x00\x03\x00\x00user\x00analyst\x00\x00";
+        let mut out = (body.len() as u32 + 4).to_be_bytes().to_vec();
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// Feeds `stream` to a [`super::Framing`] in pieces of `piece` bytes; returns the bytes it
+    /// passes on and the violation it found.
+    fn frame(stream: &[u8], piece: usize) -> (Vec<u8>, Option<String>) {
+        let mut framing = super::Framing::new((), bytes::BytesMut::new(), 1 << 20);
+        for chunk in stream.chunks(piece) {
+            framing.scan(chunk);
+        }
+        (
+            framing.checked.to_vec(),
+            framing.violation().map(str::to_owned),
+        )
+    }
+
+    #[test]
+    fn well_formed_messages_pass_unchanged_in_any_pieces() {
+        let mut stream = startup();
+        stream.extend(message(b'p', b"SCRAM-SHA-256\x00\x00\x00\x00\x03abc"));
+        stream.extend(message(b'p', b"c=biws,r=x,p=y"));
+        stream.extend(message(b'Q', b"SELECT 1\x00"));
+        stream.extend(message(
+            b'P',
+            b"s1\x00SELECT $1\x00\x00\x01\x00\x00\x00\x17",
+        ));
+        stream.extend(message(
+            b'B',
+            b"\x00s1\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x0242\xff\xff\xff\xff\x00\x01\x00\x01",
+        ));
+        stream.extend(message(b'D', b"P\x00"));
+        stream.extend(message(b'E', b"\x00\x00\x00\x00\x00"));
+        stream.extend(message(b'C', b"S\x00"));
+        stream.extend(message(b'H', b""));
+        stream.extend(message(b'S', b""));
+        stream.extend(message(b'd', b"\x00\x01anything"));
+        stream.extend(message(b'f', b"oops\x00"));
+        stream.extend(message(b'X', b""));
+        for piece in [1, 3, 7, stream.len()] {
+            assert_eq!(
+                frame(&stream, piece),
+                (stream.clone(), None),
+                "pieces of {piece}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_messages_stop_the_stream_where_they_start() {
+        let login = [
+            startup(),
+            message(b'p', b"SCRAM-SHA-256\x00\xff\xff\xff\xff"),
+        ]
+        .concat();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            // The two pgwire 0.42 bugs the wire fuzzer found.
+            (message(b'p', b"junk"), "malformed SASL message"),
+            (
+                message(b'P', b"\x00SELECT 1\x00\x00\x00B\x08\x00\x00\x00\x00\x00"),
+                "invalid message format",
+            ),
+            // Trailing bytes and short fields in the other extended-query messages.
+            (
+                message(b'B', b"\x00\x00\x00\x00\x00\x00\x00\x00Q"),
+                "invalid message format",
+            ),
+            (
+                message(b'B', b"\x00\x00\x00\x00\x00\x01\x00\x00\x00\x09ab"),
+                "invalid message format",
+            ),
+            (
+                message(b'B', b"\x00\x00\x00\x00\x00\x01\xff\xff\xff\xfe\x00\x00"),
+                "invalid message format",
+            ),
+            (message(b'E', b"\x00\x00\x00"), "invalid message format"),
+            (
+                message(b'E', b"\x00\x00\x00\x00\x00\x00"),
+                "invalid message format",
+            ),
+            (message(b'D', b"P\x00X"), "invalid message format"),
+            (message(b'D', b"Z\x00"), "invalid DESCRIBE message subtype"),
+            (message(b'C', b""), "invalid message format"),
+            (message(b'C', b"S"), "invalid message format"),
+            (
+                message(b'Q', b"SELECT 1\x00SELECT 2\x00"),
+                "invalid message format",
+            ),
+            (message(b'Q', b"SELECT 1"), "invalid message format"),
+            (message(b'S', b"\x00"), "invalid message format"),
+            (message(b'F', b""), "invalid frontend message type 70"),
+            (b"Q\x00\x00\x00\x02".to_vec(), "invalid message length"),
+        ];
+        for (bad, expected) in cases {
+            // The SASL case is judged as the first `p` after startup; the others after a login.
+            let before = if bad[0] == b'p' {
+                startup()
+            } else {
+                login.clone()
+            };
+            let after = message(b'Q', b"SELECT 2\x00");
+            let stream = [before.clone(), bad.clone(), after].concat();
+            for piece in [1, 5, stream.len()] {
+                assert_eq!(
+                    frame(&stream, piece),
+                    (before.clone(), Some(expected.to_owned())),
+                    "{bad:?} in pieces of {piece}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn startup_packets_must_end_with_their_terminator() {
+        for body in [
+            &b"\x00\x03\x00\x00user\x00analyst\x00"[..],
+            b"\x00\x03\x00\x00user\x00analyst",
+            b"\x00\x03\x00\x00\x00user\x00analyst\x00\x00",
+            b"\x00\x03\x00\x00user\x00analyst\x00\x00\x00",
+        ] {
+            assert_eq!(
+                super::check_startup_packet(body),
+                Err("invalid startup packet layout: expected terminator as last byte".to_owned()),
+                "{body:?}"
+            );
+        }
+        assert_eq!(super::check_startup_packet(b"\x00\x03\x00\x00\x00"), Ok(()));
+        // A CancelRequest and other codes are pgwire's to judge.
+        assert_eq!(
+            super::check_startup_packet(b"\x04\xd2\x16\x2e\x00\x00\x00\x01"),
+            Ok(())
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Seeds: the golden corpus (`tests/cases/*.case`) and the attack corpus (`tests/attacks/*`) for
 //! SQL and wire streams, `policies/*.yaml` for policies, and every input kept under
 //! `fuzz/regressions/<target>/`. Inputs that still crash pgdp are listed in [`KNOWN_BUGS`]: the
-//! main runs skip them, and each has its own `#[ignore = "bug: …"]` test.
+//! main runs skip them, and each has its own `#[ignore = "bug: …"]` test (none is open now).
 
 #[path = "harness/mod.rs"]
 mod harness;
@@ -37,10 +37,7 @@ const WIRE_SQL_SEEDS: usize = 12;
 
 /// Regression inputs that still crash pgdp: (target, file name under fuzz/regressions/<target>/).
 /// Each has an ignored test below; remove the entry with the fix.
-const KNOWN_BUGS: &[(&str, &str)] = &[
-    ("wire", "bug-sasl-initial-response-without-length"),
-    ("wire", "bug-parse-trailing-bytes-read-as-next-message"),
-];
+const KNOWN_BUGS: &[(&str, &str)] = &[];
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -426,17 +423,6 @@ async fn wire_target_survives_seeds_and_mutations() {
     assert_eq!(panics, 0, "pgdp panicked (see the panic messages above)");
 }
 
-/// Sends one regression input of a known bug and checks the wire invariants, and that pgdp
-/// did not panic.
-async fn wire_regression(name: &str) {
-    let data = std::fs::read(root().join("fuzz/regressions/wire").join(name)).expect("input");
-    assert!(
-        wire::known_bug(&data).is_some(),
-        "{name} no longer matches known_bug"
-    );
-    send_regression(name, &data).await;
-}
-
 /// Sends the input of a fixed bug: pgdp must keep every wire invariant.
 async fn wire_fixed_regression(name: &str) {
     let data = std::fs::read(root().join("fuzz/regressions/wire").join(name)).expect("input");
@@ -457,21 +443,23 @@ async fn send_regression(name: &str, data: &[u8]) {
 
 /// A `p` message of 8 bytes ("junk") after a valid StartupMessage, before authentication:
 /// pgwire 0.42 reads "junk" as the mechanism name and then a length past the end of the
-/// message, and panics (`split_to out of bounds`) in the connection task. Anyone who can reach
-/// the port can trigger it; the connection task dies, the server survives.
+/// message, and panicked (`split_to out of bounds`) in the connection task. Anyone who could reach
+/// the port could trigger it. Fixed: pgdp's `Framing` checks the SASLInitialResponse's layout
+/// before pgwire decodes it and answers FATAL 08P01 (the wire target checks the code).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: pgwire panics on a SASLInitialResponse without a length field"]
 async fn sasl_initial_response_without_length_does_not_panic() {
-    wire_regression("bug-sasl-initial-response-without-length").await;
+    wire_fixed_regression("bug-sasl-initial-response-without-length").await;
 }
 
-/// A Parse message whose payload has bytes after its fields: pgwire 0.42 reads those bytes as
-/// the next message (a Query embedded in a Parse runs), so client and server disagree on the
-/// framing. Here the embedded bytes declare a 128 MiB Bind and the connection hangs.
+/// A Parse message whose payload has bytes after its fields: pgwire 0.42 read those bytes as
+/// the next message (a Query embedded in a Parse ran), so client and server disagreed on the
+/// framing; here the embedded bytes declare a 128 MiB Bind and the connection hung. Fixed:
+/// pgdp's `Framing` checks that every message's fields exactly fill it and answers FATAL 08P01
+/// otherwise, before pgwire decodes anything (the wire target checks the code, and that nothing
+/// after the message runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: pgwire reads the bytes after a Parse message's fields as the next message"]
 async fn parse_trailing_bytes_are_not_read_as_a_message() {
-    wire_regression("bug-parse-trailing-bytes-read-as-next-message").await;
+    wire_fixed_regression("bug-parse-trailing-bytes-read-as-next-message").await;
 }
 
 /// Execute with a negative row limit: pgwire 0.42's `Portal::fetch` calls

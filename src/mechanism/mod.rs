@@ -32,17 +32,15 @@
 //!   is at most the one requested, and the scale shown by EXPLAIN is the one used.
 //! - No released value is NaN or ±∞.
 //!
-//! Timing. The samplers run in time that depends on the random draws: the geometric loop inside
-//! the discrete Laplace runs about `|noise|/scale` times, rejection loops repeat a random number
-//! of times, and big-integer operations grow with the size of the numbers. So the time to release
-//! a value carries information about the noise actually added, and since the released value is
-//! exact + noise, information about the noise is information about the exact value (Jin,
-//! McMurtry, Rubinstein & Ohrimenko, "Are We There Yet? Timing and Floating-Point Attacks on
-//! Differential Privacy Systems", IEEE S&P 2022). The running time never depends on the data
-//! directly. This module does nothing against the channel; a later hardening step should draw
-//! noise ahead of time (a pool per scale, refilled off the request path) or pad the release step
-//! to a fixed duration. Parsing `numeric` text takes time linear in its length, which depends on
-//! the data; the upstream's own query time already reveals more, and is the session's concern.
+//! Timing. CKS20's samplers run loops whose length depends on the value they produce, so their
+//! running time reveals the noise, hence the exact value (Jin, McMurtry, Rubinstein & Ohrimenko,
+//! "Are We There Yet? Timing and Floating-Point Attacks on Differential Privacy Systems", IEEE
+//! S&P 2022). `sample` does a fixed number of trials per round of each loop and reads results
+//! from them without stopping early; rounds of rejection loops are independent of the value
+//! returned. So the trials consumed are independent of the noise, except with probability below
+//! `2^-64` per sample (see `sample`'s documentation and docs/mechanisms.md §8). Arithmetic on the
+//! result varies slightly with its size; parsing `numeric` text takes time linear in its length,
+//! which depends on the data, as the upstream's own query time does far more.
 
 mod exact;
 mod noise;
