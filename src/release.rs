@@ -247,6 +247,9 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
     out
 }
 
+/// Some cells of one upstream row, as text (a group's keys or its statistics).
+type Texts<'r> = &'r [Option<String>];
+
 /// The domains of public keys: the listed values, or the values read from a public table.
 pub type PublicDomains = BTreeMap<usize, Vec<String>>;
 
@@ -265,7 +268,7 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     let expected = k + m + 1;
     // Exact statistics per candidate group, keyed by the key texts: slices of the upstream's
     // rows, so the candidates are held once, not copied (the release of 10^5 groups).
-    let mut groups: BTreeMap<&[Option<String>], (&[Option<String>], u64)> = BTreeMap::new();
+    let mut groups: BTreeMap<Texts<'_>, (Texts<'_>, u64)> = BTreeMap::new();
     for row in rows {
         if row.len() != expected {
             return Err(Error::internal(
