@@ -301,7 +301,7 @@ async fn psql_describe_dp_query_refusal_and_explain() {
     // EXPLAIN: the release plan and the upstream SQL, with the group-choice secret redacted.
     let plan = &out[out.find("QUERY PLAN").expect("EXPLAIN output")..];
     assert!(plan.contains("upstream SQL"), "{run:#?}");
-    assert!(plan.contains(r#""demo"."people""#), "{run:#?}");
+    assert!(plan.contains(r#""demo"."visits""#), "{run:#?}");
     assert!(plan.contains("<secret>"), "{run:#?}");
 
     // \set ON_ERROR_STOP: psql stops at the refusal with status 3 and runs nothing after it.

@@ -11,4 +11,4 @@ SELECT COUNT(*) AS dp_count FROM demo.people \gset
 SELECT * FROM demo.people;
 SELECT 1 AS after_refusal \gset
 \echo after_refusal=:after_refusal
-EXPLAIN SELECT region, COUNT(*) FROM demo.people GROUP BY region;
+EXPLAIN SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic;
