@@ -1126,9 +1126,9 @@ async fn bench_scale(
 }
 
 /// Latency of one single-row commit on the upstream server, with `synchronous_commit` off and
-/// on, in a table of the bench's own ledger database. pgdp's ledger commits three times per DP
-/// query (charge, replay entry, outcome); only the charge needs to be durable before the upstream
-/// runs the query.
+/// on, in a table of the bench's own ledger database. pgdp's ledger commits twice per DP query:
+/// the charge, durably, before the upstream runs the query, and the replay entry with the outcome
+/// after the release, with `synchronous_commit` off.
 async fn ledger_commit(s: &Settings, ledger: &LedgerDb) -> Res<Series> {
     let off = connect(&ledger.dsn).await?;
     let on = connect(&ledger.dsn).await?;
@@ -1617,7 +1617,7 @@ fn report(
             )?;
         }
         let c = &sc.ledger_commit;
-        writeln!(r, "\nOne single-row commit on this server: {:.2} ms with synchronous_commit = on, {:.2} ms with off (pgdp's ledger commits three times per DP query, one durably by design).\n", c.median(1), c.median(0))?;
+        writeln!(r, "\nOne single-row commit on this server: {:.2} ms with synchronous_commit = on, {:.2} ms with off (pgdp's ledger commits twice per DP query: the charge durably, by design, and the replay entry with the outcome with synchronous_commit off).\n", c.median(1), c.median(0))?;
         writeln!(
             r,
             "**2. Cost of privacy** (pgdp vs. the plain aggregate sent directly)\n"
