@@ -46,11 +46,20 @@ pub struct UniqueKeys {
 impl UniqueKeys {
     /// The keys among `keys` whose uniqueness is not known yet.
     pub fn unverified(&self, keys: &[(String, String)]) -> Vec<(String, String)> {
-        let known = self.known.lock().map(|k| k.clone()).unwrap_or_default();
+        let Ok(known) = self.known.lock() else {
+            return keys.to_vec();
+        };
         keys.iter()
             .filter(|k| !known.contains_key(*k))
             .cloned()
             .collect()
+    }
+
+    /// Whether `key` is known to be unique upstream (false while unknown).
+    pub fn is_unique(&self, key: &(String, String)) -> bool {
+        self.known
+            .lock()
+            .is_ok_and(|known| known.get(key) == Some(&true))
     }
 
     /// Records what the upstream catalog says about one key.
@@ -62,9 +71,13 @@ impl UniqueKeys {
 
     /// Accepts a plan's keys only if every one is known to be unique.
     pub fn check(&self, keys: &[(String, String)]) -> Result<()> {
-        let known = self.known.lock().map(|k| k.clone()).unwrap_or_default();
         for (table, column) in keys {
-            match known.get(&(table.clone(), column.clone())) {
+            let known = self
+                .known
+                .lock()
+                .ok()
+                .and_then(|k| k.get(&(table.clone(), column.clone())).copied());
+            match known {
                 Some(true) => {}
                 Some(false) => {
                     return Err(Error::forbidden(

@@ -474,7 +474,7 @@ impl Session {
         let mut plan = analyze::analyze(query, &self.context(shared))?;
         plan.unit_unique = plan
             .unit_key()
-            .is_some_and(|key| shared.unique_keys.check(&[key]).is_ok());
+            .is_some_and(|key| shared.unique_keys.is_unique(&key));
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
         crate::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
         let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
