@@ -60,6 +60,10 @@ pub const CURSOR_ROWS_PER_SESSION_MAX: usize = 2 * GROUPS_RELEASED_MAX;
 /// Upstream connections in the pool.
 pub const UPSTREAM_POOL_SIZE: usize = 16;
 
+/// Most charges the ledger commits in one transaction (group commit; see `budget::ledger`).
+/// Larger batches share one lock and one WAL flush among more queries, but each waits for all.
+pub const CHARGES_PER_COMMIT_MAX: usize = 64;
+
 /// Prepared statements one connection may hold.
 pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
 

@@ -376,6 +376,130 @@ async fn dataset_cap_holds_across_analysts() {
     assert_eq!(logged, 3);
 }
 
+/// Many sessions of one process charging at once: their charges are committed in groups (several
+/// per transaction), and each must still be admitted as if alone, in some order: every admitted
+/// charge sees a distinct running total, nothing is overspent, and a refusal is final because
+/// totals only grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_admits_each_charge_as_if_alone() {
+    const PER_ANALYST: usize = 40;
+    let db = TestDb::create().await;
+    let ledger = Arc::new(Ledger::connect(&db.dsn).await.unwrap());
+    let dataset = Limit::new(fx("6"), fx("0.001"));
+    // (analyst, own limit, cost of each charge)
+    let analysts = [
+        (
+            "alice",
+            Limit::new(fx("2.1"), fx("0.001")),
+            Cost::pure(fx("0.3")),
+        ),
+        (
+            "bob",
+            Limit::new(fx("1"), fx("0.001")),
+            Cost::approx(fx("0.25"), fx("0.0001")),
+        ),
+        (
+            "carol",
+            Limit::new(fx("10"), fx("0.001")),
+            Cost::pure(fx("0.5")),
+        ),
+    ];
+    let mut tasks = Vec::new();
+    for i in 0..PER_ANALYST {
+        for (a, (name, limit, cost)) in analysts.iter().enumerate() {
+            let ledger = Arc::clone(&ledger);
+            let (name, limit, cost, dataset) = (*name, *limit, *cost, dataset);
+            tasks.push(tokio::spawn(async move {
+                let result = ledger
+                    .charge(
+                        name,
+                        &limit,
+                        Some(&dataset),
+                        &cost,
+                        &format!("q{i}"),
+                        "laplace",
+                    )
+                    .await;
+                (a, result)
+            }));
+        }
+    }
+    let mut admitted: Vec<Vec<(i64, Spent)>> = vec![Vec::new(); analysts.len()];
+    for task in tasks {
+        let (a, result) = task.await.unwrap();
+        match result {
+            Ok(charge) => {
+                assert!(charge.balance.spent.epsilon <= analysts[a].1.epsilon);
+                admitted[a].push((charge.id, charge.balance.spent));
+            }
+            Err(error) => assert_eq!(error.sqlstate().code(), "53400", "{error:?}"),
+        }
+    }
+
+    let mut ids: Vec<i64> = admitted.iter().flatten().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let total_admitted: usize = admitted.iter().map(Vec::len).sum();
+    assert_eq!(
+        ids.len(),
+        total_admitted,
+        "every charge has its own audit row"
+    );
+    let client = db.client().await;
+    let mut dataset_spent = Spent::ZERO;
+    for (a, (name, limit, cost)) in analysts.iter().enumerate() {
+        // The running totals the admitted charges saw are exactly cost, 2·cost, …, k·cost.
+        let mut seen: Vec<Spent> = admitted[a].iter().map(|(_, spent)| *spent).collect();
+        seen.sort_by_key(|s| s.epsilon);
+        let mut expected = Spent::ZERO;
+        for spent in &seen {
+            expected = expected + *cost;
+            assert_eq!(*spent, expected, "{name}");
+        }
+        let balance = ledger.balance(name, limit).await.unwrap();
+        assert_eq!(balance.spent, expected, "{name}");
+        let charges: i64 = client
+            .query_one(
+                "SELECT charges FROM pgdp.analyst_spent WHERE analyst = $1",
+                &[name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(charges as usize, admitted[a].len(), "{name}");
+        for _ in 0..admitted[a].len() {
+            dataset_spent = dataset_spent + *cost;
+        }
+    }
+    let dataset_balance = ledger.dataset_balance(&dataset).await.unwrap();
+    assert_eq!(dataset_balance.spent, dataset_spent);
+    assert!(dataset_balance.spent.epsilon <= dataset.epsilon);
+    // Every analyst was refused for good: one more charge fits neither its budget nor the dataset's.
+    for (name, limit, cost) in &analysts {
+        let own = ledger.balance(name, limit).await.unwrap();
+        assert!(
+            pgdp::budget::admit(limit, &own.spent, cost).is_err()
+                || pgdp::budget::admit(&dataset, &dataset_balance.spent, cost).is_err(),
+            "{name} was refused while its charge still fitted"
+        );
+    }
+    // One audit row per admitted charge, in fewer transactions than charges (charged_at is the
+    // transaction's start time) whenever charges queued behind a commit, as 120 at once do.
+    let (logged, transactions): (i64, i64) = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT charged_at) FROM pgdp.charge_log",
+            &[],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(logged as usize, total_admitted);
+    assert!(
+        transactions < logged,
+        "{transactions} transactions for {logged} charges"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replay_cache_first_writer_wins_and_expires() {
     let db = Arc::new(TestDb::create().await);

@@ -662,8 +662,33 @@ fn bench_policy_text() -> Res<String> {
         }
         text = text.replace(from, to);
     }
-    Ok(text)
+    // The idle connections of the memory figure are spread over more analysts (same password),
+    // since one analyst may hold at most CONNECTIONS_PER_ANALYST_MAX connections.
+    let verifier = text
+        .lines()
+        .find(|line| line.trim_start().starts_with("scram_verifier:"))
+        .ok_or_else(|| fail("the demo policy has no scram_verifier; update bench_policy_text"))?
+        .to_string();
+    let mut idle = String::from("analysts:\n");
+    for k in 0..IDLE_ANALYSTS {
+        writeln!(
+            idle,
+            "  {IDLE_ANALYST_PREFIX}{k}:\n{verifier}\n    budget: {{ epsilon: 1, delta: 0 }}"
+        )?;
+    }
+    if !text.contains("\nanalysts:\n") {
+        return Err(fail(
+            "the demo policy has no analysts: section; update bench_policy_text",
+        ));
+    }
+    Ok(text.replacen("\nanalysts:\n", &format!("\n{idle}"), 1))
 }
+
+/// Analysts `bench_idle_0` … that hold the memory figure's idle connections: enough that none
+/// exceeds pgdp's per-analyst connection cap with 500 connections.
+const IDLE_ANALYSTS: usize = 4;
+const IDLE_ANALYST_PREFIX: &str = "bench_idle_";
+const _: () = assert!(IDLE_ANALYSTS * pgdp::limits::CONNECTIONS_PER_ANALYST_MAX > 500);
 
 fn bench_policy() -> Res<Policy> {
     pgdp::policy::parse(&bench_policy_text()?).map_err(|e| fail(format!("bench policy: {e:?}")))
@@ -680,9 +705,24 @@ async fn start_server(upstream: &str, ledger: &LedgerDb) -> Res<Running> {
     .await?)
 }
 
-/// The upstream SQL pgdp sends for `template` (the alias does not change it).
-fn rewritten(policy: &Policy, secret: &str, template: &str) -> Res<String> {
+/// The upstream SQL pgdp sends for `template` (the alias does not change it), so that baselines
+/// run exactly what pgdp runs. pgdp's own EXPLAIN shows that SQL with the ranking seed redacted;
+/// the bench rewrites the query itself in the general form and in the unique-unit form (which pgdp
+/// picks when the catalog says the unit column is unique) and keeps the one whose redacted text is
+/// the one pgdp shows. Fails if neither is.
+async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str) -> Res<String> {
     let sql = template.replace("{n}", "0");
+    let explained = simple_rows(proxy, &format!("EXPLAIN {sql}")).await?;
+    let lines: Vec<String> = explained
+        .into_iter()
+        .map(|row| row.into_iter().flatten().collect())
+        .collect();
+    let shown = lines
+        .iter()
+        .position(|line| line == "upstream SQL:")
+        .and_then(|i| lines.get(i + 1))
+        .map(|line| line.trim())
+        .ok_or_else(|| fail(format!("{sql}: pgdp's EXPLAIN shows no upstream SQL")))?;
     let statements = classify::classify(&sql).map_err(|e| fail(format!("{sql}: {e}")))?;
     let [Statement::Query(query)] = statements.as_slice() else {
         return Err(fail(format!("{sql}: not one query")));
@@ -691,10 +731,20 @@ fn rewritten(policy: &Policy, secret: &str, template: &str) -> Res<String> {
         policy,
         search_path: vec![pgdp::demo::SCHEMA.to_string()],
     };
-    let plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
-    Ok(rewrite::rewrite(&plan, &[], secret)
-        .map_err(|e| fail(format!("{sql}: {e}")))?
-        .sql)
+    let seed = rewrite::ranking_seed(secret).to_string();
+    for unit_unique in [false, true] {
+        let mut plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
+        plan.unit_unique = unit_unique;
+        let upstream = rewrite::rewrite(&plan, &[], secret)
+            .map_err(|e| fail(format!("{sql}: {e}")))?
+            .sql;
+        if upstream.replace(&seed, "<secret>") == shown {
+            return Ok(upstream);
+        }
+    }
+    Err(fail(format!(
+        "{sql}: the bench cannot reproduce the upstream SQL pgdp's EXPLAIN shows: {shown}"
+    )))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -825,6 +875,8 @@ struct ScaleResult {
 struct Frontend {
     accepted: Vec<(String, f64)>,
     refused: Vec<(String, f64)>,
+    /// For each accepted case, µs up to classify, up to analyze, and in all.
+    stages: Vec<[f64; 3]>,
 }
 
 struct ReleaseCost {
@@ -954,7 +1006,7 @@ async fn bench_scale(
     eprintln!("scale {scale}: 1. proxy overhead");
     let mut overhead = Vec::new();
     for (query, target) in &OVERHEAD {
-        let sql = rewritten(policy, secret, query.template)?;
+        let sql = rewritten(&proxy, policy, secret, query.template).await?;
         let series = series(
             s,
             &[
@@ -985,7 +1037,7 @@ async fn bench_scale(
     let mut plans = String::new();
     for (query, target) in &PRIVACY {
         let plain = query.template.replace("{n}", "0");
-        let sql = rewritten(policy, secret, query.template)?;
+        let sql = rewritten(&proxy, policy, secret, query.template).await?;
         let series = series(
             s,
             &[
@@ -1041,7 +1093,7 @@ async fn bench_scale(
     eprintln!("scale {scale}: 3. throughput");
     let mut throughput = Vec::new();
     for query in &THROUGHPUT {
-        let sql = rewritten(policy, secret, query.template)?;
+        let sql = rewritten(&proxy, policy, secret, query.template).await?;
         let mut levels = Vec::new();
         for &clients in &s.clients {
             let (direct_qps, _) = load_test(s, demo, &sql, false, clients).await?;
@@ -1087,7 +1139,7 @@ async fn bench_scale(
     let mut groups = Vec::new();
     for query in &SCALING_GROUPS {
         let plain = query.template.replace("{n}", "0");
-        let sql = rewritten(policy, secret, query.template)?;
+        let sql = rewritten(&proxy, policy, secret, query.template).await?;
         let candidates = simple_rows(&direct, &sql).await?.len() as u64;
         let series = series(
             s,
@@ -1278,13 +1330,26 @@ fn corpus() -> Res<Vec<Case>> {
 }
 
 /// classify + analyze + rewrite, as the session runs them.
-fn front_end(policy: &Policy, case: &Case) -> bool {
+/// Stages of the front end, timed cumulatively: classify (parse), + analyze, + rewrite.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Classify,
+    Analyze,
+    Rewrite,
+}
+
+/// Runs the front end on `case` up to and including `stage`; whether every stage run succeeded.
+fn front_end(policy: &Policy, case: &Case, stage: Stage) -> bool {
     let Ok(statements) = classify::classify(&case.sql) else {
         return false;
     };
     let [Statement::Query(query)] = statements.as_slice() else {
         return false;
     };
+    if stage == Stage::Classify {
+        std::hint::black_box(&statements);
+        return true;
+    }
     let ctx = Context {
         policy,
         search_path: vec![pgdp::demo::SCHEMA.to_string()],
@@ -1292,42 +1357,58 @@ fn front_end(policy: &Policy, case: &Case) -> bool {
     let Ok(plan) = analyze::analyze(query, &ctx) else {
         return false;
     };
+    if stage == Stage::Analyze {
+        std::hint::black_box(&plan);
+        return true;
+    }
     let rewritten = rewrite::rewrite(&plan, &case.params, "bench-secret");
     std::hint::black_box(&rewritten);
     rewritten.is_ok()
 }
 
-/// Median µs per query of each case, criterion-style: warm up, size a sample to a minimum time,
-/// take the median over samples.
+/// Median µs per run of `case` up to `stage`, criterion-style: warm up, size a sample to a minimum
+/// time, take the median over samples.
+fn time_front_end(s: &Settings, policy: &Policy, case: &Case, stage: Stage) -> f64 {
+    let mut iterations = 1u32;
+    loop {
+        let started = Instant::now();
+        for _ in 0..iterations {
+            std::hint::black_box(front_end(policy, case, stage));
+        }
+        if started.elapsed() >= s.frontend_sample_time || iterations >= 1 << 20 {
+            break;
+        }
+        iterations *= 2;
+    }
+    let mut samples = Vec::new();
+    for _ in 0..s.frontend_samples {
+        let started = Instant::now();
+        for _ in 0..iterations {
+            std::hint::black_box(front_end(policy, case, stage));
+        }
+        samples.push(started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations));
+    }
+    median(&samples)
+}
+
+/// Median µs per query of each case (see [`time_front_end`]); for accepted cases also the time up
+/// to classify and up to analyze.
 fn frontend(s: &Settings) -> Res<Frontend> {
     let policy = pgdp::policy::parse(DEMO_POLICY).map_err(|e| fail(format!("{e:?}")))?;
     let mut out = Frontend {
         accepted: Vec::new(),
         refused: Vec::new(),
+        stages: Vec::new(),
     };
     for case in corpus()? {
-        let ok = front_end(&policy, &case);
-        let mut iterations = 1u32;
-        loop {
-            let started = Instant::now();
-            for _ in 0..iterations {
-                std::hint::black_box(front_end(&policy, &case));
-            }
-            if started.elapsed() >= s.frontend_sample_time || iterations >= 1 << 20 {
-                break;
-            }
-            iterations *= 2;
-        }
-        let mut samples = Vec::new();
-        for _ in 0..s.frontend_samples {
-            let started = Instant::now();
-            for _ in 0..iterations {
-                std::hint::black_box(front_end(&policy, &case));
-            }
-            samples.push(started.elapsed().as_secs_f64() * 1e6 / f64::from(iterations));
-        }
-        let us = median(&samples);
+        let ok = front_end(&policy, &case, Stage::Rewrite);
+        let us = time_front_end(s, &policy, &case, Stage::Rewrite);
         if ok && case.accepted {
+            out.stages.push([
+                time_front_end(s, &policy, &case, Stage::Classify),
+                time_front_end(s, &policy, &case, Stage::Analyze),
+                us,
+            ]);
             out.accepted.push((case.name, us));
         } else {
             out.refused.push((case.name, us));
@@ -1498,11 +1579,14 @@ async fn memory_figure(s: &Settings, demo: &str, ledger: &LedgerDb) -> Res<Memor
     let release_after_kib = rss_kib(pid);
 
     // Many idle connections (authenticated with SCRAM, a few at a time).
+    let idle_dsns: Vec<String> = (0..IDLE_ANALYSTS)
+        .map(|k| dsn.replace("user=analyst", &format!("user={IDLE_ANALYST_PREFIX}{k}")))
+        .collect();
     let mut idle = Vec::new();
     let mut connect_failures = 0;
     let mut pending = Vec::new();
     for i in 0..s.idle_connections {
-        pending.push(connect(&dsn));
+        pending.push(connect(&idle_dsns[i % IDLE_ANALYSTS]));
         if pending.len() == 8 || i + 1 == s.idle_connections {
             for r in futures::future::join_all(pending.drain(..)).await {
                 match r {
@@ -1747,6 +1831,15 @@ fn report(
     if let Some((name, us)) = slowest {
         writeln!(r, "\nSlowest accepted case: `{name}` ({us:.1} µs).")?;
     }
+    let stage =
+        |f: fn(&[f64; 3]) -> f64| median(&frontend.stages.iter().map(f).collect::<Vec<_>>());
+    writeln!(
+        r,
+        "\nAccepted cases by stage (medians of the per-case differences, µs): classify (parse) {:.1}, analyze {:.1}, rewrite (build, re-parse and print the upstream SQL) {:.1}.",
+        stage(|t| t[0]),
+        stage(|t| t[1] - t[0]),
+        stage(|t| t[2] - t[1]),
+    )?;
     writeln!(
         r,
         "\nNoise and release (release::release on exact rows read once; median of {} runs):\n",

@@ -1,13 +1,20 @@
 //! The durable privacy ledger: spent totals, the audit log and the replay cache, in PostgreSQL.
 //!
 //! Invariants:
-//! - [`Ledger::charge`] is one READ COMMITTED transaction that locks the analyst's row
-//!   (`INSERT … ON CONFLICT DO NOTHING`, then `SELECT … FOR UPDATE`), then the dataset row,
-//!   always in that order (so two charges cannot deadlock), runs [`admit`] on the locked totals
-//!   and either commits the new totals with an audit row or rolls back. It returns only after the
-//!   commit, with `synchronous_commit = on` forced for the session, so a charge that was
-//!   reported is durable. Any number of pgdp processes may share one ledger: the row lock
-//!   serialises their charges and none can overspend.
+//! - Charges are committed in groups (group commit): [`Ledger::charge`] queues its request and
+//!   one committer task per [`Ledger`] takes everything queued (at most
+//!   [`CHARGES_PER_COMMIT_MAX`]) into one READ COMMITTED transaction. That transaction locks the
+//!   rows of the batch's analysts (`INSERT … ON CONFLICT DO UPDATE … RETURNING`, in sorted name
+//!   order), then the dataset row, always in that order (so no two transactions, of this process
+//!   or another, can deadlock), runs [`admit`] on each request in arrival order against the
+//!   locked totals plus the requests admitted before it, and commits the new totals with one
+//!   audit row per admitted request. A refused request changes nothing and does not affect the
+//!   others. Every charge is answered only after the commit, with `synchronous_commit = on`
+//!   forced for the session, so a charge that was reported is durable. Any number of pgdp
+//!   processes may share one ledger: the row locks serialise their transactions and none can
+//!   overspend. A lone charge is committed at once (the committer never waits for company);
+//!   concurrent ones share one lock acquisition and one WAL flush instead of queueing for the
+//!   analyst's row one by one.
 //! - Totals are written as the exact decimal text of [`Fixed`] and read back as `numeric::text`,
 //!   so nothing is rounded on the way through PostgreSQL.
 //! - Nothing is ever refunded or decremented; [`Ledger::set_outcome`] only annotates the log.
@@ -61,14 +68,16 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Mutex, MutexGuard};
+use std::sync::Arc;
+
+use tokio::sync::{oneshot, Mutex, MutexGuard};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 use tracing::warn;
 
 use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Scope, Spent};
 use super::fixed::Fixed;
-use crate::limits::{STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
+use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
 use crate::{Error, Result};
 
 /// Connections one [`Ledger`] opens at most (lazily, beyond the first).
@@ -169,7 +178,111 @@ pub struct Ledger {
     slots: Vec<Mutex<Option<Conn>>>,
     next_slot: AtomicUsize,
     /// The tables exist and have this version (checked on the first connection).
-    schema_ready: AtomicBool,
+    schema_ready: Arc<AtomicBool>,
+    /// Charges waiting for their group commit, and the committer's own connection.
+    charges: Arc<ChargeQueue>,
+}
+
+/// One [`Ledger::charge`] request, owned so that the committer task can hold it.
+struct ChargeRequest {
+    analyst: String,
+    limit: Limit,
+    dataset_limit: Option<Limit>,
+    cost: Cost,
+    fingerprint: String,
+    mechanism: String,
+}
+
+/// A queued charge and where its answer goes.
+struct PendingCharge {
+    request: ChargeRequest,
+    reply: oneshot::Sender<Result<Charge>>,
+}
+
+/// The group-commit queue: requests wait here while a committer task runs; at most one
+/// committer runs at a time, and it runs until the queue is empty.
+struct ChargeQueue {
+    config: Config,
+    schema_ready: Arc<AtomicBool>,
+    state: std::sync::Mutex<QueueState>,
+    /// The committer's connection (one committer at a time, so never contended).
+    conn: Mutex<Option<Conn>>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    pending: Vec<PendingCharge>,
+    /// A committer task is running and will take what is pending.
+    committing: bool,
+}
+
+impl ChargeQueue {
+    fn state(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // The lock guards plain data and no code panics while holding it; a poisoned lock still
+        // holds a consistent queue.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues `pending`; true if the caller must start a committer.
+    fn enqueue(&self, pending: PendingCharge) -> bool {
+        let mut state = self.state();
+        state.pending.push(pending);
+        !std::mem::replace(&mut state.committing, true)
+    }
+
+    /// The committer: commits what is queued, batch after batch, until the queue is empty.
+    async fn commit_all(self: Arc<Self>) {
+        loop {
+            let batch: Vec<PendingCharge> = {
+                let mut state = self.state();
+                if state.pending.is_empty() {
+                    state.committing = false;
+                    return;
+                }
+                let n = state.pending.len().min(CHARGES_PER_COMMIT_MAX);
+                state.pending.drain(..n).collect()
+            };
+            let (requests, replies): (Vec<ChargeRequest>, Vec<_>) =
+                batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+            let results = self.commit(&requests).await;
+            for (reply, result) in replies.into_iter().zip(results) {
+                // The charging session may have gone; its charge stands.
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// One group commit (retried once on a fresh connection if the connection broke): one
+    /// answer per request, in order.
+    async fn commit(&self, requests: &[ChargeRequest]) -> Vec<Result<Charge>> {
+        let mut attempts = Attempts {
+            config: &self.config,
+            schema_ready: &self.schema_ready,
+            slot: self.conn.lock().await,
+            retried: false,
+        };
+        let outcomes = loop {
+            let result = match attempts.client().await {
+                Ok(conn) => charge_batch(conn, requests).await,
+                Err(_) => break Err(()),
+            };
+            if let Some(done) = attempts.settle(result) {
+                break done.map_err(|_| ());
+            }
+        };
+        match outcomes {
+            Ok(outcomes) => outcomes
+                .into_iter()
+                .map(|outcome| outcome.map_err(|refusal| Error::from(*refusal)))
+                .collect(),
+            Err(()) => requests
+                .iter()
+                .map(|_| Err(Error::LedgerUnavailable))
+                .collect(),
+        }
+    }
 }
 
 impl fmt::Debug for Ledger {
@@ -213,11 +326,16 @@ impl Conn {
             prepared.push(self.statement(sql).await?);
         }
         let tx = self.client.transaction().await?;
-        tx.batch_execute("SET LOCAL synchronous_commit = off")
-            .await?;
-        for (statement, (_, params)) in prepared.iter().zip(writes) {
-            tx.execute(statement, params).await?;
-        }
+        // Pipelined: the setting and the writes go out together, in this order, and take one
+        // round trip between BEGIN and COMMIT.
+        let setting = tx.batch_execute("SET LOCAL synchronous_commit = off");
+        let executes = futures::future::try_join_all(
+            prepared
+                .iter()
+                .zip(writes)
+                .map(|(statement, (_, params))| tx.execute(statement, params)),
+        );
+        futures::future::try_join(setting, executes).await?;
         tx.commit().await
     }
 }
@@ -226,8 +344,6 @@ impl Conn {
 enum Fault {
     /// PostgreSQL or the connection failed.
     Db(tokio_postgres::Error),
-    /// The accountant refused the charge; the transaction was rolled back.
-    Refused(Box<Refusal>),
     /// The ledger holds something pgdp cannot read (e.g. edited by hand).
     Corrupt(&'static str),
 }
@@ -272,18 +388,25 @@ impl Ledger {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS));
         }
+        let schema_ready = Arc::new(AtomicBool::new(false));
         Ok(Ledger {
+            charges: Arc::new(ChargeQueue {
+                config: config.clone(),
+                schema_ready: Arc::clone(&schema_ready),
+                state: std::sync::Mutex::new(QueueState::default()),
+                conn: Mutex::new(None),
+            }),
             config,
             slots: (0..LEDGER_CONNECTIONS).map(|_| Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
-            schema_ready: AtomicBool::new(false),
+            schema_ready,
         })
     }
 
     /// Charges `cost` to `analyst` if it fits within `limit` (and `dataset_limit`, the cap across
-    /// all analysts, when given), in one transaction; see the module docs. Returns the audit-log
-    /// id and the analyst's balance after the charge, once committed. A charge that does not fit
-    /// changes nothing and fails with [`Error::BudgetExhausted`] (SQLSTATE 53400), naming the
+    /// all analysts, when given), in a group commit; see the module docs. Returns the audit-log id
+    /// and the analyst's balance right after this charge, once committed. A charge that does not
+    /// fit changes nothing and fails with [`Error::BudgetExhausted`] (SQLSTATE 53400), naming the
     /// request and what is left. The dataset totals are kept up to date even without a
     /// `dataset_limit`, so a cap added later counts earlier spending.
     pub async fn charge(
@@ -295,23 +418,25 @@ impl Ledger {
         fingerprint: &str,
         mechanism: &str,
     ) -> Result<Charge> {
-        let mut attempts = self.attempts().await;
-        loop {
-            let client = attempts.client().await?;
-            let result = charge_once(
-                client,
-                analyst,
-                limit,
-                dataset_limit,
-                cost,
-                fingerprint,
-                mechanism,
-            )
-            .await;
-            if let Some(done) = attempts.settle(result) {
-                return done;
-            }
+        let (reply, answer) = oneshot::channel();
+        let pending = PendingCharge {
+            request: ChargeRequest {
+                analyst: analyst.to_string(),
+                limit: *limit,
+                dataset_limit: dataset_limit.copied(),
+                cost: *cost,
+                fingerprint: fingerprint.to_string(),
+                mechanism: mechanism.to_string(),
+            },
+            reply,
+        };
+        if self.charges.enqueue(pending) {
+            // A task of its own, so that a session dropped mid-commit cannot strand the queue.
+            tokio::spawn(Arc::clone(&self.charges).commit_all());
         }
+        // A committer that vanished without answering (its runtime shut down) charged nothing
+        // that was reported; the query does not run.
+        answer.await.unwrap_or(Err(Error::LedgerUnavailable))
     }
 
     /// Records what became of a charge (e.g. `released`, `upstream failed`). Best effort and
@@ -395,9 +520,10 @@ impl Ledger {
                 Ok(statement) => conn.client.query_opt(&statement, &[&analyst]).await,
                 Err(e) => Err(e),
             };
-            let spent = result
-                .map_err(Fault::from)
-                .and_then(|row| row.as_ref().map_or(Ok(Spent::ZERO), spent_from_row));
+            let spent = result.map_err(Fault::from).and_then(|row| {
+                row.as_ref()
+                    .map_or(Ok(Spent::ZERO), |row| spent_from_row(row, 0))
+            });
             if let Some(done) = attempts.settle(spent) {
                 return done.map(|spent| Balance::new(limit, spent));
             }
@@ -415,9 +541,10 @@ impl Ledger {
                 Ok(statement) => conn.client.query_opt(&statement, &[]).await,
                 Err(e) => Err(e),
             };
-            let spent = result
-                .map_err(Fault::from)
-                .and_then(|row| row.as_ref().map_or(Ok(Spent::ZERO), spent_from_row));
+            let spent = result.map_err(Fault::from).and_then(|row| {
+                row.as_ref()
+                    .map_or(Ok(Spent::ZERO), |row| spent_from_row(row, 0))
+            });
             if let Some(done) = attempts.settle(spent) {
                 return done.map(|spent| Balance::new(limit, spent));
             }
@@ -550,7 +677,6 @@ impl Attempts<'_> {
                         warn!(what, "the privacy ledger's tables cannot be used");
                         return Err(Error::LedgerUnavailable);
                     }
-                    Err(Fault::Refused(_)) => return Err(Error::internal("schema check refused")),
                 }
             }
             *self.slot = Some(Conn {
@@ -566,7 +692,6 @@ impl Attempts<'_> {
     fn settle<T>(&mut self, result: Result<T, Fault>) -> Option<Result<T>> {
         match result {
             Ok(value) => Some(Ok(value)),
-            Err(Fault::Refused(refusal)) => Some(Err((*refusal).into())),
             Err(Fault::Corrupt(what)) => {
                 warn!(what, "the privacy ledger holds a value pgdp cannot read");
                 Some(Err(Error::LedgerUnavailable))
@@ -661,34 +786,41 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
     Ok(())
 }
 
-/// Locks the analyst's row (created at zero on first use) and returns its totals: one
-/// statement, since `ON CONFLICT DO UPDATE` locks the row it finds and returns its newest
-/// committed version.
-const LOCK_ANALYST: &str = "INSERT INTO pgdp.analyst_spent AS s (analyst) VALUES ($1)
+/// Locks the rows of the analysts `$1` (created at zero on first use), in the order given (sorted
+/// by the caller), and returns their totals: one statement, since `ON CONFLICT DO UPDATE` locks
+/// the row it finds and returns its newest committed version.
+const LOCK_ANALYSTS: &str =
+    "INSERT INTO pgdp.analyst_spent AS s (analyst) SELECT unnest($1::text[])
      ON CONFLICT (analyst) DO UPDATE SET analyst = s.analyst
-     RETURNING s.epsilon::text, s.delta::text, s.rho::text";
+     RETURNING s.analyst, s.epsilon::text, s.delta::text, s.rho::text";
 
 /// Locks the dataset row and returns its totals.
 const LOCK_DATASET: &str =
     "SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id FOR UPDATE";
 
-/// Writes the analyst's new totals and the dataset's, and appends the audit row, in one
-/// statement. Without a dataset cap the dataset row is not read first: its totals grow by the
-/// cost in place (exact `numeric` addition), still under the row lock the UPDATE takes.
-const RECORD_CHARGE: &str = "WITH analyst AS (
-        UPDATE pgdp.analyst_spent
-        SET epsilon = $2::text::numeric, delta = $3::text::numeric, rho = $4::text::numeric,
-            charges = charges + 1, updated_at = now()
-        WHERE analyst = $1),
+/// Writes the new totals of the analysts and of the dataset, and appends one audit row per admitted
+/// charge, in one statement. Without a dataset cap the dataset row is not read first: its totals
+/// grow by the batch's cost in place (exact `numeric` addition), still under the row lock the
+/// UPDATE takes. Audit rows are inserted, and their ids drawn, in the order of the arrays.
+const RECORD_CHARGES: &str = "WITH analyst AS (
+        UPDATE pgdp.analyst_spent AS s
+        SET epsilon = t.epsilon::numeric, delta = t.delta::numeric, rho = t.rho::numeric,
+            charges = s.charges + t.charges, updated_at = now()
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[])
+            AS t(analyst, epsilon, delta, rho, charges)
+        WHERE s.analyst = t.analyst),
      dataset AS (
         UPDATE pgdp.dataset_spent
-        SET epsilon = CASE WHEN $5::text IS NULL THEN epsilon + $10::text::numeric ELSE $5::text::numeric END,
-            delta = CASE WHEN $6::text IS NULL THEN delta + $11::text::numeric ELSE $6::text::numeric END,
-            rho = CASE WHEN $7::text IS NULL THEN rho + $12::text::numeric ELSE $7::text::numeric END,
-            charges = charges + 1, updated_at = now()
+        SET epsilon = CASE WHEN $6::text IS NULL THEN epsilon + $9::text::numeric ELSE $6::text::numeric END,
+            delta = CASE WHEN $7::text IS NULL THEN delta + $10::text::numeric ELSE $7::text::numeric END,
+            rho = CASE WHEN $8::text IS NULL THEN rho + $11::text::numeric ELSE $8::text::numeric END,
+            charges = charges + $12::int8, updated_at = now()
         WHERE id)
      INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho)
-     VALUES ($1, $8, $9, $10::text::numeric, $11::text::numeric, $12::text::numeric)
+     SELECT l.analyst, l.fingerprint, l.mechanism, l.epsilon::numeric, l.delta::numeric, l.rho::numeric
+     FROM unnest($13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+         WITH ORDINALITY AS l(analyst, fingerprint, mechanism, epsilon, delta, rho, n)
+     ORDER BY l.n
      RETURNING id";
 
 /// Records what became of a charge.
@@ -699,89 +831,190 @@ const SET_OUTCOME: &str =
 const REPLAY_PUT: &str = "INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)
      ON CONFLICT (analyst, key) DO NOTHING";
 
-/// The body of [`Ledger::charge`], one attempt: BEGIN, lock the analyst's row, lock the dataset
-/// row (only with a dataset cap), one statement writing totals and the audit row, COMMIT (the
-/// one durable flush of a query).
-async fn charge_once(
+/// One group commit, one attempt: BEGIN, lock the analysts' rows, lock the dataset row (only when
+/// a request has a dataset cap), admit each request in order, one statement writing totals and
+/// audit rows, COMMIT (the one durable flush of the batch). Returns each request's charge or
+/// refusal, in order; a database failure fails the whole batch, which then charged nothing
+/// (except in the ambiguous case of the module docs).
+async fn charge_batch(
     conn: &mut Conn,
-    analyst: &str,
-    limit: &Limit,
-    dataset_limit: Option<&Limit>,
-    cost: &Cost,
-    fingerprint: &str,
-    mechanism: &str,
-) -> Result<Charge, Fault> {
-    let lock_analyst = conn.statement(LOCK_ANALYST).await?;
+    requests: &[ChargeRequest],
+) -> Result<Vec<Result<Charge, Box<Refusal>>>, Fault> {
+    let lock_analysts = conn.statement(LOCK_ANALYSTS).await?;
     let lock_dataset = conn.statement(LOCK_DATASET).await?;
-    let record = conn.statement(RECORD_CHARGE).await?;
+    let record = conn.statement(RECORD_CHARGES).await?;
+    let mut analysts: Vec<&str> = requests.iter().map(|r| r.analyst.as_str()).collect();
+    analysts.sort_unstable();
+    analysts.dedup();
+
     let tx = conn.client.transaction().await?;
-    let row = tx.query_one(&lock_analyst, &[&analyst]).await?;
-    let spent = match admit(limit, &spent_from_row(&row)?, cost) {
-        Ok(after) => after,
-        Err(refusal) => {
-            tx.rollback().await?;
-            return Err(Fault::Refused(Box::new(refusal)));
-        }
+    let mut spent: HashMap<String, Spent> = HashMap::with_capacity(analysts.len());
+    for row in tx.query(&lock_analysts, &[&analysts]).await? {
+        spent.insert(row.try_get(0)?, spent_from_row(&row, 1)?);
+    }
+    // Locked second, by every transaction (here or by the UPDATE of RECORD_CHARGES), so lock
+    // order is the same everywhere.
+    let mut dataset = if requests.iter().any(|r| r.dataset_limit.is_some()) {
+        Some(spent_from_row(&tx.query_one(&lock_dataset, &[]).await?, 0)?)
+    } else {
+        None
     };
 
-    // Locked second, by every charge (here or by the UPDATE below), so lock order is the same
-    // everywhere.
-    let dataset_spent = match dataset_limit {
-        Some(dataset_limit) => {
-            let row = tx.query_one(&lock_dataset, &[]).await?;
-            match admit(dataset_limit, &spent_from_row(&row)?, cost) {
-                Ok(after) => Some(after),
+    // Admit in arrival order, each against the totals the ones before it left.
+    let mut outcomes = Vec::with_capacity(requests.len());
+    let mut batch_cost = Cost::ZERO;
+    for request in requests {
+        let current = *spent.get(&request.analyst).ok_or(Fault::Corrupt(
+            "an analyst's row was not returned by its lock",
+        ))?;
+        let after = match admit(&request.limit, &current, &request.cost) {
+            Ok(after) => after,
+            Err(refusal) => {
+                outcomes.push(Err(Box::new(refusal)));
+                continue;
+            }
+        };
+        if let Some(dataset_spent) = dataset.as_mut() {
+            let dataset_after = match &request.dataset_limit {
+                Some(dataset_limit) => admit(dataset_limit, dataset_spent, &request.cost),
+                None => Ok(*dataset_spent + request.cost),
+            };
+            match dataset_after {
+                Ok(dataset_after) => *dataset_spent = dataset_after,
                 Err(refusal) => {
-                    tx.rollback().await?;
-                    return Err(Fault::Refused(Box::new(Refusal {
+                    outcomes.push(Err(Box::new(Refusal {
                         scope: Scope::Dataset,
                         ..refusal
                     })));
+                    continue;
                 }
             }
         }
-        None => None,
-    };
-
-    let text = |x: Fixed| x.to_numeric_text();
-    let dataset_text = |f: fn(&Spent) -> Fixed| dataset_spent.as_ref().map(|s| text(f(s)));
-    let id: i64 = tx
-        .query_one(
+        spent.insert(request.analyst.clone(), after);
+        batch_cost = batch_cost + request.cost;
+        outcomes.push(Ok(after));
+    }
+    let admitted: Vec<&ChargeRequest> = requests
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, outcome)| outcome.is_ok())
+        .map(|(request, _)| request)
+        .collect();
+    let ids = if admitted.is_empty() {
+        tx.rollback().await?;
+        Vec::new()
+    } else {
+        let ids = record_charges(
+            &tx,
             &record,
+            &admitted,
+            &spent,
+            dataset.as_ref(),
+            &batch_cost,
+        )
+        .await?;
+        tx.commit().await?;
+        ids
+    };
+    let mut ids = ids.into_iter();
+    Ok(requests
+        .iter()
+        .zip(outcomes)
+        .map(|(request, outcome)| {
+            outcome.map(|after| Charge {
+                // One id per admitted request (checked by record_charges).
+                id: ids.next().unwrap_or_default(),
+                balance: Balance::new(&request.limit, after),
+            })
+        })
+        .collect())
+}
+
+/// Runs [`RECORD_CHARGES`] for the `admitted` requests of a batch, given the analysts' and the
+/// dataset's totals after them (the dataset's only when it was locked) and their summed cost.
+/// Returns the audit-log ids in the order of `admitted`.
+async fn record_charges(
+    tx: &tokio_postgres::Transaction<'_>,
+    record: &Statement,
+    admitted: &[&ChargeRequest],
+    spent: &HashMap<String, Spent>,
+    dataset: Option<&Spent>,
+    batch_cost: &Cost,
+) -> Result<Vec<i64>, Fault> {
+    // The analysts' final totals and how many charges each gained.
+    let text = |x: Fixed| x.to_numeric_text();
+    let mut charged: Vec<(&str, i64)> = Vec::new();
+    for request in admitted {
+        match charged
+            .iter_mut()
+            .find(|(name, _)| *name == request.analyst)
+        {
+            Some((_, n)) => *n += 1,
+            None => charged.push((&request.analyst, 1)),
+        }
+    }
+    let mut names = Vec::with_capacity(charged.len());
+    let (mut epsilons, mut deltas, mut rhos, mut counts) = (vec![], vec![], vec![], vec![]);
+    for (name, n) in &charged {
+        let total = spent
+            .get(*name)
+            .ok_or(Fault::Corrupt("an admitted analyst has no total"))?;
+        names.push(*name);
+        epsilons.push(text(total.epsilon));
+        deltas.push(text(total.delta));
+        rhos.push(text(total.rho));
+        counts.push(*n);
+    }
+    let dataset_text = |f: fn(&Spent) -> Fixed| dataset.map(|s| text(f(s)));
+    let log = |f: fn(&ChargeRequest) -> String| admitted.iter().map(|r| f(r)).collect::<Vec<_>>();
+    let mut ids: Vec<i64> = tx
+        .query(
+            record,
             &[
-                &analyst,
-                &text(spent.epsilon),
-                &text(spent.delta),
-                &text(spent.rho),
+                &names,
+                &epsilons,
+                &deltas,
+                &rhos,
+                &counts,
                 &dataset_text(|s| s.epsilon),
                 &dataset_text(|s| s.delta),
                 &dataset_text(|s| s.rho),
-                &fingerprint,
-                &mechanism,
-                &text(cost.epsilon),
-                &text(cost.delta),
-                &text(cost.rho),
+                &text(batch_cost.epsilon),
+                &text(batch_cost.delta),
+                &text(batch_cost.rho),
+                &(admitted.len() as i64),
+                &log(|r| r.analyst.clone()),
+                &log(|r| r.fingerprint.clone()),
+                &log(|r| r.mechanism.clone()),
+                &log(|r| r.cost.epsilon.to_numeric_text()),
+                &log(|r| r.cost.delta.to_numeric_text()),
+                &log(|r| r.cost.rho.to_numeric_text()),
             ],
         )
         .await?
-        .try_get(0)?;
-    tx.commit().await?;
-    Ok(Charge {
-        id,
-        balance: Balance::new(limit, spent),
-    })
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<_, _>>()?;
+    if ids.len() != admitted.len() {
+        return Err(Fault::Corrupt(
+            "the audit log did not take one row per charge",
+        ));
+    }
+    // Identity values are drawn in insertion order, which is the order of the arrays.
+    ids.sort_unstable();
+    Ok(ids)
 }
 
-/// Reads `(epsilon::text, delta::text, rho::text)`.
-fn spent_from_row(row: &Row) -> Result<Spent, Fault> {
+/// Reads `(epsilon::text, delta::text, rho::text)` from column `first` on.
+fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
     let column = |index: usize| -> Result<Fixed, Fault> {
         let text: String = row.try_get(index)?;
         Fixed::from_numeric_text(&text)
             .map_err(|_| Fault::Corrupt("a spent total is not a valid amount"))
     };
     Ok(Spent {
-        epsilon: column(0)?,
-        delta: column(1)?,
-        rho: column(2)?,
+        epsilon: column(first)?,
+        delta: column(first + 1)?,
+        rho: column(first + 2)?,
     })
 }
