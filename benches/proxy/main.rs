@@ -23,14 +23,21 @@
 //! - No DP query is answered from pgdp's replay cache: each run gives its query a fresh output
 //!   alias, which changes the replay key and leaves the upstream SQL unchanged. The report checks
 //!   it: the ledger holds one charge per DP query sent.
-//! - The demo databases (`pgdp_test_demo_s<N>`) are shared with the integration tests and only
-//!   read here; the ledger is a database of this process, dropped at the end.
+//! - The demo databases (`pgdp_test_demo_s<N>_v<VERSION>`, benches/common) are shared with the
+//!   integration tests and only read here; the ledger is a database of this process, dropped at the end.
 //! - The upstream is `PGDP_BENCH_UPSTREAM` (a DSN of a maintenance database, user allowed to
 //!   create databases) or `host=127.0.0.1 port=5432 user=postgres dbname=postgres`.
 //!
 //! A benchmark program, not a test: progress goes to standard error, the report to a file.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod plot;
+
+use common::{
+    budget_policy_text, connect, demo_database, fail, fresh, machine, proxy_dsn, read, scalar,
+    simple_rows, with_dbname, Machine, Res, DEFAULT_ADMIN_DSN, DEMO_POLICY, DP_QUERIES, NOISE_SEED,
+};
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -46,23 +53,7 @@ use pgdp::rewrite;
 use pgdp::server::{self, Config, Running};
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
-type Res<T> = Result<T, Error>;
-
-fn fail(message: impl Into<String>) -> Error {
-    message.into().into()
-}
-
-/// The upstream used when `PGDP_BENCH_UPSTREAM` is not set.
-const DEFAULT_ADMIN_DSN: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
-
-/// The demo policy, with a budget large enough for thousands of queries (see [`bench_policy`]).
-const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
-
-/// Fixed noise seed of the in-process server (results do not depend on it; runs repeat exactly).
-const NOISE_SEED: [u8; 32] = [7; 32];
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 /// Most direct upstream connections the throughput figure opens (PostgreSQL's default
 /// `max_connections` is 100 and the machine is shared); more clients share them.
@@ -254,13 +245,17 @@ fn parse_args() -> Res<Settings> {
         .ok()
         .filter(|d| !d.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_ADMIN_DSN.to_string());
-    let mut command = String::from("cargo bench --bench proxy --");
+    let mut options = String::new();
     if smoke {
-        command.push_str(" --smoke");
+        options.push_str(" --smoke");
     }
     if let Some(s) = &scales {
         let list: Vec<String> = s.iter().map(u32::to_string).collect();
-        write!(command, " --scale {}", list.join(","))?;
+        write!(options, " --scale {}", list.join(","))?;
+    }
+    let mut command = String::from("cargo bench --bench proxy");
+    if !options.is_empty() {
+        write!(command, " --{options}")?;
     }
     let settings = if smoke {
         Settings {
@@ -355,59 +350,6 @@ fn ms(d: Duration) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // Connections and queries
 
-async fn connect(dsn: &str) -> Res<Client> {
-    let (client, connection) = tokio_postgres::connect(dsn, NoTls).await?;
-    tokio::spawn(async move {
-        // Errors surface on the client's next call.
-        let _ = connection.await;
-    });
-    Ok(client)
-}
-
-/// `dsn` with its database replaced.
-fn with_dbname(dsn: &str, dbname: &str) -> String {
-    pgdp::cluster::dsn_with_dbname(dsn, dbname)
-}
-
-fn proxy_dsn(port: u16) -> String {
-    format!(
-        "host=127.0.0.1 port={port} user=analyst password=analyst dbname={} sslmode=disable connect_timeout=30",
-        pgdp::demo::DATABASE
-    )
-}
-
-/// DP queries sent to pgdp (to check against the ledger's charges).
-static DP_QUERIES: AtomicU64 = AtomicU64::new(0);
-static ALIAS: AtomicU64 = AtomicU64::new(1);
-
-/// The query with a fresh alias: never seen by the replay cache.
-fn fresh(template: &str) -> String {
-    template.replace("{n}", &ALIAS.fetch_add(1, Ordering::Relaxed).to_string())
-}
-
-/// Rows of a simple query's answer.
-async fn simple_rows(client: &Client, sql: &str) -> Res<Vec<Vec<Option<String>>>> {
-    let messages = client.simple_query(sql).await?;
-    Ok(messages
-        .iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
-            }
-            _ => None,
-        })
-        .collect())
-}
-
-async fn scalar(client: &Client, sql: &str) -> Res<String> {
-    simple_rows(client, sql)
-        .await?
-        .into_iter()
-        .next()
-        .and_then(|r| r.into_iter().next().flatten())
-        .ok_or_else(|| fail(format!("no value from {sql}")))
-}
-
 /// One way of running a query: through pgdp (fresh alias each time) or a fixed SQL directly.
 #[derive(Clone, Copy)]
 enum Way<'a> {
@@ -493,118 +435,6 @@ async fn series(s: &Settings, ways: &[Way<'_>]) -> Res<Series> {
 // ---------------------------------------------------------------------------------------------
 // Setup: the machine, the demo data, the ledger, the policy, the server
 
-struct Machine {
-    cpu: String,
-    cores: usize,
-    memory_gib: f64,
-    kernel: String,
-    postgres: String,
-    load: String,
-    date: String,
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-async fn machine(admin: &Client) -> Res<Machine> {
-    let cpuinfo = read("/proc/cpuinfo");
-    let cpu = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-        .unwrap_or_else(|| "unknown CPU".into());
-    let memory_kib: f64 = read("/proc/meminfo")
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    let settings = simple_rows(
-        admin,
-        "SELECT version(), current_setting('shared_buffers'), current_setting('work_mem'), \
-         current_setting('max_parallel_workers_per_gather'), current_setting('synchronous_commit')",
-    )
-    .await?;
-    let r = settings.first().ok_or_else(|| fail("no version"))?;
-    let text = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
-    let version = text(0);
-    let version = version.split(" on ").next().unwrap_or(&version).to_string();
-    Ok(Machine {
-        cpu,
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        memory_gib: memory_kib / 1024.0 / 1024.0,
-        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
-        postgres: format!(
-            "{version} (shared_buffers {}, work_mem {}, max_parallel_workers_per_gather {}, synchronous_commit {})",
-            text(1),
-            text(2),
-            text(3),
-            text(4)
-        ),
-        load: read("/proc/loadavg")
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-        date: utc_now(),
-    })
-}
-
-/// The current UTC time as `YYYY-MM-DD HH:MM`.
-fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        (rem % 3600) / 60
-    )
-}
-
-/// The demo database at `scale` (shared with the tests), created and loaded when needed.
-async fn demo_database(s: &Settings, admin: &Client, scale: u32) -> Res<String> {
-    let name = format!("pgdp_test_demo_s{scale}");
-    let exists = admin
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
-        .await?
-        .is_some();
-    if !exists {
-        if let Err(e) = admin
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .await
-        {
-            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
-                return Err(e.into());
-            }
-        }
-    }
-    let dsn = with_dbname(&s.admin_dsn, &name);
-    let client = connect(&dsn).await?;
-    let started = Instant::now();
-    let report = pgdp::demo::load(&client, scale, |line| eprintln!("  {line}")).await?;
-    if !report.reused {
-        eprintln!(
-            "  loaded scale {scale} in {:.0} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
-    Ok(dsn)
-}
-
 /// The ledger database of this run.
 struct LedgerDb {
     name: String,
@@ -643,25 +473,10 @@ impl LedgerDb {
     }
 }
 
-/// The demo policy with a budget for thousands of queries: total ε 10^6, δ 0.5, at most ε 100
-/// per query. Everything else (bounds, caps, public keys) is the demo's.
+/// The demo policy with a budget for thousands of queries ([`budget_policy_text`]) and the
+/// analysts of the idle connections.
 fn bench_policy_text() -> Res<String> {
-    let mut text = DEMO_POLICY.to_string();
-    for (from, to) in [
-        ("      epsilon: 10\n", "      epsilon: 1000000\n"),
-        ("      delta: 1.0e-5\n", "      delta: 0.5\n"),
-        (
-            "      epsilon_per_query_max: 2\n",
-            "      epsilon_per_query_max: 100\n",
-        ),
-    ] {
-        if !text.contains(from) {
-            return Err(fail(format!(
-                "the demo policy no longer contains {from:?}; update bench_policy_text"
-            )));
-        }
-        text = text.replace(from, to);
-    }
+    let text = budget_policy_text()?;
     // The idle connections of the memory figure are spread over more analysts (same password),
     // since one analyst may hold at most CONNECTIONS_PER_ANALYST_MAX connections.
     let verifier = text
@@ -905,7 +720,7 @@ async fn bench(s: Settings) -> Res<()> {
     if s.load_only {
         for &scale in &s.scales {
             eprintln!("scale {scale}: demo data");
-            demo_database(&s, &admin, scale).await?;
+            demo_database(&s.admin_dsn, &admin, scale).await?;
         }
         return Ok(());
     }
@@ -957,7 +772,7 @@ async fn bench_all(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<All> 
     let mut memory = None;
     for &scale in &s.scales {
         eprintln!("scale {scale}: demo data");
-        let demo = demo_database(s, admin, scale).await?;
+        let demo = demo_database(&s.admin_dsn, admin, scale).await?;
         let running = start_server(&demo, ledger).await?;
         let result = bench_scale(s, scale, &demo, ledger, &running).await?;
         if releases.is_empty() {
@@ -1549,6 +1364,29 @@ async fn memory_figure(s: &Settings, demo: &str, ledger: &LedgerDb) -> Res<Memor
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle_kib = rss_kib(pid);
 
+    // Many idle connections (authenticated with SCRAM, a few at a time).
+    let idle_dsns: Vec<String> = (0..IDLE_ANALYSTS)
+        .map(|k| dsn.replace("user=analyst", &format!("user={IDLE_ANALYST_PREFIX}{k}")))
+        .collect();
+    let mut idle = Vec::new();
+    let mut connect_failures = 0;
+    let mut pending = Vec::new();
+    for i in 0..s.idle_connections {
+        pending.push(connect(&idle_dsns[i % IDLE_ANALYSTS]));
+        if pending.len() == 8 || i + 1 == s.idle_connections {
+            for r in futures::future::join_all(pending.drain(..)).await {
+                match r {
+                    Ok(c) => idle.push(c),
+                    Err(_) => connect_failures += 1,
+                }
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let connections_kib = rss_kib(pid);
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
     // Releasing many groups: sample the resident size while the query runs.
     client
         .batch_execute(&format!("SET pgdp.epsilon = {WIDE_EPSILON}"))
@@ -1578,27 +1416,6 @@ async fn memory_figure(s: &Settings, demo: &str, ledger: &LedgerDb) -> Res<Memor
     tokio::time::sleep(Duration::from_millis(500)).await;
     let release_after_kib = rss_kib(pid);
 
-    // Many idle connections (authenticated with SCRAM, a few at a time).
-    let idle_dsns: Vec<String> = (0..IDLE_ANALYSTS)
-        .map(|k| dsn.replace("user=analyst", &format!("user={IDLE_ANALYST_PREFIX}{k}")))
-        .collect();
-    let mut idle = Vec::new();
-    let mut connect_failures = 0;
-    let mut pending = Vec::new();
-    for i in 0..s.idle_connections {
-        pending.push(connect(&idle_dsns[i % IDLE_ANALYSTS]));
-        if pending.len() == 8 || i + 1 == s.idle_connections {
-            for r in futures::future::join_all(pending.drain(..)).await {
-                match r {
-                    Ok(c) => idle.push(c),
-                    Err(_) => connect_failures += 1,
-                }
-            }
-        }
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let connections_kib = rss_kib(pid);
-    drop(idle);
     drop(client);
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);
@@ -1835,7 +1652,7 @@ fn report(
         |f: fn(&[f64; 3]) -> f64| median(&frontend.stages.iter().map(f).collect::<Vec<_>>());
     writeln!(
         r,
-        "\nAccepted cases by stage (medians of the per-case differences, µs): classify (parse) {:.1}, analyze {:.1}, rewrite (build, re-parse and print the upstream SQL) {:.1}.",
+        "\nAccepted cases by stage (medians of the per-case differences, µs): classify (parse) {:.1}, analyze {:.1}, rewrite (build the upstream SQL and check its tokens) {:.1}.",
         stage(|t| t[0]),
         stage(|t| t[1] - t[0]),
         stage(|t| t[2] - t[1]),
@@ -1873,6 +1690,19 @@ fn report(
             "| idle (after one query) | {:.1} | | |",
             mib(mem.idle_kib)
         )?;
+        let ok = mib(mem.connections_kib) <= 64.0 && mem.connect_failures == 0;
+        writeln!(
+            r,
+            "| {} idle connections over 4 analysts ({} failed to connect) | {:.1} | ≤ 64 | {} |",
+            mem.idle_connections,
+            mem.connect_failures,
+            mib(mem.connections_kib),
+            if mem.idle_connections < 500 {
+                "(smoke: fewer connections)"
+            } else {
+                mark(ok)
+            }
+        )?;
         writeln!(
             r,
             "| peak while releasing {} groups ({:.0} ms, ε = {WIDE_EPSILON}) | {:.1} | | |",
@@ -1884,19 +1714,6 @@ fn report(
             r,
             "| after that release | {:.1} | | |",
             mib(mem.release_after_kib)
-        )?;
-        let ok = mib(mem.connections_kib) <= 64.0 && mem.connect_failures == 0;
-        writeln!(
-            r,
-            "| {} idle connections ({} failed to connect) | {:.1} | ≤ 64 | {} |",
-            mem.idle_connections,
-            mem.connect_failures,
-            mib(mem.connections_kib),
-            if mem.idle_connections < 500 {
-                "(smoke: fewer connections)"
-            } else {
-                mark(ok)
-            }
         )?;
     }
     Ok(r)

@@ -27,7 +27,7 @@
 //! mechanisms come from the library (`classify`, `analyze`, `rewrite`, `release::mechanisms`) with
 //! the server's own secret, so the SQL is byte for byte what pgdp sends.
 //!
-//! The demo database (`pgdp_test_demo_s<N>`) is shared with the integration tests and the
+//! The demo database (`pgdp_test_demo_s<N>_v<VERSION>`, benches/common) is shared with the integration tests and the
 //! performance benchmark and only read here; the ledger is a database of this process, dropped
 //! at the end. The upstream is `PGDP_BENCH_UPSTREAM` or
 //! `host=127.0.0.1 port=5432 user=postgres dbname=postgres`.
@@ -37,7 +37,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use pgdp::analyze::{self, AggregateKind, Context, OutputSource, Plan};
@@ -50,26 +50,18 @@ use pgdp::server::{self, Config, Running};
 use pgdp::session::Cell;
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::Client;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-type Res<T> = Result<T, Error>;
+#[path = "../common/mod.rs"]
+mod common;
 
-fn fail(message: impl Into<String>) -> Error {
-    message.into().into()
-}
-
-/// The upstream used when `PGDP_BENCH_UPSTREAM` is not set.
-const DEFAULT_ADMIN_DSN: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
-
-/// The demo policy, with a budget large enough for the run (see [`bench_policy_text`]).
-const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
+use common::{
+    budget_policy_text, connect, demo_database, fail, fresh, machine, proxy_dsn, scalar,
+    simple_rows, with_dbname, Machine, Res, DEFAULT_ADMIN_DSN, DP_QUERIES, NOISE_SEED,
+};
 
 /// The group-choice secret of the benchmark's policy (benchmark only; see [`bench_policy`]).
 const GROUP_CHOICE_SECRET: &str = "pgdp-utility-benchmark-secret";
-
-/// Fixed noise seed of the in-process server.
-const NOISE_SEED: [u8; 32] = [7; 32];
 
 /// Groups near a clamp named in the report per row (the rest are counted).
 const NEAR_CLAMP_LISTED: usize = 6;
@@ -395,171 +387,20 @@ fn run() -> Res<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Connections, the demo data, the ledger, the server (a few lines duplicated from
-// benches/proxy/main.rs, which this benchmark does not edit)
-
-async fn connect(dsn: &str) -> Res<Client> {
-    let (client, connection) = tokio_postgres::connect(dsn, NoTls).await?;
-    tokio::spawn(async move {
-        // Errors surface on the client's next call.
-        let _ = connection.await;
-    });
-    Ok(client)
-}
-
-fn with_dbname(dsn: &str, dbname: &str) -> String {
-    pgdp::cluster::dsn_with_dbname(dsn, dbname)
-}
-
-fn proxy_dsn(port: u16) -> String {
-    format!(
-        "host=127.0.0.1 port={port} user=analyst password=analyst dbname={} sslmode=disable connect_timeout=30",
-        pgdp::demo::DATABASE
-    )
-}
+// The policy (connections, the demo data and the machine are in benches/common)
 
 type Rows = Vec<Vec<Option<String>>>;
 
-async fn simple_rows(client: &Client, sql: &str) -> Res<Rows> {
-    let messages = client
-        .simple_query(sql)
-        .await
-        .map_err(|e| fail(format!("{sql}: {e}")))?;
-    Ok(messages
-        .iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
-            }
-            _ => None,
-        })
-        .collect())
-}
-
-async fn scalar(client: &Client, sql: &str) -> Res<String> {
-    simple_rows(client, sql)
-        .await?
-        .into_iter()
-        .next()
-        .and_then(|r| r.into_iter().next().flatten())
-        .ok_or_else(|| fail(format!("no value from {sql}")))
-}
-
-async fn demo_database(o: &Options, admin: &Client) -> Res<String> {
-    let name = format!("pgdp_test_demo_s{}", o.scale);
-    let exists = admin
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
-        .await?
-        .is_some();
-    if !exists {
-        if let Err(e) = admin
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .await
-        {
-            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
-                return Err(e.into());
-            }
-        }
-    }
-    let dsn = with_dbname(&o.admin_dsn, &name);
-    let client = connect(&dsn).await?;
-    pgdp::demo::load(&client, o.scale, |line| eprintln!("  {line}")).await?;
-    Ok(dsn)
-}
-
-/// The demo policy with a budget for the whole run (total ε 10^6, δ 0.5, at most ε 100 per
-/// query) and a fixed group-choice secret.
+/// The demo policy with a budget for the whole run ([`budget_policy_text`]) and a fixed
+/// group-choice secret.
 fn bench_policy() -> Res<Policy> {
-    let mut text = DEMO_POLICY.to_string();
-    for (from, to) in [
-        ("      epsilon: 10\n", "      epsilon: 1000000\n"),
-        ("      delta: 1.0e-5\n", "      delta: 0.5\n"),
-        (
-            "      epsilon_per_query_max: 2\n",
-            "      epsilon_per_query_max: 100\n",
-        ),
-    ] {
-        if !text.contains(from) {
-            return Err(fail(format!(
-                "the demo policy no longer contains {from:?}; update bench_policy"
-            )));
-        }
-        text = text.replace(from, to);
-    }
+    let text = budget_policy_text()?;
     let mut policy =
         pgdp::policy::parse(&text).map_err(|e| fail(format!("bench policy: {e:?}")))?;
     // A fixed group-choice secret (instead of a random one kept in this run's new ledger), so
     // that which groups each person keeps, and so every figure, is the same from run to run.
     policy.secret = Some(GROUP_CHOICE_SECRET.into());
     Ok(policy)
-}
-
-struct Machine {
-    cpu: String,
-    cores: usize,
-    memory_gib: f64,
-    kernel: String,
-    postgres: String,
-    date: String,
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-async fn machine(admin: &Client) -> Res<Machine> {
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-        .unwrap_or_else(|| "unknown CPU".into());
-    let memory_kib: f64 = read("/proc/meminfo")
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    let version = scalar(admin, "SELECT version()").await?;
-    Ok(Machine {
-        cpu,
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        memory_gib: memory_kib / 1024.0 / 1024.0,
-        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
-        postgres: version.split(" on ").next().unwrap_or(&version).to_string(),
-        date: utc_now(),
-    })
-}
-
-/// The current UTC time as `YYYY-MM-DD HH:MM UTC`.
-fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        (rem % 3600) / 60
-    )
-}
-
-/// DP queries sent to pgdp (to check against the ledger's charges) and the alias counter.
-static DP_QUERIES: AtomicU64 = AtomicU64::new(0);
-static ALIAS: AtomicU64 = AtomicU64::new(1);
-
-fn fresh(template: &str) -> String {
-    template.replace("{n}", &ALIAS.fetch_add(1, Ordering::Relaxed).to_string())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -996,7 +837,7 @@ async fn bench(o: Options) -> Res<()> {
         machine.postgres
     );
     eprintln!("demo data, scale {}", o.scale);
-    let demo = demo_database(&o, &admin).await?;
+    let demo = demo_database(&o.admin_dsn, &admin, o.scale).await?;
     let ledger_name = format!("pgdp_utility_ledger_{}", std::process::id());
     admin
         .batch_execute(&format!(

@@ -1,0 +1,231 @@
+//! What the proxy and utility benchmarks share: errors, connections, the machine facts, the demo
+//! database and the budget of the bench policy. Included by both (`#[path] mod common`); each
+//! uses most of it, so items one of them does not use are allowed to be dead there.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Res<T> = Result<T, Error>;
+
+pub fn fail(message: impl Into<String>) -> Error {
+    message.into().into()
+}
+
+/// The upstream used when `PGDP_BENCH_UPSTREAM` is not set.
+pub const DEFAULT_ADMIN_DSN: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
+
+/// The demo policy (see [`budget_policy_text`]).
+pub const DEMO_POLICY: &str = include_str!("../../policies/demo.yaml");
+
+/// Fixed noise seed of the in-process server (results do not depend on it; runs repeat exactly).
+pub const NOISE_SEED: [u8; 32] = [7; 32];
+
+// ---------------------------------------------------------------------------------------------
+// Connections and queries
+
+pub async fn connect(dsn: &str) -> Res<Client> {
+    let (client, connection) = tokio_postgres::connect(dsn, NoTls).await?;
+    tokio::spawn(async move {
+        // Errors surface on the client's next call.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// `dsn` with its database replaced.
+pub fn with_dbname(dsn: &str, dbname: &str) -> String {
+    pgdp::cluster::dsn_with_dbname(dsn, dbname)
+}
+
+/// The demo analyst's connection string for a pgdp listening on `port`.
+pub fn proxy_dsn(port: u16) -> String {
+    format!(
+        "host=127.0.0.1 port={port} user=analyst password=analyst dbname={} sslmode=disable connect_timeout=30",
+        pgdp::demo::DATABASE
+    )
+}
+
+/// Rows of a simple query's answer (the error names the SQL).
+pub async fn simple_rows(client: &Client, sql: &str) -> Res<Vec<Vec<Option<String>>>> {
+    let messages = client
+        .simple_query(sql)
+        .await
+        .map_err(|e| fail(format!("{sql}: {e}")))?;
+    Ok(messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect())
+}
+
+/// The first column of the first row.
+pub async fn scalar(client: &Client, sql: &str) -> Res<String> {
+    simple_rows(client, sql)
+        .await?
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+        .ok_or_else(|| fail(format!("no value from {sql}")))
+}
+
+/// DP queries sent to pgdp (to check against the ledger's charges).
+pub static DP_QUERIES: AtomicU64 = AtomicU64::new(0);
+static ALIAS: AtomicU64 = AtomicU64::new(1);
+
+/// The query with its `{n}` replaced by a fresh number: never seen by the replay cache.
+pub fn fresh(template: &str) -> String {
+    template.replace("{n}", &ALIAS.fetch_add(1, Ordering::Relaxed).to_string())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The demo data and the policy
+
+/// The demo database at `scale`, shared with the integration tests (the harness's name,
+/// `pgdp_test_demo_s<N>_v<VERSION>`), created and loaded when needed, only read otherwise.
+/// Returns its DSN.
+pub async fn demo_database(admin_dsn: &str, admin: &Client, scale: u32) -> Res<String> {
+    let name = format!("pgdp_test_demo_s{scale}_v{}", pgdp::demo::VERSION);
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await?
+        .is_some();
+    if !exists {
+        if let Err(e) = admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+        {
+            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+                return Err(e.into());
+            }
+        }
+    }
+    let dsn = with_dbname(admin_dsn, &name);
+    let client = connect(&dsn).await?;
+    let started = Instant::now();
+    let report = pgdp::demo::load(&client, scale, |line| eprintln!("  {line}")).await?;
+    if !report.reused {
+        eprintln!(
+            "  loaded scale {scale} in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(dsn)
+}
+
+/// The demo policy with a budget for a whole run: total ε 10^6, δ 0.5, at most ε 100 per query.
+/// Everything else (bounds, caps, public keys) is the demo's.
+pub fn budget_policy_text() -> Res<String> {
+    let mut text = DEMO_POLICY.to_string();
+    for (from, to) in [
+        ("      epsilon: 10\n", "      epsilon: 1000000\n"),
+        ("      delta: 1.0e-5\n", "      delta: 0.5\n"),
+        (
+            "      epsilon_per_query_max: 2\n",
+            "      epsilon_per_query_max: 100\n",
+        ),
+    ] {
+        if !text.contains(from) {
+            return Err(fail(format!(
+                "the demo policy no longer contains {from:?}; update benches/common"
+            )));
+        }
+        text = text.replace(from, to);
+    }
+    Ok(text)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine
+
+/// What the report says about where it ran.
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub kernel: String,
+    /// The upstream's version and the settings that matter to the figures.
+    pub postgres: String,
+    /// The load average at the start.
+    pub load: String,
+    pub date: String,
+}
+
+/// The text of a file, or nothing if it cannot be read.
+pub fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+pub async fn machine(admin: &Client) -> Res<Machine> {
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let memory_kib: f64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let settings = simple_rows(
+        admin,
+        "SELECT version(), current_setting('shared_buffers'), current_setting('work_mem'), \
+         current_setting('max_parallel_workers_per_gather'), current_setting('synchronous_commit')",
+    )
+    .await?;
+    let r = settings.first().ok_or_else(|| fail("no version"))?;
+    let text = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
+    let version = text(0);
+    let version = version.split(" on ").next().unwrap_or(&version).to_string();
+    Ok(Machine {
+        cpu,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_gib: memory_kib / 1024.0 / 1024.0,
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        postgres: format!(
+            "{version} (shared_buffers {}, work_mem {}, max_parallel_workers_per_gather {}, synchronous_commit {})",
+            text(1),
+            text(2),
+            text(3),
+            text(4)
+        ),
+        load: read("/proc/loadavg")
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        date: utc_now(),
+    })
+}
+
+/// The current UTC time as `YYYY-MM-DD HH:MM UTC`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        (rem % 3600) / 60
+    )
+}
