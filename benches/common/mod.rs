@@ -213,19 +213,44 @@ pub fn utc_now() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let days_since_2000 = i32::try_from(days - DAYS_1970_TO_2000).unwrap_or(0);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        "{} {:02}:{:02} UTC",
+        pgdp::wire::date_from_days(days_since_2000),
         rem / 3600,
         (rem % 3600) / 60
     )
+}
+
+/// Days from 1970-01-01 to 2000-01-01.
+const DAYS_1970_TO_2000: i64 = 10_957;
+
+// ---------------------------------------------------------------------------------------------
+// The program
+
+/// Runs `bench` on a multi-threaded runtime and exits: 0 on success, else 1 after printing the
+/// error with its sources (tokio-postgres puts the server's message in the error's source).
+pub fn run_and_exit<F>(name: &str, bench: F) -> !
+where
+    F: std::future::Future<Output = Res<()>>,
+{
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::from)
+        .and_then(|runtime| runtime.block_on(bench));
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(inner) = source {
+                message.push_str(&format!(": {inner}"));
+                source = inner.source();
+            }
+            eprintln!("{name}: {message}");
+            1
+        }
+    };
+    std::process::exit(code);
 }

@@ -309,29 +309,14 @@ fn parse_args() -> Res<Settings> {
 }
 
 fn main() {
-    let code = match run() {
-        Ok(()) => 0,
+    let settings = match parse_args() {
+        Ok(settings) => settings,
         Err(e) => {
-            // tokio-postgres puts the server's message in the error's source.
-            let mut message = e.to_string();
-            let mut source = e.source();
-            while let Some(inner) = source {
-                message.push_str(&format!(": {inner}"));
-                source = inner.source();
-            }
-            eprintln!("bench: {message}");
-            1
+            eprintln!("bench: {e}");
+            std::process::exit(1);
         }
     };
-    std::process::exit(code);
-}
-
-fn run() -> Res<()> {
-    let settings = parse_args()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(bench(settings))
+    common::run_and_exit("bench", bench(settings))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -361,29 +361,14 @@ fn parse_args() -> Res<Options> {
 }
 
 fn main() {
-    let code = match run() {
-        Ok(()) => 0,
+    let options = match parse_args() {
+        Ok(options) => options,
         Err(e) => {
-            // tokio-postgres puts the server's message in the error's source.
-            let mut message = e.to_string();
-            let mut source = e.source();
-            while let Some(inner) = source {
-                message.push_str(&format!(": {inner}"));
-                source = inner.source();
-            }
-            eprintln!("utility bench: {message}");
-            1
+            eprintln!("utility bench: {e}");
+            std::process::exit(1);
         }
     };
-    std::process::exit(code);
-}
-
-fn run() -> Res<()> {
-    let options = parse_args()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(bench(options))
+    common::run_and_exit("utility bench", bench(options))
 }
 
 // ---------------------------------------------------------------------------------------------
