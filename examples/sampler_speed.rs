@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
-use pgdp::mechanism::{sample_discrete_gaussian, sample_discrete_laplace, secure_rng};
+use pgdp::dp::mechanism::{sample_discrete_gaussian, sample_discrete_laplace, secure_rng};
 
 const DRAWS: u32 = 100_000;
 

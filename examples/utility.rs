@@ -25,12 +25,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use pgdp::analyze::{self, Context, OutputSource};
-use pgdp::classify::{self, Statement};
+use pgdp::dp::analyze::{self, Context, OutputSource};
+use pgdp::dp::release::{self, Budget};
+use pgdp::dp::rewrite;
+use pgdp::output::Cell;
 use pgdp::policy::{self, Mechanism};
-use pgdp::release::{self, Budget};
-use pgdp::rewrite;
-use pgdp::session::Cell;
+use pgdp::session::classify::{self, Statement};
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
@@ -165,9 +165,9 @@ async fn demo_client(dsn: &str) -> Result<Client, String> {
                 dsn.parse().map_err(|e| format!("bad DSN: {e}"))?;
             let name = config
                 .get_dbname()
-                .unwrap_or(pgdp::demo::DATABASE)
+                .unwrap_or(pgdp::tools::demo::DATABASE)
                 .to_string();
-            let admin = connect(&pgdp::cluster::dsn_with_dbname(dsn, "postgres"))
+            let admin = connect(&pgdp::tools::cluster::dsn_with_dbname(dsn, "postgres"))
                 .await
                 .map_err(|e| format!("cannot connect to create {name}: {e}"))?;
             admin
@@ -194,7 +194,7 @@ async fn demo_client(dsn: &str) -> Result<Client, String> {
         .is_some_and(|m| m.starts_with("pgdp demo dataset"));
     if !loaded {
         println!("loading the demo dataset (scale 1) …");
-        pgdp::demo::load(&client, 1, |_| {})
+        pgdp::tools::demo::load(&client, 1, |_| {})
             .await
             .map_err(|e| format!("cannot load the demo dataset: {e}"))?;
     }

@@ -4,27 +4,26 @@
 //! a YAML policy, rewrites aggregates into contribution-bounded SQL, runs that SQL on the backing
 //! PostgreSQL, adds calibrated noise, charges the analyst's budget and returns ordinary rows.
 //!
-//! Reading order (see ARCHITECTURE.md): [`limits`], [`error`], [`policy`], [`classify`],
-//! [`analyze`], [`rewrite`], [`mechanism`], [`budget`], [`release`], [`backend`], [`session`],
-//! [`wire`]. The first seven do no I/O.
+//! The folders are the architecture (see ARCHITECTURE.md), each depending only on those listed
+//! before it: [`limits`], [`error`], [`output`], [`datetime`], [`literal`], [`policy`], [`dp`] (plan, analyze,
+//! rewrite, mechanism, release), [`budget`], [`upstream`] (pool, shadow catalog), [`session`]
+//! (classify, route, settings, catalog check, the dispatcher), [`frontend`] (pgwire), [`server`];
+//! [`tools`] (the demo dataset and throwaway clusters) sits apart from the proxy. Everything up
+//! to [`budget`]'s accountant does no I/O.
 #![forbid(unsafe_code)]
 
-pub mod analyze;
-pub mod backend;
 pub mod budget;
-pub mod catalog;
-pub mod classify;
-pub mod cluster;
-pub mod demo;
+pub mod datetime;
+pub mod dp;
 pub mod error;
+pub mod frontend;
 pub mod limits;
-pub mod mechanism;
+pub mod literal;
+pub mod output;
 pub mod policy;
-pub mod release;
-pub mod rewrite;
 pub mod server;
 pub mod session;
-pub mod settings;
-pub mod wire;
+pub mod tools;
+pub mod upstream;
 
 pub use error::{Error, Result};

@@ -60,6 +60,14 @@ pub const CURSOR_ROWS_PER_SESSION_MAX: usize = 2 * GROUPS_RELEASED_MAX;
 /// Upstream connections in the pool.
 pub const UPSTREAM_POOL_SIZE: usize = 16;
 
+/// Connections to the shadow catalog database (catalog queries hold no private data and are
+/// short, so a few suffice).
+pub const SHADOW_POOL_SIZE: usize = 4;
+
+/// How long after a failed build of the shadow catalog the next catalog query tries again, so a
+/// permanent failure (the upstream role lacks CREATEDB) costs little.
+pub const SHADOW_RETRY_MS: u64 = 2_000;
+
 /// Most charges the ledger commits in one transaction (group commit; see `budget::ledger`).
 /// Larger batches share one lock and one WAL flush among more queries, but each waits for all.
 pub const CHARGES_PER_COMMIT_MAX: usize = 64;

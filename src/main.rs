@@ -200,7 +200,7 @@ async fn run(
 }
 
 async fn demo(args: &Args) -> anyhow::Result<()> {
-    use pgdp::cluster::{dsn_with_dbname, server_answers, Cluster};
+    use pgdp::tools::cluster::{dsn_with_dbname, server_answers, Cluster};
     let scale = args.scale.unwrap_or(1);
     let tls = tls_files(args)?;
     let mut admin = args
@@ -230,22 +230,22 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
     let exists = client
         .query_opt(
             "SELECT 1 FROM pg_database WHERE datname = $1",
-            &[&pgdp::demo::DATABASE],
+            &[&pgdp::tools::demo::DATABASE],
         )
         .await?
         .is_some();
     if !exists {
-        println!("creating database {}…", pgdp::demo::DATABASE);
+        println!("creating database {}…", pgdp::tools::demo::DATABASE);
         client
-            .batch_execute(&format!("CREATE DATABASE {}", pgdp::demo::DATABASE))
+            .batch_execute(&format!("CREATE DATABASE {}", pgdp::tools::demo::DATABASE))
             .await?;
     }
-    let upstream = dsn_with_dbname(&admin, pgdp::demo::DATABASE);
+    let upstream = dsn_with_dbname(&admin, pgdp::tools::demo::DATABASE);
     let (demo_client, connection) =
         tokio_postgres::connect(&upstream, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let started = std::time::Instant::now();
-    let report = pgdp::demo::load(&demo_client, scale, |line| println!("{line}"))
+    let report = pgdp::tools::demo::load(&demo_client, scale, |line| println!("{line}"))
         .await
         .context("loading the demo dataset")?;
     println!(

@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use crate::backend::Backend;
 use crate::budget::Ledger;
 use crate::error::Error;
 use crate::policy::Policy;
 use crate::session::Shared;
+use crate::upstream::Upstream;
 
 /// What a server needs.
 #[derive(Debug, Clone)]
@@ -47,7 +47,7 @@ pub struct Options {
     /// TLS for client connections; `None` answers every SSLRequest with `N`.
     pub tls: Option<TlsFiles>,
     /// Connection limits (the defaults of `limits.rs` unless a test lowers them).
-    pub limits: crate::wire::ConnectionLimits,
+    pub limits: crate::frontend::ConnectionLimits,
 }
 
 /// Why a server could not start.
@@ -72,7 +72,7 @@ pub enum StartError {
 
 /// Reads a certificate chain and key into a TLS acceptor (rustls with the ring provider; TLS 1.2
 /// and 1.3; ALPN `postgresql`, which direct TLS negotiation requires).
-pub fn load_tls(files: &TlsFiles) -> Result<crate::wire::Tls, StartError> {
+pub fn load_tls(files: &TlsFiles) -> Result<crate::frontend::Tls, StartError> {
     use pgwire::tokio::tokio_rustls::rustls;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -108,7 +108,7 @@ pub fn load_tls(files: &TlsFiles) -> Result<crate::wire::Tls, StartError> {
         .with_single_cert(chain, key)
         .map_err(|e| fail(&files.key, format!("does not match the certificate: {e}")))?;
     config.alpn_protocols = vec![b"postgresql".to_vec()];
-    Ok(crate::wire::Tls {
+    Ok(crate::frontend::Tls {
         acceptor: pgwire::tokio::TlsAcceptor::from(Arc::new(config)),
         certificate_pem,
     })
@@ -151,10 +151,10 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
     let tls = options.tls.as_ref().map(load_tls).transpose()?;
     let tls_enabled = tls.is_some();
     let limits = options.limits;
-    let backend = Backend::new(&config.upstream).map_err(|_| StartError::Upstream)?;
+    let backend = Upstream::new(&config.upstream).map_err(|_| StartError::Upstream)?;
     let ledger_dsn = config.ledger.as_deref().unwrap_or(&config.upstream);
     let ledger = Ledger::new(ledger_dsn).map_err(StartError::Ledger)?;
-    let shadow = crate::backend::Shadow::new(&config.upstream, &config.policy)
+    let shadow = crate::upstream::Shadow::new(&config.upstream, &config.policy)
         .map_err(|_| StartError::Upstream)?;
     match backend.server_version().await {
         Ok(_) => {
@@ -188,8 +188,8 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
     })?;
     let serving = shared.clone();
     let handle = tokio::spawn(async move {
-        let front = crate::wire::Front { tls, limits };
-        if let Err(e) = crate::wire::serve_with(listener, serving, front).await {
+        let front = crate::frontend::Front { tls, limits };
+        if let Err(e) = crate::frontend::serve_with(listener, serving, front).await {
             tracing::error!(error = %e, "listener failed");
         }
     });

@@ -41,12 +41,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use num_rational::BigRational;
 use num_traits::{Signed, Zero};
-use pgdp::analyze::{self, Context, Plan};
-use pgdp::classify::{self, Statement};
-use pgdp::mechanism::{parse_numeric_exact, rational_from_f64, Noise};
+use pgdp::dp::analyze::{self, Context, Plan};
+use pgdp::dp::mechanism::{parse_numeric_exact, rational_from_f64, Noise};
+use pgdp::dp::release::{self, Budget, Mechanisms};
+use pgdp::dp::rewrite::{self, Rewrite};
 use pgdp::policy::{self, Mechanism, Policy};
-use pgdp::release::{self, Budget, Mechanisms};
-use pgdp::rewrite::{self, Rewrite};
+use pgdp::session::classify::{self, Statement};
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio::sync::OnceCell;
@@ -170,7 +170,7 @@ async fn neighbours() -> &'static Neighbours {
 async fn load_neighbours() -> Neighbours {
     let db = harness::fresh_database("dp_property").await;
     let client = db.client().await;
-    pgdp::demo::load(&client, 1, |_| {})
+    pgdp::tools::demo::load(&client, 1, |_| {})
         .await
         .unwrap_or_else(|e| panic!("cannot load the demo dataset: {e}"));
     let heavy = client

@@ -26,11 +26,11 @@ use std::fmt::Write as _;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use pgdp::analyze::{self, Context, Plan, PublicKeys};
-use pgdp::classify::{self, Statement};
+use pgdp::dp::analyze::{self, Context, Plan, PublicKeys};
+use pgdp::dp::release::{self, Budget, Mechanisms};
+use pgdp::dp::rewrite::{self, Rewrite};
 use pgdp::policy::{self, Mechanism, Policy};
-use pgdp::release::{self, Budget, Mechanisms};
-use pgdp::rewrite::{self, Rewrite};
+use pgdp::session::classify::{self, Statement};
 use sqlparser::ast::{self, Expr};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;

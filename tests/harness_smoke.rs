@@ -6,8 +6,8 @@ mod harness;
 
 use std::collections::BTreeSet;
 
-use pgdp::cluster::{self, Cluster};
-use pgdp::demo;
+use pgdp::tools::cluster::{self, Cluster};
+use pgdp::tools::demo;
 
 #[tokio::test]
 async fn upstream_answers_and_names_its_databases() {
@@ -91,7 +91,10 @@ async fn databases_of_dead_processes_are_swept() {
 fn database_names_carry_the_process_id() {
     assert_eq!(harness::owner_pid("pgdp_t_a_b_42_7"), Some(42));
     assert_eq!(
-        harness::owner_pid(&format!("pgdp_test_demo_s1_v{}", pgdp::demo::VERSION)),
+        harness::owner_pid(&format!(
+            "pgdp_test_demo_s1_v{}",
+            pgdp::tools::demo::VERSION
+        )),
         None
     );
     assert_eq!(harness::owner_pid("pgdp_t_x_y"), None);

@@ -38,14 +38,14 @@ pub async fn connect(dsn: &str) -> Res<Client> {
 
 /// `dsn` with its database replaced.
 pub fn with_dbname(dsn: &str, dbname: &str) -> String {
-    pgdp::cluster::dsn_with_dbname(dsn, dbname)
+    pgdp::tools::cluster::dsn_with_dbname(dsn, dbname)
 }
 
 /// The demo analyst's connection string for a pgdp listening on `port`.
 pub fn proxy_dsn(port: u16) -> String {
     format!(
         "host=127.0.0.1 port={port} user=analyst password=analyst dbname={} sslmode=disable connect_timeout=30",
-        pgdp::demo::DATABASE
+        pgdp::tools::demo::DATABASE
     )
 }
 
@@ -92,7 +92,7 @@ pub fn fresh(template: &str) -> String {
 /// `pgdp_test_demo_s<N>_v<VERSION>`), created and loaded when needed, only read otherwise.
 /// Returns its DSN.
 pub async fn demo_database(admin_dsn: &str, admin: &Client, scale: u32) -> Res<String> {
-    let name = format!("pgdp_test_demo_s{scale}_v{}", pgdp::demo::VERSION);
+    let name = format!("pgdp_test_demo_s{scale}_v{}", pgdp::tools::demo::VERSION);
     let exists = admin
         .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
         .await?
@@ -110,7 +110,7 @@ pub async fn demo_database(admin_dsn: &str, admin: &Client, scale: u32) -> Res<S
     let dsn = with_dbname(admin_dsn, &name);
     let client = connect(&dsn).await?;
     let started = Instant::now();
-    let report = pgdp::demo::load(&client, scale, |line| eprintln!("  {line}")).await?;
+    let report = pgdp::tools::demo::load(&client, scale, |line| eprintln!("  {line}")).await?;
     if !report.reused {
         eprintln!(
             "  loaded scale {scale} in {:.0} s",
@@ -216,7 +216,7 @@ pub fn utc_now() -> String {
     let days_since_2000 = i32::try_from(days - DAYS_1970_TO_2000).unwrap_or(0);
     format!(
         "{} {:02}:{:02} UTC",
-        pgdp::wire::date_from_days(days_since_2000),
+        pgdp::datetime::Date::from_days_since_2000(days_since_2000),
         rem / 3600,
         (rem % 3600) / 60
     )

@@ -45,12 +45,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgdp::analyze::{self, Context};
-use pgdp::classify::{self, Statement};
+use pgdp::dp::analyze::{self, Context};
+use pgdp::dp::release::{self, Budget};
+use pgdp::dp::rewrite;
 use pgdp::policy::{Mechanism, Policy};
-use pgdp::release::{self, Budget};
-use pgdp::rewrite;
 use pgdp::server::{self, Config, Running};
+use pgdp::session::classify::{self, Statement};
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -537,7 +537,7 @@ async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str
     };
     let ctx = Context {
         policy,
-        search_path: vec![pgdp::demo::SCHEMA.to_string()],
+        search_path: vec![pgdp::tools::demo::SCHEMA.to_string()],
     };
     let seed = rewrite::ranking_seed(secret).to_string();
     for unit_unique in [false, true] {
@@ -1166,7 +1166,7 @@ fn front_end(policy: &Policy, case: &Case, stage: Stage) -> bool {
     }
     let ctx = Context {
         policy,
-        search_path: vec![pgdp::demo::SCHEMA.to_string()],
+        search_path: vec![pgdp::tools::demo::SCHEMA.to_string()],
     };
     let Ok(plan) = analyze::analyze(query, &ctx) else {
         return false;
@@ -1252,7 +1252,7 @@ async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<Re
         };
         let ctx = Context {
             policy,
-            search_path: vec![pgdp::demo::SCHEMA.to_string()],
+            search_path: vec![pgdp::tools::demo::SCHEMA.to_string()],
         };
         let plan = analyze::analyze(ast, &ctx)?;
         let rw = rewrite::rewrite(&plan, &[], running.shared.secret().await?)?;

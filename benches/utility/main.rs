@@ -21,7 +21,7 @@
 //! How the repetitions are drawn: every query runs once end to end through an in-process pgdp
 //! (fixed noise seed, fresh output alias so the replay cache does not answer; the ledger is
 //! checked to hold one charge per query sent). The other repetitions apply
-//! `pgdp::release::release` — the function pgdp itself calls after the upstream — to the rows of
+//! `pgdp::dp::release::release` — the function pgdp itself calls after the upstream — to the rows of
 //! pgdp's rewritten SQL, fetched once, with a seeded generator: the same mechanisms on the same
 //! rows, without re-running a multi-second upstream query per repetition. The plan, rewrite and
 //! mechanisms come from the library (`classify`, `analyze`, `rewrite`, `release::mechanisms`) with
@@ -40,14 +40,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use pgdp::analyze::{self, AggregateKind, Context, OutputSource, Plan};
-use pgdp::classify::{self, Statement};
-use pgdp::mechanism::{MechanismKind, Noise};
+use pgdp::dp::analyze::{self, AggregateKind, Context, OutputSource, Plan};
+use pgdp::dp::mechanism::{MechanismKind, Noise};
+use pgdp::dp::release::{self, Budget, PublicDomains};
+use pgdp::dp::rewrite::{self, Measure, Rewrite};
+use pgdp::output::Cell;
 use pgdp::policy::{Mechanism, Policy};
-use pgdp::release::{self, Budget, PublicDomains};
-use pgdp::rewrite::{self, Measure, Rewrite};
 use pgdp::server::{self, Config, Running};
-use pgdp::session::Cell;
+use pgdp::session::classify::{self, Statement};
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio_postgres::Client;
@@ -505,7 +505,7 @@ fn clipped_groups(plan: &Plan, rw: &Rewrite, rows: &Rows) -> Res<BTreeMap<Key, C
             let text = row[k + j].as_deref().unwrap_or("");
             if let Measure::Quantile(..) = measure {
                 histograms.push(Some(
-                    pgdp::mechanism::parse_histogram(text)
+                    pgdp::dp::mechanism::parse_histogram(text)
                         .map_err(|e| fail(format!("histogram: {e}")))?,
                 ));
                 measures.push(f64::NAN);
@@ -531,7 +531,7 @@ fn clipped_groups(plan: &Plan, rw: &Rewrite, rows: &Rows) -> Res<BTreeMap<Key, C
 }
 
 /// The bucket report-noisy-max would choose without noise: the first with the highest score
-/// (the score formula of `pgdp::mechanism::quantile`).
+/// (the score formula of `pgdp::dp::mechanism::quantile`).
 fn exact_quantile_bucket(histogram: &[u64], permille: u16) -> usize {
     let n: i128 = histogram.iter().map(|&c| i128::from(c)).sum();
     let target = i128::from(permille.min(1000)) * n;
@@ -568,7 +568,7 @@ fn clipped_value(plan: &Plan, rw: &Rewrite, i: usize, g: &Clipped) -> f64 {
             let Some(b) = rw.arguments[*a].bounds else {
                 return f64::NAN;
             };
-            pgdp::mechanism::bucket_value(exact_quantile_bucket(h, *permille), b.lower, b.upper)
+            pgdp::dp::mechanism::bucket_value(exact_quantile_bucket(h, *permille), b.lower, b.upper)
         }
         AggregateKind::Avg
         | AggregateKind::VarPop
@@ -938,7 +938,7 @@ fn plan_of(policy: &Policy, secret: &str, sql: &str) -> Res<(Plan, Rewrite)> {
     };
     let ctx = Context {
         policy,
-        search_path: vec![pgdp::demo::SCHEMA.to_string()],
+        search_path: vec![pgdp::tools::demo::SCHEMA.to_string()],
     };
     let plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{e}")))?;
     let rw = rewrite::rewrite(&plan, &[], secret).map_err(|e| fail(format!("{e}")))?;
@@ -1334,7 +1334,7 @@ fn report(
     )?;
     writeln!(
         r,
-        "- R = {} repetitions per query and setting (a fifth for queries with more than {MANY_CANDIDATES} candidate groups): one end to end through pgdp for each query (at the setting named below the query), the rest by `pgdp::release::release` on the rows of pgdp's rewritten SQL; fixed noise seeds and group-choice secret, so a rerun gives the same figures",
+        "- R = {} repetitions per query and setting (a fifth for queries with more than {MANY_CANDIDATES} candidate groups): one end to end through pgdp for each query (at the setting named below the query), the rest by `pgdp::dp::release::release` on the rows of pgdp's rewritten SQL; fixed noise seeds and group-choice secret, so a rerun gives the same figures",
         o.reps
     )?;
     writeln!(

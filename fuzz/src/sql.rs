@@ -20,12 +20,12 @@
 
 use std::ops::ControlFlow;
 
-use pgdp::analyze::{self, Context, OutputSource, Plan, PublicKeys};
-use pgdp::classify::{self, Statement};
+use pgdp::dp::analyze::{self, Context, OutputSource, Plan, PublicKeys};
+use pgdp::dp::release::{self, Budget};
+use pgdp::dp::rewrite::{self, Measure, Rewrite};
+use pgdp::output::Cell;
 use pgdp::policy::{ColumnType, Mechanism, Policy};
-use pgdp::release::{self, Budget};
-use pgdp::rewrite::{self, Measure, Rewrite};
-use pgdp::session::Cell;
+use pgdp::session::classify::{self, Statement};
 use rand::SeedableRng;
 use sqlparser::ast::{self, SetExpr};
 use sqlparser::dialect::PostgreSqlDialect;
@@ -80,7 +80,7 @@ pub fn check_sql(sql: &str) {
             Statement::Query(q) | Statement::Explain(q) => q,
             _ => continue,
         };
-        if pgdp::catalog::is_catalog_query(&query) {
+        if pgdp::upstream::catalog::is_catalog_query(&query) {
             continue;
         }
         let ctx = Context {

@@ -9,7 +9,7 @@
 //! 3. else a throwaway [`Cluster`] started for this process.
 //!
 //! `PGDP_TEST_FORCE_CLUSTER=1` skips 1 and 2 and always starts a throwaway cluster (to check that
-//! fallback, or to get a server with [`pgdp::cluster::MAX_CONNECTIONS`] connections).
+//! fallback, or to get a server with [`pgdp::tools::cluster::MAX_CONNECTIONS`] connections).
 //!
 //! Clean-up. The throwaway cluster lives in a `static`, which is never dropped: a watcher process
 //! stops it and deletes its directory once the test process has exited
@@ -24,10 +24,10 @@
 //!
 //! The demo dataset ([`demo_database`]) lives in one database per scale and generator version,
 //! `pgdp_test_demo_s<N>_v<V>`,
-//! kept across test processes and runs: [`pgdp::demo::load`] reuses it when its marker matches and
+//! kept across test processes and runs: [`pgdp::tools::demo::load`] reuses it when its marker matches and
 //! reloads it when the generator's version changed. An advisory lock on the upstream's maintenance
 //! database keeps two test binaries from creating or loading it at the same time. Tests must only
-//! read it; a test that writes gets its own copy from [`fresh_database`] and `pgdp::demo::load`.
+//! read it; a test that writes gets its own copy from [`fresh_database`] and `pgdp::tools::demo::load`.
 //!
 //! Nothing here prints to stdout.
 
@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use pgdp::cluster::{self, Cluster};
+use pgdp::tools::cluster::{self, Cluster};
 use tokio::sync::OnceCell;
 use tokio_postgres::{Client, NoTls};
 
@@ -272,7 +272,7 @@ async fn load_demo_database(scale: u32) -> String {
     let upstream = upstream().await;
     // The generator's version is part of the name: branches whose datasets differ can share one
     // PostgreSQL without reloading each other's database back and forth.
-    let name = format!("pgdp_test_demo_s{scale}_v{}", pgdp::demo::VERSION);
+    let name = format!("pgdp_test_demo_s{scale}_v{}", pgdp::tools::demo::VERSION);
     let admin = upstream.admin_client().await;
     // Session-level lock on the maintenance database, shared by all test processes; it ends at
     // the latest when `admin` disconnects.
@@ -293,7 +293,7 @@ async fn load_demo_database(scale: u32) -> String {
             .unwrap_or_else(|e| panic!("cannot create {name}: {e}"));
     }
     let client = connect(&upstream.dsn(&name)).await;
-    pgdp::demo::load(&client, scale, |_| {})
+    pgdp::tools::demo::load(&client, scale, |_| {})
         .await
         .unwrap_or_else(|e| panic!("cannot load the demo dataset into {name}: {e}"));
     admin

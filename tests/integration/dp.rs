@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use pgdp::demo::REGIONS;
+use pgdp::tools::demo::REGIONS;
 
 use crate::support::{policy_with_budget, upstream_client, Proxy, Session};
 
@@ -167,7 +167,7 @@ async fn partition_selection_hides_single_person_diagnoses() {
     }
     let single: Vec<&String> = released
         .iter()
-        .filter(|d| d.starts_with(pgdp::demo::SINGLE_PERSON_DIAGNOSIS_PREFIX))
+        .filter(|d| d.starts_with(pgdp::tools::demo::SINGLE_PERSON_DIAGNOSIS_PREFIX))
         .collect();
     assert!(
         single.is_empty(),

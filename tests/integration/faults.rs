@@ -10,8 +10,8 @@
 
 use std::time::{Duration, Instant};
 
-use pgdp::cluster::Cluster;
 use pgdp::server::{self, Config, Running};
+use pgdp::tools::cluster::Cluster;
 use tokio::io::AsyncWriteExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};

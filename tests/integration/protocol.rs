@@ -12,9 +12,9 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use pgdp::frontend::ConnectionLimits;
 use pgdp::policy::Policy;
 use pgdp::server::{self, Config, Options, Running, TlsFiles};
-use pgdp::wire::ConnectionLimits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_postgres::error::SqlState;

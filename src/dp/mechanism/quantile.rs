@@ -19,7 +19,7 @@
 //!
 //! Invariants:
 //! - Scores are integers and the noise comes from the exact discrete Laplace sampler of
-//!   [`crate::mechanism::Noise`]; no floating-point noise.
+//!   [`crate::dp::mechanism::Noise`]; no floating-point noise.
 //! - The bucketing depends only on the declared or derived bounds, never on the data.
 //!
 //! # Privacy
@@ -38,8 +38,8 @@
 
 use rand::{CryptoRng, Rng};
 
+use crate::dp::mechanism::Noise;
 use crate::error::{Error, Result};
-use crate::mechanism::Noise;
 
 pub use crate::limits::QUANTILE_BUCKETS;
 
@@ -110,7 +110,7 @@ pub fn bucket_value(b: usize, lower: f64, upper: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mechanism::testing::seeded;
+    use crate::dp::mechanism::testing::seeded;
 
     #[test]
     fn histogram_parses_and_rejects_garbage() {

@@ -31,7 +31,7 @@ use sqlparser::ast::{self, Expr, Value, VisitMut, VisitorMut};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use crate::analyze::{AggregateKind, Plan, Unit};
+use crate::dp::analyze::{AggregateKind, Plan, Unit};
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 
@@ -53,7 +53,7 @@ pub enum Measure {
     /// Distinct non-NULL values of argument `i`, each unit keeping at most `max_rows_per_unit`
     /// of its values per group (chosen by a keyed hash of the unit and the value).
     Distinct(usize),
-    /// The histogram of clamped argument `i` over [`crate::mechanism::QUANTILE_BUCKETS`] equal
+    /// The histogram of clamped argument `i` over [`crate::dp::mechanism::QUANTILE_BUCKETS`] equal
     /// buckets of its bounds, each unit keeping at most `max_rows_per_unit` values per group;
     /// released as one bucket chosen by report-noisy-max for the quantile `permille`/1000.
     Quantile(usize, u16),
@@ -86,7 +86,7 @@ impl Measure {
             Measure::Rows | Measure::Values(_) | Measure::Distinct(_) => c,
             Measure::Units => 1.0,
             Measure::Quantile(..) => {
-                crate::mechanism::quantile_noise_sensitivity(max_rows_per_unit)
+                crate::dp::mechanism::quantile_noise_sensitivity(max_rows_per_unit)
             }
             Measure::Sum(i) => c * arguments[*i].bounds.map(|b| b.magnitude()).unwrap_or(0.0),
             Measure::SumCentered(i) => c * arguments[*i].center().1,
@@ -121,7 +121,7 @@ impl Measure {
                 p / 1000,
                 p % 1000,
                 arguments[*i].text,
-                crate::mechanism::QUANTILE_BUCKETS
+                crate::dp::mechanism::QUANTILE_BUCKETS
             ),
             Measure::Sum(i) => format!("sum({})", arguments[*i].text),
             Measure::SumCentered(i) => {
@@ -285,43 +285,25 @@ fn bind_literal(index: usize, value: Option<&Option<String>>, ty: ColumnType) ->
             ast::DataType::Boolean
         }
         ColumnType::Date => {
-            check_date(text).ok_or_else(|| bad("date (YYYY-MM-DD)"))?;
+            crate::datetime::Date::parse(text).ok_or_else(|| bad("date (YYYY-MM-DD)"))?;
             ast::DataType::Date
         }
         ColumnType::Timestamp => {
-            check_date(text.get(..10).unwrap_or("")).ok_or_else(|| bad("timestamp"))?;
+            // Only the date is checked: the upstream reads the rest (time zone names included), and
+            // a bound value that fails there depends on the analyst's input, not on the data.
+            text.get(..10)
+                .and_then(crate::datetime::Date::parse)
+                .ok_or_else(|| bad("timestamp"))?;
             ast::DataType::Timestamp(None, ast::TimezoneInfo::None)
         }
         ColumnType::Text => ast::DataType::Text,
     };
     Ok(Expr::Cast {
         kind: ast::CastKind::Cast,
-        expr: Box::new(Expr::value(crate::classify::dollar_quoted(text))),
+        expr: Box::new(Expr::value(crate::literal::dollar_quoted(text))),
         data_type,
         format: None,
     })
-}
-
-/// Whether `text` is a calendar date `YYYY-MM-DD` (years 1 to 9999).
-pub fn is_valid_date(text: &str) -> bool {
-    check_date(text).is_some()
-}
-
-fn check_date(text: &str) -> Option<()> {
-    let parts: Vec<&str> = text.trim().split('-').collect();
-    let [y, m, d] = parts.as_slice() else {
-        return None;
-    };
-    let (y, m, d): (u32, u32, u32) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let days = match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if leap => 29,
-        2 => 28,
-        _ => return None,
-    };
-    ((1..=9999).contains(&y) && (1..=days).contains(&d)).then_some(())
 }
 
 /// A numeric literal for a bound (shortest decimal that round-trips the f64).
@@ -387,7 +369,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         };
         select.push(format!("{value} AS __dp_a{i}"));
     }
-    let from = crate::analyze::from_clause(&plan.tables, &plan.joins, |q| {
+    let from = crate::dp::analyze::from_clause(&plan.tables, &plan.joins, |q| {
         let mut q = q.clone();
         let mut binder = BindParameters {
             plan,
@@ -656,7 +638,7 @@ fn value_stages(
     let value = match histogram {
         None => format!("__dp_a{i}"),
         Some(b) => {
-            let buckets = crate::mechanism::QUANTILE_BUCKETS;
+            let buckets = crate::dp::mechanism::QUANTILE_BUCKETS;
             format!(
                 "LEAST(GREATEST(pg_catalog.trunc((__dp_a{i} - {}) * {buckets} / {}), 0), {})",
                 num(b.lower),

@@ -15,93 +15,13 @@
 //!   policy, which is empty in the shadow), and every function is on [`ALLOWED_FUNCTIONS`].
 //! - Classification does no I/O.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::ops::ControlFlow;
-use std::sync::Mutex;
 
 use sqlparser::ast::{self, Expr, ObjectName};
 
 use crate::error::{Error, Result};
 use crate::policy::Policy;
-
-/// Whether the upstream has a unique index (a PRIMARY KEY, a UNIQUE constraint or a unique
-/// index) on exactly one column, `$2`, of the table `$1` (a quoted qualified name): not partial,
-/// not on an expression, valid. Run on the upstream database, whose catalog it reads; it reads
-/// no rows of any table.
-pub const UNIQUE_KEY_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
-     JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-     WHERE i.indrelid = pg_catalog.to_regclass($1) AND i.indisunique AND i.indisvalid \
-     AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)";
-
-/// What pgdp knows about the uniqueness of the keys of unit paths on the upstream
-/// ([`crate::analyze::Plan::unique_keys`]). A key is looked up on the upstream the first time a
-/// query needs it ([`crate::backend::Backend::verify_unique_keys`]); both answers are kept for
-/// the life of the process, so a key found not unique stays refused until pgdp restarts.
-/// Until a key is verified (e.g. while the upstream is down), queries that need it are refused.
-#[derive(Debug, Default)]
-pub struct UniqueKeys {
-    known: Mutex<BTreeMap<(String, String), bool>>,
-}
-
-impl UniqueKeys {
-    /// The keys among `keys` whose uniqueness is not known yet.
-    pub fn unverified(&self, keys: &[(String, String)]) -> Vec<(String, String)> {
-        let Ok(known) = self.known.lock() else {
-            return keys.to_vec();
-        };
-        keys.iter()
-            .filter(|k| !known.contains_key(*k))
-            .cloned()
-            .collect()
-    }
-
-    /// Whether `key` is known to be unique upstream (false while unknown).
-    pub fn is_unique(&self, key: &(String, String)) -> bool {
-        self.known
-            .lock()
-            .is_ok_and(|known| known.get(key) == Some(&true))
-    }
-
-    /// Records what the upstream catalog says about one key.
-    pub fn record(&self, key: (String, String), unique: bool) {
-        if let Ok(mut known) = self.known.lock() {
-            known.insert(key, unique);
-        }
-    }
-
-    /// Accepts a plan's keys only if every one is known to be unique.
-    pub fn check(&self, keys: &[(String, String)]) -> Result<()> {
-        for (table, column) in keys {
-            let known = self
-                .known
-                .lock()
-                .ok()
-                .and_then(|k| k.get(&(table.clone(), column.clone())).copied());
-            match known {
-                Some(true) => {}
-                Some(false) => {
-                    return Err(Error::forbidden(
-                        format!(
-                            "the unit path through {table}.{column} is unsound: {column} is not unique in {table} on the upstream"
-                        ),
-                        format!(
-                            "A row must belong to at most one privacy unit. The data owner must declare a PRIMARY KEY or UNIQUE constraint on {table} ({column}) and restart pgdp; until then tables whose unit path uses it cannot be queried."
-                        ),
-                    ))
-                }
-                None => {
-                    return Err(Error::unsupported(
-                        format!(
-                            "a table whose unit path uses {table}.{column} before pgdp has verified that {column} is unique"
-                        ),
-                        "pgdp checks the upstream catalog for a PRIMARY KEY or UNIQUE constraint when it can reach the upstream; retry when the upstream is available.",
-                    ))
-                }
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Catalog relations (in `pg_catalog` or `information_schema`) a query may read.
 pub const ALLOWED_RELATIONS: &[&str] = &[
@@ -463,7 +383,7 @@ pub fn bind_parameters(query: &mut ast::Query, params: &[Option<String>]) {
                     .and_then(|n| n.parse::<usize>().ok())
                     .unwrap_or(0);
                 *e = match params.get(index.wrapping_sub(1)) {
-                    Some(Some(text)) => Expr::value(crate::classify::dollar_quoted(text)),
+                    Some(Some(text)) => Expr::value(crate::literal::dollar_quoted(text)),
                     _ => Expr::value(ast::Value::Null),
                 };
             }
@@ -475,7 +395,7 @@ pub fn bind_parameters(query: &mut ast::Query, params: &[Option<String>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::{classify, Statement};
+    use crate::session::classify::{classify, Statement};
 
     fn query(sql: &str) -> Box<ast::Query> {
         match classify(sql).expect("parses").pop() {

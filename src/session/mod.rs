@@ -6,11 +6,14 @@
 //! the wire layer encodes.
 //!
 //! Invariants:
-//! - The only path from upstream rows to an [`Outcome`] goes through [`crate::release`].
+//! - The only path from upstream rows to an [`Outcome`] goes through [`crate::dp::release`].
 //! - Budget is charged durably before the rewritten SQL reaches the upstream, and never refunded.
 //! - A refused statement changes no state of the session and spends nothing.
 //! - A cursor's query runs once, at DECLARE, through [`Session::execute`]; FETCH and MOVE only
 //!   read the rows it released (post-processing, never the upstream or the ledger).
+
+pub mod classify;
+pub mod settings;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -20,15 +23,16 @@ use sqlparser::ast::{self, Expr, SelectItem, SetExpr};
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 
-use crate::analyze::{self, Plan};
-use crate::backend::Backend;
 use crate::budget::{self, Fixed, Ledger, Limit};
-use crate::classify::Statement;
+use crate::dp::analyze::{self, Plan};
+use crate::dp::release::{self, Budget};
+use crate::dp::rewrite::{self, Rewrite};
 use crate::error::{Error, Result};
+use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{Analyst, BudgetSpec, Policy};
-use crate::release::{self, Budget};
-use crate::rewrite::{self, Rewrite};
-use crate::settings::{Changed, Settings};
+use crate::session::classify::Statement;
+use crate::session::settings::{Changed, Settings};
+use crate::upstream::Upstream;
 
 /// What the whole server shares: the policy, the upstream and the ledger.
 #[derive(Debug)]
@@ -36,16 +40,16 @@ pub struct Shared {
     /// The validated policy.
     pub policy: Arc<Policy>,
     /// The upstream database.
-    pub backend: Arc<Backend>,
+    pub backend: Arc<Upstream>,
     /// The durable privacy ledger.
     pub ledger: Arc<Ledger>,
     /// The secret keying which groups a unit keeps: the policy's, or the ledger's, read on
     /// first need (the ledger may be down at start); see [`Shared::secret`].
     secret: tokio::sync::OnceCell<String>,
     /// The shadow catalog answering introspection, if it could be built.
-    pub shadow: Option<crate::backend::Shadow>,
+    pub shadow: Option<crate::upstream::Shadow>,
     /// Which keys of unit paths the upstream declares unique, learnt on first need.
-    pub unique_keys: crate::catalog::UniqueKeys,
+    pub unique_keys: crate::upstream::UniqueKeys,
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
     /// seeds a ChaCha20 generator from the operating system.
     pub noise_seed: Option<[u8; 32]>,
@@ -56,9 +60,9 @@ impl Shared {
     /// down at start.
     pub async fn new(
         policy: Policy,
-        backend: Backend,
+        backend: Upstream,
         ledger: Ledger,
-        shadow: Option<crate::backend::Shadow>,
+        shadow: Option<crate::upstream::Shadow>,
     ) -> Result<Shared> {
         let secret = tokio::sync::OnceCell::new_with(policy.secret.clone());
         Ok(Shared {
@@ -67,7 +71,7 @@ impl Shared {
             ledger: Arc::new(ledger),
             secret,
             shadow,
-            unique_keys: crate::catalog::UniqueKeys::default(),
+            unique_keys: crate::upstream::UniqueKeys::default(),
             noise_seed: None,
         })
     }
@@ -87,57 +91,6 @@ pub fn limit_of(spec: &BudgetSpec) -> Result<Limit> {
     let e = Fixed::from_f64_floor(spec.epsilon).map_err(|_| Error::internal("budget epsilon"))?;
     let d = Fixed::from_f64_floor(spec.delta).map_err(|_| Error::internal("budget delta"))?;
     Ok(Limit::new(e, d))
-}
-
-/// Types of output columns. pgdp releases counts as `int8` and real statistics as `float8`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CellType {
-    /// `bigint`.
-    Int8,
-    /// `integer`.
-    Int4,
-    /// `double precision`.
-    Float8,
-    /// `text`.
-    Text,
-    /// `boolean`.
-    Bool,
-    /// A catalog column of the given PostgreSQL type OID, sent as text.
-    Raw(u32),
-}
-
-/// One output value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Cell {
-    /// SQL NULL.
-    Null,
-    /// An integer.
-    Int(i64),
-    /// A real number (never NaN or infinite when released).
-    Float(f64),
-    /// Text.
-    Text(String),
-    /// A boolean.
-    Bool(bool),
-}
-
-/// An output column.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutColumn {
-    /// Column name.
-    pub name: String,
-    /// Column type.
-    pub ty: CellType,
-}
-
-impl OutColumn {
-    /// A column.
-    pub fn new(name: impl Into<String>, ty: CellType) -> OutColumn {
-        OutColumn {
-            name: name.into(),
-            ty,
-        }
-    }
 }
 
 /// A message to the client besides the result (a NOTICE).
@@ -199,11 +152,11 @@ pub async fn describe(
                         .collect::<Result<Vec<_>>>()?,
                 ))
             }
-            None if crate::catalog::is_catalog_query(query) => {
-                crate::catalog::check(query, &shared.policy)?;
+            None if crate::upstream::catalog::is_catalog_query(query) => {
+                crate::upstream::catalog::check(query, &shared.policy)?;
                 let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
                 let mut q = query.as_ref().clone();
-                crate::catalog::bind_parameters(&mut q, &[]);
+                crate::upstream::catalog::bind_parameters(&mut q, &[]);
                 let columns = shadow.describe(&q.to_string()).await?;
                 Ok(Some(
                     columns
@@ -241,7 +194,7 @@ fn redact_secret(line: &str, secret: &str) -> String {
     }
     line.replace(&secret.replace('\'', "''"), "<secret>")
         .replace(
-            &crate::rewrite::ranking_seed(secret).to_string(),
+            &crate::dp::rewrite::ranking_seed(secret).to_string(),
             "<secret>",
         )
 }
@@ -254,7 +207,7 @@ pub fn parameter_types(
 ) -> Vec<(usize, crate::policy::ColumnType, Option<String>)> {
     match statement {
         Statement::Query(q) | Statement::Explain(q)
-            if constant_select(q).is_none() && !crate::catalog::is_catalog_query(q) =>
+            if constant_select(q).is_none() && !crate::upstream::catalog::is_catalog_query(q) =>
         {
             match analyze::analyze(q, &session.context(shared)) {
                 Ok(plan) => plan
@@ -381,7 +334,7 @@ pub struct Session {
     /// pgdp's process id as reported by `pg_backend_pid()`.
     pub backend_pid: i32,
     /// Stops this connection's running upstream statement (CancelRequest, client gone).
-    pub cancel: Arc<crate::backend::Cancel>,
+    pub cancel: Arc<crate::upstream::Cancel>,
     /// The noise generator of this session.
     rng: ChaCha20Rng,
     /// Open cursors (see [`Session::run`]).
@@ -395,12 +348,12 @@ impl Session {
         analyst: Analyst,
         server_version: String,
         backend_pid: i32,
-        cancel: Arc<crate::backend::Cancel>,
+        cancel: Arc<crate::upstream::Cancel>,
     ) -> Result<Session> {
         let settings = Settings::new(&shared.policy, &analyst, "UTC");
         let rng = match shared.noise_seed {
             Some(seed) => ChaCha20Rng::from_seed(seed),
-            None => crate::mechanism::secure_rng()?,
+            None => crate::dp::mechanism::secure_rng()?,
         };
         Ok(Session {
             analyst,
@@ -476,7 +429,7 @@ impl Session {
             .unit_key()
             .is_some_and(|key| shared.unique_keys.is_unique(&key));
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
-        crate::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
+        crate::session::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
         let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
         Ok((plan, rewrite, mechanisms))
     }
@@ -834,11 +787,11 @@ impl Session {
                         notices: Vec::new(),
                     });
                 }
-                if crate::catalog::is_catalog_query(query) {
-                    crate::catalog::check(query, &shared.policy)?;
+                if crate::upstream::catalog::is_catalog_query(query) {
+                    crate::upstream::catalog::check(query, &shared.policy)?;
                     let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
                     let mut q = query.as_ref().clone();
-                    crate::catalog::bind_parameters(&mut q, params);
+                    crate::upstream::catalog::bind_parameters(&mut q, params);
                     let search_path = self.catalog_search_path(shared);
                     let (columns, rows) = shadow.run(&q.to_string(), &search_path).await?;
                     return Ok(Outcome::Rows {

@@ -1916,7 +1916,7 @@ impl<'a> Analyzer<'a> {
             Expr::TypedString(ts) => {
                 let ty = type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
                 // A malformed date fails upstream after the charge: check it here.
-                let text = crate::classify::string_value(&ts.value.value).unwrap_or_default();
+                let text = crate::literal::string_value(&ts.value.value).unwrap_or_default();
                 check_temporal_text(text, ty)?;
                 Ok(Info::constant(Some(ty), None))
             }
@@ -2046,7 +2046,7 @@ impl<'a> Analyzer<'a> {
                 // The pattern must be one string literal; an odd number of trailing backslashes
                 // is an error in PostgreSQL, so it is refused here, before any charge.
                 let text = match pattern.as_ref() {
-                    Expr::Value(v) => crate::classify::string_value(&v.value).map(str::to_string),
+                    Expr::Value(v) => crate::literal::string_value(&v.value).map(str::to_string),
                     _ => None,
                 };
                 let Some(text) = text else {
@@ -2590,8 +2590,8 @@ impl<'a> Analyzer<'a> {
                     });
                 }
                 let permille = match name {
-                    "min" => crate::mechanism::MIN_PERMILLE,
-                    "max" => crate::mechanism::MAX_PERMILLE,
+                    "min" => crate::dp::mechanism::MIN_PERMILLE,
+                    "max" => crate::dp::mechanism::MAX_PERMILLE,
                     _ => 500,
                 };
                 (one_arg()?, permille)
@@ -2819,7 +2819,7 @@ fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<String>>> {
                 Err(_) => return Ok(None),
             },
             Value::Null => {}
-            other => match crate::classify::string_value(other) {
+            other => match crate::literal::string_value(other) {
                 Some(t) => strings.push(t.to_string()),
                 None => return Ok(None),
             },
@@ -2845,7 +2845,7 @@ fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<String>>> {
 /// would fail (after the charge).
 fn check_date_unit(name: &str, e: &Expr) -> Result<()> {
     let text = match e {
-        Expr::Value(v) => crate::classify::string_value(&v.value)
+        Expr::Value(v) => crate::literal::string_value(&v.value)
             .unwrap_or_default()
             .to_ascii_lowercase(),
         _ => String::new(),
@@ -3070,7 +3070,7 @@ fn check_temporal_literal(expr: &Expr, ty: Option<ColumnType>) -> Result<()> {
     };
     match expr {
         Expr::Nested(inner) => check_temporal_literal(inner, Some(ty)),
-        Expr::Value(v) => match crate::classify::string_value(&v.value) {
+        Expr::Value(v) => match crate::literal::string_value(&v.value) {
             Some(text) => check_temporal_text(text, ty),
             None => Ok(()),
         },
@@ -3082,14 +3082,8 @@ fn check_temporal_literal(expr: &Expr, ty: Option<ColumnType>) -> Result<()> {
 /// the upstream accepts; 22023 otherwise.
 fn check_temporal_text(text: &str, ty: ColumnType) -> Result<()> {
     let valid = match ty {
-        ColumnType::Date => crate::rewrite::is_valid_date(text),
-        ColumnType::Timestamp => {
-            crate::rewrite::is_valid_date(text.get(..10).unwrap_or(""))
-                && text.get(10..).is_none_or(|rest| {
-                    rest.chars()
-                        .all(|c| c.is_ascii_digit() || " :.T+-".contains(c))
-                })
-        }
+        ColumnType::Date => crate::datetime::Date::parse(text).is_some(),
+        ColumnType::Timestamp => crate::datetime::is_timestamp_text(text),
         _ => true,
     };
     if valid {

@@ -3,7 +3,7 @@
 //! and errors.
 //!
 //! Invariants:
-//! - Nothing here decides what is allowed: every statement goes through [`crate::classify`] and
+//! - Nothing here decides what is allowed: every statement goes through [`crate::session::classify`] and
 //!   [`crate::session::Session::execute`]; this module only translates between messages and
 //!   plain data.
 //! - Errors reach the client as `ErrorResponse` with the SQLSTATE of [`Error::sqlstate`], our
@@ -65,13 +65,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Semaphore};
 use tokio_util::codec::{Framed, FramedParts};
 
-use crate::backend::{Cancel, CancelReason};
+use crate::upstream::{Cancel, CancelReason};
 
-use crate::classify::{self, Statement};
 use crate::error::Error;
 use crate::limits;
+use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{Credential, Policy};
-use crate::session::{self, Cell, CellType, OutColumn, Outcome, Refusal, Session, Shared};
+use crate::session::classify::{self, Statement};
+use crate::session::{self, Outcome, Refusal, Session, Shared};
 
 // ---------------------------------------------------------------------------------------------
 // Connections: TLS negotiation, admission, the startup timeout and the message guards
@@ -1700,21 +1701,6 @@ impl QueryParser for Parser {
     }
 }
 
-/// A binary `date` (days since 2000-01-01) as `YYYY-MM-DD` (Hinnant's civil-from-days). Public
-/// for the benchmarks, which print dates with it.
-pub fn date_from_days(days_since_2000: i32) -> String {
-    let z = i64::from(days_since_2000) + 10_957 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
 /// Bound parameters as text, decoding binary formats of the common scalar types.
 fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, Error> {
     let types = &portal.statement.statement.parameter_types;
@@ -1756,7 +1742,10 @@ fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option<String>>, 
                     f32::from_be_bytes([b[0], b[1], b[2], b[3]]).to_string()
                 }
                 t if t == Type::DATE && b.len() == 4 => {
-                    date_from_days(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                    crate::datetime::Date::from_days_since_2000(i32::from_be_bytes([
+                        b[0], b[1], b[2], b[3],
+                    ]))
+                    .to_string()
                 }
                 t if t == Type::BOOL && b.len() == 1 => {
                     if b[0] != 0 { "true" } else { "false" }.to_string()
@@ -1938,13 +1927,6 @@ impl ExtendedQueryHandler for QueryHandler {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn binary_dates_decode() {
-        assert_eq!(super::date_from_days(0), "2000-01-01");
-        assert_eq!(super::date_from_days(-1), "1999-12-31");
-        assert_eq!(super::date_from_days(8_918), "2024-06-01");
-    }
-
     /// A framed message: type byte, length, body.
     fn message(tag: u8, body: &[u8]) -> Vec<u8> {
         let mut out = vec![tag];

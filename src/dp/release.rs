@@ -18,15 +18,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rand::{CryptoRng, Rng};
 
-use crate::analyze::{AggregateKind, Plan, Post, PostOp, PublicKeys};
-use crate::backend::TextRows;
 use crate::budget::{accountant::zcdp_to_epsilon, Cost, Fixed};
+use crate::dp::analyze::{AggregateKind, Plan, Post, PostOp, PublicKeys};
+use crate::dp::mechanism::{Noise, PartitionSelection};
+use crate::dp::rewrite::Rewrite;
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::mechanism::{Noise, PartitionSelection};
+use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
-use crate::rewrite::Rewrite;
-use crate::session::{Cell, CellType, OutColumn};
+use crate::upstream::TextRows;
 
 /// Privacy parameters of one query (from the session settings).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,7 +113,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     let has_quantile = rewrite
         .measures
         .iter()
-        .any(|m| matches!(m, crate::rewrite::Measure::Quantile(..)));
+        .any(|m| matches!(m, crate::dp::rewrite::Measure::Quantile(..)));
     if has_quantile && budget.mechanism == Mechanism::Gaussian {
         return Err(Error::forbidden(
             "quantiles (MIN, MAX, MEDIAN, PERCENTILE_*) are released with the Laplace report-noisy-max mechanism only",
@@ -223,10 +223,10 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
     let mut out = Vec::new();
     for o in &plan.outputs {
         match o.source {
-            crate::analyze::OutputSource::Key(i) => {
+            crate::dp::analyze::OutputSource::Key(i) => {
                 out.push(OutColumn::new(o.name.clone(), key_type(plan.keys[i].ty)))
             }
-            crate::analyze::OutputSource::Aggregate(i) => {
+            crate::dp::analyze::OutputSource::Aggregate(i) => {
                 let ty = match plan.aggregates[i].kind {
                     AggregateKind::CountRows
                     | AggregateKind::CountValues
@@ -332,16 +332,16 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         let mut noisy = Vec::with_capacity(m);
         for (j, measure) in rewrite.measures.iter().enumerate() {
             let noise = &mechanisms.noises[j];
-            if let crate::rewrite::Measure::Quantile(i, permille) = measure {
-                // Report-noisy-max over the histogram (crate::mechanism::quantile).
+            if let crate::dp::rewrite::Measure::Quantile(i, permille) = measure {
+                // Report-noisy-max over the histogram (crate::dp::mechanism::quantile).
                 let histogram =
-                    crate::mechanism::parse_histogram(exact[j].as_deref().unwrap_or(""))?;
+                    crate::dp::mechanism::parse_histogram(exact[j].as_deref().unwrap_or(""))?;
                 let b = rewrite.arguments[*i]
                     .bounds
                     .ok_or_else(|| Error::internal("quantile without bounds"))?;
                 let bucket =
-                    crate::mechanism::noisy_quantile_bucket(rng, noise, &histogram, *permille);
-                noisy.push(crate::mechanism::bucket_value(bucket, b.lower, b.upper));
+                    crate::dp::mechanism::noisy_quantile_bucket(rng, noise, &histogram, *permille);
+                noisy.push(crate::dp::mechanism::bucket_value(bucket, b.lower, b.upper));
                 continue;
             }
             let text = exact[j].as_deref().unwrap_or("0");
@@ -418,8 +418,8 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         let mut row = Vec::new();
         for o in &plan.outputs {
             match o.source {
-                crate::analyze::OutputSource::Key(i) => row.push(key_cells[i].clone()),
-                crate::analyze::OutputSource::Aggregate(i) => {
+                crate::dp::analyze::OutputSource::Key(i) => row.push(key_cells[i].clone()),
+                crate::dp::analyze::OutputSource::Aggregate(i) => {
                     row.push(aggregate_values[i].clone());
                     if accuracy {
                         row.push(errors.get(i).cloned().unwrap_or(Cell::Null));

@@ -1,0 +1,149 @@
+//! The one place pgdp reads and writes calendar dates and timestamps as text.
+//!
+//! pgdp never computes with dates: the upstream does. It needs to know only whether a literal is a
+//! date or timestamp the upstream will accept (so a bad literal is refused before any charge,
+//! instead of failing on the upstream after it), and how to print a binary `date` parameter
+//! (days since 2000-01-01) in PostgreSQL's ISO form. Pure functions; no I/O.
+
+use std::fmt;
+
+/// A proleptic Gregorian calendar date in the years 1 to 9999, the range pgdp accepts in
+/// literals (PostgreSQL's own range is wider, so every date accepted here is accepted there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Date {
+    year: i64,
+    month: u32,
+    day: u32,
+}
+
+/// Days from 0000-03-01 to 2000-01-01 in Hinnant's day count, and from 1970-01-01 to 2000-01-01.
+const DAYS_0000_03_01_TO_1970: i64 = 719_468;
+const DAYS_1970_TO_2000: i64 = 10_957;
+
+fn days_in_month(year: i64, month: u32) -> Option<u32> {
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    Some(match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return None,
+    })
+}
+
+impl Date {
+    /// Reads `YYYY-MM-DD` (surrounding blanks allowed), or `None` if it is not a calendar date
+    /// in the years 1 to 9999.
+    pub fn parse(text: &str) -> Option<Date> {
+        let mut parts = text.trim().split('-');
+        let (y, m, d) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let (year, month, day): (u32, u32, u32) =
+            (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
+        let year = i64::from(year);
+        let last = days_in_month(year, month)?;
+        ((1..=9999).contains(&year) && (1..=last).contains(&day)).then_some(Date {
+            year,
+            month,
+            day,
+        })
+    }
+
+    /// The date `days` after 2000-01-01 (before it when negative): PostgreSQL's binary `date`.
+    /// Hinnant's civil-from-days, exact for every `i32`.
+    pub fn from_days_since_2000(days: i32) -> Date {
+        let z = i64::from(days) + DAYS_1970_TO_2000 + DAYS_0000_03_01_TO_1970;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        // Both casts are in range by construction: day in 1..=31, month in 1..=12.
+        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        Date { year, month, day }
+    }
+}
+
+impl fmt::Display for Date {
+    /// ISO `YYYY-MM-DD`, as PostgreSQL prints a date with `DateStyle` ISO.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04}-{:02}-{:02}", self.year, self.month, self.day)
+    }
+}
+
+/// Whether `text` is a timestamp literal pgdp lets through: a [`Date`] in its first ten
+/// characters, then only digits, blanks and `:.T+-` (a time of day and an optional zone offset).
+/// Deliberately narrow: anything else is refused before the upstream could reject it.
+pub fn is_timestamp_text(text: &str) -> bool {
+    text.get(..10).and_then(Date::parse).is_some()
+        && text.get(10..).is_none_or(|rest| {
+            rest.chars()
+                .all(|c| c.is_ascii_digit() || " :.T+-".contains(c))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calendar_dates_parse_and_impossible_ones_do_not() {
+        assert_eq!(
+            Date::parse("2024-02-29").map(|d| d.to_string()),
+            Some("2024-02-29".into())
+        );
+        assert_eq!(
+            Date::parse(" 0001-01-01 ").map(|d| d.to_string()),
+            Some("0001-01-01".into())
+        );
+        for bad in [
+            "2023-02-29",
+            "1900-02-29",
+            "2024-13-01",
+            "2024-00-10",
+            "2024-04-31",
+            "0000-01-01",
+            "10000-01-01",
+            "2024-1",
+            "2024-01-01-01",
+            "x-01-01",
+            "",
+        ] {
+            assert_eq!(Date::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn binary_dates_print_as_postgresql_does() {
+        assert_eq!(Date::from_days_since_2000(0).to_string(), "2000-01-01");
+        assert_eq!(Date::from_days_since_2000(-1).to_string(), "1999-12-31");
+        assert_eq!(Date::from_days_since_2000(59).to_string(), "2000-02-29");
+        assert_eq!(Date::from_days_since_2000(8_766).to_string(), "2024-01-01");
+        assert_eq!(
+            Date::from_days_since_2000(-730_119).to_string(),
+            "0001-01-01"
+        );
+    }
+
+    #[test]
+    fn every_printed_date_parses_back() {
+        for days in (-730_119..2_921_000).step_by(997) {
+            let date = Date::from_days_since_2000(days);
+            assert_eq!(Date::parse(&date.to_string()), Some(date), "{days}");
+        }
+    }
+
+    #[test]
+    fn timestamps_need_a_valid_date_and_a_plain_time() {
+        assert!(is_timestamp_text("2024-06-01"));
+        assert!(is_timestamp_text("2024-06-01 12:30:00.5+02"));
+        assert!(is_timestamp_text("2024-06-01T12:30:00"));
+        assert!(!is_timestamp_text("2024-02-30 00:00"));
+        assert!(!is_timestamp_text("2024-06-01 noon"));
+        assert!(!is_timestamp_text("today"));
+    }
+}

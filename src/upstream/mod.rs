@@ -1,0 +1,335 @@
+//! The upstream PostgreSQL: a small pool of tokio-postgres connections, and the one way pgdp
+//! runs SQL there.
+//!
+//! Invariants:
+//! - Every statement pgdp runs for an analyst goes through [`Upstream::run_release_query`]: one
+//!   `READ ONLY` transaction with a `statement_timeout` of [`limits::STATEMENT_TIMEOUT_MS`], and
+//!   at most [`limits::UPSTREAM_ROWS_MAX`] rows read.
+//! - Upstream error text is never returned: it can contain row values. It is logged here (at
+//!   `warn`) and the caller receives [`Error::Upstream`], [`Error::Canceled`] or
+//!   [`Error::UpstreamUnavailable`], whose messages are fixed.
+//! - A connection that saw an error is discarded, never returned to the pool mid-transaction.
+//! - A connection is returned to the pool only after a statement completed on it and no cancel
+//!   was sent for it: a late `CancelRequest` can therefore only reach a connection nobody uses.
+//! - An unreachable upstream is never fatal: every call connects anew when the pool has no live
+//!   connection, so pgdp serves again as soon as the upstream is back. The shadow catalog is
+//!   built on first use if it could not be built at start ([`Shadow::ensure`]).
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage};
+
+use crate::error::{Error, Result};
+use crate::limits;
+
+pub mod cancel;
+pub mod catalog;
+pub mod shadow;
+pub mod unique_keys;
+
+pub use cancel::{Cancel, CancelReason};
+pub use shadow::Shadow;
+pub use unique_keys::UniqueKeys;
+
+/// Rows as PostgreSQL's text format: one `Option<String>` per column (None = NULL).
+pub type TextRows = Vec<Vec<Option<String>>>;
+
+/// The upstream database.
+pub struct Upstream {
+    config: Config,
+    idle: Mutex<Vec<Client>>,
+    permits: Arc<Semaphore>,
+    server_version: Mutex<Option<String>>,
+    /// The `statement_timeout` of DP statements: [`limits::STATEMENT_TIMEOUT_MS`] unless lowered
+    /// by [`Upstream::lower_statement_timeout`].
+    statement_timeout_ms: AtomicU64,
+}
+
+/// A pooled connection; returned to the pool when dropped unless marked broken.
+pub struct Pooled<'a> {
+    backend: &'a Upstream,
+    client: Option<Client>,
+    broken: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Pooled<'_> {
+    /// Runs one pgdp-generated SELECT in a read-only transaction with pgdp's statement timeout,
+    /// and returns its rows in text format. `cancel` can stop it from another task (a
+    /// CancelRequest, the client going away).
+    pub async fn run_release_query(mut self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
+        let batch = format!(
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; {sql}; COMMIT",
+            self.backend.statement_timeout_ms.load(Ordering::Relaxed)
+        );
+        // Until the statement has completed, the connection is not returned to the pool: if this
+        // future is dropped midway, the upstream may still be running the statement.
+        self.broken = true;
+        let mut reconnected = false;
+        loop {
+            let run = cancel.begin(self.client().cancel_token())?;
+            let result = stream_rows(self.client(), &batch).await;
+            let requested = run.end();
+            let e = match result {
+                Ok(rows) => {
+                    // A cancel sent for this run may still be on its way: never reuse the
+                    // connection then.
+                    self.broken = requested.is_some();
+                    return Ok(rows);
+                }
+                // The upstream is still sending: the connection stays marked broken and is
+                // closed when dropped, which ends the statement.
+                Err(RowsFault::TooMany(limit)) => return Err(limit),
+                Err(RowsFault::Db(e)) => e,
+            };
+            tracing::warn!(error = %e, "upstream DP statement failed");
+            if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
+                return Err(Error::Canceled {
+                    reason: requested
+                        .map_or("statement timeout", CancelReason::message)
+                        .into(),
+                });
+            }
+            if !is_connection_error(&e) {
+                return Err(Error::Upstream);
+            }
+            // The connection died (the upstream restarted): one more try on a fresh one. Running
+            // the statement twice reveals nothing, since only the released answer leaves pgdp.
+            if reconnected || requested.is_some() {
+                return Err(Error::UpstreamUnavailable);
+            }
+            reconnected = true;
+            self.client = Some(self.backend.connect().await?);
+        }
+    }
+
+    /// The connection.
+    pub fn client(&self) -> &Client {
+        // Invariant: `client` is Some from construction until drop.
+        self.client
+            .as_ref()
+            .expect("pooled client present until drop")
+    }
+
+    /// Marks the connection as unusable (it will be closed instead of reused).
+    pub fn discard(&mut self) {
+        self.broken = true;
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            if !self.broken && !client.is_closed() {
+                if let Ok(mut idle) = self.backend.idle.lock() {
+                    idle.push(client);
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("host", &self.config.get_hosts())
+            .field("dbname", &self.config.get_dbname())
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// A backend for the DSN (libpq URL or key=value). Does not connect yet.
+    pub fn new(dsn: &str) -> Result<Upstream> {
+        let mut config = Config::from_str(dsn).map_err(|e| {
+            tracing::error!(error = %e, "invalid upstream DSN");
+            Error::UpstreamUnavailable
+        })?;
+        config.connect_timeout(Duration::from_millis(limits::UPSTREAM_CONNECT_TIMEOUT_MS));
+        config.application_name("pgdp");
+        Ok(Upstream::with_config(config, limits::UPSTREAM_POOL_SIZE))
+    }
+
+    /// A pool of at most `pool_size` connections for `config` (the shadow catalog uses this for
+    /// its own database).
+    fn with_config(config: Config, pool_size: usize) -> Upstream {
+        Upstream {
+            config,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(pool_size)),
+            server_version: Mutex::new(None),
+            statement_timeout_ms: AtomicU64::new(limits::STATEMENT_TIMEOUT_MS),
+        }
+    }
+
+    /// Lowers the statement timeout of DP statements to `ms` (never above
+    /// [`limits::STATEMENT_TIMEOUT_MS`], never below 1 ms). For tests of slow upstreams and for
+    /// operators who want a tighter bound.
+    pub fn lower_statement_timeout(&self, ms: u64) {
+        let ms = ms.clamp(1, limits::STATEMENT_TIMEOUT_MS);
+        self.statement_timeout_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The database name of the upstream DSN.
+    pub fn dbname(&self) -> Option<&str> {
+        self.config.get_dbname()
+    }
+
+    async fn connect(&self) -> Result<Client> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| {
+            tracing::warn!(error = %e, "cannot connect to the upstream");
+            Error::UpstreamUnavailable
+        })?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        if self.cached_server_version().is_none() {
+            match client.simple_query("SHOW server_version").await {
+                Ok(rows) => {
+                    let version = first_value(&rows).unwrap_or_else(|| "15.0".into());
+                    tracing::info!(server_version = %version, "upstream reachable");
+                    if let Ok(mut v) = self.server_version.lock() {
+                        *v = Some(version);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the upstream's server_version"),
+            }
+        }
+        Ok(client)
+    }
+
+    /// A live connection from the pool, opening one if none is idle. Connections that died
+    /// (the upstream restarted) are dropped on the way; [`Error::UpstreamUnavailable`] (57P03) if
+    /// the upstream cannot be reached.
+    pub async fn get(&self) -> Result<Pooled<'_>> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::UpstreamUnavailable)?;
+        let reused = {
+            let mut idle = self
+                .idle
+                .lock()
+                .map_err(|_| Error::internal("pool lock poisoned"))?;
+            let mut found = None;
+            while let Some(c) = idle.pop() {
+                if !c.is_closed() {
+                    found = Some(c);
+                    break;
+                }
+            }
+            found
+        };
+        let client = match reused {
+            Some(c) => c,
+            None => self.connect().await?,
+        };
+        Ok(Pooled {
+            backend: self,
+            client: Some(client),
+            broken: false,
+            _permit: permit,
+        })
+    }
+
+    /// The upstream's `server_version`, read on the first connection and cached.
+    pub async fn server_version(&self) -> Result<String> {
+        if let Some(v) = self.cached_server_version() {
+            return Ok(v);
+        }
+        drop(self.get().await?);
+        self.cached_server_version()
+            .ok_or(Error::UpstreamUnavailable)
+    }
+
+    /// The cached server version, if known (for ParameterStatus at startup, which cannot wait).
+    pub fn cached_server_version(&self) -> Option<String> {
+        self.server_version.lock().ok().and_then(|v| v.clone())
+    }
+
+    /// Runs SQL that reads no private data (public tables), returning text rows, with the
+    /// transaction discipline of [`Pooled::run_release_query`].
+    pub async fn run_public_query(&self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
+        self.get().await?.run_release_query(sql, cancel).await
+    }
+}
+
+/// Whether `error` means the upstream connection is gone (closed, or the server shutting down or
+/// restarting: SQLSTATE classes 08 and 57P), as opposed to a statement failing on a healthy one.
+fn is_connection_error(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    match error.code() {
+        None => error.as_db_error().is_none(),
+        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
+    }
+}
+
+fn first_value(messages: &[SimpleQueryMessage]) -> Option<String> {
+    messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
+/// Why reading a DP statement's rows stopped early.
+enum RowsFault {
+    Db(tokio_postgres::Error),
+    /// More than [`limits::UPSTREAM_ROWS_MAX`] rows.
+    TooMany(Error),
+}
+
+impl From<tokio_postgres::Error> for RowsFault {
+    fn from(e: tokio_postgres::Error) -> RowsFault {
+        RowsFault::Db(e)
+    }
+}
+
+/// Runs `batch` and converts each row to text as it arrives, so at most one copy of the rows
+/// is held and reading stops at [`limits::UPSTREAM_ROWS_MAX`] rows instead of after buffering
+/// whatever the upstream sends.
+async fn stream_rows(client: &Client, batch: &str) -> std::result::Result<TextRows, RowsFault> {
+    use futures_util::StreamExt;
+    let stream = client.simple_query_raw(batch).await?;
+    let mut stream = std::pin::pin!(stream);
+    let mut rows = Vec::new();
+    while let Some(message) = stream.next().await {
+        if let SimpleQueryMessage::Row(r) = message? {
+            if rows.len() >= limits::UPSTREAM_ROWS_MAX {
+                return Err(RowsFault::TooMany(too_many_rows()));
+            }
+            rows.push((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect());
+        }
+    }
+    Ok(rows)
+}
+
+fn too_many_rows() -> Error {
+    Error::LimitExceeded {
+        what: "the number of candidate groups read from the upstream".into(),
+        limit: limits::UPSTREAM_ROWS_MAX as u64,
+    }
+}
+
+fn collect_rows(messages: &[SimpleQueryMessage]) -> Result<TextRows> {
+    let mut rows = Vec::new();
+    for m in messages {
+        if let SimpleQueryMessage::Row(r) = m {
+            if rows.len() >= limits::UPSTREAM_ROWS_MAX {
+                return Err(too_many_rows());
+            }
+            rows.push((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect());
+        }
+    }
+    Ok(rows)
+}

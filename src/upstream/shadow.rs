@@ -1,0 +1,319 @@
+//! The shadow catalog: a schema-only database that pgdp builds from the policy and the upstream's
+//! column types, holding no rows, where checked catalog queries run.
+//!
+//! Invariants:
+//! - The shadow database holds no rows, so what a catalog query reads there reveals nothing
+//!   about the private data; it runs only SQL that [`super::catalog::check`] admitted
+//!   ([`super::catalog::CatalogSql`]), read-only, with a short timeout.
+//! - An unreachable upstream is never fatal: the catalog is built on first use if it could not be
+//!   built at start ([`Shadow::ensure`]).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::limits;
+
+use super::{collect_rows, TextRows, Upstream};
+
+/// A catalog column: its name and the upstream type OID.
+pub type CatalogColumns = Vec<(String, u32)>;
+
+/// The shadow catalog: a database with the policy's schemas and tables (declared columns only,
+/// with the upstream's column types) and no rows. Built by [`Shadow::ensure`], at start if the
+/// upstream answers, else on the first catalog query after it is back.
+#[derive(Debug)]
+pub struct Shadow {
+    upstream_dsn: String,
+    policy: crate::policy::Policy,
+    built: tokio::sync::OnceCell<Built>,
+    /// When the last build failed, and how: builds are retried at most once per
+    /// [`limits::SHADOW_RETRY_MS`], so a permanent failure (no CREATEDB) costs little.
+    failed: Mutex<Option<(Instant, Error)>>,
+}
+
+/// A built shadow catalog.
+#[derive(Debug)]
+struct Built {
+    backend: Upstream,
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+impl Shadow {
+    /// The shadow catalog of `policy` next to the upstream database, not built yet. Fails only if
+    /// the DSN is invalid.
+    pub fn new(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Shadow> {
+        Upstream::new(upstream_dsn)?;
+        Ok(Shadow {
+            upstream_dsn: upstream_dsn.to_string(),
+            policy: policy.clone(),
+            built: tokio::sync::OnceCell::new(),
+            failed: Mutex::new(None),
+        })
+    }
+
+    /// Builds the shadow catalog unless it is built: [`Error::UpstreamUnavailable`] (57P03) while
+    /// the upstream cannot be reached, [`Error::Unsupported`] (0A000) if it answers but the build
+    /// fails (the role lacks CREATEDB).
+    pub async fn ensure(&self) -> Result<()> {
+        self.built().await.map(|_| ())
+    }
+
+    async fn built(&self) -> Result<&Built> {
+        if let Some(built) = self.built.get() {
+            return Ok(built);
+        }
+        if let Some((at, error)) = self.failed.lock().ok().and_then(|f| f.clone()) {
+            if at.elapsed() < Duration::from_millis(limits::SHADOW_RETRY_MS) {
+                return Err(error);
+            }
+        }
+        let result = self
+            .built
+            .get_or_try_init(|| build(&self.upstream_dsn, &self.policy))
+            .await;
+        // Only a build that failed on a reachable upstream is worth not retrying at once; while
+        // the upstream is down, an attempt costs one refused connection.
+        if let (Err(error), Ok(mut failed)) = (&result, self.failed.lock()) {
+            if *error != Error::UpstreamUnavailable {
+                *failed = Some((Instant::now(), error.clone()));
+            }
+        }
+        result
+    }
+}
+
+/// Creates (if needed) and rebuilds the shadow catalog of `policy` next to the upstream database.
+/// Needs CREATEDB on the upstream role the first time.
+async fn build(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Built> {
+    let built = build_once(upstream_dsn, policy).await;
+    match built {
+        Err(Error::UpstreamUnavailable) => {
+            // Tell "down" from "up but refusing": only the former is worth waiting for.
+            let probe = Upstream::new(upstream_dsn)?;
+            let reachable = probe.get().await.is_ok();
+            Err(if reachable {
+                no_shadow()
+            } else {
+                Error::UpstreamUnavailable
+            })
+        }
+        other => other,
+    }
+}
+
+/// The refusal of catalog queries when the shadow catalog cannot be built on a reachable upstream.
+fn no_shadow() -> Error {
+    Error::unsupported(
+        "catalog queries on this server",
+        "pgdp could not build its shadow catalog (the upstream role needs CREATEDB once); see the server log.",
+    )
+}
+
+impl Shadow {
+    /// The result columns of a catalog query, without running it.
+    pub async fn describe(&self, sql: &str) -> Result<CatalogColumns> {
+        self.built().await?.describe(sql).await
+    }
+
+    /// Runs a checked catalog query on the shadow database: its columns and text rows.
+    /// `search_path` is the session's, already validated against the policy's schemas.
+    pub async fn run(
+        &self,
+        sql: &str,
+        search_path: &[String],
+    ) -> Result<(CatalogColumns, TextRows)> {
+        self.built().await?.run(sql, search_path).await
+    }
+}
+
+async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Built> {
+    let upstream = Upstream::new(upstream_dsn)?;
+    let dbname = format!("{}_pgdp_catalog", upstream.dbname().unwrap_or("postgres"));
+    let conn = upstream.get().await?;
+    let fail = |what: &'static str| {
+        move |e: tokio_postgres::Error| {
+            tracing::warn!(error = %e, what, "shadow catalog");
+            Error::UpstreamUnavailable
+        }
+    };
+    let exists = conn
+        .client()
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1",
+            &[&dbname],
+        )
+        .await
+        .map_err(fail("look up"))?
+        .is_some();
+    if !exists {
+        let create = format!("CREATE DATABASE {}", quote_ident(&dbname));
+        if let Err(e) = conn.client().batch_execute(&create).await {
+            // Another pgdp may have created it at the same moment.
+            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+                return Err(fail("create database")(e));
+            }
+        }
+    }
+    // Column types as the upstream declares them.
+    let mut ddl = String::from("SELECT pg_advisory_xact_lock(7367626470);");
+    for schema in policy.schemas() {
+        ddl.push_str(&format!(
+            "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
+            quote_ident(&schema)
+        ));
+    }
+    for table in policy.tables.values() {
+        let qualified = format!(
+            "{}.{}",
+            quote_ident(&table.schema),
+            quote_ident(&table.name)
+        );
+        let rows = conn
+                .client()
+                .query(
+                    "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) \
+                     FROM pg_catalog.pg_attribute a \
+                     WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+                    &[&qualified],
+                )
+                .await
+                .map_err(fail("read column types"))?;
+        // Upstream order first (attnum), then declared columns the upstream lacks.
+        let upstream_types: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect();
+        if upstream_types.is_empty() {
+            tracing::error!(table = %table.qualified_name(), "policy table does not exist on the upstream");
+        }
+        let mut ordered: Vec<&crate::policy::Column> = upstream_types
+            .iter()
+            .filter_map(|(name, _)| table.column(name))
+            .collect();
+        for c in &table.columns {
+            if !ordered.iter().any(|o| o.name == c.name) {
+                tracing::error!(table = %table.qualified_name(), column = %c.name, "policy column does not exist on the upstream");
+                ordered.push(c);
+            }
+        }
+        let columns: Vec<String> = ordered
+            .iter()
+            .map(|c| {
+                let ty = upstream_types
+                    .iter()
+                    .find(|(n, _)| *n == c.name)
+                    .map(|(_, t)| t.clone())
+                    .unwrap_or_else(|| match c.ty {
+                        crate::policy::ColumnType::Integer => "bigint".into(),
+                        crate::policy::ColumnType::Float => "double precision".into(),
+                        other => other.name().into(),
+                    });
+                format!("{} {ty}", quote_ident(&c.name))
+            })
+            .collect();
+        let mut column_notes = String::new();
+        for c in &ordered {
+            let mut parts = Vec::new();
+            if let Some(b) = c.bounds {
+                parts.push(format!("bounds [{}, {}]", b.lower, b.upper));
+            }
+            if c.groupable {
+                parts.push("groupable".to_string());
+            }
+            if let Some(v) = &c.public_values {
+                parts.push(format!("{} public values", v.len()));
+            }
+            if !parts.is_empty() {
+                column_notes.push_str(&format!(
+                    "COMMENT ON COLUMN {qualified}.{} IS '{}';",
+                    quote_ident(&c.name),
+                    parts.join("; ").replace('\'', "''")
+                ));
+            }
+        }
+        let note = match &table.kind {
+                crate::policy::TableKind::Public => "public table (pgdp)".to_string(),
+                crate::policy::TableKind::Private(p) => format!(
+                    "private table: DP aggregates only; privacy unit {}, at most {} group(s) and {} row(s) per unit (pgdp)",
+                    p.unit_description(),
+                    p.max_groups_per_unit,
+                    p.max_rows_per_unit
+                ),
+            };
+        ddl.push_str(&format!(
+            "CREATE TABLE {qualified} ({}); COMMENT ON TABLE {qualified} IS '{}';{column_notes}",
+            columns.join(", "),
+            note.replace('\'', "''")
+        ));
+    }
+    drop(conn);
+    let mut config = upstream.config.clone();
+    config.dbname(&dbname);
+    let backend = Upstream::with_config(config, limits::SHADOW_POOL_SIZE);
+    {
+        let mut shadow = backend.get().await?;
+        let client = shadow.client();
+        let result = client.batch_execute(&format!("BEGIN; {ddl} COMMIT;")).await;
+        if let Err(e) = result {
+            shadow.discard();
+            return Err(fail("build")(e));
+        }
+    }
+    tracing::info!(database = %dbname, tables = policy.tables.len(), "shadow catalog ready");
+    Ok(Built { backend })
+}
+
+impl Built {
+    /// The result columns of a catalog query, without running it.
+    pub async fn describe(&self, sql: &str) -> Result<CatalogColumns> {
+        let conn = self.backend.get().await?;
+        let statement = conn.client().prepare(sql).await.map_err(|e| {
+            tracing::info!(error = %e, "catalog query does not prepare");
+            Error::unsupported(
+                "this catalog query",
+                "pgdp's shadow catalog could not answer it.",
+            )
+        })?;
+        Ok(statement
+            .columns()
+            .iter()
+            .map(|c| (c.name().to_string(), c.type_().oid()))
+            .collect())
+    }
+
+    /// Runs a checked catalog query on the shadow database: its columns and text rows.
+    /// `search_path` is the session's, already validated against the policy's schemas.
+    pub async fn run(
+        &self,
+        sql: &str,
+        search_path: &[String],
+    ) -> Result<(CatalogColumns, TextRows)> {
+        let columns = self.describe(sql).await?;
+        let mut conn = self.backend.get().await?;
+        let path: Vec<String> = search_path.iter().map(|s| quote_ident(s)).collect();
+        let path = if path.is_empty() {
+            "public".to_string()
+        } else {
+            path.join(", ")
+        };
+        let batch = format!(
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = 5000; SET LOCAL search_path = {path}; {sql}; COMMIT"
+        );
+        match conn.client().simple_query(&batch).await {
+            Ok(messages) => Ok((columns, collect_rows(&messages)?)),
+            Err(e) => {
+                conn.discard();
+                tracing::info!(error = %e, "catalog query failed");
+                // The shadow holds no data, so its error text is safe to summarise by code.
+                Err(Error::unsupported(
+                    "this catalog query",
+                    "pgdp's shadow catalog could not answer it.",
+                ))
+            }
+        }
+    }
+}
