@@ -259,7 +259,9 @@ async fn measure(
     for (i, table, column) in to_fetch {
         let values = rows(
             client,
-            &rewrite::public_values_sql(&table, &column).map_err(|e| format!("{e}"))?,
+            rewrite::public_values_sql(&table, &column)
+                .map_err(|e| format!("{e}"))?
+                .as_str(),
         )
         .await?;
         domains.insert(
@@ -270,7 +272,7 @@ async fn measure(
                 .collect(),
         );
     }
-    let exact = rows(client, &rw.sql).await?;
+    let exact = release::PrivateRows::new(rows(client, &rw.sql).await?);
 
     // The true answer, in the same column order as the released one.
     let truth = rows(client, sql).await?;
@@ -343,7 +345,7 @@ struct Comparison {
 struct Prepared<'a> {
     plan: &'a analyze::Plan,
     rewrite: &'a rewrite::Rewrite,
-    exact: &'a Rows,
+    exact: &'a release::PrivateRows,
     domains: &'a release::PublicDomains,
 }
 
@@ -370,7 +372,7 @@ fn compare(
             q.plan, q.rewrite, mechanisms, q.exact, q.domains, false, &mut rng,
         )?;
         let mut seen = BTreeSet::new();
-        for row in &released.rows {
+        for row in released.rows() {
             let key: Vec<Option<String>> = truth
                 .key_columns
                 .iter()

@@ -377,7 +377,7 @@ fn outcome(policy: &Policy, case: &Case) -> (Expected, Option<Compiled>) {
     match compile(policy, &case.sql, &case.params) {
         Ok(c) => (
             Expected::Accepted {
-                sql: c.rewrite.sql.clone(),
+                sql: c.rewrite.sql.to_string(),
                 release: describe(&c),
             },
             Some(c),
@@ -448,14 +448,14 @@ fn is_generated(name: &str) -> bool {
 
 /// Checks the emitted SQL: round trip, identifiers, relations, functions, no placeholders.
 fn check_emitted_sql(policy: &Policy, c: &Compiled) -> Result<(), String> {
-    let sql = &c.rewrite.sql;
+    let sql = c.rewrite.sql.as_str();
     let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
         .map_err(|e| format!("the emitted SQL does not parse: {e}"))?;
     let [statement] = statements.as_slice() else {
         return Err(format!("{} statements emitted", statements.len()));
     };
     let again = statement.to_string();
-    if &again != sql {
+    if again != sql {
         return Err(format!("round trip changed the SQL:\n  {sql}\n  {again}"));
     }
     let aliases = aliases_in(sql);

@@ -126,13 +126,13 @@ async fn charges_add_up_exactly_and_survive_reconnecting() {
                 )
                 .await
                 .unwrap();
-            assert!(charge.id > last_id);
-            last_id = charge.id;
+            assert!(charge.id() > last_id);
+            last_id = charge.id();
             assert_eq!(
-                charge.balance.spent.epsilon,
+                charge.balance().spent.epsilon,
                 Fixed::from_units(u128::from(i) * 100_000_000_000_000_000)
             );
-            ledger.set_outcome(charge.id, "released").await.unwrap();
+            ledger.set_outcome(charge.id(), "released").await.unwrap();
         }
         // Ten tenths are exactly one: not one unit more fits.
         let refused = ledger
@@ -257,7 +257,7 @@ async fn racing_processes_never_overspend() {
         match task.await.unwrap() {
             Ok(charge) => {
                 admitted += 1;
-                assert!(charge.balance.spent.epsilon <= limit.epsilon);
+                assert!(charge.balance().spent.epsilon <= limit.epsilon);
             }
             Err(error) => {
                 assert_eq!(error.sqlstate().code(), "53400", "{error:?}");
@@ -429,8 +429,8 @@ async fn group_commit_admits_each_charge_as_if_alone() {
         let (a, result) = task.await.unwrap();
         match result {
             Ok(charge) => {
-                assert!(charge.balance.spent.epsilon <= analysts[a].1.epsilon);
-                admitted[a].push((charge.id, charge.balance.spent));
+                assert!(charge.balance().spent.epsilon <= analysts[a].1.epsilon);
+                admitted[a].push((charge.id(), charge.balance().spent));
             }
             Err(error) => assert_eq!(error.sqlstate().code(), "53400", "{error:?}"),
         }
@@ -608,7 +608,7 @@ async fn ledger_reconnects_after_losing_its_connection() {
         )
         .await
         .unwrap();
-    assert_eq!(charge.balance.spent.epsilon, Fixed::ONE);
+    assert_eq!(charge.balance().spent.epsilon, Fixed::ONE);
 }
 
 #[tokio::test]

@@ -547,7 +547,7 @@ async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str
             .map_err(|e| fail(format!("{sql}: {e}")))?
             .sql;
         if upstream.replace(&seed, "<secret>") == shown {
-            return Ok(upstream);
+            return Ok(upstream.to_string());
         }
     }
     Err(fail(format!(
@@ -1264,8 +1264,11 @@ async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<Re
         let mechanisms = release::mechanisms(&plan, &rw, budget)?;
         let (mut domains, to_fetch) = release::listed_domains(&plan);
         for (i, table, column) in to_fetch {
-            let values =
-                simple_rows(&direct, &rewrite::public_values_sql(&table, &column)?).await?;
+            let values = simple_rows(
+                &direct,
+                rewrite::public_values_sql(&table, &column)?.as_str(),
+            )
+            .await?;
             domains.insert(
                 i,
                 values
@@ -1274,7 +1277,7 @@ async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<Re
                     .collect(),
             );
         }
-        let exact = simple_rows(&direct, &rw.sql).await?;
+        let exact = release::PrivateRows::new(simple_rows(&direct, &rw.sql).await?);
         let mut times = Vec::new();
         let mut released = 0;
         for run in 0..s.release_runs {
@@ -1284,7 +1287,7 @@ async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<Re
             let started = Instant::now();
             let r = release::release(&plan, &rw, &mechanisms, &exact, &domains, false, &mut rng)?;
             times.push(ms(started.elapsed()));
-            released = r.rows.len();
+            released = r.rows().len();
         }
         out.push(ReleaseCost {
             label: format!("{} (ε = {epsilon})", query.label),

@@ -950,7 +950,7 @@ async fn public_domains(plan: &Plan, direct: &Client) -> Res<PublicDomains> {
     let (mut domains, to_fetch) = release::listed_domains(plan);
     for (i, table, column) in to_fetch {
         let sql = rewrite::public_values_sql(&table, &column).map_err(|e| fail(e.to_string()))?;
-        let rows = simple_rows(direct, &sql).await?;
+        let rows = simple_rows(direct, sql.as_str()).await?;
         domains.insert(
             i,
             rows.into_iter()
@@ -1008,6 +1008,7 @@ async fn bench_case(
     let plain = answer_from_output_rows(&plan, &simple_rows(direct, &plain_sql).await?)?;
     let upstream_rows = simple_rows(direct, &rw.sql).await?;
     let clipped = clipped_groups(&plan, &rw, &upstream_rows)?;
+    let upstream_rows = release::PrivateRows::new(upstream_rows);
     let domains = public_domains(&plan, direct).await?;
     let values = match c.values {
         Some(sql) => Some(group_values(direct, sql, plan.keys.len()).await?),
@@ -1081,7 +1082,7 @@ async fn bench_case(
             let released =
                 release::release(&plan, &rw, &mech, &upstream_rows, &domains, false, &mut rng)
                     .map_err(|e| fail(format!("release: {e}")))?;
-            answers.push(answer_from_cells(&plan, &released.rows)?);
+            answers.push(answer_from_cells(&plan, released.rows())?);
         }
         for (ai, agg) in plan.aggregates.iter().enumerate() {
             rows.push(measure_row(

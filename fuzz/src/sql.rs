@@ -21,7 +21,7 @@
 use std::ops::ControlFlow;
 
 use pgdp::dp::analyze::{self, Context, OutputSource, Plan, PublicKeys};
-use pgdp::dp::release::{self, Budget};
+use pgdp::dp::release::{self, Budget, PrivateRows};
 use pgdp::dp::rewrite::{self, Measure, Rewrite};
 use pgdp::output::Cell;
 use pgdp::policy::{ColumnType, Mechanism, Policy};
@@ -157,7 +157,7 @@ fn check_rewrite(policy: &Policy, plan: &Plan, rw: &Rewrite, sql: &str) {
     };
     assert_eq!(
         statement.to_string(),
-        rw.sql,
+        rw.sql.as_str(),
         "rewrite of {sql:?} does not round-trip"
     );
     let _ = ast::visit_relations(statement, |name| {
@@ -359,9 +359,17 @@ fn check_release(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &str) 
         row.push(Some(format!("{}", 200 * g + 1)));
         rows.push(row);
     }
-    if let Ok(released) = release::release(plan, rw, m, &rows, &domains, true, &mut rng) {
+    if let Ok(released) = release::release(
+        plan,
+        rw,
+        m,
+        &PrivateRows::new(rows),
+        &domains,
+        true,
+        &mut rng,
+    ) {
         let finite = released
-            .rows
+            .rows()
             .iter()
             .flatten()
             .all(|c| !matches!(c, Cell::Float(f) if !f.is_finite()));

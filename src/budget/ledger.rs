@@ -162,13 +162,40 @@ impl Balance {
     }
 }
 
-/// A committed charge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Charge {
-    /// The audit-log id, for [`Ledger::set_outcome`].
-    pub id: i64,
+/// Proof that a charge was committed durably: what running a DP query's SQL on the upstream
+/// requires (`upstream::Pooled::run_release_query` takes it by value, so one charge covers one
+/// run). Only [`Ledger::charge`] makes one: its fields are private and it has no other
+/// constructor, not even `Clone`.
+///
+/// ```compile_fail
+/// // A receipt cannot be made up outside the budget module.
+/// fn forge(balance: pgdp::budget::Balance) -> pgdp::budget::Receipt {
+///     pgdp::budget::Receipt { id: 1, balance }
+/// }
+/// ```
+///
+/// ```compile_fail
+/// // Nor copied to cover a second run.
+/// fn twice(r: pgdp::budget::Receipt) -> (pgdp::budget::Receipt, pgdp::budget::Receipt) {
+///     (r.clone(), r)
+/// }
+/// ```
+#[derive(Debug, PartialEq, Eq)]
+pub struct Receipt {
+    id: i64,
+    balance: Balance,
+}
+
+impl Receipt {
+    /// The audit-log id, for [`Ledger::set_outcome`] and [`Ledger::record_release`].
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
     /// The analyst's balance right after the charge.
-    pub balance: Balance,
+    pub fn balance(&self) -> &Balance {
+        &self.balance
+    }
 }
 
 /// The shared, durable privacy ledger. Cheap to share behind an `Arc`; each call takes one of a
@@ -196,7 +223,7 @@ struct ChargeRequest {
 /// A queued charge and where its answer goes.
 struct PendingCharge {
     request: ChargeRequest,
-    reply: oneshot::Sender<Result<Charge>>,
+    reply: oneshot::Sender<Result<Receipt>>,
 }
 
 /// The group-commit queue: requests wait here while a committer task runs; at most one
@@ -256,7 +283,7 @@ impl ChargeQueue {
 
     /// One group commit (retried once on a fresh connection if the connection broke): one
     /// answer per request, in order.
-    async fn commit(&self, requests: &[ChargeRequest]) -> Vec<Result<Charge>> {
+    async fn commit(&self, requests: &[ChargeRequest]) -> Vec<Result<Receipt>> {
         let mut attempts = Attempts {
             config: &self.config,
             schema_ready: &self.schema_ready,
@@ -417,7 +444,7 @@ impl Ledger {
         cost: &Cost,
         fingerprint: &str,
         mechanism: &str,
-    ) -> Result<Charge> {
+    ) -> Result<Receipt> {
         let (reply, answer) = oneshot::channel();
         let pending = PendingCharge {
             request: ChargeRequest {
@@ -839,7 +866,7 @@ const REPLAY_PUT: &str = "INSERT INTO pgdp.replay_cache (analyst, key, payload) 
 async fn charge_batch(
     conn: &mut Conn,
     requests: &[ChargeRequest],
-) -> Result<Vec<Result<Charge, Box<Refusal>>>, Fault> {
+) -> Result<Vec<Result<Receipt, Box<Refusal>>>, Fault> {
     let lock_analysts = conn.statement(LOCK_ANALYSTS).await?;
     let lock_dataset = conn.statement(LOCK_DATASET).await?;
     let record = conn.statement(RECORD_CHARGES).await?;
@@ -921,7 +948,7 @@ async fn charge_batch(
         .iter()
         .zip(outcomes)
         .map(|(request, outcome)| {
-            outcome.map(|after| Charge {
+            outcome.map(|after| Receipt {
                 // One id per admitted request (checked by record_charges).
                 id: ids.next().unwrap_or_default(),
                 balance: Balance::new(&request.limit, after),

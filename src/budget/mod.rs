@@ -34,7 +34,7 @@ pub use accountant::{
     Remaining, Scope, Spent,
 };
 pub use fixed::{Fixed, FixedError};
-pub use ledger::{Balance, Charge, Ledger};
+pub use ledger::{Balance, Ledger, Receipt};
 
 /// The SHA-256 (hex, lowercase) of `parts`, each prefixed with its length as 8 big-endian bytes,
 /// so that different part lists never share an encoding (`["ab", "c"]` ≠ `["a", "bc"]`). Used for

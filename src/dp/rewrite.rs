@@ -35,6 +35,54 @@ use crate::dp::analyze::{AggregateKind, Plan, Unit};
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 
+/// The contribution-bounded SQL of one DP query, as [`rewrite`] built it from a [`Plan`]: the
+/// only SQL over private tables that pgdp runs on the upstream. Only this module can make one
+/// (its field is private and it has no public constructor), so the upstream's
+/// `run_release_query` cannot be handed an analyst's text or SQL assembled elsewhere.
+///
+/// ```compile_fail
+/// // Analyst text (or any string) cannot pass as upstream SQL.
+/// let sql = pgdp::dp::rewrite::UpstreamSql("SELECT * FROM demo.people".to_string());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamSql(String);
+
+impl UpstreamSql {
+    /// The SQL text, to send or to show in EXPLAIN.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for UpstreamSql {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for UpstreamSql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// SQL that reads only a public table (the domain of a public key column, for zero-filling),
+/// built by [`public_values_sql`] alone.
+///
+/// ```compile_fail
+/// let sql = pgdp::dp::rewrite::PublicSql("SELECT income FROM demo.people".to_string());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicSql(String);
+
+impl PublicSql {
+    /// The SQL text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// An exact per-group statistic that the release step noises.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Measure {
@@ -143,7 +191,7 @@ impl Measure {
 pub struct Rewrite {
     /// The SQL sent upstream. Its columns: one text column per key, then one per measure, then
     /// the number of units per group.
-    pub sql: String,
+    pub sql: UpstreamSql,
     /// Aggregate arguments, indexed by the measures.
     pub arguments: Vec<Argument>,
     /// Measures, in SQL column order after the keys.
@@ -571,7 +619,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
 
     check_one_statement(&sql)?;
     Ok(Rewrite {
-        sql,
+        sql: UpstreamSql(sql),
         arguments,
         measures,
         aggregate_measures,
@@ -694,7 +742,7 @@ fn value_stages(
 }
 
 /// SQL listing the values of a public table's column (for zero-filling public keys).
-pub fn public_values_sql(table: &str, column: &str) -> Result<String> {
+pub fn public_values_sql(table: &str, column: &str) -> Result<PublicSql> {
     let (schema, name) = table
         .split_once('.')
         .ok_or_else(|| Error::internal("unqualified table"))?;
@@ -706,6 +754,6 @@ pub fn public_values_sql(table: &str, column: &str) -> Result<String> {
         .map_err(|e| Error::internal(format!("public values SQL does not parse: {e}")))?;
     statements
         .first()
-        .map(|s| s.to_string())
+        .map(|s| PublicSql(s.to_string()))
         .ok_or_else(|| Error::internal("no statement"))
 }

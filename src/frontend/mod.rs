@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - Nothing here decides what is allowed: every statement goes through [`crate::session::classify`] and
-//!   [`crate::session::Session::execute`]; this module only translates between messages and
+//!   [`crate::session::Session::run`]; this module only translates between messages and
 //!   plain data.
 //! - Errors reach the client as `ErrorResponse` with the SQLSTATE of [`Error::sqlstate`], our
 //!   message and hint; a refused statement never ends the connection.
@@ -72,7 +72,7 @@ use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{Credential, Policy};
 use crate::session::classify::{self, Statement};
-use crate::session::{self, Outcome, Refusal, Session, Shared};
+use crate::session::{self, Outcome, Session, Shared};
 
 // ---------------------------------------------------------------------------------------------
 // Connections: TLS negotiation, admission, the startup timeout and the message guards
@@ -1144,7 +1144,7 @@ impl ServerParameterProvider for Parameters {
     {
         let version = self
             .shared
-            .backend
+            .upstream
             .cached_server_version()
             .unwrap_or_else(|| "15.0".into());
         let user = client.metadata().get("user").cloned().unwrap_or_default();
@@ -1263,7 +1263,7 @@ fn ensure_session<'a, C: ClientInfo>(
             .cloned()
             .ok_or(Error::Authentication { user })?;
         let version = shared
-            .backend
+            .upstream
             .cached_server_version()
             .unwrap_or_else(|| "15.0".into());
         let (pid, key) = client.pid_and_secret_key();
@@ -1498,11 +1498,8 @@ where
         }
         Outcome::TransactionStart => Response::TransactionStart(Tag::new("BEGIN")),
         Outcome::TransactionEnd { tag } => Response::TransactionEnd(Tag::new(&tag)),
-        Outcome::Rows {
-            columns,
-            rows,
-            notices,
-        } => {
+        Outcome::Rows(answer) => {
+            let (columns, rows, notices) = answer.into_parts();
             for n in notices {
                 let info = ErrorInfo::new("NOTICE".to_owned(), "00000".to_owned(), n.message);
                 client
@@ -1521,7 +1518,7 @@ where
 }
 
 /// A refusal as an ErrorResponse: its SQLSTATE, message and hint.
-fn refusal_info(r: &Refusal) -> ErrorInfo {
+fn refusal_info(r: &Error) -> ErrorInfo {
     error_info(r)
 }
 
@@ -1533,7 +1530,7 @@ async fn run_statement(
     statement: &Statement,
     params: &[Option<String>],
     failed: bool,
-) -> Result<Outcome, Refusal> {
+) -> Result<Outcome, Error> {
     match (failed, statement) {
         (false, _) | (true, Statement::Rollback) => session.run(shared, statement, params).await,
         (true, Statement::Commit) => session.run(shared, &Statement::Rollback, params).await,
@@ -1541,7 +1538,7 @@ async fn run_statement(
     }
 }
 
-fn log_statement(analyst: &str, kind: &str, result: &Result<Outcome, Refusal>, started: Instant) {
+fn log_statement(analyst: &str, kind: &str, result: &Result<Outcome, Error>, started: Instant) {
     let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     match result {
         Ok(_) => tracing::info!(analyst, kind, outcome = "ok", duration_ms, "statement"),
@@ -1646,17 +1643,9 @@ impl QueryParser for Parser {
         let mut slot = conn.session.lock().await;
         let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
-        let columns = match &statement {
-            // A prepared FETCH returns the cursor's columns (if it is open when prepared).
-            Statement::Fetch {
-                name,
-                move_only: false,
-                ..
-            } => session.cursor_columns(name),
-            _ => session::describe(&self.shared, session, &statement)
-                .await
-                .map_err(|e| user_error(&e))?,
-        };
+        let columns = session::describe(&self.shared, session, &statement)
+            .await
+            .map_err(|e| user_error(&e))?;
         // Client-declared types win; otherwise the type analysis inferred from the context.
         let inferred = session::parameter_types(&self.shared, session, &statement);
         let count = inferred

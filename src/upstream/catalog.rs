@@ -314,8 +314,33 @@ pub fn is_catalog_query(query: &ast::Query) -> bool {
     found
 }
 
-/// Admits a catalog query if every relation and function it uses is on the allow-lists.
-pub fn check(query: &ast::Query, policy: &Policy) -> Result<()> {
+/// A catalog query that [`check`] admitted, with its parameters bound, as the text to run on the
+/// shadow catalog ([`super::Shadow`]): the only SQL the shadow runs for an analyst.
+///
+/// ```compile_fail
+/// let sql = pgdp::upstream::catalog::CatalogSql("SELECT * FROM pg_stat_activity".into());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogSql(String);
+
+impl CatalogSql {
+    /// The SQL text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Admits a catalog query if every relation and function it uses is on the allow-lists, and
+/// prints it with `params` bound ([`bind_parameters`]) for the shadow catalog.
+pub fn check(query: &ast::Query, policy: &Policy, params: &[Option<String>]) -> Result<CatalogSql> {
+    admit(query, policy)?;
+    let mut bound = query.clone();
+    bind_parameters(&mut bound, params);
+    Ok(CatalogSql(bound.to_string()))
+}
+
+/// Whether every relation and function of `query` is on the allow-lists.
+fn admit(query: &ast::Query, policy: &Policy) -> Result<()> {
     let ctes: BTreeSet<String> = query
         .with
         .iter()
@@ -374,7 +399,7 @@ pub fn check(query: &ast::Query, policy: &Policy) -> Result<()> {
 
 /// Replaces `$n` placeholders by string literals of the bound values (NULL when unbound), so the
 /// shadow database infers their types as PostgreSQL does for untyped literals.
-pub fn bind_parameters(query: &mut ast::Query, params: &[Option<String>]) {
+fn bind_parameters(query: &mut ast::Query, params: &[Option<String>]) {
     let _ = ast::visit_expressions_mut(query, |e| {
         if let Expr::Value(v) = e {
             if let ast::Value::Placeholder(p) = &v.value {
@@ -414,7 +439,7 @@ mod tests {
         if !is_catalog_query(&q) {
             return "not catalog".into();
         }
-        match check(&q, &policy()) {
+        match admit(&q, &policy()) {
             Ok(()) => "ok".into(),
             Err(e) => e.sqlstate().code().into(),
         }

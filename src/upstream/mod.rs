@@ -2,9 +2,14 @@
 //! runs SQL there.
 //!
 //! Invariants:
-//! - Every statement pgdp runs for an analyst goes through [`Upstream::run_release_query`]: one
-//!   `READ ONLY` transaction with a `statement_timeout` of [`limits::STATEMENT_TIMEOUT_MS`], and
-//!   at most [`limits::UPSTREAM_ROWS_MAX`] rows read.
+//! - The only ways to run SQL on the upstream database from outside this module are
+//!   [`Pooled::run_release_query`], which takes the [`UpstreamSql`] that the rewrite built and
+//!   the [`Receipt`] of its durable charge (by value: one charge, one run) and returns
+//!   [`PrivateRows`] that only the release can read; [`Upstream::run_public_query`], which takes
+//!   [`PublicSql`] over a public table; and the fixed catalog lookup of [`unique_keys`]. The
+//!   pooled client itself is private to this module.
+//! - Each runs as one `READ ONLY` transaction with a `statement_timeout` of
+//!   [`limits::STATEMENT_TIMEOUT_MS`], reading at most [`limits::UPSTREAM_ROWS_MAX`] rows.
 //! - Upstream error text is never returned: it can contain row values. It is logged here (at
 //!   `warn`) and the caller receives [`Error::Upstream`], [`Error::Canceled`] or
 //!   [`Error::UpstreamUnavailable`], whose messages are fixed.
@@ -14,6 +19,48 @@
 //! - An unreachable upstream is never fatal: every call connects anew when the pool has no live
 //!   connection, so pgdp serves again as soon as the upstream is back. The shadow catalog is
 //!   built on first use if it could not be built at start ([`Shadow::ensure`]).
+//!
+//! The order "charge, then run, then release" is therefore the only one that compiles:
+//!
+//! ```no_run
+//! # use pgdp::budget::{Cost, Ledger, Limit};
+//! # use pgdp::dp::{release, rewrite::Rewrite};
+//! # use pgdp::upstream::{Cancel, Upstream};
+//! # async fn run(upstream: &Upstream, ledger: &Ledger, rewrite: &Rewrite, limit: &Limit,
+//! #               cost: &Cost, cancel: &Cancel) -> pgdp::Result<release::PrivateRows> {
+//! let connection = upstream.get().await?;
+//! let receipt = ledger.charge("alice", limit, None, cost, "fingerprint", "laplace").await?;
+//! let rows = connection.run_release_query(&rewrite.sql, receipt, cancel).await?;
+//! # Ok(rows) }
+//! ```
+//!
+//! ```compile_fail
+//! // Running without a charge does not compile: there is no receipt to pass.
+//! # use pgdp::dp::rewrite::Rewrite;
+//! # use pgdp::upstream::{Cancel, Upstream};
+//! # async fn run(upstream: &Upstream, rewrite: &Rewrite, cancel: &Cancel) -> pgdp::Result<()> {
+//! let rows = upstream.get().await?.run_release_query(&rewrite.sql, cancel).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail
+//! // Nor does running SQL other than a rewrite's, even with a receipt.
+//! # use pgdp::budget::Receipt;
+//! # use pgdp::upstream::{Cancel, Upstream};
+//! # async fn run(upstream: &Upstream, receipt: Receipt, cancel: &Cancel) -> pgdp::Result<()> {
+//! let rows = upstream.get().await?
+//!     .run_release_query("SELECT income FROM demo.people", receipt, cancel).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail
+//! // Nor does reaching the pooled client to run SQL of one's own.
+//! # use pgdp::upstream::Upstream;
+//! # async fn run(upstream: &Upstream) -> pgdp::Result<()> {
+//! let connection = upstream.get().await?;
+//! let _ = connection.client().simple_query("SELECT * FROM demo.people").await;
+//! # Ok(()) }
+//! ```
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -24,6 +71,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage};
 
+use crate::budget::Receipt;
+use crate::dp::release::{PrivateRows, TextRows};
+use crate::dp::rewrite::{PublicSql, UpstreamSql};
 use crate::error::{Error, Result};
 use crate::limits;
 
@@ -35,9 +85,6 @@ pub mod unique_keys;
 pub use cancel::{Cancel, CancelReason};
 pub use shadow::Shadow;
 pub use unique_keys::UniqueKeys;
-
-/// Rows as PostgreSQL's text format: one `Option<String>` per column (None = NULL).
-pub type TextRows = Vec<Vec<Option<String>>>;
 
 /// The upstream database.
 pub struct Upstream {
@@ -59,10 +106,25 @@ pub struct Pooled<'a> {
 }
 
 impl Pooled<'_> {
+    /// Runs a DP query's rewritten SQL, charged by `receipt`, in a read-only transaction with
+    /// pgdp's statement timeout, and returns its rows for the release alone to read. `cancel` can
+    /// stop it from another task (a CancelRequest, the client going away). The receipt is
+    /// consumed: a failure after this point keeps the charge.
+    pub async fn run_release_query(
+        self,
+        sql: &UpstreamSql,
+        receipt: Receipt,
+        cancel: &Cancel,
+    ) -> Result<PrivateRows> {
+        tracing::debug!(charge = receipt.id(), "running a charged DP query upstream");
+        self.run_read_only(sql.as_str(), cancel)
+            .await
+            .map(PrivateRows::new)
+    }
+
     /// Runs one pgdp-generated SELECT in a read-only transaction with pgdp's statement timeout,
-    /// and returns its rows in text format. `cancel` can stop it from another task (a
-    /// CancelRequest, the client going away).
-    pub async fn run_release_query(mut self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
+    /// and returns its rows in text format.
+    async fn run_read_only(mut self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
         let batch = format!(
             "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; {sql}; COMMIT",
             self.backend.statement_timeout_ms.load(Ordering::Relaxed)
@@ -108,8 +170,9 @@ impl Pooled<'_> {
         }
     }
 
-    /// The connection.
-    pub fn client(&self) -> &Client {
+    /// The connection: private to this module, so no other module can run SQL of its own on the
+    /// upstream.
+    fn client(&self) -> &Client {
         // Invariant: `client` is Some from construction until drop.
         self.client
             .as_ref()
@@ -117,7 +180,7 @@ impl Pooled<'_> {
     }
 
     /// Marks the connection as unusable (it will be closed instead of reused).
-    pub fn discard(&mut self) {
+    fn discard(&mut self) {
         self.broken = true;
     }
 }
@@ -256,10 +319,10 @@ impl Upstream {
         self.server_version.lock().ok().and_then(|v| v.clone())
     }
 
-    /// Runs SQL that reads no private data (public tables), returning text rows, with the
-    /// transaction discipline of [`Pooled::run_release_query`].
-    pub async fn run_public_query(&self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
-        self.get().await?.run_release_query(sql, cancel).await
+    /// Runs SQL over a public table (no private data, so no charge), returning its text rows,
+    /// with the transaction discipline of [`Pooled::run_release_query`].
+    pub async fn run_public_query(&self, sql: &PublicSql, cancel: &Cancel) -> Result<TextRows> {
+        self.get().await?.run_read_only(sql.as_str(), cancel).await
     }
 }
 

@@ -14,10 +14,35 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::limits;
 
+use crate::output::{Cell, CellType, OutColumn};
+
+use super::catalog::CatalogSql;
 use super::{collect_rows, TextRows, Upstream};
 
-/// A catalog column: its name and the upstream type OID.
-pub type CatalogColumns = Vec<(String, u32)>;
+/// The answer of a catalog query on the shadow catalog: columns with their type OIDs, and text
+/// rows. Only [`Shadow::run`] makes one, so rows sent as catalog rows come from the shadow
+/// database, which holds no rows of any table.
+#[derive(Debug)]
+pub struct CatalogRows {
+    columns: Vec<OutColumn>,
+    rows: TextRows,
+}
+
+impl CatalogRows {
+    /// Columns and cells, to send (each value as text, typed by its catalog type OID).
+    pub fn into_cells(self) -> (Vec<OutColumn>, Vec<Vec<Cell>>) {
+        let rows = self
+            .rows
+            .into_iter()
+            .map(|r| {
+                r.into_iter()
+                    .map(|c| c.map_or(Cell::Null, Cell::Text))
+                    .collect()
+            })
+            .collect();
+        (self.columns, rows)
+    }
+}
 
 /// The shadow catalog: a database with the policy's schemas and tables (declared columns only,
 /// with the upstream's column types) and no rows. Built by [`Shadow::ensure`], at start if the
@@ -115,18 +140,15 @@ fn no_shadow() -> Error {
 
 impl Shadow {
     /// The result columns of a catalog query, without running it.
-    pub async fn describe(&self, sql: &str) -> Result<CatalogColumns> {
-        self.built().await?.describe(sql).await
+    pub async fn describe(&self, sql: &CatalogSql) -> Result<Vec<OutColumn>> {
+        self.built().await?.describe(sql.as_str()).await
     }
 
-    /// Runs a checked catalog query on the shadow database: its columns and text rows.
-    /// `search_path` is the session's, already validated against the policy's schemas.
-    pub async fn run(
-        &self,
-        sql: &str,
-        search_path: &[String],
-    ) -> Result<(CatalogColumns, TextRows)> {
-        self.built().await?.run(sql, search_path).await
+    /// Runs a checked catalog query on the shadow database. `search_path` is the session's,
+    /// already validated against the policy's schemas.
+    pub async fn run(&self, sql: &CatalogSql, search_path: &[String]) -> Result<CatalogRows> {
+        let (columns, rows) = self.built().await?.run(sql.as_str(), search_path).await?;
+        Ok(CatalogRows { columns, rows })
     }
 }
 
@@ -269,7 +291,7 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
 
 impl Built {
     /// The result columns of a catalog query, without running it.
-    pub async fn describe(&self, sql: &str) -> Result<CatalogColumns> {
+    async fn describe(&self, sql: &str) -> Result<Vec<OutColumn>> {
         let conn = self.backend.get().await?;
         let statement = conn.client().prepare(sql).await.map_err(|e| {
             tracing::info!(error = %e, "catalog query does not prepare");
@@ -281,17 +303,13 @@ impl Built {
         Ok(statement
             .columns()
             .iter()
-            .map(|c| (c.name().to_string(), c.type_().oid()))
+            .map(|c| OutColumn::new(c.name(), CellType::Raw(c.type_().oid())))
             .collect())
     }
 
     /// Runs a checked catalog query on the shadow database: its columns and text rows.
     /// `search_path` is the session's, already validated against the policy's schemas.
-    pub async fn run(
-        &self,
-        sql: &str,
-        search_path: &[String],
-    ) -> Result<(CatalogColumns, TextRows)> {
+    async fn run(&self, sql: &str, search_path: &[String]) -> Result<(Vec<OutColumn>, TextRows)> {
         let columns = self.describe(sql).await?;
         let mut conn = self.backend.get().await?;
         let path: Vec<String> = search_path.iter().map(|s| quote_ident(s)).collect();

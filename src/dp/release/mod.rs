@@ -26,7 +26,10 @@ use crate::error::{Error, Result};
 use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
-use crate::upstream::TextRows;
+
+pub mod rows;
+
+pub use rows::{PrivateRows, Released, TextRows};
 
 /// Privacy parameters of one query (from the session settings).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -180,17 +183,6 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     })
 }
 
-/// The released result.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Released {
-    /// Output columns.
-    pub columns: Vec<OutColumn>,
-    /// Released rows.
-    pub rows: Vec<Vec<Cell>>,
-    /// Whether rows were dropped because of [`limits::GROUPS_RELEASED_MAX`].
-    pub truncated: bool,
-}
-
 fn key_cell(text: Option<&str>, ty: ColumnType) -> Cell {
     let Some(t) = text else { return Cell::Null };
     match ty {
@@ -258,7 +250,7 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     plan: &Plan,
     rewrite: &Rewrite,
     mechanisms: &Mechanisms,
-    rows: &TextRows,
+    rows: &PrivateRows,
     public_domains: &PublicDomains,
     accuracy: bool,
     rng: &mut R,
@@ -269,7 +261,7 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     // Exact statistics per candidate group, keyed by the key texts: slices of the upstream's
     // rows, so the candidates are held once, not copied (the release of 10^5 groups).
     let mut groups: BTreeMap<Texts<'_>, (Texts<'_>, u64)> = BTreeMap::new();
-    for row in rows {
+    for row in &rows.rows {
         if row.len() != expected {
             return Err(Error::internal(
                 "upstream returned an unexpected number of columns",

@@ -1,0 +1,259 @@
+//! A DP query through the session: plan, replay, public domains, charge, upstream, release; and
+//! EXPLAIN, which plans without running or charging.
+//!
+//! The order of [`Session::dp_query`] is the privacy argument, and the types hold it: the
+//! upstream runs only a rewrite's [`crate::dp::rewrite::UpstreamSql`] and only with the
+//! [`crate::budget::Receipt`] of a durable charge, and its rows are
+//! [`crate::dp::release::PrivateRows`], which only [`release::release`] can turn into rows for
+//! the client.
+
+use sqlparser::ast;
+
+use crate::budget::{self, Fixed, Limit};
+use crate::dp::analyze::{self, Plan};
+use crate::dp::release::{self, Released};
+use crate::dp::rewrite::{self, Rewrite};
+use crate::error::{Error, Result};
+use crate::output::{Cell, CellType, OutColumn};
+use crate::policy::BudgetSpec;
+
+use super::{ClientRows, Notice, Session, Shared};
+
+/// A policy budget as exact ledger limits (rounded down: never in the analyst's favour).
+pub fn limit_of(spec: &BudgetSpec) -> Result<Limit> {
+    let e = Fixed::from_f64_floor(spec.epsilon).map_err(|_| Error::internal("budget epsilon"))?;
+    let d = Fixed::from_f64_floor(spec.delta).map_err(|_| Error::internal("budget delta"))?;
+    Ok(Limit::new(e, d))
+}
+
+/// EXPLAIN shows the upstream SQL, but never the secret that keys the choice of groups.
+fn redact_secret(line: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        return line.to_string();
+    }
+    line.replace(&secret.replace('\'', "''"), "<secret>")
+        .replace(&rewrite::ranking_seed(secret).to_string(), "<secret>")
+}
+
+impl Session {
+    /// Analysis, rewrite and mechanisms: everything decided before the upstream is touched.
+    fn prepare_dp(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        secret: &str,
+    ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+        let mut plan = analyze::analyze(query, &self.context(shared))?;
+        plan.unit_unique = plan
+            .unit_key()
+            .is_some_and(|key| shared.unique_keys.is_unique(&key));
+        let rewrite = rewrite::rewrite(&plan, params, secret)?;
+        super::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
+        let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
+        Ok((plan, rewrite, mechanisms))
+    }
+
+    /// [`Session::prepare_dp`], after learning (once per process, from the upstream catalog)
+    /// whether the plan's unit column is unique, so the rewrite can use the unique-unit form
+    /// (docs/privacy.md, "Unique units"). A failed lookup leaves the general form, which is
+    /// always sound.
+    async fn plan_dp(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        secret: &str,
+    ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+        let prepared = self.prepare_dp(shared, query, params, secret)?;
+        let Some(key) = prepared.0.unit_key() else {
+            return Ok(prepared);
+        };
+        let keys = [key];
+        if shared.unique_keys.unverified(&keys).is_empty() {
+            return Ok(prepared);
+        }
+        match shared
+            .upstream
+            .learn_unique_keys(&shared.unique_keys, &keys)
+            .await
+        {
+            Ok(_) => self.prepare_dp(shared, query, params, secret),
+            Err(_) => Ok(prepared),
+        }
+    }
+
+    /// The result columns a DP query will have (for Describe), without running it.
+    pub(super) fn dp_columns(&self, shared: &Shared, query: &ast::Query) -> Result<Vec<OutColumn>> {
+        let plan = analyze::analyze(query, &self.context(shared))?;
+        Ok(release::columns(&plan, self.settings.accuracy))
+    }
+
+    /// Runs a DP query: replay, public domains, charge, upstream, release.
+    pub(super) async fn dp_query(
+        &mut self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let secret = shared.secret().await?;
+        let (plan, rewrite, mechanisms) = self.plan_dp(shared, query, params, secret).await?;
+        // A row of a table with a unit path has one unit only if each key of the path is unique.
+        shared
+            .upstream
+            .verify_unique_keys(&shared.unique_keys, &plan.unique_keys)
+            .await?;
+        let budget = self.budget();
+        // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
+        // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
+        // and every privacy setting.
+        let query_text = query.to_string();
+        let bound: Vec<String> = params
+            .iter()
+            .map(|p| {
+                p.as_deref()
+                    .map(|v| format!("v{v}"))
+                    .unwrap_or_else(|| "null".into())
+            })
+            .collect();
+        let bound = bound.join("\u{1f}");
+        let key = budget::fingerprint(&[
+            &query_text,
+            &bound,
+            rewrite.sql.as_str(),
+            &budget.epsilon.to_string(),
+            &budget.delta.to_string(),
+            budget.mechanism.name(),
+            if self.settings.accuracy {
+                "accuracy"
+            } else {
+                ""
+            },
+        ]);
+        let ledger = &shared.ledger;
+        let analyst = self.analyst.name.clone();
+
+        // 1. Replay: the same query again gets the same noisy answer, free.
+        if let Some(payload) = ledger
+            .replay_get(&analyst, &key, shared.policy.replay_lifetime)
+            .await?
+        {
+            let columns = release::columns(&plan, self.settings.accuracy);
+            if let Some(replayed) = Released::replayed(columns, &payload) {
+                let notice = Notice {
+                    message: "pgdp: identical query answered again from the replay cache; charged nothing".into(),
+                };
+                return Ok(ClientRows::released(replayed, vec![notice]));
+            }
+        }
+
+        // 2. Public domains read from public tables (no private data, no charge).
+        let (mut domains, to_fetch) = release::listed_domains(&plan);
+        for (i, table, column) in to_fetch {
+            let sql = rewrite::public_values_sql(&table, &column)?;
+            let rows = shared.upstream.run_public_query(&sql, &self.cancel).await?;
+            if rows.len() > crate::limits::PUBLIC_KEY_COMBINATIONS_MAX {
+                return Err(Error::LimitExceeded {
+                    what: format!("the number of values of public column {table}.{column}"),
+                    limit: crate::limits::PUBLIC_KEY_COMBINATIONS_MAX as u64,
+                });
+            }
+            domains.insert(
+                i,
+                rows.into_iter()
+                    .filter_map(|r| r.into_iter().next().flatten())
+                    .collect(),
+            );
+        }
+
+        // 3. Charge, durably, before the upstream sees the statement; an upstream connection is
+        // taken first, so an unreachable upstream refuses (57P03) without spending.
+        let connection = shared.upstream.get().await?;
+        let limit = limit_of(&self.analyst.budget)?;
+        let dataset_limit = match &shared.policy.dataset_budget {
+            Some(b) => Some(limit_of(b)?),
+            None => None,
+        };
+        let receipt = ledger
+            .charge(
+                &analyst,
+                &limit,
+                dataset_limit.as_ref(),
+                &mechanisms.cost,
+                &key,
+                budget.mechanism.name(),
+            )
+            .await?;
+        let charge_id = receipt.id();
+        let balance = *receipt.balance();
+
+        // 4. The upstream, which takes the receipt; a failure keeps the charge.
+        let rows = match connection
+            .run_release_query(&rewrite.sql, receipt, &self.cancel)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                let _ = ledger.set_outcome(charge_id, "upstream failed").await;
+                return Err(e);
+            }
+        };
+
+        // 5. Noise and post-processing: the only way to read the rows.
+        let released = release::release(
+            &plan,
+            &rewrite,
+            &mechanisms,
+            &rows,
+            &domains,
+            self.settings.accuracy,
+            &mut self.rng,
+        )?;
+        let _ = ledger
+            .record_release(charge_id, &analyst, &key, &released.replay_payload())
+            .await;
+        let b = &balance;
+        let mut notices = vec![Notice {
+            message: format!(
+                "pgdp: charged epsilon={}, delta={}; remaining epsilon={} of {}, delta={} of {}",
+                mechanisms.cost.epsilon,
+                mechanisms.cost.delta,
+                b.remaining.epsilon,
+                b.limit.epsilon,
+                b.remaining.delta,
+                b.limit.delta
+            ),
+        }];
+        if released.truncated() {
+            notices.push(Notice {
+                message: format!(
+                    "pgdp: only the first {} groups were returned",
+                    crate::limits::GROUPS_RELEASED_MAX
+                ),
+            });
+        }
+        Ok(ClientRows::released(released, notices))
+    }
+
+    /// EXPLAIN: the plan, the upstream SQL (secret redacted), the mechanisms and their cost.
+    /// Touches neither the upstream's data nor the budget.
+    pub(super) async fn explain(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let secret = shared.secret().await?;
+        let (plan, rewrite, mechanisms) = self.plan_dp(shared, query, params, secret).await?;
+        let lines = release::explain(&plan, &rewrite, &mechanisms, self.budget())
+            .into_iter()
+            .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
+            .collect();
+        Ok(ClientRows::computed(explain_columns(), lines))
+    }
+}
+
+/// The one column of EXPLAIN.
+pub(super) fn explain_columns() -> Vec<OutColumn> {
+    vec![OutColumn::new("QUERY PLAN", CellType::Text)]
+}

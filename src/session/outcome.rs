@@ -1,0 +1,124 @@
+//! What a statement gives back to the front end: an [`Outcome`], whose rows are [`ClientRows`].
+//!
+//! Invariant: rows sent to a client come from a DP release ([`ClientRows::released`]), from the
+//! data-free shadow catalog ([`ClientRows::catalog`]), or from values the session computed
+//! itself ([`ClientRows::computed`]: constants, settings, the budget view, and the rows of a
+//! release held by a cursor). The first two take types that only the release and the shadow
+//! catalog can make; the last is visible inside [`crate::session`] only. Upstream rows of a DP
+//! query are [`crate::dp::release::PrivateRows`], which none of these accepts.
+//!
+//! ```compile_fail
+//! // Outside the session, rows cannot be made up from arbitrary cells.
+//! use pgdp::output::{Cell, CellType, OutColumn};
+//! let rows = pgdp::session::ClientRows::computed(
+//!     vec![OutColumn::new("income", CellType::Int8)],
+//!     vec![vec![Cell::Int(52_000)]],
+//! );
+//! ```
+//!
+//! ```compile_fail
+//! // Nor can private upstream rows be sent as they are.
+//! fn send(rows: pgdp::dp::release::PrivateRows) -> pgdp::session::Outcome {
+//!     pgdp::session::Outcome::Rows(rows)
+//! }
+//! ```
+
+use crate::dp::release::Released;
+use crate::output::{Cell, OutColumn};
+use crate::upstream::shadow::CatalogRows;
+
+/// A message to the client besides the result (a NOTICE).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notice {
+    /// The notice text.
+    pub message: String,
+}
+
+/// The result of one statement.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A command with its tag (`SET`, `DEALLOCATE`, …) and the setting to report in a
+    /// ParameterStatus, if it changed one clients track.
+    Command {
+        tag: String,
+        reported: Option<(String, String)>,
+    },
+    /// `BEGIN`: enters a transaction block.
+    TransactionStart,
+    /// `COMMIT` / `ROLLBACK`: leaves it (the tag is the command's).
+    TransactionEnd { tag: String },
+    /// Rows, with the SELECT tag implied.
+    Rows(ClientRows),
+}
+
+/// Rows a client may receive, with the notices that go before them. See the module docs for
+/// where they may come from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientRows {
+    columns: Vec<OutColumn>,
+    rows: Vec<Vec<Cell>>,
+    notices: Vec<Notice>,
+}
+
+impl ClientRows {
+    /// The rows of a DP release (or of its replay).
+    pub fn released(released: Released, notices: Vec<Notice>) -> ClientRows {
+        let (columns, rows) = released.into_parts();
+        ClientRows {
+            columns,
+            rows,
+            notices,
+        }
+    }
+
+    /// The answer of a catalog query, read from the shadow catalog, which holds no rows of any
+    /// table.
+    pub fn catalog(rows: CatalogRows) -> ClientRows {
+        let (columns, rows) = rows.into_cells();
+        ClientRows {
+            columns,
+            rows,
+            notices: Vec::new(),
+        }
+    }
+
+    /// Cells the session computed itself: constants, settings, the budget view, and rows it
+    /// holds from an earlier release (a cursor's). Never upstream rows: the session has no way
+    /// to read those.
+    pub(in crate::session) fn computed(
+        columns: Vec<OutColumn>,
+        rows: Vec<Vec<Cell>>,
+    ) -> ClientRows {
+        ClientRows {
+            columns,
+            rows,
+            notices: Vec::new(),
+        }
+    }
+
+    /// The same rows with `notices` sent before them.
+    pub fn with_notices(mut self, notices: Vec<Notice>) -> ClientRows {
+        self.notices = notices;
+        self
+    }
+
+    /// Output columns.
+    pub fn columns(&self) -> &[OutColumn] {
+        &self.columns
+    }
+
+    /// The rows.
+    pub fn rows(&self) -> &[Vec<Cell>] {
+        &self.rows
+    }
+
+    /// The notices.
+    pub fn notices(&self) -> &[Notice] {
+        &self.notices
+    }
+
+    /// Columns, rows and notices, to encode.
+    pub fn into_parts(self) -> (Vec<OutColumn>, Vec<Vec<Cell>>, Vec<Notice>) {
+        (self.columns, self.rows, self.notices)
+    }
+}

@@ -1,0 +1,242 @@
+//! The routing decision: what answers a statement. Made once per statement, by [`route`], and
+//! used by Describe ([`super::describe`]), by parameter inference and by the dispatcher
+//! ([`super::Session::run`]) alike, so they cannot disagree.
+//!
+//! The order for a query is part of the privacy argument: a FROM-less SELECT of constants and
+//! the budget view are answered by pgdp, a query of catalog relations goes to the data-free
+//! shadow catalog, and everything else is a DP query, which is analysed against the policy (and
+//! refused if it is anything but an aggregate pgdp can bound). Nothing reaches the upstream
+//! unanalysed. Pure; no I/O.
+
+use sqlparser::ast::{self, Expr, SelectItem, SetExpr};
+
+use crate::error::{Error, Result};
+use crate::session::classify::Statement;
+use crate::upstream::catalog::is_catalog_query;
+
+use super::budget::budget_columns;
+
+/// What answers a statement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Route<'s> {
+    /// Transaction control, SET, RESET and DEALLOCATE: the session's own state; no rows.
+    Session,
+    /// DECLARE, FETCH, MOVE and CLOSE: the session's cursors.
+    Cursor,
+    /// `SHOW name` of a setting.
+    Show(&'s str),
+    /// `SHOW pgdp.budget`, or `SELECT … FROM pgdp.budget` of these columns: the analyst's balance
+    /// in the ledger.
+    Budget(BudgetColumns<'s>),
+    /// A FROM-less SELECT of constants and session lookups, evaluated by pgdp.
+    Constant(&'s [SelectItem]),
+    /// A query of catalog relations only: checked against the allow-lists, run on the shadow
+    /// catalog.
+    Catalog(&'s ast::Query),
+    /// Everything else a query can be: analysed, charged, run and released under DP.
+    Dp(&'s ast::Query),
+    /// EXPLAIN of a DP query: analysed and described, never run or charged.
+    Explain(&'s ast::Query),
+}
+
+/// Which columns of the budget view a statement asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BudgetColumns<'s> {
+    /// All of them, in order (`SHOW pgdp.budget`, `SELECT *`).
+    All,
+    /// These items of the SELECT list (plain column names or `*`).
+    Listed(&'s [SelectItem]),
+}
+
+impl BudgetColumns<'_> {
+    /// The names of the columns asked for, in order; 42703 for an unknown one.
+    pub fn names(&self) -> Result<Vec<String>> {
+        let all: Vec<String> = budget_columns().into_iter().map(|c| c.name).collect();
+        let BudgetColumns::Listed(items) = self else {
+            return Ok(all);
+        };
+        let mut names = Vec::new();
+        for item in *items {
+            match item {
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
+                    names.extend(all.iter().cloned());
+                }
+                SelectItem::UnnamedExpr(Expr::Identifier(i)) => {
+                    let name = i.value.to_ascii_lowercase();
+                    if !all.contains(&name) {
+                        return Err(Error::UnknownColumn { name: i.value.clone() });
+                    }
+                    names.push(name);
+                }
+                _ => {
+                    return Err(Error::unsupported(
+                        "expressions on pgdp.budget",
+                        "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining.",
+                    ))
+                }
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// Decides what answers `statement`. Refuses (before anything runs) only the forms of the budget
+/// view pgdp does not answer; every other refusal comes from the stage the route leads to.
+pub fn route(statement: &Statement) -> Result<Route<'_>> {
+    Ok(match statement {
+        Statement::Query(query) => route_query(query)?,
+        Statement::Explain(query) => Route::Explain(query),
+        Statement::Show { name } if name == "pgdp.budget" => Route::Budget(BudgetColumns::All),
+        Statement::Show { name } => Route::Show(name),
+        Statement::DeclareCursor { .. }
+        | Statement::Fetch { .. }
+        | Statement::CloseCursor { .. } => Route::Cursor,
+        Statement::Begin
+        | Statement::Commit
+        | Statement::Rollback
+        | Statement::Savepoint { .. }
+        | Statement::ReleaseSavepoint { .. }
+        | Statement::RollbackToSavepoint { .. }
+        | Statement::Set { .. }
+        | Statement::Reset { .. }
+        | Statement::Deallocate { .. } => Route::Session,
+    })
+}
+
+/// The route of a query: constants, then the budget view, then the catalog, else DP.
+fn route_query(query: &ast::Query) -> Result<Route<'_>> {
+    if let Some(items) = constant_select(query) {
+        return Ok(Route::Constant(items));
+    }
+    if let Some(columns) = budget_view(query)? {
+        return Ok(Route::Budget(columns));
+    }
+    if is_catalog_query(query) {
+        return Ok(Route::Catalog(query));
+    }
+    Ok(Route::Dp(query))
+}
+
+/// `SELECT <columns> FROM pgdp.budget`: the analyst's own budget as a one-row virtual table.
+/// `None` if the query is not about `pgdp.budget`; 0A000 for clauses pgdp does not answer there.
+fn budget_view(query: &ast::Query) -> Result<Option<BudgetColumns<'_>>> {
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return Ok(None);
+    };
+    let [from] = select.from.as_slice() else {
+        return Ok(None);
+    };
+    let ast::TableFactor::Table { name, .. } = &from.relation else {
+        return Ok(None);
+    };
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|p| p.to_string().to_ascii_lowercase())
+        .collect();
+    if parts != ["pgdp", "budget"] {
+        return Ok(None);
+    }
+    let plain = from.joins.is_empty()
+        && select.selection.is_none()
+        && select.having.is_none()
+        && matches!(&select.group_by, ast::GroupByExpr::Expressions(e, _) if e.is_empty())
+        && query.with.is_none();
+    if !plain {
+        return Err(Error::unsupported(
+            "clauses on pgdp.budget",
+            "Use SELECT * FROM pgdp.budget (or name its columns).",
+        ));
+    }
+    let columns = BudgetColumns::Listed(&select.projection);
+    // Expressions are refused when routed, as before any other step.
+    columns.names()?;
+    Ok(Some(columns))
+}
+
+/// The select items of a `SELECT <items>` with no FROM, WHERE, GROUP BY or other clauses.
+pub fn constant_select(query: &ast::Query) -> Option<&[SelectItem]> {
+    if query.with.is_some()
+        || query.order_by.is_some()
+        || query.limit_clause.is_some()
+        || query.fetch.is_some()
+        || !query.locks.is_empty()
+    {
+        return None;
+    }
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    let plain = select.from.is_empty()
+        && select.selection.is_none()
+        && select.having.is_none()
+        && select.distinct.is_none()
+        && select.into.is_none()
+        && matches!(&select.group_by, ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    plain.then_some(select.projection.as_slice())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::classify::classify;
+
+    fn route_of(sql: &str) -> std::result::Result<&'static str, String> {
+        let statements = classify(sql).map_err(|e| e.sqlstate().code().to_string())?;
+        let [statement] = statements.as_slice() else {
+            panic!("{sql}: one statement expected");
+        };
+        route(statement)
+            .map(|r| match r {
+                Route::Session => "session",
+                Route::Cursor => "cursor",
+                Route::Show(_) => "show",
+                Route::Budget(_) => "budget",
+                Route::Constant(_) => "constant",
+                Route::Catalog(_) => "catalog",
+                Route::Dp(_) => "dp",
+                Route::Explain(_) => "explain",
+            })
+            .map_err(|e| e.sqlstate().code().to_string())
+    }
+
+    #[test]
+    fn every_statement_has_one_route() {
+        let cases = [
+            ("BEGIN", Ok("session")),
+            ("COMMIT", Ok("session")),
+            ("SET pgdp.epsilon = 0.5", Ok("session")),
+            ("RESET pgdp.epsilon", Ok("session")),
+            ("SHOW pgdp.epsilon", Ok("show")),
+            ("SHOW pgdp.budget", Ok("budget")),
+            ("SELECT * FROM pgdp.budget", Ok("budget")),
+            ("SELECT epsilon_remaining FROM pgdp.budget", Ok("budget")),
+            ("SELECT nope FROM pgdp.budget", Err("42703")),
+            (
+                "SELECT epsilon_remaining * 2 FROM pgdp.budget",
+                Err("0A000"),
+            ),
+            ("SELECT * FROM pgdp.budget WHERE true", Err("0A000")),
+            ("SELECT 1", Ok("constant")),
+            ("SELECT version(), current_schema()", Ok("constant")),
+            ("SELECT relname FROM pg_catalog.pg_class", Ok("catalog")),
+            (
+                "SELECT table_name FROM information_schema.tables",
+                Ok("catalog"),
+            ),
+            ("SELECT COUNT(*) FROM demo.visits", Ok("dp")),
+            ("SELECT 1 FROM demo.visits", Ok("dp")),
+            ("SELECT COUNT(*) FROM demo.visits LIMIT 1", Ok("dp")),
+            ("EXPLAIN SELECT COUNT(*) FROM demo.visits", Ok("explain")),
+            (
+                "DECLARE c CURSOR WITH HOLD FOR SELECT COUNT(*) FROM demo.visits",
+                Ok("cursor"),
+            ),
+            ("FETCH 10 FROM c", Ok("cursor")),
+            ("CLOSE c", Ok("cursor")),
+        ];
+        for (sql, expected) in cases {
+            assert_eq!(route_of(sql), expected.map_err(str::to_string), "{sql}");
+        }
+    }
+}
