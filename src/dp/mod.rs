@@ -10,5 +10,6 @@
 
 pub mod analyze;
 pub mod mechanism;
+pub mod plan;
 pub mod release;
 pub mod rewrite;

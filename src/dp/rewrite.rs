@@ -31,7 +31,7 @@ use sqlparser::ast::{self, Expr, Value, VisitMut, VisitorMut};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use crate::dp::analyze::{AggregateKind, Plan, Unit};
+use crate::dp::plan::{AggregateKind, Plan, Unit};
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 
@@ -417,7 +417,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         };
         select.push(format!("{value} AS __dp_a{i}"));
     }
-    let from = crate::dp::analyze::from_clause(&plan.tables, &plan.joins, |q| {
+    let from = crate::dp::plan::from_clause(&plan.tables, &plan.joins, |q| {
         let mut q = q.clone();
         let mut binder = BindParameters {
             plan,

@@ -1,11 +1,12 @@
 //! The budget view: `SHOW pgdp.budget` and `SELECT … FROM pgdp.budget`, the analyst's own
 //! balance as the ledger records it. Reading it costs nothing and reveals nothing about the data.
 
-use crate::error::Result;
+use sqlparser::ast::{Expr, SelectItem};
+
+use crate::error::{Error, Result};
 use crate::output::{Cell, CellType, OutColumn};
 
 use super::dp::limit_of;
-use super::route::BudgetColumns;
 use super::{ClientRows, Session, Shared};
 
 /// Columns of `SHOW pgdp.budget`.
@@ -21,6 +22,47 @@ pub(super) fn budget_columns() -> Vec<OutColumn> {
     .iter()
     .map(|n| OutColumn::new(*n, CellType::Float8))
     .collect()
+}
+
+/// Which columns of the budget view a statement asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BudgetColumns<'s> {
+    /// All of them, in order (`SHOW pgdp.budget`, `SELECT *`).
+    All,
+    /// These items of the SELECT list (plain column names or `*`).
+    Listed(&'s [SelectItem]),
+}
+
+impl BudgetColumns<'_> {
+    /// The names of the columns asked for, in order; 42703 for an unknown one.
+    pub fn names(&self) -> Result<Vec<String>> {
+        let all: Vec<String> = budget_columns().into_iter().map(|c| c.name).collect();
+        let BudgetColumns::Listed(items) = self else {
+            return Ok(all);
+        };
+        let mut names = Vec::new();
+        for item in *items {
+            match item {
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
+                    names.extend(all.iter().cloned());
+                }
+                SelectItem::UnnamedExpr(Expr::Identifier(i)) => {
+                    let name = i.value.to_ascii_lowercase();
+                    if !all.contains(&name) {
+                        return Err(Error::UnknownColumn { name: i.value.clone() });
+                    }
+                    names.push(name);
+                }
+                _ => {
+                    return Err(Error::unsupported(
+                        "expressions on pgdp.budget",
+                        "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining.",
+                    ))
+                }
+            }
+        }
+        Ok(names)
+    }
 }
 
 impl Session {
@@ -47,7 +89,7 @@ impl Session {
             let i = all
                 .iter()
                 .position(|c| c.name == name)
-                .ok_or_else(|| crate::error::Error::UnknownColumn { name: name.clone() })?;
+                .ok_or_else(|| Error::UnknownColumn { name: name.clone() })?;
             out_columns.push(all[i].clone());
             row.push(Cell::Float(values[i].to_f64()));
         }

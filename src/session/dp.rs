@@ -10,7 +10,8 @@
 use sqlparser::ast;
 
 use crate::budget::{self, Fixed, Limit};
-use crate::dp::analyze::{self, Plan};
+use crate::dp::analyze;
+use crate::dp::plan::Plan;
 use crate::dp::release::{self, Released};
 use crate::dp::rewrite::{self, Rewrite};
 use crate::error::{Error, Result};

@@ -8,13 +8,13 @@
 //! refused if it is anything but an aggregate pgdp can bound). Nothing reaches the upstream
 //! unanalysed. Pure; no I/O.
 
-use sqlparser::ast::{self, Expr, SelectItem, SetExpr};
+use sqlparser::ast::{self, SelectItem, SetExpr};
 
 use crate::error::{Error, Result};
 use crate::session::classify::Statement;
 use crate::upstream::catalog::is_catalog_query;
 
-use super::budget::budget_columns;
+pub use super::budget::BudgetColumns;
 
 /// What answers a statement.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,47 +37,6 @@ pub enum Route<'s> {
     Dp(&'s ast::Query),
     /// EXPLAIN of a DP query: analysed and described, never run or charged.
     Explain(&'s ast::Query),
-}
-
-/// Which columns of the budget view a statement asks for.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum BudgetColumns<'s> {
-    /// All of them, in order (`SHOW pgdp.budget`, `SELECT *`).
-    All,
-    /// These items of the SELECT list (plain column names or `*`).
-    Listed(&'s [SelectItem]),
-}
-
-impl BudgetColumns<'_> {
-    /// The names of the columns asked for, in order; 42703 for an unknown one.
-    pub fn names(&self) -> Result<Vec<String>> {
-        let all: Vec<String> = budget_columns().into_iter().map(|c| c.name).collect();
-        let BudgetColumns::Listed(items) = self else {
-            return Ok(all);
-        };
-        let mut names = Vec::new();
-        for item in *items {
-            match item {
-                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
-                    names.extend(all.iter().cloned());
-                }
-                SelectItem::UnnamedExpr(Expr::Identifier(i)) => {
-                    let name = i.value.to_ascii_lowercase();
-                    if !all.contains(&name) {
-                        return Err(Error::UnknownColumn { name: i.value.clone() });
-                    }
-                    names.push(name);
-                }
-                _ => {
-                    return Err(Error::unsupported(
-                        "expressions on pgdp.budget",
-                        "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining.",
-                    ))
-                }
-            }
-        }
-        Ok(names)
-    }
 }
 
 /// Decides what answers `statement`. Refuses (before anything runs) only the forms of the budget

@@ -22,7 +22,7 @@ pub const UNIQUE_KEY_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_ind
      AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)";
 
 /// What pgdp knows about the uniqueness of the keys of unit paths on the upstream
-/// ([`crate::dp::analyze::Plan::unique_keys`]). A key is looked up on the upstream the first time a
+/// ([`crate::dp::plan::Plan::unique_keys`]). A key is looked up on the upstream the first time a
 /// query needs it ([`crate::upstream::Upstream::verify_unique_keys`]); both answers are kept for
 /// the life of the process, so a key found not unique stays refused until pgdp restarts.
 /// Until a key is verified (e.g. while the upstream is down), queries that need it are refused.

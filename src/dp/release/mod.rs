@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::{CryptoRng, Rng};
 
 use crate::budget::{accountant::zcdp_to_epsilon, Cost, Fixed};
-use crate::dp::analyze::{AggregateKind, Plan, Post, PostOp, PublicKeys};
 use crate::dp::mechanism::{Noise, PartitionSelection};
+use crate::dp::plan::{AggregateKind, Plan, Post, PostOp, PublicKeys};
 use crate::dp::rewrite::Rewrite;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -215,10 +215,10 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
     let mut out = Vec::new();
     for o in &plan.outputs {
         match o.source {
-            crate::dp::analyze::OutputSource::Key(i) => {
+            crate::dp::plan::OutputSource::Key(i) => {
                 out.push(OutColumn::new(o.name.clone(), key_type(plan.keys[i].ty)))
             }
-            crate::dp::analyze::OutputSource::Aggregate(i) => {
+            crate::dp::plan::OutputSource::Aggregate(i) => {
                 let ty = match plan.aggregates[i].kind {
                     AggregateKind::CountRows
                     | AggregateKind::CountValues
@@ -410,8 +410,8 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         let mut row = Vec::new();
         for o in &plan.outputs {
             match o.source {
-                crate::dp::analyze::OutputSource::Key(i) => row.push(key_cells[i].clone()),
-                crate::dp::analyze::OutputSource::Aggregate(i) => {
+                crate::dp::plan::OutputSource::Key(i) => row.push(key_cells[i].clone()),
+                crate::dp::plan::OutputSource::Aggregate(i) => {
                     row.push(aggregate_values[i].clone());
                     if accuracy {
                         row.push(errors.get(i).cloned().unwrap_or(Cell::Null));

@@ -1,0 +1,464 @@
+//! Aggregates (counts, sums, averages, variances, distinct counts, quantiles), per-unit
+//! aggregates of subqueries grouped by the unit, bounds checks, and post-processing expressions.
+
+use super::*;
+
+impl<'a> Analyzer<'a> {
+    /// An aggregate select item, or None if the expression is not an aggregate.
+    pub(super) fn aggregate(&mut self, expr: &Expr) -> Result<Option<Aggregate>> {
+        let e = match expr {
+            Expr::Nested(inner) => inner.as_ref(),
+            other => other,
+        };
+        let Expr::Function(f) = e else {
+            if contains_aggregate(e) {
+                return Err(Error::unsupported(
+                    "expressions over aggregates in the select list",
+                    "Select the aggregates themselves (e.g. SUM(x), COUNT(*)) and combine them in your client.",
+                ));
+            }
+            return Ok(None);
+        };
+        let name = function_name(&f.name)?;
+        let Some(kind) = aggregate_kind(&name) else {
+            if contains_aggregate(e) {
+                return Err(Error::unsupported(
+                    "functions of aggregates in the select list",
+                    "Select the aggregate itself and round or transform it in your client.",
+                ));
+            }
+            return Ok(None);
+        };
+        if f.over.is_some() {
+            return Err(window_refusal());
+        }
+        if let AggregateKind::Quantile { .. } = kind {
+            return self.quantile_aggregate(f, &name).map(Some);
+        }
+        if f.filter.is_some() || !f.within_group.is_empty() {
+            return Err(Error::unsupported(
+                "FILTER / WITHIN GROUP",
+                "Move the condition into WHERE, or use CASE inside the aggregate.",
+            ));
+        }
+        let FunctionArguments::List(list) = &f.args else {
+            return Err(Error::Syntax {
+                message: format!("{name} needs an argument"),
+            });
+        };
+        if !list.clauses.is_empty() {
+            return Err(Error::unsupported("ORDER BY / LIMIT inside aggregates", ""));
+        }
+        let distinct = matches!(
+            list.duplicate_treatment,
+            Some(ast::DuplicateTreatment::Distinct)
+        );
+        let [arg] = list.args.as_slice() else {
+            return Err(Error::Syntax {
+                message: format!("{name} takes exactly one argument"),
+            });
+        };
+        let arg_expr = match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Wildcard) => {
+                if kind != AggregateKind::CountRows || distinct {
+                    return Err(Error::Syntax {
+                        message: format!("{name}(*) is not valid"),
+                    });
+                }
+                return Ok(Some(Aggregate {
+                    kind: AggregateKind::CountRows,
+                    argument: None,
+                    bounds: None,
+                    text: "count(*)".into(),
+                }));
+            }
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
+            _ => return Err(Error::unsupported("named aggregate arguments", "")),
+        };
+        let mut arg_expr = arg_expr;
+        let info = self.expr(&mut arg_expr, Role::Argument)?;
+        let text = arg_expr.to_string();
+        if distinct {
+            let unit = self.unit()?;
+            let is_unit =
+                matches!(&unit, Unit::Column(u) if *u == text) || self.is_unit_of_any_table(&text);
+            if kind == AggregateKind::CountRows && is_unit {
+                return Ok(Some(Aggregate {
+                    kind: AggregateKind::CountUnits,
+                    argument: None,
+                    bounds: None,
+                    text: "count(distinct unit)".into(),
+                }));
+            }
+            if kind == AggregateKind::CountRows {
+                // Each unit's distinct values per group are capped at max_rows_per_unit.
+                return Ok(Some(Aggregate {
+                    kind: AggregateKind::CountDistinct,
+                    argument: Some(text.clone()),
+                    bounds: None,
+                    text: format!("count(distinct {text})"),
+                }));
+            }
+            return Err(Error::unsupported(
+                format!("{name}(DISTINCT …)"),
+                "Use COUNT(DISTINCT col), or aggregate per privacy unit in a subquery first.",
+            ));
+        }
+        if kind == AggregateKind::CountRows {
+            return Ok(Some(Aggregate {
+                kind: AggregateKind::CountValues,
+                argument: Some(text.clone()),
+                bounds: None,
+                text: format!("count({text})"),
+            }));
+        }
+        if !info.ty.is_none_or(|t| t.is_numeric()) {
+            return Err(Error::Syntax {
+                message: format!("function {name} needs a numeric argument"),
+            });
+        }
+        let bounds = self.checked_bounds(&info, &text, &name)?;
+        Ok(Some(Aggregate {
+            kind,
+            argument: Some(text.clone()),
+            bounds: Some(bounds),
+            text: format!("{}({text})", kind.sql_name()),
+        }))
+    }
+
+    /// An aggregate of one unit's rows inside a subquery grouped by the privacy unit. Its bounds
+    /// follow from the argument's (`±∞` where the data could make it grow without limit, e.g.
+    /// `COUNT(*)`); the analyst states finite ones with LEAST / GREATEST / CASE.
+    pub(super) fn unit_aggregate(&mut self, f: &mut ast::Function, name: &str) -> Result<Info> {
+        let hint = "Use COUNT, SUM, AVG, MIN or MAX of the unit's rows inside a subquery grouped by the privacy unit.";
+        if !matches!(name, "count" | "sum" | "avg" | "min" | "max") {
+            return Err(Error::unsupported(format!("{name} per privacy unit"), hint));
+        }
+        let FunctionArguments::List(list) = &mut f.args else {
+            return Err(Error::Syntax {
+                message: format!("{name} needs an argument"),
+            });
+        };
+        if !list.clauses.is_empty() {
+            return Err(Error::unsupported("ORDER BY / LIMIT inside aggregates", ""));
+        }
+        let distinct = match list.duplicate_treatment {
+            None | Some(ast::DuplicateTreatment::All) => false,
+            Some(ast::DuplicateTreatment::Distinct) if name == "count" => true,
+            Some(ast::DuplicateTreatment::Distinct) => {
+                return Err(Error::unsupported(
+                    format!("{name}(DISTINCT …) per unit"),
+                    hint,
+                ))
+            }
+        };
+        let _ = distinct;
+        let [arg] = list.args.as_mut_slice() else {
+            return Err(Error::Syntax {
+                message: format!("{name} takes exactly one argument"),
+            });
+        };
+        let arg_info = match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Wildcard) if name == "count" => None,
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(self.expr(e, Role::Argument)?),
+            _ => return Err(Error::unsupported("this aggregate argument", hint)),
+        };
+        let inf = f64::INFINITY;
+        let (ty, bounds) = match (name, &arg_info) {
+            ("count", _) => (ColumnType::Integer, (0.0, inf)),
+            (_, None) => {
+                return Err(Error::Syntax {
+                    message: format!("{name}(*) is not valid"),
+                })
+            }
+            (_, Some(i)) => {
+                if !i.ty.is_none_or(|t| t.is_numeric()) && name != "min" && name != "max" {
+                    return Err(Error::Syntax {
+                        message: format!("function {name} needs a numeric argument"),
+                    });
+                }
+                let (lo, hi) = i.bounds.unwrap_or((-inf, inf));
+                match name {
+                    "sum" => {
+                        let b = (
+                            if lo >= 0.0 { 0.0 } else { -inf },
+                            if hi <= 0.0 { 0.0 } else { inf },
+                        );
+                        let ty = if i.ty == Some(ColumnType::Integer) {
+                            ColumnType::Integer
+                        } else {
+                            ColumnType::Numeric
+                        };
+                        (ty, b)
+                    }
+                    "avg" => (ColumnType::Numeric, (lo, hi)),
+                    _ => (i.ty.unwrap_or(ColumnType::Numeric), (lo, hi)),
+                }
+            }
+        };
+        f.name = ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name)]);
+        Ok(Info {
+            ty: Some(ty),
+            bounds: Some(bounds),
+            groupable: true,
+            constant: false,
+            public: PublicKeys::No,
+            column: None,
+            declared: None,
+            uses_unit: false,
+        })
+    }
+
+    /// A quantile aggregate: `MIN`, `MAX`, `MEDIAN(x)`, `PERCENTILE_CONT(p) / PERCENTILE_DISC(p)
+    /// WITHIN GROUP (ORDER BY x)` of a bounded argument.
+    pub(super) fn quantile_aggregate(
+        &mut self,
+        f: &ast::Function,
+        name: &str,
+    ) -> Result<Aggregate> {
+        if f.filter.is_some() {
+            return Err(Error::unsupported(
+                "FILTER",
+                "Move the condition into WHERE, or use CASE inside the aggregate.",
+            ));
+        }
+        let FunctionArguments::List(list) = &f.args else {
+            return Err(Error::Syntax {
+                message: format!("{name} needs an argument"),
+            });
+        };
+        if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+            return Err(Error::unsupported(
+                format!("DISTINCT or ORDER BY inside {name}"),
+                "",
+            ));
+        }
+        let one_arg = || match list.args.as_slice() {
+            [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => Ok(e.clone()),
+            _ => Err(Error::Syntax {
+                message: format!("{name} takes exactly one argument"),
+            }),
+        };
+        let (arg, permille) = match name {
+            "min" | "max" | "median" => {
+                if !f.within_group.is_empty() {
+                    return Err(Error::Syntax {
+                        message: format!("{name} does not take WITHIN GROUP"),
+                    });
+                }
+                let permille = match name {
+                    "min" => crate::dp::mechanism::MIN_PERMILLE,
+                    "max" => crate::dp::mechanism::MAX_PERMILLE,
+                    _ => 500,
+                };
+                (one_arg()?, permille)
+            }
+            _ => {
+                let p = one_arg()?;
+                let fraction = match &p {
+                    Expr::Value(v) => match &v.value {
+                        Value::Number(n, _) => n.parse::<f64>().ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                }
+                .filter(|x| (0.0..=1.0).contains(x))
+                .ok_or_else(|| Error::InvalidParameter {
+                    name: format!("the fraction of {name}"),
+                    reason: "is not a literal between 0 and 1".into(),
+                    hint: "Write e.g. PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY cost).".into(),
+                })?;
+                let [ob] = f.within_group.as_slice() else {
+                    return Err(Error::Syntax {
+                        message: format!("{name} needs WITHIN GROUP (ORDER BY x)"),
+                    });
+                };
+                let permille = (fraction * 1000.0).round() as u16;
+                let permille = match &ob.options.sort {
+                    Some(ast::OrderBySort::Desc) => 1000 - permille,
+                    None | Some(ast::OrderBySort::Asc) => permille,
+                    Some(ast::OrderBySort::Using(_)) => {
+                        return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."))
+                    }
+                };
+                (ob.expr.clone(), permille)
+            }
+        };
+        let mut arg = arg;
+        let info = self.expr(&mut arg, Role::Argument)?;
+        let text = arg.to_string();
+        if !info.ty.is_none_or(|t| t.is_numeric()) {
+            return Err(Error::unsupported(
+                format!("{name} of a non-numeric value"),
+                "DP quantiles are computed over numeric columns with declared bounds; for dates, aggregate EXTRACT(year FROM d) or similar.",
+            ));
+        }
+        let bounds = self.checked_bounds(&info, &text, name)?;
+        Ok(Aggregate {
+            kind: AggregateKind::Quantile { permille },
+            argument: Some(text.clone()),
+            bounds: Some(bounds),
+            text: format!("quantile_{permille}({text})"),
+        })
+    }
+
+    /// The finite bounds of an aggregate argument, or a refusal that says how to get them.
+    pub(super) fn checked_bounds(&self, info: &Info, text: &str, name: &str) -> Result<Bounds> {
+        let finite = info.bounds.filter(|(l, u)| l.is_finite() && u.is_finite());
+        let Some((lower, upper)) = finite else {
+            let hint = match &info.column {
+                Some(c) => match self.view_hints.get(c) {
+                    Some(h) => h.clone(),
+                    None => format!("Declare bounds for column {c} in the policy (lower and upper)."),
+                },
+                None if info.bounds.is_some() => "Clamp the expression with stated bounds, e.g. LEAST(GREATEST(x, 0), 100), or use columns with declared bounds.".into(),
+                None => "Use a column with declared bounds (lower/upper in the policy), or arithmetic of such columns with literals.".into(),
+            };
+            return Err(Error::forbidden(
+                format!("the bounds of {text} are not known, so {name} cannot be released"),
+                hint,
+            ));
+        };
+        if lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
+            return Err(Error::forbidden(
+                format!("the derived bounds of {text} are too large"),
+                format!(
+                    "Derived bounds must lie within ±{}.",
+                    limits::COLUMN_BOUND_ABS_MAX
+                ),
+            ));
+        }
+        Ok(if lower == upper {
+            Bounds {
+                lower: lower - 0.5,
+                upper: upper + 0.5,
+            }
+        } else {
+            Bounds { lower, upper }
+        })
+    }
+
+    pub(super) fn is_unit_of_any_table(&self, text: &str) -> bool {
+        self.tables.iter().any(|(r, t, _)| {
+            t.private()
+                .and_then(|p| p.privacy_unit.as_deref())
+                .is_some_and(|u| canonical(&r.alias, u).to_string() == text)
+        })
+    }
+
+    /// A HAVING / ORDER BY expression over released values.
+    pub(super) fn post(
+        &mut self,
+        e: &Expr,
+        keys: &[GroupKey],
+        aggregates: &mut Vec<Aggregate>,
+        outputs: &[Output],
+        allow_position: bool,
+    ) -> Result<Post> {
+        let by_output = |name: &str| {
+            outputs
+                .iter()
+                .find(|o| o.name.eq_ignore_ascii_case(name))
+                .map(|o| match o.source {
+                    OutputSource::Key(i) => Post::Key(i),
+                    OutputSource::Aggregate(i) => Post::Aggregate(i),
+                })
+        };
+        match e {
+            Expr::Nested(inner) => self.post(inner, keys, aggregates, outputs, allow_position),
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => {
+                    if allow_position {
+                        let i: usize = n.parse().map_err(|_| Error::Syntax {
+                            message: format!("invalid ORDER BY position {n}"),
+                        })?;
+                        let o = outputs
+                            .get(i.wrapping_sub(1))
+                            .ok_or_else(|| Error::Syntax {
+                                message: format!("ORDER BY position {i} is not in select list"),
+                            })?;
+                        return Ok(match o.source {
+                            OutputSource::Key(k) => Post::Key(k),
+                            OutputSource::Aggregate(a) => Post::Aggregate(a),
+                        });
+                    }
+                    Ok(Post::Number(n.parse().map_err(|_| Error::Syntax {
+                        message: format!("invalid number {n}"),
+                    })?))
+                }
+                Value::SingleQuotedString(s) => Ok(Post::Text(s.clone())),
+                Value::DollarQuotedString(d) => Ok(Post::Text(d.value.clone())),
+                Value::Null => Ok(Post::Null),
+                _ => Err(Error::unsupported(
+                    format!("the literal {v} in HAVING / ORDER BY"),
+                    "",
+                )),
+            },
+            Expr::Identifier(id) if by_output(&id.value).is_some() => {
+                by_output(&id.value).ok_or_else(|| Error::internal("output vanished"))
+            }
+            Expr::UnaryOp {
+                op: UnaryOperator::Not,
+                expr,
+            } => Ok(Post::Not(Box::new(
+                self.post(expr, keys, aggregates, outputs, false)?,
+            ))),
+            Expr::UnaryOp {
+                op: UnaryOperator::Minus,
+                expr,
+            } => Ok(Post::Negate(Box::new(
+                self.post(expr, keys, aggregates, outputs, false)?,
+            ))),
+            Expr::IsNull(inner) => Ok(Post::IsNull(
+                Box::new(self.post(inner, keys, aggregates, outputs, false)?),
+                true,
+            )),
+            Expr::IsNotNull(inner) => Ok(Post::IsNull(
+                Box::new(self.post(inner, keys, aggregates, outputs, false)?),
+                false,
+            )),
+            Expr::BinaryOp { left, op, right } => {
+                use BinaryOperator as B;
+                let op = match op {
+                    B::Eq => PostOp::Eq,
+                    B::NotEq => PostOp::NotEq,
+                    B::Lt => PostOp::Lt,
+                    B::LtEq => PostOp::LtEq,
+                    B::Gt => PostOp::Gt,
+                    B::GtEq => PostOp::GtEq,
+                    B::And => PostOp::And,
+                    B::Or => PostOp::Or,
+                    B::Plus => PostOp::Plus,
+                    B::Minus => PostOp::Minus,
+                    B::Multiply => PostOp::Multiply,
+                    B::Divide => PostOp::Divide,
+                    other => {
+                        return Err(Error::unsupported(
+                            format!("the operator {other} in HAVING / ORDER BY"),
+                            "",
+                        ))
+                    }
+                };
+                let l = self.post(left, keys, aggregates, outputs, false)?;
+                let r = self.post(right, keys, aggregates, outputs, false)?;
+                Ok(Post::Binary(Box::new(l), op, Box::new(r)))
+            }
+            _ => {
+                if let Some(agg) = self.aggregate(e)? {
+                    // An aggregate not in the select list is released (and paid for) too.
+                    let i = push_aggregate(aggregates, agg);
+                    return Ok(Post::Aggregate(i));
+                }
+                let mut c = e.clone();
+                self.expr(&mut c, Role::Key)?;
+                let text = c.to_string();
+                keys.iter().position(|k| k.expr == text).map(Post::Key).ok_or_else(|| {
+                    Error::forbidden(
+                        format!("{e} in HAVING / ORDER BY must be a group key, an output column or an aggregate"),
+                        "HAVING and ORDER BY are applied by pgdp to the released (noisy) rows.",
+                    )
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! Expressions: every construct on the whitelist, its type, bounds and public domain.
+
+use super::*;
+
+impl<'a> Analyzer<'a> {
+    /// Validates an expression in place (canonicalising column references) and describes it.
+    pub(super) fn expr(&mut self, e: &mut Expr, role: Role) -> Result<Info> {
+        if let Some((idx, col)) = self.column_ref(e)? {
+            let (r, table, _) = &self.tables[idx];
+            let column = table
+                .column(&col)
+                .ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
+            let unit =
+                table.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str());
+            if role == Role::UnitAggregate && !unit {
+                return Err(Error::unsupported(
+                    format!("the column {col} outside an aggregate in a subquery grouped by the privacy unit"),
+                    "Aggregate it per unit (e.g. MAX(age), LEAST(COUNT(*), 20)), or join the table in the outer query on the privacy unit.",
+                ));
+            }
+            let public = if let Some(values) = &column.public_values {
+                PublicKeys::Listed(values.clone())
+            } else if !r.private {
+                PublicKeys::Table {
+                    table: r.table.clone(),
+                    column: col.clone(),
+                }
+            } else {
+                PublicKeys::No
+            };
+            let info = Info {
+                ty: Some(column.ty),
+                bounds: column.bounds.map(|b| (b.lower, b.upper)),
+                groupable: (column.groupable || !r.private) && !unit,
+                constant: false,
+                public,
+                column: Some(format!("{}.{}", r.table, col)),
+                declared: Some(column.declared_type.clone()),
+                uses_unit: unit,
+            };
+            *e = canonical(&r.alias, &col);
+            return Ok(info);
+        }
+        let unsupported_here = |what: &str| {
+            Error::unsupported(
+                what.to_string(),
+                "pgdp allows comparisons, AND/OR/NOT, + - * /, IN lists, BETWEEN, LIKE with a literal pattern, IS NULL, CASE and a few total functions.",
+            )
+        };
+        match e {
+            Expr::Value(v) => {
+                let (ty, value) = match &v.value {
+                    Value::Number(n, _) => {
+                        let f: f64 = n.parse().map_err(|_| Error::Syntax { message: format!("invalid number {n}") })?;
+                        // Huge literals make numeric arithmetic overflow on some rows and not
+                        // others (an error that depends on the data).
+                        if !f.is_finite() || f.abs() > limits::COLUMN_BOUND_ABS_MAX {
+                            return Err(Error::forbidden(
+                                format!("the literal {n} is too large"),
+                                format!("Numeric literals must lie within ±{}.", limits::COLUMN_BOUND_ABS_MAX),
+                            ));
+                        }
+                        let ty = if n.contains(['.', 'e', 'E']) { ColumnType::Numeric } else { ColumnType::Integer };
+                        (Some(ty), Some(f))
+                    }
+                    Value::SingleQuotedString(_) | Value::EscapedStringLiteral(_) | Value::NationalStringLiteral(_) | Value::DollarQuotedString(_) => (None, None),
+                    Value::Boolean(_) => (Some(ColumnType::Boolean), None),
+                    Value::Null => (None, None),
+                    Value::Placeholder(p) => {
+                        if role != Role::Filter {
+                            return Err(Error::unsupported(
+                                "parameters outside WHERE",
+                                "Parameters ($1, …) may stand for literals in WHERE only.",
+                            ));
+                        }
+                        let index: usize = p
+                            .strip_prefix('$')
+                            .and_then(|n| n.parse().ok())
+                            .filter(|n| *n >= 1 && *n <= 256)
+                            .ok_or_else(|| Error::unsupported("this parameter syntax", "Use $1, $2, …"))?;
+                        self.parameters.entry(index).or_insert((ColumnType::Text, None));
+                        return Ok(Info::constant(None, None));
+                    }
+                    _ => return Err(unsupported_here(&format!("the literal {v}"))),
+                };
+                Ok(Info::constant(ty, value))
+            }
+            Expr::TypedString(ts) => {
+                let ty = type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
+                // A malformed date fails upstream after the charge: check it here.
+                let text = crate::literal::string_value(&ts.value.value).unwrap_or_default();
+                check_temporal_text(text, ty)?;
+                Ok(Info::constant(Some(ty), None))
+            }
+            Expr::Nested(inner) => self.expr(inner, role),
+            Expr::UnaryOp { op, expr } => {
+                let info = self.expr(expr, role)?;
+                match op {
+                    UnaryOperator::Not => Ok(Info::derived(Some(ColumnType::Boolean), &[&info], None)),
+                    UnaryOperator::Minus => {
+                        if !info.ty.is_none_or(|t| t.is_numeric()) {
+                            return Err(unsupported_here("unary minus on non-numeric values"));
+                        }
+                        // -(-2147483648) overflows an integer: negate columns in numeric
+                        // (literals stay as written, e.g. round(x, -1)).
+                        if !info.constant {
+                            **expr = as_numeric(expr.as_ref().clone(), &info);
+                        }
+                        let b = info.bounds.map(|(l, u)| (-u, -l));
+                        let ty = info.ty.map(|t| if t == ColumnType::Integer { ColumnType::Numeric } else { t });
+                        Ok(Info::derived(ty, &[&info], b))
+                    }
+                    UnaryOperator::Plus => Ok(info),
+                    _ => Err(unsupported_here(&format!("the operator {op}"))),
+                }
+            }
+            Expr::BinaryOp { left, op, right } => {
+                let op = op.clone();
+                let l = self.expr(left, role)?;
+                let r = self.expr(right, role)?;
+                self.infer_parameter(left, &r);
+                self.infer_parameter(right, &l);
+                use BinaryOperator as B;
+                match op {
+                    B::And | B::Or => Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None)),
+                    B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq => {
+                        check_comparable(&l, &r)?;
+                        // 'YYYY-MM-DD' compared with a date is read as a date by the upstream:
+                        // a malformed one would fail there, after the charge.
+                        check_temporal_literal(left, r.ty)?;
+                        check_temporal_literal(right, l.ty)?;
+                        Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None))
+                    }
+                    B::Plus | B::Minus | B::Multiply => {
+                        let numeric = |i: &Info| i.ty.is_none_or(|t| t.is_numeric());
+                        if !(numeric(&l) && numeric(&r)) {
+                            if matches!(op, B::Plus | B::Minus) && (l.ty == Some(ColumnType::Date) || r.ty == Some(ColumnType::Date)) {
+                                return Err(unsupported_here("date arithmetic"));
+                            }
+                            return Err(unsupported_here(&format!("the operator {op} on non-numeric values")));
+                        }
+                        let finite = |b: Option<(f64, f64)>| b.filter(|(x, y)| x.is_finite() && y.is_finite());
+                        let bounds = match (finite(l.bounds), finite(r.bounds)) {
+                            (Some((a, b)), Some((c, d))) => Some(match op {
+                                B::Plus => (a + c, b + d),
+                                B::Minus => (a - d, b - c),
+                                _ => {
+                                    let p = [a * c, a * d, b * c, b * d];
+                                    (p.iter().cloned().fold(f64::INFINITY, f64::min), p.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+                                }
+                            }),
+                            _ => None,
+                        };
+                        // Integer arithmetic can overflow (a data-dependent error): compute in numeric.
+                        **left = as_numeric(left.as_ref().clone(), &l);
+                        **right = as_numeric(right.as_ref().clone(), &r);
+                        Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
+                    }
+                    B::Divide => {
+                        let divisor_literal = r.constant && r.bounds.is_some_and(|(v, _)| v != 0.0);
+                        let bounds = match (l.bounds.filter(|(x, y)| x.is_finite() && y.is_finite()), r.bounds) {
+                            (Some((a, b)), Some((c, d))) if divisor_literal && c == d => {
+                                let (x, y) = (a / c, b / c);
+                                Some((x.min(y), x.max(y)))
+                            }
+                            _ => None,
+                        };
+                        // Division by zero would raise an error that depends on the data: divide
+                        // by NULLIF(divisor, 0) instead, which yields NULL.
+                        let divisor = as_numeric(right.as_ref().clone(), &r);
+                        **left = as_numeric(left.as_ref().clone(), &l);
+                        **right = nullif_zero(divisor);
+                        Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
+                    }
+                    B::StringConcat => Ok(Info::derived(Some(ColumnType::Text), &[&l, &r], None)),
+                    other => Err(unsupported_here(&format!("the operator {other}"))),
+                }
+            }
+            Expr::IsNull(inner) | Expr::IsNotNull(inner) | Expr::IsTrue(inner) | Expr::IsFalse(inner) | Expr::IsNotTrue(inner) | Expr::IsNotFalse(inner) => {
+                let i = self.expr(inner, role)?;
+                Ok(Info::derived(Some(ColumnType::Boolean), &[&i], None))
+            }
+            Expr::InList { expr, list, .. } => {
+                let i = self.expr(expr, role)?;
+                if list.len() > limits::IN_LIST_VALUES_MAX {
+                    return Err(Error::LimitExceeded { what: "the length of an IN list".into(), limit: limits::IN_LIST_VALUES_MAX as u64 });
+                }
+                let mut parts = vec![i.clone()];
+                for item in list.iter_mut() {
+                    let li = self.expr(item, role)?;
+                    if !li.constant {
+                        return Err(unsupported_here("IN lists of non-literals"));
+                    }
+                    self.infer_parameter(item, &i);
+                    parts.push(li);
+                }
+                let refs: Vec<&Info> = parts.iter().collect();
+                Ok(Info::derived(Some(ColumnType::Boolean), &refs, None))
+            }
+            Expr::Between { expr, low, high, .. } => {
+                let i = self.expr(expr, role)?;
+                let lo = self.expr(low, role)?;
+                let hi = self.expr(high, role)?;
+                self.infer_parameter(low, &i);
+                self.infer_parameter(high, &i);
+                Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &lo, &hi], None))
+            }
+            Expr::Like { expr, pattern, escape_char, any, .. } | Expr::ILike { expr, pattern, escape_char, any, .. } => {
+                if *any || escape_char.is_some() {
+                    return Err(unsupported_here("LIKE ANY / ESCAPE"));
+                }
+                let i = self.expr(expr, role)?;
+                let p = self.expr(pattern, role)?;
+                if !p.constant {
+                    // A pattern read from the data can be malformed (an error that depends on it).
+                    return Err(unsupported_here("LIKE with a non-literal pattern"));
+                }
+                // The pattern must be one string literal; an odd number of trailing backslashes
+                // is an error in PostgreSQL, so it is refused here, before any charge.
+                let text = match pattern.as_ref() {
+                    Expr::Value(v) => crate::literal::string_value(&v.value).map(str::to_string),
+                    _ => None,
+                };
+                let Some(text) = text else {
+                    return Err(unsupported_here("LIKE with a pattern that is not a single string literal"));
+                };
+                let trailing = text.chars().rev().take_while(|c| *c == '\\').count();
+                if trailing % 2 == 1 {
+                    return Err(Error::Syntax { message: "LIKE pattern must not end with escape character".into() });
+                }
+                Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &p], None))
+            }
+            Expr::Case { operand, conditions, else_result, .. } => {
+                let mut parts = Vec::new();
+                if let Some(op) = operand {
+                    parts.push(self.expr(op, role)?);
+                }
+                let mut bounds: Option<(f64, f64)> = None;
+                let mut all_bounded = true;
+                let mut ty = None;
+                let merge = |b: Option<(f64, f64)>, bounds: &mut Option<(f64, f64)>, all: &mut bool| match b {
+                    Some((l, u)) => *bounds = Some(bounds.map_or((l, u), |(a, c)| (a.min(l), c.max(u)))),
+                    None => *all = false,
+                };
+                for cw in conditions.iter_mut() {
+                    parts.push(self.expr(&mut cw.condition, role)?);
+                    let r = self.expr(&mut cw.result, role)?;
+                    merge(r.bounds, &mut bounds, &mut all_bounded);
+                    ty = ty.or(r.ty);
+                    parts.push(r);
+                }
+                if let Some(er) = else_result {
+                    {
+                        let r = self.expr(er, role)?;
+                        if matches!(er.as_ref(), Expr::Value(v) if v.value == Value::Null) {
+                            // ELSE NULL contributes nothing to sums.
+                        } else {
+                            merge(r.bounds, &mut bounds, &mut all_bounded);
+                        }
+                        ty = ty.or(r.ty);
+                        parts.push(r);
+                    }
+                }
+                let refs: Vec<&Info> = parts.iter().collect();
+                let mut info = Info::derived(ty, &refs, if all_bounded { bounds } else { None });
+                // Results that are all literals form a public domain: the group keys are the
+                // THEN / ELSE values whatever the data (a NULL group, from a missing ELSE, is
+                // not released).
+                let mut results: Vec<&Expr> = conditions.iter().map(|cw| &cw.result).collect();
+                if let Some(er) = else_result.as_deref() {
+                    results.push(er);
+                }
+                if let Some(domain) = literal_domain(&results)? {
+                    info.public = PublicKeys::Listed(domain);
+                    // Public domain: as safe as one filtered query per literal, except that a
+                    // CASE on the privacy unit stays refused as a key (policy intent).
+                    info.groupable = !info.uses_unit;
+                }
+                Ok(info)
+            }
+            Expr::Cast { expr, data_type, kind, format, .. } => {
+                if format.is_some() {
+                    return Err(unsupported_here("CAST … FORMAT"));
+                }
+                let _ = kind;
+                let i = self.expr(expr, role)?;
+                let target = type_of_data_type(data_type).ok_or_else(|| unsupported_here(&format!("casts to {data_type}")))?;
+                check_temporal_literal(expr, Some(target))?;
+                // Casts of literals are constant (they fail or not regardless of the data);
+                // casts of columns must be total.
+                // Only casts that cannot fail: to text, and to the widest type of a family
+                // (bigint, unconstrained numeric, double precision); never narrowing.
+                use ast::DataType as D;
+                let widest = match data_type {
+                    D::BigInt(_) | D::Int8(_) => Some(ColumnType::Integer),
+                    D::Numeric(ast::ExactNumberInfo::None) | D::Decimal(ast::ExactNumberInfo::None) => {
+                        Some(ColumnType::Numeric)
+                    }
+                    D::Float8 | D::DoublePrecision | D::Double(_) => Some(ColumnType::Float),
+                    D::Date => Some(ColumnType::Date),
+                    D::Boolean | D::Bool => Some(ColumnType::Boolean),
+                    _ => None,
+                };
+                let total = i.constant
+                    || target == ColumnType::Text
+                    || (i.ty == Some(target) && widest == Some(target))
+                    || (i.ty == Some(ColumnType::Integer)
+                        && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)));
+                if !total {
+                    return Err(Error::forbidden(
+                        format!("the cast of {} to {data_type} can fail on some values", i.column.as_deref().unwrap_or("this expression")),
+                        "Casts that can fail would reveal data through errors; compare with a literal of the column's own type instead.",
+                    ));
+                }
+                let bounds = if target.is_numeric() { i.bounds } else { None };
+                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit })
+            }
+            Expr::Extract { field, expr, .. } => {
+                let i = self.expr(expr, role)?;
+                if !matches!(i.ty, Some(ColumnType::Date | ColumnType::Timestamp) | None) {
+                    return Err(unsupported_here("EXTRACT from a non-date value"));
+                }
+                let field_name = field.to_string().to_ascii_lowercase();
+                let bounds = match field_name.as_str() {
+                    "month" => Some((1.0, 12.0)),
+                    "day" => Some((1.0, 31.0)),
+                    "dow" => Some((0.0, 6.0)),
+                    "isodow" => Some((1.0, 7.0)),
+                    "quarter" => Some((1.0, 4.0)),
+                    "hour" => Some((0.0, 23.0)),
+                    "doy" => Some((1.0, 366.0)),
+                    "week" => Some((1.0, 53.0)),
+                    "year" | "isoyear" | "minute" | "second" | "epoch" | "decade" | "century" => None,
+                    _ => return Err(unsupported_here(&format!("EXTRACT({field_name} …)"))),
+                };
+                Ok(Info::derived(Some(ColumnType::Numeric), &[&i], bounds))
+            }
+            Expr::Function(f) => self.function(f, role),
+            // sqlparser reads FLOOR(x) and CEIL(x) as special syntax (for `CEIL(x TO DAY)`);
+            // the plain one-argument forms are the total functions and go through the same
+            // checks as any other function call. `FLOOR(x, n)` and `… TO field` are not
+            // PostgreSQL and stay refused.
+            Expr::Floor { expr, field } | Expr::Ceil { expr, field }
+                if *field
+                    == ast::CeilFloorKind::DateTimeField(ast::DateTimeField::NoDateTime) =>
+            {
+                let argument = expr.as_ref().clone();
+                let name = if matches!(e, Expr::Floor { .. }) {
+                    "floor"
+                } else {
+                    "ceil"
+                };
+                let mut call = function_call(name, vec![argument]);
+                let info = self.function(&mut call, role)?;
+                *e = Expr::Function(call);
+                Ok(info)
+            }
+            Expr::Floor { .. } | Expr::Ceil { .. } => Err(Error::unsupported(
+                "FLOOR / CEIL with a scale or a TO field",
+                "Use floor(x) or ceil(x) with one argument, round(x, n) for decimal places, or date_trunc for dates.",
+            )),
+            Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. } => Err(Error::unsupported(
+                "subqueries",
+                "Subqueries over private data are not supported; use a join on the privacy unit or a public table.",
+            )),
+            other => Err(unsupported_here(&format!("the expression {other}"))),
+        }
+    }
+
+    /// A parameter compared with a typed expression takes that type.
+    pub(super) fn infer_parameter(&mut self, e: &Expr, other: &Info) {
+        if let (Expr::Value(v), Some(ty)) = (e, other.ty) {
+            if let Value::Placeholder(p) = &v.value {
+                if let Some(i) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                    self.parameters.insert(i, (ty, other.declared.clone()));
+                }
+            }
+        }
+    }
+
+    pub(super) fn function(&mut self, f: &mut ast::Function, role: Role) -> Result<Info> {
+        if f.over.is_some() {
+            return Err(window_refusal());
+        }
+        if f.filter.is_some() || !f.within_group.is_empty() || f.null_treatment.is_some() {
+            return Err(Error::unsupported(
+                "FILTER / WITHIN GROUP",
+                "Move the condition into WHERE.",
+            ));
+        }
+        let name = function_name(&f.name)?;
+        if aggregate_kind(&name).is_some() && role == Role::UnitAggregate {
+            return self.unit_aggregate(f, &name);
+        }
+        if aggregate_kind(&name).is_some() {
+            return Err(Error::unsupported(
+                "aggregates inside expressions",
+                "Aggregates may appear only at the top of a select item, in HAVING or in ORDER BY.",
+            ));
+        }
+        let Some(spec) = total_function(&name) else {
+            return Err(Error::UnknownFunction {
+                name: f.name.to_string(),
+                hint: "pgdp allows only functions that never fail and do not depend on time or randomness: lower, upper, length, abs, round, floor, ceil, coalesce, nullif, greatest, least, date_trunc, date_part, trim.".into(),
+            });
+        };
+        let args = match &mut f.args {
+            FunctionArguments::List(list) => {
+                if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+                    return Err(Error::unsupported(
+                        "DISTINCT or clauses in function arguments",
+                        "",
+                    ));
+                }
+                &mut list.args
+            }
+            FunctionArguments::None => {
+                return Err(Error::UnknownFunction {
+                    name: name.clone(),
+                    hint: String::new(),
+                })
+            }
+            FunctionArguments::Subquery(_) => return Err(Error::unsupported("subqueries", "")),
+        };
+        if args.len() < spec.min_args || args.len() > spec.max_args {
+            return Err(Error::UnknownFunction {
+                name: format!("{name} with {} argument(s)", args.len()),
+                hint: String::new(),
+            });
+        }
+        let mut infos = Vec::new();
+        for (i, a) in args.iter_mut().enumerate() {
+            let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a else {
+                return Err(Error::unsupported(
+                    "named or wildcard function arguments",
+                    "",
+                ));
+            };
+            let info = self.expr(e, role)?;
+            if spec.literal_args.contains(&i) && !info.constant {
+                return Err(Error::unsupported(
+                    format!("a non-literal argument {} to {name}", i + 1),
+                    "This argument must be a literal (a value from the data could make it fail).",
+                ));
+            }
+            if i == 0 && matches!(name.as_str(), "date_trunc" | "date_part") {
+                check_date_unit(&name, e)?;
+            }
+            if name == "round" && i == 1 {
+                // round(x, n) with a huge n is slow and can fail; keep it to sane digits.
+                if info.bounds.is_none_or(|(l, u)| l < -20.0 || u > 20.0) {
+                    return Err(Error::unsupported(
+                        "round() to more than 20 digits",
+                        "Use round(x, n) with -20 ≤ n ≤ 20.",
+                    ));
+                }
+            }
+            infos.push(info);
+        }
+        if name == "abs" {
+            // abs(-2147483648) overflows an integer: compute in numeric.
+            if let (Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(e))), Some(info)) =
+                (args.first_mut(), infos.first())
+            {
+                *e = as_numeric(e.clone(), info);
+            }
+        }
+        let refs: Vec<&Info> = infos.iter().collect();
+        let ty = match spec.result {
+            Result_::Same(i) => infos.get(i).and_then(|x| x.ty),
+            Result_::Fixed(t) => Some(t),
+        };
+        let bounds = match name.as_str() {
+            "abs" => infos[0].bounds.map(|(l, u)| {
+                if l >= 0.0 {
+                    (l, u)
+                } else if u <= 0.0 {
+                    (-u, -l)
+                } else {
+                    (0.0, u.max(-l))
+                }
+            }),
+            "round" | "floor" | "ceil" | "ceiling" | "trunc" => {
+                infos[0].bounds.map(|(l, u)| (l.floor(), u.ceil()))
+            }
+            "greatest" | "least" | "coalesce" => {
+                // An argument without bounds ranges over everything; GREATEST / LEAST ignore
+                // NULLs, so the result lies between the extreme bounds of the arguments, and
+                // LEAST(x, k) ≤ k, GREATEST(x, k) ≥ k whatever x is.
+                let v: Vec<(f64, f64)> = infos
+                    .iter()
+                    .map(|i| i.bounds.unwrap_or((f64::NEG_INFINITY, f64::INFINITY)))
+                    .collect();
+                let min_lo = v.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
+                let max_lo = v.iter().map(|b| b.0).fold(f64::NEG_INFINITY, f64::max);
+                let min_hi = v.iter().map(|b| b.1).fold(f64::INFINITY, f64::min);
+                let max_hi = v.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
+                let b = match name.as_str() {
+                    "least" => (min_lo, min_hi),
+                    "greatest" => (max_lo, max_hi),
+                    _ => (min_lo, max_hi),
+                };
+                (!b.0.is_nan() && !b.1.is_nan()).then_some(b)
+            }
+            "nullif" => infos[0].bounds,
+            "date_part" => Some((f64::MIN / 4.0, f64::MAX / 4.0)).filter(|_| false),
+            _ => None,
+        };
+        // Qualify as pg_catalog so a search_path can never substitute another function; the SQL
+        // constructs that look like functions (COALESCE, NULLIF, GREATEST, LEAST) cannot be
+        // qualified and cannot be shadowed. Names that sqlparser reads as special syntax even
+        // after `pg_catalog.` (FLOOR, CEIL) are quoted, so the rewrite re-parses.
+        f.name = if matches!(name.as_str(), "coalesce" | "nullif" | "greatest" | "least") {
+            ObjectName::from(vec![Ident::new(name.to_ascii_uppercase())])
+        } else if matches!(name.as_str(), "floor" | "ceil" | "ceiling") {
+            ObjectName::from(vec![
+                Ident::new("pg_catalog"),
+                Ident::with_quote('"', name.clone()),
+            ])
+        } else {
+            ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name.clone())])
+        };
+        Ok(Info::derived(ty, &refs, bounds))
+    }
+}

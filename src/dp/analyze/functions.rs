@@ -1,0 +1,295 @@
+//! Free helpers of analysis: literal domains, date units, the total-function whitelist, types of
+//! SQL data types and checks of temporal literals.
+
+use super::*;
+
+/// The domain of a CASE whose results are all literals of one kind (strings, or integers), as
+/// the text PostgreSQL prints for them; `None` if some result is not such a literal.
+pub(super) fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<String>>> {
+    let mut strings = Vec::new();
+    let mut integers = Vec::new();
+    for r in results {
+        let Expr::Value(v) = r else { return Ok(None) };
+        match &v.value {
+            Value::Number(n, _) => match n.parse::<i64>() {
+                Ok(i) => integers.push(i.to_string()),
+                Err(_) => return Ok(None),
+            },
+            Value::Null => {}
+            other => match crate::literal::string_value(other) {
+                Some(t) => strings.push(t.to_string()),
+                None => return Ok(None),
+            },
+        }
+    }
+    if !strings.is_empty() && !integers.is_empty() {
+        // PostgreSQL would fail on this CASE (after the charge): refuse it before.
+        return Err(Error::Syntax {
+            message: "CASE types text and integer cannot be matched".into(),
+        });
+    }
+    let mut domain = if strings.is_empty() {
+        integers
+    } else {
+        strings
+    };
+    domain.sort();
+    domain.dedup();
+    Ok((!domain.is_empty()).then_some(domain))
+}
+
+/// The unit of date_trunc / field of date_part must be one PostgreSQL knows, or the upstream
+/// would fail (after the charge).
+pub(super) fn check_date_unit(name: &str, e: &Expr) -> Result<()> {
+    let text = match e {
+        Expr::Value(v) => crate::literal::string_value(&v.value)
+            .unwrap_or_default()
+            .to_ascii_lowercase(),
+        _ => String::new(),
+    };
+    let units: &[&str] = &[
+        "microseconds",
+        "milliseconds",
+        "second",
+        "minute",
+        "hour",
+        "day",
+        "week",
+        "month",
+        "quarter",
+        "year",
+        "decade",
+        "century",
+        "millennium",
+    ];
+    let fields: &[&str] = &["dow", "doy", "isodow", "isoyear", "epoch", "julian"];
+    let ok =
+        units.contains(&text.as_str()) || (name == "date_part" && fields.contains(&text.as_str()));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidParameter {
+            name: format!("the first argument of {name}"),
+            reason: "is not a unit PostgreSQL knows".into(),
+            hint: "Use a quoted unit such as 'day', 'week', 'month', 'quarter' or 'year'.".into(),
+        })
+    }
+}
+
+/// Refuses comparisons PostgreSQL would reject for their types (text with numbers, …): they
+/// would fail upstream only after the charge.
+pub(super) fn check_comparable(l: &Info, r: &Info) -> Result<()> {
+    use ColumnType as T;
+    let family = |t: T| match t {
+        T::Integer | T::Numeric | T::Float => 0,
+        T::Text => 1,
+        T::Date | T::Timestamp => 2,
+        T::Boolean => 3,
+    };
+    match (l.ty, r.ty) {
+        (Some(a), Some(b)) if family(a) != family(b) => Err(Error::UnknownFunction {
+            name: format!("operator for {} and {}", a.name(), b.name()),
+            hint: "Compare values of the same kind, e.g. a text column with a quoted string."
+                .into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Wraps an integer-typed operand in a numeric cast so arithmetic cannot overflow.
+pub(super) fn as_numeric(e: Expr, info: &Info) -> Expr {
+    // Integer and float arithmetic overflow raise errors; numeric does not in practice.
+    if matches!(info.ty, Some(ColumnType::Integer | ColumnType::Float)) {
+        Expr::Cast {
+            kind: ast::CastKind::Cast,
+            expr: Box::new(Expr::Nested(Box::new(e))),
+            data_type: ast::DataType::Numeric(ast::ExactNumberInfo::None),
+            format: None,
+        }
+    } else {
+        e
+    }
+}
+
+pub(super) fn nullif_zero(e: Expr) -> Expr {
+    Expr::Function(function_call(
+        "NULLIF",
+        vec![e, Expr::value(Value::Number("0".into(), false))],
+    ))
+}
+
+/// A plain call `name(args…)`.
+pub(super) fn function_call(name: &str, args: Vec<Expr>) -> ast::Function {
+    ast::Function {
+        name: ObjectName::from(vec![Ident::new(name)]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(ast::FunctionArgumentList {
+            duplicate_treatment: None,
+            args: args
+                .into_iter()
+                .map(|a| FunctionArg::Unnamed(FunctionArgExpr::Expr(a)))
+                .collect(),
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    }
+}
+
+pub(super) fn function_name(name: &ObjectName) -> Result<String> {
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|p| p.to_string().to_ascii_lowercase())
+        .collect();
+    match parts.as_slice() {
+        [n] => Ok(n.clone()),
+        [schema, n] if schema == "pg_catalog" => Ok(n.clone()),
+        _ => Err(Error::UnknownFunction {
+            name: name.to_string(),
+            hint: "User-defined functions are not available through pgdp.".into(),
+        }),
+    }
+}
+
+pub(super) fn aggregate_kind(name: &str) -> Option<AggregateKind> {
+    Some(match name {
+        "count" => AggregateKind::CountRows,
+        "sum" => AggregateKind::Sum,
+        "avg" => AggregateKind::Avg,
+        "variance" | "var_samp" => AggregateKind::VarSamp,
+        "var_pop" => AggregateKind::VarPop,
+        "stddev" | "stddev_samp" => AggregateKind::StddevSamp,
+        "stddev_pop" => AggregateKind::StddevPop,
+        "min" | "max" | "median" | "percentile_cont" | "percentile_disc" => {
+            AggregateKind::Quantile { permille: 0 }
+        }
+        _ => return None,
+    })
+}
+
+pub(super) fn contains_aggregate(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = ast::visit_expressions(e, |x| {
+        if let Expr::Function(f) = x {
+            if function_name(&f.name)
+                .ok()
+                .and_then(|n| aggregate_kind(&n))
+                .is_some()
+            {
+                found = true;
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+pub(super) enum Result_ {
+    Same(usize),
+    Fixed(ColumnType),
+}
+
+pub(super) struct FunctionSpec {
+    pub(super) min_args: usize,
+    pub(super) max_args: usize,
+    pub(super) literal_args: &'static [usize],
+    pub(super) result: Result_,
+}
+
+/// The whitelist of total functions: none raises an error for some data values and not others,
+/// none depends on time, randomness or session state, and none can run long on its input.
+pub fn is_total_function(name: &str) -> bool {
+    total_function(name).is_some()
+}
+
+pub(super) fn total_function(name: &str) -> Option<FunctionSpec> {
+    use ColumnType as T;
+    let spec = |min_args, max_args, literal_args, result| FunctionSpec {
+        min_args,
+        max_args,
+        literal_args,
+        result,
+    };
+    Some(match name {
+        "lower" | "upper" | "btrim" | "ltrim" | "rtrim" | "trim" => {
+            spec(1, 1, &[], Result_::Fixed(T::Text))
+        }
+        "length" | "char_length" | "character_length" => {
+            spec(1, 1, &[], Result_::Fixed(T::Integer))
+        }
+        "abs" => spec(1, 1, &[], Result_::Same(0)),
+        "round" | "trunc" => spec(1, 2, &[1], Result_::Fixed(T::Numeric)),
+        "floor" | "ceil" | "ceiling" => spec(1, 1, &[], Result_::Fixed(T::Numeric)),
+        "coalesce" | "greatest" | "least" => spec(1, 8, &[], Result_::Same(0)),
+        "nullif" => spec(2, 2, &[], Result_::Same(0)),
+        "date_trunc" => spec(2, 2, &[0], Result_::Fixed(T::Timestamp)),
+        "date_part" => spec(2, 2, &[0], Result_::Fixed(T::Numeric)),
+        _ => return None,
+    })
+}
+
+pub(super) fn type_of_data_type(dt: &ast::DataType) -> Option<ColumnType> {
+    use ast::DataType as D;
+    Some(match dt {
+        D::Text
+        | D::Varchar(_)
+        | D::CharacterVarying(_)
+        | D::Char(_)
+        | D::Character(_)
+        | D::String(_) => ColumnType::Text,
+        D::Int(_)
+        | D::Integer(_)
+        | D::BigInt(_)
+        | D::SmallInt(_)
+        | D::Int2(_)
+        | D::Int4(_)
+        | D::Int8(_) => ColumnType::Integer,
+        D::Numeric(_) | D::Decimal(_) | D::Dec(_) => ColumnType::Numeric,
+        D::Real | D::Float4 | D::Float8 | D::Double(_) | D::DoublePrecision | D::Float(_) => {
+            ColumnType::Float
+        }
+        D::Date => ColumnType::Date,
+        D::Timestamp(_, _) => ColumnType::Timestamp,
+        D::Boolean | D::Bool => ColumnType::Boolean,
+        _ => return None,
+    })
+}
+
+/// Refuses (22023, before any charge) a string literal that the upstream would read as a date or
+/// timestamp of type `ty` and reject: the error would come after the charge.
+pub(super) fn check_temporal_literal(expr: &Expr, ty: Option<ColumnType>) -> Result<()> {
+    let Some(ty @ (ColumnType::Date | ColumnType::Timestamp)) = ty else {
+        return Ok(());
+    };
+    match expr {
+        Expr::Nested(inner) => check_temporal_literal(inner, Some(ty)),
+        Expr::Value(v) => match crate::literal::string_value(&v.value) {
+            Some(text) => check_temporal_text(text, ty),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// Whether `text` is a date (`YYYY-MM-DD`) or timestamp (a date, then digits, spaces, `:.T+-`)
+/// the upstream accepts; 22023 otherwise.
+pub(super) fn check_temporal_text(text: &str, ty: ColumnType) -> Result<()> {
+    let valid = match ty {
+        ColumnType::Date => crate::datetime::Date::parse(text).is_some(),
+        ColumnType::Timestamp => crate::datetime::is_timestamp_text(text),
+        _ => true,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidParameter {
+            name: format!("the {} literal '{text}'", if ty == ColumnType::Date { "date" } else { "timestamp" }),
+            reason: "is not a valid value".into(),
+            hint: "Write dates as 'YYYY-MM-DD' (e.g. DATE '2024-06-01') and timestamps as 'YYYY-MM-DD HH:MM:SS'.".into(),
+        })
+    }
+}

@@ -1,0 +1,620 @@
+//! Analysis: resolve an analyst's query against the policy and decide whether pgdp can answer it
+//! with differential privacy. The result is a [`Plan`], the narrow description of the query that
+//! the rewriter and the release step work from.
+//!
+//! Invariants:
+//! - Every column reference in the plan is resolved to a declared column of a policy table and
+//!   rewritten to the canonical form `"__dp_tN"."column"`; nothing else from the analyst's SQL
+//!   names a relation.
+//! - Every expression in the plan uses only constructs on the whitelist below, all of which are
+//!   total (never raise an error that depends on the data): comparisons, boolean logic, `+ - *`
+//!   on numeric operands, division rewritten to be NULL on zero, `IN`, `BETWEEN`, `LIKE` with a
+//!   literal pattern, `IS [NOT] NULL`, `CASE`, and the functions in [`total_function`].
+//! - Every aggregated expression has bounds derived from the policy; a query whose bounds cannot
+//!   be derived is refused, never answered with data-dependent sensitivity.
+//! - Only the group keys may leave as values; every aggregate leaves through a mechanism.
+//! - A subquery in FROM (derived table or CTE) becomes a [`TableRef`] with its own SQL
+//!   ([`TableRef::source`]) and a table pgdp built with a privacy unit and contribution bounds:
+//!   row-level subqueries keep those of the private tables they read; subqueries grouped by the
+//!   privacy unit have one row per unit (1 group, 1 row). Their values' bounds and public
+//!   domains come from the query's literals and the policy, never from the data.
+//! - Group keys with a public domain: `public_values` columns, public tables' columns, CASE
+//!   expressions whose results are all literals, and bounded integer per-unit values.
+//! - Analysis does no I/O.
+
+mod aggregate;
+mod expr;
+mod from;
+mod functions;
+mod scope;
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use sqlparser::ast::{
+    self, BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
+    Ident, JoinConstraint, JoinOperator, ObjectName, SelectItem, SetExpr, TableFactor,
+    UnaryOperator, Value,
+};
+
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::policy::{Bounds, Column, ColumnType, PrivateTable, Table, TableKind, UnitPath};
+
+pub use crate::dp::plan::*;
+
+use functions::*;
+
+pub use functions::is_total_function;
+
+// ---------------------------------------------------------------------------------------------
+// Entry point
+// ---------------------------------------------------------------------------------------------
+
+/// Analyses a query. Refusals carry a SQLSTATE and a hint.
+pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
+    reject_reserved(query)?;
+    let ctes = common_table_expressions(query)?;
+    if !query.locks.is_empty() {
+        return Err(Error::forbidden(
+            "FOR UPDATE / FOR SHARE is not allowed through pgdp",
+            "",
+        ));
+    }
+    if query.fetch.is_some() {
+        return Err(Error::unsupported("FETCH FIRST", "Use LIMIT instead."));
+    }
+    let select = match query.body.as_ref() {
+        SetExpr::Select(s) => s,
+        SetExpr::SetOperation { .. } => {
+            return Err(Error::unsupported(
+                "set operations (UNION, INTERSECT, EXCEPT)",
+                "Run each aggregate query separately; each is charged on its own.",
+            ))
+        }
+        _ => {
+            return Err(Error::unsupported(
+                "this kind of query",
+                "Use SELECT … FROM … GROUP BY …",
+            ))
+        }
+    };
+    if select.distinct.is_some() {
+        return Err(Error::unsupported(
+            "SELECT DISTINCT",
+            "Use GROUP BY with COUNT(*): distinct values are released only through DP partition selection.",
+        ));
+    }
+    if select.into.is_some() {
+        return Err(Error::forbidden(
+            "SELECT INTO is not allowed through pgdp",
+            "",
+        ));
+    }
+    if select.qualify.is_some() || !select.named_window.is_empty() {
+        return Err(window_refusal());
+    }
+    if select.top.is_some() || select.prewhere.is_some() || !select.lateral_views.is_empty() {
+        return Err(Error::unsupported("this SELECT clause", ""));
+    }
+
+    let mut a = Analyzer {
+        ctx,
+        tables: Vec::new(),
+        parameters: BTreeMap::new(),
+        ctes,
+        expanding: Vec::new(),
+        next_alias: 0,
+        view_hints: BTreeMap::new(),
+        unique_keys: Vec::new(),
+    };
+    let joins = a.resolve_from(&select.from)?;
+
+    let private: Vec<&TableRef> = a
+        .tables
+        .iter()
+        .map(|t| &t.0)
+        .filter(|t| t.private)
+        .collect();
+    if private.is_empty() {
+        return Err(Error::unsupported(
+            "queries over public tables only",
+            "pgdp answers DP aggregates over private tables; join the public table to a private one.",
+        ));
+    }
+
+    let filter = match &select.selection {
+        Some(e) => {
+            let mut e = e.clone();
+            let info = a.expr(&mut e, Role::Filter)?;
+            if info.ty.is_some_and(|t| t != ColumnType::Boolean) {
+                return Err(Error::Syntax {
+                    message: "argument of WHERE must be type boolean".into(),
+                });
+            }
+            Some(e)
+        }
+        None => None,
+    };
+
+    // GROUP BY keys.
+    let group_exprs = match &select.group_by {
+        GroupByExpr::Expressions(exprs, modifiers) => {
+            if !modifiers.is_empty() {
+                return Err(Error::unsupported(
+                    "ROLLUP / CUBE / GROUPING SETS",
+                    "Run one query per grouping.",
+                ));
+            }
+            exprs.clone()
+        }
+        GroupByExpr::All(_) => return Err(Error::unsupported("GROUP BY ALL", "List the keys.")),
+    };
+    if group_exprs.len() > limits::GROUP_KEYS_PER_QUERY_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the number of GROUP BY keys".into(),
+            limit: limits::GROUP_KEYS_PER_QUERY_MAX as u64,
+        });
+    }
+    let mut keys: Vec<GroupKey> = Vec::new();
+    for g in &group_exprs {
+        let mut e = resolve_group_reference(g, &select.projection)?;
+        let info = a.expr(&mut e, Role::Key)?;
+        if !info.groupable {
+            return Err(Error::forbidden(
+                format!("grouping by {} is not allowed", g),
+                "Group only by columns declared groupable in the policy (and simple functions of them); never by the privacy unit.",
+            ));
+        }
+        let text = e.to_string();
+        if keys.iter().any(|k| k.expr == text) {
+            continue;
+        }
+        keys.push(GroupKey {
+            expr: text,
+            ty: info.ty.unwrap_or(ColumnType::Text),
+            public: info.public,
+        });
+    }
+
+    // Select list.
+    let mut aggregates: Vec<Aggregate> = Vec::new();
+    let mut outputs = Vec::new();
+    for item in &select.projection {
+        let (expr, alias) = match item {
+            SelectItem::UnnamedExpr(e) => (e, None),
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+            SelectItem::ExprWithAliases { .. } => {
+                return Err(Error::unsupported(
+                    "multiple aliases for one select item",
+                    "",
+                ))
+            }
+            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
+                return Err(Error::forbidden(
+                    "SELECT * is not allowed on private tables",
+                    "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
+                ))
+            }
+        };
+        let source = match a.aggregate(expr)? {
+            Some(agg) => {
+                let idx = push_aggregate(&mut aggregates, agg);
+                OutputSource::Aggregate(idx)
+            }
+            None => {
+                let mut e = expr.clone();
+                a.expr(&mut e, Role::Key)?;
+                let text = e.to_string();
+                match keys.iter().position(|k| k.expr == text) {
+                    Some(i) => OutputSource::Key(i),
+                    None => {
+                        return Err(Error::forbidden(
+                            format!("{expr} must appear in GROUP BY or be used in an aggregate"),
+                            "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV) and GROUP BY keys.",
+                        ))
+                    }
+                }
+            }
+        };
+        let name = alias.unwrap_or_else(|| default_name(expr));
+        if name.starts_with(RESERVED_PREFIX) {
+            return Err(reserved_refusal());
+        }
+        outputs.push(Output { name, source });
+    }
+    if aggregates.is_empty() {
+        return Err(Error::forbidden(
+            "a query on private tables must compute at least one aggregate",
+            "Add COUNT(*) (or another aggregate) to the select list; group keys alone are released only with a noisy count.",
+        ));
+    }
+
+    // HAVING and ORDER BY are post-processing on released values.
+    let having = match &select.having {
+        Some(h) => Some(a.post(h, &keys, &mut aggregates, &outputs, false)?),
+        None => None,
+    };
+    let mut order_by = Vec::new();
+    if let Some(ob) = &query.order_by {
+        let exprs = match &ob.kind {
+            ast::OrderByKind::Expressions(e) => e,
+            ast::OrderByKind::All(_) => return Err(Error::unsupported("ORDER BY ALL", "")),
+        };
+        for o in exprs {
+            if o.with_fill.is_some() {
+                return Err(Error::unsupported("WITH FILL", ""));
+            }
+            let value = a.post(&o.expr, &keys, &mut aggregates, &outputs, true)?;
+            let ascending = match &o.options.sort {
+                None | Some(ast::OrderBySort::Asc) => true,
+                Some(ast::OrderBySort::Desc) => false,
+                Some(ast::OrderBySort::Using(_)) => {
+                    return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."))
+                }
+            };
+            let nulls_first = o.options.nulls_first.unwrap_or(!ascending);
+            order_by.push(SortKey {
+                value,
+                ascending,
+                nulls_first,
+            });
+        }
+    }
+    if aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the number of aggregates".into(),
+            limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
+        });
+    }
+    let (limit, offset) = limit_offset(query)?;
+
+    // Contribution bounds: the loosest of the private tables joined (all share the unit).
+    let policy_tables: Vec<&Table> = a
+        .tables
+        .iter()
+        .filter(|t| t.0.private)
+        .map(|t| &*t.1)
+        .collect();
+    let max_groups_per_unit = policy_tables
+        .iter()
+        .filter_map(|t| t.private().map(|p| p.max_groups_per_unit))
+        .max()
+        .unwrap_or(1);
+    let max_rows_per_unit = policy_tables
+        .iter()
+        .filter_map(|t| t.private().map(|p| p.max_rows_per_unit))
+        .max()
+        .unwrap_or(1);
+
+    let unit = a.unit()?;
+    let parameters = a
+        .parameters
+        .into_iter()
+        .map(|(index, (ty, declared))| Parameter {
+            index,
+            ty,
+            declared,
+        })
+        .collect();
+    Ok(Plan {
+        tables: a.tables.into_iter().map(|t| t.0).collect(),
+        joins,
+        unit,
+        max_groups_per_unit: if keys.is_empty() {
+            1
+        } else {
+            max_groups_per_unit
+        },
+        max_rows_per_unit,
+        filter,
+        keys,
+        aggregates,
+        outputs,
+        having,
+        order_by,
+        limit,
+        offset,
+        parameters,
+        unit_unique: false,
+        unique_keys: a.unique_keys,
+    })
+}
+
+/// The `WITH` list of a query: name → body. Recursive CTEs and column lists are refused.
+fn common_table_expressions(query: &ast::Query) -> Result<Vec<(String, ast::Query)>> {
+    let Some(with) = &query.with else {
+        return Ok(Vec::new());
+    };
+    if with.recursive {
+        return Err(Error::unsupported(
+            "WITH RECURSIVE",
+            "Use non-recursive CTEs that filter, project or join rows, or aggregate per privacy unit (GROUP BY person_id).",
+        ));
+    }
+    let mut out: Vec<(String, ast::Query)> = Vec::new();
+    for cte in &with.cte_tables {
+        if !cte.alias.columns.is_empty() {
+            return Err(Error::unsupported(
+                "column lists on CTE names",
+                "Name the columns inside the CTE with AS.",
+            ));
+        }
+        if cte.materialized.is_some() || cte.from.is_some() {
+            return Err(Error::unsupported(
+                "MATERIALIZED / FROM on a CTE",
+                "Write WITH name AS (SELECT …).",
+            ));
+        }
+        let name = ident_lower(&cte.alias.name);
+        if name.starts_with(RESERVED_PREFIX) {
+            return Err(reserved_refusal());
+        }
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(Error::Syntax {
+                message: format!("WITH query name \"{name}\" specified more than once"),
+            });
+        }
+        out.push((name, cte.query.as_ref().clone()));
+    }
+    Ok(out)
+}
+
+/// The public domain of an integer per-unit value with finite bounds: every integer between
+/// them. The bounds come from the query's literals and the policy, never from the data, so the
+/// domain is data-independent; values outside it (data beyond declared bounds) are not released.
+fn integer_domain(ty: ColumnType, bounds: Option<Bounds>) -> Option<Vec<String>> {
+    let b = bounds?;
+    let integral = b.lower.fract() == 0.0 && b.upper.fract() == 0.0;
+    if ty != ColumnType::Integer || !integral || b.upper - b.lower >= INTEGER_DOMAIN_VALUES_MAX {
+        return None;
+    }
+    let (lo, hi) = (b.lower as i64, b.upper as i64);
+    Some((lo..=hi).map(|v| v.to_string()).collect())
+}
+
+fn push_aggregate(aggregates: &mut Vec<Aggregate>, agg: Aggregate) -> usize {
+    match aggregates.iter().position(|a| a.text == agg.text) {
+        Some(i) => i,
+        None => {
+            aggregates.push(agg);
+            aggregates.len() - 1
+        }
+    }
+}
+
+fn window_refusal() -> Error {
+    Error::unsupported(
+        "window functions",
+        "Use GROUP BY with aggregates; window functions would release per-row values.",
+    )
+}
+
+fn reserved_refusal() -> Error {
+    Error::forbidden(
+        format!("identifiers starting with {RESERVED_PREFIX} are reserved for pgdp"),
+        "Rename the alias.",
+    )
+}
+
+/// Refuses any identifier with the reserved prefix, anywhere in the query.
+fn reject_reserved(query: &ast::Query) -> Result<()> {
+    let mut found = false;
+    let _ = ast::visit_expressions(query, |e| {
+        let hit = match e {
+            Expr::Identifier(i) => i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX),
+            Expr::CompoundIdentifier(parts) => parts
+                .iter()
+                .any(|i| i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX)),
+            _ => false,
+        };
+        found |= hit;
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    if found {
+        return Err(reserved_refusal());
+    }
+    Ok(())
+}
+
+fn default_name(expr: &Expr) -> String {
+    match expr {
+        Expr::Identifier(i) => i.value.to_ascii_lowercase(),
+        Expr::CompoundIdentifier(p) => p
+            .last()
+            .map(|i| i.value.to_ascii_lowercase())
+            .unwrap_or_default(),
+        Expr::Function(f) => f
+            .name
+            .0
+            .last()
+            .map(|p| p.to_string().to_ascii_lowercase())
+            .unwrap_or_default(),
+        Expr::Nested(e) => default_name(e),
+        Expr::Cast { expr, .. } => default_name(expr),
+        Expr::Extract { .. } => "extract".into(),
+        Expr::Floor { .. } => "floor".into(),
+        Expr::Ceil { .. } => "ceil".into(),
+        Expr::Case { .. } => "case".into(),
+        _ => "?column?".into(),
+    }
+}
+
+/// `GROUP BY 1` and `GROUP BY alias` refer to select items.
+fn resolve_group_reference(g: &Expr, projection: &[SelectItem]) -> Result<Expr> {
+    if let Expr::Value(v) = g {
+        if let Value::Number(n, _) = &v.value {
+            let i: usize = n.parse().map_err(|_| Error::Syntax {
+                message: format!("invalid GROUP BY position {n}"),
+            })?;
+            return match projection.get(i.wrapping_sub(1)) {
+                Some(SelectItem::UnnamedExpr(e))
+                | Some(SelectItem::ExprWithAlias { expr: e, .. }) => Ok(e.clone()),
+                _ => Err(Error::Syntax {
+                    message: format!("GROUP BY position {i} is not in select list"),
+                }),
+            };
+        }
+    }
+    if let Expr::Identifier(id) = g {
+        for item in projection {
+            if let SelectItem::ExprWithAlias { expr, alias } = item {
+                if alias.value.eq_ignore_ascii_case(&id.value) {
+                    return Ok(expr.clone());
+                }
+            }
+        }
+    }
+    Ok(g.clone())
+}
+
+fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
+    let number = |e: &Expr| -> Result<u64> {
+        match e {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => n.parse::<u64>().map_err(|_| Error::Syntax {
+                    message: "LIMIT and OFFSET take a non-negative integer".into(),
+                }),
+                Value::Null => Ok(u64::MAX),
+                _ => Err(Error::unsupported(
+                    "non-literal LIMIT / OFFSET",
+                    "Use an integer literal.",
+                )),
+            },
+            _ => Err(Error::unsupported(
+                "non-literal LIMIT / OFFSET",
+                "Use an integer literal.",
+            )),
+        }
+    };
+    match &query.limit_clause {
+        None => Ok((None, 0)),
+        Some(ast::LimitClause::LimitOffset {
+            limit,
+            offset,
+            limit_by,
+        }) => {
+            if !limit_by.is_empty() {
+                return Err(Error::unsupported("LIMIT BY", ""));
+            }
+            let l = match limit {
+                Some(e) => {
+                    let n = number(e)?;
+                    (n != u64::MAX).then_some(n)
+                }
+                None => None,
+            };
+            let o = match offset {
+                Some(o) => number(&o.value)?,
+                None => 0,
+            };
+            Ok((l, if o == u64::MAX { 0 } else { o }))
+        }
+        Some(ast::LimitClause::OffsetCommaLimit { .. }) => Err(Error::unsupported(
+            "LIMIT offset, count",
+            "Use LIMIT … OFFSET …",
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expressions
+// ---------------------------------------------------------------------------------------------
+
+/// Where an expression appears; decides what is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// WHERE or a join condition.
+    Filter,
+    /// A GROUP BY key or a select item matching one.
+    Key,
+    /// The argument of an aggregate.
+    Argument,
+    /// A select item or HAVING of a subquery grouped by the privacy unit: aggregates of the
+    /// unit's rows are allowed, bare columns other than the unit are not.
+    UnitAggregate,
+}
+
+/// What analysis learned about an expression.
+#[derive(Debug, Clone)]
+struct Info {
+    /// Its type, when known.
+    ty: Option<ColumnType>,
+    /// Bounds of its value, when derivable (for aggregate arguments).
+    bounds: Option<(f64, f64)>,
+    /// Whether it may be a group key (uses only groupable columns).
+    groupable: bool,
+    /// Whether it is a constant (a literal or a parameter).
+    constant: bool,
+    /// Public domain, for a bare column.
+    public: PublicKeys,
+    /// The name of a bare column reference (for hints).
+    column: Option<String>,
+    /// The declared SQL type of a bare column reference.
+    declared: Option<String>,
+    /// Whether it reads the privacy unit (never a group key, even with a public domain).
+    uses_unit: bool,
+}
+
+impl Info {
+    fn constant(ty: Option<ColumnType>, value: Option<f64>) -> Info {
+        Info {
+            ty,
+            bounds: value.map(|v| (v, v)),
+            groupable: true,
+            constant: true,
+            public: PublicKeys::No,
+            column: None,
+            declared: None,
+            uses_unit: false,
+        }
+    }
+
+    fn derived(ty: Option<ColumnType>, parts: &[&Info], bounds: Option<(f64, f64)>) -> Info {
+        Info {
+            ty,
+            bounds,
+            groupable: parts.iter().all(|p| p.groupable),
+            constant: parts.iter().all(|p| p.constant),
+            public: PublicKeys::No,
+            column: None,
+            declared: None,
+            uses_unit: parts.iter().any(|p| p.uses_unit),
+        }
+    }
+}
+
+struct Analyzer<'a> {
+    ctx: &'a Context<'a>,
+    /// FROM tables with the analyst's alias (or table name) used for qualified references. A
+    /// subquery in FROM appears as a table pgdp built (`Cow::Owned`) with its own contribution
+    /// bounds.
+    tables: Vec<(TableRef, Cow<'a, Table>, String)>,
+    /// Parameter index → inferred type and declared column type.
+    parameters: BTreeMap<usize, (ColumnType, Option<String>)>,
+    /// The query's `WITH` list.
+    ctes: Vec<(String, ast::Query)>,
+    /// Names of the CTEs being expanded (to refuse self-reference).
+    expanding: Vec<String>,
+    /// The next generated table alias `__dp_tN`.
+    next_alias: usize,
+    /// Hints for columns of subqueries whose values have no finite bounds (`view.column`).
+    view_hints: BTreeMap<String, String>,
+    /// Keys of unit paths read so far, which must be unique upstream ([`Plan::unique_keys`]).
+    unique_keys: Vec<(String, String)>,
+}
+
+fn ident_lower(i: &Ident) -> String {
+    if i.quote_style.is_some() {
+        i.value.clone()
+    } else {
+        i.value.to_ascii_lowercase()
+    }
+}
+
+fn canonical(alias: &str, column: &str) -> Expr {
+    Expr::CompoundIdentifier(vec![
+        Ident::with_quote('"', alias),
+        Ident::with_quote('"', column),
+    ])
+}

@@ -1,0 +1,415 @@
+//! Tables in scope: resolving names against the policy, CTEs and derived tables as views, and
+//! the columns each table exposes.
+
+use super::*;
+
+impl<'a> Analyzer<'a> {
+    pub(super) fn find_table(&self, name: &ObjectName) -> Result<&'a Table> {
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .map(|p| {
+                p.as_ident()
+                    .map(ident_lower)
+                    .unwrap_or_else(|| p.to_string().to_ascii_lowercase())
+            })
+            .collect();
+        let policy = self.ctx.policy;
+        let found = match parts.as_slice() {
+            [schema, table] => policy.table(&format!("{schema}.{table}")),
+            [table] => self
+                .ctx
+                .search_path
+                .iter()
+                .find_map(|s| policy.table(&format!("{s}.{table}"))),
+            [_db, schema, table] => policy.table(&format!("{schema}.{table}")),
+            _ => None,
+        };
+        if let Some(first) = parts.first() {
+            if parts.len() >= 2 && (first == "pg_catalog" || first == "information_schema") {
+                return Err(Error::unsupported(
+                    "catalog queries",
+                    "Catalog introspection through pgdp is not available yet; the policy (pgdp check) lists the tables.",
+                ));
+            }
+        }
+        found.ok_or_else(|| Error::UnknownTable {
+            name: name.to_string(),
+        })
+    }
+
+    pub(super) fn fresh_alias(&mut self) -> String {
+        let a = format!("{RESERVED_PREFIX}t{}", self.next_alias);
+        self.next_alias += 1;
+        a
+    }
+
+    /// A subquery in FROM (a derived table or a reference to a CTE) becomes a table pgdp builds,
+    /// with its own SQL and contribution bounds (docs/privacy.md, "Subqueries in FROM"):
+    /// - row-level (WHERE, projection of row expressions, joins under the join rules): each of
+    ///   its rows is a row of one privacy unit, so it keeps the unit and the bounds of the
+    ///   private tables it reads;
+    /// - per unit (`GROUP BY <privacy unit>` with aggregates): one row per unit, so each unit
+    ///   contributes one row to one group of the outer query; its values are aggregates of the
+    ///   unit's own rows, with bounds derived from the query (LEAST / GREATEST / CASE) or the
+    ///   policy, and are clamped again by the outer aggregate like any argument.
+    pub(super) fn view(&mut self, q: &ast::Query, visible: String) -> Result<usize> {
+        if visible.starts_with(RESERVED_PREFIX) {
+            return Err(reserved_refusal());
+        }
+        if self.tables.iter().any(|t| t.2 == visible) {
+            return Err(Error::Syntax {
+                message: format!("table name \"{visible}\" specified more than once"),
+            });
+        }
+        if self.tables.len() >= JOINED_TABLES_MAX || self.next_alias >= VIEW_TABLES_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of joined tables".into(),
+                limit: JOINED_TABLES_MAX as u64,
+            });
+        }
+        if q.with.is_some() {
+            return Err(Error::unsupported(
+                "WITH inside a subquery",
+                "Move the CTEs to the top of the query.",
+            ));
+        }
+        if q.order_by.is_some() || q.limit_clause.is_some() || q.fetch.is_some() {
+            return Err(Error::unsupported(
+                "ORDER BY / LIMIT inside a subquery in FROM",
+                "They would pick rows by their values; filter with WHERE instead, and put ORDER BY / LIMIT on the outer query.",
+            ));
+        }
+        if !q.locks.is_empty() {
+            return Err(Error::forbidden(
+                "FOR UPDATE / FOR SHARE is not allowed through pgdp",
+                "",
+            ));
+        }
+        let SetExpr::Select(select) = q.body.as_ref() else {
+            return Err(Error::unsupported(
+                "set operations or nested parentheses in a subquery",
+                "Use one SELECT … FROM … [WHERE …] [GROUP BY <privacy unit>] per subquery.",
+            ));
+        };
+        if select.distinct.is_some() {
+            return Err(Error::unsupported(
+                "SELECT DISTINCT in a subquery",
+                "Aggregate per privacy unit (GROUP BY person_id) in the subquery, or use COUNT(DISTINCT col) in the outer query.",
+            ));
+        }
+        if select.into.is_some()
+            || select.qualify.is_some()
+            || !select.named_window.is_empty()
+            || select.top.is_some()
+            || select.prewhere.is_some()
+            || !select.lateral_views.is_empty()
+        {
+            return Err(Error::unsupported("this clause in a subquery", ""));
+        }
+        let saved = std::mem::take(&mut self.tables);
+        let built = self.view_body(select, &visible);
+        self.tables = saved;
+        let (query, table) = built?;
+        let r = TableRef {
+            table: visible.clone(),
+            alias: self.fresh_alias(),
+            private: true,
+            source: Some(Box::new(query)),
+        };
+        self.tables.push((r, Cow::Owned(table), visible));
+        Ok(self.tables.len() - 1)
+    }
+
+    /// The SQL and the table of a subquery, analysed with `self.tables` holding its own FROM.
+    pub(super) fn view_body(
+        &mut self,
+        select: &ast::Select,
+        visible: &str,
+    ) -> Result<(ast::Query, Table)> {
+        let joins = self.resolve_from(&select.from)?;
+        if !self.tables.iter().any(|t| t.0.private) {
+            return Err(Error::unsupported(
+                "subqueries over public tables only",
+                "Join the public table directly in the outer query.",
+            ));
+        }
+        let unit = match self.unit()? {
+            Unit::Column(c) => c,
+            Unit::Row(_) => {
+                return Err(Error::unsupported(
+                    "subqueries over row-level private tables",
+                    "Query the row-level table directly.",
+                ))
+            }
+        };
+        let filter = match &select.selection {
+            Some(e) => {
+                let mut e = e.clone();
+                let info = self.expr(&mut e, Role::Filter)?;
+                if info.ty.is_some_and(|t| t != ColumnType::Boolean) {
+                    return Err(Error::Syntax {
+                        message: "argument of WHERE must be type boolean".into(),
+                    });
+                }
+                Some(e.to_string())
+            }
+            None => None,
+        };
+        let group_exprs = match &select.group_by {
+            GroupByExpr::Expressions(exprs, modifiers) if modifiers.is_empty() => exprs.clone(),
+            _ => {
+                return Err(Error::unsupported(
+                    "ROLLUP / CUBE / GROUPING SETS / GROUP BY ALL in a subquery",
+                    "GROUP BY the privacy unit alone.",
+                ))
+            }
+        };
+        let per_unit = !group_exprs.is_empty()
+            || select.having.is_some()
+            || select.projection.iter().any(|item| match item {
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                    contains_aggregate(e)
+                }
+                _ => false,
+            });
+        let per_unit_hint = "Aggregate per privacy unit, e.g. (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id), and aggregate n in the outer query.";
+        if per_unit {
+            let ok = match group_exprs.as_slice() {
+                [g] => {
+                    let mut g = resolve_group_reference(g, &select.projection)?;
+                    self.expr(&mut g, Role::Filter)?;
+                    let text = g.to_string();
+                    text == unit || self.is_unit_of_any_table(&text)
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(Error::forbidden(
+                    "a subquery in FROM that aggregates must GROUP BY the privacy unit alone",
+                    per_unit_hint,
+                ));
+            }
+        }
+        let role = if per_unit {
+            Role::UnitAggregate
+        } else {
+            Role::Argument
+        };
+
+        let mut items: Vec<(String, String)> = Vec::new();
+        let mut columns: Vec<Column> = Vec::new();
+        let mut unit_name: Option<String> = None;
+        for item in &select.projection {
+            let (expr, alias) = match item {
+                SelectItem::UnnamedExpr(e) => (e, None),
+                SelectItem::ExprWithAlias { expr, alias } => (expr, Some(ident_lower(alias))),
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) if per_unit => {
+                    return Err(Error::unsupported(
+                        "* in a subquery grouped by the privacy unit",
+                        per_unit_hint,
+                    ))
+                }
+                SelectItem::Wildcard(_) => {
+                    if self.tables.len() != 1 {
+                        return Err(Error::unsupported(
+                            "SELECT * over a join in a subquery",
+                            "List the columns, or select t.* of one table.",
+                        ));
+                    }
+                    self.table_columns(0, &mut items, &mut columns, &mut unit_name);
+                    continue;
+                }
+                SelectItem::QualifiedWildcard(kind, _) => {
+                    let ast::SelectItemQualifiedWildcardKind::ObjectName(name) = kind else {
+                        return Err(Error::unsupported("this wildcard", "List the columns."));
+                    };
+                    let qualifier = name
+                        .0
+                        .iter()
+                        .map(|p| {
+                            p.as_ident()
+                                .map(ident_lower)
+                                .unwrap_or_else(|| p.to_string().to_ascii_lowercase())
+                        })
+                        .collect::<Vec<_>>()
+                        .join(".");
+                    let idx = self
+                        .tables
+                        .iter()
+                        .position(|(r, _, v)| *v == qualifier || r.table == qualifier)
+                        .ok_or_else(|| Error::UnknownTable {
+                            name: qualifier.clone(),
+                        })?;
+                    self.table_columns(idx, &mut items, &mut columns, &mut unit_name);
+                    continue;
+                }
+                SelectItem::ExprWithAliases { .. } => {
+                    return Err(Error::unsupported(
+                        "multiple aliases for one select item",
+                        "",
+                    ))
+                }
+            };
+            let name = alias.unwrap_or_else(|| default_name(expr));
+            if name.starts_with(RESERVED_PREFIX) {
+                return Err(reserved_refusal());
+            }
+            let mut e = expr.clone();
+            // The unit itself (bare, possibly qualified) names the view's privacy unit.
+            if let Some((idx, col)) = self.column_ref(&e)? {
+                let alias_of = self.tables[idx].0.alias.clone();
+                let text = canonical(&alias_of, &col).to_string();
+                if text == unit || self.is_unit_of_any_table(&text) {
+                    let ty = self.tables[idx]
+                        .1
+                        .column(&col)
+                        .map(|c| (c.ty, c.declared_type.clone()))
+                        .unwrap_or((ColumnType::Integer, "bigint".into()));
+                    unit_name.get_or_insert(name.clone());
+                    columns.push(Column {
+                        name: name.clone(),
+                        ty: ty.0,
+                        declared_type: ty.1,
+                        bounds: None,
+                        groupable: false,
+                        public_values: None,
+                    });
+                    items.push((text, name));
+                    continue;
+                }
+            }
+            let info = self.expr(&mut e, role)?;
+            let bounds = info
+                .bounds
+                .filter(|(l, u)| l.is_finite() && u.is_finite())
+                .map(|(lower, upper)| Bounds { lower, upper });
+            let ty = info.ty.unwrap_or(ColumnType::Text);
+            if bounds.is_none() && ty.is_numeric() && per_unit {
+                self.view_hints.insert(
+                    format!("{visible}.{name}"),
+                    "Clamp the per-unit value with stated bounds in the subquery, e.g. LEAST(COUNT(*), 20) or LEAST(GREATEST(SUM(cost), 0), 5000).".into(),
+                );
+            }
+            let public_values = match &info.public {
+                PublicKeys::Listed(v) => Some(v.clone()),
+                _ if per_unit => integer_domain(ty, bounds),
+                _ => None,
+            };
+            columns.push(Column {
+                name: name.clone(),
+                ty,
+                declared_type: info
+                    .declared
+                    .clone()
+                    .unwrap_or_else(|| ty.name().to_string()),
+                bounds,
+                groupable: info.groupable || per_unit,
+                public_values,
+            });
+            items.push((e.to_string(), name));
+        }
+        let unit_name = match unit_name {
+            Some(u) => u,
+            None => {
+                let hidden = format!("{RESERVED_PREFIX}unit");
+                items.push((unit.clone(), hidden.clone()));
+                columns.push(Column {
+                    name: hidden.clone(),
+                    ty: ColumnType::Integer,
+                    declared_type: "bigint".into(),
+                    bounds: None,
+                    groupable: false,
+                    public_values: None,
+                });
+                hidden
+            }
+        };
+        let mut names: Vec<&str> = items.iter().map(|i| i.1.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::unsupported(
+                "two columns of the same name in a subquery",
+                "Give the columns distinct aliases with AS.",
+            ));
+        }
+
+        let having = match &select.having {
+            Some(h) => {
+                let mut h = h.clone();
+                self.expr(&mut h, Role::UnitAggregate)?;
+                Some(h.to_string())
+            }
+            None => None,
+        };
+        let (max_groups_per_unit, max_rows_per_unit) = if per_unit {
+            (1, 1)
+        } else {
+            let caps: Vec<&PrivateTable> =
+                self.tables.iter().filter_map(|t| t.1.private()).collect();
+            (
+                caps.iter()
+                    .map(|p| p.max_groups_per_unit)
+                    .max()
+                    .unwrap_or(1),
+                caps.iter().map(|p| p.max_rows_per_unit).max().unwrap_or(1),
+            )
+        };
+        let refs: Vec<TableRef> = self.tables.iter().map(|t| t.0.clone()).collect();
+        let from = from_clause(&refs, &joins, |q| Ok(q.to_string()))?;
+        let select_list: Vec<String> = items
+            .iter()
+            .map(|(e, n)| format!("{e} AS \"{n}\""))
+            .collect();
+        let mut sql = format!("SELECT {} FROM {from}", select_list.join(", "));
+        if let Some(f) = filter {
+            sql.push_str(&format!(" WHERE {f}"));
+        }
+        if per_unit {
+            sql.push_str(&format!(" GROUP BY {unit}"));
+        }
+        if let Some(h) = having {
+            sql.push_str(&format!(" HAVING {h}"));
+        }
+        let dialect = sqlparser::dialect::PostgreSqlDialect {};
+        let statements = sqlparser::parser::Parser::parse_sql(&dialect, &sql)
+            .map_err(|e| Error::internal(format!("subquery SQL does not parse: {e}")))?;
+        let query = match statements.into_iter().next() {
+            Some(ast::Statement::Query(q)) => *q,
+            _ => return Err(Error::internal("subquery SQL is not a query")),
+        };
+        let table = Table {
+            schema: String::new(),
+            name: visible.to_string(),
+            kind: TableKind::Private(PrivateTable {
+                privacy_unit: Some(unit_name),
+                unit_path: None,
+                max_groups_per_unit,
+                max_rows_per_unit,
+            }),
+            columns,
+        };
+        Ok((query, table))
+    }
+
+    /// The declared columns of FROM table `idx`, as columns of a row-level subquery.
+    pub(super) fn table_columns(
+        &self,
+        idx: usize,
+        items: &mut Vec<(String, String)>,
+        columns: &mut Vec<Column>,
+        unit_name: &mut Option<String>,
+    ) {
+        let (r, table, _) = &self.tables[idx];
+        let unit = table.private().and_then(|p| p.privacy_unit.clone());
+        for c in &table.columns {
+            let mut c = c.clone();
+            if unit.as_deref() == Some(c.name.as_str()) {
+                unit_name.get_or_insert(c.name.clone());
+                c.groupable = false;
+            }
+            items.push((canonical(&r.alias, &c.name).to_string(), c.name.clone()));
+            columns.push(c);
+        }
+    }
+}

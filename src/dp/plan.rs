@@ -1,0 +1,330 @@
+//! The plan of a DP query: what [`crate::dp::analyze`] found the analyst's query to mean, in the
+//! narrow terms the rewrite and the release work from (tables and their privacy unit, the
+//! contribution caps, filter, group keys and whether their domain is public, aggregates with
+//! their bounds, outputs, HAVING, ORDER BY, LIMIT and parameters). Plain data; no I/O.
+
+use sqlparser::ast::{self, Expr};
+
+use crate::error::{Error, Result};
+use crate::policy::{Bounds, ColumnType, Policy};
+
+/// Prefix of every identifier pgdp generates; analyst SQL may not use it.
+pub const RESERVED_PREFIX: &str = "__dp_";
+
+pub use crate::limits::{INTEGER_DOMAIN_VALUES_MAX, JOINED_TABLES_MAX, VIEW_TABLES_MAX};
+
+/// Context of the analysis: the session's view of the policy.
+#[derive(Debug, Clone)]
+pub struct Context<'a> {
+    /// The policy.
+    pub policy: &'a Policy,
+    /// Schemas searched for unqualified table names, in order.
+    pub search_path: Vec<String>,
+}
+
+/// A table in the FROM clause.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableRef {
+    /// The policy table (qualified name).
+    pub table: String,
+    /// The generated alias `__dp_tN`.
+    pub alias: String,
+    /// Whether the table is private.
+    pub private: bool,
+    /// For a subquery in FROM (a derived table or a CTE): the contribution-preserving SQL pgdp
+    /// built for it, with `$n` placeholders until the rewrite binds them. `None` for a policy
+    /// table.
+    pub source: Option<Box<ast::Query>>,
+}
+
+/// How the privacy unit of a row is found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unit {
+    /// A column (canonical expression text `"__dp_tN"."col"`).
+    Column(String),
+    /// Row-level table: each row is a unit (its `ctid`).
+    Row(String),
+}
+
+/// What one aggregate computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggregateKind {
+    /// `COUNT(*)`.
+    CountRows,
+    /// `COUNT(expr)`: rows where the expression is not NULL.
+    CountValues,
+    /// `COUNT(DISTINCT <privacy unit>)`.
+    CountUnits,
+    /// `SUM(expr)`.
+    Sum,
+    /// `AVG(expr)`.
+    Avg,
+    /// `VAR_SAMP` / `VARIANCE`.
+    VarSamp,
+    /// `VAR_POP`.
+    VarPop,
+    /// `STDDEV_SAMP` / `STDDEV`.
+    StddevSamp,
+    /// `STDDEV_POP`.
+    StddevPop,
+    /// `COUNT(DISTINCT expr)` for an expression other than the privacy unit.
+    CountDistinct,
+    /// A quantile (`PERCENTILE_CONT`, `PERCENTILE_DISC`, `MEDIAN`, `MIN` = 0, `MAX` = 1) of a
+    /// bounded argument, in thousandths.
+    Quantile {
+        /// The quantile × 1000, in 0..=1000.
+        permille: u16,
+    },
+}
+
+impl AggregateKind {
+    /// The SQL name, also the default output column name.
+    pub fn sql_name(self) -> &'static str {
+        match self {
+            AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::CountUnits => {
+                "count"
+            }
+            AggregateKind::Sum => "sum",
+            AggregateKind::Avg => "avg",
+            AggregateKind::VarSamp => "var_samp",
+            AggregateKind::VarPop => "var_pop",
+            AggregateKind::StddevSamp => "stddev_samp",
+            AggregateKind::StddevPop => "stddev_pop",
+            AggregateKind::CountDistinct => "count_distinct",
+            AggregateKind::Quantile { .. } => "quantile",
+        }
+    }
+}
+
+/// One aggregate of the query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Aggregate {
+    /// What it computes.
+    pub kind: AggregateKind,
+    /// The argument (canonical SQL text), for all but `COUNT(*)` and `COUNT(DISTINCT unit)`.
+    pub argument: Option<String>,
+    /// Bounds of the argument, for sums, averages and variances.
+    pub bounds: Option<Bounds>,
+    /// Canonical text of the whole aggregate (to match HAVING / ORDER BY references).
+    pub text: String,
+}
+
+/// A GROUP BY key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupKey {
+    /// Canonical SQL text of the key expression.
+    pub expr: String,
+    /// Output type.
+    pub ty: ColumnType,
+    /// Where the set of possible values is public knowledge.
+    pub public: PublicKeys,
+}
+
+/// Whether a key's domain is public.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PublicKeys {
+    /// Not public: groups released only through partition selection.
+    No,
+    /// The policy lists the values.
+    Listed(Vec<String>),
+    /// A column of a public table: the values are read from that table.
+    Table { table: String, column: String },
+}
+
+/// One output column of the query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    /// Output column name.
+    pub name: String,
+    /// What the column is.
+    pub source: OutputSource,
+}
+
+/// Where an output column comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputSource {
+    /// The value of group key `i`.
+    Key(usize),
+    /// The released value of aggregate `i`.
+    Aggregate(usize),
+}
+
+/// A post-processing predicate or sort expression over released values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Post {
+    /// Output or aggregate value by index into `Plan::aggregates`.
+    Aggregate(usize),
+    /// Group key value.
+    Key(usize),
+    /// A literal number.
+    Number(f64),
+    /// A literal string.
+    Text(String),
+    /// NULL.
+    Null,
+    /// A comparison or arithmetic / boolean operator.
+    Binary(Box<Post>, PostOp, Box<Post>),
+    /// NOT.
+    Not(Box<Post>),
+    /// Unary minus.
+    Negate(Box<Post>),
+    /// IS NULL / IS NOT NULL.
+    IsNull(Box<Post>, bool),
+}
+
+/// Operators allowed in HAVING.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostOp {
+    /// `=`
+    Eq,
+    /// `<>`
+    NotEq,
+    /// `<`
+    Lt,
+    /// `<=`
+    LtEq,
+    /// `>`
+    Gt,
+    /// `>=`
+    GtEq,
+    /// `AND`
+    And,
+    /// `OR`
+    Or,
+    /// `+`
+    Plus,
+    /// `-`
+    Minus,
+    /// `*`
+    Multiply,
+    /// `/`
+    Divide,
+}
+
+/// An ORDER BY item applied by pgdp to released rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SortKey {
+    /// The value to sort by.
+    pub value: Post,
+    /// Ascending?
+    pub ascending: bool,
+    /// NULLs first?
+    pub nulls_first: bool,
+}
+
+/// A parameter `$n` of the extended protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parameter {
+    /// 1-based index.
+    pub index: usize,
+    /// Type inferred from the context (the column compared with).
+    pub ty: ColumnType,
+    /// The declared SQL type of that column, when the parameter is compared with a column.
+    pub declared: Option<String>,
+}
+
+/// The analysed query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Tables in FROM, in order; the first is the driving table.
+    pub tables: Vec<TableRef>,
+    /// Join conditions (canonical SQL), one per joined table (index i+1).
+    pub joins: Vec<String>,
+    /// The privacy unit.
+    pub unit: Unit,
+    /// Most groups a unit contributes to.
+    pub max_groups_per_unit: u64,
+    /// Most rows a unit contributes to a group.
+    pub max_rows_per_unit: u64,
+    /// WHERE (canonical, with parameters as `$n` placeholders until the rewrite binds them).
+    pub filter: Option<Expr>,
+    /// GROUP BY keys.
+    pub keys: Vec<GroupKey>,
+    /// Aggregates, each released through a mechanism.
+    pub aggregates: Vec<Aggregate>,
+    /// Output columns in order.
+    pub outputs: Vec<Output>,
+    /// HAVING, applied to released rows.
+    pub having: Option<Post>,
+    /// ORDER BY, applied to released rows.
+    pub order_by: Vec<SortKey>,
+    /// LIMIT, applied to released rows.
+    pub limit: Option<u64>,
+    /// OFFSET, applied to released rows.
+    pub offset: u64,
+    /// Parameters used in WHERE.
+    pub parameters: Vec<Parameter>,
+    /// Every row of `__dp_rows` has a unit of its own: one policy table, no join, and a unit that
+    /// is the row itself or a column the upstream declares unique. Analysis leaves it `false`;
+    /// the session sets it from upstream catalog facts ([`Plan::unit_key`]). It only lets the
+    /// rewrite skip work that is then the identity (docs/privacy.md, "Unique units").
+    pub unit_unique: bool,
+    /// `(table, column)` pairs the plan relies on being unique upstream: the keys of the unit
+    /// paths it reads through (docs/privacy.md, "Tables with a unit path"). The caller verifies
+    /// them on the upstream catalog before running the plan and refuses it otherwise.
+    pub unique_keys: Vec<(String, String)>,
+}
+
+impl Plan {
+    /// For a plan over one policy table without joins: the (table, column) whose uniqueness
+    /// upstream makes every row its own unit, or `None` when the unit is the row itself (always
+    /// unique) or the plan has joins or subqueries (never considered unique).
+    pub fn unit_key(&self) -> Option<(String, String)> {
+        let [table] = self.tables.as_slice() else {
+            return None;
+        };
+        if !table.private || table.source.is_some() || !self.joins.is_empty() {
+            return None;
+        }
+        let Unit::Column(c) = &self.unit else {
+            return None;
+        };
+        let column = c.strip_prefix(&format!("\"{}\".", table.alias))?;
+        let column = column.strip_prefix('"')?.strip_suffix('"')?;
+        Some((table.table.clone(), column.replace("\"\"", "\"")))
+    }
+
+    /// Whether every row is its own unit without a catalog fact: one policy table, no join,
+    /// and row-level (each row is a unit).
+    pub fn rows_are_units(&self) -> bool {
+        matches!(self.unit, Unit::Row(_))
+            && matches!(self.tables.as_slice(), [t] if t.private && t.source.is_none())
+            && self.joins.is_empty()
+    }
+
+    /// Whether every key's domain is public, so no partition selection is needed.
+    pub fn keys_public(&self) -> bool {
+        self.keys.iter().all(|k| k.public != PublicKeys::No)
+    }
+}
+
+/// The FROM clause of tables and their join conditions (one per table after the first); a
+/// subquery's SQL is rendered by `source` (the rewrite binds its parameters there).
+pub fn from_clause(
+    tables: &[TableRef],
+    joins: &[String],
+    source: impl Fn(&ast::Query) -> Result<String>,
+) -> Result<String> {
+    let mut from = String::new();
+    for (i, t) in tables.iter().enumerate() {
+        let relation = match &t.source {
+            Some(q) => format!("({}) AS \"{}\"", source(q)?, t.alias),
+            None => {
+                let (schema, name) = t
+                    .table
+                    .split_once('.')
+                    .ok_or_else(|| Error::internal("unqualified table"))?;
+                format!("\"{schema}\".\"{name}\" AS \"{}\"", t.alias)
+            }
+        };
+        if i == 0 {
+            from.push_str(&relation);
+        } else {
+            let on = joins
+                .get(i - 1)
+                .ok_or_else(|| Error::internal("missing join condition"))?;
+            from.push_str(&format!(" JOIN {relation} ON {on}"));
+        }
+    }
+    Ok(from)
+}
