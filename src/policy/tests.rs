@@ -1,0 +1,273 @@
+//! Unit tests of policy validation: every rule, with the path-named error it gives.
+
+use super::*;
+
+const VERIFIER: &str = "SCRAM-SHA-256$4096:cGdkcC10ZXN0LXNhbHQtMQ==$r6rs3eSqXnnzDaEwb3G617CNh9NDVFxQd+xPmWnxk4M=:mYmZ1VMmQU332cWdfJ/Ftq/OUxAAVBM4FRMHVqONj4s=";
+
+fn minimal(extra_table: &str) -> String {
+    format!(
+        r#"
+database: db
+analysts:
+  alice:
+    scram_verifier: "{VERIFIER}"
+    budget: {{ epsilon: 1, delta: 1.0e-6 }}
+tables:
+  s.t:
+    kind: private
+    privacy_unit: uid
+    max_groups_per_unit: 2
+    max_rows_per_unit: 3
+    columns:
+      uid: {{ type: bigint }}
+      x: {{ type: numeric, lower: 0, upper: 10 }}
+      k: {{ type: text, public_values: [a, b] }}
+{extra_table}
+"#
+    )
+}
+
+fn errors(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(_) => Vec::new(),
+        Err(PolicyErrors(e)) => e,
+    }
+}
+
+#[test]
+fn minimal_policy_validates() {
+    let p = parse(&minimal("")).expect("valid");
+    let t = p.table("s.t").expect("table");
+    let pt = t.private().expect("private");
+    assert_eq!(pt.max_groups_per_unit, 2);
+    assert_eq!(pt.privacy_unit.as_deref(), Some("uid"));
+    let k = t.column("k").expect("k");
+    assert!(k.groupable);
+    assert_eq!(
+        k.public_values.as_deref(),
+        Some(&["a".to_string(), "b".to_string()][..])
+    );
+    assert_eq!(
+        t.column("x").and_then(|c| c.bounds).map(|b| b.magnitude()),
+        Some(10.0)
+    );
+    assert_eq!(p.defaults.mechanism, Mechanism::Laplace);
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_location() {
+    let e = errors(&minimal("  s.u:\n    kind: public\n    colums: {}\n"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("colums"), "{e:?}");
+    assert!(e[0].contains("line"), "{e:?}");
+}
+
+#[test]
+fn bounds_errors_name_their_path() {
+    let text = minimal("").replace("lower: 0, upper: 10", "lower: 10, upper: 5");
+    let e = errors(&text);
+    assert_eq!(
+        e,
+        vec!["tables.s.t.columns.x: lower (10) must be below upper (5)".to_string()]
+    );
+}
+
+#[test]
+fn every_problem_is_reported() {
+    let text = minimal("")
+        .replace("privacy_unit: uid", "privacy_unit: nobody")
+        .replace("epsilon: 1, delta: 1.0e-6", "epsilon: -1, delta: 2");
+    let e = errors(&text);
+    assert!(
+        e.iter().any(|m| m.starts_with("tables.s.t.privacy_unit:")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|m| m.starts_with("analysts.alice.budget.epsilon:")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|m| m.starts_with("analysts.alice.budget.delta:")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn public_tables_take_no_contribution_bounds() {
+    let e = errors(&minimal(
+            "  s.d:\n    kind: public\n    max_rows_per_unit: 2\n    columns:\n      a: { type: text }\n",
+        ));
+    assert_eq!(
+        e,
+        vec!["tables.s.d.max_rows_per_unit: only private tables have contribution bounds"]
+    );
+}
+
+#[test]
+fn bounds_only_on_numeric_columns() {
+    let text = minimal("").replace("k: { type: text,", "k: { type: text, lower: 0, upper: 1,");
+    let e = errors(&text);
+    assert!(e[0].contains("bounds need a numeric column"), "{e:?}");
+}
+
+#[test]
+fn verifier_parses_and_rejects_garbage() {
+    assert!(matches!(
+        parse_scram_verifier(VERIFIER),
+        Ok(Credential::Verifier {
+            iterations: 4096,
+            ..
+        })
+    ));
+    assert!(parse_scram_verifier("md5abc").is_err());
+    assert!(parse_scram_verifier("SCRAM-SHA-256$10:c2FsdA==$AA==:AA==").is_err());
+}
+
+fn with_path(path: &str, extra_columns: &str) -> String {
+    minimal(&format!(
+            "  s.c:\n    kind: private\n    unit_path: {path}\n    max_groups_per_unit: 2\n    columns:\n      t_id: {{ type: bigint }}\n{extra_columns}"
+        ))
+        .replace(
+            "      uid: { type: bigint }\n",
+            "      uid: { type: bigint }\n      t_key: { type: bigint }\n",
+        )
+}
+
+#[test]
+fn unit_path_resolves_to_the_unit_of_the_table_it_reaches() {
+    let p = parse(&with_path(
+        "[ { column: t_id, references: s.t, key: t_key } ]",
+        "",
+    ))
+    .expect("valid");
+    let pt = p.table("s.c").and_then(|t| t.private()).expect("private");
+    assert_eq!(pt.privacy_unit, None);
+    let path = pt.unit_path.as_ref().expect("resolved path");
+    assert_eq!(path.unit, "uid");
+    assert_eq!(path.steps.len(), 1);
+    assert_eq!(pt.max_groups_per_unit, 2);
+    assert!(p.summary().contains("uid via t_id -> s.t.t_key"));
+}
+
+#[test]
+fn unit_path_errors_name_the_step() {
+    let e = errors(&with_path(
+        "[ { column: t_id, references: s.t, key: nothing } ]",
+        "",
+    ));
+    assert_eq!(
+        e,
+        vec!["tables.s.c.unit_path[0].key: column nothing is not declared in s.t"]
+    );
+    let e = errors(&with_path(
+        "[ { column: t_id, references: s.missing, key: t_key } ]",
+        "",
+    ));
+    assert_eq!(
+        e,
+        vec!["tables.s.c.unit_path[0].references: s.missing is not a table of the policy"]
+    );
+    let e = errors(&with_path(
+        "[ { column: nope, references: s.t, key: t_key } ]",
+        "",
+    ));
+    assert_eq!(
+        e,
+        vec!["tables.s.c.unit_path[0].column: column nope is not declared in s.c"]
+    );
+    // The derived unit cannot also be a declared column.
+    let e = errors(&with_path(
+        "[ { column: t_id, references: s.t, key: t_key } ]",
+        "      uid: { type: bigint }\n",
+    ));
+    assert!(e[0].starts_with("tables.s.c.columns.uid:"), "{e:?}");
+    // Both ways of naming the unit at once.
+    let e = errors(
+        &with_path("[ { column: t_id, references: s.t, key: t_key } ]", "")
+            .replace("    unit_path:", "    privacy_unit: t_id\n    unit_path:"),
+    );
+    assert!(e.iter().any(|m| m.contains("exclude each other")), "{e:?}");
+}
+
+#[test]
+fn unit_path_cycles_and_row_level_ends_are_refused() {
+    let cyclic = minimal(
+            "  s.a:\n    kind: private\n    unit_path: [ { column: b_id, references: s.b, key: id } ]\n    columns:\n      id: { type: bigint }\n      b_id: { type: bigint }\n  s.b:\n    kind: private\n    unit_path: [ { column: a_id, references: s.a, key: id } ]\n    columns:\n      id: { type: bigint }\n      a_id: { type: bigint }\n",
+        );
+    let e = errors(&cyclic);
+    assert!(e.iter().any(|m| m.contains("(a cycle)")), "{e:?}");
+    let row_level = minimal(
+            "  s.a:\n    kind: private\n    unit_path: [ { column: r_id, references: s.r, key: id } ]\n    columns:\n      r_id: { type: bigint }\n  s.r:\n    kind: private\n    columns:\n      id: { type: bigint }\n",
+        );
+    let e = errors(&row_level);
+    assert_eq!(
+            e,
+            vec!["tables.s.a.unit_path[0].references: s.r is row-level: a unit path must end at a table with a privacy_unit"]
+        );
+}
+
+#[test]
+fn unit_path_chains_through_tables_with_paths_up_to_the_limit() {
+    let mut extra = String::new();
+    // s.c0 -> s.t directly, s.cN -> s.c(N-1): N + 1 steps in all.
+    for i in 0..=limits::UNIT_PATH_STEPS_MAX {
+        let target = if i == 0 {
+            "s.t".to_string()
+        } else {
+            format!("s.c{}", i - 1)
+        };
+        let key = if i == 0 { "t_key" } else { "id" };
+        extra.push_str(&format!(
+                "  s.c{i}:\n    kind: private\n    unit_path: [ {{ column: up, references: {target}, key: {key} }} ]\n    columns:\n      id: {{ type: bigint }}\n      up: {{ type: bigint }}\n"
+            ));
+    }
+    let text = minimal(&extra).replace(
+        "      uid: { type: bigint }\n",
+        "      uid: { type: bigint }\n      t_key: { type: bigint }\n",
+    );
+    let e = errors(&text);
+    let last = limits::UNIT_PATH_STEPS_MAX;
+    assert_eq!(
+        e,
+        vec![format!(
+            "tables.s.c{last}.unit_path: the chain to the privacy unit has more than {last} steps"
+        )]
+    );
+    let ok = parse(&minimal(
+            "  s.a:\n    kind: private\n    unit_path: [ { column: b_id, references: s.b, key: id } ]\n    columns:\n      b_id: { type: bigint }\n  s.b:\n    kind: private\n    unit_path: [ { column: uid_ref, references: s.t, key: uid } ]\n    columns:\n      id: { type: bigint }\n      uid_ref: { type: bigint }\n",
+        ))
+        .expect("a chain through a table with its own path");
+    let path = ok
+        .table("s.a")
+        .and_then(|t| t.private())
+        .and_then(|p| p.unit_path.clone())
+        .expect("resolved");
+    assert_eq!(path.steps.len(), 2);
+    assert_eq!(path.steps[1].references, "s.t");
+    assert_eq!(path.unit, "uid");
+}
+
+#[test]
+fn demo_policy_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
+    let p = load(&path).expect("demo policy validates");
+    assert_eq!(p.database, "pgdp_demo");
+    let a = p.analysts.get("analyst").expect("demo analyst");
+    assert_eq!(a.budget.epsilon, 10.0);
+    assert_eq!(a.budget.delta, 1e-5);
+    assert!(p.table("demo.people").and_then(|t| t.private()).is_some());
+    assert!(p.table("demo.visits").and_then(|t| t.private()).is_some());
+    assert_eq!(
+        p.table("demo.prescriptions")
+            .and_then(|t| t.private())
+            .and_then(|p| p.unit_path.as_ref())
+            .map(|path| path.unit.as_str()),
+        Some("person_id")
+    );
+    assert_eq!(
+        p.table("demo.regions").map(|t| &t.kind),
+        Some(&TableKind::Public)
+    );
+}

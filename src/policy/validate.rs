@@ -1,0 +1,719 @@
+//! From YAML to a [`Policy`]: raw serde structs that reject unknown keys, then validation into the
+//! domain types, collecting every problem with the path of the key that causes it.
+
+use super::*;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    database: String,
+    #[serde(default)]
+    secret_env: Option<String>,
+    #[serde(default)]
+    defaults: RawDefaults,
+    #[serde(default)]
+    budget: Option<RawBudget>,
+    #[serde(default)]
+    replay_lifetime_s: Option<u64>,
+    analysts: BTreeMap<String, RawAnalyst>,
+    tables: BTreeMap<String, RawTable>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDefaults {
+    epsilon: Option<f64>,
+    delta: Option<f64>,
+    mechanism: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBudget {
+    epsilon: f64,
+    #[serde(default)]
+    delta: f64,
+    #[serde(default)]
+    epsilon_per_query_max: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAnalyst {
+    #[serde(default)]
+    scram_verifier: Option<String>,
+    #[serde(default)]
+    password_env: Option<String>,
+    budget: RawBudget,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTable {
+    kind: String,
+    #[serde(default)]
+    privacy_unit: Option<String>,
+    #[serde(default)]
+    unit_path: Option<Vec<RawPathStep>>,
+    #[serde(default)]
+    max_groups_per_unit: Option<u64>,
+    #[serde(default)]
+    max_rows_per_unit: Option<u64>,
+    columns: BTreeMap<String, RawColumn>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPathStep {
+    column: String,
+    references: String,
+    key: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawColumn {
+    #[serde(rename = "type")]
+    ty: String,
+    #[serde(default)]
+    lower: Option<f64>,
+    #[serde(default)]
+    upper: Option<f64>,
+    #[serde(default)]
+    groupable: Option<bool>,
+    #[serde(default)]
+    public_values: Option<Vec<serde_norway::Value>>,
+}
+
+/// Collects problems with their paths.
+pub(super) struct Problems(Vec<String>);
+
+impl Problems {
+    fn add(&mut self, path: &str, msg: impl fmt::Display) {
+        self.0.push(format!("{path}: {msg}"));
+    }
+}
+
+pub(super) fn check_epsilon(p: &mut Problems, path: &str, eps: f64) {
+    if !eps.is_finite() || eps <= 0.0 {
+        p.add(
+            path,
+            format!("epsilon must be positive and finite, got {eps}"),
+        );
+    }
+}
+
+pub(super) fn check_delta(p: &mut Problems, path: &str, delta: f64) {
+    if !delta.is_finite() || !(0.0..1.0).contains(&delta) {
+        p.add(path, format!("delta must be in [0, 1), got {delta}"));
+    }
+}
+
+pub(super) fn validate_budget(p: &mut Problems, path: &str, raw: &RawBudget) -> BudgetSpec {
+    check_epsilon(p, &format!("{path}.epsilon"), raw.epsilon);
+    check_delta(p, &format!("{path}.delta"), raw.delta);
+    if let Some(cap) = raw.epsilon_per_query_max {
+        check_epsilon(p, &format!("{path}.epsilon_per_query_max"), cap);
+        if cap > raw.epsilon {
+            p.add(
+                &format!("{path}.epsilon_per_query_max"),
+                format!(
+                    "per-query cap ({cap}) must not exceed the total epsilon ({})",
+                    raw.epsilon
+                ),
+            );
+        }
+    }
+    BudgetSpec {
+        epsilon: raw.epsilon,
+        delta: raw.delta,
+        epsilon_per_query_max: raw.epsilon_per_query_max,
+    }
+}
+
+/// Parses a PostgreSQL SCRAM-SHA-256 verifier:
+/// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>` (base64 parts).
+pub fn parse_scram_verifier(text: &str) -> Result<Credential, String> {
+    let rest = text
+        .strip_prefix("SCRAM-SHA-256$")
+        .ok_or("a SCRAM verifier starts with SCRAM-SHA-256$")?;
+    let (iter_salt, keys) = rest
+        .split_once('$')
+        .ok_or("expected <iterations>:<salt>$<keys>")?;
+    let (iterations, salt) = iter_salt
+        .split_once(':')
+        .ok_or("expected <iterations>:<salt>")?;
+    let (stored, server) = keys
+        .split_once(':')
+        .ok_or("expected <StoredKey>:<ServerKey>")?;
+    let iterations: usize = iterations
+        .parse()
+        .map_err(|_| "iterations must be a number")?;
+    if iterations < 4096 {
+        return Err("SCRAM iterations must be at least 4096".into());
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let salt = b64.decode(salt).map_err(|_| "salt is not base64")?;
+    let stored_key = b64.decode(stored).map_err(|_| "StoredKey is not base64")?;
+    let server_key = b64.decode(server).map_err(|_| "ServerKey is not base64")?;
+    if stored_key.len() != 32 || server_key.len() != 32 {
+        return Err("StoredKey and ServerKey must be 32 bytes".into());
+    }
+    Ok(Credential::Verifier {
+        salt,
+        iterations,
+        stored_key,
+        server_key,
+    })
+}
+
+pub(super) fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+pub(super) fn value_text(v: &serde_norway::Value) -> Option<String> {
+    match v {
+        serde_norway::Value::String(s) => Some(s.clone()),
+        serde_norway::Value::Number(n) => Some(n.to_string()),
+        serde_norway::Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// The steps of a `unit_path` as written, lower-cased, with shape errors reported.
+pub(super) fn raw_path_steps(p: &mut Problems, path: &str, raw: &[RawPathStep]) -> Vec<PathStep> {
+    if raw.is_empty() {
+        p.add(&format!("{path}.unit_path"), "needs at least one step");
+    }
+    let mut steps = Vec::new();
+    for (i, s) in raw.iter().enumerate() {
+        let spath = format!("{path}.unit_path[{i}]");
+        let column = s.column.to_ascii_lowercase();
+        let key = s.key.to_ascii_lowercase();
+        let references = s.references.to_ascii_lowercase();
+        for (what, name) in [("column", &column), ("key", &key)] {
+            if !is_identifier(name) {
+                p.add(
+                    &format!("{spath}.{what}"),
+                    "must be a plain lower-case identifier",
+                );
+            }
+        }
+        if !references
+            .split_once('.')
+            .is_some_and(|(s, t)| is_identifier(s) && is_identifier(t))
+        {
+            p.add(
+                &format!("{spath}.references"),
+                "must be a table of the policy, qualified as schema.table",
+            );
+        }
+        steps.push(PathStep {
+            column,
+            references,
+            key,
+        });
+    }
+    steps
+}
+
+/// Resolves every table's unit path through the tables it references (a referenced table with a
+/// path of its own continues the chain), checking each step against the declared columns, and
+/// stores the result in the table.
+pub(super) fn resolve_unit_paths(
+    p: &mut Problems,
+    raw_paths: &BTreeMap<String, Vec<PathStep>>,
+    tables: &mut BTreeMap<String, Table>,
+) {
+    for (name, own) in raw_paths {
+        let path = format!("tables.{name}.unit_path");
+        let mut steps: Vec<PathStep> = Vec::new();
+        let mut visited = vec![name.clone()];
+        let mut pending: Vec<(String, PathStep)> = own
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("{path}[{i}]"), s.clone()))
+            .collect();
+        pending.reverse();
+        let mut resolved: Option<(String, String)> = None;
+        let mut failed = false;
+        while let Some((spath, step)) = pending.pop() {
+            if steps.len() >= limits::UNIT_PATH_STEPS_MAX {
+                p.add(
+                    &path,
+                    format!(
+                        "the chain to the privacy unit has more than {} steps",
+                        limits::UNIT_PATH_STEPS_MAX
+                    ),
+                );
+                failed = true;
+                break;
+            }
+            // The column this step starts from belongs to the previous table of the chain.
+            let from = visited.last().cloned().unwrap_or_default();
+            if let Some(t) = tables.get(&from) {
+                if t.column(&step.column).is_none() {
+                    p.add(
+                        &format!("{spath}.column"),
+                        format!("column {} is not declared in {from}", step.column),
+                    );
+                    failed = true;
+                    break;
+                }
+            }
+            let Some(target) = tables.get(&step.references) else {
+                p.add(
+                    &format!("{spath}.references"),
+                    format!("{} is not a table of the policy", step.references),
+                );
+                failed = true;
+                break;
+            };
+            let Some(private) = target.private() else {
+                p.add(
+                    &format!("{spath}.references"),
+                    format!(
+                        "{} is public: a unit path leads to a private table",
+                        step.references
+                    ),
+                );
+                failed = true;
+                break;
+            };
+            if target.column(&step.key).is_none() {
+                p.add(
+                    &format!("{spath}.key"),
+                    format!("column {} is not declared in {}", step.key, step.references),
+                );
+                failed = true;
+                break;
+            }
+            if visited.contains(&step.references) {
+                p.add(
+                    &format!("{spath}.references"),
+                    format!("the unit path returns to {} (a cycle)", step.references),
+                );
+                failed = true;
+                break;
+            }
+            visited.push(step.references.clone());
+            steps.push(step.clone());
+            if pending.is_empty() {
+                match (&private.privacy_unit, raw_paths.get(&step.references)) {
+                    (Some(unit), _) => {
+                        let ty = target
+                            .column(unit)
+                            .map(|c| c.declared_type.clone())
+                            .unwrap_or_else(|| "bigint".into());
+                        resolved = Some((unit.clone(), ty));
+                    }
+                    (None, Some(next)) => {
+                        // The referenced table's own path continues the chain.
+                        let next_path = format!("tables.{}.unit_path", step.references);
+                        pending = next
+                            .iter()
+                            .enumerate()
+                            .map(|(i, s)| (format!("{next_path}[{i}]"), s.clone()))
+                            .collect();
+                        pending.reverse();
+                    }
+                    (None, None) => {
+                        p.add(
+                            &format!("{spath}.references"),
+                            format!(
+                                "{} is row-level: a unit path must end at a table with a privacy_unit",
+                                step.references
+                            ),
+                        );
+                        failed = true;
+                    }
+                }
+            }
+        }
+        if failed {
+            continue;
+        }
+        let Some((unit, unit_type)) = resolved else {
+            continue;
+        };
+        let Some(table) = tables.get_mut(name) else {
+            continue;
+        };
+        if table.column(&unit).is_some() {
+            p.add(
+                &format!("tables.{name}.columns.{unit}"),
+                format!(
+                    "the unit path gives this table's rows the privacy unit column {unit}; do not declare a column of that name"
+                ),
+            );
+            continue;
+        }
+        if let TableKind::Private(pt) = &mut table.kind {
+            pt.unit_path = Some(UnitPath {
+                steps,
+                unit,
+                unit_type,
+            });
+        }
+    }
+}
+
+pub(super) fn validate(
+    raw: RawPolicy,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Policy, PolicyErrors> {
+    let mut p = Problems(Vec::new());
+
+    if raw.database.trim().is_empty() {
+        p.add("database", "must not be empty");
+    }
+    let secret = match &raw.secret_env {
+        Some(var) => match env(var) {
+            Some(s) if s.len() >= 16 => Some(s),
+            Some(_) => {
+                p.add(
+                    "secret_env",
+                    format!("the secret in ${var} must be at least 16 characters"),
+                );
+                None
+            }
+            None => {
+                p.add(
+                    "secret_env",
+                    format!("environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        None => None,
+    };
+
+    let epsilon = raw.defaults.epsilon.unwrap_or(1.0);
+    check_epsilon(&mut p, "defaults.epsilon", epsilon);
+    if epsilon.is_finite()
+        && !(limits::EPSILON_PER_QUERY_MIN..=limits::EPSILON_PER_QUERY_MAX).contains(&epsilon)
+    {
+        p.add(
+            "defaults.epsilon",
+            format!(
+                "must be between {} and {}",
+                limits::EPSILON_PER_QUERY_MIN,
+                limits::EPSILON_PER_QUERY_MAX
+            ),
+        );
+    }
+    let delta = raw.defaults.delta.unwrap_or(1e-7);
+    check_delta(&mut p, "defaults.delta", delta);
+    let mechanism = match raw.defaults.mechanism.as_deref() {
+        None => Mechanism::Laplace,
+        Some(m) => Mechanism::parse(m).unwrap_or_else(|| {
+            p.add(
+                "defaults.mechanism",
+                format!("unknown mechanism {m:?}; use laplace or gaussian"),
+            );
+            Mechanism::Laplace
+        }),
+    };
+    let dataset_budget = raw
+        .budget
+        .as_ref()
+        .map(|b| validate_budget(&mut p, "budget", b));
+
+    let mut analysts = BTreeMap::new();
+    if raw.analysts.is_empty() {
+        p.add("analysts", "at least one analyst is required");
+    }
+    for (name, a) in &raw.analysts {
+        let path = format!("analysts.{name}");
+        if name.is_empty() || name.len() > 63 {
+            p.add(&path, "analyst names must have 1 to 63 characters");
+        }
+        let credential = match (&a.scram_verifier, &a.password_env) {
+            (Some(v), None) => match parse_scram_verifier(v) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    p.add(&format!("{path}.scram_verifier"), e);
+                    None
+                }
+            },
+            (None, Some(var)) => match env(var) {
+                Some(pw) if !pw.is_empty() => Some(Credential::Password(pw)),
+                _ => {
+                    p.add(
+                        &format!("{path}.password_env"),
+                        format!("environment variable {var} is not set or empty"),
+                    );
+                    None
+                }
+            },
+            _ => {
+                p.add(
+                    &path,
+                    "exactly one of scram_verifier and password_env is required",
+                );
+                None
+            }
+        };
+        let budget = validate_budget(&mut p, &format!("{path}.budget"), &a.budget);
+        if let Some(ds) = &dataset_budget {
+            if budget.epsilon > ds.epsilon {
+                // Allowed, but the dataset cap binds first; not an error.
+            }
+        }
+        if let Some(credential) = credential {
+            analysts.insert(
+                name.clone(),
+                Analyst {
+                    name: name.clone(),
+                    credential,
+                    budget,
+                },
+            );
+        }
+    }
+
+    let mut tables = BTreeMap::new();
+    // Unit paths as written (table → steps), resolved once every table is known.
+    let mut raw_paths: BTreeMap<String, Vec<PathStep>> = BTreeMap::new();
+    if raw.tables.is_empty() {
+        p.add("tables", "at least one table is required");
+    }
+    for (qualified, t) in &raw.tables {
+        let path = format!("tables.{qualified}");
+        let lowered = qualified.to_ascii_lowercase();
+        let Some((schema, name)) = lowered.split_once('.') else {
+            p.add(&path, "table names must be qualified as schema.table");
+            continue;
+        };
+        if !is_identifier(schema) || !is_identifier(name) {
+            p.add(
+                &path,
+                "schema and table names must be plain lower-case identifiers",
+            );
+            continue;
+        }
+        if matches!(schema, "pg_catalog" | "information_schema" | "pgdp")
+            || schema.starts_with("pg_")
+        {
+            p.add(&path, format!("schema {schema} is reserved"));
+            continue;
+        }
+
+        let mut columns = Vec::new();
+        if t.columns.is_empty() {
+            p.add(
+                &format!("{path}.columns"),
+                "at least one column is required",
+            );
+        }
+        for (cname, c) in &t.columns {
+            let cpath = format!("{path}.columns.{cname}");
+            let cname = cname.to_ascii_lowercase();
+            if !is_identifier(&cname) || cname.starts_with("__dp_") {
+                p.add(
+                    &cpath,
+                    "column names must be plain identifiers not starting with __dp_",
+                );
+                continue;
+            }
+            let Some(ty) = ColumnType::parse(&c.ty) else {
+                p.add(&format!("{cpath}.type"), format!("unknown type {:?}", c.ty));
+                continue;
+            };
+            let bounds = match (c.lower, c.upper) {
+                (None, None) => None,
+                (Some(lower), Some(upper)) => {
+                    let mut ok = true;
+                    if !ty.is_numeric() {
+                        p.add(
+                            &cpath,
+                            format!("bounds need a numeric column, not {}", ty.name()),
+                        );
+                        ok = false;
+                    }
+                    if !lower.is_finite() || !upper.is_finite() {
+                        p.add(&cpath, "bounds must be finite");
+                        ok = false;
+                    } else if lower >= upper {
+                        p.add(
+                            &cpath,
+                            format!("lower ({lower}) must be below upper ({upper})"),
+                        );
+                        ok = false;
+                    } else if lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
+                        p.add(
+                            &cpath,
+                            format!("bounds must lie within ±{}", limits::COLUMN_BOUND_ABS_MAX),
+                        );
+                        ok = false;
+                    }
+                    ok.then_some(Bounds { lower, upper })
+                }
+                _ => {
+                    p.add(&cpath, "lower and upper must be given together");
+                    None
+                }
+            };
+            let public_values = match &c.public_values {
+                None => None,
+                Some(values) => {
+                    let mut out = Vec::new();
+                    for (i, v) in values.iter().enumerate() {
+                        match value_text(v) {
+                            Some(s) => out.push(s),
+                            None => p.add(
+                                &format!("{cpath}.public_values[{i}]"),
+                                "must be a string, number or boolean",
+                            ),
+                        }
+                    }
+                    out.sort();
+                    out.dedup();
+                    if out.len() > limits::PUBLIC_KEY_COMBINATIONS_MAX {
+                        p.add(&format!("{cpath}.public_values"), "too many values");
+                    }
+                    Some(out)
+                }
+            };
+            let groupable = c.groupable.unwrap_or(public_values.is_some());
+            if public_values.is_some() && !groupable {
+                p.add(&cpath, "public_values need groupable: true");
+            }
+            columns.push(Column {
+                name: cname,
+                ty,
+                declared_type: c.ty.trim().to_ascii_lowercase(),
+                bounds,
+                groupable,
+                public_values,
+            });
+        }
+
+        let kind = match t.kind.as_str() {
+            "public" => {
+                for (key, present) in [
+                    ("privacy_unit", t.privacy_unit.is_some()),
+                    ("unit_path", t.unit_path.is_some()),
+                    ("max_groups_per_unit", t.max_groups_per_unit.is_some()),
+                    ("max_rows_per_unit", t.max_rows_per_unit.is_some()),
+                ] {
+                    if present {
+                        p.add(
+                            &format!("{path}.{key}"),
+                            "only private tables have contribution bounds",
+                        );
+                    }
+                }
+                TableKind::Public
+            }
+            "private" => {
+                let unit = t.privacy_unit.as_ref().map(|u| u.to_ascii_lowercase());
+                if let Some(u) = &unit {
+                    if !columns.iter().any(|c| &c.name == u) {
+                        p.add(
+                            &format!("{path}.privacy_unit"),
+                            format!("column {u} is not declared in columns"),
+                        );
+                    }
+                }
+                let own_path = match (&unit, &t.unit_path) {
+                    (Some(_), Some(_)) => {
+                        p.add(
+                            &path,
+                            "privacy_unit and unit_path exclude each other: name the unit column, or the path to it",
+                        );
+                        None
+                    }
+                    (None, Some(steps)) => {
+                        // Steps are checked against the tables they name once all are read.
+                        Some(raw_path_steps(&mut p, &path, steps))
+                    }
+                    _ => None,
+                };
+                if let Some(steps) = &own_path {
+                    raw_paths.insert(lowered.clone(), steps.clone());
+                }
+                let groups = t.max_groups_per_unit.unwrap_or(1);
+                let rows = t.max_rows_per_unit.unwrap_or(1);
+                if !(1..=limits::GROUPS_PER_UNIT_MAX).contains(&groups) {
+                    p.add(
+                        &format!("{path}.max_groups_per_unit"),
+                        format!("must be between 1 and {}", limits::GROUPS_PER_UNIT_MAX),
+                    );
+                }
+                if !(1..=limits::ROWS_PER_UNIT_MAX).contains(&rows) {
+                    p.add(
+                        &format!("{path}.max_rows_per_unit"),
+                        format!("must be between 1 and {}", limits::ROWS_PER_UNIT_MAX),
+                    );
+                }
+                if unit.is_none() && own_path.is_none() && (groups != 1 || rows != 1) {
+                    p.add(
+                        &path,
+                        "a row-level table (no privacy_unit) has one group and one row per unit",
+                    );
+                }
+                TableKind::Private(PrivateTable {
+                    privacy_unit: unit,
+                    unit_path: None,
+                    max_groups_per_unit: groups,
+                    max_rows_per_unit: rows,
+                })
+            }
+            other => {
+                p.add(
+                    &format!("{path}.kind"),
+                    format!("must be public or private, got {other:?}"),
+                );
+                continue;
+            }
+        };
+        if let TableKind::Private(pt) = &kind {
+            if let Some(u) = &pt.privacy_unit {
+                if let Some(c) = columns.iter().find(|c| &c.name == u) {
+                    if c.groupable {
+                        p.add(
+                            &format!("{path}.columns.{u}"),
+                            "the privacy unit column cannot be groupable",
+                        );
+                    }
+                }
+            }
+        }
+        if tables.contains_key(&lowered) {
+            p.add(&path, "declared twice (names are case-insensitive)");
+        }
+        let table = Table {
+            schema: schema.to_string(),
+            name: name.to_string(),
+            kind,
+            columns,
+        };
+        tables.insert(lowered.clone(), table);
+    }
+
+    resolve_unit_paths(&mut p, &raw_paths, &mut tables);
+
+    if p.0.is_empty() {
+        Ok(Policy {
+            database: raw.database,
+            secret,
+            defaults: Defaults {
+                epsilon,
+                delta,
+                mechanism,
+            },
+            dataset_budget,
+            replay_lifetime: Duration::from_secs(
+                raw.replay_lifetime_s
+                    .unwrap_or(limits::REPLAY_LIFETIME_DEFAULT_S),
+            ),
+            analysts,
+            tables,
+        })
+    } else {
+        Err(PolicyErrors(p.0))
+    }
+}
