@@ -1,0 +1,332 @@
+//! Group commit of charges: every charge waiting when the committer task runs is admitted in one
+//! transaction, each in arrival order against the totals the ones before it left, with one
+//! durable commit ([`crate::limits::CHARGES_PER_COMMIT_MAX`] at most).
+
+use super::*;
+
+/// One [`Ledger::charge`] request, owned so that the committer task can hold it.
+pub(super) struct ChargeRequest {
+    pub(super) analyst: String,
+    pub(super) limit: Limit,
+    pub(super) dataset_limit: Option<Limit>,
+    pub(super) cost: Cost,
+    pub(super) fingerprint: String,
+    pub(super) mechanism: String,
+}
+
+/// A queued charge and where its answer goes.
+pub(super) struct PendingCharge {
+    pub(super) request: ChargeRequest,
+    pub(super) reply: oneshot::Sender<Result<Receipt>>,
+}
+
+/// The group-commit queue: requests wait here while a committer task runs; at most one
+/// committer runs at a time, and it runs until the queue is empty.
+pub(super) struct ChargeQueue {
+    pub(super) config: Config,
+    pub(super) schema_ready: Arc<AtomicBool>,
+    pub(super) state: std::sync::Mutex<QueueState>,
+    /// The committer's connection (one committer at a time, so never contended).
+    pub(super) conn: Mutex<Option<Conn>>,
+}
+
+#[derive(Default)]
+pub(super) struct QueueState {
+    pub(super) pending: Vec<PendingCharge>,
+    /// A committer task is running and will take what is pending.
+    pub(super) committing: bool,
+}
+
+impl ChargeQueue {
+    fn state(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // The lock guards plain data and no code panics while holding it; a poisoned lock still
+        // holds a consistent queue.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues `pending`; true if the caller must start a committer.
+    pub(super) fn enqueue(&self, pending: PendingCharge) -> bool {
+        let mut state = self.state();
+        state.pending.push(pending);
+        !std::mem::replace(&mut state.committing, true)
+    }
+
+    /// The committer: commits what is queued, batch after batch, until the queue is empty.
+    pub(super) async fn commit_all(self: Arc<Self>) {
+        loop {
+            let batch: Vec<PendingCharge> = {
+                let mut state = self.state();
+                if state.pending.is_empty() {
+                    state.committing = false;
+                    return;
+                }
+                let n = state.pending.len().min(CHARGES_PER_COMMIT_MAX);
+                state.pending.drain(..n).collect()
+            };
+            let (requests, replies): (Vec<ChargeRequest>, Vec<_>) =
+                batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+            let results = self.commit(&requests).await;
+            for (reply, result) in replies.into_iter().zip(results) {
+                // The charging session may have gone; its charge stands.
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// One group commit (retried once on a fresh connection if the connection broke): one
+    /// answer per request, in order.
+    async fn commit(&self, requests: &[ChargeRequest]) -> Vec<Result<Receipt>> {
+        let mut attempts = Attempts {
+            config: &self.config,
+            schema_ready: &self.schema_ready,
+            slot: self.conn.lock().await,
+            retried: false,
+        };
+        let outcomes = loop {
+            let result = match attempts.client().await {
+                Ok(conn) => charge_batch(conn, requests).await,
+                Err(_) => break Err(()),
+            };
+            if let Some(done) = attempts.settle(result) {
+                break done.map_err(|_| ());
+            }
+        };
+        match outcomes {
+            Ok(outcomes) => outcomes
+                .into_iter()
+                .map(|outcome| outcome.map_err(|refusal| Error::from(*refusal)))
+                .collect(),
+            Err(()) => requests
+                .iter()
+                .map(|_| Err(Error::LedgerUnavailable))
+                .collect(),
+        }
+    }
+}
+
+/// Locks the rows of the analysts `$1` (created at zero on first use), in the order given (sorted
+/// by the caller), and returns their totals: one statement, since `ON CONFLICT DO UPDATE` locks
+/// the row it finds and returns its newest committed version.
+pub(super) const LOCK_ANALYSTS: &str =
+    "INSERT INTO pgdp.analyst_spent AS s (analyst) SELECT unnest($1::text[])
+     ON CONFLICT (analyst) DO UPDATE SET analyst = s.analyst
+     RETURNING s.analyst, s.epsilon::text, s.delta::text, s.rho::text";
+
+/// Locks the dataset row and returns its totals.
+pub(super) const LOCK_DATASET: &str =
+    "SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id FOR UPDATE";
+
+/// Writes the new totals of the analysts and of the dataset, and appends one audit row per admitted
+/// charge, in one statement. Without a dataset cap the dataset row is not read first: its totals
+/// grow by the batch's cost in place (exact `numeric` addition), still under the row lock the
+/// UPDATE takes. Audit rows are inserted, and their ids drawn, in the order of the arrays.
+pub(super) const RECORD_CHARGES: &str = "WITH analyst AS (
+        UPDATE pgdp.analyst_spent AS s
+        SET epsilon = t.epsilon::numeric, delta = t.delta::numeric, rho = t.rho::numeric,
+            charges = s.charges + t.charges, updated_at = now()
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[])
+            AS t(analyst, epsilon, delta, rho, charges)
+        WHERE s.analyst = t.analyst),
+     dataset AS (
+        UPDATE pgdp.dataset_spent
+        SET epsilon = CASE WHEN $6::text IS NULL THEN epsilon + $9::text::numeric ELSE $6::text::numeric END,
+            delta = CASE WHEN $7::text IS NULL THEN delta + $10::text::numeric ELSE $7::text::numeric END,
+            rho = CASE WHEN $8::text IS NULL THEN rho + $11::text::numeric ELSE $8::text::numeric END,
+            charges = charges + $12::int8, updated_at = now()
+        WHERE id)
+     INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho)
+     SELECT l.analyst, l.fingerprint, l.mechanism, l.epsilon::numeric, l.delta::numeric, l.rho::numeric
+     FROM unnest($13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+         WITH ORDINALITY AS l(analyst, fingerprint, mechanism, epsilon, delta, rho, n)
+     ORDER BY l.n
+     RETURNING id";
+
+/// One group commit, one attempt: BEGIN, lock the analysts' rows, lock the dataset row (only when
+/// a request has a dataset cap), admit each request in order, one statement writing totals and
+/// audit rows, COMMIT (the one durable flush of the batch). Returns each request's charge or
+/// refusal, in order; a database failure fails the whole batch, which then charged nothing
+/// (except in the ambiguous case of the module docs).
+pub(super) async fn charge_batch(
+    conn: &mut Conn,
+    requests: &[ChargeRequest],
+) -> Result<Vec<Result<Receipt, Box<Refusal>>>, Fault> {
+    let lock_analysts = conn.statement(LOCK_ANALYSTS).await?;
+    let lock_dataset = conn.statement(LOCK_DATASET).await?;
+    let record = conn.statement(RECORD_CHARGES).await?;
+    let mut analysts: Vec<&str> = requests.iter().map(|r| r.analyst.as_str()).collect();
+    analysts.sort_unstable();
+    analysts.dedup();
+
+    let tx = conn.client.transaction().await?;
+    let mut spent: HashMap<String, Spent> = HashMap::with_capacity(analysts.len());
+    for row in tx.query(&lock_analysts, &[&analysts]).await? {
+        spent.insert(row.try_get(0)?, spent_from_row(&row, 1)?);
+    }
+    // Locked second, by every transaction (here or by the UPDATE of RECORD_CHARGES), so lock
+    // order is the same everywhere.
+    let mut dataset = if requests.iter().any(|r| r.dataset_limit.is_some()) {
+        Some(spent_from_row(&tx.query_one(&lock_dataset, &[]).await?, 0)?)
+    } else {
+        None
+    };
+
+    // Admit in arrival order, each against the totals the ones before it left.
+    let mut outcomes = Vec::with_capacity(requests.len());
+    let mut batch_cost = Cost::ZERO;
+    for request in requests {
+        let current = *spent.get(&request.analyst).ok_or(Fault::Corrupt(
+            "an analyst's row was not returned by its lock",
+        ))?;
+        let after = match admit(&request.limit, &current, &request.cost) {
+            Ok(after) => after,
+            Err(refusal) => {
+                outcomes.push(Err(Box::new(refusal)));
+                continue;
+            }
+        };
+        if let Some(dataset_spent) = dataset.as_mut() {
+            let dataset_after = match &request.dataset_limit {
+                Some(dataset_limit) => admit(dataset_limit, dataset_spent, &request.cost),
+                None => Ok(*dataset_spent + request.cost),
+            };
+            match dataset_after {
+                Ok(dataset_after) => *dataset_spent = dataset_after,
+                Err(refusal) => {
+                    outcomes.push(Err(Box::new(Refusal {
+                        scope: Scope::Dataset,
+                        ..refusal
+                    })));
+                    continue;
+                }
+            }
+        }
+        spent.insert(request.analyst.clone(), after);
+        batch_cost = batch_cost + request.cost;
+        outcomes.push(Ok(after));
+    }
+    let admitted: Vec<&ChargeRequest> = requests
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, outcome)| outcome.is_ok())
+        .map(|(request, _)| request)
+        .collect();
+    let ids = if admitted.is_empty() {
+        tx.rollback().await?;
+        Vec::new()
+    } else {
+        let ids = record_charges(
+            &tx,
+            &record,
+            &admitted,
+            &spent,
+            dataset.as_ref(),
+            &batch_cost,
+        )
+        .await?;
+        tx.commit().await?;
+        ids
+    };
+    let mut ids = ids.into_iter();
+    Ok(requests
+        .iter()
+        .zip(outcomes)
+        .map(|(request, outcome)| {
+            outcome.map(|after| Receipt {
+                // One id per admitted request (checked by record_charges).
+                id: ids.next().unwrap_or_default(),
+                balance: Balance::new(&request.limit, after),
+            })
+        })
+        .collect())
+}
+
+/// Runs [`RECORD_CHARGES`] for the `admitted` requests of a batch, given the analysts' and the
+/// dataset's totals after them (the dataset's only when it was locked) and their summed cost.
+/// Returns the audit-log ids in the order of `admitted`.
+pub(super) async fn record_charges(
+    tx: &tokio_postgres::Transaction<'_>,
+    record: &Statement,
+    admitted: &[&ChargeRequest],
+    spent: &HashMap<String, Spent>,
+    dataset: Option<&Spent>,
+    batch_cost: &Cost,
+) -> Result<Vec<i64>, Fault> {
+    // The analysts' final totals and how many charges each gained.
+    let text = |x: Fixed| x.to_numeric_text();
+    let mut charged: Vec<(&str, i64)> = Vec::new();
+    for request in admitted {
+        match charged
+            .iter_mut()
+            .find(|(name, _)| *name == request.analyst)
+        {
+            Some((_, n)) => *n += 1,
+            None => charged.push((&request.analyst, 1)),
+        }
+    }
+    let mut names = Vec::with_capacity(charged.len());
+    let (mut epsilons, mut deltas, mut rhos, mut counts) = (vec![], vec![], vec![], vec![]);
+    for (name, n) in &charged {
+        let total = spent
+            .get(*name)
+            .ok_or(Fault::Corrupt("an admitted analyst has no total"))?;
+        names.push(*name);
+        epsilons.push(text(total.epsilon));
+        deltas.push(text(total.delta));
+        rhos.push(text(total.rho));
+        counts.push(*n);
+    }
+    let dataset_text = |f: fn(&Spent) -> Fixed| dataset.map(|s| text(f(s)));
+    let log = |f: fn(&ChargeRequest) -> String| admitted.iter().map(|r| f(r)).collect::<Vec<_>>();
+    let mut ids: Vec<i64> = tx
+        .query(
+            record,
+            &[
+                &names,
+                &epsilons,
+                &deltas,
+                &rhos,
+                &counts,
+                &dataset_text(|s| s.epsilon),
+                &dataset_text(|s| s.delta),
+                &dataset_text(|s| s.rho),
+                &text(batch_cost.epsilon),
+                &text(batch_cost.delta),
+                &text(batch_cost.rho),
+                &(admitted.len() as i64),
+                &log(|r| r.analyst.clone()),
+                &log(|r| r.fingerprint.clone()),
+                &log(|r| r.mechanism.clone()),
+                &log(|r| r.cost.epsilon.to_numeric_text()),
+                &log(|r| r.cost.delta.to_numeric_text()),
+                &log(|r| r.cost.rho.to_numeric_text()),
+            ],
+        )
+        .await?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<_, _>>()?;
+    if ids.len() != admitted.len() {
+        return Err(Fault::Corrupt(
+            "the audit log did not take one row per charge",
+        ));
+    }
+    // Identity values are drawn in insertion order, which is the order of the arrays.
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Reads `(epsilon::text, delta::text, rho::text)` from column `first` on.
+pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
+    let column = |index: usize| -> Result<Fixed, Fault> {
+        let text: String = row.try_get(index)?;
+        Fixed::from_numeric_text(&text)
+            .map_err(|_| Fault::Corrupt("a spent total is not a valid amount"))
+    };
+    Ok(Spent {
+        epsilon: column(first)?,
+        delta: column(first + 1)?,
+        rho: column(first + 2)?,
+    })
+}
