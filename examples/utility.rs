@@ -277,14 +277,14 @@ async fn measure(
     // The true answer, in the same column order as the released one.
     let truth = rows(client, sql).await?;
     let key_columns: Vec<usize> = plan
-        .outputs
+        .outputs()
         .iter()
         .enumerate()
         .filter(|(_, o)| matches!(o.source, OutputSource::Key(_)))
         .map(|(i, _)| i)
         .collect();
     let value_columns: Vec<usize> = plan
-        .outputs
+        .outputs()
         .iter()
         .enumerate()
         .filter(|(_, o)| matches!(o.source, OutputSource::Aggregate(_)))

@@ -302,7 +302,10 @@ fn describe(c: &Compiled) -> Vec<String> {
     let (plan, rw, m) = (&c.plan, &c.rewrite, &c.mechanisms);
     let mut lines = vec![format!(
         "cost epsilon={} delta={}; {} group(s) x {} row(s) per unit",
-        m.cost.epsilon, m.cost.delta, plan.max_groups_per_unit, plan.max_rows_per_unit
+        m.cost.epsilon,
+        m.cost.delta,
+        plan.max_groups_per_unit(),
+        plan.max_rows_per_unit()
     )];
     for (j, measure) in rw.measures.iter().enumerate() {
         let noise = &m.noises[j];
@@ -319,7 +322,7 @@ fn describe(c: &Compiled) -> Vec<String> {
         ));
     }
     let aggregates: Vec<String> = plan
-        .aggregates
+        .aggregates()
         .iter()
         .zip(&rw.aggregate_measures)
         .map(|(a, ms)| {
@@ -329,7 +332,7 @@ fn describe(c: &Compiled) -> Vec<String> {
         .collect();
     lines.push(format!("aggregates: {}", aggregates.join("; ")));
     let outputs: Vec<String> = plan
-        .outputs
+        .outputs()
         .iter()
         .map(|o| match o.source {
             analyze::OutputSource::Key(i) => format!("{}=key{i}", o.name),
@@ -337,7 +340,7 @@ fn describe(c: &Compiled) -> Vec<String> {
         })
         .collect();
     lines.push(format!("outputs: {}", outputs.join(", ")));
-    for (i, k) in plan.keys.iter().enumerate() {
+    for (i, k) in plan.keys().iter().enumerate() {
         let domain = match &k.public {
             PublicKeys::No => "selected".to_string(),
             PublicKeys::Listed(v) => format!("public list of {}", v.len()),
@@ -354,17 +357,17 @@ fn describe(c: &Compiled) -> Vec<String> {
         ));
     }
     let mut post = Vec::new();
-    if plan.having.is_some() {
+    if plan.having().is_some() {
         post.push("having".to_string());
     }
-    if !plan.order_by.is_empty() {
-        post.push(format!("order by {} key(s)", plan.order_by.len()));
+    if !plan.order_by().is_empty() {
+        post.push(format!("order by {} key(s)", plan.order_by().len()));
     }
-    if let Some(l) = plan.limit {
+    if let Some(l) = plan.limit() {
         post.push(format!("limit {l}"));
     }
-    if plan.offset > 0 {
-        post.push(format!("offset {}", plan.offset));
+    if plan.offset() > 0 {
+        post.push(format!("offset {}", plan.offset()));
     }
     if !post.is_empty() {
         lines.push(format!("post-processing: {}", post.join(", ")));
@@ -549,7 +552,7 @@ fn check_emitted_sql(policy: &Policy, c: &Compiled) -> Result<(), String> {
 
 fn check_sensitivities(c: &Compiled) -> Result<(), String> {
     for (j, m) in c.rewrite.measures.iter().enumerate() {
-        let contribution = m.contribution(&c.rewrite.arguments, c.plan.max_rows_per_unit);
+        let contribution = m.contribution(&c.rewrite.arguments, c.plan.max_rows_per_unit());
         let sensitivity = c.mechanisms.sensitivities[j];
         for (what, x) in [("contribution", contribution), ("sensitivity", sensitivity)] {
             if !(x.is_finite() && x > 0.0) {
@@ -744,7 +747,7 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
                 continue;
             }
             let mut plan = c.plan.clone();
-            plan.unit_unique = true;
+            plan.assume_unique_unit(|_| true);
             let flat = rewrite::rewrite(&plan, &case.params, SECRET).unwrap();
             assert_eq!(flat.measures, c.rewrite.measures, "{}", case.at());
             let general = text_rows(&client, &c.rewrite.sql).await.unwrap();

@@ -542,7 +542,7 @@ async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str
     let seed = rewrite::ranking_seed(secret).to_string();
     for unit_unique in [false, true] {
         let mut plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
-        plan.unit_unique = unit_unique;
+        plan.assume_unique_unit(|_| unit_unique);
         let upstream = rewrite::rewrite(&plan, &[], secret)
             .map_err(|e| fail(format!("{sql}: {e}")))?
             .sql;

@@ -438,12 +438,12 @@ type Answer = BTreeMap<Key, Vec<Option<f64>>>;
 fn answer_from_output_rows(plan: &Plan, rows: &Rows) -> Res<Answer> {
     let mut answer = Answer::new();
     for row in rows {
-        if row.len() != plan.outputs.len() {
+        if row.len() != plan.outputs().len() {
             return Err(fail("a row does not have the plan's output columns"));
         }
-        let mut keys = vec![None; plan.keys.len()];
-        let mut values = vec![None; plan.aggregates.len()];
-        for (o, cell) in plan.outputs.iter().zip(row) {
+        let mut keys = vec![None; plan.keys().len()];
+        let mut values = vec![None; plan.aggregates().len()];
+        for (o, cell) in plan.outputs().iter().zip(row) {
             match o.source {
                 OutputSource::Key(i) => keys[i] = cell.clone(),
                 OutputSource::Aggregate(i) => {
@@ -460,14 +460,14 @@ fn answer_from_output_rows(plan: &Plan, rows: &Rows) -> Res<Answer> {
 fn answer_from_cells(plan: &Plan, rows: &[Vec<Cell>]) -> Res<Answer> {
     let mut answer = Answer::new();
     for row in rows {
-        if row.len() != plan.outputs.len() {
+        if row.len() != plan.outputs().len() {
             return Err(fail(
                 "a released row does not have the plan's output columns",
             ));
         }
-        let mut keys = vec![None; plan.keys.len()];
-        let mut values = vec![None; plan.aggregates.len()];
-        for (o, cell) in plan.outputs.iter().zip(row) {
+        let mut keys = vec![None; plan.keys().len()];
+        let mut values = vec![None; plan.aggregates().len()];
+        for (o, cell) in plan.outputs().iter().zip(row) {
             match o.source {
                 OutputSource::Key(i) => keys[i] = cell_text(cell),
                 OutputSource::Aggregate(i) => values[i] = cell_f64(cell),
@@ -490,7 +490,7 @@ struct Clipped {
 }
 
 fn clipped_groups(plan: &Plan, rw: &Rewrite, rows: &Rows) -> Res<BTreeMap<Key, Clipped>> {
-    let k = plan.keys.len();
+    let k = plan.keys().len();
     let m = rw.measures.len();
     let mut out = BTreeMap::new();
     for row in rows {
@@ -552,7 +552,7 @@ fn exact_quantile_bucket(histogram: &[u64], permille: u16) -> usize {
 /// noise (the formulas of `release::derive`, applied to exact values).
 fn clipped_value(plan: &Plan, rw: &Rewrite, i: usize, g: &Clipped) -> f64 {
     let ms = &rw.aggregate_measures[i];
-    let agg = &plan.aggregates[i];
+    let agg = &plan.aggregates()[i];
     match agg.kind {
         AggregateKind::CountRows
         | AggregateKind::CountValues
@@ -679,7 +679,7 @@ fn noise_variance(noise: &Noise) -> f64 {
 /// centered sum `S` and count `N`.
 fn theoretical_sigma(plan: &Plan, rw: &Rewrite, variances: &[f64], i: usize, g: &Clipped) -> f64 {
     let ms = &rw.aggregate_measures[i];
-    match plan.aggregates[i].kind {
+    match plan.aggregates()[i].kind {
         AggregateKind::CountRows
         | AggregateKind::CountValues
         | AggregateKind::CountUnits
@@ -707,7 +707,7 @@ fn near_clamp(
     value: f64,
     sigma: f64,
 ) -> bool {
-    let agg = &plan.aggregates[i];
+    let agg = &plan.aggregates()[i];
     let ms = &rw.aggregate_measures[i];
     match agg.kind {
         AggregateKind::CountRows
@@ -1011,11 +1011,11 @@ async fn bench_case(
     let upstream_rows = release::PrivateRows::new(upstream_rows);
     let domains = public_domains(&plan, direct).await?;
     let values = match c.values {
-        Some(sql) => Some(group_values(direct, sql, plan.keys.len()).await?),
+        Some(sql) => Some(group_values(direct, sql, plan.keys().len()).await?),
         None => None,
     };
     let selection = !plan.keys_public();
-    let keys = if plan.keys.is_empty() {
+    let keys = if plan.keys().is_empty() {
         "none"
     } else if selection {
         "partition selection"
@@ -1084,7 +1084,7 @@ async fn bench_case(
                     .map_err(|e| fail(format!("release: {e}")))?;
             answers.push(answer_from_cells(&plan, released.rows())?);
         }
-        for (ai, agg) in plan.aggregates.iter().enumerate() {
+        for (ai, agg) in plan.aggregates().iter().enumerate() {
             rows.push(measure_row(
                 &plan,
                 &rw,
@@ -1134,7 +1134,7 @@ fn measure_row(
     selection: bool,
 ) -> Row {
     let name = plan
-        .outputs
+        .outputs()
         .iter()
         .find(|o| o.source == OutputSource::Aggregate(ai))
         .map(|o| o.name.strip_suffix("_0").unwrap_or(&o.name).to_string())

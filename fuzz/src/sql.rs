@@ -128,12 +128,12 @@ fn assert_not_internal(e: &pgdp::Error, sql: &str) {
 
 /// Parameter values of the right types, and all NULLs.
 fn parameter_sets(plan: &Plan) -> Vec<Vec<Option<String>>> {
-    let n = plan.parameters.iter().map(|p| p.index).max().unwrap_or(0);
+    let n = plan.parameters().iter().map(|p| p.index).max().unwrap_or(0);
     if n == 0 {
         return vec![Vec::new()];
     }
     let mut typed = vec![Some("1".to_string()); n];
-    for p in &plan.parameters {
+    for p in plan.parameters() {
         let value = match p.ty {
             ColumnType::Integer => "7",
             ColumnType::Numeric | ColumnType::Float => "1.5",
@@ -240,7 +240,7 @@ fn check_clamps(query: &ast::Query, plan: &Plan, rw: &Rewrite, sql: &str) {
     let SetExpr::Select(outer) = query.body.as_ref() else {
         panic!("the outer query of {sql:?} is not a SELECT");
     };
-    let k = plan.keys.len();
+    let k = plan.keys().len();
     let m = rw.measures.len();
     assert_eq!(
         outer.projection.len(),
@@ -279,7 +279,7 @@ fn check_mechanisms(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &st
             s.is_finite() && s > 0.0,
             "{sql:?}: measure m{j} sensitivity {s}"
         );
-        let contribution = rw.measures[j].contribution(&rw.arguments, plan.max_rows_per_unit);
+        let contribution = rw.measures[j].contribution(&rw.arguments, plan.max_rows_per_unit());
         assert!(
             s >= contribution,
             "{sql:?}: measure m{j} sensitivity {s} below one group's contribution {contribution}"
@@ -292,10 +292,10 @@ fn check_mechanisms(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &st
     }
     assert_eq!(
         rw.aggregate_measures.len(),
-        plan.aggregates.len(),
+        plan.aggregates().len(),
         "{sql:?}: measures per aggregate"
     );
-    for output in &plan.outputs {
+    for output in plan.outputs() {
         match output.source {
             OutputSource::Aggregate(i) => {
                 let ms = &rw.aggregate_measures[i];
@@ -306,7 +306,7 @@ fn check_mechanisms(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &st
                 );
             }
             OutputSource::Key(i) => {
-                let key = &plan.keys[i];
+                let key = &plan.keys()[i];
                 assert!(
                     key.public != PublicKeys::No || m.selection.is_some(),
                     "{sql:?}: key {} is neither public nor selected",
@@ -339,7 +339,7 @@ fn check_release(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &str) 
     ];
     let mut rows = Vec::new();
     for g in 0..3usize {
-        let mut row: Vec<Option<String>> = (0..plan.keys.len())
+        let mut row: Vec<Option<String>> = (0..plan.keys().len())
             .map(|i| {
                 domains
                     .get(&i)

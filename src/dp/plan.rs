@@ -37,13 +37,60 @@ pub struct TableRef {
     pub source: Option<Box<ast::Query>>,
 }
 
+/// A column of a table in FROM, named through the table's generated alias: printed as the
+/// canonical `"__dp_tN"."column"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnRef {
+    /// The alias `__dp_tN` of the table in FROM.
+    pub alias: String,
+    /// The declared column.
+    pub column: String,
+}
+
+impl ColumnRef {
+    /// The column `column` of the table aliased `alias`.
+    pub fn new(alias: &str, column: &str) -> ColumnRef {
+        ColumnRef {
+            alias: alias.to_string(),
+            column: column.to_string(),
+        }
+    }
+
+    /// The canonical expression `"alias"."column"`.
+    pub fn expr(&self) -> Expr {
+        Expr::CompoundIdentifier(vec![
+            ast::Ident::with_quote('"', self.alias.as_str()),
+            ast::Ident::with_quote('"', self.column.as_str()),
+        ])
+    }
+}
+
+impl std::fmt::Display for ColumnRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.expr())
+    }
+}
+
 /// How the privacy unit of a row is found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unit {
-    /// A column (canonical expression text `"__dp_tN"."col"`).
-    Column(String),
+    /// A column of a table in FROM.
+    Column(ColumnRef),
     /// Row-level table: each row is a unit (its `ctid`).
-    Row(String),
+    Row {
+        /// The alias `__dp_tN` of the row-level table.
+        alias: String,
+    },
+}
+
+impl Unit {
+    /// The unit as canonical SQL: the column, or the row-level table's `ctid`.
+    pub fn sql(&self) -> String {
+        match self {
+            Unit::Column(c) => c.to_string(),
+            Unit::Row { alias } => format!("\"{alias}\".ctid"),
+        }
+    }
 }
 
 /// What one aggregate computes.
@@ -223,49 +270,138 @@ pub struct Parameter {
     pub declared: Option<String>,
 }
 
-/// The analysed query.
+/// The analysed query. Only [`crate::dp::analyze::analyze`] makes one, and only the DP pipeline
+/// can change it: its fields are private to [`crate::dp`], and the accessors below read them.
+/// The one change allowed from outside is [`Plan::assume_unique_unit`], which decides from the
+/// plan's own unit key.
+///
+/// ```compile_fail
+/// // A plan cannot be edited outside the DP pipeline, e.g. to lift its caps.
+/// fn lift(plan: &mut pgdp::dp::plan::Plan) {
+///     plan.max_rows_per_unit = u64::MAX;
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// Tables in FROM, in order; the first is the driving table.
-    pub tables: Vec<TableRef>,
+    pub(in crate::dp) tables: Vec<TableRef>,
     /// Join conditions (canonical SQL), one per joined table (index i+1).
-    pub joins: Vec<String>,
+    pub(in crate::dp) joins: Vec<String>,
     /// The privacy unit.
-    pub unit: Unit,
+    pub(in crate::dp) unit: Unit,
     /// Most groups a unit contributes to.
-    pub max_groups_per_unit: u64,
+    pub(in crate::dp) max_groups_per_unit: u64,
     /// Most rows a unit contributes to a group.
-    pub max_rows_per_unit: u64,
+    pub(in crate::dp) max_rows_per_unit: u64,
     /// WHERE (canonical, with parameters as `$n` placeholders until the rewrite binds them).
-    pub filter: Option<Expr>,
+    pub(in crate::dp) filter: Option<Expr>,
     /// GROUP BY keys.
-    pub keys: Vec<GroupKey>,
+    pub(in crate::dp) keys: Vec<GroupKey>,
     /// Aggregates, each released through a mechanism.
-    pub aggregates: Vec<Aggregate>,
+    pub(in crate::dp) aggregates: Vec<Aggregate>,
     /// Output columns in order.
-    pub outputs: Vec<Output>,
+    pub(in crate::dp) outputs: Vec<Output>,
     /// HAVING, applied to released rows.
-    pub having: Option<Post>,
+    pub(in crate::dp) having: Option<Post>,
     /// ORDER BY, applied to released rows.
-    pub order_by: Vec<SortKey>,
+    pub(in crate::dp) order_by: Vec<SortKey>,
     /// LIMIT, applied to released rows.
-    pub limit: Option<u64>,
+    pub(in crate::dp) limit: Option<u64>,
     /// OFFSET, applied to released rows.
-    pub offset: u64,
+    pub(in crate::dp) offset: u64,
     /// Parameters used in WHERE.
-    pub parameters: Vec<Parameter>,
+    pub(in crate::dp) parameters: Vec<Parameter>,
     /// Every row of `__dp_rows` has a unit of its own: one policy table, no join, and a unit that
     /// is the row itself or a column the upstream declares unique. Analysis leaves it `false`;
     /// the session sets it from upstream catalog facts ([`Plan::unit_key`]). It only lets the
     /// rewrite skip work that is then the identity (docs/privacy.md, "Unique units").
-    pub unit_unique: bool,
+    pub(in crate::dp) unit_unique: bool,
     /// `(table, column)` pairs the plan relies on being unique upstream: the keys of the unit
     /// paths it reads through (docs/privacy.md, "Tables with a unit path"). The caller verifies
     /// them on the upstream catalog before running the plan and refuses it otherwise.
-    pub unique_keys: Vec<(String, String)>,
+    pub(in crate::dp) unique_keys: Vec<(String, String)>,
 }
 
 impl Plan {
+    /// Tables in FROM, in order; the first is the driving table.
+    pub fn tables(&self) -> &[TableRef] {
+        &self.tables
+    }
+
+    /// The privacy unit.
+    pub fn unit(&self) -> &Unit {
+        &self.unit
+    }
+
+    /// Most groups a unit contributes to.
+    pub fn max_groups_per_unit(&self) -> u64 {
+        self.max_groups_per_unit
+    }
+
+    /// Most rows a unit contributes to a group.
+    pub fn max_rows_per_unit(&self) -> u64 {
+        self.max_rows_per_unit
+    }
+
+    /// GROUP BY keys.
+    pub fn keys(&self) -> &[GroupKey] {
+        &self.keys
+    }
+
+    /// Aggregates, each released through a mechanism.
+    pub fn aggregates(&self) -> &[Aggregate] {
+        &self.aggregates
+    }
+
+    /// Output columns in order.
+    pub fn outputs(&self) -> &[Output] {
+        &self.outputs
+    }
+
+    /// HAVING, applied by pgdp to released rows.
+    pub fn having(&self) -> Option<&Post> {
+        self.having.as_ref()
+    }
+
+    /// ORDER BY, applied by pgdp to released rows.
+    pub fn order_by(&self) -> &[SortKey] {
+        &self.order_by
+    }
+
+    /// LIMIT, applied by pgdp to released rows.
+    pub fn limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    /// OFFSET, applied by pgdp to released rows.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Parameters used in WHERE.
+    pub fn parameters(&self) -> &[Parameter] {
+        &self.parameters
+    }
+
+    /// Whether the rewrite may treat every row as its own unit (see [`Plan::assume_unique_unit`]).
+    pub fn unit_unique(&self) -> bool {
+        self.unit_unique
+    }
+
+    /// Keys of unit paths the plan relies on being unique upstream; the caller verifies them on
+    /// the upstream catalog before running the plan.
+    pub fn unique_keys(&self) -> &[(String, String)] {
+        &self.unique_keys
+    }
+
+    /// Lets the rewrite use the unique-unit form (docs/privacy.md, "Unique units") if the plan
+    /// has a unit key ([`Plan::unit_key`]) and `is_unique` says the upstream declares it unique;
+    /// otherwise keeps the general form, which is always sound. Returns what it decided.
+    pub fn assume_unique_unit(&mut self, is_unique: impl Fn(&(String, String)) -> bool) -> bool {
+        self.unit_unique = self.unit_key().is_some_and(|key| is_unique(&key));
+        self.unit_unique
+    }
+
     /// For a plan over one policy table without joins: the (table, column) whose uniqueness
     /// upstream makes every row its own unit, or `None` when the unit is the row itself (always
     /// unique) or the plan has joins or subqueries (never considered unique).
@@ -279,15 +415,13 @@ impl Plan {
         let Unit::Column(c) = &self.unit else {
             return None;
         };
-        let column = c.strip_prefix(&format!("\"{}\".", table.alias))?;
-        let column = column.strip_prefix('"')?.strip_suffix('"')?;
-        Some((table.table.clone(), column.replace("\"\"", "\"")))
+        (c.alias == table.alias).then(|| (table.table.clone(), c.column.clone()))
     }
 
     /// Whether every row is its own unit without a catalog fact: one policy table, no join,
     /// and row-level (each row is a unit).
     pub fn rows_are_units(&self) -> bool {
-        matches!(self.unit, Unit::Row(_))
+        matches!(self.unit, Unit::Row { .. })
             && matches!(self.tables.as_slice(), [t] if t.private && t.source.is_none())
             && self.joins.is_empty()
     }

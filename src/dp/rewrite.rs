@@ -31,7 +31,7 @@ use sqlparser::ast::{self, Expr, Value, VisitMut, VisitorMut};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use crate::dp::plan::{AggregateKind, Plan, Unit};
+use crate::dp::plan::{AggregateKind, Plan};
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 
@@ -403,9 +403,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     let groups_cap = plan.max_groups_per_unit;
 
     // Stage 1: rows.
-    let unit = match &plan.unit {
-        Unit::Column(c) | Unit::Row(c) => c.clone(),
-    };
+    let unit = plan.unit.sql();
     let mut select = vec![format!("{unit} AS __dp_unit")];
     for (i, k) in plan.keys.iter().enumerate() {
         select.push(format!("{} AS __dp_k{i}", k.expr));

@@ -46,9 +46,7 @@ impl Session {
         secret: &str,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let mut plan = analyze::analyze(query, &self.context(shared))?;
-        plan.unit_unique = plan
-            .unit_key()
-            .is_some_and(|key| shared.unique_keys.is_unique(&key));
+        plan.assume_unique_unit(|key| shared.unique_keys.is_unique(key));
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
         super::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
         let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
@@ -102,7 +100,7 @@ impl Session {
         // A row of a table with a unit path has one unit only if each key of the path is unique.
         shared
             .upstream
-            .verify_unique_keys(&shared.unique_keys, &plan.unique_keys)
+            .verify_unique_keys(&shared.unique_keys, plan.unique_keys())
             .await?;
         let budget = self.budget();
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by

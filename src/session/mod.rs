@@ -435,7 +435,7 @@ pub fn parameter_types(
         Ok(Route::Dp(query) | Route::Explain(query)) => {
             match analyze::analyze(query, &session.context(shared)) {
                 Ok(plan) => plan
-                    .parameters
+                    .parameters()
                     .iter()
                     .map(|p| (p.index, p.ty, p.declared.clone()))
                     .collect(),

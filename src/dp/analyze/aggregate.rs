@@ -80,8 +80,8 @@ impl<'a> Analyzer<'a> {
         let text = arg_expr.to_string();
         if distinct {
             let unit = self.unit()?;
-            let is_unit =
-                matches!(&unit, Unit::Column(u) if *u == text) || self.is_unit_of_any_table(&text);
+            let is_unit = matches!(&unit, Unit::Column(u) if u.to_string() == text)
+                || self.is_unit_of_any_table(&text);
             if kind == AggregateKind::CountRows && is_unit {
                 return Ok(Some(Aggregate {
                     kind: AggregateKind::CountUnits,

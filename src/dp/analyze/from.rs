@@ -498,12 +498,14 @@ impl<'a> Analyzer<'a> {
             .first()
             .ok_or_else(|| Error::internal("no private table"))?;
         match first.1.private().and_then(|p| p.privacy_unit.clone()) {
-            Some(u) => Ok(Unit::Column(canonical(&first.0.alias, &u).to_string())),
+            Some(u) => Ok(Unit::Column(ColumnRef::new(&first.0.alias, &u))),
             None => {
                 if private.len() > 1 {
                     return Err(Error::unsupported("joins of row-level private tables", ""));
                 }
-                Ok(Unit::Row(format!("\"{}\".ctid", first.0.alias)))
+                Ok(Unit::Row {
+                    alias: first.0.alias.clone(),
+                })
             }
         }
     }

@@ -612,9 +612,7 @@ fn ident_lower(i: &Ident) -> String {
     }
 }
 
+/// The canonical expression `"alias"."column"` ([`ColumnRef`]).
 fn canonical(alias: &str, column: &str) -> Expr {
-    Expr::CompoundIdentifier(vec![
-        Ident::with_quote('"', alias),
-        Ident::with_quote('"', column),
-    ])
+    ColumnRef::new(alias, column).expr()
 }

@@ -135,8 +135,8 @@ impl<'a> Analyzer<'a> {
             ));
         }
         let unit = match self.unit()? {
-            Unit::Column(c) => c,
-            Unit::Row(_) => {
+            Unit::Column(c) => c.to_string(),
+            Unit::Row { .. } => {
                 return Err(Error::unsupported(
                     "subqueries over row-level private tables",
                     "Query the row-level table directly.",
