@@ -5,11 +5,12 @@
 //! PostgreSQL, adds calibrated noise, charges the analyst's budget and returns ordinary rows.
 //!
 //! The folders are the architecture (see ARCHITECTURE.md), each depending only on those listed
-//! before it: [`limits`], [`error`], [`output`], [`datetime`], [`literal`], [`policy`], [`dp`] (plan, analyze,
-//! rewrite, mechanism, release), [`budget`], [`upstream`] (pool, shadow catalog), [`session`]
-//! (classify, route, settings, catalog check, the dispatcher), [`frontend`] (pgwire), [`server`];
-//! [`tools`] (the demo dataset and throwaway clusters) sits apart from the proxy. Everything up
-//! to [`budget`]'s accountant does no I/O.
+//! before it (a test, `layering`, checks it): [`limits`], [`error`], [`output`], [`datetime`],
+//! [`literal`], [`policy`], [`budget`], [`dp`] (plan, analyze, rewrite, mechanism, release),
+//! [`upstream`] (pool, catalog check, shadow catalog), [`session`] (classify, route, settings,
+//! the dispatcher), [`frontend`] (pgwire), [`server`]; [`tools`] (the demo dataset and throwaway
+//! clusters) sits apart from the proxy. The layers up to [`dp`] do no I/O, but for
+//! [`budget`]'s ledger and the policy file.
 #![forbid(unsafe_code)]
 
 pub mod budget;
@@ -27,3 +28,6 @@ pub mod tools;
 pub mod upstream;
 
 pub use error::{Error, Result};
+
+#[cfg(test)]
+mod layering;

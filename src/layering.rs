@@ -1,0 +1,122 @@
+//! The architecture as a test: the top-level modules form layers, and a module may use only the
+//! layers below it (`crate::…` paths in its source), so no two modules import each other and the
+//! tooling stays apart from the proxy. Reads the source tree; runs only in tests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The layers, bottom first. `tools` sits beside the proxy: nothing else may use it.
+const LAYERS: &[&str] = &[
+    "limits", "error", "output", "datetime", "literal", "policy", "budget", "dp", "upstream",
+    "session", "frontend", "server",
+];
+
+/// Names the crate root re-exports from a lower layer (`crate::Error`, `crate::Result`).
+const ROOT_ITEMS: &[(&str, &str)] = &[("Error", "error"), ("Result", "error")];
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).expect("src is readable");
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file of `src/` belongs to (`None` for the crate root and `main.rs`).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(src).ok()?;
+    let first = relative.components().next()?.as_os_str().to_str()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (!matches!(name, "lib" | "main" | "layering")).then(|| name.to_string())
+}
+
+/// The top-level modules a source text uses through `crate::` paths, outside its tests and
+/// comments.
+fn uses(text: &str) -> Vec<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let mut found = Vec::new();
+    for line in code.lines() {
+        let line = line.split("//").next().unwrap_or("");
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let braced = rest.starts_with('{');
+            let names: Vec<&str> = if braced {
+                let inner = rest[1..].split('}').next().unwrap_or("");
+                inner.split(',').map(str::trim).collect()
+            } else {
+                vec![rest]
+            };
+            for name in names {
+                let head: String = name
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let module = ROOT_ITEMS
+                    .iter()
+                    .find(|(item, _)| *item == head)
+                    .map_or(head.clone(), |(_, m)| m.to_string());
+                if !module.is_empty() {
+                    found.push(module);
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn modules_use_only_the_layers_below_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let rank: BTreeMap<&str, usize> = LAYERS.iter().enumerate().map(|(i, m)| (*m, i)).collect();
+    let mut violations = Vec::new();
+    for file in &files {
+        let Some(module) = module_of(&src, file) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).expect("source is readable");
+        for used in uses(&text) {
+            if used == module {
+                continue;
+            }
+            let allowed = match (rank.get(module.as_str()), rank.get(used.as_str())) {
+                // tools may use the proxy's modules; nothing in the proxy may use tools.
+                _ if module == "tools" => used != "tools",
+                (Some(from), Some(to)) => to < from,
+                _ => false,
+            };
+            if !allowed {
+                violations.push(format!("{}: {module} uses {used}", file.display()));
+            }
+        }
+    }
+    violations.sort();
+    violations.dedup();
+    assert!(
+        violations.is_empty(),
+        "layering violations:\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn every_top_level_module_has_a_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    for file in &files {
+        if let Some(module) = module_of(&src, file) {
+            assert!(
+                LAYERS.contains(&module.as_str()) || module == "tools",
+                "{module} ({}) is in no layer: add it to LAYERS",
+                file.display()
+            );
+        }
+    }
+}
