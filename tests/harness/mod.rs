@@ -1,6 +1,7 @@
 //! The integration-test harness: a PostgreSQL upstream, fresh databases, and the demo dataset.
 //!
-//! Every integration test binary includes it with `mod harness;`.
+//! The one integration test binary (`tests/integration/main.rs`) includes it once, and the fuzz
+//! crate (`fuzz/src/lib.rs`) for its targets, which the `fuzz_smoke` module also runs.
 //!
 //! Which upstream ([`upstream`], chosen once per test process):
 //! 1. `PGDP_TEST_UPSTREAM`, if set and non-empty: a DSN (key=value or URL, with a user) of a
@@ -106,7 +107,24 @@ static UPSTREAM: OnceCell<Upstream> = OnceCell::const_new();
 
 /// The upstream of this test process, chosen on first use (see the module documentation).
 pub async fn upstream() -> &'static Upstream {
-    UPSTREAM.get_or_init(choose_upstream).await
+    UPSTREAM
+        .get_or_init(|| async {
+            let upstream = choose_upstream().await;
+            // Once per test process, on standard error (tests never print to standard output).
+            let server = match upstream.source {
+                Source::Env => format!("the server named by {UPSTREAM_ENV}"),
+                Source::Local => "the server on 127.0.0.1:5432".to_string(),
+                Source::Cluster => format!("a throwaway cluster ({})", upstream.dsn("postgres")),
+            };
+            // Written to the stream itself: the test harness captures `eprintln!`, and this line
+            // is for every run, not only for failures.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("pgdp tests: upstream PostgreSQL is {server}\n").as_bytes(),
+            );
+            upstream
+        })
+        .await
 }
 
 async fn choose_upstream() -> Upstream {

@@ -1,16 +1,41 @@
-//! Integration tests of pgdp through the PostgreSQL protocol: an in-process server over the demo
-//! dataset on a real PostgreSQL, driven with tokio-postgres and the real `psql`.
+//! Every test that needs a real PostgreSQL, in one test binary (the harness is compiled once):
+//! `cargo test --test integration` runs them all, and a module path selects a part, e.g.
+//! `cargo test --test integration golden::` or `cargo test --test integration attacks::`.
 //!
-//! Every test starts its own pgdp with a fresh ledger database (a full budget) and a fixed noise
-//! seed. Tests assert SQLSTATE codes, never message text, and never print to stdout.
+//! - through the PostgreSQL protocol, against an in-process pgdp over the demo dataset, driven
+//!   with tokio-postgres and the real `psql`: `budget`, `dp`, `faults`, `keypath`, `protocol`,
+//!   `replicas`, `sql`, `wire` (helpers in `support`);
+//! - `attacks`: the attack corpus in `tests/attacks/`;
+//! - `clients`: the real clients (pgjdbc, psqlODBC, psycopg 2 and 3, SQLAlchemy, node-postgres,
+//!   psql) in `tests/clients/`;
+//! - `golden`: the rewrite corpus in `tests/cases/`;
+//! - `dp_property`: neighbouring databases and the empirical sensitivity of the rewrites;
+//! - `fuzz_smoke`: the fuzz targets of `fuzz/` over their seeds and bounded mutations;
+//! - `ledger`: the privacy ledger against a real PostgreSQL;
+//! - `harness_smoke`: the harness, the throwaway cluster and the demo loader;
+//! - `load`: many concurrent connections against a `pgdp serve` child process.
+//!
+//! The upstream comes from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432, else a
+//! throwaway cluster; `PGDP_TEST_FORCE_CLUSTER=1` forces the cluster), chosen once per run and
+//! named on standard error. Every pgdp a test starts has a fresh ledger database (a full budget)
+//! and a fixed noise seed. Tests assert SQLSTATE codes, never message text, and never print to
+//! stdout.
 
 #[path = "../harness/mod.rs"]
 mod harness;
 
+mod attacks;
 mod budget;
+mod clients;
 mod dp;
+mod dp_property;
 mod faults;
+mod fuzz_smoke;
+mod golden;
+mod harness_smoke;
 mod keypath;
+mod ledger;
+mod load;
 mod protocol;
 mod replicas;
 mod sql;

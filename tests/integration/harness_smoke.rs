@@ -2,7 +2,7 @@
 //!
 //! Run them against the throwaway cluster with `PGDP_TEST_FORCE_CLUSTER=1`.
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeSet;
 

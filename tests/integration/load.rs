@@ -10,8 +10,7 @@
 //! with an ErrorResponse whose SQLSTATE is a refusal a loaded server may give (53300 too many
 //! connections, 53400 budget exhausted); no connection broke without one.
 
-#[path = "harness/mod.rs"]
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;

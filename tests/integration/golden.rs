@@ -19,7 +19,7 @@
 //! and the test fails if the code now produces it (so the marker gets removed with the fix).
 //! The tests marked `#[ignore = "bug: …"]` at the bottom reproduce bugs that need a database.
 
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -266,7 +266,7 @@ fn corpus() -> Vec<CaseFile> {
 // ---------------------------------------------------------------------------------------------
 
 fn demo_policy() -> Policy {
-    policy::parse(include_str!("../policies/demo.yaml"))
+    policy::parse(include_str!("../../policies/demo.yaml"))
         .unwrap_or_else(|e| panic!("the demo policy is valid: {e}"))
 }
 

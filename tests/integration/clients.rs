@@ -18,12 +18,9 @@
 //!
 //! Nothing here prints to stdout.
 
-#[path = "harness/mod.rs"]
-mod harness;
 // The client tests use only part of the integration support module.
 #[allow(dead_code)]
-#[path = "integration/support.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

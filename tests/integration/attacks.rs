@@ -18,13 +18,11 @@
 //! - A case marked `xfail` states the correct outcome, which pgdp does not produce yet: it is
 //!   reported, and the test fails as soon as the case passes, so the marker goes with the fix.
 
-#[path = "harness/mod.rs"]
-mod harness;
+use crate::harness;
 
 // Shared with the integration tests; this binary uses only part of it.
 #[allow(dead_code)]
-#[path = "integration/support.rs"]
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
