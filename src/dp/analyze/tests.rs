@@ -1,0 +1,815 @@
+//! Table-driven tests of analysis: SQL in, the facts of its plan (or the SQLSTATE of its refusal)
+//! out. Each row names its case; an accepted plan is compared as the one-line [`summary`]:
+//!
+//! `unit=… caps=(g<groups>,r<rows>) [tables=…] [where=…] keys=[…] aggs=[…] out=[…] [post…]`
+//!
+//! Canonical column references print without the driving table's alias (`"__dp_t0"."age"` as
+//! `age`) and as `tN.column` for the others; pgdp's dollar-quoted literals print as `'…'`.
+//! Refusals compare [`Error::sqlstate`], never message text.
+//!
+//! The SQL is parsed here the way the session parses it (same dialect and depth limit, string
+//! literals dollar-quoted) rather than through the session's classifier, which sits in a layer
+//! above `dp`.
+
+use std::ops::ControlFlow;
+
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+use tokio_postgres::error::SqlState;
+
+use super::*;
+use crate::literal::dollar_quoted;
+use crate::policy::Policy;
+
+const DEMO_YAML: &str = include_str!("../../../policies/demo.yaml");
+
+/// What the demo lacks: a row-level table with listed public values, a private table with its
+/// own unit and a unit path onto it, a public table keyed by a private one, and a boolean.
+const SMALL_YAML: &str = r#"
+database: db
+analysts:
+  a:
+    scram_verifier: "SCRAM-SHA-256$4096:cGdkcC10ZXN0LXNhbHQtMQ==$r6rs3eSqXnnzDaEwb3G617CNh9NDVFxQd+xPmWnxk4M=:mYmZ1VMmQU332cWdfJ/Ftq/OUxAAVBM4FRMHVqONj4s="
+    budget: { epsilon: 10, delta: 1.0e-5 }
+tables:
+  s.events:
+    kind: private
+    columns:
+      kind:  { type: text, public_values: [a, b] }
+      level: { type: integer, public_values: [1, 2, 3] }
+      score: { type: real, lower: -1, upper: 1 }
+      ok:    { type: boolean, groupable: true }
+  s.orders:
+    kind: private
+    privacy_unit: customer
+    max_groups_per_unit: 2
+    max_rows_per_unit: 3
+    columns:
+      order_id: { type: bigint }
+      customer: { type: bigint }
+      shop:     { type: integer, groupable: true }
+      amount:   { type: numeric, lower: 0, upper: 50 }
+      day:      { type: date, groupable: true }
+  s.lines:
+    kind: private
+    unit_path:
+      - { column: order_id, references: s.orders, key: order_id }
+    max_groups_per_unit: 4
+    max_rows_per_unit: 6
+    columns:
+      order_id: { type: bigint }
+      item:     { type: text, groupable: true }
+      qty:      { type: integer, lower: 1, upper: 9 }
+  s.shops:
+    kind: public
+    columns:
+      shop: { type: integer }
+      city: { type: text }
+"#;
+
+/// What a row of a table expects.
+enum Expect {
+    /// Accepted, with this [`summary`].
+    Plan(&'static str),
+    /// Refused with this SQLSTATE.
+    Refused(SqlState),
+}
+use Expect::{Plan as Accepted, Refused};
+
+/// One row: name, SQL, expectation.
+type Row = (&'static str, &'static str, Expect);
+
+/// Which policy (and search_path) a table runs under.
+#[derive(Clone, Copy)]
+enum On {
+    Demo,
+    Small,
+}
+
+fn policy(on: On) -> Policy {
+    let yaml = match on {
+        On::Demo => DEMO_YAML,
+        On::Small => SMALL_YAML,
+    };
+    crate::policy::parse(yaml).unwrap_or_else(|e| panic!("test policy does not validate: {e}"))
+}
+
+fn search_path(on: On) -> Vec<String> {
+    match on {
+        On::Demo => vec!["demo".into()],
+        On::Small => vec!["s".into()],
+    }
+}
+
+/// Parses one query as the session does: PostgreSQL dialect, the parser depth limit, and every
+/// string literal rewritten as a dollar-quoted one.
+fn parse_query(sql: &str) -> Result<ast::Query> {
+    let mut statements = Parser::new(&PostgreSqlDialect {})
+        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_statements())
+        .map_err(|e| match e {
+            sqlparser::parser::ParserError::RecursionLimitExceeded => Error::LimitExceeded {
+                what: "the nesting depth of the statement".into(),
+                limit: limits::PARSER_DEPTH_MAX as u64,
+            },
+            other => Error::Syntax {
+                message: other.to_string(),
+            },
+        })?;
+    assert_eq!(statements.len(), 1, "a row holds one statement: {sql}");
+    let ast::Statement::Query(mut query) = statements.remove(0) else {
+        panic!("a row holds a query: {sql}");
+    };
+    let _ = ast::visit_expressions_mut(&mut *query, |e| {
+        let value = match e {
+            Expr::Value(v) => Some(&mut v.value),
+            Expr::TypedString(ts) => Some(&mut ts.value.value),
+            _ => None,
+        };
+        if let Some(v) = value {
+            let text = match v {
+                Value::SingleQuotedString(s)
+                | Value::EscapedStringLiteral(s)
+                | Value::NationalStringLiteral(s) => Some(s.clone()),
+                Value::DollarQuotedString(d) => Some(d.value.clone()),
+                _ => None,
+            };
+            if let Some(t) = text {
+                *v = dollar_quoted(&t);
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    Ok(*query)
+}
+
+fn analyze_sql(sql: &str, ctx: &Context) -> Result<Plan> {
+    analyze(&parse_query(sql)?, ctx)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary line
+// ---------------------------------------------------------------------------------------------
+
+/// Canonical SQL text made short: `"__dp_t0"."x"` → `x`, `"__dp_tN"."x"` → `tN.x`, pgdp's
+/// dollar quotes → `'`.
+fn short(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("\"__dp_t") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "\"__dp_t".len()..];
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        let tail = &after[digits.len()..];
+        match tail.strip_prefix("\".\"").and_then(|t| t.split_once('"')) {
+            Some((column, next)) if !digits.is_empty() => {
+                if digits != "0" {
+                    out.push_str(&format!("t{digits}."));
+                }
+                out.push_str(column);
+                rest = next;
+            }
+            _ => {
+                out.push_str("\"__dp_t");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    for n in 0..3 {
+        out = out.replace(&format!("$__dp_s{n}$"), "'");
+    }
+    out
+}
+
+fn number(x: f64) -> String {
+    format!("{x}")
+}
+
+fn bounds(b: &Option<Bounds>) -> String {
+    match b {
+        Some(b) => format!("[{},{}]", number(b.lower), number(b.upper)),
+        None => String::new(),
+    }
+}
+
+fn aggregate_text(a: &Aggregate) -> String {
+    let arg = a.argument.as_deref().map(short).unwrap_or_default();
+    let head = match a.kind {
+        AggregateKind::CountRows => "count(*)".to_string(),
+        AggregateKind::CountUnits => "count_units".to_string(),
+        AggregateKind::Quantile { permille } => format!("q{permille}({arg})"),
+        kind => format!("{}({arg})", kind.sql_name()),
+    };
+    format!("{head}{}", bounds(&a.bounds))
+}
+
+fn key_text(k: &GroupKey) -> String {
+    let domain = match &k.public {
+        PublicKeys::No => "private".to_string(),
+        PublicKeys::Listed(values) => format!("listed{values:?}").replace('"', ""),
+        PublicKeys::Table { table, column } => format!("table {table}.{column}"),
+    };
+    let ty = format!("{:?}", k.ty).to_lowercase();
+    format!("{}:{ty}:{domain}", short(&k.expr))
+}
+
+fn post_text(p: &Post) -> String {
+    match p {
+        Post::Aggregate(i) => format!("a{i}"),
+        Post::Key(i) => format!("k{i}"),
+        Post::Number(x) => number(*x),
+        Post::Text(t) => format!("'{t}'"),
+        Post::Null => "null".into(),
+        Post::Binary(l, op, r) => {
+            let op = match op {
+                PostOp::Eq => "=",
+                PostOp::NotEq => "<>",
+                PostOp::Lt => "<",
+                PostOp::LtEq => "<=",
+                PostOp::Gt => ">",
+                PostOp::GtEq => ">=",
+                PostOp::And => "and",
+                PostOp::Or => "or",
+                PostOp::Plus => "+",
+                PostOp::Minus => "-",
+                PostOp::Multiply => "*",
+                PostOp::Divide => "/",
+            };
+            format!("({} {op} {})", post_text(l), post_text(r))
+        }
+        Post::Not(x) => format!("not {}", post_text(x)),
+        Post::Negate(x) => format!("-{}", post_text(x)),
+        Post::IsNull(x, true) => format!("{} is null", post_text(x)),
+        Post::IsNull(x, false) => format!("{} is not null", post_text(x)),
+    }
+}
+
+/// The facts of a plan on one line (see the module docs).
+fn summary(plan: &Plan) -> String {
+    let unit = match &plan.unit {
+        Unit::Column(c) if c.alias == "__dp_t0" => c.column.clone(),
+        Unit::Column(c) => format!("{}.{}", c.alias.replace("__dp_", ""), c.column),
+        Unit::Row { alias } => format!("row({})", alias.replace("__dp_", "")),
+    };
+    let mut s = format!(
+        "unit={unit} caps=(g{},r{})",
+        plan.max_groups_per_unit, plan.max_rows_per_unit
+    );
+    // The tables only when there is more than one policy table, or a subquery.
+    let simple = matches!(plan.tables.as_slice(), [t] if t.source.is_none());
+    if !simple {
+        let tables: Vec<String> = plan
+            .tables
+            .iter()
+            .map(|t| {
+                let kind = match (&t.source, t.private) {
+                    (Some(_), _) => "sub",
+                    (None, true) => "private",
+                    (None, false) => "public",
+                };
+                format!("{}:{kind}", t.table)
+            })
+            .collect();
+        s += &format!(" tables=[{}]", tables.join(", "));
+        if !plan.joins.is_empty() {
+            let joins: Vec<String> = plan.joins.iter().map(|j| short(j)).collect();
+            s += &format!(" on=[{}]", joins.join("; "));
+        }
+    }
+    if let Some(f) = &plan.filter {
+        s += &format!(" where={}", short(&f.to_string()));
+    }
+    let keys: Vec<String> = plan.keys.iter().map(key_text).collect();
+    s += &format!(" keys=[{}]", keys.join(", "));
+    let aggs: Vec<String> = plan.aggregates.iter().map(aggregate_text).collect();
+    s += &format!(" aggs=[{}]", aggs.join(", "));
+    let outs: Vec<String> = plan
+        .outputs
+        .iter()
+        .map(|o| match o.source {
+            OutputSource::Key(i) => format!("{}=k{i}", o.name),
+            OutputSource::Aggregate(i) => format!("{}=a{i}", o.name),
+        })
+        .collect();
+    s += &format!(" out=[{}]", outs.join(", "));
+    if let Some(h) = &plan.having {
+        s += &format!(" having={}", post_text(h));
+    }
+    if !plan.order_by.is_empty() {
+        let order: Vec<String> = plan
+            .order_by
+            .iter()
+            .map(|o| {
+                let dir = if o.ascending { "asc" } else { "desc" };
+                let nulls = if o.nulls_first { "first" } else { "last" };
+                format!("{} {dir} nulls {nulls}", post_text(&o.value))
+            })
+            .collect();
+        s += &format!(" order=[{}]", order.join(", "));
+    }
+    if let Some(l) = plan.limit {
+        s += &format!(" limit={l}");
+    }
+    if plan.offset != 0 {
+        s += &format!(" offset={}", plan.offset);
+    }
+    if !plan.parameters.is_empty() {
+        let params: Vec<String> = plan
+            .parameters
+            .iter()
+            .map(|p| {
+                let declared = p.declared.as_deref().unwrap_or("-");
+                format!("${}:{:?}/{declared}", p.index, p.ty).to_lowercase()
+            })
+            .collect();
+        s += &format!(" params=[{}]", params.join(", "));
+    }
+    if !plan.unique_keys.is_empty() {
+        let keys: Vec<String> = plan
+            .unique_keys
+            .iter()
+            .map(|(t, c)| format!("{t}.{c}"))
+            .collect();
+        s += &format!(" unique=[{}]", keys.join(", "));
+    }
+    s
+}
+
+/// Runs a table under `on` and fails once, listing every row that did not match.
+fn check(on: On, rows: &[Row]) {
+    let policy = policy(on);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(on),
+    };
+    let mut failures = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    for (name, sql, expect) in rows {
+        assert!(names.insert(*name), "duplicate row name {name}");
+        let got = analyze_sql(sql, &ctx);
+        let ok = match (expect, &got) {
+            (Expect::Plan(want), Ok(plan)) => summary(plan) == *want,
+            (Expect::Refused(code), Err(e)) => e.sqlstate() == *code,
+            _ => false,
+        };
+        if !ok {
+            let want = match expect {
+                Expect::Plan(p) => format!("plan {p}"),
+                Expect::Refused(c) => format!("refused {}", c.code()),
+            };
+            let got = match &got {
+                Ok(plan) => format!("plan {}", summary(plan)),
+                Err(e) => format!("refused {} ({e})", e.sqlstate().code()),
+            };
+            failures.push(format!("{name}: {sql}\n  want {want}\n  got  {got}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} rows failed:\n{}",
+        failures.len(),
+        rows.len(),
+        failures.join("\n")
+    );
+}
+
+const P: &str = "?";
+
+// ---------------------------------------------------------------------------------------------
+// Accepted shapes
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn accepted_shapes() {
+    check(
+        On::Demo,
+        &[
+            ("count rows", "SELECT COUNT(*) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("count people lower case", "select count(*) from demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("count by clinic", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0]")),
+            ("count values", "SELECT COUNT(cost) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(cost)] out=[count=a0]")),
+            ("count distinct unit", "SELECT COUNT(DISTINCT person_id) AS patients FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_units] out=[patients=a0]")),
+            ("count distinct other", "SELECT COUNT(DISTINCT diagnosis) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(diagnosis)] out=[count=a0]")),
+            ("sum", "SELECT SUM(cost) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(cost)[0,2000]] out=[sum=a0]")),
+            ("avg by sex", "SELECT sex, AVG(age) AS mean_age FROM demo.people GROUP BY sex", Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X]] aggs=[avg(age)[0,100]] out=[sex=k0, mean_age=a0]")),
+            ("variance and stddev", "SELECT VARIANCE(cost), STDDEV(cost) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[var_samp(cost)[0,2000], stddev_samp(cost)[0,2000]] out=[variance=a0, stddev=a1]")),
+            ("pop and samp variances", "SELECT VAR_POP(income), STDDEV_POP(income), VAR_SAMP(income), STDDEV_SAMP(income) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[var_pop(income)[0,250000], stddev_pop(income)[0,250000], var_samp(income)[0,250000], stddev_samp(income)[0,250000]] out=[var_pop=a0, stddev_pop=a1, var_samp=a2, stddev_samp=a3]")),
+            ("median via percentile_cont", "SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY cost) AS m FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[q500(cost)[0,2000]] out=[m=a0]")),
+            ("median and p90 by region", "SELECT region, MEDIAN(income), PERCENTILE_DISC(0.9) WITHIN GROUP (ORDER BY income) AS p90 FROM demo.people GROUP BY region", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[q500(income)[0,250000], q900(income)[0,250000]] out=[region=k0, median=a0, p90=a1]")),
+            ("min and max", "SELECT MIN(age), MAX(age) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[q10(age)[0,100], q990(age)[0,100]] out=[min=a0, max=a1]")),
+            ("shared measures deduplicated", "SELECT AVG(cost), SUM(cost), COUNT(cost), VARIANCE(cost), SUM(cost) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[avg(cost)[0,2000], sum(cost)[0,2000], count(cost), var_samp(cost)[0,2000]] out=[avg=a0, sum=a1, count=a2, variance=a3, sum=a1]")),
+            ("several aggregates with aliases", "SELECT clinic, COUNT(*) AS visits, SUM(cost) AS total, AVG(cost) AS mean, COUNT(DISTINCT person_id) AS patients FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*), sum(cost)[0,2000], avg(cost)[0,2000], count_units] out=[clinic=k0, visits=a0, total=a1, mean=a2, patients=a3]")),
+            ("key not selected", "SELECT COUNT(*) FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[count=a0]")),
+            ("key selected twice and after aggregate", "SELECT COUNT(*), clinic, clinic AS c2 FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[count=a0, clinic=k0, c2=k0]")),
+            ("group by alias", "SELECT clinic AS c, COUNT(*) FROM demo.visits GROUP BY c", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[c=k0, count=a0]")),
+            ("group by position", "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[diagnosis:text:private] aggs=[count(*)] out=[diagnosis=k0, count=a0]")),
+            ("search_path resolves bare table", "SELECT COUNT(*) FROM visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("quoted identifiers", "SELECT \"clinic\", COUNT(*) FROM \"demo\".\"visits\" GROUP BY \"clinic\"", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0]")),
+            ("table alias", "SELECT COUNT(*) AS n FROM demo.visits AS v WHERE v.clinic = 'C07'", Accepted("unit=person_id caps=(g1,r10) where=clinic = 'C07' keys=[] aggs=[count(*)] out=[n=a0]")),
+            ("reserved prefix inside a string is fine", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis = '__dp_x'", Accepted("unit=person_id caps=(g1,r10) where=diagnosis = '__dp_x' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("unquoted upper case folds", "SELECT COUNT(*) FROM DEMO.VISITS WHERE CLINIC = 'C07'", Accepted("unit=person_id caps=(g1,r10) where=clinic = 'C07' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("count distinct non-unit id", "SELECT COUNT(DISTINCT visit_id) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(visit_id)] out=[count=a0]")),
+            ("count of constant", "SELECT COUNT(1) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(1)] out=[count=a0]")),
+        ],
+    );
+}
+
+#[test]
+fn filters() {
+    check(
+        On::Demo,
+        &[
+            ("where comparisons and or not", "SELECT COUNT(*) FROM demo.people WHERE (age >= 18 AND age < 65) OR NOT sex = 'F'", Accepted("unit=person_id caps=(g1,r1) where=(age >= 18 AND age < 65) OR NOT sex = 'F' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where in list", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis IN ('J06', 'I10')", Accepted("unit=person_id caps=(g1,r10) where=diagnosis IN ('J06', 'I10') keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where not in list", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis NOT IN ('Z00')", Accepted("unit=person_id caps=(g1,r10) where=diagnosis NOT IN ('Z00') keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where between dates", "SELECT SUM(cost) FROM demo.visits WHERE visit_date BETWEEN DATE '2024-01-01' AND DATE '2024-03-31'", Accepted("unit=person_id caps=(g1,r10) where=visit_date BETWEEN DATE '2024-01-01' AND DATE '2024-03-31' keys=[] aggs=[sum(cost)[0,2000]] out=[sum=a0]")),
+            ("where date against string", "SELECT COUNT(*) FROM demo.visits WHERE visit_date >= '2024-06-01'", Accepted("unit=person_id caps=(g1,r10) where=visit_date >= '2024-06-01' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where is null", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis IS NOT NULL AND cost IS NULL", Accepted("unit=person_id caps=(g1,r10) where=diagnosis IS NOT NULL AND cost IS NULL keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where like", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE 'J%'", Accepted("unit=person_id caps=(g1,r10) where=diagnosis LIKE 'J%' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where not ilike", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis NOT ILIKE 'z99.%'", Accepted("unit=person_id caps=(g1,r10) where=diagnosis NOT ILIKE 'z99.%' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where division is null-safe", "SELECT COUNT(*) FROM demo.people WHERE income / age > 1000", Accepted("unit=person_id caps=(g1,r1) where=income / NULLIF(CAST((age) AS NUMERIC), 0) > 1000 keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where case", "SELECT COUNT(*) FROM demo.people WHERE CASE WHEN age < 18 THEN income > 0 ELSE income > 50000 END", Accepted("unit=person_id caps=(g1,r1) where=CASE WHEN age < 18 THEN income > 0 ELSE income > 50000 END keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where text functions", "SELECT COUNT(*) FROM demo.visits WHERE lower(clinic) = 'c07' AND length(diagnosis) = 3", Accepted("unit=person_id caps=(g1,r10) where=pg_catalog.lower(clinic) = 'c07' AND pg_catalog.length(diagnosis) = 3 keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where extract", "SELECT COUNT(*) FROM demo.visits WHERE EXTRACT(MONTH FROM visit_date) IN (12, 1, 2)", Accepted("unit=person_id caps=(g1,r10) where=EXTRACT(MONTH FROM visit_date) IN (12, 1, 2) keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where on the unit", "SELECT COUNT(*) FROM demo.visits WHERE person_id < 1000", Accepted("unit=person_id caps=(g1,r10) where=person_id < 1000 keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where cast to text", "SELECT COUNT(*) FROM demo.people WHERE age::text LIKE '1%'", Accepted("unit=person_id caps=(g1,r1) where=age::TEXT LIKE '1%' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where concatenation", "SELECT COUNT(*) FROM demo.visits WHERE clinic || '/' || diagnosis = 'C07/J06'", Accepted("unit=person_id caps=(g1,r10) where=clinic || '/' || diagnosis = 'C07/J06' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where coalesce nullif greatest", "SELECT COUNT(*) FROM demo.visits WHERE COALESCE(NULLIF(cost, 0), 1) > 10 AND greatest(cost, 5) < 100", Accepted("unit=person_id caps=(g1,r10) where=COALESCE(NULLIF(cost, 0), 1) > 10 AND GREATEST(cost, 5) < 100 keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where is true", "SELECT COUNT(*) FROM demo.people WHERE (age > 30) IS TRUE", Accepted("unit=person_id caps=(g1,r1) where=(age > 30) IS TRUE keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where timestamp literal", "SELECT COUNT(*) FROM demo.visits WHERE date_trunc('week', visit_date) = TIMESTAMP '2024-01-01 00:00:00'", Accepted("unit=person_id caps=(g1,r10) where=pg_catalog.date_trunc('week', visit_date) = TIMESTAMP '2024-01-01 00:00:00' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where on the unit with a literal", "SELECT SUM(cost) FROM demo.visits WHERE person_id = 5", Accepted("unit=person_id caps=(g1,r10) where=person_id = 5 keys=[] aggs=[sum(cost)[0,2000]] out=[sum=a0]")),
+            ("where division by zero literal", "SELECT COUNT(*) FROM demo.visits WHERE cost / 0 IS NULL", Accepted("unit=person_id caps=(g1,r10) where=cost / NULLIF(CAST((0) AS NUMERIC), 0) IS NULL keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where boolean literal", "SELECT COUNT(*) FROM demo.visits WHERE true", Accepted("unit=person_id caps=(g1,r10) where=true keys=[] aggs=[count(*)] out=[count=a0]")),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounds derivation
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn bounds_derivation() {
+    check(
+        On::Demo,
+        &[
+            ("affine", "SELECT SUM(cost * 1.2 + 5) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(cost * 1.2 + CAST((5) AS NUMERIC))[5,2405]] out=[sum=a0]")),
+            ("shifted", "SELECT SUM(cost + 100) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(cost + CAST((100) AS NUMERIC))[100,2100]] out=[sum=a0]")),
+            ("division by literal", "SELECT AVG(income / 1000) AS income_k FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[avg(income / NULLIF(CAST((1000) AS NUMERIC), 0))[0,250]] out=[income_k=a0]")),
+            ("case with else", "SELECT SUM(CASE WHEN diagnosis = 'I10' THEN cost ELSE 0 END) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(CASE WHEN diagnosis = 'I10' THEN cost ELSE 0 END)[0,2000]] out=[sum=a0]")),
+            ("case without else", "SELECT AVG(CASE WHEN sex = 'F' THEN income END) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[avg(CASE WHEN sex = 'F' THEN income END)[0,250000]] out=[avg=a0]")),
+            ("negated", "SELECT SUM(-cost) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(-cost)[-2000,-0]] out=[sum=a0]")),
+            ("abs of difference", "SELECT AVG(abs(age - 50)) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[avg(pg_catalog.abs(CAST((age) AS NUMERIC) - CAST((50) AS NUMERIC)))[0,50]] out=[avg=a0]")),
+            ("least", "SELECT SUM(LEAST(cost, 500)) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(LEAST(cost, 500))[0,500]] out=[sum=a0]")),
+            ("greatest", "SELECT SUM(GREATEST(cost, 500)) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(GREATEST(cost, 500))[500,2000]] out=[sum=a0]")),
+            ("round negative digits", "SELECT AVG(round(income, -3)) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[avg(pg_catalog.round(income, -3))[0,250000]] out=[avg=a0]")),
+            ("coalesce", "SELECT SUM(COALESCE(cost, 0)) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(COALESCE(cost, 0))[0,2000]] out=[sum=a0]")),
+            ("integer product", "SELECT AVG(age * 12) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[avg(CAST((age) AS NUMERIC) * CAST((12) AS NUMERIC))[0,1200]] out=[avg=a0]")),
+            ("product of columns", "SELECT SUM(age * age) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[sum(CAST((age) AS NUMERIC) * CAST((age) AS NUMERIC))[0,10000]] out=[sum=a0]")),
+            ("constant", "SELECT SUM(1) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(1)[0.5,1.5]] out=[sum=a0]")),
+            ("extract month", "SELECT AVG(EXTRACT(MONTH FROM visit_date)) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[avg(EXTRACT(MONTH FROM visit_date))[1,12]] out=[avg=a0]")),
+            ("floor and ceil", "SELECT SUM(floor(cost)), AVG(ceil(cost / 10)) FROM demo.visits", Accepted(r#"unit=person_id caps=(g1,r10) keys=[] aggs=[sum(pg_catalog."floor"(cost))[0,2000], avg(pg_catalog."ceil"(cost / NULLIF(CAST((10) AS NUMERIC), 0)))[0,200]] out=[sum=a0, avg=a1]"#)),
+            ("indicator", "SELECT SUM(CASE WHEN sex = 'F' THEN 1 ELSE 0 END) AS women FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[sum(CASE WHEN sex = 'F' THEN 1 ELSE 0 END)[0,1]] out=[women=a0]")),
+            ("quantile of expression", "SELECT MEDIAN(cost / 2) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[q500(cost / NULLIF(CAST((2) AS NUMERIC), 0))[0,1000]] out=[median=a0]")),
+            ("derived column keeps scaled bounds", "SELECT SUM(cost) FROM (SELECT person_id, cost * 1000 AS cost FROM demo.visits) t", Accepted("unit=t1.person_id caps=(g1,r10) tables=[t:sub] keys=[] aggs=[sum(t1.cost)[0,2000000]] out=[sum=a0]")),
+            ("avg of count per unit clamped by least", "SELECT SUM(n) FROM (SELECT person_id, LEAST(SUM(cost), 5) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[sum(t1.n)[0,5]] out=[sum=a0]")),
+            ("sum of greatest per unit", "SELECT SUM(g) FROM (SELECT person_id, GREATEST(MAX(cost), 100) AS g FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[sum(t1.g)[100,2000]] out=[sum=a0]")),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key domains
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn key_domains() {
+    check(
+        On::Demo,
+        &[
+            ("listed text key", "SELECT region, COUNT(*) FROM demo.people GROUP BY region", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, count=a0]")),
+            ("two listed keys", "SELECT sex, education, COUNT(*) AS n FROM demo.people GROUP BY sex, education", Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X], education:text:listed[bachelor, master, none, primary, secondary, vocational]] aggs=[count(*)] out=[sex=k0, education=k1, n=a0]")),
+            ("bounded integer key", "SELECT age, COUNT(*) FROM demo.people GROUP BY age", Accepted("unit=person_id caps=(g1,r1) keys=[age:integer:private] aggs=[count(*)] out=[age=k0, count=a0]")),
+            ("groupable text key is private", "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis", Accepted("unit=person_id caps=(g5,r10) keys=[diagnosis:text:private] aggs=[count(*)] out=[diagnosis=k0, count=a0]")),
+            ("public and private keys", "SELECT sex, age, clinic, COUNT(*) FROM demo.people JOIN demo.visits USING (person_id) GROUP BY sex, age, clinic", Accepted("unit=person_id caps=(g5,r10) tables=[demo.people:private, demo.visits:private] on=[person_id = t1.person_id] keys=[sex:text:listed[F, M, X], age:integer:private, t1.clinic:text:private] aggs=[count(*)] out=[sex=k0, age=k1, clinic=k2, count=a0]")),
+            ("date_trunc key", "SELECT date_trunc('month', visit_date) AS month, COUNT(*) FROM demo.visits GROUP BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[pg_catalog.date_trunc('month', visit_date):timestamp:private] aggs=[count(*)] out=[month=k0, count=a0]")),
+            ("extract keys", "SELECT EXTRACT(year FROM visit_date) AS y, EXTRACT(quarter FROM visit_date) AS q, COUNT(*) FROM demo.visits GROUP BY 1, 2", Accepted("unit=person_id caps=(g5,r10) keys=[EXTRACT(YEAR FROM visit_date):numeric:private, EXTRACT(QUARTER FROM visit_date):numeric:private] aggs=[count(*)] out=[y=k0, q=k1, count=a0]")),
+            ("case literal key", "SELECT CASE WHEN age < 18 THEN 'child' WHEN age < 65 THEN 'adult' ELSE 'senior' END AS band, COUNT(*) FROM demo.people GROUP BY 1", Accepted("unit=person_id caps=(g1,r1) keys=[CASE WHEN age < 18 THEN 'child' WHEN age < 65 THEN 'adult' ELSE 'senior' END:text:listed[adult, child, senior]] aggs=[count(*)] out=[band=k0, count=a0]")),
+            ("case integer key over non-groupable", "SELECT CASE WHEN cost >= 500 THEN 1 ELSE 0 END AS expensive, COUNT(*) FROM demo.visits GROUP BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[CASE WHEN cost >= 500 THEN 1 ELSE 0 END:integer:listed[0, 1]] aggs=[count(*)] out=[expensive=k0, count=a0]")),
+            ("case key with column result", "SELECT CASE WHEN age < 18 THEN 'child' ELSE sex END AS k, COUNT(*) FROM demo.people GROUP BY 1", Accepted("unit=person_id caps=(g1,r1) keys=[CASE WHEN age < 18 THEN 'child' ELSE sex END:text:private] aggs=[count(*)] out=[k=k0, count=a0]")),
+            ("floor band key", "SELECT floor(age/10)*10 AS band, COUNT(*) FROM demo.people GROUP BY 1", Accepted(r#"unit=person_id caps=(g1,r1) keys=[pg_catalog."floor"(CAST((age) AS NUMERIC) / NULLIF(CAST((10) AS NUMERIC), 0)) * CAST((10) AS NUMERIC):numeric:private] aggs=[count(*)] out=[band=k0, count=a0]"#)),
+            ("round band key", "SELECT round(age, -1) AS decade, COUNT(*) FROM demo.people GROUP BY round(age, -1)", Accepted("unit=person_id caps=(g1,r1) keys=[pg_catalog.round(age, -1):numeric:private] aggs=[count(*)] out=[decade=k0, count=a0]")),
+            ("lower of listed key", "SELECT lower(region), COUNT(*) FROM demo.people GROUP BY lower(region)", Accepted("unit=person_id caps=(g1,r1) keys=[pg_catalog.lower(region):text:private] aggs=[count(*)] out=[lower=k0, count=a0]")),
+            ("cast of integer key", "SELECT CAST(age AS text), COUNT(*) FROM demo.people GROUP BY CAST(age AS text)", Accepted("unit=person_id caps=(g1,r1) keys=[CAST(age AS TEXT):text:private] aggs=[count(*)] out=[age=k0, count=a0]")),
+            ("public table key", "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY r.name", Accepted("unit=person_id caps=(g1,r1) tables=[demo.people:private, demo.regions:public] on=[region = t1.region] keys=[t1.name:text:table demo.regions.name] aggs=[count(*)] out=[name=k0, count=a0]")),
+            ("duplicate key collapses", "SELECT region, COUNT(*) FROM demo.people GROUP BY region, region", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, count=a0]")),
+            // Documented (analyze/expr.rs): the NULL group of a CASE without ELSE is not released.
+            ("case key without else", "SELECT CASE WHEN age < 18 THEN 'child' END AS minor, COUNT(*) FROM demo.people GROUP BY 1", Accepted("unit=person_id caps=(g1,r1) keys=[CASE WHEN age < 18 THEN 'child' END:text:listed[child]] aggs=[count(*)] out=[minor=k0, count=a0]")),
+            ("public key joined on a non-groupable column", "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.income = r.population GROUP BY r.name", Accepted("unit=person_id caps=(g1,r1) tables=[demo.people:private, demo.regions:public] on=[income = t1.population] keys=[t1.name:text:table demo.regions.name] aggs=[count(*)] out=[name=k0, count=a0]")),
+            ("renamed unit as key", "SELECT x, COUNT(*) FROM (SELECT person_id AS x FROM demo.visits) t GROUP BY x", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("renamed id as groupable name", "SELECT clinic, COUNT(*) FROM (SELECT person_id, visit_id AS clinic FROM demo.visits) t GROUP BY clinic", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("renamed non-groupable as key", "SELECT c, COUNT(*) FROM (SELECT person_id, cost AS c FROM demo.visits) t GROUP BY c", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+        ],
+    );
+}
+
+/// Key domains the demo policy has no example of: listed integers and booleans, public tables.
+#[test]
+fn key_domains_own_policy() {
+    check(
+        On::Small,
+        &[
+            ("row-level listed key", "SELECT kind, COUNT(*) FROM events GROUP BY kind", Accepted(P)),
+            ("row-level integer listed key", "SELECT level, AVG(score) FROM events GROUP BY level", Accepted(P)),
+            ("boolean key", "SELECT ok, COUNT(*) FROM events GROUP BY ok", Accepted(P)),
+            ("public table column key", "SELECT sh.city, SUM(o.amount) FROM orders o JOIN shops sh ON o.shop = sh.shop GROUP BY sh.city", Accepted(P)),
+            ("private groupable integer", "SELECT shop, COUNT(*) FROM orders GROUP BY shop", Accepted(P)),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Joins, unit paths, subqueries
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn joins_and_unit_paths() {
+    check(
+        On::Demo,
+        &[
+            ("join using unit", "SELECT region, COUNT(*), AVG(cost) FROM demo.visits JOIN demo.people USING (person_id) GROUP BY region", Accepted("unit=person_id caps=(g5,r10) tables=[demo.visits:private, demo.people:private] on=[person_id = t1.person_id] keys=[t1.region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*), avg(cost)[0,2000]] out=[region=k0, count=a0, avg=a1]")),
+            ("join on unit equality", "SELECT p.sex, SUM(v.cost) AS total FROM demo.visits v JOIN demo.people p ON v.person_id = p.person_id GROUP BY p.sex", Accepted("unit=person_id caps=(g5,r10) tables=[demo.visits:private, demo.people:private] on=[person_id = t1.person_id] keys=[t1.sex:text:listed[F, M, X]] aggs=[sum(cost)[0,2000]] out=[sex=k0, total=a0]")),
+            ("join reversed condition", "SELECT COUNT(*) FROM demo.people p INNER JOIN demo.visits v ON v.person_id = p.person_id WHERE p.age > 70", Accepted("unit=person_id caps=(g1,r10) tables=[demo.people:private, demo.visits:private] on=[person_id = t1.person_id] where=age > 70 keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("public table joined", "SELECT COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region WHERE r.population > 2000000", Accepted("unit=person_id caps=(g1,r1) tables=[demo.people:private, demo.regions:public] on=[region = t1.region] where=t1.population > 2000000 keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("public table first", "SELECT r.region, AVG(p.income) FROM demo.regions r JOIN demo.people p USING (region) GROUP BY r.region", Accepted("unit=t1.person_id caps=(g1,r1) tables=[demo.regions:public, demo.people:private] on=[region = t1.region] keys=[region:text:table demo.regions.region] aggs=[avg(t1.income)[0,250000]] out=[region=k0, avg=a0]")),
+            ("three tables", "SELECT r.name, AVG(v.cost) FROM demo.visits v JOIN demo.people p USING (person_id) JOIN demo.regions r ON p.region = r.region GROUP BY r.name", Accepted("unit=person_id caps=(g5,r10) tables=[demo.visits:private, demo.people:private, demo.regions:public] on=[person_id = t1.person_id; t1.region = t2.region] keys=[t2.name:text:table demo.regions.name] aggs=[avg(cost)[0,2000]] out=[name=k0, avg=a0]")),
+            ("self join on unit", "SELECT COUNT(*) FROM demo.visits a JOIN demo.visits b ON a.person_id = b.person_id WHERE a.clinic <> b.clinic", Accepted("unit=person_id caps=(g1,r10) tables=[demo.visits:private, demo.visits:private] on=[person_id = t1.person_id] where=clinic <> t1.clinic keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("unit path count", "SELECT COUNT(*) FROM demo.prescriptions", Accepted("unit=t2.person_id caps=(g1,r20) tables=[demo.prescriptions:sub] keys=[] aggs=[count(*)] out=[count=a0] unique=[demo.visits.visit_id]")),
+            ("unit path listed key", "SELECT drug, COUNT(*), SUM(quantity) FROM demo.prescriptions GROUP BY drug", Accepted("unit=t2.person_id caps=(g5,r20) tables=[demo.prescriptions:sub] keys=[t2.drug:text:listed[amlodipine, amoxicillin, atorvastatin, cetirizine, ibuprofen, levothyroxine, lisinopril, metformin, omeprazole, paracetamol, salbutamol, sertraline]] aggs=[count(*), sum(t2.quantity)[0,100]] out=[drug=k0, count=a0, sum=a1] unique=[demo.visits.visit_id]")),
+            ("unit path count distinct unit", "SELECT COUNT(DISTINCT person_id) FROM demo.prescriptions", Accepted("unit=t2.person_id caps=(g1,r20) tables=[demo.prescriptions:sub] keys=[] aggs=[count_units] out=[count=a0] unique=[demo.visits.visit_id]")),
+            ("unit path joined on its step", "SELECT v.clinic, COUNT(*) FROM demo.prescriptions p JOIN demo.visits v USING (visit_id) GROUP BY v.clinic", Accepted("unit=t2.person_id caps=(g5,r20) tables=[demo.prescriptions:sub, demo.visits:private] on=[t2.visit_id = t3.visit_id AND t2.person_id = t3.person_id] keys=[t3.clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0] unique=[demo.visits.visit_id]")),
+            ("unit path joined to people", "SELECT pe.sex, COUNT(*) FROM demo.prescriptions p JOIN demo.people pe USING (person_id) GROUP BY pe.sex", Accepted("unit=t2.person_id caps=(g5,r20) tables=[demo.prescriptions:sub, demo.people:private] on=[t2.person_id = t3.person_id] keys=[t3.sex:text:listed[F, M, X]] aggs=[count(*)] out=[sex=k0, count=a0] unique=[demo.visits.visit_id]")),
+            ("unit path with public table", "SELECT r.name, SUM(p.quantity) FROM demo.prescriptions p JOIN demo.visits v USING (visit_id) JOIN demo.people pe ON pe.person_id = v.person_id JOIN demo.regions r ON r.region = pe.region GROUP BY r.name", Accepted("unit=t2.person_id caps=(g5,r20) tables=[demo.prescriptions:sub, demo.visits:private, demo.people:private, demo.regions:public] on=[t2.visit_id = t3.visit_id AND t2.person_id = t3.person_id; t3.person_id = t4.person_id; t4.region = t5.region] keys=[t5.name:text:table demo.regions.name] aggs=[sum(t2.quantity)[0,100]] out=[name=k0, sum=a0] unique=[demo.visits.visit_id]")),
+            ("join with extra condition", "SELECT COUNT(*) FROM demo.visits v JOIN demo.people p ON v.person_id = p.person_id AND p.age > 30", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("count units across join", "SELECT COUNT(DISTINCT p.person_id) FROM demo.visits v JOIN demo.people p USING (person_id)", Accepted("unit=person_id caps=(g1,r10) tables=[demo.visits:private, demo.people:private] on=[person_id = t1.person_id] keys=[] aggs=[count_units] out=[count=a0]")),
+            ("join on unit and another column", "SELECT COUNT(*) FROM demo.visits a JOIN demo.visits b ON a.person_id = b.person_id AND a.clinic = b.clinic", Accepted("unit=person_id caps=(g1,r10) tables=[demo.visits:private, demo.visits:private] on=[person_id = t1.person_id AND clinic = t1.clinic] keys=[] aggs=[count(*)] out=[count=a0]")),
+        ],
+    );
+}
+
+/// Row-level tables, a unit path of our own, search_path `s`.
+#[test]
+fn joins_and_unit_paths_own_policy() {
+    check(
+        On::Small,
+        &[
+            ("own unit path", "SELECT item, SUM(qty) FROM lines GROUP BY item", Accepted(P)),
+            ("row-level table alone", "SELECT COUNT(*), SUM(score) FROM events", Accepted(P)),
+            ("row-level refuses join to private", "SELECT COUNT(*) FROM events e JOIN orders o ON e.level = o.shop", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("row-level count distinct listed", "SELECT COUNT(DISTINCT kind) FROM events", Accepted(P)),
+            ("row-level quantile of float", "SELECT kind, MEDIAN(score) FROM events GROUP BY kind", Accepted(P)),
+            ("row-level system column", "SELECT COUNT(*) FROM events e WHERE e.ctid IS NULL", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("orders by day", "SELECT day, SUM(amount) FROM orders GROUP BY day", Accepted(P)),
+            ("orders joined to lines on the path", "SELECT o.shop, SUM(l.qty) FROM lines l JOIN orders o USING (order_id) GROUP BY o.shop", Accepted(P)),
+            ("lines joined to orders on the unit", "SELECT COUNT(*) FROM lines l JOIN orders o ON l.customer = o.customer", Accepted(P)),
+            ("public table keyed join", "SELECT sh.city, COUNT(*) FROM orders o JOIN shops sh USING (shop) GROUP BY sh.city", Accepted(P)),
+            ("demo schema absent", "SELECT COUNT(*) FROM demo.people", Refused(SqlState::UNDEFINED_TABLE)),
+            ("unit of unit path grouped", "SELECT customer, COUNT(*) FROM lines GROUP BY customer", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("sum of order id", "SELECT SUM(order_id) FROM lines", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+        ],
+    );
+}
+
+#[test]
+fn subqueries() {
+    check(
+        On::Demo,
+        &[
+            ("derived table row level", "SELECT COUNT(*) FROM (SELECT * FROM demo.visits WHERE cost > 100) v", Accepted("unit=t1.person_id caps=(g1,r10) tables=[v:sub] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("cte row level", "WITH recent AS (SELECT * FROM demo.visits WHERE visit_date > DATE '2024-06-01') SELECT clinic, COUNT(*) FROM recent GROUP BY clinic", Accepted("unit=t1.person_id caps=(g5,r10) tables=[recent:sub] keys=[t1.clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0]")),
+            ("derived projection bounds", "SELECT AVG(c2) FROM (SELECT person_id, cost / 2 AS c2 FROM demo.visits WHERE clinic = 'C01') AS t", Accepted("unit=t1.person_id caps=(g1,r10) tables=[t:sub] keys=[] aggs=[avg(t1.c2)[0,1000]] out=[avg=a0]")),
+            ("cte joined to table", "WITH v AS (SELECT person_id, cost FROM demo.visits WHERE cost > 100) SELECT p.sex, SUM(v.cost) FROM v JOIN demo.people p USING (person_id) GROUP BY p.sex", Accepted("unit=t1.person_id caps=(g5,r10) tables=[v:sub, demo.people:private] on=[t1.person_id = t2.person_id] keys=[t2.sex:text:listed[F, M, X]] aggs=[sum(t1.cost)[0,2000]] out=[sex=k0, sum=a0]")),
+            ("cte chain", "WITH a AS (SELECT * FROM demo.people WHERE age >= 18), b AS (SELECT region, income FROM a WHERE income > 0) SELECT region, AVG(income) FROM b GROUP BY region", Accepted("unit=t2.__dp_unit caps=(g1,r1) tables=[b:sub] keys=[t2.region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[avg(t2.income)[0,250000]] out=[region=k0, avg=a0]")),
+            ("cte without unit column", "WITH c AS (SELECT cost FROM demo.visits) SELECT SUM(cost) FROM c", Accepted("unit=t1.__dp_unit caps=(g1,r10) tables=[c:sub] keys=[] aggs=[sum(t1.cost)[0,2000]] out=[sum=a0]")),
+            ("per-unit average", "SELECT AVG(n) FROM (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.n)[0,20]] out=[avg=a0]")),
+            ("per-unit histogram key", "SELECT n_bucket, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(*), 10) AS n_bucket FROM demo.visits GROUP BY person_id) t GROUP BY n_bucket", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[t1.n_bucket:integer:listed[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]] aggs=[count(*)] out=[n_bucket=k0, count=a0]")),
+            ("per-unit case class", "WITH u AS (SELECT person_id, CASE WHEN COUNT(*) >= 10 THEN 'frequent' ELSE 'occasional' END AS kind FROM demo.visits GROUP BY person_id) SELECT kind, COUNT(*) FROM u GROUP BY kind", Accepted("unit=t1.person_id caps=(g1,r1) tables=[u:sub] keys=[t1.kind:text:listed[frequent, occasional]] aggs=[count(*)] out=[kind=k0, count=a0]")),
+            ("per-unit having", "SELECT COUNT(*) FROM (SELECT person_id FROM demo.visits GROUP BY person_id HAVING COUNT(*) > 5) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("per-unit joined", "SELECT p.sex, AVG(t.spend) FROM (SELECT person_id, LEAST(SUM(cost), 10000) AS spend FROM demo.visits GROUP BY person_id) t JOIN demo.people p USING (person_id) GROUP BY p.sex", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub, demo.people:private] on=[t1.person_id = t2.person_id] keys=[t2.sex:text:listed[F, M, X]] aggs=[avg(t1.spend)[0,10000]] out=[sex=k0, avg=a0]")),
+            ("per-unit over unit path", "WITH pp AS (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.prescriptions GROUP BY person_id) SELECT n, COUNT(*) FROM pp GROUP BY n", Accepted("unit=t3.person_id caps=(g1,r1) tables=[pp:sub] keys=[t3.n:integer:listed[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]] aggs=[count(*)] out=[n=k0, count=a0] unique=[demo.visits.visit_id]")),
+            ("per-unit unbounded count", "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("per-unit grouped by other", "SELECT AVG(n) FROM (SELECT clinic, LEAST(COUNT(*), 10) AS n FROM demo.visits GROUP BY clinic) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("per-unit bare column", "SELECT AVG(n) FROM (SELECT person_id, clinic, LEAST(COUNT(*), 10) AS n FROM demo.visits GROUP BY person_id) t", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("recursive cte", "WITH RECURSIVE r AS (SELECT * FROM demo.visits) SELECT COUNT(*) FROM r", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("subquery order limit", "SELECT COUNT(*) FROM (SELECT * FROM demo.visits ORDER BY cost DESC LIMIT 10) AS t", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("cte over public only", "WITH r AS (SELECT * FROM demo.regions) SELECT COUNT(*) FROM r JOIN demo.people USING (region)", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("subquery distinct", "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits) AS t", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("cte with dml", "WITH d AS (DELETE FROM demo.visits RETURNING person_id) SELECT COUNT(*) FROM d", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Post-processing and parameters
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn post_processing_and_parameters() {
+    check(
+        On::Demo,
+        &[
+            ("having on count", "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis HAVING COUNT(*) > 100", Accepted("unit=person_id caps=(g5,r10) keys=[diagnosis:text:private] aggs=[count(*)] out=[diagnosis=k0, count=a0] having=(a0 > 100)")),
+            ("having on unselected aggregate", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic HAVING AVG(cost) > 100", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*), avg(cost)[0,2000]] out=[clinic=k0, count=a0] having=(a1 > 100)")),
+            ("having on alias and key", "SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region HAVING n > 5000 AND region <> 'NO'", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, n=a0] having=((a0 > 5000) and (k0 <> 'NO'))")),
+            ("order by alias desc limit", "SELECT clinic, COUNT(*) AS n FROM demo.visits GROUP BY clinic ORDER BY n DESC LIMIT 5", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[clinic=k0, n=a0] order=[a0 desc nulls first] limit=5")),
+            ("order by positions limit offset", "SELECT region, AVG(income) FROM demo.people GROUP BY region ORDER BY 2 DESC, 1 LIMIT 3 OFFSET 1", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[avg(income)[0,250000]] out=[region=k0, avg=a0] order=[a0 desc nulls first, k0 asc nulls last] limit=3 offset=1")),
+            ("order by nulls first", "SELECT education, COUNT(*) FROM demo.people GROUP BY education ORDER BY education NULLS FIRST", Accepted("unit=person_id caps=(g1,r1) keys=[education:text:listed[bachelor, master, none, primary, secondary, vocational]] aggs=[count(*)] out=[education=k0, count=a0] order=[k0 asc nulls first]")),
+            ("order by aggregate expression", "SELECT sex, SUM(income) AS total, COUNT(*) AS n FROM demo.people GROUP BY sex ORDER BY SUM(income) / COUNT(*) DESC", Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X]] aggs=[sum(income)[0,250000], count(*)] out=[sex=k0, total=a0, n=a1] order=[(a0 / a1) desc nulls first]")),
+            ("param text", "SELECT COUNT(*) FROM demo.visits WHERE clinic = $1", Accepted("unit=person_id caps=(g1,r10) where=clinic = $1 keys=[] aggs=[count(*)] out=[count=a0] params=[$1:text/text]")),
+            ("params integer and date", "SELECT COUNT(*) FROM demo.visits v JOIN demo.people p USING (person_id) WHERE p.age >= $1 AND v.visit_date < $2", Accepted("unit=person_id caps=(g1,r10) tables=[demo.visits:private, demo.people:private] on=[person_id = t1.person_id] where=t1.age >= $1 AND visit_date < $2 keys=[] aggs=[count(*)] out=[count=a0] params=[$1:integer/integer, $2:date/date]")),
+            ("params in list and between", "SELECT SUM(cost) FROM demo.visits WHERE diagnosis IN ($1, $2) AND cost BETWEEN $3 AND $4", Accepted("unit=person_id caps=(g1,r10) where=diagnosis IN ($1, $2) AND cost BETWEEN $3 AND $4 keys=[] aggs=[sum(cost)[0,2000]] out=[sum=a0] params=[$1:text/text, $2:text/text, $3:numeric/numeric, $4:numeric/numeric]")),
+            ("param in cte", "WITH r AS (SELECT * FROM demo.visits WHERE clinic = $1) SELECT COUNT(*) FROM r", Accepted("unit=t1.person_id caps=(g1,r10) tables=[r:sub] keys=[] aggs=[count(*)] out=[count=a0] params=[$1:text/text]")),
+            ("param in group by", "SELECT COUNT(*) FROM demo.visits GROUP BY $1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("param in select list", "SELECT $1, COUNT(*) FROM demo.visits", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("param as limit", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic LIMIT $1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("having references a private column", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic HAVING cost > 5", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("order by a private column", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic ORDER BY cost", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("order by unselected aggregate", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic ORDER BY SUM(cost) DESC", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*), sum(cost)[0,2000]] out=[clinic=k0, count=a0] order=[a1 desc nulls first]")),
+            ("having is null and not", "SELECT sex, AVG(income) FROM demo.people GROUP BY sex HAVING NOT AVG(income) IS NULL", Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X]] aggs=[avg(income)[0,250000]] out=[sex=k0, avg=a0] having=not a0 is null")),
+            ("limit zero", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic LIMIT 0", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0] limit=0")),
+            ("offset alone", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic OFFSET 2", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0] offset=2")),
+            ("param in having", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic HAVING COUNT(*) > $1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("param as quantile fraction", "SELECT PERCENTILE_CONT($1) WITHIN GROUP (ORDER BY cost) FROM demo.visits", Refused(SqlState::INVALID_PARAMETER_VALUE)),
+            ("param as like pattern", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE $1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("param compared with the unit", "SELECT COUNT(*) FROM demo.visits WHERE person_id = $1", Accepted("unit=person_id caps=(g1,r10) where=person_id = $1 keys=[] aggs=[count(*)] out=[count=a0] params=[$1:integer/bigint]")),
+            ("param on a listed column", "SELECT sex, COUNT(*) FROM demo.people WHERE region = $1 GROUP BY sex", Accepted("unit=person_id caps=(g1,r1) where=region = $1 keys=[sex:text:listed[F, M, X]] aggs=[count(*)] out=[sex=k0, count=a0] params=[$1:text/text]")),
+            ("param reused", "SELECT COUNT(*) FROM demo.visits WHERE clinic = $1 OR diagnosis = $1", Accepted("unit=person_id caps=(g1,r10) where=clinic = $1 OR diagnosis = $1 keys=[] aggs=[count(*)] out=[count=a0] params=[$1:text/text]")),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn refusals_resolution() {
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            ("unknown table", "SELECT COUNT(*) FROM demo.invoices", Refused(S::UNDEFINED_TABLE)),
+            ("table outside policy schema", "SELECT COUNT(*) FROM public.visits", Refused(S::UNDEFINED_TABLE)),
+            ("unknown column", "SELECT COUNT(*) FROM demo.people WHERE name = 'Alice'", Refused(S::UNDEFINED_COLUMN)),
+            ("undeclared column", "SELECT SUM(v.salary) FROM demo.visits v", Refused(S::UNDEFINED_COLUMN)),
+            ("ambiguous column", "SELECT COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region WHERE region = 'NO'", Refused(S::SYNTAX_ERROR)),
+            ("unknown function", "SELECT COUNT(*) FROM demo.visits WHERE leak(cost) > 0", Refused(S::UNDEFINED_FUNCTION)),
+            ("random", "SELECT COUNT(*) FROM demo.visits WHERE random() < 0.5", Refused(S::UNDEFINED_FUNCTION)),
+            ("pg_sleep", "SELECT COUNT(*) FROM demo.visits WHERE pg_sleep(1) IS NULL", Refused(S::UNDEFINED_FUNCTION)),
+            ("now", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > now()", Refused(S::UNDEFINED_FUNCTION)),
+            ("catalog function", "SELECT COUNT(*) FROM demo.visits WHERE pg_catalog.current_setting('x') = 'y'", Refused(S::UNDEFINED_FUNCTION)),
+            ("catalog table", "SELECT COUNT(*) FROM pg_catalog.pg_class", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("information schema", "SELECT COUNT(*) FROM information_schema.tables", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("reserved output alias", "SELECT COUNT(*) AS __dp_n FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("reserved table reference", "SELECT COUNT(*) FROM demo.visits WHERE \"__dp_t0\".person_id = 1", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("reserved table alias", "SELECT COUNT(*) FROM demo.visits __dp_rows", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("reserved cte name", "WITH __dp_x AS (SELECT * FROM demo.visits) SELECT COUNT(*) FROM __dp_x", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("system column qualified", "SELECT COUNT(*) FROM demo.visits v WHERE v.ctid = '(0,1)'", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("system column bare", "SELECT COUNT(*) FROM demo.visits WHERE ctid = '(0,1)'", Refused(S::UNDEFINED_COLUMN)),
+            ("system column xmin", "SELECT COUNT(*) FROM demo.visits v WHERE v.xmin = '1'", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("public table only", "SELECT COUNT(*) FROM demo.regions", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("quoted upper case is another table", "SELECT COUNT(*) FROM demo.\"Visits\"", Refused(S::UNDEFINED_TABLE)),
+            ("unknown schema-qualified column", "SELECT COUNT(*) FROM demo.visits v WHERE x.clinic = 'a'", Refused(S::UNDEFINED_TABLE)),
+            ("text length has no bounds", "SELECT SUM(pg_catalog.length(diagnosis)) FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("catalog function unlisted", "SELECT COUNT(*) FROM demo.visits WHERE pg_catalog.pg_read_file('x') IS NULL", Refused(S::UNDEFINED_FUNCTION)),
+            ("set-returning function in from", "SELECT COUNT(*) FROM generate_series(1, 10)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("lateral subquery", "SELECT COUNT(*) FROM demo.people p JOIN LATERAL (SELECT * FROM demo.visits v WHERE v.person_id = p.person_id) x ON true", Refused(S::FEATURE_NOT_SUPPORTED)),
+        ],
+    );
+}
+
+#[test]
+fn refusals_privacy() {
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            ("select star", "SELECT * FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("qualified star", "SELECT v.* FROM demo.visits v", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("raw column", "SELECT age FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("column beside aggregate", "SELECT diagnosis, COUNT(*) FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("column not grouped", "SELECT clinic, diagnosis, COUNT(*) FROM demo.visits GROUP BY clinic", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("keys without aggregate", "SELECT region FROM demo.people GROUP BY region", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("group by unit", "SELECT person_id, COUNT(*) FROM demo.visits GROUP BY person_id", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("group by expression of unit", "SELECT COUNT(*) FROM demo.visits GROUP BY person_id + 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("group by case on unit", "SELECT COUNT(*) FROM demo.visits GROUP BY CASE WHEN person_id = 4711 THEN 'x' ELSE 'y' END", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("group by non-groupable", "SELECT cost, COUNT(*) FROM demo.visits GROUP BY cost", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("group by unit path", "SELECT person_id, COUNT(*) FROM demo.prescriptions GROUP BY person_id", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("join not on unit", "SELECT COUNT(*) FROM demo.visits v JOIN demo.people p ON v.visit_id = p.person_id", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("self join on clinic", "SELECT COUNT(*) FROM demo.visits a JOIN demo.visits b ON a.clinic = b.clinic", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("unit path join on other column", "SELECT COUNT(*) FROM demo.prescriptions p JOIN demo.visits v ON p.prescription_id = v.visit_id", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("subquery posing as path table", "SELECT COUNT(*) FROM demo.prescriptions p JOIN (SELECT visit_id, clinic FROM demo.visits) AS \"demo.visits\" ON p.visit_id = \"demo.visits\".visit_id", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("sum unbounded", "SELECT SUM(visit_id) FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("avg of unit", "SELECT AVG(person_id) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("max unbounded", "SELECT MAX(visit_id) FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("sum of division by column", "SELECT SUM(cost / age) FROM demo.visits JOIN demo.people USING (person_id)", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("sum bounds too large", "SELECT SUM(income * income * income) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("cast text to int", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis::int > 3", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("cast to narrow type", "SELECT COUNT(*) FROM demo.visits WHERE CAST(person_id AS smallint) > 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("numeric overflow by literals", "SELECT COUNT(*) FROM demo.people WHERE income * 1e100000 * 1e100000 > 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("for update", "SELECT COUNT(*) FROM demo.visits FOR UPDATE", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("select into", "SELECT COUNT(*) INTO stolen FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
+        ],
+    );
+}
+
+#[test]
+fn refusals_unsupported() {
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            ("window aggregate", "SELECT COUNT(*) OVER () FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("row_number", "SELECT row_number() OVER (ORDER BY cost) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("named window", "SELECT COUNT(*) FROM demo.visits WINDOW w AS (ORDER BY cost)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("scalar subquery in where", "SELECT COUNT(*) FROM demo.visits WHERE cost > (SELECT AVG(cost) FROM demo.visits)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in subquery", "SELECT COUNT(*) FROM demo.visits WHERE person_id IN (SELECT person_id FROM demo.people)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("union", "SELECT COUNT(*) FROM demo.visits UNION ALL SELECT COUNT(*) FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("left join", "SELECT COUNT(*) FROM demo.people p LEFT JOIN demo.visits v USING (person_id)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("cross join", "SELECT COUNT(*) FROM demo.people CROSS JOIN demo.regions", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("comma join", "SELECT COUNT(*) FROM demo.visits v, demo.people p WHERE v.person_id = p.person_id", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("natural join", "SELECT COUNT(*) FROM demo.visits NATURAL JOIN demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("join on inequality", "SELECT COUNT(*) FROM demo.visits v JOIN demo.people p ON v.person_id < p.person_id", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("select distinct", "SELECT DISTINCT diagnosis FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("aggregate filter", "SELECT COUNT(*) FILTER (WHERE cost > 10) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("rollup", "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex, region)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("expression over aggregates", "SELECT SUM(cost) / COUNT(*) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("function of aggregate", "SELECT round(AVG(cost), 2) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("nested aggregate", "SELECT SUM(COUNT(*)) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("aggregate in where", "SELECT COUNT(*) FROM demo.visits WHERE COUNT(*) > 1", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("sum distinct", "SELECT SUM(DISTINCT cost) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("regex operator", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis ~ '^J0'", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("similar to", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis SIMILAR TO 'J%'", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("modulo", "SELECT COUNT(*) FROM demo.people WHERE age % 2 = 0", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("like column pattern", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE clinic", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("like escape clause", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE 'J!%' ESCAPE '!'", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("date arithmetic", "SELECT COUNT(*) FROM demo.visits WHERE visit_date + 1 > DATE '2024-01-01'", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("date_trunc unit from data", "SELECT COUNT(*) FROM demo.visits WHERE date_trunc(clinic, visit_date) IS NULL", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("fetch first", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic FETCH FIRST 3 ROWS ONLY", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("tablesample", "SELECT COUNT(*) FROM demo.visits TABLESAMPLE BERNOULLI (10)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("floor with scale", "SELECT SUM(FLOOR(cost, 1)) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("values body", "VALUES (1)", Refused(S::FEATURE_NOT_SUPPORTED)),
+        ],
+    );
+}
+
+#[test]
+fn refusals_data_dependent_errors_and_limits() {
+    use SqlState as S;
+    let many_aggregates = format!(
+        "SELECT {} FROM demo.people",
+        (0..=limits::AGGREGATES_PER_QUERY_MAX)
+            .map(|i| format!("SUM(age + {i})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let long_in_list = format!(
+        "SELECT COUNT(*) FROM demo.people WHERE age IN ({})",
+        (0..=limits::IN_LIST_VALUES_MAX)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let many_joins = format!(
+        "SELECT COUNT(*) FROM demo.visits v0{}",
+        (1..=limits::JOINED_TABLES_MAX)
+            .map(|i| format!(" JOIN demo.visits v{i} ON v{i}.person_id = v0.person_id"))
+            .collect::<String>()
+    );
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    check(
+        On::Demo,
+        &[
+            ("bad date literal", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > DATE '2023-02-30'", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("bad date string compared", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > 'yesterday'", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("bad date in case key", "SELECT CASE WHEN visit_date < DATE '2024-13-01' THEN 'a' ELSE 'b' END AS k, COUNT(*) FROM demo.visits GROUP BY 1", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("bad timestamp literal", "SELECT COUNT(*) FROM demo.visits WHERE date_trunc('day', visit_date) = TIMESTAMP 'soon'", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("integer product computed in numeric", "SELECT COUNT(*) FROM demo.people WHERE age * 99999999999 > 0", Accepted("unit=person_id caps=(g1,r1) where=CAST((age) AS NUMERIC) * CAST((99999999999) AS NUMERIC) > 0 keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("typed literal smuggling", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > DATE 'x\\'') SELECT 1 --'", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("date_trunc unknown unit", "SELECT COUNT(*) FROM demo.visits WHERE date_trunc('fortnight', visit_date) IS NOT NULL", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("date_part unknown unit", "SELECT COUNT(*) FROM demo.visits WHERE date_part('fortnight', visit_date) > 0", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("quantile fraction out of range", "SELECT PERCENTILE_CONT(1.5) WITHIN GROUP (ORDER BY cost) FROM demo.visits", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("like pattern ending in escape", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE 'J\\'", Refused(S::SYNTAX_ERROR)),
+            ("sum of text", "SELECT SUM(diagnosis) FROM demo.visits", Refused(S::SYNTAX_ERROR)),
+            ("case key mixed types", "SELECT CASE WHEN age < 18 THEN 'child' ELSE 1 END AS band, COUNT(*) FROM demo.people GROUP BY 1", Refused(S::SYNTAX_ERROR)),
+            ("where not boolean", "SELECT COUNT(*) FROM demo.people WHERE age", Refused(S::SYNTAX_ERROR)),
+            ("too many group keys", "SELECT COUNT(*) FROM demo.visits JOIN demo.people USING (person_id) GROUP BY clinic, diagnosis, visit_date, age, sex, region, education, lower(clinic), lower(diagnosis)", Refused(S::PROGRAM_LIMIT_EXCEEDED)),
+            ("too many aggregates", leak(many_aggregates), Refused(S::PROGRAM_LIMIT_EXCEEDED)),
+            ("in list too long", leak(long_in_list), Refused(S::PROGRAM_LIMIT_EXCEEDED)),
+            ("too many joined tables", leak(many_joins), Refused(S::PROGRAM_LIMIT_EXCEEDED)),
+        ],
+    );
+}
