@@ -1,25 +1,31 @@
 //! Table-driven tests of analysis: SQL in, the facts of its plan (or the SQLSTATE of its refusal)
 //! out. Each row names its case; an accepted plan is compared as the one-line [`summary`]:
 //!
-//! `unit=… caps=(g<groups>,r<rows>) [tables=…] [where=…] keys=[…] aggs=[…] out=[…] [post…]`
+//! `unit=… caps=(g<groups>,r<rows>) [tables=… on=…] [where=…] keys=[…] aggs=[…] out=[…]
+//! [having=…] [order=[…]] [limit=…] [offset=…] [params=[…]] [unique=[…]]`
 //!
-//! Canonical column references print without the driving table's alias (`"__dp_t0"."age"` as
-//! `age`) and as `tN.column` for the others; pgdp's dollar-quoted literals print as `'…'`.
-//! Refusals compare [`Error::sqlstate`], never message text.
+//! - `unit`: the privacy unit column (`row(tN)` for a row-level table); `caps`: most groups per
+//!   unit and most rows per unit and group.
+//! - `keys`: `expression:type:domain`, the domain `private` (released by partition selection),
+//!   `listed[…]` (public values) or `table schema.table.column` (read from a public table).
+//! - `aggs`: `kind(argument)[lower,upper]`; `count_units` is `COUNT(DISTINCT <unit>)`, `qNNN` a
+//!   quantile in thousandths (MIN and MAX are q10 and q990).
+//! - `out`: `name=kI` (group key I) or `name=aJ` (aggregate J); HAVING and ORDER BY use the same
+//!   indices. `params`: `$n:inferred type/declared SQL type`. `unique`: unit-path keys the plan
+//!   relies on being unique upstream.
 //!
-//! The SQL is parsed here the way the session parses it (same dialect and depth limit, string
-//! literals dollar-quoted) rather than through the session's classifier, which sits in a layer
-//! above `dp`.
+//! Canonical column references print without the alias `"__dp_t0"` (`"__dp_t0"."age"` as `age`)
+//! and as `tN.column` for the others; pgdp's dollar-quoted literals print as `'…'`. Refusals
+//! compare [`Error::sqlstate`], never message text.
+//!
+//! The SQL goes through the session's classifier first, as it does in the proxy (string literals
+//! arrive dollar-quoted); the layering test lets a `tests.rs` use the layers above.
 
-use std::ops::ControlFlow;
-
-use sqlparser::dialect::PostgreSqlDialect;
-use sqlparser::parser::Parser;
 use tokio_postgres::error::SqlState;
 
 use super::*;
-use crate::literal::dollar_quoted;
 use crate::policy::Policy;
+use crate::session::classify::{classify, Statement};
 
 const DEMO_YAML: &str = include_str!("../../../policies/demo.yaml");
 
@@ -101,51 +107,14 @@ fn search_path(on: On) -> Vec<String> {
     }
 }
 
-/// Parses one query as the session does: PostgreSQL dialect, the parser depth limit, and every
-/// string literal rewritten as a dollar-quoted one.
-fn parse_query(sql: &str) -> Result<ast::Query> {
-    let mut statements = Parser::new(&PostgreSqlDialect {})
-        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
-        .try_with_sql(sql)
-        .and_then(|mut p| p.parse_statements())
-        .map_err(|e| match e {
-            sqlparser::parser::ParserError::RecursionLimitExceeded => Error::LimitExceeded {
-                what: "the nesting depth of the statement".into(),
-                limit: limits::PARSER_DEPTH_MAX as u64,
-            },
-            other => Error::Syntax {
-                message: other.to_string(),
-            },
-        })?;
-    assert_eq!(statements.len(), 1, "a row holds one statement: {sql}");
-    let ast::Statement::Query(mut query) = statements.remove(0) else {
-        panic!("a row holds a query: {sql}");
-    };
-    let _ = ast::visit_expressions_mut(&mut *query, |e| {
-        let value = match e {
-            Expr::Value(v) => Some(&mut v.value),
-            Expr::TypedString(ts) => Some(&mut ts.value.value),
-            _ => None,
-        };
-        if let Some(v) = value {
-            let text = match v {
-                Value::SingleQuotedString(s)
-                | Value::EscapedStringLiteral(s)
-                | Value::NationalStringLiteral(s) => Some(s.clone()),
-                Value::DollarQuotedString(d) => Some(d.value.clone()),
-                _ => None,
-            };
-            if let Some(t) = text {
-                *v = dollar_quoted(&t);
-            }
-        }
-        ControlFlow::<()>::Continue(())
-    });
-    Ok(*query)
-}
-
+/// Classifies `sql` (one query, or EXPLAIN of one) as the session does, then analyses it.
 fn analyze_sql(sql: &str, ctx: &Context) -> Result<Plan> {
-    analyze(&parse_query(sql)?, ctx)
+    let mut statements = classify(sql)?;
+    assert_eq!(statements.len(), 1, "a row holds one statement: {sql}");
+    match statements.remove(0) {
+        Statement::Query(query) | Statement::Explain(query) => analyze(&query, ctx),
+        other => panic!("a row holds a query: {sql} is {}", other.kind()),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -375,8 +344,6 @@ fn check(on: On, rows: &[Row]) {
     );
 }
 
-const P: &str = "?";
-
 // ---------------------------------------------------------------------------------------------
 // Accepted shapes
 // ---------------------------------------------------------------------------------------------
@@ -409,6 +376,7 @@ fn accepted_shapes() {
             ("quoted identifiers", "SELECT \"clinic\", COUNT(*) FROM \"demo\".\"visits\" GROUP BY \"clinic\"", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0]")),
             ("table alias", "SELECT COUNT(*) AS n FROM demo.visits AS v WHERE v.clinic = 'C07'", Accepted("unit=person_id caps=(g1,r10) where=clinic = 'C07' keys=[] aggs=[count(*)] out=[n=a0]")),
             ("reserved prefix inside a string is fine", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis = '__dp_x'", Accepted("unit=person_id caps=(g1,r10) where=diagnosis = '__dp_x' keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("explain reaches analysis", "EXPLAIN SELECT COUNT(*) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(*)] out=[count=a0]")),
             ("unquoted upper case folds", "SELECT COUNT(*) FROM DEMO.VISITS WHERE CLINIC = 'C07'", Accepted("unit=person_id caps=(g1,r10) where=clinic = 'C07' keys=[] aggs=[count(*)] out=[count=a0]")),
             ("count distinct non-unit id", "SELECT COUNT(DISTINCT visit_id) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(visit_id)] out=[count=a0]")),
             ("count of constant", "SELECT COUNT(1) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(1)] out=[count=a0]")),
@@ -474,7 +442,7 @@ fn bounds_derivation() {
             ("indicator", "SELECT SUM(CASE WHEN sex = 'F' THEN 1 ELSE 0 END) AS women FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[sum(CASE WHEN sex = 'F' THEN 1 ELSE 0 END)[0,1]] out=[women=a0]")),
             ("quantile of expression", "SELECT MEDIAN(cost / 2) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[q500(cost / NULLIF(CAST((2) AS NUMERIC), 0))[0,1000]] out=[median=a0]")),
             ("derived column keeps scaled bounds", "SELECT SUM(cost) FROM (SELECT person_id, cost * 1000 AS cost FROM demo.visits) t", Accepted("unit=t1.person_id caps=(g1,r10) tables=[t:sub] keys=[] aggs=[sum(t1.cost)[0,2000000]] out=[sum=a0]")),
-            ("avg of count per unit clamped by least", "SELECT SUM(n) FROM (SELECT person_id, LEAST(SUM(cost), 5) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[sum(t1.n)[0,5]] out=[sum=a0]")),
+            ("per-unit sum clamped by least", "SELECT SUM(n) FROM (SELECT person_id, LEAST(SUM(cost), 5) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[sum(t1.n)[0,5]] out=[sum=a0]")),
             ("sum of greatest per unit", "SELECT SUM(g) FROM (SELECT person_id, GREATEST(MAX(cost), 100) AS g FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[sum(t1.g)[100,2000]] out=[sum=a0]")),
         ],
     );
@@ -521,11 +489,11 @@ fn key_domains_own_policy() {
     check(
         On::Small,
         &[
-            ("row-level listed key", "SELECT kind, COUNT(*) FROM events GROUP BY kind", Accepted(P)),
-            ("row-level integer listed key", "SELECT level, AVG(score) FROM events GROUP BY level", Accepted(P)),
-            ("boolean key", "SELECT ok, COUNT(*) FROM events GROUP BY ok", Accepted(P)),
-            ("public table column key", "SELECT sh.city, SUM(o.amount) FROM orders o JOIN shops sh ON o.shop = sh.shop GROUP BY sh.city", Accepted(P)),
-            ("private groupable integer", "SELECT shop, COUNT(*) FROM orders GROUP BY shop", Accepted(P)),
+            ("row-level listed key", "SELECT kind, COUNT(*) FROM events GROUP BY kind", Accepted("unit=row(t0) caps=(g1,r1) keys=[kind:text:listed[a, b]] aggs=[count(*)] out=[kind=k0, count=a0]")),
+            ("row-level integer listed key", "SELECT level, AVG(score) FROM events GROUP BY level", Accepted("unit=row(t0) caps=(g1,r1) keys=[level:integer:listed[1, 2, 3]] aggs=[avg(score)[-1,1]] out=[level=k0, avg=a0]")),
+            ("boolean key", "SELECT ok, COUNT(*) FROM events GROUP BY ok", Accepted("unit=row(t0) caps=(g1,r1) keys=[ok:boolean:private] aggs=[count(*)] out=[ok=k0, count=a0]")),
+            ("public table column key", "SELECT sh.city, SUM(o.amount) FROM orders o JOIN shops sh ON o.shop = sh.shop GROUP BY sh.city", Accepted("unit=customer caps=(g2,r3) tables=[s.orders:private, s.shops:public] on=[shop = t1.shop] keys=[t1.city:text:table s.shops.city] aggs=[sum(amount)[0,50]] out=[city=k0, sum=a0]")),
+            ("private groupable integer", "SELECT shop, COUNT(*) FROM orders GROUP BY shop", Accepted("unit=customer caps=(g2,r3) keys=[shop:integer:private] aggs=[count(*)] out=[shop=k0, count=a0]")),
         ],
     );
 }
@@ -565,16 +533,18 @@ fn joins_and_unit_paths_own_policy() {
     check(
         On::Small,
         &[
-            ("own unit path", "SELECT item, SUM(qty) FROM lines GROUP BY item", Accepted(P)),
-            ("row-level table alone", "SELECT COUNT(*), SUM(score) FROM events", Accepted(P)),
+            ("own unit path", "SELECT item, SUM(qty) FROM lines GROUP BY item", Accepted("unit=t2.customer caps=(g4,r6) tables=[s.lines:sub] keys=[t2.item:text:private] aggs=[sum(t2.qty)[1,9]] out=[item=k0, sum=a0] unique=[s.orders.order_id]")),
+            ("row-level table alone", "SELECT COUNT(*), SUM(score) FROM events", Accepted("unit=row(t0) caps=(g1,r1) keys=[] aggs=[count(*), sum(score)[-1,1]] out=[count=a0, sum=a1]")),
             ("row-level refuses join to private", "SELECT COUNT(*) FROM events e JOIN orders o ON e.level = o.shop", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
-            ("row-level count distinct listed", "SELECT COUNT(DISTINCT kind) FROM events", Accepted(P)),
-            ("row-level quantile of float", "SELECT kind, MEDIAN(score) FROM events GROUP BY kind", Accepted(P)),
+            ("two row-level tables joined", "SELECT COUNT(*) FROM events e JOIN events f ON e.kind = f.kind", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("row-level and unit tables joined", "SELECT COUNT(*) FROM events e JOIN orders o ON e.kind = o.day", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("row-level count distinct listed", "SELECT COUNT(DISTINCT kind) FROM events", Accepted("unit=row(t0) caps=(g1,r1) keys=[] aggs=[count_distinct(kind)] out=[count=a0]")),
+            ("row-level quantile of float", "SELECT kind, MEDIAN(score) FROM events GROUP BY kind", Accepted("unit=row(t0) caps=(g1,r1) keys=[kind:text:listed[a, b]] aggs=[q500(score)[-1,1]] out=[kind=k0, median=a0]")),
             ("row-level system column", "SELECT COUNT(*) FROM events e WHERE e.ctid IS NULL", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
-            ("orders by day", "SELECT day, SUM(amount) FROM orders GROUP BY day", Accepted(P)),
-            ("orders joined to lines on the path", "SELECT o.shop, SUM(l.qty) FROM lines l JOIN orders o USING (order_id) GROUP BY o.shop", Accepted(P)),
-            ("lines joined to orders on the unit", "SELECT COUNT(*) FROM lines l JOIN orders o ON l.customer = o.customer", Accepted(P)),
-            ("public table keyed join", "SELECT sh.city, COUNT(*) FROM orders o JOIN shops sh USING (shop) GROUP BY sh.city", Accepted(P)),
+            ("orders by day", "SELECT day, SUM(amount) FROM orders GROUP BY day", Accepted("unit=customer caps=(g2,r3) keys=[day:date:private] aggs=[sum(amount)[0,50]] out=[day=k0, sum=a0]")),
+            ("orders joined to lines on the path", "SELECT o.shop, SUM(l.qty) FROM lines l JOIN orders o USING (order_id) GROUP BY o.shop", Accepted("unit=t2.customer caps=(g4,r6) tables=[s.lines:sub, s.orders:private] on=[t2.order_id = t3.order_id AND t2.customer = t3.customer] keys=[t3.shop:integer:private] aggs=[sum(t2.qty)[1,9]] out=[shop=k0, sum=a0] unique=[s.orders.order_id]")),
+            ("lines joined to orders on the unit", "SELECT COUNT(*) FROM lines l JOIN orders o ON l.customer = o.customer", Accepted("unit=t2.customer caps=(g1,r6) tables=[s.lines:sub, s.orders:private] on=[t2.customer = t3.customer] keys=[] aggs=[count(*)] out=[count=a0] unique=[s.orders.order_id]")),
+            ("public table keyed join", "SELECT sh.city, COUNT(*) FROM orders o JOIN shops sh USING (shop) GROUP BY sh.city", Accepted("unit=customer caps=(g2,r3) tables=[s.orders:private, s.shops:public] on=[shop = t1.shop] keys=[t1.city:text:table s.shops.city] aggs=[count(*)] out=[city=k0, count=a0]")),
             ("demo schema absent", "SELECT COUNT(*) FROM demo.people", Refused(SqlState::UNDEFINED_TABLE)),
             ("unit of unit path grouped", "SELECT customer, COUNT(*) FROM lines GROUP BY customer", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
             ("sum of order id", "SELECT SUM(order_id) FROM lines", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
@@ -676,6 +646,7 @@ fn refusals_resolution() {
             ("reserved table reference", "SELECT COUNT(*) FROM demo.visits WHERE \"__dp_t0\".person_id = 1", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("reserved table alias", "SELECT COUNT(*) FROM demo.visits __dp_rows", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("reserved cte name", "WITH __dp_x AS (SELECT * FROM demo.visits) SELECT COUNT(*) FROM __dp_x", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("reserved column", "SELECT COUNT(__dp_unit) FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("system column qualified", "SELECT COUNT(*) FROM demo.visits v WHERE v.ctid = '(0,1)'", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("system column bare", "SELECT COUNT(*) FROM demo.visits WHERE ctid = '(0,1)'", Refused(S::UNDEFINED_COLUMN)),
             ("system column xmin", "SELECT COUNT(*) FROM demo.visits v WHERE v.xmin = '1'", Refused(S::INSUFFICIENT_PRIVILEGE)),
@@ -715,6 +686,7 @@ fn refusals_privacy() {
             ("avg of unit", "SELECT AVG(person_id) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("max unbounded", "SELECT MAX(visit_id) FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("sum of division by column", "SELECT SUM(cost / age) FROM demo.visits JOIN demo.people USING (person_id)", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("avg of division by column", "SELECT AVG(income / age) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("sum bounds too large", "SELECT SUM(income * income * income) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("cast text to int", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis::int > 3", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("cast to narrow type", "SELECT COUNT(*) FROM demo.visits WHERE CAST(person_id AS smallint) > 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
@@ -795,6 +767,7 @@ fn refusals_data_dependent_errors_and_limits() {
         &[
             ("bad date literal", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > DATE '2023-02-30'", Refused(S::INVALID_PARAMETER_VALUE)),
             ("bad date string compared", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > 'yesterday'", Refused(S::INVALID_PARAMETER_VALUE)),
+            ("impossible month in a date string", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > '2024-13-01'", Refused(S::INVALID_PARAMETER_VALUE)),
             ("bad date in case key", "SELECT CASE WHEN visit_date < DATE '2024-13-01' THEN 'a' ELSE 'b' END AS k, COUNT(*) FROM demo.visits GROUP BY 1", Refused(S::INVALID_PARAMETER_VALUE)),
             ("bad timestamp literal", "SELECT COUNT(*) FROM demo.visits WHERE date_trunc('day', visit_date) = TIMESTAMP 'soon'", Refused(S::INVALID_PARAMETER_VALUE)),
             ("integer product computed in numeric", "SELECT COUNT(*) FROM demo.people WHERE age * 99999999999 > 0", Accepted("unit=person_id caps=(g1,r1) where=CAST((age) AS NUMERIC) * CAST((99999999999) AS NUMERIC) > 0 keys=[] aggs=[count(*)] out=[count=a0]")),
@@ -811,5 +784,19 @@ fn refusals_data_dependent_errors_and_limits() {
             ("in list too long", leak(long_in_list), Refused(S::PROGRAM_LIMIT_EXCEEDED)),
             ("too many joined tables", leak(many_joins), Refused(S::PROGRAM_LIMIT_EXCEEDED)),
         ],
+    );
+}
+
+/// The table checks itself: a wrong expectation fails, so no row can pass vacuously.
+#[test]
+#[should_panic(expected = "1 of 1 rows failed")]
+fn a_wrong_expectation_fails() {
+    check(
+        On::Demo,
+        &[(
+            "wrong caps",
+            "SELECT COUNT(*) FROM demo.visits",
+            Accepted("unit=person_id caps=(g1,r11) keys=[] aggs=[count(*)] out=[count=a0]"),
+        )],
     );
 }
