@@ -1,6 +1,7 @@
 //! The integration-test harness: a PostgreSQL upstream, fresh databases, and the demo dataset.
 //!
-//! Every integration test binary includes it with `mod harness;`.
+//! The integration test binary (`tests/integration/main.rs`) includes it as `mod harness;`, and so
+//! does the fuzz crate (`fuzz/src/lib.rs`).
 //!
 //! Which upstream ([`upstream`], chosen once per test process):
 //! 1. `PGDP_TEST_UPSTREAM`, if set and non-empty: a DSN (key=value or URL, with a user) of a
@@ -26,13 +27,10 @@
 //! `pgdp_test_demo_s<N>_v<V>`,
 //! kept across test processes and runs: [`pgdp::tools::demo::load`] reuses it when its marker matches and
 //! reloads it when the generator's version changed. An advisory lock on the upstream's maintenance
-//! database keeps two test binaries from creating or loading it at the same time. Tests must only
+//! database keeps two test processes from creating or loading it at the same time. Tests must only
 //! read it; a test that writes gets its own copy from [`fresh_database`] and `pgdp::tools::demo::load`.
 //!
 //! Nothing here prints to stdout.
-
-// Each test binary uses a different part of the harness; unused items are expected.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

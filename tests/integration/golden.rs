@@ -4,9 +4,9 @@
 //! The corpus lives in `tests/cases/*.case`; the format is described in `tests/cases/README.md`.
 //! Each case is classified, analysed against `policies/demo.yaml` (search_path `demo`),
 //! rewritten with the fixed secret [`SECRET`] and the case's parameters, and given mechanisms at
-//! ε = 1, δ = 1e-7, Laplace. `PGDP_BLESS=1 cargo test --test golden` rewrites the expected parts
-//! of every case whose outcome kind (accepted / refused) is unchanged, the way `expect-test`
-//! does; review the diff. It never turns an intended refusal into an acceptance (or back), and it
+//! ε = 1, δ = 1e-7, Laplace. `PGDP_BLESS=1 cargo test --test integration golden::` rewrites the
+//! expected parts of every case whose outcome kind (accepted / refused) is unchanged, the way
+//! `expect-test` does; review the diff. It never turns an intended refusal into an acceptance (or back), and it
 //! leaves cases marked `expect_bug` alone.
 //!
 //! Besides comparing, every accepted case is checked for invariants that hold whatever the
@@ -18,8 +18,6 @@
 //! Cases marked `expect_bug` are strict expected failures: the case states the correct outcome,
 //! and the test fails if the code now produces it (so the marker gets removed with the fix).
 //! The tests marked `#[ignore = "bug: …"]` at the bottom reproduce bugs that need a database.
-
-mod harness;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -34,6 +32,8 @@ use pgdp::session::classify::{self, Statement};
 use sqlparser::ast::{self, Expr};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
+
+use crate::harness;
 
 /// The secret keying the groups-per-unit choice; fixed so the expected SQL is stable.
 const SECRET: &str = "golden-secret";
@@ -266,7 +266,7 @@ fn corpus() -> Vec<CaseFile> {
 // ---------------------------------------------------------------------------------------------
 
 fn demo_policy() -> Policy {
-    policy::parse(include_str!("../policies/demo.yaml"))
+    policy::parse(include_str!("../../policies/demo.yaml"))
         .unwrap_or_else(|e| panic!("the demo policy is valid: {e}"))
 }
 
@@ -779,7 +779,7 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
 
 // ---------------------------------------------------------------------------------------------
 // Bugs that need a database to show. Each test asserts the correct behaviour and is ignored
-// until the bug is fixed; `cargo test --test golden -- --ignored` runs them.
+// until the bug is fixed; `cargo test --test integration golden:: -- --ignored` runs them.
 // ---------------------------------------------------------------------------------------------
 
 /// Runs a query on the demo dataset and returns its rows as text.

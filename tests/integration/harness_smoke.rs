@@ -2,12 +2,12 @@
 //!
 //! Run them against the throwaway cluster with `PGDP_TEST_FORCE_CLUSTER=1`.
 
-mod harness;
-
 use std::collections::BTreeSet;
 
 use pgdp::tools::cluster::{self, Cluster};
 use pgdp::tools::demo;
+
+use crate::harness;
 
 #[tokio::test]
 async fn upstream_answers_and_names_its_databases() {

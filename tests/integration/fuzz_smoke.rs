@@ -8,14 +8,12 @@
 //! `fuzz/regressions/<target>/`. Inputs that still crash pgdp are listed in [`KNOWN_BUGS`]: the
 //! main runs skip them, and each has its own `#[ignore = "bug: …"]` test (none is open now).
 
-#[path = "harness/mod.rs"]
-mod harness;
-
-#[path = "../fuzz/src/policy_yaml.rs"]
+// Paths are relative to this file's folder, tests/integration/.
+#[path = "../../fuzz/src/policy_yaml.rs"]
 mod policy_yaml;
-#[path = "../fuzz/src/sql.rs"]
+#[path = "../../fuzz/src/sql.rs"]
 mod sql;
-#[path = "../fuzz/src/wire.rs"]
+#[path = "../../fuzz/src/wire.rs"]
 mod wire;
 
 use std::path::{Path, PathBuf};

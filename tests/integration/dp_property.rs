@@ -35,8 +35,6 @@
 //! direction had mean 0.0026 / 0.0032, standard deviation 0.0014 / 0.0016 and maximum 0.0056 /
 //! 0.0063 (count / sum), so the slack sits about 16 standard deviations above the mean.
 
-mod harness;
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use num_rational::BigRational;
@@ -51,6 +49,8 @@ use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio::sync::OnceCell;
 use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::harness;
 
 const SECRET: &str = "dp-property-secret";
 
@@ -88,7 +88,7 @@ const SENSITIVITY_QUERIES: [&str; 10] = [
 ];
 
 fn demo_policy() -> Policy {
-    policy::parse(include_str!("../policies/demo.yaml"))
+    policy::parse(include_str!("../../policies/demo.yaml"))
         .unwrap_or_else(|e| panic!("the demo policy is valid: {e}"))
 }
 

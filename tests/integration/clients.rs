@@ -18,13 +18,6 @@
 //!
 //! Nothing here prints to stdout.
 
-#[path = "harness/mod.rs"]
-mod harness;
-// The client tests use only part of the integration support module.
-#[allow(dead_code)]
-#[path = "integration/support.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -33,7 +26,7 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
-use support::{Proxy, ANALYST, DATABASE, PASSWORD};
+use crate::support::{self, Proxy, ANALYST, DATABASE, PASSWORD};
 
 /// How long one client program may run.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);

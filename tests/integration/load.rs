@@ -10,9 +10,6 @@
 //! with an ErrorResponse whose SQLSTATE is a refusal a loaded server may give (53300 too many
 //! connections, 53400 budget exhausted); no connection broke without one.
 
-#[path = "harness/mod.rs"]
-mod harness;
-
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_postgres::NoTls;
+
+use crate::harness;
 
 /// Concurrent client connections.
 const CONNECTIONS: usize = 500;
