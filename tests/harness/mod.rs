@@ -11,6 +11,8 @@
 //!
 //! `PGDP_TEST_FORCE_CLUSTER=1` skips 1 and 2 and always starts a throwaway cluster (to check that
 //! fallback, or to get a server with [`pgdp::tools::cluster::MAX_CONNECTIONS`] connections).
+//! The choice is named once per process on standard error (`pgdp tests: PostgreSQL 15.x, the
+//! server on 127.0.0.1:5432`); a DSN's user and password are not shown.
 //!
 //! Clean-up. The throwaway cluster lives in a `static`, which is never dropped: a watcher process
 //! stops it and deletes its directory once the test process has exited
@@ -33,6 +35,7 @@
 //! Nothing here prints to stdout.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -102,9 +105,16 @@ impl Upstream {
 
 static UPSTREAM: OnceCell<Upstream> = OnceCell::const_new();
 
-/// The upstream of this test process, chosen on first use (see the module documentation).
+/// The upstream of this test process, chosen on first use (see the module documentation) and
+/// named once on standard error.
 pub async fn upstream() -> &'static Upstream {
-    UPSTREAM.get_or_init(choose_upstream).await
+    UPSTREAM
+        .get_or_init(|| async {
+            let upstream = choose_upstream().await;
+            announce(&upstream).await;
+            upstream
+        })
+        .await
 }
 
 async fn choose_upstream() -> Upstream {
@@ -145,6 +155,54 @@ async fn choose_upstream() -> Upstream {
         admin_dsn: cluster.dsn("postgres"),
         cluster: Some(cluster),
     }
+}
+
+/// Says on standard error which server this process's tests use, with its version. Written to
+/// the stream itself, since libtest captures `eprintln!` in test threads; never to stdout.
+async fn announce(upstream: &Upstream) {
+    let server = match (&upstream.source, &upstream.cluster) {
+        (Source::Cluster, Some(cluster)) => format!(
+            "a throwaway cluster on 127.0.0.1:{} (data directory {})",
+            cluster.port(),
+            cluster.data_dir().display()
+        ),
+        (Source::Local, _) => "the server on 127.0.0.1:5432".to_string(),
+        // The DSN may hold a password: name only where it points.
+        _ => format!("{UPSTREAM_ENV} ({})", address(&upstream.admin_dsn)),
+    };
+    let version = upstream
+        .admin_client()
+        .await
+        .query_one("SELECT current_setting('server_version')", &[])
+        .await
+        .map_or_else(|e| format!("version unknown: {e}"), |row| row.get(0));
+    let _ = writeln!(
+        std::io::stderr(),
+        "pgdp tests: PostgreSQL {version}, {server}"
+    );
+}
+
+/// `host:port` of each server a DSN names, without its user or password.
+fn address(dsn: &str) -> String {
+    let Ok(config) = dsn.parse::<tokio_postgres::Config>() else {
+        return "an unparsable DSN".to_string();
+    };
+    let ports = config.get_ports();
+    config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let host = match host {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            // One port for all hosts, or one per host, or the default.
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Connects to `dsn` and drives the connection on the current runtime.
