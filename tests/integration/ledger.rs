@@ -1,102 +1,16 @@
 //! The privacy ledger against a real PostgreSQL.
 //!
-//! Connection: `PGDP_TEST_UPSTREAM` (a libpq key=value string or a `postgres://` URL to a server
-//! where the tests may create databases), else `host=127.0.0.1 port=5432 user=postgres
-//! dbname=postgres`. Each test creates its own database and drops it when done, even on failure.
-//! Assertions check SQLSTATE codes and exact amounts, never message text.
+//! Each test creates its own database on the harness's upstream ([`harness::fresh_database`]),
+//! which is dropped when its handle is, even on failure. Assertions check SQLSTATE codes and
+//! exact amounts, never message text.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use pgdp::budget::{fingerprint, Cost, Fixed, Ledger, Limit, Spent};
 use pgdp::Error;
-use tokio_postgres::NoTls;
 
-const DEFAULT_DSN: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
-
-fn admin_dsn() -> String {
-    std::env::var("PGDP_TEST_UPSTREAM").unwrap_or_else(|_| DEFAULT_DSN.to_string())
-}
-
-/// `dsn` pointing at database `name` instead of its own.
-fn with_dbname(dsn: &str, name: &str) -> String {
-    if let Some(scheme_end) = dsn.find("://").filter(|_| dsn.starts_with("postgres")) {
-        let (base, query) = match dsn.find('?') {
-            Some(at) => (&dsn[..at], &dsn[at..]),
-            None => (dsn, ""),
-        };
-        let authority_end = base[scheme_end + 3..]
-            .find('/')
-            .map_or(base.len(), |at| scheme_end + 3 + at);
-        format!("{}/{name}{query}", &base[..authority_end])
-    } else {
-        // In key=value strings the last occurrence of a key wins.
-        format!("{dsn} dbname={name}")
-    }
-}
-
-async fn admin_client(dsn: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(dsn, NoTls)
-        .await
-        .expect("connect to the test server");
-    tokio::spawn(connection);
-    client
-}
-
-/// A fresh database for one test, dropped (with its connections) when this goes out of scope.
-struct TestDb {
-    name: String,
-    dsn: String,
-}
-
-impl TestDb {
-    async fn create() -> TestDb {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let name = format!(
-            "pgdp_test_ledger_{nanos}_{}",
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let admin = admin_client(&admin_dsn()).await;
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create the test database");
-        let dsn = with_dbname(&admin_dsn(), &name);
-        TestDb { name, dsn }
-    }
-
-    async fn client(&self) -> tokio_postgres::Client {
-        admin_client(&self.dsn).await
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        // Best effort, on a runtime of its own so that it also runs while a test panics.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async {
-                let (client, connection) =
-                    tokio_postgres::connect(&admin_dsn(), NoTls).await.ok()?;
-                tokio::spawn(connection);
-                client
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await
-                    .ok()
-            })
-        })
-        .join();
-    }
-}
+use crate::harness;
 
 fn fx(s: &str) -> Fixed {
     Fixed::from_decimal_str(s).unwrap()
@@ -108,11 +22,11 @@ fn is_exhausted(result: &Result<impl std::fmt::Debug, Error>) -> bool {
 
 #[tokio::test]
 async fn charges_add_up_exactly_and_survive_reconnecting() {
-    let db = TestDb::create().await;
+    let db = harness::fresh_database("ledger").await;
     let limit = Limit::new(fx("1"), fx("0.00001"));
     let fp = fingerprint(&["alice", "SELECT COUNT(*) FROM visits"]);
     {
-        let ledger = Ledger::connect(&db.dsn).await.unwrap();
+        let ledger = Ledger::connect(db.dsn()).await.unwrap();
         let mut last_id = 0;
         for i in 1..=10u64 {
             let charge = ledger
@@ -172,7 +86,7 @@ async fn charges_add_up_exactly_and_survive_reconnecting() {
     }
 
     // A new Ledger (a restarted process) sees the same totals.
-    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
     let alice = ledger.balance("alice", &limit).await.unwrap();
     assert_eq!(
         alice.spent,
@@ -235,7 +149,7 @@ async fn charges_add_up_exactly_and_survive_reconnecting() {
 async fn racing_processes_never_overspend() {
     const TASKS: usize = 50;
     const AFFORDABLE: usize = 7;
-    let db = Arc::new(TestDb::create().await);
+    let db = Arc::new(harness::fresh_database("ledger").await);
     // A budget that affords exactly AFFORDABLE charges of 0.3 (2.1 = 7 × 0.3, which a float sum misses).
     let limit = Limit::new(fx("2.1"), Fixed::ZERO);
     let cost = Cost::pure(fx("0.3"));
@@ -245,7 +159,7 @@ async fn racing_processes_never_overspend() {
         tasks.push(tokio::spawn(async move {
             // Every task is its own process: its own Ledger, all created on the fresh database at
             // once (which also races the schema creation).
-            let ledger = Ledger::connect(&db.dsn).await.expect("connect");
+            let ledger = Ledger::connect(db.dsn()).await.expect("connect");
             ledger
                 .charge("mallory", &limit, None, &cost, &format!("q{i}"), "laplace")
                 .await
@@ -266,7 +180,7 @@ async fn racing_processes_never_overspend() {
         }
     }
     assert_eq!((admitted, exhausted), (AFFORDABLE, TASKS - AFFORDABLE));
-    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
     assert_eq!(
         ledger
             .balance("mallory", &limit)
@@ -288,8 +202,8 @@ async fn racing_processes_never_overspend() {
 
 #[tokio::test]
 async fn dataset_cap_holds_across_analysts() {
-    let db = TestDb::create().await;
-    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    let db = harness::fresh_database("ledger").await;
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
     let each = Limit::new(fx("1"), fx("0.00001"));
     let dataset = Limit::new(fx("1.5"), fx("0.00001"));
     ledger
@@ -383,8 +297,8 @@ async fn dataset_cap_holds_across_analysts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_commit_admits_each_charge_as_if_alone() {
     const PER_ANALYST: usize = 40;
-    let db = TestDb::create().await;
-    let ledger = Arc::new(Ledger::connect(&db.dsn).await.unwrap());
+    let db = harness::fresh_database("ledger").await;
+    let ledger = Arc::new(Ledger::connect(db.dsn()).await.unwrap());
     let dataset = Limit::new(fx("6"), fx("0.001"));
     // (analyst, own limit, cost of each charge)
     let analysts = [
@@ -502,8 +416,8 @@ async fn group_commit_admits_each_charge_as_if_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replay_cache_first_writer_wins_and_expires() {
-    let db = Arc::new(TestDb::create().await);
-    let ledger = Arc::new(Ledger::connect(&db.dsn).await.unwrap());
+    let db = Arc::new(harness::fresh_database("ledger").await);
+    let ledger = Arc::new(Ledger::connect(db.dsn()).await.unwrap());
     let hour = Duration::from_secs(3600);
     let key = fingerprint(&["SELECT COUNT(*) FROM visits", "epsilon=0.1"]);
     assert_eq!(ledger.replay_get("alice", &key, hour).await.unwrap(), None);
@@ -546,7 +460,7 @@ async fn replay_cache_first_writer_wins_and_expires() {
         let db = Arc::clone(&db);
         let race_key = race_key.clone();
         tasks.push(tokio::spawn(async move {
-            let ledger = Ledger::connect(&db.dsn).await.unwrap();
+            let ledger = Ledger::connect(db.dsn()).await.unwrap();
             ledger.replay_put("alice", &race_key, &[i]).await.unwrap();
             ledger
                 .replay_get("alice", &race_key, hour)
@@ -570,8 +484,8 @@ async fn replay_cache_first_writer_wins_and_expires() {
 
 #[tokio::test]
 async fn ledger_reconnects_after_losing_its_connection() {
-    let db = TestDb::create().await;
-    let ledger = Ledger::connect(&db.dsn).await.unwrap();
+    let db = harness::fresh_database("ledger").await;
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
     let limit = Limit::new(fx("1"), Fixed::ZERO);
     ledger
         .charge(
@@ -623,17 +537,24 @@ async fn unreachable_ledger_is_unavailable() {
     assert!(Ledger::connect("not a dsn = = =").await.is_err());
 }
 
+/// The ledger databases' DSNs are the harness's upstream with the database replaced, by
+/// `dsn_with_dbname` (this test checked the ledger tests' own copy of it before they used the
+/// harness).
 #[test]
 fn dsn_database_is_replaced() {
+    use pgdp::tools::cluster::dsn_with_dbname;
     assert_eq!(
-        with_dbname("host=h user=u dbname=postgres", "x"),
+        dsn_with_dbname("host=h user=u dbname=postgres", "x"),
         "host=h user=u dbname=postgres dbname=x"
     );
     assert_eq!(
-        with_dbname("postgres://u:p@h:5432/postgres?sslmode=disable", "x"),
+        dsn_with_dbname("postgres://u:p@h:5432/postgres?sslmode=disable", "x"),
         "postgres://u:p@h:5432/x?sslmode=disable"
     );
-    assert_eq!(with_dbname("postgresql://u@h", "x"), "postgresql://u@h/x");
+    assert_eq!(
+        dsn_with_dbname("postgresql://u@h", "x"),
+        "postgresql://u@h/x"
+    );
 }
 
 /// The session spawns ledger calls on a multi-threaded runtime, so every future must be `Send`.
