@@ -149,6 +149,8 @@ async fn charges_add_up_exactly_and_survive_reconnecting() {
 async fn racing_processes_never_overspend() {
     const TASKS: usize = 50;
     const AFFORDABLE: usize = 7;
+    // 50 ledgers, each with its own upstream connection.
+    let _exclusive = harness::exclusive().await;
     let db = Arc::new(harness::fresh_database("ledger").await);
     // A budget that affords exactly AFFORDABLE charges of 0.3 (2.1 = 7 × 0.3, which a float sum misses).
     let limit = Limit::new(fx("2.1"), Fixed::ZERO);
