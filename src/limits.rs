@@ -31,6 +31,9 @@ pub const PUBLIC_KEY_COMBINATIONS_MAX: usize = GROUPS_RELEASED_MAX;
 /// Statement timeout set on every upstream DP statement.
 pub const STATEMENT_TIMEOUT_MS: u64 = 60_000;
 
+/// `statement_timeout` of a catalog query on the shadow catalog (which holds no rows).
+pub const CATALOG_STATEMENT_TIMEOUT_MS: u64 = 5_000;
+
 /// Time a client has to finish startup and authentication.
 pub const STARTUP_TIMEOUT_MS: u64 = 10_000;
 
@@ -67,6 +70,14 @@ pub const SHADOW_POOL_SIZE: usize = 4;
 /// How long after a failed build of the shadow catalog the next catalog query tries again, so a
 /// permanent failure (the upstream role lacks CREATEDB) costs little.
 pub const SHADOW_RETRY_MS: u64 = 2_000;
+
+/// Connections one ledger opens at most (lazily, beyond the first); group commit batches the
+/// charges waiting for them.
+pub const LEDGER_CONNECTIONS: usize = 4;
+
+/// How often a client's socket is looked at again while it holds bytes pgdp has not read yet
+/// (to notice a client that went away mid-statement).
+pub const CLIENT_WATCH_INTERVAL_MS: u64 = 200;
 
 /// Most charges the ledger commits in one transaction (group commit; see `budget::ledger`).
 /// Larger batches share one lock and one WAL flush among more queries, but each waits for all.
@@ -139,6 +150,7 @@ const _: () = assert!(
     "one cursor over a full release must fit"
 );
 const _: () = assert!(UPSTREAM_CONNECT_TIMEOUT_MS < STATEMENT_TIMEOUT_MS);
+const _: () = assert!(CATALOG_STATEMENT_TIMEOUT_MS <= STATEMENT_TIMEOUT_MS);
 const _: () = assert!(STARTUP_TIMEOUT_MS > 0);
 const _: () = assert!(AGGREGATES_PER_QUERY_MAX >= 1 && GROUP_KEYS_PER_QUERY_MAX >= 1);
 const _: () = assert!(

@@ -1,6 +1,6 @@
 //! Fuzz target: arbitrary YAML text → `pgdp::policy::parse`.
 //!
-//! Shared by `fuzz/fuzz_targets/policy_yaml.rs` and `tests/fuzz_smoke.rs` (through `#[path]`).
+//! Shared by `fuzz/fuzz_targets/policy_yaml.rs` and `tests/integration/fuzz_smoke.rs` (through `#[path]`).
 //!
 //! Invariants checked for every input:
 //! - Nothing panics, whatever the text.

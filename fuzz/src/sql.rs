@@ -1,7 +1,7 @@
 //! Fuzz target: arbitrary SQL text → classify → analyze → rewrite → mechanisms → release.
 //!
 //! Shared by the cargo-fuzz target `fuzz/fuzz_targets/sql.rs` and the stable smoke test
-//! `tests/fuzz_smoke.rs` (which includes this file with `#[path]`), so it uses only pgdp's public
+//! `tests/integration/fuzz_smoke.rs` (which includes this file with `#[path]`), so it uses only pgdp's public
 //! API and crates pgdp itself depends on.
 //!
 //! Invariants checked for every input (a violation panics, which the fuzzer reports):

@@ -1,6 +1,6 @@
 //! Fuzz target: arbitrary PostgreSQL frontend message streams against a running pgdp.
 //!
-//! Shared by `fuzz/fuzz_targets/wire.rs` and `tests/fuzz_smoke.rs` (through `#[path]`); both
+//! Shared by `fuzz/fuzz_targets/wire.rs` and `tests/integration/fuzz_smoke.rs` (through `#[path]`); both
 //! declare the test harness as `crate::harness`. The server is an in-process pgdp
 //! ([`pgdp::server::start`]) over the demo dataset with a ledger database of its own, listening
 //! on a free port; each input is one TCP connection.

@@ -116,8 +116,9 @@ pub enum AggregateKind {
     StddevPop,
     /// `COUNT(DISTINCT expr)` for an expression other than the privacy unit.
     CountDistinct,
-    /// A quantile (`PERCENTILE_CONT`, `PERCENTILE_DISC`, `MEDIAN`, `MIN` = 0, `MAX` = 1) of a
-    /// bounded argument, in thousandths.
+    /// A quantile (`PERCENTILE_CONT`, `PERCENTILE_DISC`, `MEDIAN`; `MIN` and `MAX` as the
+    /// [`crate::dp::mechanism::MIN_PERMILLE`] and [`crate::dp::mechanism::MAX_PERMILLE`]
+    /// quantiles) of a bounded argument, in thousandths.
     Quantile {
         /// The quantile × 1000, in 0..=1000.
         permille: u16,

@@ -23,7 +23,7 @@
 //!   ([`check_one_statement`]), in every build; in builds with debug assertions (every test) it
 //!   must also parse as exactly one statement. (A full re-parse costs ~70 µs per query, most of
 //!   the front end's time, and checks nothing the token check does not for injection: both use
-//!   sqlparser's lexer, and neither can see a wrong operator precedence.) `tests/golden.rs`
+//!   sqlparser's lexer, and neither can see a wrong operator precedence.) `tests/integration/golden.rs`
 //!   checks that the text of every corpus rewrite is exactly sqlparser's printing of its parse.
 //! - Generated identifiers carry the reserved prefix `__dp_`.
 

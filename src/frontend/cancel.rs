@@ -85,15 +85,12 @@ impl CancelHandler for Cancels {
     }
 }
 
-/// How often a client's socket is looked at again while it holds bytes pgdp has not read yet.
-pub(super) const CLIENT_WATCH_INTERVAL_MS: u64 = 200;
-
 /// Watches `socket` for the client going away, through a duplicate of its descriptor (pgwire
 /// owns the original): when the client closes or resets the connection, `cancel` stops the
 /// upstream statement it was waiting for. Returns the socket for pgwire and the watcher task.
 /// While the client has sent bytes pgdp has not read yet (pipelined messages), the end of the
 /// stream cannot be seen behind them; the watcher then looks again every
-/// [`CLIENT_WATCH_INTERVAL_MS`].
+/// [`crate::limits::CLIENT_WATCH_INTERVAL_MS`].
 pub(super) fn watch_client(
     socket: TcpStream,
     cancel: Arc<Cancel>,
@@ -111,8 +108,10 @@ pub(super) fn watch_client(
                     return;
                 }
                 Ok(_) => {
-                    tokio::time::sleep(std::time::Duration::from_millis(CLIENT_WATCH_INTERVAL_MS))
-                        .await
+                    tokio::time::sleep(std::time::Duration::from_millis(
+                        crate::limits::CLIENT_WATCH_INTERVAL_MS,
+                    ))
+                    .await
                 }
             }
         }

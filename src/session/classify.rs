@@ -45,7 +45,8 @@ pub enum Statement {
     Show { name: String },
     /// `DEALLOCATE [PREPARE] name | ALL`: frees a prepared statement of this connection.
     Deallocate { name: Option<String> },
-    /// A query: a DP aggregate, a constant lookup, or a catalog query. The session decides.
+    /// A query: a DP aggregate, a constant lookup, the budget view or a catalog query; which one
+    /// is decided once, by [`crate::session::route`].
     Query(Box<ast::Query>),
     /// `EXPLAIN <query>` without ANALYZE.
     Explain(Box<ast::Query>),

@@ -319,7 +319,8 @@ impl Built {
             path.join(", ")
         };
         let batch = format!(
-            "BEGIN READ ONLY; SET LOCAL statement_timeout = 5000; SET LOCAL search_path = {path}; {sql}; COMMIT"
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {path}; {sql}; COMMIT",
+            limits::CATALOG_STATEMENT_TIMEOUT_MS
         );
         match conn.client().simple_query(&batch).await {
             Ok(messages) => Ok((columns, collect_rows(&messages)?)),

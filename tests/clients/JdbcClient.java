@@ -3,7 +3,7 @@
 // twice (the second time as a named server-side statement), and a fetch size with autocommit off
 // (the driver then reads the result in chunks from a suspended portal).
 //
-// Compiled by tests/clients.rs with javac against /usr/share/java/postgresql.jar. Prints
+// Compiled by tests/integration/clients.rs with javac against /usr/share/java/postgresql.jar. Prints
 // `ok <check> <detail>` or `FAIL <check>: <error>` per check (see tests/clients/matrix.py).
 
 import java.sql.Connection;

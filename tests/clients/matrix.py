@@ -1,7 +1,7 @@
-"""Shared reporting for the Python clients of pgdp's client matrix (driven by tests/clients.rs).
+"""Shared reporting for the Python clients of pgdp's client matrix (driven by tests/integration/clients.rs).
 
 Each client script runs named checks against a running pgdp and prints one line per check:
-`ok <name> <detail>` or `FAIL <name>: <error>`. tests/clients.rs asserts on these lines. The
+`ok <name> <detail>` or `FAIL <name>: <error>`. tests/integration/clients.rs asserts on these lines. The
 connection parameters come from the environment (PGDP_HOST, PGDP_PORT, PGDP_USER,
 PGDP_PASSWORD, PGDP_DATABASE); the checks to run are the script's arguments (all when none).
 """

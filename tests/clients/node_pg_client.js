@@ -1,6 +1,6 @@
 // node-postgres (`pg`) against pgdp: connect, a parameterised DP query (unnamed and named
 // prepared statements), and a refusal with its SQLSTATE. Prints `ok <check> <detail>` or
-// `FAIL <check>: <error>` per check, as tests/clients/matrix.py does; tests/clients.rs reads them.
+// `FAIL <check>: <error>` per check, as tests/clients/matrix.py does; tests/integration/clients.rs reads them.
 'use strict';
 
 const { Client } = require('pg');

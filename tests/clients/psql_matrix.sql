@@ -1,4 +1,4 @@
--- psql against pgdp (run by tests/clients.rs with psql -X -f): introspection from the shadow
+-- psql against pgdp (run by tests/integration/clients.rs with psql -X -f): introspection from the shadow
 -- catalog, a DP query, a refused query and EXPLAIN. The test reads the output.
 \set VERBOSITY verbose
 SET search_path = demo, public;

@@ -1,7 +1,7 @@
 //! The integration-test harness: a PostgreSQL upstream, fresh databases, and the demo dataset.
 //!
-//! The integration test binary (`tests/integration/main.rs`) includes it as `mod harness;`, and so
-//! does the fuzz crate (`fuzz/src/lib.rs`).
+//! The one integration test binary (`tests/integration/main.rs`) includes it once, and the fuzz
+//! crate (`fuzz/src/lib.rs`) for its targets, which the `fuzz_smoke` module also runs.
 //!
 //! Which upstream ([`upstream`], chosen once per test process):
 //! 1. `PGDP_TEST_UPSTREAM`, if set and non-empty: a DSN (key=value or URL, with a user) of a
@@ -11,8 +11,6 @@
 //!
 //! `PGDP_TEST_FORCE_CLUSTER=1` skips 1 and 2 and always starts a throwaway cluster (to check that
 //! fallback, or to get a server with [`pgdp::tools::cluster::MAX_CONNECTIONS`] connections).
-//! The choice is named once per process on standard error (`pgdp tests: PostgreSQL 15.x, the
-//! server on 127.0.0.1:5432`); a DSN's user and password are not shown.
 //!
 //! Clean-up. The throwaway cluster lives in a `static`, which is never dropped: a watcher process
 //! stops it and deletes its directory once the test process has exited
@@ -35,7 +33,6 @@
 //! Nothing here prints to stdout.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -105,13 +102,23 @@ impl Upstream {
 
 static UPSTREAM: OnceCell<Upstream> = OnceCell::const_new();
 
-/// The upstream of this test process, chosen on first use (see the module documentation) and
-/// named once on standard error.
+/// The upstream of this test process, chosen on first use (see the module documentation).
 pub async fn upstream() -> &'static Upstream {
     UPSTREAM
         .get_or_init(|| async {
             let upstream = choose_upstream().await;
-            announce(&upstream).await;
+            // Once per test process, on standard error (tests never print to standard output).
+            let server = match upstream.source {
+                Source::Env => format!("the server named by {UPSTREAM_ENV}"),
+                Source::Local => "the server on 127.0.0.1:5432".to_string(),
+                Source::Cluster => format!("a throwaway cluster ({})", upstream.dsn("postgres")),
+            };
+            // Written to the stream itself: the test harness captures `eprintln!`, and this line
+            // is for every run, not only for failures.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("pgdp tests: upstream PostgreSQL is {server}\n").as_bytes(),
+            );
             upstream
         })
         .await
@@ -157,59 +164,11 @@ async fn choose_upstream() -> Upstream {
     }
 }
 
-/// Says on standard error which server this process's tests use, with its version. Written to
-/// the stream itself, since libtest captures `eprintln!` in test threads; never to stdout.
-async fn announce(upstream: &Upstream) {
-    let server = match (&upstream.source, &upstream.cluster) {
-        (Source::Cluster, Some(cluster)) => format!(
-            "a throwaway cluster on 127.0.0.1:{} (data directory {})",
-            cluster.port(),
-            cluster.data_dir().display()
-        ),
-        (Source::Local, _) => "the server on 127.0.0.1:5432".to_string(),
-        // The DSN may hold a password: name only where it points.
-        _ => format!("{UPSTREAM_ENV} ({})", address(&upstream.admin_dsn)),
-    };
-    let version = upstream
-        .admin_client()
-        .await
-        .query_one("SELECT current_setting('server_version')", &[])
-        .await
-        .map_or_else(|e| format!("version unknown: {e}"), |row| row.get(0));
-    let _ = writeln!(
-        std::io::stderr(),
-        "pgdp tests: PostgreSQL {version}, {server}"
-    );
-}
-
-/// `host:port` of each server a DSN names, without its user or password.
-fn address(dsn: &str) -> String {
-    let Ok(config) = dsn.parse::<tokio_postgres::Config>() else {
-        return "an unparsable DSN".to_string();
-    };
-    let ports = config.get_ports();
-    config
-        .get_hosts()
-        .iter()
-        .enumerate()
-        .map(|(i, host)| {
-            let host = match host {
-                tokio_postgres::config::Host::Tcp(name) => name.clone(),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            };
-            // One port for all hosts, or one per host, or the default.
-            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-            format!("{host}:{port}")
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Held for its whole length by each test that can open more upstream connections at once than
 /// one in-process pgdp's pools (`UPSTREAM_POOL_SIZE` + `SHADOW_POOL_SIZE` + its ledger, about
 /// 22): such tests run one at a time. The tests share one process and run in parallel, one per
-/// core; measured on 2 cores, the process's peak is then about 60 upstream connections (50
-/// racing ledgers beside one pgdp), below the 100 of a default server. Not taken by other tests.
+/// core; measured on 2 cores, the process's peak is then about 50 upstream connections (50
+/// racing ledgers), below the 100 of a default server. Not taken by other tests.
 pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     // A tokio mutex works across the runtimes of different `#[tokio::test]`s and is not
     // poisoned by a failing test (the guard is dropped while unwinding).

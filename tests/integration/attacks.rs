@@ -18,6 +18,12 @@
 //! - A case marked `xfail` states the correct outcome, which pgdp does not produce yet: it is
 //!   reported, and the test fails as soon as the case passes, so the marker goes with the fix.
 
+use crate::harness;
+
+// Shared with the integration tests; this binary uses only part of it.
+#[allow(dead_code)]
+use crate::support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -26,8 +32,7 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Row, SimpleQueryMessage};
 
-use crate::harness;
-use crate::support::{self, Proxy, Session, DATABASE, PASSWORD};
+use support::{Proxy, Session, DATABASE, PASSWORD};
 
 /// The corpus must stay at least this large.
 const CASES_MIN: usize = 60;

@@ -18,6 +18,10 @@
 //!
 //! Nothing here prints to stdout.
 
+// The client tests use only part of the integration support module.
+#[allow(dead_code)]
+use crate::support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -26,7 +30,7 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
-use crate::support::{self, Proxy, ANALYST, DATABASE, PASSWORD};
+use support::{Proxy, ANALYST, DATABASE, PASSWORD};
 
 /// How long one client program may run.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);

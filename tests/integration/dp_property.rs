@@ -35,6 +35,8 @@
 //! direction had mean 0.0026 / 0.0032, standard deviation 0.0014 / 0.0016 and maximum 0.0056 /
 //! 0.0063 (count / sum), so the slack sits about 16 standard deviations above the mean.
 
+use crate::harness;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use num_rational::BigRational;
@@ -49,8 +51,6 @@ use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio::sync::OnceCell;
 use tokio_postgres::{Client, SimpleQueryMessage};
-
-use crate::harness;
 
 const SECRET: &str = "dp-property-secret";
 

@@ -8,7 +8,6 @@
 //! `fuzz/regressions/<target>/`. Inputs that still crash pgdp are listed in [`KNOWN_BUGS`]: the
 //! main runs skip them, and each has its own `#[ignore = "bug: …"]` test (none is open now).
 
-// Paths are relative to this file's folder, tests/integration/.
 #[path = "../../fuzz/src/policy_yaml.rs"]
 mod policy_yaml;
 #[path = "../../fuzz/src/sql.rs"]
@@ -369,22 +368,19 @@ fn policy_target_survives_seeds_and_mutations() {
     assert!(ran > seeds.len(), "no mutation ran");
 }
 
-/// Panics of pgdp (and of the libraries it runs) anywhere in the process, its connection tasks
-/// included, since the hook was set.
+/// Panics on the threads of the runtimes the wire tests run pgdp on ([`on_wire_runtime`]), since
+/// the hook was set. Other tests share this process, so panics elsewhere are not counted.
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 
-/// Counts in [`PANICS`] every panic raised outside the tests' own code. The tests share their
-/// process, so a failing assertion in another test (its location under `tests/`, where
-/// `fuzz/src` is included too) must not count as pgdp panicking. Installed once.
+/// The name of the worker threads that run the wire tests and the pgdp they start.
+const WIRE_THREAD: &str = "pgdp-wire-fuzz";
+
 fn count_panics() {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let in_tests = info
-                .location()
-                .is_some_and(|at| at.file().starts_with("tests/"));
-            if !in_tests {
+            if std::thread::current().name() == Some(WIRE_THREAD) {
                 PANICS.fetch_add(1, Ordering::SeqCst);
             }
             default(info);
@@ -392,45 +388,62 @@ fn count_panics() {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wire_target_survives_seeds_and_mutations() {
-    count_panics();
-    let target = wire::start().await;
-    let addr = target.addr;
-    let sqls = sql_seeds();
-    // A spread of the SQL seeds: every k-th one.
-    let step = (sqls.len() / WIRE_SQL_SEEDS).max(1);
-    let chosen: Vec<String> = sqls.iter().step_by(step).cloned().collect();
-    let mut seeds = wire::seeds(&chosen);
-    seeds.extend(regressions("wire").into_iter().map(|(_, d)| d));
-    let mut failures = Vec::new();
-    for s in &seeds {
-        assert!(
-            wire::known_bug(s).is_none(),
-            "a seed hits a known bug: {s:?}"
-        );
-        if let Err(e) = wire::exchange(addr, s).await {
-            failures.push(format!("seed {s:?}: {e}"));
+/// Runs a wire test on a runtime of its own, whose two worker threads (which also run the pgdp it
+/// starts and its connection tasks) are named [`WIRE_THREAD`].
+fn on_wire_runtime<F: std::future::Future<Output = ()> + Send + 'static>(test: F) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(WIRE_THREAD)
+        .enable_all()
+        .build()
+        .expect("a runtime for the wire test");
+    // Spawned, so the test body itself runs on a named worker thread too.
+    runtime
+        .block_on(runtime.spawn(test))
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+}
+
+#[test]
+fn wire_target_survives_seeds_and_mutations() {
+    on_wire_runtime(async {
+        count_panics();
+        let target = wire::start().await;
+        let addr = target.addr;
+        let sqls = sql_seeds();
+        // A spread of the SQL seeds: every k-th one.
+        let step = (sqls.len() / WIRE_SQL_SEEDS).max(1);
+        let chosen: Vec<String> = sqls.iter().step_by(step).cloned().collect();
+        let mut seeds = wire::seeds(&chosen);
+        seeds.extend(regressions("wire").into_iter().map(|(_, d)| d));
+        let mut failures = Vec::new();
+        for s in &seeds {
+            assert!(
+                wire::known_bug(s).is_none(),
+                "a seed hits a known bug: {s:?}"
+            );
+            if let Err(e) = wire::exchange(addr, s).await {
+                failures.push(format!("seed {s:?}: {e}"));
+            }
         }
-    }
-    let mut rng = Rng(0x5eed_0003);
-    let deadline = Instant::now() + WIRE_MUTATION_TIME;
-    let mut n = 0;
-    while n < WIRE_MUTATIONS_MAX && Instant::now() < deadline {
-        let base = &seeds[rng.below(seeds.len())];
-        let input = mutate(&mut rng, base, &seeds);
-        if let Err(e) = wire::exchange(addr, &input).await {
-            failures.push(format!("input {input:?}: {e}"));
+        let mut rng = Rng(0x5eed_0003);
+        let deadline = Instant::now() + WIRE_MUTATION_TIME;
+        let mut n = 0;
+        while n < WIRE_MUTATIONS_MAX && Instant::now() < deadline {
+            let base = &seeds[rng.below(seeds.len())];
+            let input = mutate(&mut rng, base, &seeds);
+            if let Err(e) = wire::exchange(addr, &input).await {
+                failures.push(format!("input {input:?}: {e}"));
+            }
+            n += 1;
         }
-        n += 1;
-    }
-    let alive = wire::alive(addr).await;
-    let panics = PANICS.load(Ordering::SeqCst);
-    target.stop().await;
-    assert!(n > 0, "no mutation ran");
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    alive.unwrap_or_else(|e| panic!("after {n} mutations: {e}"));
-    assert_eq!(panics, 0, "pgdp panicked (see the panic messages above)");
+        let alive = wire::alive(addr).await;
+        let panics = PANICS.load(Ordering::SeqCst);
+        target.stop().await;
+        assert!(n > 0, "no mutation ran");
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        alive.unwrap_or_else(|e| panic!("after {n} mutations: {e}"));
+        assert_eq!(panics, 0, "pgdp panicked (see the panic messages above)");
+    });
 }
 
 /// Sends the input of a fixed bug: pgdp must keep every wire invariant.
@@ -456,9 +469,11 @@ async fn send_regression(name: &str, data: &[u8]) {
 /// message, and panicked (`split_to out of bounds`) in the connection task. Anyone who could reach
 /// the port could trigger it. Fixed: pgdp's `Framing` checks the SASLInitialResponse's layout
 /// before pgwire decodes it and answers FATAL 08P01 (the wire target checks the code).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sasl_initial_response_without_length_does_not_panic() {
-    wire_fixed_regression("bug-sasl-initial-response-without-length").await;
+#[test]
+fn sasl_initial_response_without_length_does_not_panic() {
+    on_wire_runtime(async {
+        wire_fixed_regression("bug-sasl-initial-response-without-length").await;
+    });
 }
 
 /// A Parse message whose payload has bytes after its fields: pgwire 0.42 read those bytes as
@@ -467,17 +482,21 @@ async fn sasl_initial_response_without_length_does_not_panic() {
 /// pgdp's `Framing` checks that every message's fields exactly fill it and answers FATAL 08P01
 /// otherwise, before pgwire decodes anything (the wire target checks the code, and that nothing
 /// after the message runs).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parse_trailing_bytes_are_not_read_as_a_message() {
-    wire_fixed_regression("bug-parse-trailing-bytes-read-as-next-message").await;
+#[test]
+fn parse_trailing_bytes_are_not_read_as_a_message() {
+    on_wire_runtime(async {
+        wire_fixed_regression("bug-parse-trailing-bytes-read-as-next-message").await;
+    });
 }
 
 /// Execute with a negative row limit: pgwire 0.42's `Portal::fetch` calls
 /// `Vec::with_capacity(max_rows as usize)`, which panicked (`capacity overflow`) and ended the
 /// connection. Fixed: pgdp's `on_execute` treats a limit <= 0 as "all rows" before pgwire sees it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn execute_negative_max_rows_does_not_panic() {
-    wire_fixed_regression("bug-execute-max-rows-negative-panics").await;
+#[test]
+fn execute_negative_max_rows_does_not_panic() {
+    on_wire_runtime(async {
+        wire_fixed_regression("bug-execute-max-rows-negative-panics").await;
+    });
 }
 
 /// Execute with max_rows = 2^31 - 1 after Parse/Bind of `SELECT 1`: pgwire 0.42 preallocates
@@ -486,7 +505,9 @@ async fn execute_negative_max_rows_does_not_panic() {
 /// for everyone with one message (tokio-postgres: `Transaction::bind` then
 /// `query_portal(&portal, i32::MAX)`). Fixed: pgdp caps the limit at
 /// `limits::ROWS_PER_EXECUTE_MAX` before pgwire sees it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn execute_huge_max_rows_does_not_abort_the_server() {
-    wire_fixed_regression("bug-execute-max-rows-huge-aborts-the-server").await;
+#[test]
+fn execute_huge_max_rows_does_not_abort_the_server() {
+    on_wire_runtime(async {
+        wire_fixed_regression("bug-execute-max-rows-huge-aborts-the-server").await;
+    });
 }

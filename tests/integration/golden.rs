@@ -19,6 +19,8 @@
 //! and the test fails if the code now produces it (so the marker gets removed with the fix).
 //! The tests marked `#[ignore = "bug: …"]` at the bottom reproduce bugs that need a database.
 
+use crate::harness;
+
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::ops::ControlFlow;
@@ -32,8 +34,6 @@ use pgdp::session::classify::{self, Statement};
 use sqlparser::ast::{self, Expr};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
-
-use crate::harness;
 
 /// The secret keying the groups-per-unit choice; fixed so the expected SQL is stable.
 const SECRET: &str = "golden-secret";

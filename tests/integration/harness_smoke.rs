@@ -3,12 +3,12 @@
 //! Run them against the throwaway cluster with
 //! `PGDP_TEST_FORCE_CLUSTER=1 cargo test --test integration harness_smoke::` (`.ci/run` does).
 
+use crate::harness;
+
 use std::collections::BTreeSet;
 
 use pgdp::tools::cluster::{self, Cluster};
 use pgdp::tools::demo;
-
-use crate::harness;
 
 #[tokio::test]
 async fn upstream_answers_and_names_its_databases() {

@@ -1,8 +1,8 @@
 //! The privacy ledger against a real PostgreSQL.
 //!
-//! Each test creates its own database on the harness's upstream ([`harness::fresh_database`]),
-//! which is dropped when its handle is, even on failure. Assertions check SQLSTATE codes and
-//! exact amounts, never message text.
+//! Each test creates its own database on the harness's upstream (`PGDP_TEST_UPSTREAM`, else the
+//! server on 127.0.0.1:5432, else a throwaway cluster) and drops it when done, even on failure.
+//! Assertions check SQLSTATE codes and exact amounts, never message text.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,6 +10,8 @@
 //! with an ErrorResponse whose SQLSTATE is a refusal a loaded server may give (53300 too many
 //! connections, 53400 budget exhausted); no connection broke without one.
 
+use crate::harness;
+
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,8 +20,6 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_postgres::NoTls;
-
-use crate::harness;
 
 /// Concurrent client connections.
 const CONNECTIONS: usize = 500;

@@ -1,33 +1,31 @@
-//! The integration tests: one test binary against a real PostgreSQL.
+//! Every test that needs a real PostgreSQL, in one test binary (the harness is compiled once):
+//! `cargo test --test integration` runs them all, and a module path selects a part, e.g.
+//! `cargo test --test integration golden::` or `cargo test --test integration attacks::`.
 //!
-//! `cargo test --test integration` runs them all; a module path selects a part, e.g.
-//! `cargo test --test integration attacks::` or `cargo test --test integration golden::`.
-//!
-//! - Through the PostgreSQL protocol, against an in-process pgdp over the demo dataset, driven
+//! - through the PostgreSQL protocol, against an in-process pgdp over the demo dataset, driven
 //!   with tokio-postgres and the real `psql`: `budget`, `dp`, `faults`, `keypath`, `protocol`,
-//!   `replicas`, `sql`, `wire` (what they share is in `support`).
-//! - `attacks`: the attack corpus in `tests/attacks/`.
+//!   `replicas`, `sql`, `wire` (helpers in `support`);
+//! - `attacks`: the attack corpus in `tests/attacks/`;
 //! - `clients`: the real clients (pgjdbc, psqlODBC, psycopg 2 and 3, SQLAlchemy, node-postgres,
-//!   psql) driven by the scripts in `tests/clients/`.
-//! - `golden`: the rewrite corpus in `tests/cases/`.
-//! - `dp_property`: neighbouring databases and the empirical sensitivity of the rewrites.
-//! - `fuzz_smoke`: the fuzz targets of `fuzz/` over their seeds and bounded mutations.
-//! - `ledger`: the privacy ledger.
-//! - `harness_smoke`: the harness itself (the upstream, the throwaway cluster, the demo loader).
+//!   psql) in `tests/clients/`;
+//! - `golden`: the rewrite corpus in `tests/cases/`;
+//! - `dp_property`: neighbouring databases and the empirical sensitivity of the rewrites;
+//! - `fuzz_smoke`: the fuzz targets of `fuzz/` over their seeds and bounded mutations;
+//! - `ledger`: the privacy ledger against a real PostgreSQL;
+//! - `harness_smoke`: the harness, the throwaway cluster and the demo loader;
 //! - `load`: many concurrent connections against a `pgdp serve` child process.
 //!
-//! Every test gets its PostgreSQL from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432,
-//! else a throwaway cluster; `PGDP_TEST_FORCE_CLUSTER=1` forces the cluster), chosen once per
-//! run and named on standard error. Every pgdp a test starts has a fresh ledger database (a full
-//! budget) and a fixed noise seed. Tests assert SQLSTATE codes, never message text, and never
-//! print to stdout.
+//! The upstream comes from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432, else a
+//! throwaway cluster; `PGDP_TEST_FORCE_CLUSTER=1` forces the cluster), chosen once per run and
+//! named on standard error. Every pgdp a test starts has a fresh ledger database (a full budget)
+//! and a fixed noise seed. Tests assert SQLSTATE codes, never message text, and never print to
+//! stdout.
 //!
 //! The tests run in parallel threads of this one process (one per core unless
 //! `RUST_TEST_THREADS` says otherwise), so nothing a test sets for the process may change
 //! another's outcome, and the few that open many upstream connections at once hold
 //! [`harness::exclusive`] to run one at a time.
 
-// Shared with `fuzz/src/lib.rs`, which includes it too: it stays in `tests/harness/`.
 #[path = "../harness/mod.rs"]
 mod harness;
 

@@ -83,9 +83,6 @@ use super::fixed::Fixed;
 use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
 use crate::{Error, Result};
 
-/// Connections one [`Ledger`] opens at most (lazily, beyond the first).
-const LEDGER_CONNECTIONS: usize = 4;
-
 /// Version of the tables below, stored in `pgdp.meta`.
 const SCHEMA_VERSION: &str = "1";
 
@@ -325,7 +322,9 @@ impl Ledger {
                 conn: Mutex::new(None),
             }),
             config,
-            slots: (0..LEDGER_CONNECTIONS).map(|_| Mutex::new(None)).collect(),
+            slots: (0..crate::limits::LEDGER_CONNECTIONS)
+                .map(|_| Mutex::new(None))
+                .collect(),
             next_slot: AtomicUsize::new(0),
             schema_ready,
         })

@@ -616,3 +616,6 @@ fn ident_lower(i: &Ident) -> String {
 fn canonical(alias: &str, column: &str) -> Expr {
     ColumnRef::new(alias, column).expr()
 }
+
+#[cfg(test)]
+mod tests;
