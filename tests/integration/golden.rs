@@ -4,9 +4,9 @@
 //! The corpus lives in `tests/cases/*.case`; the format is described in `tests/cases/README.md`.
 //! Each case is classified, analysed against `policies/demo.yaml` (search_path `demo`),
 //! rewritten with the fixed secret [`SECRET`] and the case's parameters, and given mechanisms at
-//! ε = 1, δ = 1e-7, Laplace. `PGDP_BLESS=1 cargo test --test golden` rewrites the expected parts
-//! of every case whose outcome kind (accepted / refused) is unchanged, the way `expect-test`
-//! does; review the diff. It never turns an intended refusal into an acceptance (or back), and it
+//! ε = 1, δ = 1e-7, Laplace. `PGDP_BLESS=1 cargo test --test integration golden::` rewrites the
+//! expected parts of every case whose outcome kind (accepted / refused) is unchanged, the way
+//! `expect-test` does; review the diff. It never turns an intended refusal into an acceptance (or back), and it
 //! leaves cases marked `expect_bug` alone.
 //!
 //! Besides comparing, every accepted case is checked for invariants that hold whatever the
@@ -779,7 +779,7 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
 
 // ---------------------------------------------------------------------------------------------
 // Bugs that need a database to show. Each test asserts the correct behaviour and is ignored
-// until the bug is fixed; `cargo test --test golden -- --ignored` runs them.
+// until the bug is fixed; `cargo test --test integration golden:: -- --ignored` runs them.
 // ---------------------------------------------------------------------------------------------
 
 /// Runs a query on the demo dataset and returns its rows as text.

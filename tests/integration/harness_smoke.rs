@@ -1,6 +1,7 @@
 //! Smoke tests of the test harness, the throwaway cluster and the demo dataset.
 //!
-//! Run them against the throwaway cluster with `PGDP_TEST_FORCE_CLUSTER=1`.
+//! Run them against the throwaway cluster with
+//! `PGDP_TEST_FORCE_CLUSTER=1 cargo test --test integration harness_smoke::` (`.ci/run` does).
 
 use crate::harness;
 

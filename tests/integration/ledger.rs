@@ -149,6 +149,8 @@ async fn charges_add_up_exactly_and_survive_reconnecting() {
 async fn racing_processes_never_overspend() {
     const TASKS: usize = 50;
     const AFFORDABLE: usize = 7;
+    // 50 ledgers, each with its own upstream connection.
+    let _exclusive = harness::exclusive().await;
     let db = Arc::new(harness::fresh_database("ledger").await);
     // A budget that affords exactly AFFORDABLE charges of 0.3 (2.1 = 7 × 0.3, which a float sum misses).
     let limit = Limit::new(fx("2.1"), Fixed::ZERO);
@@ -535,6 +537,26 @@ async fn unreachable_ledger_is_unavailable() {
     assert_eq!(error, Error::LedgerUnavailable);
     assert_eq!(error.sqlstate().code(), "57P03");
     assert!(Ledger::connect("not a dsn = = =").await.is_err());
+}
+
+/// The ledger databases' DSNs are the harness's upstream with the database replaced, by
+/// `dsn_with_dbname` (this test checked the ledger tests' own copy of it before they used the
+/// harness).
+#[test]
+fn dsn_database_is_replaced() {
+    use pgdp::tools::cluster::dsn_with_dbname;
+    assert_eq!(
+        dsn_with_dbname("host=h user=u dbname=postgres", "x"),
+        "host=h user=u dbname=postgres dbname=x"
+    );
+    assert_eq!(
+        dsn_with_dbname("postgres://u:p@h:5432/postgres?sslmode=disable", "x"),
+        "postgres://u:p@h:5432/x?sslmode=disable"
+    );
+    assert_eq!(
+        dsn_with_dbname("postgresql://u@h", "x"),
+        "postgresql://u@h/x"
+    );
 }
 
 /// The session spawns ledger calls on a multi-threaded runtime, so every future must be `Send`.

@@ -107,6 +107,8 @@ async fn many_connections_for_a_while() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(SECONDS_DEFAULT);
+    // A pgdp with full pools, and 500 clients that keep both cores busy for the whole run.
+    let _exclusive = harness::exclusive().await;
     let upstream = harness::demo_database(1).await;
     let ledger = harness::fresh_database("load_ledger").await;
     let policy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");

@@ -20,6 +20,11 @@
 //! named on standard error. Every pgdp a test starts has a fresh ledger database (a full budget)
 //! and a fixed noise seed. Tests assert SQLSTATE codes, never message text, and never print to
 //! stdout.
+//!
+//! The tests run in parallel threads of this one process (one per core unless
+//! `RUST_TEST_THREADS` says otherwise), so nothing a test sets for the process may change
+//! another's outcome, and the few that open many upstream connections at once hold
+//! [`harness::exclusive`] to run one at a time.
 
 #[path = "../harness/mod.rs"]
 mod harness;

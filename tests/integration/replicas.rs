@@ -147,6 +147,8 @@ fn distinct_query(i: usize) -> String {
 async fn two_processes_on_one_ledger_never_overspend() {
     const CONNECTIONS: usize = 40;
     const AFFORDABLE: usize = 9;
+    // Two pgdp processes, each with full pools under 40 racing connections.
+    let _exclusive = harness::exclusive().await;
     let ledger = harness::fresh_database("replicas_race").await;
     let text = policy_text(AFFORDABLE as u32, 1);
     let (a, b) = tokio::join!(
