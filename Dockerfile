@@ -4,9 +4,12 @@
 # stage, so that the binary's glibc requirement matches the runtime's glibc.
 FROM rust:1-bookworm AS builder
 WORKDIR /src
-# Only what the build needs: the sources, not a local target/ directory.
+# Only what the build needs: the sources and the demo policy the binary embeds
+# (`pgdp demo`), not a local target/ directory. `.ci/docker-context` checks in CI that these
+# COPYs hold every file the build reads.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY policies ./policies
 RUN cargo build --release --locked
 
 # Runtime stage: the binary, CA certificates (TLS to an upstream) and psql for operators.

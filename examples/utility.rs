@@ -255,22 +255,15 @@ async fn measure(
     let plan = analyze::analyze(query, &ctx).map_err(|e| format!("{label}: {e}"))?;
     let rw = rewrite::rewrite(&plan, &[], "utility-benchmark").map_err(|e| format!("{e}"))?;
     let mechanisms = release::mechanisms(&plan, &rw, BUDGET).map_err(|e| format!("{e}"))?;
-    let (mut domains, to_fetch) = release::listed_domains(&plan);
-    for (i, table, column) in to_fetch {
-        let values = rows(
-            client,
-            rewrite::public_values_sql(&table, &column)
-                .map_err(|e| format!("{e}"))?
-                .as_str(),
-        )
-        .await?;
-        domains.insert(
-            i,
-            values
-                .into_iter()
-                .filter_map(|r| r.into_iter().next().flatten())
-                .collect(),
-        );
+    let mut domains = release::PublicDomains::new();
+    if plan.keys_public() {
+        for part in rewrite::domain::public_domain(&plan, &[]).map_err(|e| format!("{e}"))? {
+            let values = match part.sql() {
+                Some(sql) => Some(rows(client, sql.as_str()).await?),
+                None => None,
+            };
+            domains.push(part.into_combinations(values).map_err(|e| format!("{e}"))?);
+        }
     }
     let exact = release::PrivateRows::new(rows(client, &rw.sql).await?);
 

@@ -59,12 +59,26 @@ pub enum Error {
     #[error("password authentication failed for user \"{user}\"")]
     Authentication { user: String },
 
+    /// Too many failed logins from the client's IP address recently; refused before
+    /// authentication, whatever the credentials (see `frontend::throttle`).
+    #[error("too many failed authentication attempts from this address")]
+    AuthenticationThrottled,
+
+    /// A clear-text connection to a server that requires TLS (`--require-tls`): PostgreSQL's
+    /// message for a `hostssl`-only `pg_hba.conf`, sent before any authentication.
+    #[error("no pg_hba.conf entry for host \"{host}\", user \"{user}\", database \"{database}\", no encryption")]
+    EncryptionRequired {
+        host: String,
+        user: String,
+        database: String,
+    },
+
     /// The client connected to a database the policy does not serve.
     #[error("database \"{name}\" does not exist")]
     UnknownDatabase { name: String },
 
     /// The query would spend more than the analyst (or the dataset) has left.
-    #[error("privacy budget exhausted: {detail}")]
+    #[error("{detail}")]
     BudgetExhausted { detail: String },
 
     /// A limit from [`crate::limits`] was exceeded.
@@ -135,6 +149,8 @@ impl Error {
             Error::InvalidParameter { .. } => SqlState::INVALID_PARAMETER_VALUE,
             Error::InvalidMechanism { .. } => SqlState::INVALID_PARAMETER_VALUE,
             Error::Authentication { .. } => SqlState::INVALID_PASSWORD,
+            Error::AuthenticationThrottled => SqlState::TOO_MANY_CONNECTIONS,
+            Error::EncryptionRequired { .. } => SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
             Error::UnknownDatabase { .. } => SqlState::INVALID_CATALOG_NAME,
             Error::BudgetExhausted { .. } => SqlState::CONFIGURATION_LIMIT_EXCEEDED,
             Error::LimitExceeded { .. } => SqlState::PROGRAM_LIMIT_EXCEEDED,
@@ -182,6 +198,8 @@ impl Error {
             | Error::DuplicateCursor { .. }
             | Error::InvalidMechanism { .. }
             | Error::Authentication { .. }
+            | Error::AuthenticationThrottled
+            | Error::EncryptionRequired { .. }
             | Error::UnknownDatabase { .. }
             | Error::LimitExceeded { .. }
             | Error::TooManyConnections { .. }
@@ -252,6 +270,21 @@ mod tests {
         assert_eq!(
             Error::Authentication { user: "u".into() }.sqlstate().code(),
             "28P01"
+        );
+    }
+
+    #[test]
+    fn connection_refusals_use_postgres_codes_and_text() {
+        assert_eq!(Error::AuthenticationThrottled.sqlstate().code(), "53300");
+        let refusal = Error::EncryptionRequired {
+            host: "127.0.0.1".into(),
+            user: "analyst".into(),
+            database: "pgdp_demo".into(),
+        };
+        assert_eq!(refusal.sqlstate().code(), "28000");
+        assert_eq!(
+            refusal.to_string(),
+            "no pg_hba.conf entry for host \"127.0.0.1\", user \"analyst\", database \"pgdp_demo\", no encryption"
         );
     }
 

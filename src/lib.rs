@@ -6,7 +6,7 @@
 //!
 //! The folders are the architecture (see ARCHITECTURE.md), each depending only on those listed
 //! before it (a test, `layering`, checks it): [`limits`], [`error`], [`output`], [`datetime`],
-//! [`literal`], [`policy`], [`budget`], [`dp`] (plan, analyze, rewrite, mechanism, release),
+//! [`literal`], [`dsn`], [`policy`], [`budget`], [`dp`] (plan, analyze, rewrite, mechanism, release),
 //! [`upstream`] (pool, catalog check, shadow catalog), [`session`] (classify, route, settings,
 //! the dispatcher), [`frontend`] (pgwire), [`server`]; [`tools`] (the demo dataset and throwaway
 //! clusters) sits apart from the proxy. The layers up to [`dp`] do no I/O, but for
@@ -16,6 +16,7 @@
 pub mod budget;
 pub mod datetime;
 pub mod dp;
+pub mod dsn;
 pub mod error;
 pub mod frontend;
 pub mod limits;

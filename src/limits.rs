@@ -31,8 +31,14 @@ pub const PUBLIC_KEY_COMBINATIONS_MAX: usize = GROUPS_RELEASED_MAX;
 /// Statement timeout set on every upstream DP statement.
 pub const STATEMENT_TIMEOUT_MS: u64 = 60_000;
 
-/// `statement_timeout` of a catalog query on the shadow catalog (which holds no rows).
-pub const CATALOG_STATEMENT_TIMEOUT_MS: u64 = 5_000;
+/// `statement_timeout` of a catalog query on the shadow catalog (which holds no rows). Client and
+/// BI-tool introspection takes milliseconds there; the limit bounds the upstream server's CPU a
+/// crafted catalog query can burn (e.g. a large `generate_series`).
+pub const CATALOG_STATEMENT_TIMEOUT_MS: u64 = 1_000;
+
+/// Catalog queries of one analyst that run at once on the shadow catalog (over all of the
+/// analyst's connections); more wait their turn.
+pub const CATALOG_QUERIES_PER_ANALYST_MAX: usize = 2;
 
 /// Time a client has to finish startup and authentication.
 pub const STARTUP_TIMEOUT_MS: u64 = 10_000;
@@ -49,6 +55,18 @@ pub const CONNECTIONS_PER_ANALYST_MAX: usize = 200;
 /// Connections past [`CONNECTIONS_MAX`] being told so (53300) at once; beyond this many, further
 /// sockets are closed without a message.
 pub const CONNECTIONS_REFUSING_MAX: usize = 64;
+
+/// Failed logins from one client IP address within [`AUTH_FAILURE_WINDOW_MS`] after which
+/// further logins from that address are refused (FATAL 53300) until the window ends.
+pub const AUTH_FAILURES_PER_PEER_MAX: u32 = 10;
+
+/// The window in which failed logins of one IP address are counted; it starts at the address's
+/// first failure and is not extended by refused attempts.
+pub const AUTH_FAILURE_WINDOW_MS: u64 = 60_000;
+
+/// IP addresses the failed-login table remembers at once (fixed capacity: when it is full, an
+/// expired entry or else the oldest is forgotten to make room). Each entry is a few dozen bytes.
+pub const AUTH_FAILURE_PEERS_MAX: usize = 4_096;
 
 /// Largest protocol message a client may send (a Query, Parse or Bind with its parameters); a
 /// larger one ends the connection with FATAL 54000 as soon as its header arrives.
@@ -152,6 +170,11 @@ const _: () = assert!(
 const _: () = assert!(UPSTREAM_CONNECT_TIMEOUT_MS < STATEMENT_TIMEOUT_MS);
 const _: () = assert!(CATALOG_STATEMENT_TIMEOUT_MS <= STATEMENT_TIMEOUT_MS);
 const _: () = assert!(STARTUP_TIMEOUT_MS > 0);
+const _: () = assert!(
+    AUTH_FAILURES_PER_PEER_MAX >= 3,
+    "a user who mistypes a password twice must not be locked out"
+);
+const _: () = assert!(AUTH_FAILURE_WINDOW_MS > 0 && AUTH_FAILURE_PEERS_MAX >= 1);
 const _: () = assert!(AGGREGATES_PER_QUERY_MAX >= 1 && GROUP_KEYS_PER_QUERY_MAX >= 1);
 const _: () = assert!(
     UNIT_PATH_STEPS_MAX >= 1 && UNIT_PATH_STEPS_MAX < VIEW_TABLES_MAX,

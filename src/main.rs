@@ -11,17 +11,24 @@ pgdp: a differentially private PostgreSQL proxy
 
 USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
-               [--tls-cert FILE --tls-key FILE]
+               [--tls-cert FILE --tls-key FILE [--require-tls]]
     pgdp check --policy FILE
-    pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR] [--tls-cert FILE --tls-key FILE]
+    pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
+               [--tls-cert FILE --tls-key FILE [--require-tls]]
 
 OPTIONS:
     --tls-cert FILE, --tls-key FILE   serve TLS (PEM certificate chain and private key); without
                                       them every SSLRequest is answered 'N' (clear text only)
+    --require-tls                     refuse clients that do not negotiate TLS (FATAL 28000, as
+                                      PostgreSQL with hostssl-only pg_hba.conf); needs --tls-cert
+
+DSNs (--upstream, --ledger) are libpq key=value strings or postgres:// URLs; add
+`sslmode=verify-full sslrootcert=FILE` for TLS that checks the server's CA and host name.
 
 ENVIRONMENT:
     PGDP_LISTEN, PGDP_UPSTREAM, PGDP_LEDGER   defaults for --listen, --upstream, --ledger
     PGDP_TLS_CERT, PGDP_TLS_KEY               defaults for --tls-cert, --tls-key
+    PGDP_REQUIRE_TLS=1                        same as --require-tls
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -37,6 +44,7 @@ struct Args {
     scale: Option<u32>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    require_tls: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -52,6 +60,7 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("scale") => args.scale = Some(parser.value()?.parse()?),
             Long("tls-cert") => args.tls_cert = Some(parser.value()?.into()),
             Long("tls-key") => args.tls_key = Some(parser.value()?.into()),
+            Long("require-tls") => args.require_tls = true,
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -75,11 +84,19 @@ fn parse_args() -> anyhow::Result<Args> {
     if args.tls_key.is_none() {
         args.tls_key = std::env::var_os("PGDP_TLS_KEY").map(PathBuf::from);
     }
+    if !args.require_tls {
+        args.require_tls = std::env::var("PGDP_REQUIRE_TLS")
+            .is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "on" | "yes"));
+    }
     Ok(args)
 }
 
-/// The TLS files, if both are given; one without the other is an error, not clear text.
+/// The TLS files, if both are given; one without the other is an error, not clear text, and so
+/// is `--require-tls` without them.
 fn tls_files(args: &Args) -> anyhow::Result<Option<pgdp::server::TlsFiles>> {
+    if args.require_tls && args.tls_cert.is_none() && args.tls_key.is_none() {
+        bail!("--require-tls needs a certificate: --tls-cert FILE --tls-key FILE (or PGDP_TLS_CERT, PGDP_TLS_KEY)");
+    }
     match (&args.tls_cert, &args.tls_key) {
         (Some(certificate), Some(key)) => Ok(Some(pgdp::server::TlsFiles {
             certificate: certificate.clone(),
@@ -162,6 +179,7 @@ async fn serve(args: &Args) -> anyhow::Result<()> {
         args.ledger.as_deref(),
         &listen,
         tls,
+        args.require_tls,
         None,
     )
     .await
@@ -174,6 +192,7 @@ async fn run(
     ledger: Option<&str>,
     listen: &str,
     tls: Option<pgdp::server::TlsFiles>,
+    require_tls: bool,
     banner: Option<String>,
 ) -> anyhow::Result<()> {
     let config = pgdp::server::Config {
@@ -185,6 +204,7 @@ async fn run(
     };
     let options = pgdp::server::Options {
         tls,
+        require_tls,
         ..Default::default()
     };
     let running = pgdp::server::start_with(config, options).await?;
@@ -200,7 +220,7 @@ async fn run(
 }
 
 async fn demo(args: &Args) -> anyhow::Result<()> {
-    use pgdp::tools::cluster::{dsn_with_dbname, server_answers, Cluster};
+    use pgdp::tools::cluster::{dsn_with_dbname, probe, Cluster, Probe};
     let scale = args.scale.unwrap_or(1);
     let tls = tls_files(args)?;
     let mut admin = args
@@ -208,11 +228,21 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| "host=127.0.0.1 port=5432 user=postgres dbname=postgres".into());
     let mut _cluster = None;
-    if !server_answers(&admin).await {
-        if args.upstream.is_some() {
-            bail!("no PostgreSQL server answers at the --upstream DSN");
+    let found = probe(&admin).await;
+    if found != Probe::Answers {
+        match (&found, args.upstream.is_some()) {
+            (Probe::Refuses(why), true) => {
+                bail!("the PostgreSQL server at the --upstream DSN refuses the connection ({why}); check the user, password and database in the DSN")
+            }
+            (_, true) => bail!("no PostgreSQL server answers at the --upstream DSN"),
+            (Probe::Refuses(why), false) => println!(
+                "The PostgreSQL server on 127.0.0.1:5432 refuses user postgres without a password ({why}); \
+                 starting a throwaway cluster from the installed binaries instead (or pass --upstream DSN)…"
+            ),
+            (_, false) => println!(
+                "No PostgreSQL server answers on 127.0.0.1:5432; starting a throwaway cluster from the installed binaries…"
+            ),
         }
-        println!("No PostgreSQL server answers on 127.0.0.1:5432; starting a throwaway cluster from the installed binaries…");
         let cluster = Cluster::start()
             .await
             .context("cannot start a throwaway PostgreSQL cluster")?;
@@ -244,17 +274,10 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
     let (demo_client, connection) =
         tokio_postgres::connect(&upstream, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
-    let started = std::time::Instant::now();
-    let report = pgdp::tools::demo::load(&demo_client, scale, |line| println!("{line}"))
+    // `load` reports each step, the last one with what it loaded or reused.
+    pgdp::tools::demo::load(&demo_client, scale, |line| println!("{line}"))
         .await
         .context("loading the demo dataset")?;
-    println!(
-        "demo dataset {} at scale {scale}: {} people, {} visits ({:.1} s)",
-        if report.reused { "reused" } else { "loaded" },
-        report.people,
-        report.visits,
-        started.elapsed().as_secs_f64()
-    );
     let policy = pgdp::policy::parse(include_str!("../policies/demo.yaml"))
         .map_err(|e| anyhow::anyhow!("the built-in demo policy is invalid:\n{e}"))?;
     let listen = args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into());
@@ -269,6 +292,7 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
         args.ledger.as_deref(),
         &listen,
         tls,
+        args.require_tls,
         Some(banner),
     )
     .await

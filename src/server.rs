@@ -46,6 +46,10 @@ pub struct TlsFiles {
 pub struct Options {
     /// TLS for client connections; `None` answers every SSLRequest with `N`.
     pub tls: Option<TlsFiles>,
+    /// Refuse clients that do not negotiate TLS (FATAL 28000, PostgreSQL's `hostssl` message),
+    /// before any authentication. Needs `tls`: a server asked for it without a certificate does
+    /// not start.
+    pub require_tls: bool,
     /// Connection limits (the defaults of `limits.rs` unless a test lowers them).
     pub limits: crate::frontend::ConnectionLimits,
 }
@@ -65,6 +69,20 @@ pub enum StartError {
     /// The upstream DSN is invalid.
     #[error("invalid upstream DSN")]
     Upstream,
+    /// `require_tls` without a certificate: no client could ever connect.
+    #[error("--require-tls needs a certificate (--tls-cert and --tls-key)")]
+    RequireTlsWithoutCertificate,
+    /// A DSN cannot be parsed or its CA file read.
+    #[error("invalid {which} DSN: {reason}")]
+    Dsn { which: &'static str, reason: String },
+    /// A DSN with `sslmode=verify-full` whose server cannot be verified (wrong CA, wrong host
+    /// name, no TLS). Never retried: it is a configuration error, not an outage.
+    #[error("{which} at host {host}: TLS verification failed: {reason}")]
+    UpstreamTls {
+        which: &'static str,
+        host: String,
+        reason: String,
+    },
     /// The TLS certificate or key cannot be used.
     #[error("TLS: {path}: {reason}")]
     Tls { path: String, reason: String },
@@ -114,6 +132,42 @@ pub fn load_tls(files: &TlsFiles) -> Result<crate::frontend::Tls, StartError> {
     })
 }
 
+/// Checks a DSN at start: it must parse (with its CA file), and with `sslmode=verify-full` one
+/// connection is tried now, so that a wrong CA, a wrong host name or a server without TLS stops
+/// pgdp with a message naming the host, rather than showing later as an upstream outage. An
+/// unreachable server is only logged: pgdp serves once it is back (see [`start_with`]).
+async fn verify_tls(which: &'static str, text: &str) -> Result<(), StartError> {
+    let mut dsn = crate::dsn::Dsn::parse(text).map_err(|e| StartError::Dsn {
+        which,
+        reason: e.to_string(),
+    })?;
+    if !dsn.verifies_tls() {
+        return Ok(());
+    }
+    dsn.config_mut()
+        .connect_timeout(std::time::Duration::from_millis(
+            crate::limits::UPSTREAM_CONNECT_TIMEOUT_MS,
+        ))
+        .application_name("pgdp");
+    match dsn.connect(which).await {
+        Ok(_) => {
+            tracing::info!(which, host = %dsn.hosts(), "verified TLS to the server");
+            Ok(())
+        }
+        Err(e) => match crate::dsn::tls_failure(&e) {
+            Some(reason) => Err(StartError::UpstreamTls {
+                which,
+                host: dsn.hosts(),
+                reason,
+            }),
+            None => {
+                tracing::warn!(which, host = %dsn.hosts(), error = %e, "cannot check TLS at start: server unreachable");
+                Ok(())
+            }
+        },
+    }
+}
+
 /// A running server; stops when dropped.
 #[derive(Debug)]
 pub struct Running {
@@ -148,11 +202,19 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 /// retried on every query, so pgdp serves as soon as they are back. Only invalid DSNs, TLS files
 /// and the listen address stop it from starting.
 pub async fn start_with(config: Config, options: Options) -> Result<Running, StartError> {
+    if options.require_tls && options.tls.is_none() {
+        return Err(StartError::RequireTlsWithoutCertificate);
+    }
     let tls = options.tls.as_ref().map(load_tls).transpose()?;
     let tls_enabled = tls.is_some();
+    let require_tls = options.require_tls;
     let limits = options.limits;
-    let backend = Upstream::new(&config.upstream).map_err(|_| StartError::Upstream)?;
     let ledger_dsn = config.ledger.as_deref().unwrap_or(&config.upstream);
+    verify_tls("upstream", &config.upstream).await?;
+    if config.ledger.is_some() {
+        verify_tls("ledger", ledger_dsn).await?;
+    }
+    let backend = Upstream::new(&config.upstream).map_err(|_| StartError::Upstream)?;
     let ledger = Ledger::new(ledger_dsn).map_err(StartError::Ledger)?;
     let shadow = crate::upstream::Shadow::new(&config.upstream, &config.policy)
         .map_err(|_| StartError::Upstream)?;
@@ -188,12 +250,16 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
     })?;
     let serving = shared.clone();
     let handle = tokio::spawn(async move {
-        let front = crate::frontend::Front { tls, limits };
+        let front = crate::frontend::Front {
+            tls,
+            require_tls,
+            limits,
+        };
         if let Err(e) = crate::frontend::serve_with(listener, serving, front).await {
             tracing::error!(error = %e, "listener failed");
         }
     });
-    tracing::info!(%addr, tls = tls_enabled, "pgdp listening");
+    tracing::info!(%addr, tls = tls_enabled, require_tls, "pgdp listening");
     Ok(Running {
         addr,
         shared,

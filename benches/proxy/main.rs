@@ -1262,20 +1262,15 @@ async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<Re
             mechanism: Mechanism::Laplace,
         };
         let mechanisms = release::mechanisms(&plan, &rw, budget)?;
-        let (mut domains, to_fetch) = release::listed_domains(&plan);
-        for (i, table, column) in to_fetch {
-            let values = simple_rows(
-                &direct,
-                rewrite::public_values_sql(&table, &column)?.as_str(),
-            )
-            .await?;
-            domains.insert(
-                i,
-                values
-                    .into_iter()
-                    .filter_map(|r| r.into_iter().next().flatten())
-                    .collect(),
-            );
+        let mut domains = release::PublicDomains::new();
+        if plan.keys_public() {
+            for part in rewrite::domain::public_domain(&plan, &[])? {
+                let rows = match part.sql() {
+                    Some(sql) => Some(simple_rows(&direct, sql.as_str()).await?),
+                    None => None,
+                };
+                domains.push(part.into_combinations(rows)?);
+            }
         }
         let exact = release::PrivateRows::new(simple_rows(&direct, &rw.sql).await?);
         let mut times = Vec::new();

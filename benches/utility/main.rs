@@ -947,15 +947,18 @@ fn plan_of(policy: &Policy, secret: &str, sql: &str) -> Res<(Plan, Rewrite)> {
 
 /// The domains of the plan's public keys, as pgdp reads them.
 async fn public_domains(plan: &Plan, direct: &Client) -> Res<PublicDomains> {
-    let (mut domains, to_fetch) = release::listed_domains(plan);
-    for (i, table, column) in to_fetch {
-        let sql = rewrite::public_values_sql(&table, &column).map_err(|e| fail(e.to_string()))?;
-        let rows = simple_rows(direct, sql.as_str()).await?;
-        domains.insert(
-            i,
-            rows.into_iter()
-                .filter_map(|r| r.into_iter().next().flatten())
-                .collect(),
+    let mut domains = PublicDomains::new();
+    if !plan.keys_public() {
+        return Ok(domains);
+    }
+    for part in rewrite::domain::public_domain(plan, &[]).map_err(|e| fail(e.to_string()))? {
+        let rows = match part.sql() {
+            Some(sql) => Some(simple_rows(direct, sql.as_str()).await?),
+            None => None,
+        };
+        domains.push(
+            part.into_combinations(rows)
+                .map_err(|e| fail(e.to_string()))?,
         );
     }
     Ok(domains)

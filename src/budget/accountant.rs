@@ -281,10 +281,25 @@ impl fmt::Display for Refusal {
 }
 
 impl From<Refusal> for Error {
-    /// [`Error::BudgetExhausted`] (SQLSTATE 53400) with the refusal as detail.
+    /// [`Error::BudgetExhausted`] (SQLSTATE 53400). For the analyst's own budget the message
+    /// says whether it is used up or only too small for this query (then a smaller ε fits); for
+    /// the dataset's budget it says neither, since what is left depends on other analysts.
     fn from(refusal: Refusal) -> Error {
+        let summary = match refusal.scope {
+            Scope::Analyst => {
+                let needs_delta = !refusal.requested.delta.is_zero();
+                let used_up = refusal.remaining.epsilon.is_zero()
+                    || (needs_delta && refusal.remaining.delta.is_zero());
+                if used_up {
+                    "privacy budget exhausted"
+                } else {
+                    "privacy budget too small for this query"
+                }
+            }
+            Scope::Dataset => "the dataset's privacy budget does not cover this query",
+        };
         Error::BudgetExhausted {
-            detail: refusal.to_string(),
+            detail: format!("{summary}: {refusal}"),
         }
     }
 }
@@ -587,11 +602,29 @@ mod tests {
         );
         let error = Error::from(refusal);
         assert_eq!(error.sqlstate().code(), "53400");
+        // ε = 0.2 is left: too small for this query, not exhausted.
+        assert_eq!(
+            error.to_string(),
+            "privacy budget too small for this query: requested ε=0.5, remaining ε=0.2 of 10, δ=0.00001 of 0.00001"
+        );
+        let used_up = Spent {
+            epsilon: fx("10"),
+            ..Spent::ZERO
+        };
+        let refusal_at_zero = admit(&lim, &used_up, &Cost::pure(fx("0.5"))).unwrap_err();
+        assert!(Error::from(refusal_at_zero)
+            .to_string()
+            .starts_with("privacy budget exhausted: requested ε=0.5, remaining ε=0 of 10"));
         let dataset = Refusal {
             scope: Scope::Dataset,
             ..refusal
         };
         assert!(!dataset.to_string().contains("0.2"));
+        let dataset_error = Error::from(dataset).to_string();
+        assert!(
+            dataset_error.starts_with("the dataset's privacy budget does not cover this query"),
+            "{dataset_error}"
+        );
         let zcdp = Refusal {
             requested: Cost {
                 rho: fx("0.1"),

@@ -173,10 +173,19 @@ pub struct GroupKey {
 pub enum PublicKeys {
     /// Not public: groups released only through partition selection.
     No,
-    /// The policy lists the values.
-    Listed(Vec<String>),
-    /// A column of a public table: the values are read from that table.
-    Table { table: String, column: String },
+    /// The values are known without reading data: the policy lists them, or the key is a CASE
+    /// whose results are literals (NULL included when a row can match no branch).
+    Listed(Vec<Option<String>>),
+    /// A column of a public table in FROM: the values are read from that table. Keys of one
+    /// table (one alias) take the combinations of values its rows hold, not the cross product.
+    Table {
+        /// The policy table.
+        table: String,
+        /// Its alias `__dp_tN` in FROM.
+        alias: String,
+        /// The column.
+        column: String,
+    },
 }
 
 /// One output column of the query.

@@ -55,8 +55,9 @@ pub(super) fn encode_raw(
 ) -> PgWireResult<()> {
     let ty = Type::from_oid(oid).unwrap_or(Type::TEXT);
     let options = pgwire::types::format::FormatOptions::default();
-    if format == FieldFormat::Text {
-        // The text is already PostgreSQL's output; write it as is (no array re-quoting).
+    if format == FieldFormat::Text || value.is_none() {
+        // The text is already PostgreSQL's output; write it as is (no array re-quoting). NULL is
+        // the same in both formats (length -1), whatever the type.
         return encoder.encode_field_with_type_and_format(&value, &Type::TEXT, format, &options);
     }
     let type_name = ty.name().to_string();

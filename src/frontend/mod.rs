@@ -11,7 +11,10 @@
 //! - pgwire decodes only messages that passed [`Framing`]'s checks of size and layout; a message
 //!   that fails them ends its connection with FATAL 54000 or 08P01, never the process.
 //! - Authentication failures look the same for unknown analysts and wrong passwords (28P01):
-//!   unknown names get a decoy verifier, so the SCRAM exchange runs the same way.
+//!   unknown names get a decoy verifier, so the SCRAM exchange runs the same way. The message
+//!   is PostgreSQL's, naming the user of the startup packet. Every failure is logged (never the
+//!   password) and counted per client address (`throttle.rs`); an address past the limit is
+//!   refused (53300) before its password is checked.
 //! - A CancelRequest reaches only the connection whose BackendKeyData (process id and secret
 //!   key, sent by pgwire at startup) it carries, and stops only that connection's running
 //!   upstream statement ([`Cancels`]); a wrong key does nothing. A client that goes away
@@ -22,9 +25,11 @@ mod admission;
 mod auth;
 mod cancel;
 mod encode;
+mod extended;
 mod framing;
 #[cfg(test)]
 mod tests;
+mod throttle;
 
 use admission::*;
 use auth::*;
@@ -32,6 +37,7 @@ pub use cancel::Cancels;
 use cancel::*;
 use encode::*;
 use framing::*;
+use throttle::Throttle;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -107,6 +113,11 @@ pub struct ConnectionLimits {
     pub message_bytes_max: usize,
     /// Named prepared statements one connection may hold; Parse of one more is refused (54000).
     pub prepared_statements_max: usize,
+    /// Failed logins from one IP address within `auth_failure_window_ms` after which its logins
+    /// are refused (53300) until the window ends.
+    pub auth_failures_per_peer_max: u32,
+    /// The window in which failed logins of one IP address are counted.
+    pub auth_failure_window_ms: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -117,6 +128,8 @@ impl Default for ConnectionLimits {
             startup_timeout_ms: limits::STARTUP_TIMEOUT_MS,
             message_bytes_max: limits::MESSAGE_BYTES_MAX,
             prepared_statements_max: limits::PREPARED_STATEMENTS_PER_CONNECTION_MAX,
+            auth_failures_per_peer_max: limits::AUTH_FAILURES_PER_PEER_MAX,
+            auth_failure_window_ms: limits::AUTH_FAILURE_WINDOW_MS,
         }
     }
 }
@@ -142,6 +155,8 @@ impl Debug for Tls {
 pub struct Front {
     /// TLS, if a certificate is configured; without it an `SSLRequest` is answered `N`.
     pub tls: Option<Tls>,
+    /// Refuse clear-text clients with FATAL 28000 before authentication (`--require-tls`).
+    pub require_tls: bool,
     /// Connection limits.
     pub limits: ConnectionLimits,
 }
@@ -370,6 +385,13 @@ fn fatal(e: &Error) -> PgWireBackendMessage {
     PgWireBackendMessage::ErrorResponse(info.into())
 }
 
+/// An `Error` as a FATAL pgwire error, for handlers whose error pgwire sends and then closes.
+fn fatal_user_error(e: &Error) -> PgWireError {
+    let mut info = error_info(e);
+    info.severity = "FATAL".to_owned();
+    PgWireError::UserError(Box::new(info))
+}
+
 /// Closes our side, then reads and discards what the client still sends, for a bounded time
 /// and amount: closing a socket with unread input resets it, and the client could lose the error
 /// it was just sent.
@@ -399,6 +421,31 @@ struct Startup {
     /// SCRAM-SHA-256 and, with a certificate, SCRAM-SHA-256-PLUS, for TLS connections.
     secure: SaslMechanisms,
     admission: Arc<Admission>,
+    /// Failed logins per client address.
+    throttle: Throttle,
+    /// The analysts of the policy, to tell an unknown user from a wrong password in the log.
+    analysts: HashSet<String>,
+    /// Refuse clients that did not negotiate TLS.
+    require_tls: bool,
+}
+
+impl Startup {
+    /// Logs a failed login (never the password or the SCRAM proof) and counts it against the
+    /// client's address. The reason stays in the log: a client whose password does not verify
+    /// learns only [`Error::Authentication`], whether the analyst exists or not.
+    fn login_failed<C: ClientInfo>(&self, client: &C, error: &PgWireError) {
+        let user = client.metadata().get("user").cloned().unwrap_or_default();
+        let reason = match error {
+            PgWireError::InvalidPassword(_) if self.analysts.contains(&user) => "wrong password",
+            PgWireError::InvalidPassword(_) => "unknown user",
+            PgWireError::InvalidScramMessage(_) => "malformed SCRAM message",
+            PgWireError::UserError(info) => info.message.as_str(),
+            _ => "authentication protocol error",
+        };
+        let peer = client.socket_addr();
+        let failures = self.throttle.record_failure(peer.ip(), Instant::now());
+        tracing::warn!(user, %peer, reason, failures, "authentication failed");
+    }
 }
 
 #[async_trait]
@@ -417,15 +464,58 @@ impl StartupHandler for Startup {
             PgWireFrontendMessage::Startup(ref startup) => {
                 protocol_negotiation(client, startup).await?;
                 save_startup_parameters_to_metadata(client, startup);
+                let peer = client.socket_addr();
+                if self.require_tls && !client.is_secure() {
+                    // PostgreSQL's answer from a `hostssl`-only pg_hba.conf, before any
+                    // authentication.
+                    let user = client.metadata().get("user").cloned().unwrap_or_default();
+                    let database = client
+                        .metadata()
+                        .get("database")
+                        .cloned()
+                        .unwrap_or_else(|| user.clone());
+                    tracing::warn!(user, %peer, "clear-text connection refused: TLS is required");
+                    return Err(fatal_user_error(&Error::EncryptionRequired {
+                        host: peer.ip().to_string(),
+                        user,
+                        database,
+                    }));
+                }
+                if self.throttle.refuses(peer.ip(), Instant::now()) {
+                    let user = client.metadata().get("user").cloned().unwrap_or_default();
+                    tracing::warn!(user, %peer, "login refused: too many failed logins from this address");
+                    return Err(fatal_user_error(&Error::AuthenticationThrottled));
+                }
                 let mechanism = if client.is_secure() {
                     self.secure.create()
                 } else {
                     self.plain.create()
                 };
-                self.driver.begin_authentication(client, mechanism).await?
+                match self.driver.begin_authentication(client, mechanism).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        self.login_failed(client, &e);
+                        return Err(e);
+                    }
+                }
             }
             PgWireFrontendMessage::PasswordMessageFamily(message) => {
-                self.driver.advance_authentication(client, message).await?
+                match self.driver.advance_authentication(client, message).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        self.login_failed(client, &e);
+                        return Err(match e {
+                            // pgwire names the user of the SCRAM message, which libpq leaves
+                            // empty; PostgreSQL names the user of the startup packet.
+                            PgWireError::InvalidPassword(_) => {
+                                let user =
+                                    client.metadata().get("user").cloned().unwrap_or_default();
+                                fatal_user_error(&Error::Authentication { user })
+                            }
+                            other => other,
+                        });
+                    }
+                }
             }
             _ => return Ok(()),
         };
@@ -441,9 +531,7 @@ impl StartupHandler for Startup {
                             self.admission.per_analyst_max
                         ),
                     };
-                    let mut info = error_info(&refusal);
-                    info.severity = "FATAL".to_owned();
-                    return Err(PgWireError::UserError(Box::new(info)));
+                    return Err(fatal_user_error(&refusal));
                 };
                 client.session_extensions().insert(slot);
                 self.driver
@@ -484,6 +572,13 @@ impl Handlers {
             plain: SaslMechanisms::new(vec![Arc::new(scram)]),
             secure: SaslMechanisms::new(vec![Arc::new(secure_scram)]),
             admission: Arc::new(Admission::new(front.limits.connections_per_analyst_max)),
+            throttle: Throttle::new(
+                front.limits.auth_failures_per_peer_max,
+                Duration::from_millis(front.limits.auth_failure_window_ms),
+                limits::AUTH_FAILURE_PEERS_MAX,
+            ),
+            analysts: shared.policy.analysts.keys().cloned().collect(),
+            require_tls: front.require_tls,
         };
         let cancels = Arc::new(Cancels::default());
         Handlers {
@@ -745,6 +840,13 @@ impl SimpleQueryHandler for QueryHandler {
                 return Ok(vec![Response::Error(Box::new(info))]);
             }
         };
+        // All or nothing for refusals: a message one of whose statements would be refused runs
+        // none of them (session::message).
+        if let Err(e) = session.check_message(&self.shared, &statements).await {
+            let info = refusal_info(&e);
+            log_statement(&session.analyst.name, "message", &Err(e), started);
+            return Ok(vec![Response::Error(Box::new(info))]);
+        }
         let mut failed = in_failed_transaction(client);
         let mut responses = Vec::with_capacity(statements.len());
         for statement in statements {
@@ -769,222 +871,5 @@ impl SimpleQueryHandler for QueryHandler {
             }
         }
         Ok(responses)
-    }
-}
-
-#[async_trait]
-impl QueryParser for Parser {
-    type Statement = Prepared;
-
-    async fn parse_sql<C>(
-        &self,
-        client: &C,
-        sql: &str,
-        types: &[Option<Type>],
-    ) -> PgWireResult<Option<Prepared>>
-    where
-        C: ClientInfo + Unpin + Send + Sync,
-    {
-        let mut statements = classify::classify(sql).map_err(|e| user_error(&e))?;
-        if statements.len() > 1 {
-            return Err(user_error(&Error::Syntax {
-                message: "cannot insert multiple commands into a prepared statement".into(),
-            }));
-        }
-        let Some(statement) = statements.pop() else {
-            return Ok(None);
-        };
-        let conn = connection(client);
-        let mut slot = conn.session.lock().await;
-        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
-            .map_err(|e| user_error(&e))?;
-        let columns = session::describe(&self.shared, session, &statement)
-            .await
-            .map_err(|e| user_error(&e))?;
-        // Client-declared types win; otherwise the type analysis inferred from the context.
-        let inferred = session::parameter_types(&self.shared, session, &statement);
-        let count = inferred
-            .iter()
-            .map(|(i, _, _)| *i)
-            .max()
-            .unwrap_or(0)
-            .max(types.len());
-        let parameter_types = (1..=count)
-            .map(|i| {
-                types.get(i - 1).cloned().flatten().unwrap_or_else(|| {
-                    inferred
-                        .iter()
-                        .find(|(j, _, _)| *j == i)
-                        .map(|(_, t, declared)| parameter_pg_type(*t, declared.as_deref()))
-                        .unwrap_or(Type::TEXT)
-                })
-            })
-            .collect();
-        Ok(Some(Prepared {
-            statement: Some(statement),
-            columns,
-            parameter_types,
-        }))
-    }
-
-    fn get_parameter_types(&self, stmt: &Prepared) -> PgWireResult<Vec<Type>> {
-        Ok(stmt.parameter_types.clone())
-    }
-
-    fn get_result_schema(
-        &self,
-        stmt: &Prepared,
-        format: Option<&Format>,
-    ) -> PgWireResult<Vec<FieldInfo>> {
-        let format = format.cloned().unwrap_or_default();
-        Ok(stmt
-            .columns
-            .as_deref()
-            .map(|c| fields(c, &format))
-            .unwrap_or_default())
-    }
-}
-
-#[async_trait]
-impl ExtendedQueryHandler for QueryHandler {
-    type Statement = Prepared;
-    type QueryParser = Parser;
-
-    fn query_parser(&self) -> Arc<Parser> {
-        self.parser.clone()
-    }
-
-    /// Execute with the client's row limit made safe before pgwire sees it: pgwire casts the
-    /// `i32` to `usize` and preallocates that many rows, so a negative limit panicked and a huge
-    /// one aborted the whole process on a failed allocation (found by the wire fuzzer). As in
-    /// PostgreSQL, a limit of zero or less means all rows; a positive one is capped at
-    /// [`crate::limits::ROWS_PER_EXECUTE_MAX`] (the portal is then suspended, and the client fetches on).
-    async fn on_execute<C>(&self, client: &mut C, mut message: Execute) -> PgWireResult<()>
-    where
-        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = Prepared>,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        message.max_rows = rows_per_execute(message.max_rows);
-        self._on_execute(client, message).await
-    }
-
-    /// pgwire's Parse, with the number of named prepared statements bounded (54000).
-    async fn on_parse<C>(&self, client: &mut C, message: Parse) -> PgWireResult<()>
-    where
-        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = Prepared>,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        let named = message
-            .name
-            .clone()
-            .filter(|n| !n.is_empty() && n != DEFAULT_NAME);
-        if let Some(name) = &named {
-            let conn = connection(client);
-            let names = conn.prepared_names();
-            if !names.contains(name) && names.len() >= self.prepared_statements_max {
-                return Err(user_error(&Error::LimitExceeded {
-                    what: "the number of prepared statements of this connection".into(),
-                    limit: self.prepared_statements_max as u64,
-                }));
-            }
-        }
-        let name = named.clone().unwrap_or_else(|| DEFAULT_NAME.to_owned());
-        match StoredStatement::parse(client, &message, self.query_parser()).await? {
-            Some(statement) => client.portal_store().put_statement(Arc::new(statement)),
-            None => client.portal_store().put_empty_statement(&name),
-        }
-        if let Some(name) = named {
-            connection(client).prepared_names().insert(name);
-        }
-        client
-            .send(PgWireBackendMessage::ParseComplete(ParseComplete::new()))
-            .await?;
-        Ok(())
-    }
-
-    /// pgwire's Close, keeping the count of prepared statements.
-    async fn on_close<C>(&self, client: &mut C, message: Close) -> PgWireResult<()>
-    where
-        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = Prepared>,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
-        match message.target_type {
-            TARGET_TYPE_BYTE_STATEMENT => forget_statements(client, Some(name)),
-            TARGET_TYPE_BYTE_PORTAL => client.portal_store().rm_portal(name),
-            _ => {}
-        }
-        client
-            .send(PgWireBackendMessage::CloseComplete(CloseComplete::new()))
-            .await?;
-        Ok(())
-    }
-
-    async fn do_query<C>(
-        &self,
-        client: &mut C,
-        portal: &Portal<Prepared>,
-        _max_rows: usize,
-    ) -> PgWireResult<Response>
-    where
-        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = Prepared>,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        let Some(statement) = portal.statement.statement.statement.clone() else {
-            return Ok(Response::EmptyQuery);
-        };
-        let conn = connection(client);
-        let mut slot = conn.session.lock().await;
-        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
-            .map_err(|e| user_error(&e))?;
-        let started = Instant::now();
-        let failed = in_failed_transaction(client);
-        let result = if failed && !matches!(statement, Statement::Commit | Statement::Rollback) {
-            Err(aborted_transaction())
-        } else {
-            // Rows must match what Describe announced at Parse (a SET in between, e.g. of
-            // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans; checked
-            // before running, so the refusal costs nothing.
-            let described = &portal.statement.statement.columns;
-            let shape = match (&statement, described) {
-                (Statement::Query(_), Some(before)) => {
-                    match session::describe(&self.shared, session, &statement).await {
-                        Ok(Some(now)) if now != *before => Err(Error::unsupported(
-                            "a prepared statement whose result columns changed since it was prepared",
-                            "Prepare the statement again after changing pgdp.accuracy.",
-                        )),
-                        Ok(_) => Ok(()),
-                        Err(e) => Err(e),
-                    }
-                }
-                _ => Ok(()),
-            };
-            match (shape, parameters_as_text(portal)) {
-                (Err(e), _) | (Ok(()), Err(e)) => Err(e),
-                (Ok(()), Ok(params)) => {
-                    run_statement(session, &self.shared, &statement, &params, failed).await
-                }
-            }
-        };
-        log_statement(&session.analyst.name, statement.kind(), &result, started);
-        drop(slot);
-        match result {
-            Ok(outcome) => {
-                if let Statement::Deallocate { name } = &statement {
-                    forget_statements(client, name.as_deref());
-                }
-                let fetch = matches!(statement, Statement::Fetch { .. });
-                respond(client, outcome, &portal.result_column_format, fetch).await
-            }
-            Err(e) => Err(PgWireError::UserError(Box::new(refusal_info(&e)))),
-        }
     }
 }

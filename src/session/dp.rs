@@ -57,7 +57,7 @@ impl Session {
     /// whether the plan's unit column is unique, so the rewrite can use the unique-unit form
     /// (docs/privacy.md, "Unique units"). A failed lookup leaves the general form, which is
     /// always sound.
-    async fn plan_dp(
+    pub(super) async fn plan_dp(
         &self,
         shared: &Shared,
         query: &ast::Query,
@@ -147,22 +147,15 @@ impl Session {
         }
 
         // 2. Public domains read from public tables (no private data, no charge).
-        let (mut domains, to_fetch) = release::listed_domains(&plan);
-        for (i, table, column) in to_fetch {
-            let sql = rewrite::public_values_sql(&table, &column)?;
-            let rows = shared.upstream.run_public_query(&sql, &self.cancel).await?;
-            if rows.len() > crate::limits::PUBLIC_KEY_COMBINATIONS_MAX {
-                return Err(Error::LimitExceeded {
-                    what: format!("the number of values of public column {table}.{column}"),
-                    limit: crate::limits::PUBLIC_KEY_COMBINATIONS_MAX as u64,
-                });
+        let mut domains = release::PublicDomains::new();
+        if plan.keys_public() {
+            for part in rewrite::domain::public_domain(&plan, params)? {
+                let rows = match part.sql() {
+                    Some(sql) => Some(shared.upstream.run_public_query(sql, &self.cancel).await?),
+                    None => None,
+                };
+                domains.push(part.into_combinations(rows)?);
             }
-            domains.insert(
-                i,
-                rows.into_iter()
-                    .filter_map(|r| r.into_iter().next().flatten())
-                    .collect(),
-            );
         }
 
         // 3. Charge, durably, before the upstream sees the statement; an upstream connection is

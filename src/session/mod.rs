@@ -23,6 +23,7 @@ mod budget;
 mod constant;
 mod cursor;
 mod dp;
+mod message;
 mod outcome;
 mod route;
 
@@ -244,10 +245,14 @@ impl Session {
             Route::Budget(columns) => self.budget_view(shared, columns).await,
             Route::Constant(items) => self.constants(shared, items),
             Route::Catalog(query) => {
-                let sql = crate::upstream::catalog::check(query, &shared.policy, params)?;
+                let sql = crate::upstream::catalog::check(query, params, &|name| {
+                    Ok(self.settings.show(name, &self.server_version)?.1)
+                })?;
                 let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
                 let search_path = self.catalog_search_path(shared);
-                Ok(ClientRows::catalog(shadow.run(&sql, &search_path).await?))
+                Ok(ClientRows::catalog(
+                    shadow.run(&self.analyst.name, &sql, &search_path).await?,
+                ))
             }
             Route::Dp(query) => self.dp_query(shared, query, params).await,
             Route::Explain(query) => self.explain(shared, query, params).await,
@@ -416,7 +421,9 @@ pub async fn describe(
             })
             .collect::<Result<Vec<_>>>()?,
         Route::Catalog(query) => {
-            let sql = crate::upstream::catalog::check(query, &shared.policy, &[])?;
+            let sql = crate::upstream::catalog::check(query, &[], &|name| {
+                Ok(session.settings.show(name, &session.server_version)?.1)
+            })?;
             let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
             shadow.describe(&sql).await?
         }

@@ -402,7 +402,18 @@ impl Settings {
             "server_version" => server_version.to_string(),
             "server_version_num" => server_version_num(server_version),
             "max_identifier_length" => "63".into(),
-            "lc_collate" | "lc_ctype" => "C.UTF-8".into(),
+            "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric"
+            | "lc_time" => "C.UTF-8".into(),
+            // Harmless server parameters that client libraries read (SQLAlchemy 2's reflection
+            // reads default_table_access_method): fixed answers, PostgreSQL 15's defaults, never
+            // the upstream's configuration.
+            "default_table_access_method" => "heap".into(),
+            "default_tablespace" => String::new(),
+            "block_size" => "8192".into(),
+            "max_index_keys" => "32".into(),
+            "max_function_args" => "100".into(),
+            "array_nulls" | "escape_string_warning" => "on".into(),
+            "backslash_quote" => "safe_encoding".into(),
             "pgdp.epsilon" => self.epsilon.to_string(),
             "pgdp.delta" => self.delta.to_string(),
             "pgdp.mechanism" => self.mechanism.name().into(),

@@ -185,6 +185,29 @@ impl Cluster {
         self.wait_until_ready().await
     }
 
+    /// Restarts the server with `ssl = on`, serving `certificate` (PEM chain) and `key` (PEM),
+    /// which are copied into the data directory with the owner and mode PostgreSQL insists on.
+    /// For tests of verified TLS to the upstream; plain connections are still accepted.
+    pub async fn enable_tls(&self, certificate: &Path, key: &Path) -> Result<(), ClusterError> {
+        self.stop().await?;
+        for (from, name) in [(certificate, "server.crt"), (key, "server.key")] {
+            let to = self.data_dir.join(name);
+            std::fs::copy(from, &to).map_err(io_error(format!("copying {}", from.display())))?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+                .map_err(io_error(format!("chmod {}", to.display())))?;
+            if let Some(user) = &self.run_as {
+                let path = to.display().to_string();
+                run(Command::new("chown").args([user.as_str(), path.as_str()])).await?;
+            }
+        }
+        let conf = self.data_dir.join("postgresql.conf");
+        let mut text =
+            std::fs::read_to_string(&conf).map_err(io_error("reading postgresql.conf"))?;
+        text.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).map_err(io_error("writing postgresql.conf"))?;
+        self.resume().await
+    }
+
     /// The TCP port the server listens on (on 127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port
@@ -336,6 +359,44 @@ impl Drop for Cluster {
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// What a PostgreSQL server at a DSN does when pgdp connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// It answers `SELECT 1`.
+    Answers,
+    /// A server answers but refuses the connection (wrong password, unknown role or database):
+    /// its SQLSTATE and message.
+    Refuses(String),
+    /// Nothing answers within a few seconds.
+    Silent,
+}
+
+/// Connects to `dsn` and runs `SELECT 1`, within a few seconds.
+pub async fn probe(dsn: &str) -> Probe {
+    let attempt = async {
+        let (client, connection) = match tokio_postgres::connect(dsn, NoTls).await {
+            Ok(c) => c,
+            Err(e) => {
+                return match e.as_db_error() {
+                    Some(db) => Probe::Refuses(format!("{}: {}", db.code().code(), db.message())),
+                    None => Probe::Silent,
+                }
+            }
+        };
+        tokio::spawn(connection);
+        match client.simple_query("SELECT 1").await {
+            Ok(_) => Probe::Answers,
+            Err(e) => match e.as_db_error() {
+                Some(db) => Probe::Refuses(format!("{}: {}", db.code().code(), db.message())),
+                None => Probe::Silent,
+            },
+        }
+    };
+    tokio::time::timeout(ANSWER_TIMEOUT, attempt)
+        .await
+        .unwrap_or(Probe::Silent)
 }
 
 /// True if a PostgreSQL server answers `SELECT 1` at `dsn` within a few seconds.

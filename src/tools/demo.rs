@@ -327,8 +327,9 @@ pub async fn load(
     if current_marker(client).await?.as_deref() == Some(wanted.as_str()) {
         return reuse(client, scale, &mut progress).await;
     }
+    // Without the "schema does not exist, skipping" NOTICEs of the first DROP … IF EXISTS.
     client
-        .batch_execute("BEGIN")
+        .batch_execute("BEGIN; SET LOCAL client_min_messages = warning")
         .await
         .map_err(|source| LoadError::Sql {
             step: "starting the transaction".into(),

@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 
-use tokio_postgres::{CancelToken, NoTls};
+use crate::dsn::Canceller;
 
 use crate::error::{Error, Result};
 
@@ -53,7 +53,7 @@ pub struct Cancel {
 #[derive(Default)]
 struct CancelState {
     /// The cancel token of the upstream connection running this connection's statement.
-    running: Option<CancelToken>,
+    running: Option<Canceller>,
     /// Why the running statement was cancelled, if it was.
     requested: Option<CancelReason>,
     /// The client went away.
@@ -84,14 +84,14 @@ impl Cancel {
             reason = reason.message(),
             "cancelling the upstream statement"
         );
-        if let Err(e) = token.cancel_query(NoTls).await {
+        if let Err(e) = token.cancel().await {
             tracing::warn!(error = %e, "cannot send the cancel request to the upstream");
         }
         true
     }
 
     /// Marks a statement as running on the connection of `token`.
-    pub(super) fn begin(&self, token: CancelToken) -> Result<Running<'_>> {
+    pub(super) fn begin(&self, token: Canceller) -> Result<Running<'_>> {
         let mut state = self
             .state
             .lock()
@@ -142,7 +142,7 @@ impl Drop for Running<'_> {
             .and_then(|mut state| state.running.take());
         if let (Some(token), Ok(runtime)) = (token, tokio::runtime::Handle::try_current()) {
             runtime.spawn(async move {
-                let _ = token.cancel_query(NoTls).await;
+                let _ = token.cancel().await;
             });
         }
     }

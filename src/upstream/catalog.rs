@@ -11,8 +11,10 @@
 //! Invariants:
 //! - A catalog query never runs on the upstream database; it runs on the shadow catalog, in a
 //!   read-only transaction with a short timeout.
-//! - Every relation a catalog query reads is on [`ALLOWED_RELATIONS`] (or is a table of the
-//!   policy, which is empty in the shadow), and every function is on [`ALLOWED_FUNCTIONS`].
+//! - Every relation a catalog query reads is on [`ALLOWED_RELATIONS`] or is one of its CTEs, and
+//!   every function is on [`ALLOWED_FUNCTIONS`]. A statement that reads a table of the policy is
+//!   never a catalog query ([`is_catalog_query`]): the shadow's copies of those tables are empty,
+//!   and an answer from them would be a made-up number.
 //! - Classification does no I/O.
 
 use std::collections::BTreeSet;
@@ -21,7 +23,6 @@ use std::ops::ControlFlow;
 use sqlparser::ast::{self, Expr, ObjectName};
 
 use crate::error::{Error, Result};
-use crate::policy::Policy;
 
 /// Catalog relations (in `pg_catalog` or `information_schema`) a query may read.
 pub const ALLOWED_RELATIONS: &[&str] = &[
@@ -293,25 +294,49 @@ fn lower_parts(name: &ObjectName) -> Vec<String> {
         .collect()
 }
 
-/// Whether a query is a catalog query: it reads at least one catalog relation.
+/// Whether a query is a catalog query: it reads at least one catalog relation, and no relation
+/// but catalog relations and its own CTEs. A statement that also reads anything else (a table of
+/// the policy above all) is not one: it goes to DP analysis, which refuses what it cannot bound,
+/// so the shadow catalog, whose tables are empty, never answers for the data.
 pub fn is_catalog_query(query: &ast::Query) -> bool {
-    let mut found = false;
+    let ctes = cte_names(query);
+    let mut catalog = false;
+    let mut other = false;
     let _ = ast::visit_relations(query, |name| {
         let parts = lower_parts(name);
-        let catalog = match parts.as_slice() {
-            [schema, _] => is_catalog_schema(schema),
-            [table] => {
-                table.starts_with("pg_")
-                    || ALLOWED_RELATIONS.contains(&table.as_str())
-                        && table != "columns"
-                        && table != "tables"
+        match parts.as_slice() {
+            [schema, _] if is_catalog_schema(schema) => catalog = true,
+            [table] if ctes.contains(table) => {}
+            [table] if table.starts_with("pg_") || ALLOWED_RELATIONS.contains(&table.as_str()) => {
+                // `columns` and `tables` unqualified are as likely the analyst's own tables.
+                if table == "columns" || table == "tables" {
+                    other = true;
+                } else {
+                    catalog = true;
+                }
             }
-            _ => false,
-        };
-        found |= catalog;
+            _ => other = true,
+        }
         ControlFlow::<()>::Continue(())
     });
-    found
+    catalog && !other
+}
+
+/// The names of every CTE of `query` and of its subqueries, lower-cased.
+fn cte_names(query: &ast::Query) -> BTreeSet<String> {
+    struct Ctes(BTreeSet<String>);
+    impl ast::Visitor for Ctes {
+        type Break = ();
+        fn pre_visit_query(&mut self, query: &ast::Query) -> ControlFlow<()> {
+            for cte in query.with.iter().flat_map(|w| &w.cte_tables) {
+                self.0.insert(cte.alias.name.value.to_ascii_lowercase());
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut ctes = Ctes(BTreeSet::new());
+    let _ = ast::Visit::visit(query, &mut ctes);
+    ctes.0
 }
 
 /// A catalog query that [`check`] admitted, with its parameters bound, as the text to run on the
@@ -332,24 +357,107 @@ impl CatalogSql {
 
 /// Admits a catalog query if every relation and function it uses is on the allow-lists, and
 /// prints it with `params` bound ([`bind_parameters`]) for the shadow catalog.
-pub fn check(query: &ast::Query, policy: &Policy, params: &[Option<String>]) -> Result<CatalogSql> {
-    admit(query, policy)?;
+///
+/// `current_setting('name')` with a literal name is replaced by the value `setting` gives (the
+/// session's value, or pgdp's fixed answer for a harmless server parameter), so the shadow's own
+/// configuration is never read; an unknown name fails as PostgreSQL does (42704), or is NULL
+/// with `missing_ok`.
+pub fn check(
+    query: &ast::Query,
+    params: &[Option<String>],
+    setting: &dyn Fn(&str) -> Result<String>,
+) -> Result<CatalogSql> {
     let mut bound = query.clone();
     bind_parameters(&mut bound, params);
+    bind_settings(&mut bound, setting)?;
+    admit(&bound)?;
     Ok(CatalogSql(bound.to_string()))
 }
 
+/// Replaces each `current_setting('name' [, missing_ok])` whose arguments are literals by the
+/// value of the setting as a text literal.
+fn bind_settings(query: &mut ast::Query, setting: &dyn Fn(&str) -> Result<String>) -> Result<()> {
+    let mut failure = None;
+    let _ = ast::visit_expressions_mut(query, |e| {
+        let Expr::Function(f) = e else {
+            return ControlFlow::Continue(());
+        };
+        let parts = lower_parts(&f.name);
+        let named = match parts.as_slice() {
+            [n] => n == "current_setting",
+            [schema, n] => schema == "pg_catalog" && n == "current_setting",
+            _ => false,
+        };
+        if !named {
+            return ControlFlow::Continue(());
+        }
+        let ast::FunctionArguments::List(list) = &f.args else {
+            return ControlFlow::Continue(());
+        };
+        // A literal, or a literal cast to a string type (`'name'::VARCHAR`, as SQLAlchemy binds).
+        let literal = |a: &ast::FunctionArg| {
+            let ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) = a else {
+                return None;
+            };
+            let e = match e {
+                Expr::Cast {
+                    expr,
+                    data_type:
+                        ast::DataType::Text
+                        | ast::DataType::Varchar(None)
+                        | ast::DataType::CharacterVarying(None),
+                    ..
+                } => expr.as_ref(),
+                e => e,
+            };
+            match e {
+                Expr::Value(v) => Some(v.value.clone()),
+                _ => None,
+            }
+        };
+        let args: Vec<Option<ast::Value>> = list.args.iter().map(literal).collect();
+        let (name, missing_ok) = match args.as_slice() {
+            // current_setting is strict: a NULL name (also a parameter not bound yet, when a
+            // statement is described) gives NULL.
+            [Some(ast::Value::Null)] | [Some(ast::Value::Null), _] => {
+                *e = Expr::Cast {
+                    kind: ast::CastKind::Cast,
+                    expr: Box::new(Expr::value(ast::Value::Null)),
+                    data_type: ast::DataType::Text,
+                    format: None,
+                };
+                return ControlFlow::Continue(());
+            }
+            [Some(n)] => (n, false),
+            [Some(n), Some(ast::Value::Boolean(ok))] => (n, *ok),
+            // Anything else stays a call, which the allow-list refuses.
+            _ => return ControlFlow::Continue(()),
+        };
+        let Some(name) = crate::literal::string_value(name).map(str::to_string) else {
+            return ControlFlow::Continue(());
+        };
+        let value = match setting(&name) {
+            Ok(v) => ast::Value::SingleQuotedString(v),
+            Err(_) if missing_ok => ast::Value::Null,
+            Err(err) => {
+                failure = Some(err);
+                return ControlFlow::Break(());
+            }
+        };
+        *e = Expr::Cast {
+            kind: ast::CastKind::Cast,
+            expr: Box::new(Expr::value(value)),
+            data_type: ast::DataType::Text,
+            format: None,
+        };
+        ControlFlow::Continue(())
+    });
+    failure.map_or(Ok(()), Err)
+}
+
 /// Whether every relation and function of `query` is on the allow-lists.
-fn admit(query: &ast::Query, policy: &Policy) -> Result<()> {
-    let ctes: BTreeSet<String> = query
-        .with
-        .iter()
-        .flat_map(|w| {
-            w.cte_tables
-                .iter()
-                .map(|c| c.alias.name.value.to_ascii_lowercase())
-        })
-        .collect();
+fn admit(query: &ast::Query) -> Result<()> {
+    let ctes = cte_names(query);
     let mut refusal: Option<Error> = None;
     let _ = ast::visit_relations(query, |name| {
         let parts = lower_parts(name);
@@ -357,7 +465,6 @@ fn admit(query: &ast::Query, policy: &Policy) -> Result<()> {
             [schema, table] if is_catalog_schema(schema) => {
                 ALLOWED_RELATIONS.contains(&table.as_str())
             }
-            [schema, table] => policy.table(&format!("{schema}.{table}")).is_some(),
             [table] => ALLOWED_RELATIONS.contains(&table.as_str()) || ctes.contains(table),
             _ => false,
         };
@@ -429,17 +536,12 @@ mod tests {
         }
     }
 
-    fn policy() -> Policy {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
-        crate::policy::load(&path).expect("demo policy")
-    }
-
     fn verdict(sql: &str) -> String {
         let q = query(sql);
         if !is_catalog_query(&q) {
             return "not catalog".into();
         }
-        match admit(&q, &policy()) {
+        match admit(&q) {
             Ok(()) => "ok".into(),
             Err(e) => e.sqlstate().code().into(),
         }
@@ -480,8 +582,90 @@ mod tests {
         );
     }
 
+    fn checked(sql: &str) -> std::result::Result<String, String> {
+        let setting = |name: &str| match name {
+            "default_table_access_method" => Ok("heap".to_string()),
+            _ => Err(Error::UnknownParameter { name: name.into() }),
+        };
+        check(&query(sql), &[], &setting)
+            .map(|s| s.as_str().to_string())
+            .map_err(|e| e.sqlstate().code().to_string())
+    }
+
+    #[test]
+    fn current_setting_is_answered_by_pgdp() {
+        // SQLAlchemy 2's reflection (abridged).
+        assert_eq!(
+            checked("SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_am am ON am.oid = c.relam WHERE am.amname = current_setting('default_table_access_method')").as_deref(),
+            Ok("SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_am am ON am.oid = c.relam WHERE am.amname = CAST('heap' AS TEXT)")
+        );
+        assert_eq!(
+            checked("SELECT relname FROM pg_class WHERE pg_catalog.current_setting('nope', true) IS NULL").as_deref(),
+            Ok("SELECT relname FROM pg_class WHERE CAST(NULL AS TEXT) IS NULL")
+        );
+        assert_eq!(
+            checked("SELECT relname FROM pg_class WHERE current_setting('nope'::VARCHAR) = ''"),
+            Err("42704".to_string())
+        );
+        // A parameter (bound, or NULL while the statement is only described).
+        let bound = |sql: &str, params: &[Option<String>]| {
+            let setting = |name: &str| match name {
+                "default_table_access_method" => Ok("heap".to_string()),
+                _ => Err(Error::UnknownParameter { name: name.into() }),
+            };
+            check(&query(sql), params, &setting)
+                .map(|s| s.as_str().to_string())
+                .map_err(|e| e.sqlstate().code().to_string())
+        };
+        let sql = "SELECT relname FROM pg_class WHERE current_setting($1::VARCHAR) = 'heap'";
+        let with = bound(sql, &[Some("default_table_access_method".into())]).unwrap();
+        assert!(
+            with.starts_with("SELECT relname FROM pg_class WHERE CAST('heap' AS TEXT) = "),
+            "{with}"
+        );
+        let described = bound(sql, &[]).unwrap();
+        assert!(
+            described.starts_with("SELECT relname FROM pg_class WHERE CAST(NULL AS TEXT) = "),
+            "{described}"
+        );
+        // A name that is not a literal stays a call, which the allow-list refuses.
+        assert_eq!(
+            checked("SELECT current_setting(relname) FROM pg_class"),
+            Err("42883".to_string())
+        );
+    }
+
     #[test]
     fn data_queries_are_not_catalog_queries() {
         assert_eq!(verdict("SELECT COUNT(*) FROM demo.people"), "not catalog");
+        // A policy table read together with a catalog relation or function is not answered from
+        // the shadow (whose copy is empty: a made-up 0); DP analysis refuses it.
+        assert_eq!(
+            verdict("SELECT COUNT(*) FROM demo.people, generate_series(1, 3) g"),
+            "not catalog"
+        );
+        assert_eq!(
+            verdict("SELECT COUNT(*) FROM demo.people p JOIN pg_catalog.pg_class c ON true"),
+            "not catalog"
+        );
+        assert_eq!(
+            verdict("WITH x AS (SELECT * FROM demo.visits) SELECT relname FROM pg_class, x"),
+            "not catalog"
+        );
+        assert_eq!(
+            verdict("SELECT relname FROM pg_class WHERE relname IN (SELECT 'people' FROM people)"),
+            "not catalog"
+        );
+        // Its own CTEs, also nested ones, keep a catalog query a catalog query.
+        assert_eq!(
+            verdict("WITH r AS (SELECT oid, relname FROM pg_class) SELECT relname FROM r"),
+            "ok"
+        );
+        assert_eq!(
+            verdict(
+                "SELECT n FROM (WITH r AS (SELECT relname AS n FROM pg_class) SELECT n FROM r) s"
+            ),
+            "ok"
+        );
     }
 }

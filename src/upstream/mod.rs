@@ -62,18 +62,18 @@
 //! # Ok(()) }
 //! ```
 
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::budget::Receipt;
 use crate::dp::release::{PrivateRows, TextRows};
 use crate::dp::rewrite::{PublicSql, UpstreamSql};
+use crate::dsn::Dsn;
 use crate::error::{Error, Result};
 use crate::limits;
 
@@ -88,7 +88,7 @@ pub use unique_keys::UniqueKeys;
 
 /// The upstream database.
 pub struct Upstream {
-    config: Config,
+    dsn: Dsn,
     idle: Mutex<Vec<Client>>,
     permits: Arc<Semaphore>,
     server_version: Mutex<Option<String>>,
@@ -134,7 +134,7 @@ impl Pooled<'_> {
         self.broken = true;
         let mut reconnected = false;
         loop {
-            let run = cancel.begin(self.client().cancel_token())?;
+            let run = cancel.begin(self.backend.dsn.canceller(self.client()))?;
             let result = stream_rows(self.client(), &batch).await;
             let requested = run.end();
             let e = match result {
@@ -200,29 +200,31 @@ impl Drop for Pooled<'_> {
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
-            .field("host", &self.config.get_hosts())
-            .field("dbname", &self.config.get_dbname())
+            .field("host", &self.dsn.hosts())
+            .field("dbname", &self.dsn.config().get_dbname())
             .finish()
     }
 }
 
 impl Upstream {
-    /// A backend for the DSN (libpq URL or key=value). Does not connect yet.
+    /// A backend for the DSN (libpq URL or key=value, with `sslmode=verify-full` and
+    /// `sslrootcert=` for verified TLS, see [`crate::dsn`]). Does not connect yet.
     pub fn new(dsn: &str) -> Result<Upstream> {
-        let mut config = Config::from_str(dsn).map_err(|e| {
+        let mut dsn = Dsn::parse(dsn).map_err(|e| {
             tracing::error!(error = %e, "invalid upstream DSN");
             Error::UpstreamUnavailable
         })?;
-        config.connect_timeout(Duration::from_millis(limits::UPSTREAM_CONNECT_TIMEOUT_MS));
-        config.application_name("pgdp");
-        Ok(Upstream::with_config(config, limits::UPSTREAM_POOL_SIZE))
+        dsn.config_mut()
+            .connect_timeout(Duration::from_millis(limits::UPSTREAM_CONNECT_TIMEOUT_MS))
+            .application_name("pgdp");
+        Ok(Upstream::with_dsn(dsn, limits::UPSTREAM_POOL_SIZE))
     }
 
-    /// A pool of at most `pool_size` connections for `config` (the shadow catalog uses this for
+    /// A pool of at most `pool_size` connections for `dsn` (the shadow catalog uses this for
     /// its own database).
-    fn with_config(config: Config, pool_size: usize) -> Upstream {
+    fn with_dsn(dsn: Dsn, pool_size: usize) -> Upstream {
         Upstream {
-            config,
+            dsn,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(pool_size)),
             server_version: Mutex::new(None),
@@ -240,19 +242,14 @@ impl Upstream {
 
     /// The database name of the upstream DSN.
     pub fn dbname(&self) -> Option<&str> {
-        self.config.get_dbname()
+        self.dsn.config().get_dbname()
     }
 
     async fn connect(&self) -> Result<Client> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| {
-            tracing::warn!(error = %e, "cannot connect to the upstream");
+        let client = self.dsn.connect("upstream").await.map_err(|e| {
+            tracing::warn!(error = %e, host = %self.dsn.hosts(), "cannot connect to the upstream");
             Error::UpstreamUnavailable
         })?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "upstream connection ended");
-            }
-        });
         if self.cached_server_version().is_none() {
             match client.simple_query("SHOW server_version").await {
                 Ok(rows) => {

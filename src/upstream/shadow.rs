@@ -8,7 +8,7 @@
 //! - An unreachable upstream is never fatal: the catalog is built on first use if it could not be
 //!   built at start ([`Shadow::ensure`]).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -55,6 +55,9 @@ pub struct Shadow {
     /// When the last build failed, and how: builds are retried at most once per
     /// [`limits::SHADOW_RETRY_MS`], so a permanent failure (no CREATEDB) costs little.
     failed: Mutex<Option<(Instant, Error)>>,
+    /// Per analyst, the permits of [`limits::CATALOG_QUERIES_PER_ANALYST_MAX`] catalog queries
+    /// at once. Keyed by authenticated analysts of the policy only, so its size is bounded.
+    running: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// A built shadow catalog.
@@ -77,6 +80,7 @@ impl Shadow {
             policy: policy.clone(),
             built: tokio::sync::OnceCell::new(),
             failed: Mutex::new(None),
+            running: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -144,9 +148,33 @@ impl Shadow {
         self.built().await?.describe(sql.as_str()).await
     }
 
-    /// Runs a checked catalog query on the shadow database. `search_path` is the session's,
-    /// already validated against the policy's schemas.
-    pub async fn run(&self, sql: &CatalogSql, search_path: &[String]) -> Result<CatalogRows> {
+    /// Runs a checked catalog query of `analyst` on the shadow database, at most
+    /// [`limits::CATALOG_QUERIES_PER_ANALYST_MAX`] of the analyst's at once (others wait).
+    /// `search_path` is the session's, already validated against the policy's schemas.
+    pub async fn run(
+        &self,
+        analyst: &str,
+        sql: &CatalogSql,
+        search_path: &[String],
+    ) -> Result<CatalogRows> {
+        let permits = {
+            let mut running = self
+                .running
+                .lock()
+                .map_err(|_| Error::internal("catalog permits poisoned"))?;
+            running
+                .entry(analyst.to_string())
+                .or_insert_with(|| {
+                    Arc::new(tokio::sync::Semaphore::new(
+                        limits::CATALOG_QUERIES_PER_ANALYST_MAX,
+                    ))
+                })
+                .clone()
+        };
+        let _permit = permits
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::internal("catalog permits closed"))?;
         let (columns, rows) = self.built().await?.run(sql.as_str(), search_path).await?;
         Ok(CatalogRows { columns, rows })
     }
@@ -181,7 +209,11 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
         }
     }
     // Column types as the upstream declares them.
-    let mut ddl = String::from("SELECT pg_advisory_xact_lock(7367626470);");
+    // Dropping the previous build's schemas cascades, with a NOTICE per schema that would only
+    // clutter pgdp's log.
+    let mut ddl = String::from(
+        "SET LOCAL client_min_messages = warning; SELECT pg_advisory_xact_lock(7367626470);",
+    );
     for schema in policy.schemas() {
         ddl.push_str(&format!(
             "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
@@ -273,9 +305,9 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
         ));
     }
     drop(conn);
-    let mut config = upstream.config.clone();
-    config.dbname(&dbname);
-    let backend = Upstream::with_config(config, limits::SHADOW_POOL_SIZE);
+    let mut dsn = upstream.dsn.clone();
+    dsn.config_mut().dbname(&dbname);
+    let backend = Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE);
     {
         let mut shadow = backend.get().await?;
         let client = shadow.client();
@@ -324,8 +356,18 @@ impl Built {
         );
         match conn.client().simple_query(&batch).await {
             Ok(messages) => Ok((columns, collect_rows(&messages)?)),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {
+                settle(&mut conn).await;
+                tracing::info!(error = %e, "catalog query timed out");
+                Err(Error::Canceled {
+                    reason: format!(
+                        "the {} ms timeout of catalog queries",
+                        limits::CATALOG_STATEMENT_TIMEOUT_MS
+                    ),
+                })
+            }
             Err(e) => {
-                conn.discard();
+                settle(&mut conn).await;
                 tracing::info!(error = %e, "catalog query failed");
                 // The shadow holds no data, so its error text is safe to summarise by code.
                 Err(Error::unsupported(
@@ -334,5 +376,17 @@ impl Built {
                 ))
             }
         }
+    }
+}
+
+/// After a failed catalog query: waits until the shadow backend has finished with it (a
+/// `ROLLBACK` is answered only after the failed batch's ReadyForQuery), so that the caller's
+/// per-analyst permit is released only when the upstream no longer works for this query. The
+/// error reaches tokio-postgres before the backend has aborted and gone idle; releasing the
+/// permit then would let a third query start beside a second that is still running. A backend
+/// that does not answer is closed instead of reused.
+async fn settle(conn: &mut super::Pooled<'_>) {
+    if conn.client().simple_query("ROLLBACK").await.is_err() {
+        conn.discard();
     }
 }

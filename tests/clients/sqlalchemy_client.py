@@ -37,6 +37,12 @@ def inspect_tables(dialect):
     columns = {c["name"]: str(c["type"]) for c in insp.get_columns("people", schema="demo")}
     assert set(columns) == {"person_id", "age", "sex", "region", "education", "income"}, columns
     assert columns["age"] == "INTEGER", columns
+    # Table options read current_setting('default_table_access_method') in a catalog query.
+    options = insp.get_table_options("people", schema="demo")
+    assert "postgresql_using" not in options, options
+    # Full reflection, as Table(..., autoload_with=engine) does it.
+    reflected = Table("people", MetaData(), schema="demo", autoload_with=engine(dialect))
+    assert {c.name for c in reflected.columns} == set(columns), reflected.columns
     return ",".join(tables)
 
 

@@ -499,3 +499,73 @@ async fn every_execution_of_a_prepared_statement_is_charged_or_replayed() {
     assert_eq!(s.budget().await.epsilon_spent, 2.0);
     proxy.stop().await;
 }
+
+/// Issue 17: a simple-protocol message is all or nothing for refusals, as PostgreSQL's implicit
+/// transaction is. A refused statement in any position refuses the whole message with its own
+/// SQLSTATE: no statement of it runs, nothing is charged, and the session's settings are as
+/// before.
+#[tokio::test]
+async fn a_message_with_a_refused_statement_runs_and_charges_nothing() {
+    let proxy = Proxy::start(62).await;
+    let s = proxy.connect().await;
+    let before = s.budget().await;
+    let ok = "SELECT COUNT(*) FROM demo.people WHERE age > 1";
+    let refused = [
+        // Not an aggregate: raw rows are never released.
+        "SELECT person_id FROM demo.people",
+        // Over the analyst's per-query ε limit.
+        "SET pgdp.epsilon = 1000",
+        // An unknown table, an unknown column, a forbidden catalog relation.
+        "SELECT COUNT(*) FROM demo.nope",
+        "SELECT SUM(nope) FROM demo.people",
+        "SELECT query FROM pg_stat_activity",
+        // A policy table with a set-returning function (never the shadow catalog).
+        "SELECT COUNT(*) FROM demo.people, generate_series(1, 3) g",
+        // Partition selection with δ = 0 (refused at the mechanisms, before any charge).
+        "SET pgdp.delta = 0; SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
+    ];
+    for bad in refused {
+        // The statement's own refusal, alone.
+        let alone = s.simple_query(bad).await.expect_err(bad);
+        let expected = code(&alone).clone();
+        for message in [
+            format!("{ok}; {bad}"),
+            format!("{bad}; {ok}"),
+            format!("{ok}; {bad}; {ok}"),
+            format!("SET pgdp.epsilon = 0.5; {ok}; {bad}"),
+            format!("BEGIN; {ok}; {bad}; COMMIT"),
+            // The split comes from a `;` inside a comment of the first statement.
+            format!("{ok} /* ; */ AND age < 90; {bad}"),
+        ] {
+            let error = s.simple_query(&message).await.expect_err(&message);
+            assert_eq!(code(&error), &expected, "{message}: {error:?}");
+            assert_eq!(s.budget().await, before, "{message}: something was charged");
+        }
+        let epsilon = s.simple_rows("SHOW pgdp.epsilon").await.expect("SHOW");
+        assert_eq!(
+            epsilon[0][0].as_deref(),
+            Some("1"),
+            "{bad}: a SET stayed in force"
+        );
+        let delta = s.simple_rows("SHOW pgdp.delta").await.expect("SHOW");
+        assert_eq!(
+            delta[0][0].as_deref(),
+            Some("0.0000001"),
+            "{bad}: a SET stayed in force"
+        );
+    }
+    // A message without a refusal runs every statement, each charged as it runs.
+    let messages = s
+        .simple_query(&format!(
+            "SET pgdp.epsilon = 0.5; {ok}; SELECT COUNT(*) FROM demo.people WHERE age > 3"
+        ))
+        .await
+        .expect("a message without refusal");
+    let rows = messages
+        .iter()
+        .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+        .count();
+    assert_eq!(rows, 2);
+    assert_eq!(s.budget().await.epsilon_spent, before.epsilon_spent + 1.0);
+    proxy.stop().await;
+}

@@ -344,7 +344,7 @@ fn describe(c: &Compiled) -> Vec<String> {
         let domain = match &k.public {
             PublicKeys::No => "selected".to_string(),
             PublicKeys::Listed(v) => format!("public list of {}", v.len()),
-            PublicKeys::Table { table, column } => format!("public table {table}.{column}"),
+            PublicKeys::Table { table, column, .. } => format!("public table {table}.{column}"),
         };
         lines.push(format!("key{i} {} ({:?}): {domain}", k.expr, k.ty));
     }

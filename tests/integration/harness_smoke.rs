@@ -14,6 +14,22 @@ use pgdp::tools::demo;
 async fn upstream_answers_and_names_its_databases() {
     let upstream = harness::upstream().await;
     assert!(cluster::server_answers(upstream.admin_dsn()).await);
+    assert_eq!(
+        cluster::probe(upstream.admin_dsn()).await,
+        cluster::Probe::Answers
+    );
+    // A server that answers but refuses the role is told apart from no server (issue 21: `pgdp
+    // demo` said "No PostgreSQL server answers" for a server that refused its password).
+    let config: tokio_postgres::Config = upstream.admin_dsn().parse().expect("valid dsn");
+    let port = config.get_ports().first().copied().expect("port");
+    let refused = cluster::probe(&format!(
+        "host=127.0.0.1 port={port} user=pgdp_no_such_role dbname=postgres"
+    ))
+    .await;
+    assert!(
+        matches!(&refused, cluster::Probe::Refuses(why) if why.starts_with("28")),
+        "{refused:?}"
+    );
     if std::env::var(harness::FORCE_CLUSTER_ENV).is_ok_and(|v| v == "1") {
         assert_eq!(upstream.source(), harness::Source::Cluster);
     }

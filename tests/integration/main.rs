@@ -5,6 +5,9 @@
 //! - through the PostgreSQL protocol, against an in-process pgdp over the demo dataset, driven
 //!   with tokio-postgres and the real `psql`: `budget`, `dp`, `faults`, `keypath`, `protocol`,
 //!   `replicas`, `sql`, `wire` (helpers in `support`);
+//! - `auth`: PostgreSQL's authentication failures (28P01 and its message) and the throttling of
+//!   repeated failures;
+//! - `tls`: TLS required of clients (28000 for clear text, PostgreSQL's `hostssl` message);
 //! - `attacks`: the attack corpus in `tests/attacks/`;
 //! - `clients`: the real clients (pgjdbc, psqlODBC, psycopg 2 and 3, SQLAlchemy, node-postgres,
 //!   psql) in `tests/clients/`;
@@ -30,6 +33,7 @@
 mod harness;
 
 mod attacks;
+mod auth;
 mod budget;
 mod clients;
 mod dp;
@@ -45,4 +49,5 @@ mod protocol;
 mod replicas;
 mod sql;
 mod support;
+mod tls;
 mod wire;

@@ -7,9 +7,6 @@
 //! Each test starts its own server with lowered limits where it needs them, and checks that
 //! the refused client gets its SQLSTATE while the process and the other sessions keep running.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use pgdp::frontend::ConnectionLimits;
@@ -22,7 +19,8 @@ use tokio_postgres::SimpleQueryMessage;
 
 use crate::harness::{self, TestDb};
 use crate::support::{
-    assert_code, demo_policy, demo_policy_text, PsqlRun, Session, ANALYST, DATABASE, PASSWORD,
+    assert_code, demo_policy, demo_policy_text, psql, Certificates, Session, ANALYST, DATABASE,
+    PASSWORD,
 };
 
 /// A second analyst with the demo analyst's verifier (SCRAM verifiers do not depend on the name),
@@ -61,7 +59,14 @@ impl Server {
     }
 
     async fn with_limits(limits: ConnectionLimits) -> Server {
-        Server::start(demo_policy(), Options { tls: None, limits }).await
+        Server::start(
+            demo_policy(),
+            Options {
+                limits,
+                ..Options::default()
+            },
+        )
+        .await
     }
 
     fn port(&self) -> u16 {
@@ -131,32 +136,6 @@ fn two_analyst_policy() -> Policy {
     );
     let text = text.replacen(analyst, &second, 1);
     pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("two-analyst policy: {e:?}"))
-}
-
-/// Runs `psql` on a full connection string with the given `-c` commands.
-async fn psql(conninfo: &str, commands: &[&str]) -> PsqlRun {
-    let mut cmd = tokio::process::Command::new("psql");
-    cmd.args(["-X", "-d", conninfo]);
-    for c in commands {
-        cmd.arg("-c").arg(c);
-    }
-    cmd.env("LC_ALL", "C")
-        .env_remove("PGSERVICE")
-        .env_remove("PGOPTIONS")
-        .env_remove("PGSSLMODE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("psql did not finish in time")
-        .expect("psql could not be run");
-    PsqlRun {
-        status: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
 }
 
 /// ε spent so far, from `SHOW pgdp.budget`.
@@ -232,6 +211,7 @@ async fn connections_past_the_per_analyst_limit_are_refused_with_53300() {
                 connections_per_analyst_max: 1,
                 ..ConnectionLimits::default()
             },
+            ..Options::default()
         },
     )
     .await;
@@ -435,122 +415,6 @@ async fn prepared_statements_past_the_limit_are_refused_with_54000() {
 // TLS
 // ---------------------------------------------------------------------------------------------
 
-/// A CA and a server certificate for `localhost` / 127.0.0.1, made with the `openssl` CLI in a
-/// directory removed on drop.
-struct Certificates {
-    dir: PathBuf,
-}
-
-impl Certificates {
-    fn make() -> Certificates {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "pgdp-tls-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("extensions file");
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        openssl(
-            &dir,
-            &[
-                &["req", "-x509"],
-                &ec[..],
-                &[
-                    "-keyout",
-                    "ca.key",
-                    "-out",
-                    "ca.pem",
-                    "-days",
-                    "2",
-                    "-subj",
-                    "/CN=pgdp test CA",
-                ],
-            ]
-            .concat(),
-        );
-        openssl(
-            &dir,
-            &[
-                &["req"],
-                &ec[..],
-                &[
-                    "-keyout",
-                    "server.key",
-                    "-out",
-                    "server.csr",
-                    "-subj",
-                    "/CN=localhost",
-                ],
-            ]
-            .concat(),
-        );
-        openssl(
-            &dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-            ],
-        );
-        Certificates { dir }
-    }
-
-    fn files(&self) -> TlsFiles {
-        TlsFiles {
-            certificate: self.dir.join("server.pem"),
-            key: self.dir.join("server.key"),
-        }
-    }
-
-    fn ca(&self) -> PathBuf {
-        self.dir.join("ca.pem")
-    }
-}
-
-impl Drop for Certificates {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("openssl could not be run");
-    assert!(
-        out.status.success(),
-        "openssl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// PostgreSQL's SSLRequest message.
 fn ssl_request() -> [u8; 8] {
     let mut m = [0u8; 8];
@@ -564,7 +428,7 @@ async fn tls_server(certificates: &Certificates) -> Server {
         demo_policy(),
         Options {
             tls: Some(certificates.files()),
-            limits: ConnectionLimits::default(),
+            ..Options::default()
         },
     )
     .await
@@ -981,4 +845,58 @@ async fn a_prepared_fetch_describes_the_cursor_columns() {
     let _: i64 = rows[0].get("people");
     drop(session);
     server.stop().await;
+}
+
+/// Issue 17: at most `limits::CATALOG_QUERIES_PER_ANALYST_MAX` (2) catalog queries of one analyst
+/// run on the shadow catalog at once, however many connections send them; the others wait and
+/// are answered. Observed in the upstream's pg_stat_activity while six connections each send a
+/// catalog query that takes a few hundred milliseconds (a literal unique to this test marks it).
+#[tokio::test]
+async fn catalog_queries_of_one_analyst_run_two_at_a_time() {
+    let proxy = crate::support::Proxy::start(63).await;
+    let sql = "SELECT COUNT(*) FROM generate_series(1, 3000017) g";
+    let mut sessions = Vec::new();
+    for _ in 0..6 {
+        sessions.push(proxy.connect().await);
+    }
+    let observer = crate::support::upstream_client().await;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = {
+        let done = done.clone();
+        async move {
+            let mut most = 0i64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let running: i64 = observer
+                    .query_one(
+                        "SELECT COUNT(*) FROM pg_stat_activity WHERE state = 'active' AND backend_type = 'client backend' AND query LIKE '%generate_series(1, 3000017)%' AND pid <> pg_backend_pid()",
+                        &[],
+                    )
+                    .await
+                    .expect("pg_stat_activity")
+                    .get(0);
+                most = most.max(running);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            most
+        }
+    };
+    let run = async {
+        let results = futures::future::join_all(sessions.iter().map(|s| s.simple_query(sql))).await;
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        results
+    };
+    let (most, results) = tokio::join!(watch, run);
+    for result in results {
+        match result {
+            Ok(_) => {}
+            // On a very slow machine a query may pass the 1 s timeout: PostgreSQL's 57014.
+            Err(e) => assert_eq!(e.code(), Some(&SqlState::QUERY_CANCELED), "{e:?}"),
+        }
+    }
+    assert!(
+        most <= 2,
+        "{most} catalog queries of one analyst ran at once"
+    );
+    assert!(most >= 1, "the catalog queries were never seen running");
+    proxy.stop().await;
 }

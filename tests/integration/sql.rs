@@ -320,3 +320,50 @@ async fn median_is_close_to_the_truth() {
     // is the true one or a neighbour.
     assert!((median - truth).abs() <= 1.5, "{median} vs {truth}");
 }
+
+/// The keys (the first `keys` columns, as text) of every row `sql` returns.
+async fn key_set(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    keys: usize,
+) -> std::collections::BTreeSet<Vec<Option<String>>> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((0..keys).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 15's wrong answers: a public domain releases only groups the analyst's SQL can return.
+/// In these queries every possible group holds many people, so the released groups are exactly
+/// the groups PostgreSQL returns for the same SQL (no made-up one, none missing).
+#[tokio::test]
+async fn public_domains_release_only_groups_the_sql_can_return() {
+    let proxy = rich_proxy(91).await;
+    let s = proxy.connect().await;
+    set_epsilon(&s, 1.0).await;
+    let upstream = upstream_client().await;
+    let cases = [
+        // Two columns of one public table: the pairs its rows hold (10), not 10 × 9 made-up ones.
+        ("SELECT r.region, r.population, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY r.region, r.population", 2),
+        // WHERE on the public table restricts its domain.
+        ("SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region WHERE r.population > 2500000 GROUP BY r.name", 1),
+        // WHERE on a listed column restricts its domain, also beside a condition on private data.
+        ("SELECT region, COUNT(*) FROM demo.people WHERE region IN ('CE', 'EA') AND age > 30 GROUP BY region", 1),
+        ("SELECT region, sex, COUNT(*) FROM demo.people WHERE sex <> 'X' AND lower(region) LIKE 's%' GROUP BY region, sex", 2),
+        // A CASE without ELSE groups the rows no branch matches under NULL.
+        ("SELECT CASE WHEN age < 18 THEN 'child' END AS minor, COUNT(*) FROM demo.people GROUP BY 1", 1),
+    ];
+    for (sql, keys) in cases {
+        let released = key_set(&s, sql, keys).await;
+        let truth = key_set(&upstream, sql, keys).await;
+        assert_eq!(released, truth, "{sql}");
+    }
+}

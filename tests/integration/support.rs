@@ -5,14 +5,15 @@
 //! Each [`Proxy`] owns a fresh ledger database, so every test starts with a full budget, and a
 //! fixed noise seed, so every run releases the same values.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use pgdp::policy::Policy;
-use pgdp::server::{self, Config, Running};
+use pgdp::server::{self, Config, Options, Running, TlsFiles};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, NoTls, SimpleQueryMessage};
 
@@ -66,6 +67,7 @@ pub struct Proxy {
     ledger_dsn: String,
     policy: Policy,
     seed: u8,
+    options: Options,
 }
 
 impl Proxy {
@@ -76,22 +78,36 @@ impl Proxy {
 
     /// pgdp with `policy` over the demo data and a fresh ledger.
     pub async fn with_policy(policy: Policy, seed: u8) -> Proxy {
+        Proxy::with_options(policy, seed, Options::default()).await
+    }
+
+    /// pgdp with `policy` and `options` (TLS, limits) over the demo data and a fresh ledger.
+    pub async fn with_options(policy: Policy, seed: u8, options: Options) -> Proxy {
         let ledger = harness::fresh_database("ledger").await;
         let ledger_dsn = ledger.dsn().to_string();
-        let running = start_server(policy.clone(), &ledger_dsn, seed).await;
+        let running = start_server(policy.clone(), &ledger_dsn, seed, options.clone()).await;
         Proxy {
             running: Some(running),
             ledger: Some(ledger),
             ledger_dsn,
             policy,
             seed,
+            options,
         }
     }
 
     /// Stops the server and starts a new one on the same ledger (and a new port).
     pub async fn restart(&mut self) {
         drop(self.running.take());
-        self.running = Some(start_server(self.policy.clone(), &self.ledger_dsn, self.seed).await);
+        self.running = Some(
+            start_server(
+                self.policy.clone(),
+                &self.ledger_dsn,
+                self.seed,
+                self.options.clone(),
+            )
+            .await,
+        );
     }
 
     /// The port pgdp listens on.
@@ -189,15 +205,18 @@ impl Proxy {
     }
 }
 
-async fn start_server(policy: Policy, ledger_dsn: &str, seed: u8) -> Running {
+async fn start_server(policy: Policy, ledger_dsn: &str, seed: u8, options: Options) -> Running {
     let upstream = harness::demo_database(1).await.dsn().to_string();
-    server::start(Config {
-        policy,
-        upstream,
-        ledger: Some(ledger_dsn.to_string()),
-        listen: "127.0.0.1:0".into(),
-        noise_seed: Some([seed; 32]),
-    })
+    server::start_with(
+        Config {
+            policy,
+            upstream,
+            ledger: Some(ledger_dsn.to_string()),
+            listen: "127.0.0.1:0".into(),
+            noise_seed: Some([seed; 32]),
+        },
+        options,
+    )
     .await
     .unwrap_or_else(|e| panic!("pgdp did not start: {e}"))
 }
@@ -380,4 +399,151 @@ pub fn assert_code<T: std::fmt::Debug>(
 /// True counts on the upstream, computed directly with tokio-postgres.
 pub async fn upstream_client() -> Client {
     harness::demo_database(1).await.client().await
+}
+
+/// A CA and a server certificate for `localhost` / 127.0.0.1, made with the `openssl` CLI in a
+/// directory removed on drop.
+pub struct Certificates {
+    pub dir: PathBuf,
+}
+
+impl Certificates {
+    pub fn make() -> Certificates {
+        Certificates::make_for("DNS:localhost,IP:127.0.0.1")
+    }
+
+    /// A CA and a server certificate whose subjectAltName is `san` (openssl's syntax).
+    pub fn make_for(san: &str) -> Certificates {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "pgdp-tls-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(
+            dir.join("server.ext"),
+            format!("subjectAltName={san}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n"),
+        )
+        .expect("extensions file");
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &dir,
+            &[
+                &["req", "-x509"],
+                &ec[..],
+                &[
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.pem",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=pgdp test CA",
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            &dir,
+            &[
+                &["req"],
+                &ec[..],
+                &[
+                    "-keyout",
+                    "server.key",
+                    "-out",
+                    "server.csr",
+                    "-subj",
+                    "/CN=localhost",
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            &dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+            ],
+        );
+        Certificates { dir }
+    }
+
+    pub fn files(&self) -> TlsFiles {
+        TlsFiles {
+            certificate: self.dir.join("server.pem"),
+            key: self.dir.join("server.key"),
+        }
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+}
+
+impl Drop for Certificates {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl could not be run");
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `psql` on a full connection string with the given `-c` commands.
+pub async fn psql(conninfo: &str, commands: &[&str]) -> PsqlRun {
+    let mut cmd = tokio::process::Command::new("psql");
+    cmd.args(["-X", "-d", conninfo]);
+    for c in commands {
+        cmd.arg("-c").arg(c);
+    }
+    cmd.env("LC_ALL", "C")
+        .env_remove("PGSERVICE")
+        .env_remove("PGOPTIONS")
+        .env_remove("PGSSLMODE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("psql did not finish in time")
+        .expect("psql could not be run");
+    PsqlRun {
+        status: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
 }

@@ -23,7 +23,7 @@ pub(super) struct PendingCharge {
 /// The group-commit queue: requests wait here while a committer task runs; at most one
 /// committer runs at a time, and it runs until the queue is empty.
 pub(super) struct ChargeQueue {
-    pub(super) config: Config,
+    pub(super) config: crate::dsn::Dsn,
     pub(super) schema_ready: Arc<AtomicBool>,
     pub(super) state: std::sync::Mutex<QueueState>,
     /// The committer's connection (one committer at a time, so never contended).

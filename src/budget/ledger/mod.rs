@@ -75,11 +75,12 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, Mutex, MutexGuard};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, NoTls, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 use tracing::warn;
 
 use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Scope, Spent};
 use super::fixed::Fixed;
+use crate::dsn::Dsn;
 use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
 use crate::{Error, Result};
 
@@ -201,7 +202,7 @@ impl Receipt {
 /// The shared, durable privacy ledger. Cheap to share behind an `Arc`; each call takes one of a
 /// few connections.
 pub struct Ledger {
-    config: Config,
+    config: Dsn,
     slots: Vec<Mutex<Option<Conn>>>,
     next_slot: AtomicUsize,
     /// The tables exist and have this version (checked on the first connection).
@@ -303,15 +304,16 @@ impl Ledger {
     /// first use (see the module docs). Fails with [`Error::LedgerUnavailable`] only if the DSN
     /// is invalid.
     pub fn new(dsn: &str) -> Result<Ledger> {
-        let mut config: Config = dsn.parse().map_err(|e: tokio_postgres::Error| {
+        let mut config = Dsn::parse(dsn).map_err(|e| {
             warn!(error = %e, "invalid privacy ledger connection string");
             Error::LedgerUnavailable
         })?;
-        if config.get_application_name().is_none() {
-            config.application_name("pgdp-ledger");
+        let settings = config.config_mut();
+        if settings.get_application_name().is_none() {
+            settings.application_name("pgdp-ledger");
         }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS));
+        if settings.get_connect_timeout().is_none() {
+            settings.connect_timeout(Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS));
         }
         let schema_ready = Arc::new(AtomicBool::new(false));
         Ok(Ledger {
@@ -576,7 +578,7 @@ impl Ledger {
 /// loop `client()` → operation → `settle()`, written out in place (a generic helper taking an
 /// async closure would make the methods' futures lose `Send`).
 struct Attempts<'l> {
-    config: &'l Config,
+    config: &'l Dsn,
     schema_ready: &'l AtomicBool,
     slot: MutexGuard<'l, Option<Conn>>,
     retried: bool,
@@ -651,24 +653,19 @@ fn is_connection_error(error: &tokio_postgres::Error) -> bool {
 }
 
 /// Opens one connection and applies [`SESSION_SETUP`].
-async fn open(config: &Config) -> Result<Client> {
+async fn open(config: &Dsn) -> Result<Client> {
     let timeout = Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS);
-    let (client, connection) = match tokio::time::timeout(timeout, config.connect(NoTls)).await {
-        Ok(Ok(pair)) => pair,
+    let client = match tokio::time::timeout(timeout, config.connect("privacy ledger")).await {
+        Ok(Ok(client)) => client,
         Ok(Err(error)) => {
-            warn!(error = %error, "cannot connect to the privacy ledger");
+            warn!(error = %error, host = %config.hosts(), "cannot connect to the privacy ledger");
             return Err(Error::LedgerUnavailable);
         }
         Err(_) => {
-            warn!("connecting to the privacy ledger timed out");
+            warn!(host = %config.hosts(), "connecting to the privacy ledger timed out");
             return Err(Error::LedgerUnavailable);
         }
     };
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            warn!(error = %error, "privacy ledger connection ended");
-        }
-    });
     let setup = format!("{SESSION_SETUP}; SET statement_timeout = {STATEMENT_TIMEOUT_MS}");
     if let Err(error) = client.batch_execute(&setup).await {
         warn!(error = %error, "cannot configure the privacy ledger session");

@@ -315,13 +315,16 @@ impl<'a> Analyzer<'a> {
                 None => "Use a column with declared bounds (lower/upper in the policy), or arithmetic of such columns with literals.".into(),
             };
             return Err(Error::forbidden(
-                format!("the bounds of {text} are not known, so {name} cannot be released"),
+                format!(
+                    "the bounds of {} are not known, so {name} cannot be released",
+                    self.shown(text)
+                ),
                 hint,
             ));
         };
         if lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
             return Err(Error::forbidden(
-                format!("the derived bounds of {text} are too large"),
+                format!("the derived bounds of {} are too large", self.shown(text)),
                 format!(
                     "Derived bounds must lie within ±{}.",
                     limits::COLUMN_BOUND_ABS_MAX

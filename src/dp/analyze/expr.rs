@@ -19,10 +19,11 @@ impl<'a> Analyzer<'a> {
                 ));
             }
             let public = if let Some(values) = &column.public_values {
-                PublicKeys::Listed(values.clone())
+                PublicKeys::Listed(values.iter().cloned().map(Some).collect())
             } else if !r.private {
                 PublicKeys::Table {
                     table: r.table.clone(),
+                    alias: r.alias.clone(),
                     column: col.clone(),
                 }
             } else {
@@ -264,13 +265,16 @@ impl<'a> Analyzer<'a> {
                 let refs: Vec<&Info> = parts.iter().collect();
                 let mut info = Info::derived(ty, &refs, if all_bounded { bounds } else { None });
                 // Results that are all literals form a public domain: the group keys are the
-                // THEN / ELSE values whatever the data (a NULL group, from a missing ELSE, is
-                // not released).
+                // THEN / ELSE values whatever the data, and NULL when a row can match no
+                // branch (no ELSE) or a result is NULL, as PostgreSQL groups it.
                 let mut results: Vec<&Expr> = conditions.iter().map(|cw| &cw.result).collect();
                 if let Some(er) = else_result.as_deref() {
                     results.push(er);
                 }
-                if let Some(domain) = literal_domain(&results)? {
+                if let Some(mut domain) = literal_domain(&results)? {
+                    if else_result.is_none() && !domain.contains(&None) {
+                        domain.push(None);
+                    }
                     info.public = PublicKeys::Listed(domain);
                     // Public domain: as safe as one filtered query per literal, except that a
                     // CASE on the privacy unit stays refused as a key (policy intent).

@@ -5,9 +5,10 @@ use super::*;
 
 /// The domain of a CASE whose results are all literals of one kind (strings, or integers), as
 /// the text PostgreSQL prints for them; `None` if some result is not such a literal.
-pub(super) fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<String>>> {
+pub(super) fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<Option<String>>>> {
     let mut strings = Vec::new();
     let mut integers = Vec::new();
+    let mut null = false;
     for r in results {
         let Expr::Value(v) = r else { return Ok(None) };
         match &v.value {
@@ -15,7 +16,7 @@ pub(super) fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<String>>> {
                 Ok(i) => integers.push(i.to_string()),
                 Err(_) => return Ok(None),
             },
-            Value::Null => {}
+            Value::Null => null = true,
             other => match crate::literal::string_value(other) {
                 Some(t) => strings.push(t.to_string()),
                 None => return Ok(None),
@@ -35,7 +36,14 @@ pub(super) fn literal_domain(results: &[&Expr]) -> Result<Option<Vec<String>>> {
     };
     domain.sort();
     domain.dedup();
-    Ok((!domain.is_empty()).then_some(domain))
+    if domain.is_empty() {
+        return Ok(None);
+    }
+    let mut domain: Vec<Option<String>> = domain.into_iter().map(Some).collect();
+    if null {
+        domain.push(None);
+    }
+    Ok(Some(domain))
 }
 
 /// The unit of date_trunc / field of date_part must be one PostgreSQL knows, or the upstream

@@ -612,6 +612,21 @@ fn ident_lower(i: &Ident) -> String {
     }
 }
 
+impl Analyzer<'_> {
+    /// Canonical SQL text as the analyst wrote it, for messages: each generated alias
+    /// `"__dp_tN"` becomes the analyst's name for that table (its alias, or the table's name).
+    fn shown(&self, canonical_text: &str) -> String {
+        let mut text = canonical_text.to_string();
+        // The longest aliases first, so `__dp_t1` does not match inside `__dp_t10`.
+        let mut tables: Vec<&(TableRef, Cow<'_, Table>, String)> = self.tables.iter().collect();
+        tables.sort_by_key(|(r, _, _)| std::cmp::Reverse(r.alias.len()));
+        for (r, _, visible) in tables {
+            text = text.replace(&format!("\"{}\"", r.alias), visible);
+        }
+        text
+    }
+}
+
 /// The canonical expression `"alias"."column"` ([`ColumnRef`]).
 fn canonical(alias: &str, column: &str) -> Expr {
     ColumnRef::new(alias, column).expr()

@@ -28,8 +28,8 @@ impl<'a> Analyzer<'a> {
         if let Some(first) = parts.first() {
             if parts.len() >= 2 && (first == "pg_catalog" || first == "information_schema") {
                 return Err(Error::unsupported(
-                    "catalog queries",
-                    "Catalog introspection through pgdp is not available yet; the policy (pgdp check) lists the tables.",
+                    format!("reading the catalog relation {name} in a query of the policy's tables"),
+                    "Query the catalog on its own (it is answered from a catalog with no data) and the policy's tables on their own (answered under DP).",
                 ));
             }
         }
@@ -292,7 +292,9 @@ impl<'a> Analyzer<'a> {
                 );
             }
             let public_values = match &info.public {
-                PublicKeys::Listed(v) => Some(v.clone()),
+                // A column of a derived table keeps the non-NULL values (a NULL group of the
+                // outer query is then not released).
+                PublicKeys::Listed(v) => Some(v.iter().flatten().cloned().collect()),
                 _ if per_unit => integer_domain(ty, bounds),
                 _ => None,
             };

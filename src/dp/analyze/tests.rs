@@ -177,8 +177,14 @@ fn aggregate_text(a: &Aggregate) -> String {
 fn key_text(k: &GroupKey) -> String {
     let domain = match &k.public {
         PublicKeys::No => "private".to_string(),
-        PublicKeys::Listed(values) => format!("listed{values:?}").replace('"', ""),
-        PublicKeys::Table { table, column } => format!("table {table}.{column}"),
+        PublicKeys::Listed(values) => {
+            let values: Vec<&str> = values
+                .iter()
+                .map(|v| v.as_deref().unwrap_or("NULL"))
+                .collect();
+            format!("listed{values:?}").replace('"', "")
+        }
+        PublicKeys::Table { table, column, .. } => format!("table {table}.{column}"),
     };
     let ty = format!("{:?}", k.ty).to_lowercase();
     format!("{}:{ty}:{domain}", short(&k.expr))
@@ -474,7 +480,7 @@ fn key_domains() {
             ("public table key", "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY r.name", Accepted("unit=person_id caps=(g1,r1) tables=[demo.people:private, demo.regions:public] on=[region = t1.region] keys=[t1.name:text:table demo.regions.name] aggs=[count(*)] out=[name=k0, count=a0]")),
             ("duplicate key collapses", "SELECT region, COUNT(*) FROM demo.people GROUP BY region, region", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, count=a0]")),
             // Documented (analyze/expr.rs): the NULL group of a CASE without ELSE is not released.
-            ("case key without else", "SELECT CASE WHEN age < 18 THEN 'child' END AS minor, COUNT(*) FROM demo.people GROUP BY 1", Accepted("unit=person_id caps=(g1,r1) keys=[CASE WHEN age < 18 THEN 'child' END:text:listed[child]] aggs=[count(*)] out=[minor=k0, count=a0]")),
+            ("case key without else", "SELECT CASE WHEN age < 18 THEN 'child' END AS minor, COUNT(*) FROM demo.people GROUP BY 1", Accepted("unit=person_id caps=(g1,r1) keys=[CASE WHEN age < 18 THEN 'child' END:text:listed[child, NULL]] aggs=[count(*)] out=[minor=k0, count=a0]")),
             ("public key joined on a non-groupable column", "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.income = r.population GROUP BY r.name", Accepted("unit=person_id caps=(g1,r1) tables=[demo.people:private, demo.regions:public] on=[income = t1.population] keys=[t1.name:text:table demo.regions.name] aggs=[count(*)] out=[name=k0, count=a0]")),
             ("renamed unit as key", "SELECT x, COUNT(*) FROM (SELECT person_id AS x FROM demo.visits) t GROUP BY x", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
             ("renamed id as groupable name", "SELECT clinic, COUNT(*) FROM (SELECT person_id, visit_id AS clinic FROM demo.visits) t GROUP BY clinic", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
@@ -799,4 +805,28 @@ fn a_wrong_expectation_fails() {
             Accepted("unit=person_id caps=(g1,r11) keys=[] aggs=[count(*)] out=[count=a0]"),
         )],
     );
+}
+
+/// Messages name tables as the analyst did, never by pgdp's generated aliases (issue 21).
+#[test]
+fn refusals_name_what_the_analyst_wrote() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    for (sql, shown) in [
+        (
+            "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t",
+            "the bounds of t.\"n\" are not known",
+        ),
+        (
+            "SELECT SUM(per_person.n) FROM (SELECT person_id, SUM(cost) AS n FROM demo.visits GROUP BY person_id) AS per_person",
+            "the bounds of per_person.\"n\" are not known",
+        ),
+    ] {
+        let message = analyze_sql(sql, &ctx).expect_err(sql).to_string();
+        assert!(!message.contains(RESERVED_PREFIX), "{sql}: {message}");
+        assert!(message.contains(shown), "{sql}: {message}");
+    }
 }

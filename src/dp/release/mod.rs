@@ -20,7 +20,7 @@ use rand::{CryptoRng, Rng};
 
 use crate::budget::{accountant::zcdp_to_epsilon, Cost, Fixed};
 use crate::dp::mechanism::{Noise, PartitionSelection};
-use crate::dp::plan::{AggregateKind, Plan, Post, PostOp, PublicKeys};
+use crate::dp::plan::{AggregateKind, Plan, Post, PostOp};
 use crate::dp::rewrite::Rewrite;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -242,8 +242,9 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
 /// Some cells of one upstream row, as text (a group's keys or its statistics).
 type Texts<'r> = &'r [Option<String>];
 
-/// The domains of public keys: the listed values, or the values read from a public table.
-pub type PublicDomains = BTreeMap<usize, Vec<String>>;
+/// The public domain of the keys, in parts ([`crate::dp::rewrite::domain`]): each part's keys and
+/// the combinations of their values. Every combination of the parts is released.
+pub type PublicDomains = Vec<(Vec<usize>, crate::dp::rewrite::domain::Combinations)>;
 
 /// Noises the upstream rows and post-processes them into the analyst's result.
 pub fn release<R: Rng + CryptoRng + ?Sized>(
@@ -286,29 +287,15 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
             .map(|(keys, _)| keys.to_vec())
             .collect()
     } else {
-        // All public: the cross product of the domains, whether present or not.
-        let mut combos: Vec<Vec<Option<String>>> = vec![Vec::new()];
-        for i in 0..k {
-            let domain = public_domains
-                .get(&i)
-                .ok_or_else(|| Error::internal("missing public domain"))?;
-            let mut next = Vec::new();
-            for c in &combos {
-                for v in domain {
-                    let mut c2 = c.clone();
-                    c2.push(Some(v.clone()));
-                    next.push(c2);
-                }
-            }
-            if next.len() > limits::PUBLIC_KEY_COMBINATIONS_MAX {
-                return Err(Error::LimitExceeded {
-                    what: "the number of public group combinations".into(),
-                    limit: limits::PUBLIC_KEY_COMBINATIONS_MAX as u64,
-                });
-            }
-            combos = next;
+        // All public: every combination of the domain, whether present or not.
+        let covered: BTreeSet<usize> = public_domains
+            .iter()
+            .flat_map(|(keys, _)| keys.iter().copied())
+            .collect();
+        if covered.len() != k || covered.iter().any(|&i| i >= k) {
+            return Err(Error::internal("missing public domain"));
         }
-        combos
+        crate::dp::rewrite::domain::combinations(k, public_domains)?
     };
 
     let bounds95: Vec<f64> = mechanisms
@@ -635,25 +622,6 @@ pub fn evaluate(p: &Post, keys: &[Cell], aggregates: &[Cell]) -> Cell {
     }
 }
 
-/// The domain of each public key (listed values now; table-backed domains come from `fetched`).
-pub fn listed_domains(plan: &Plan) -> (PublicDomains, Vec<(usize, String, String)>) {
-    let mut domains = PublicDomains::new();
-    let mut to_fetch = Vec::new();
-    for (i, k) in plan.keys.iter().enumerate() {
-        match &k.public {
-            PublicKeys::Listed(v) => {
-                let set: BTreeSet<String> = v.iter().cloned().collect();
-                domains.insert(i, set.into_iter().collect());
-            }
-            PublicKeys::Table { table, column } => {
-                to_fetch.push((i, table.clone(), column.clone()))
-            }
-            PublicKeys::No => {}
-        }
-    }
-    (domains, to_fetch)
-}
-
 /// EXPLAIN: the plan as lines of text, without touching data or budget.
 pub fn explain(
     plan: &Plan,
@@ -706,6 +674,95 @@ pub fn explain(
         lines.push("  HAVING / ORDER BY / LIMIT: applied by pgdp to the noisy rows".into());
     }
     lines.push("upstream SQL:".into());
-    lines.push(format!("  {}", rewrite.sql));
+    lines.extend(
+        sql_lines(rewrite.sql.as_str())
+            .into_iter()
+            .map(|l| format!("  {l}")),
+    );
     lines
+}
+
+/// The upstream SQL as readable lines for EXPLAIN: a new line for each CTE and before each
+/// `FROM`, `WHERE`, `GROUP BY` and `SELECT` outside literals and quoted names, indented by the
+/// parenthesis depth. Only whitespace changes: joining the lines with spaces gives the SQL back.
+fn sql_lines(sql: &str) -> Vec<String> {
+    const BREAK_BEFORE: [&str; 4] = [" FROM ", " WHERE ", " GROUP BY ", " SELECT "];
+    let bytes = sql.as_bytes();
+    let mut lines = Vec::new();
+    let push = |lines: &mut Vec<String>, text: &str, depth: usize| {
+        let text = text.trim();
+        if !text.is_empty() {
+            lines.push(format!("{}{text}", "  ".repeat(depth)));
+        }
+    };
+    let (mut depth, mut i, mut start, mut start_depth) = (0usize, 0usize, 0usize, 0usize);
+    while i < bytes.len() {
+        match bytes[i] {
+            quote @ (b'\'' | b'"') => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != quote {
+                    i += 1;
+                }
+                i += 1;
+                continue;
+            }
+            b'$' => {
+                // A dollar-quoted literal `$tag$ … $tag$`.
+                if let Some(len) = sql[i + 1..].find('$') {
+                    let tag = &sql[i..i + len + 2];
+                    let word = tag[1..tag.len() - 1]
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    if let Some(end) = sql[i + tag.len()..].find(tag).filter(|_| word) {
+                        i += tag.len() + end + tag.len();
+                        continue;
+                    }
+                }
+            }
+            b'(' => depth += 1,
+            b')' => depth = depth.saturating_sub(1),
+            b',' if depth == 0 => {
+                push(&mut lines, &sql[start..=i], start_depth);
+                i += 1;
+                (start, start_depth) = (i, depth);
+                continue;
+            }
+            _ => {}
+        }
+        if depth <= 1 && BREAK_BEFORE.iter().any(|k| sql[i..].starts_with(k)) {
+            push(&mut lines, &sql[start..i], start_depth);
+            i += 1;
+            (start, start_depth) = (i, depth);
+            continue;
+        }
+        i += 1;
+    }
+    push(&mut lines, &sql[start.min(sql.len())..], start_depth);
+    lines
+}
+
+#[cfg(test)]
+mod sql_lines_tests {
+    use super::sql_lines;
+
+    #[test]
+    fn explain_breaks_the_upstream_sql_into_lines_without_changing_it() {
+        let sql = "WITH a AS (SELECT x, 'a FROM b' AS y FROM t WHERE z = $q$ GROUP BY $q$ GROUP BY x), b AS (SELECT 1 FROM a) SELECT \"q FROM\" FROM b";
+        let lines = sql_lines(sql);
+        assert_eq!(
+            lines,
+            [
+                "WITH a AS (SELECT x, 'a FROM b' AS y",
+                "  FROM t",
+                "  WHERE z = $q$ GROUP BY $q$",
+                "  GROUP BY x),",
+                "b AS (SELECT 1",
+                "  FROM a)",
+                "SELECT \"q FROM\"",
+                "FROM b",
+            ]
+        );
+        let normalise = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(normalise(&lines.join(" ")), normalise(sql));
+    }
 }

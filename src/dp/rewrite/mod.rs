@@ -32,6 +32,8 @@ use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
 use crate::dp::plan::{AggregateKind, Plan};
+
+pub mod domain;
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 
@@ -67,8 +69,8 @@ impl std::fmt::Display for UpstreamSql {
     }
 }
 
-/// SQL that reads only a public table (the domain of a public key column, for zero-filling),
-/// built by [`public_values_sql`] alone.
+/// SQL that reads only public tables and literals (the public domain of a query's keys), built
+/// by [`domain::public_domain`] alone.
 ///
 /// ```compile_fail
 /// let sql = pgdp::dp::rewrite::PublicSql("SELECT income FROM demo.people".to_string());
@@ -737,21 +739,4 @@ fn value_stages(
         }
     };
     Ok(format!(", {values}, {per_group}"))
-}
-
-/// SQL listing the values of a public table's column (for zero-filling public keys).
-pub fn public_values_sql(table: &str, column: &str) -> Result<PublicSql> {
-    let (schema, name) = table
-        .split_once('.')
-        .ok_or_else(|| Error::internal("unqualified table"))?;
-    let sql = format!(
-        "SELECT DISTINCT CAST(\"{column}\" AS TEXT) FROM \"{schema}\".\"{name}\" LIMIT {}",
-        crate::limits::PUBLIC_KEY_COMBINATIONS_MAX + 1
-    );
-    let statements = Parser::parse_sql(&PostgreSqlDialect {}, &sql)
-        .map_err(|e| Error::internal(format!("public values SQL does not parse: {e}")))?;
-    statements
-        .first()
-        .map(|s| PublicSql(s.to_string()))
-        .ok_or_else(|| Error::internal("no statement"))
 }

@@ -1,0 +1,146 @@
+//! Authentication as PostgreSQL does it: a wrong password and an unknown user both get FATAL
+//! 28P01 `password authentication failed for user "<name>"` with the name the client sent
+//! (tokio-postgres and psql), and repeated failures from one address are refused with 53300
+//! while other addresses are still served.
+//!
+//! Unlike the other modules, these tests also assert the message text: matching PostgreSQL's
+//! exact wording is the point of the feature (clients and tools match on it).
+
+use std::net::SocketAddr;
+
+use pgdp::frontend::ConnectionLimits;
+use pgdp::server::Options;
+use tokio::net::TcpSocket;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config, NoTls};
+
+use crate::support::{assert_code, demo_policy, Proxy, ANALYST, DATABASE, PASSWORD};
+
+/// PostgreSQL's message for a failed password login.
+fn failed_for(user: &str) -> String {
+    format!("password authentication failed for user \"{user}\"")
+}
+
+#[track_caller]
+fn assert_password_failure(error: &tokio_postgres::Error, user: &str) {
+    let db = error
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {error:?}"));
+    assert_eq!(db.code(), &SqlState::INVALID_PASSWORD, "{db:?}");
+    assert_eq!(db.severity(), "FATAL", "{db:?}");
+    assert_eq!(db.message(), failed_for(user), "{db:?}");
+}
+
+#[tokio::test]
+async fn wrong_password_and_unknown_user_get_postgres_message() {
+    let proxy = Proxy::start(41).await;
+    let wrong = assert_code(
+        proxy
+            .try_connect(ANALYST, "not-the-password", DATABASE)
+            .await
+            .map(drop),
+        &SqlState::INVALID_PASSWORD,
+        "wrong password",
+    );
+    assert_password_failure(&wrong, ANALYST);
+    let unknown = assert_code(
+        proxy
+            .try_connect("mallory", PASSWORD, DATABASE)
+            .await
+            .map(drop),
+        &SqlState::INVALID_PASSWORD,
+        "unknown user",
+    );
+    assert_password_failure(&unknown, "mallory");
+
+    // psql prints the server's FATAL line as is.
+    for (user, password) in [(ANALYST, "wrong"), ("nobody", PASSWORD)] {
+        let run = proxy.psql_as(user, password, &[], &["SELECT 1"]).await;
+        assert_ne!(run.status, Some(0), "{user} logged in");
+        let expected = format!("FATAL:  {}", failed_for(user));
+        assert!(run.stderr.contains(&expected), "{}", run.stderr);
+    }
+    // The right password still works.
+    proxy.connect().await.assert_alive("failed logins").await;
+    proxy.stop().await;
+}
+
+/// Connects from `source` (any 127.0.0.0/8 address is this machine) to pgdp on `port`.
+async fn connect_from(
+    source: [u8; 4],
+    port: u16,
+    password: &str,
+) -> Result<Client, tokio_postgres::Error> {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("bind to a loopback source address");
+    let stream = socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("tcp connect");
+    let mut config = Config::new();
+    config
+        .user(ANALYST)
+        .password(password)
+        .dbname(DATABASE)
+        .ssl_mode(tokio_postgres::config::SslMode::Disable);
+    let (client, connection) = config.connect_raw(stream, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+#[tokio::test]
+async fn repeated_failures_from_one_address_are_throttled_others_are_served() {
+    let failures_max = 3;
+    let proxy = Proxy::with_options(
+        demo_policy(),
+        42,
+        Options {
+            limits: ConnectionLimits {
+                auth_failures_per_peer_max: failures_max,
+                auth_failure_window_ms: 600_000,
+                ..ConnectionLimits::default()
+            },
+            ..Options::default()
+        },
+    )
+    .await;
+    let port = proxy.port();
+    let guesser = [127, 0, 0, 2];
+    for _ in 0..failures_max {
+        let e = assert_code(
+            connect_from(guesser, port, "guess").await,
+            &SqlState::INVALID_PASSWORD,
+            "a guess",
+        );
+        assert_password_failure(&e, ANALYST);
+    }
+    // Now refused before the password is looked at: the right one is refused too.
+    for password in ["guess", PASSWORD] {
+        let e = assert_code(
+            connect_from(guesser, port, password).await,
+            &SqlState::TOO_MANY_CONNECTIONS,
+            "a login from a throttled address",
+        );
+        assert_eq!(
+            e.as_db_error().map(|d| d.severity()),
+            Some("FATAL"),
+            "{e:?}"
+        );
+    }
+    // Other addresses are served as before, and their failures are their own.
+    let client = connect_from([127, 0, 0, 3], port, PASSWORD)
+        .await
+        .expect("another address logs in");
+    client.simple_query("SELECT 1").await.expect("and queries");
+    let e = assert_code(
+        connect_from([127, 0, 0, 3], port, "guess").await,
+        &SqlState::INVALID_PASSWORD,
+        "one wrong guess from another address",
+    );
+    assert_password_failure(&e, ANALYST);
+    proxy.connect().await.assert_alive("throttling").await;
+    drop(client);
+    proxy.stop().await;
+}
