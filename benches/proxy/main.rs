@@ -525,12 +525,17 @@ async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str
         .into_iter()
         .map(|row| row.into_iter().flatten().collect())
         .collect();
-    let shown = lines
+    // EXPLAIN lays the SQL out over the lines after "upstream SQL:", indented; joined with
+    // spaces they give it back.
+    let start = lines
         .iter()
         .position(|line| line == "upstream SQL:")
-        .and_then(|i| lines.get(i + 1))
-        .map(|line| line.trim())
         .ok_or_else(|| fail(format!("{sql}: pgdp's EXPLAIN shows no upstream SQL")))?;
+    let shown = lines[start + 1..]
+        .iter()
+        .map(|line| line.trim())
+        .collect::<Vec<_>>()
+        .join(" ");
     let statements = classify::classify(&sql).map_err(|e| fail(format!("{sql}: {e}")))?;
     let [Statement::Query(query)] = statements.as_slice() else {
         return Err(fail(format!("{sql}: not one query")));
