@@ -166,6 +166,42 @@ impl Fixed {
         Fixed(self.0.saturating_sub(other.0))
     }
 
+    /// `self · p / q` rounded up to the grid, saturating at [`Fixed::MAX`] (which only ever
+    /// refuses more). For the Rényi orders of the accountant, which are small fractions.
+    pub fn mul_ratio_ceil(self, p: u32, q: u32) -> Fixed {
+        let (p, q) = (u128::from(p), u128::from(q.max(1)));
+        match self.0.checked_mul(p) {
+            Some(n) => Fixed(n / q + u128::from(n % q != 0)),
+            None => Fixed::MAX,
+        }
+    }
+
+    /// `self · p / q` rounded down to the grid (on overflow, computed as `self / q · p`, still
+    /// rounded down, saturating at [`Fixed::MAX`]).
+    pub fn mul_ratio_floor(self, p: u32, q: u32) -> Fixed {
+        let (p, q) = (u128::from(p), u128::from(q.max(1)));
+        match self.0.checked_mul(p) {
+            Some(n) => Fixed(n / q),
+            None => Fixed((self.0 / q).saturating_mul(p)),
+        }
+    }
+
+    /// `self² / 2` rounded up to the grid, saturating at [`Fixed::MAX`]: the zCDP ρ of a pure
+    /// ε-DP mechanism (Bun & Steinke 2016, Proposition 1.4).
+    pub fn half_square_ceil(self) -> Fixed {
+        // Exact while self.0² fits in u128 (self < 1.8·10¹); beyond, f64 with a margin.
+        match self.0.checked_mul(self.0) {
+            Some(square) => {
+                let divisor = 2 * UNITS_PER_ONE;
+                Fixed(square / divisor + u128::from(square % divisor != 0))
+            }
+            None => {
+                let x = self.to_f64();
+                Fixed::from_f64_ceil(x * x / 2.0 * (1.0 + 1e-12)).unwrap_or(Fixed::MAX)
+            }
+        }
+    }
+
     /// This value rounded down to `digits` significant decimal digits (at least 1), for short
     /// human-readable messages that never overstate what is left.
     pub fn floor_significant(self, digits: u32) -> Fixed {

@@ -1,10 +1,11 @@
-//! Privacy budgets: the accountant (exact composition and the zCDP → (ε, δ) conversion) and the
-//! durable ledger in PostgreSQL that several pgdp processes share.
+//! Privacy budgets: the accountant (exact per-order Rényi totals, the privacy filter, and the
+//! zCDP → (ε, δ) conversion) and the durable ledger in PostgreSQL that several pgdp processes
+//! share.
 //!
 //! Invariants:
 //! - Budget arithmetic is exact: every parameter is a [`Fixed`] (a count of 10⁻¹⁸ units) and
-//!   totals are sums of those. The only floating point is inside [`zcdp_to_epsilon`], whose result
-//!   is rounded up; no rounding anywhere favours the analyst.
+//!   totals are sums of those. Floating point is used only for conversions and per-order budgets,
+//!   rounded so that no rounding anywhere favours the analyst.
 //! - A charge is admitted only if the analyst's whole history, including it, stays within the
 //!   analyst's [`Limit`] (and the dataset's, when one is set) under the rule of [`accountant`].
 //!   [`Ledger::charge`] checks and records in one transaction holding the analyst's row lock, so
@@ -15,15 +16,10 @@
 //! - Query text and results never enter error messages; the ledger's PostgreSQL errors are
 //!   logged and reported as [`crate::Error::LedgerUnavailable`].
 //!
-//! Caveat (for review): the admission rule adds pure ε linearly and converts the summed ρ with
-//! all δ that partition selection has not spent. When an analyst only spends pure ε and δ, or
-//! only ρ, this is exactly a privacy filter with a fixed budget (Rogers et al. 2016; Feldman &
-//! Zrnic 2021). When one analyst interleaves ρ with pure ε or δ, the trade-off between them is
-//! chosen adaptively, which those filter theorems do not cover: an analyst who switches from
-//! Gaussian-type to Laplace-type queries depending on earlier answers can in principle push the
-//! realised δ above the limit (by a factor that grows slowly with the number of switch points).
-//! A rule proven for that case would fix, per budget, either the Rényi order used for the
-//! conversion or the split between pure ε, ρ and δ in advance.
+//! - The admission rule is fixed in advance per limit (a Rényi filter over a fixed grid of
+//!   orders, with the order ∞ for pure ε and a union bound over the orders), so it stays valid
+//!   when an analyst mixes Laplace, Gaussian and partition selection adaptively; the theorem and
+//!   its sources are in [`accountant`].
 
 pub mod accountant;
 pub mod fixed;

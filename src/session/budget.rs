@@ -75,9 +75,13 @@ impl Session {
         let limit = limit_of(&self.analyst.budget)?;
         let b = shared.ledger.balance(&self.analyst.name, &limit).await?;
         let all = budget_columns();
+        // ε spent is what the accountant proves for the history (Σ ε for pure ε alone, else the
+        // best order's conversion); δ spent and remaining are partition selection's share.
+        let proven =
+            crate::budget::guarantee(&b.limit, &b.spent).map_or(b.spent.epsilon, |g| g.epsilon);
         let values = [
             b.limit.epsilon,
-            b.spent.epsilon,
+            proven,
             b.remaining.epsilon,
             b.limit.delta,
             b.spent.delta,

@@ -204,17 +204,8 @@ impl Session {
         let _ = ledger
             .record_release(charge_id, &analyst, &key, &released.replay_payload())
             .await;
-        let b = &balance;
         let mut notices = vec![Notice {
-            message: format!(
-                "pgdp: charged epsilon={}, delta={}; remaining epsilon={} of {}, delta={} of {}",
-                mechanisms.cost.epsilon,
-                mechanisms.cost.delta,
-                b.remaining.epsilon,
-                b.limit.epsilon,
-                b.remaining.delta,
-                b.limit.delta
-            ),
+            message: charge_notice(&mechanisms.cost, &balance),
         }];
         if released.truncated() {
             notices.push(Notice {
@@ -248,4 +239,22 @@ impl Session {
 /// The one column of EXPLAIN.
 pub(super) fn explain_columns() -> Vec<OutColumn> {
     vec![OutColumn::new("QUERY PLAN", CellType::Text)]
+}
+
+/// The NOTICE of a charged answer: what it cost and what is left, in the words of
+/// `budget::accountant` (ε, δ, and ρ when the query spent zCDP ρ).
+fn charge_notice(cost: &crate::budget::Cost, balance: &crate::budget::Balance) -> String {
+    let mut charged = format!("epsilon={}, delta={}", cost.epsilon, cost.delta);
+    let mut left = format!(
+        "epsilon={} of {}, delta={} of {}",
+        balance.remaining.epsilon,
+        balance.limit.epsilon,
+        balance.remaining.delta,
+        balance.limit.delta
+    );
+    if !cost.rho.is_zero() {
+        charged.push_str(&format!(", rho={} (zCDP)", cost.rho));
+        left.push_str(&format!(", rho={} (zCDP)", balance.remaining.rho));
+    }
+    format!("pgdp: charged {charged}; remaining {left}")
 }

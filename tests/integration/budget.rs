@@ -53,7 +53,9 @@ async fn spent_grows_by_exactly_each_query_epsilon() {
         "δ spent {}",
         b.delta_spent
     );
-    assert!((b.delta_remaining - (1e-5 - 1e-6)).abs() < 1e-15);
+    // Half of the analyst's δ = 10⁻⁵ is reserved for the composition of Rényi orders; the
+    // other half is what partition selection may spend.
+    assert!((b.delta_remaining - (5e-6 - 1e-6)).abs() < 1e-15);
 
     // Another connection of the same analyst sees the same ledger.
     let other = proxy.connect().await;
@@ -567,5 +569,59 @@ async fn a_message_with_a_refused_statement_runs_and_charges_nothing() {
         .count();
     assert_eq!(rows, 2);
     assert_eq!(s.budget().await.epsilon_spent, before.epsilon_spent + 1.0);
+    proxy.stop().await;
+}
+
+/// Issue 16: Gaussian queries are recorded as zCDP ρ and composed by the accountant's Rényi
+/// filter. At the noise of ε = 1, δ = 10⁻⁷ per query (σ ≈ 4.8 for a count), the demo analyst's
+/// budget (ε = 10, δ = 10⁻⁵) admitted 10 such counts by basic composition; now it admits more
+/// than 60, and then refuses with 53400. Every answer's NOTICE states the ρ charged and left.
+#[tokio::test]
+async fn gaussian_counts_are_composed_in_zcdp_and_last_far_longer() {
+    let proxy = Proxy::start(64).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.mechanism = 'gaussian'; SET pgdp.epsilon = 1; SET pgdp.delta = 1e-7")
+        .await
+        .expect("SET");
+    let mut answered = 0;
+    let refusal = loop {
+        match s.query(&distinct_query(answered), &[]).await {
+            Ok(rows) => {
+                assert_eq!(rows.len(), 1);
+                let notices = s.take_notices();
+                assert!(
+                    notices.iter().any(|n| n
+                        .starts_with("pgdp: charged epsilon=0, delta=0, rho=0.0")
+                        && n.contains("(zCDP)")),
+                    "{notices:?}"
+                );
+                answered += 1;
+                assert!(answered < 200, "the budget never ran out");
+            }
+            Err(e) => break e,
+        }
+    };
+    // 69 at this noise (σ ≈ 4.8: δ = 10⁻⁷ per query calibrates less noise than the σ ≈ 5.4 of
+    // the accountant's unit test); basic composition answered 10.
+    assert!(
+        answered >= 60,
+        "only {answered} Gaussian counts were answered"
+    );
+    assert_eq!(code(&refusal).code(), "53400", "{refusal:?}");
+    let b = s.budget().await;
+    assert!(b.epsilon_spent <= 10.0 && b.epsilon_spent > 9.0, "{b:?}");
+    assert_eq!(
+        b.delta_spent, 0.0,
+        "Gaussian noise spends no δ of partition selection"
+    );
+    // A Laplace query of ε = 1 no longer fits either: the history is over its orders' budgets.
+    s.batch_execute("SET pgdp.mechanism = 'laplace'")
+        .await
+        .expect("SET");
+    assert_code(
+        s.query(&distinct_query(1000), &[]).await,
+        &SqlState::from_code("53400"),
+        "a Laplace query after the Gaussian ones used the budget",
+    );
     proxy.stop().await;
 }

@@ -88,37 +88,29 @@ async fn charges_add_up_exactly_and_survive_reconnecting() {
     // A new Ledger (a restarted process) sees the same totals.
     let ledger = Ledger::connect(db.dsn()).await.unwrap();
     let alice = ledger.balance("alice", &limit).await.unwrap();
-    assert_eq!(
-        alice.spent,
-        Spent {
-            epsilon: Fixed::ONE,
-            ..Spent::ZERO
-        }
-    );
+    let alice_spent = (0..10).fold(Spent::ZERO, |s, _| s + Cost::pure(fx("0.1")));
+    assert_eq!(alice.spent, alice_spent);
+    assert_eq!(alice.spent.epsilon, Fixed::ONE);
     assert_eq!(alice.remaining.epsilon, Fixed::ZERO);
     let bob = ledger.balance("bob", &limit).await.unwrap();
-    assert_eq!(
-        bob.spent,
-        Spent {
-            epsilon: fx("0.25"),
-            delta: fx("0.000001"),
-            rho: fx("0.001")
-        }
-    );
+    let bob_spent =
+        Spent::ZERO + Cost::approx(fx("0.25"), fx("0.000001")) + Cost::zcdp(fx("0.001"));
+    assert_eq!(bob.spent, bob_spent);
     assert_eq!(bob.remaining, pgdp::budget::remaining(&limit, &bob.spent));
     assert!(bob.remaining.epsilon < fx("0.75"));
-    assert_eq!(bob.remaining.delta, fx("0.000009"));
+    // Half of δ is partition selection's (the other half is the conversion's).
+    assert_eq!(bob.remaining.delta, fx("0.000004"));
     let nobody = ledger.balance("carol", &limit).await.unwrap();
     assert_eq!(nobody.spent, Spent::ZERO);
     let dataset = ledger.dataset_balance(&limit).await.unwrap();
-    assert_eq!(
-        dataset.spent,
-        Spent {
-            epsilon: fx("1.25"),
-            delta: fx("0.000001"),
-            rho: fx("0.001")
-        }
-    );
+    let mut dataset_spent = alice_spent;
+    for cost in [
+        Cost::approx(fx("0.25"), fx("0.000001")),
+        Cost::zcdp(fx("0.001")),
+    ] {
+        dataset_spent = dataset_spent + cost;
+    }
+    assert_eq!(dataset.spent, dataset_spent);
 
     // The audit log holds one row per admitted charge, with exact amounts and outcomes.
     let client = db.client().await;
@@ -571,4 +563,70 @@ fn ledger_futures_are_send(ledger: &Ledger, limit: &Limit, cost: &Cost) {
     send(ledger.replay_get("a", "k", Duration::ZERO));
     send(ledger.replay_put("a", "k", b""));
     send(ledger.replay_purge(Duration::ZERO));
+}
+
+/// A ledger written by schema version 1 (sums only) is migrated in place on first use: its
+/// histories are read as bounded by their sums, new charges record per-order totals, and the
+/// version becomes 2.
+#[tokio::test]
+async fn a_version_1_ledger_is_migrated_and_bounded_by_its_sums() {
+    let db = harness::fresh_database("ledger_v1").await;
+    let client = db.client().await;
+    let version_1 = pgdp::budget::ledger::SCHEMA_DDL
+        .replace("    renyi numeric[],\n", "")
+        .replace("    pure_rho numeric NOT NULL DEFAULT 0,\n", "")
+        .replace("'schema_version', '2'", "'schema_version', '1'");
+    assert!(!version_1.contains("renyi") && !version_1.contains("pure_rho"));
+    client.batch_execute(&version_1).await.unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO pgdp.analyst_spent (analyst, epsilon, delta, rho, charges)
+             VALUES ('old', 0.5, 0.000001, 0.01, 3);
+             UPDATE pgdp.dataset_spent SET epsilon = 0.5, delta = 0.000001, rho = 0.01, charges = 3;",
+        )
+        .await
+        .unwrap();
+    let limit = Limit::new(fx("10"), fx("0.00001"));
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let old = ledger.balance("old", &limit).await.unwrap();
+    let by_sums = Spent::from_sums(fx("0.5"), fx("0.000001"), fx("0.01"));
+    assert_eq!(old.spent, by_sums);
+    let version: String = client
+        .query_one(
+            "SELECT value FROM pgdp.meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "2");
+    let charge = ledger
+        .charge(
+            "old",
+            &limit,
+            Some(&limit),
+            &Cost::zcdp(fx("0.02")),
+            "fp",
+            "gaussian",
+        )
+        .await
+        .unwrap();
+    assert_eq!(charge.balance().spent, by_sums + Cost::zcdp(fx("0.02")));
+    let row = client
+        .query_one(
+            "SELECT renyi IS NOT NULL, (SELECT renyi IS NOT NULL FROM pgdp.dataset_spent),
+                    (SELECT pure_rho::text FROM pgdp.charge_log)
+             FROM pgdp.analyst_spent WHERE analyst = 'old'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0) && row.get::<_, bool>(1));
+    assert_eq!(row.get::<_, String>(2), "0");
+    // A restarted process reads the same totals back.
+    let again = Ledger::connect(db.dsn()).await.unwrap();
+    assert_eq!(
+        again.balance("old", &limit).await.unwrap().spent,
+        charge.balance().spent
+    );
 }

@@ -112,34 +112,33 @@ impl ChargeQueue {
 pub(super) const LOCK_ANALYSTS: &str =
     "INSERT INTO pgdp.analyst_spent AS s (analyst) SELECT unnest($1::text[])
      ON CONFLICT (analyst) DO UPDATE SET analyst = s.analyst
-     RETURNING s.analyst, s.epsilon::text, s.delta::text, s.rho::text";
+     RETURNING s.analyst, s.epsilon::text, s.delta::text, s.rho::text, s.renyi::text";
 
 /// Locks the dataset row and returns its totals.
 pub(super) const LOCK_DATASET: &str =
-    "SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id FOR UPDATE";
+    "SELECT epsilon::text, delta::text, rho::text, renyi::text FROM pgdp.dataset_spent WHERE id FOR UPDATE";
 
-/// Writes the new totals of the analysts and of the dataset, and appends one audit row per admitted
-/// charge, in one statement. Without a dataset cap the dataset row is not read first: its totals
-/// grow by the batch's cost in place (exact `numeric` addition), still under the row lock the
-/// UPDATE takes. Audit rows are inserted, and their ids drawn, in the order of the arrays.
+/// Writes the new totals of the analysts and of the dataset (both locked before), and appends
+/// one audit row per admitted charge, in one statement. Audit rows are inserted, and their ids
+/// drawn, in the order of the arrays. Per-order totals travel as array literals of exact
+/// decimals (`{0.5,1.25,…}`).
 pub(super) const RECORD_CHARGES: &str = "WITH analyst AS (
         UPDATE pgdp.analyst_spent AS s
         SET epsilon = t.epsilon::numeric, delta = t.delta::numeric, rho = t.rho::numeric,
-            charges = s.charges + t.charges, updated_at = now()
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[])
-            AS t(analyst, epsilon, delta, rho, charges)
+            renyi = t.renyi::numeric[], charges = s.charges + t.charges, updated_at = now()
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[])
+            AS t(analyst, epsilon, delta, rho, renyi, charges)
         WHERE s.analyst = t.analyst),
      dataset AS (
         UPDATE pgdp.dataset_spent
-        SET epsilon = CASE WHEN $6::text IS NULL THEN epsilon + $9::text::numeric ELSE $6::text::numeric END,
-            delta = CASE WHEN $7::text IS NULL THEN delta + $10::text::numeric ELSE $7::text::numeric END,
-            rho = CASE WHEN $8::text IS NULL THEN rho + $11::text::numeric ELSE $8::text::numeric END,
-            charges = charges + $12::int8, updated_at = now()
+        SET epsilon = $7::text::numeric, delta = $8::text::numeric, rho = $9::text::numeric,
+            renyi = $10::text::numeric[], charges = charges + $11::int8, updated_at = now()
         WHERE id)
-     INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho)
-     SELECT l.analyst, l.fingerprint, l.mechanism, l.epsilon::numeric, l.delta::numeric, l.rho::numeric
-     FROM unnest($13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
-         WITH ORDINALITY AS l(analyst, fingerprint, mechanism, epsilon, delta, rho, n)
+     INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho, pure_rho)
+     SELECT l.analyst, l.fingerprint, l.mechanism, l.epsilon::numeric, l.delta::numeric,
+            l.rho::numeric, l.pure_rho::numeric
+     FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+         WITH ORDINALITY AS l(analyst, fingerprint, mechanism, epsilon, delta, rho, pure_rho, n)
      ORDER BY l.n
      RETURNING id";
 
@@ -164,17 +163,12 @@ pub(super) async fn charge_batch(
     for row in tx.query(&lock_analysts, &[&analysts]).await? {
         spent.insert(row.try_get(0)?, spent_from_row(&row, 1)?);
     }
-    // Locked second, by every transaction (here or by the UPDATE of RECORD_CHARGES), so lock
-    // order is the same everywhere.
-    let mut dataset = if requests.iter().any(|r| r.dataset_limit.is_some()) {
-        Some(spent_from_row(&tx.query_one(&lock_dataset, &[]).await?, 0)?)
-    } else {
-        None
-    };
+    // Locked second, by every transaction, so lock order is the same everywhere. Always read:
+    // the per-order totals cannot be added in place by SQL.
+    let mut dataset = spent_from_row(&tx.query_one(&lock_dataset, &[]).await?, 0)?;
 
     // Admit in arrival order, each against the totals the ones before it left.
     let mut outcomes = Vec::with_capacity(requests.len());
-    let mut batch_cost = Cost::ZERO;
     for request in requests {
         let current = *spent.get(&request.analyst).ok_or(Fault::Corrupt(
             "an analyst's row was not returned by its lock",
@@ -186,24 +180,21 @@ pub(super) async fn charge_batch(
                 continue;
             }
         };
-        if let Some(dataset_spent) = dataset.as_mut() {
-            let dataset_after = match &request.dataset_limit {
-                Some(dataset_limit) => admit(dataset_limit, dataset_spent, &request.cost),
-                None => Ok(*dataset_spent + request.cost),
-            };
-            match dataset_after {
-                Ok(dataset_after) => *dataset_spent = dataset_after,
-                Err(refusal) => {
-                    outcomes.push(Err(Box::new(Refusal {
-                        scope: Scope::Dataset,
-                        ..refusal
-                    })));
-                    continue;
-                }
+        let dataset_after = match &request.dataset_limit {
+            Some(dataset_limit) => admit(dataset_limit, &dataset, &request.cost),
+            None => Ok(dataset + request.cost),
+        };
+        match dataset_after {
+            Ok(dataset_after) => dataset = dataset_after,
+            Err(refusal) => {
+                outcomes.push(Err(Box::new(Refusal {
+                    scope: Scope::Dataset,
+                    ..refusal
+                })));
+                continue;
             }
         }
         spent.insert(request.analyst.clone(), after);
-        batch_cost = batch_cost + request.cost;
         outcomes.push(Ok(after));
     }
     let admitted: Vec<&ChargeRequest> = requests
@@ -216,15 +207,7 @@ pub(super) async fn charge_batch(
         tx.rollback().await?;
         Vec::new()
     } else {
-        let ids = record_charges(
-            &tx,
-            &record,
-            &admitted,
-            &spent,
-            dataset.as_ref(),
-            &batch_cost,
-        )
-        .await?;
+        let ids = record_charges(&tx, &record, &admitted, &spent, &dataset).await?;
         tx.commit().await?;
         ids
     };
@@ -243,15 +226,13 @@ pub(super) async fn charge_batch(
 }
 
 /// Runs [`RECORD_CHARGES`] for the `admitted` requests of a batch, given the analysts' and the
-/// dataset's totals after them (the dataset's only when it was locked) and their summed cost.
-/// Returns the audit-log ids in the order of `admitted`.
+/// dataset's totals after them. Returns the audit-log ids in the order of `admitted`.
 pub(super) async fn record_charges(
     tx: &tokio_postgres::Transaction<'_>,
     record: &Statement,
     admitted: &[&ChargeRequest],
     spent: &HashMap<String, Spent>,
-    dataset: Option<&Spent>,
-    batch_cost: &Cost,
+    dataset: &Spent,
 ) -> Result<Vec<i64>, Fault> {
     // The analysts' final totals and how many charges each gained.
     let text = |x: Fixed| x.to_numeric_text();
@@ -266,7 +247,8 @@ pub(super) async fn record_charges(
         }
     }
     let mut names = Vec::with_capacity(charged.len());
-    let (mut epsilons, mut deltas, mut rhos, mut counts) = (vec![], vec![], vec![], vec![]);
+    let (mut epsilons, mut deltas, mut rhos, mut renyis, mut counts) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for (name, n) in &charged {
         let total = spent
             .get(*name)
@@ -275,9 +257,9 @@ pub(super) async fn record_charges(
         epsilons.push(text(total.epsilon));
         deltas.push(text(total.delta));
         rhos.push(text(total.rho));
+        renyis.push(renyi_literal(&total.renyi));
         counts.push(*n);
     }
-    let dataset_text = |f: fn(&Spent) -> Fixed| dataset.map(|s| text(f(s)));
     let log = |f: fn(&ChargeRequest) -> String| admitted.iter().map(|r| f(r)).collect::<Vec<_>>();
     let mut ids: Vec<i64> = tx
         .query(
@@ -287,13 +269,12 @@ pub(super) async fn record_charges(
                 &epsilons,
                 &deltas,
                 &rhos,
+                &renyis,
                 &counts,
-                &dataset_text(|s| s.epsilon),
-                &dataset_text(|s| s.delta),
-                &dataset_text(|s| s.rho),
-                &text(batch_cost.epsilon),
-                &text(batch_cost.delta),
-                &text(batch_cost.rho),
+                &text(dataset.epsilon),
+                &text(dataset.delta),
+                &text(dataset.rho),
+                &renyi_literal(&dataset.renyi),
                 &(admitted.len() as i64),
                 &log(|r| r.analyst.clone()),
                 &log(|r| r.fingerprint.clone()),
@@ -301,6 +282,7 @@ pub(super) async fn record_charges(
                 &log(|r| r.cost.epsilon.to_numeric_text()),
                 &log(|r| r.cost.delta.to_numeric_text()),
                 &log(|r| r.cost.rho.to_numeric_text()),
+                &log(|r| r.cost.pure_rho.to_numeric_text()),
             ],
         )
         .await?
@@ -317,16 +299,35 @@ pub(super) async fn record_charges(
     Ok(ids)
 }
 
-/// Reads `(epsilon::text, delta::text, rho::text)` from column `first` on.
+/// Reads `(epsilon::text, delta::text, rho::text, renyi::text)` from column `first` on. A NULL
+/// `renyi` (a row written by schema version 1) is bounded by the sums ([`Spent::from_sums`]).
 pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
-    let column = |index: usize| -> Result<Fixed, Fault> {
-        let text: String = row.try_get(index)?;
-        Fixed::from_numeric_text(&text)
+    let amount = |text: &str| -> Result<Fixed, Fault> {
+        Fixed::from_numeric_text(text)
             .map_err(|_| Fault::Corrupt("a spent total is not a valid amount"))
     };
-    Ok(Spent {
-        epsilon: column(first)?,
-        delta: column(first + 1)?,
-        rho: column(first + 2)?,
-    })
+    let column =
+        |index: usize| -> Result<Fixed, Fault> { amount(&row.try_get::<_, String>(index)?) };
+    let sums = Spent::from_sums(column(first)?, column(first + 1)?, column(first + 2)?);
+    let Some(literal) = row.try_get::<_, Option<String>>(first + 3)? else {
+        return Ok(sums);
+    };
+    let inner = literal
+        .strip_prefix('{')
+        .and_then(|l| l.strip_suffix('}'))
+        .ok_or(Fault::Corrupt("per-order totals are not an array"))?;
+    let values = inner
+        .split(',')
+        .map(amount)
+        .collect::<Result<Vec<Fixed>, Fault>>()?;
+    let renyi: Renyi = values
+        .try_into()
+        .map_err(|_| Fault::Corrupt("per-order totals do not match this pgdp's orders"))?;
+    Ok(Spent { renyi, ..sums })
+}
+
+/// The per-order totals as a PostgreSQL array literal of exact decimals.
+fn renyi_literal(renyi: &Renyi) -> String {
+    let values: Vec<String> = renyi.iter().map(|x| x.to_numeric_text()).collect();
+    format!("{{{}}}", values.join(","))
 }

@@ -25,17 +25,19 @@
 //!
 //! # Tables (schema `pgdp`)
 //! ```sql
-//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 1
+//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 2
 //! CREATE TABLE pgdp.analyst_spent (        -- one row per analyst, created on first charge
 //!     analyst    text PRIMARY KEY,
 //!     epsilon    numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),  -- Σ pure ε
 //!     delta      numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),    -- Σ δ
 //!     rho        numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),      -- Σ zCDP ρ
+//!     renyi      numeric[],  -- Σ Rényi divergence bound per order of accountant::ORDERS
+//!                            -- (NULL: a version-1 row, bounded by the sums)
 //!     charges    bigint NOT NULL DEFAULT 0,
 //!     updated_at timestamptz NOT NULL DEFAULT now());
 //! CREATE TABLE pgdp.dataset_spent (        -- exactly one row: totals across all analysts
 //!     id boolean PRIMARY KEY DEFAULT true CHECK (id),
-//!     epsilon, delta, rho, charges, updated_at  -- as in analyst_spent
+//!     epsilon, delta, rho, renyi, charges, updated_at  -- as in analyst_spent
 //! );
 //! CREATE TABLE pgdp.charge_log (           -- the audit log, one row per admitted charge
 //!     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -44,6 +46,7 @@
 //!     fingerprint text NOT NULL,           -- hex SHA-256 from `budget::fingerprint`
 //!     mechanism   text NOT NULL,
 //!     epsilon numeric NOT NULL, delta numeric NOT NULL, rho numeric NOT NULL,
+//!     pure_rho numeric NOT NULL DEFAULT 0,   -- Σ ε_c²/2 of the charge's pure parts
 //!     outcome     text NOT NULL DEFAULT 'charged',  -- set later by `set_outcome`
 //!     outcome_at  timestamptz);
 //! CREATE TABLE pgdp.replay_cache (         -- released answers, replayed within a lifetime
@@ -54,6 +57,7 @@
 //! The exact DDL is [`SCHEMA_DDL`]; the first connection a [`Ledger`] opens runs it under a
 //! transaction-scoped advisory lock when any table is missing, so processes starting together do
 //! not race. A role without CREATE rights can use a ledger whose tables a DBA created beforehand.
+//! A ledger of schema version 1 is migrated in place under the same lock ([`MIGRATE_1_TO_2`]).
 //!
 //! # Connections
 //! [`Ledger::new`] connects to nothing: every call takes a connection slot and (re)connects when
@@ -78,14 +82,14 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 use tracing::warn;
 
-use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Scope, Spent};
+use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Renyi, Scope, Spent};
 use super::fixed::Fixed;
 use crate::dsn::Dsn;
 use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
 use crate::{Error, Result};
 
 /// Version of the tables below, stored in `pgdp.meta`.
-const SCHEMA_VERSION: &str = "1";
+const SCHEMA_VERSION: &str = "2";
 
 /// Key of the advisory lock that serialises schema creation (ASCII "pgdpledg").
 const SCHEMA_LOCK_KEY: i64 = 0x7067_6470_6c65_6467;
@@ -101,12 +105,13 @@ CREATE TABLE IF NOT EXISTS pgdp.meta (
     key text PRIMARY KEY,
     value text NOT NULL
 );
-INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '1') ON CONFLICT DO NOTHING;
+INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
     analyst text PRIMARY KEY,
     epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
     delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
     rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    renyi numeric[],
     charges bigint NOT NULL DEFAULT 0,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
@@ -115,6 +120,7 @@ CREATE TABLE IF NOT EXISTS pgdp.dataset_spent (
     epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
     delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
     rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    renyi numeric[],
     charges bigint NOT NULL DEFAULT 0,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
@@ -128,6 +134,7 @@ CREATE TABLE IF NOT EXISTS pgdp.charge_log (
     epsilon numeric NOT NULL,
     delta numeric NOT NULL,
     rho numeric NOT NULL,
+    pure_rho numeric NOT NULL DEFAULT 0,
     outcome text NOT NULL DEFAULT 'charged',
     outcome_at timestamptz
 );
@@ -441,7 +448,7 @@ impl Ledger {
 
     /// The analyst's balance against `limit` (zero spent for an analyst never charged).
     pub async fn balance(&self, analyst: &str, limit: &Limit) -> Result<Balance> {
-        const SQL: &str = "SELECT epsilon::text, delta::text, rho::text FROM pgdp.analyst_spent WHERE analyst = $1";
+        const SQL: &str = "SELECT epsilon::text, delta::text, rho::text, renyi::text FROM pgdp.analyst_spent WHERE analyst = $1";
         let mut attempts = self.attempts().await;
         loop {
             let conn = attempts.client().await?;
@@ -462,7 +469,7 @@ impl Ledger {
     /// The dataset-wide balance (all analysts together) against `limit`.
     pub async fn dataset_balance(&self, limit: &Limit) -> Result<Balance> {
         const SQL: &str =
-            "SELECT epsilon::text, delta::text, rho::text FROM pgdp.dataset_spent WHERE id";
+            "SELECT epsilon::text, delta::text, rho::text, renyi::text FROM pgdp.dataset_spent WHERE id";
         let mut attempts = self.attempts().await;
         loop {
             let conn = attempts.client().await?;
@@ -701,6 +708,12 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
         .await?
         .map(|row| row.try_get(0))
         .transpose()?;
+    let version = if version.as_deref() == Some("1") {
+        tx.batch_execute(MIGRATE_1_TO_2).await?;
+        Some(SCHEMA_VERSION.to_string())
+    } else {
+        version
+    };
     if version.as_deref() != Some(SCHEMA_VERSION) {
         return Err(Fault::Corrupt(
             "pgdp.meta schema_version is not the one this pgdp understands",
@@ -709,6 +722,17 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
     tx.commit().await?;
     Ok(())
 }
+
+/// Migrates a ledger of schema version 1 (sums only) to version 2, under the schema lock: the
+/// per-order totals start NULL, which reads as the bound from the sums
+/// ([`Spent::from_sums`]), and the audit log gains each charge's ρ of its pure parts (0 for the
+/// old rows, whose ε alone bounds them). A version-1 pgdp refuses the migrated ledger.
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE pgdp.analyst_spent ADD COLUMN IF NOT EXISTS renyi numeric[];
+ALTER TABLE pgdp.dataset_spent ADD COLUMN IF NOT EXISTS renyi numeric[];
+ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS pure_rho numeric NOT NULL DEFAULT 0;
+UPDATE pgdp.meta SET value = '2' WHERE key = 'schema_version';
+";
 
 /// Records what became of a charge.
 const SET_OUTCOME: &str =

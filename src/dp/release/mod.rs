@@ -57,6 +57,10 @@ pub struct Mechanisms {
     pub sensitivities: Vec<f64>,
 }
 
+/// Relative margin on the charged ρ of the Gaussian measures: the per-measure ρ is a float
+/// quotient, so their float sum may exceed the total by a few ulps.
+const RHO_SUM_MARGIN: f64 = 1e-12;
+
 fn fixed_ceil(x: f64) -> Result<Fixed> {
     Fixed::from_f64_ceil(x).map_err(|_| Error::InvalidMechanism {
         reason: format!("cost {x} is not representable"),
@@ -166,14 +170,29 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     } else {
         None
     };
-    // Everything is charged in (ε, δ): the Gaussian part was converted at δ, partition
-    // selection spends its δ; basic composition adds them.
-    let delta_cost = match (selection.is_some(), budget.mechanism) {
-        (false, Mechanism::Laplace) => 0.0,
-        (true, Mechanism::Laplace) | (false, Mechanism::Gaussian) => budget.delta,
-        (true, Mechanism::Gaussian) => 2.0 * budget.delta,
+    // Charged by component (the accountant composes them, budget::accountant): each Laplace
+    // measure is a pure ε-DP part of its ε share; the Gaussian measures together are ρ-zCDP,
+    // their ρ recorded as such (the ε at δ above only calibrates their noise); partition
+    // selection is (ε share, δ)-DP. Rounded up, so the charge is never below what was spent.
+    let selection_delta = match &selection {
+        Some(_) => fixed_ceil(budget.delta)?,
+        None => Fixed::ZERO,
     };
-    let cost = Cost::approx(fixed_ceil(budget.epsilon)?, fixed_ceil(delta_cost)?);
+    let cost = match gaussian_rho {
+        None => Cost {
+            delta: selection_delta,
+            ..Cost::pure_split(fixed_ceil(budget.epsilon)?, shares)
+        },
+        Some(rho) => {
+            let measures = Cost::zcdp(fixed_ceil(
+                rho * rewrite.measures.len() as f64 * (1.0 + RHO_SUM_MARGIN),
+            )?);
+            match &selection {
+                Some(_) => measures + Cost::approx(fixed_ceil(epsilon_share)?, selection_delta),
+                None => measures,
+            }
+        }
+    };
     Ok(Mechanisms {
         noises,
         selection,
@@ -638,9 +657,8 @@ pub fn explain(
             plan.max_rows_per_unit
         ),
         format!(
-            "cost: epsilon={} delta={} (mechanism {}; epsilon split over {} share(s) of {:.6})",
-            mechanisms.cost.epsilon,
-            mechanisms.cost.delta,
+            "cost: {} (mechanism {}; epsilon split over {} share(s) of {:.6})",
+            mechanisms.cost,
             budget.mechanism.name(),
             rewrite.measures.len() + usize::from(mechanisms.selection.is_some()),
             mechanisms.epsilon_per_measure
