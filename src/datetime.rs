@@ -68,6 +68,80 @@ impl Date {
     }
 }
 
+impl Date {
+    /// Days from 2000-01-01 to this date (negative before it): the inverse of
+    /// [`Date::from_days_since_2000`], Hinnant's days-from-civil.
+    pub fn days_since_2000(&self) -> i64 {
+        let month = i64::from(self.month);
+        let year = self.year - i64::from(self.month <= 2);
+        let era = year.div_euclid(400);
+        let yoe = year - era * 400;
+        let mp = (month + 9) % 12;
+        let doy = (153 * mp + 2) / 5 + i64::from(self.day) - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        era * 146_097 + doe - DAYS_0000_03_01_TO_1970 - DAYS_1970_TO_2000
+    }
+}
+
+/// Microseconds in a day.
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// Reads a timestamp as PostgreSQL prints it with `DateStyle` ISO —
+/// `YYYY-MM-DD HH:MM:SS[.ffffff][±HH[:MM[:SS]]]` — as microseconds since 2000-01-01 00:00:00
+/// (PostgreSQL's binary `timestamp`), and, when `with_zone`, minus the printed offset (its
+/// binary `timestamptz`, in UTC). `None` for any other form, or an offset where none belongs.
+pub fn timestamp_micros(text: &str, with_zone: bool) -> Option<i64> {
+    let text = text.trim();
+    let date = Date::parse(text.get(..10)?)?;
+    let rest = text.get(10..)?;
+    let rest = rest.strip_prefix([' ', 'T'])?;
+    // The time of day, up to an offset sign.
+    let zone_at = rest.find(['+', '-']).unwrap_or(rest.len());
+    let (time, zone) = rest.split_at(zone_at);
+    let mut hms = time.split(':');
+    let hours: i64 = hms.next()?.parse().ok()?;
+    let minutes: i64 = hms.next()?.parse().ok()?;
+    let seconds = hms.next()?;
+    if hms.next().is_some() || !(0..=24).contains(&hours) || !(0..60).contains(&minutes) {
+        return None;
+    }
+    let (whole, fraction) = seconds.split_once('.').unwrap_or((seconds, ""));
+    let whole: i64 = whole.parse().ok()?;
+    if !(0..=60).contains(&whole)
+        || fraction.len() > 6
+        || !fraction.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let micros: i64 = format!("{fraction:0<6}").parse().ok()?;
+    let mut total = date.days_since_2000() * MICROS_PER_DAY
+        + ((hours * 60 + minutes) * 60 + whole) * 1_000_000
+        + micros;
+    match (zone.is_empty(), with_zone) {
+        (true, false) => {}
+        (false, true) => {
+            let sign = if zone.starts_with('-') { -1 } else { 1 };
+            let mut parts = zone.get(1..)?.split(':');
+            let mut offset = 0i64;
+            for (i, unit) in [3600i64, 60, 1].into_iter().enumerate() {
+                match parts.next() {
+                    Some(p) if p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()) => {
+                        offset += p.parse::<i64>().ok()? * unit;
+                    }
+                    None if i > 0 => break,
+                    _ => return None,
+                }
+            }
+            if parts.next().is_some() {
+                return None;
+            }
+            total -= sign * offset * 1_000_000;
+        }
+        _ => return None,
+    }
+    Some(total)
+}
+
 impl fmt::Display for Date {
     /// ISO `YYYY-MM-DD`, as PostgreSQL prints a date with `DateStyle` ISO.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -127,6 +201,47 @@ mod tests {
             Date::from_days_since_2000(-730_119).to_string(),
             "0001-01-01"
         );
+    }
+
+    #[test]
+    fn days_since_2000_inverts_the_binary_date() {
+        for days in (-730_119..2_921_000).step_by(991) {
+            assert_eq!(
+                Date::from_days_since_2000(days).days_since_2000(),
+                i64::from(days)
+            );
+        }
+    }
+
+    #[test]
+    fn timestamps_read_as_postgresql_binary_micros() {
+        assert_eq!(timestamp_micros("2000-01-01 00:00:00", false), Some(0));
+        assert_eq!(
+            timestamp_micros("2000-01-02 00:00:01.5", false),
+            Some(86_401_500_000)
+        );
+        assert_eq!(
+            timestamp_micros("1999-12-31 23:59:59.999999", false),
+            Some(-1)
+        );
+        // 2024-03-01 00:00:00+01 is 2024-02-29 23:00:00 UTC.
+        let utc = timestamp_micros("2024-02-29 23:00:00", false).unwrap();
+        assert_eq!(timestamp_micros("2024-03-01 00:00:00+01", true), Some(utc));
+        assert_eq!(
+            timestamp_micros("2024-02-29 18:30:00-04:30", true),
+            Some(utc)
+        );
+        assert_eq!(timestamp_micros("2024-03-01 00:00:00+01", false), None);
+        assert_eq!(timestamp_micros("2024-03-01 00:00:00", true), None);
+        for bad in [
+            "2024-03-01",
+            "2024-03-01 25:00:00",
+            "2024-03-01 10:61:00",
+            "x",
+            "2024-03-01 10:00:00.1234567",
+        ] {
+            assert_eq!(timestamp_micros(bad, false), None, "{bad}");
+        }
     }
 
     #[test]

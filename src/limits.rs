@@ -81,6 +81,10 @@ pub const CURSOR_ROWS_PER_SESSION_MAX: usize = 2 * GROUPS_RELEASED_MAX;
 /// Upstream connections in the pool.
 pub const UPSTREAM_POOL_SIZE: usize = 16;
 
+/// DP statements whose result types (described on the shadow catalog) are remembered per
+/// process; the cache is emptied when full. Each entry is a statement's text and a few OIDs.
+pub const RESULT_TYPES_CACHED_MAX: usize = 4_096;
+
 /// Connections to the shadow catalog database (catalog queries hold no private data and are
 /// short, so a few suffice).
 pub const SHADOW_POOL_SIZE: usize = 4;

@@ -155,6 +155,10 @@ pub struct Aggregate {
     pub bounds: Option<Bounds>,
     /// Canonical text of the whole aggregate (to match HAVING / ORDER BY references).
     pub text: String,
+    /// The type PostgreSQL gives the aggregate, as far as pgdp knows the argument's type
+    /// ([`crate::output::CellType::of_aggregate`]); the answer uses the type the shadow
+    /// catalog describes where it can.
+    pub result: crate::output::CellType,
 }
 
 /// A GROUP BY key.
@@ -164,6 +168,10 @@ pub struct GroupKey {
     pub expr: String,
     /// Output type.
     pub ty: ColumnType,
+    /// The type PostgreSQL gives the key, where pgdp knows it (a column of a declared type);
+    /// `None` for expressions, which are sent as pgdp's own type of [`GroupKey::ty`] unless the
+    /// shadow catalog describes the statement.
+    pub declared: Option<crate::output::CellType>,
     /// Where the set of possible values is public knowledge.
     pub public: PublicKeys,
 }

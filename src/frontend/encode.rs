@@ -18,14 +18,7 @@ pub(super) fn user_error(e: &Error) -> PgWireError {
 }
 
 pub(super) fn pg_type(ty: CellType) -> Type {
-    match ty {
-        CellType::Int8 => Type::INT8,
-        CellType::Int4 => Type::INT4,
-        CellType::Float8 => Type::FLOAT8,
-        CellType::Text => Type::TEXT,
-        CellType::Bool => Type::BOOL,
-        CellType::Raw(oid) => Type::from_oid(oid).unwrap_or(Type::TEXT),
-    }
+    Type::from_oid(ty.oid()).unwrap_or(Type::TEXT)
 }
 
 pub(super) fn parameter_pg_type(ty: crate::policy::ColumnType, declared: Option<&str>) -> Type {
@@ -163,43 +156,98 @@ pub(super) fn encode_rows(
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         for (i, (cell, column)) in row.into_iter().zip(columns).enumerate() {
-            match (column.ty, cell) {
-                (CellType::Raw(oid), cell) => {
-                    let value = match cell {
-                        Cell::Null => None,
-                        Cell::Text(t) => Some(t),
-                        Cell::Int(x) => Some(x.to_string()),
-                        Cell::Float(x) => Some(x.to_string()),
-                        Cell::Bool(b) => Some(if b { "t" } else { "f" }.to_string()),
-                    };
-                    encode_raw(&mut encoder, oid, value, format.format_for(i))?
-                }
-                (CellType::Int8, Cell::Int(i)) => encoder.encode_field(&Some(i))?,
-                (CellType::Int4, Cell::Int(i)) => {
-                    encoder.encode_field(&Some(i32::try_from(i).unwrap_or(i32::MAX)))?
-                }
-                (CellType::Float8, Cell::Float(f)) => encoder.encode_field(&Some(f))?,
-                (CellType::Float8, Cell::Int(i)) => encoder.encode_field(&Some(i as f64))?,
-                (CellType::Bool, Cell::Bool(b)) => encoder.encode_field(&Some(b))?,
-                (CellType::Text, Cell::Text(t)) => encoder.encode_field(&Some(t))?,
-                (CellType::Int8, _) => encoder.encode_field(&None::<i64>)?,
-                (CellType::Int4, _) => encoder.encode_field(&None::<i32>)?,
-                (CellType::Float8, _) => encoder.encode_field(&None::<f64>)?,
-                (CellType::Bool, _) => encoder.encode_field(&None::<bool>)?,
-                (CellType::Text, other) => match other {
-                    Cell::Null => encoder.encode_field(&None::<String>)?,
-                    Cell::Int(i) => encoder.encode_field(&Some(i.to_string()))?,
-                    Cell::Float(f) => encoder.encode_field(&Some(f.to_string()))?,
-                    Cell::Bool(b) => {
-                        encoder.encode_field(&Some(if b { "t" } else { "f" }.to_string()))?
-                    }
-                    Cell::Text(t) => encoder.encode_field(&Some(t))?,
-                },
-            }
+            encode_cell(&mut encoder, column.ty, cell, format.format_for(i))?;
         }
         out.push(Ok(encoder.take_row()));
     }
     Ok(QueryResponse::new(schema, stream::iter(out)))
+}
+
+/// The text of a cell as PostgreSQL prints a value of its type (reals as numerics print: no
+/// exponent).
+fn cell_text(cell: Cell) -> Option<String> {
+    match cell {
+        Cell::Null => None,
+        Cell::Text(t) => Some(t),
+        Cell::Int(x) => Some(x.to_string()),
+        Cell::Float(x) => Some(x.to_string()),
+        Cell::Bool(b) => Some(if b { "t" } else { "f" }.to_string()),
+    }
+}
+
+/// Encodes one released or computed cell as a value of column type `ty`, in `format`.
+fn encode_cell(
+    encoder: &mut DataRowEncoder,
+    ty: CellType,
+    cell: Cell,
+    format: FieldFormat,
+) -> PgWireResult<()> {
+    let options = pgwire::types::format::FormatOptions::default();
+    let wire = pg_type(ty);
+    let unsupported = |what: &str| {
+        PgWireError::UserError(Box::new(ErrorInfo::new(
+            "ERROR".into(),
+            "0A000".into(),
+            format!(
+                "pgdp cannot send {what} in the binary format of {}",
+                wire.name()
+            ),
+        )))
+    };
+    match (ty, cell) {
+        (CellType::Raw(oid), cell) => encode_raw(encoder, oid, cell_text(cell), format),
+        (_, Cell::Null) => {
+            encoder.encode_field_with_type_and_format(&None::<i64>, &wire, format, &options)
+        }
+        (CellType::Int8, Cell::Int(i)) => {
+            encoder.encode_field_with_type_and_format(&i, &wire, format, &options)
+        }
+        (CellType::Int4, Cell::Int(i)) => {
+            let v = i32::try_from(i).map_err(|_| unsupported("an out-of-range integer"))?;
+            encoder.encode_field_with_type_and_format(&v, &wire, format, &options)
+        }
+        (CellType::Int2, Cell::Int(i)) => {
+            let v = i16::try_from(i).map_err(|_| unsupported("an out-of-range integer"))?;
+            encoder.encode_field_with_type_and_format(&v, &wire, format, &options)
+        }
+        (CellType::Float8, Cell::Float(f)) => {
+            encoder.encode_field_with_type_and_format(&f, &wire, format, &options)
+        }
+        (CellType::Float8, Cell::Int(i)) => {
+            encoder.encode_field_with_type_and_format(&(i as f64), &wire, format, &options)
+        }
+        // A released real is a float8 sample; as real it is rounded to the nearest float4.
+        (CellType::Float4, Cell::Float(f)) => {
+            encoder.encode_field_with_type_and_format(&(f as f32), &wire, format, &options)
+        }
+        (CellType::Float4, Cell::Int(i)) => {
+            encoder.encode_field_with_type_and_format(&(i as f32), &wire, format, &options)
+        }
+        (CellType::Bool, Cell::Bool(b)) => {
+            encoder.encode_field_with_type_and_format(&b, &wire, format, &options)
+        }
+        (CellType::Text, cell) => {
+            encoder.encode_field_with_type_and_format(&cell_text(cell), &wire, format, &options)
+        }
+        (ty, cell) => {
+            let text = cell_text(cell).unwrap_or_default();
+            let value = if format == FieldFormat::Text {
+                super::binary::Encoded::Text(text)
+            } else {
+                let bytes = match ty {
+                    CellType::Numeric => super::binary::numeric(&text),
+                    CellType::Date => super::binary::date(&text),
+                    CellType::Timestamp => super::binary::timestamp(&text, false),
+                    CellType::Timestamptz => super::binary::timestamp(&text, true),
+                    _ => None,
+                };
+                super::binary::Encoded::Binary(
+                    bytes.ok_or_else(|| unsupported(&format!("the value {text}")))?,
+                )
+            };
+            encoder.encode_field_with_type_and_format(&value, &wire, format, &options)
+        }
+    }
 }
 
 /// Bound parameters as text, decoding binary formats of the common scalar types.

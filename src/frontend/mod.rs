@@ -23,6 +23,7 @@
 
 mod admission;
 mod auth;
+mod binary;
 mod cancel;
 mod encode;
 mod extended;

@@ -83,9 +83,33 @@ impl Session {
     }
 
     /// The result columns a DP query will have (for Describe), without running it.
-    pub(super) fn dp_columns(&self, shared: &Shared, query: &ast::Query) -> Result<Vec<OutColumn>> {
+    pub(super) async fn dp_columns(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+    ) -> Result<Vec<OutColumn>> {
         let plan = analyze::analyze(query, &self.context(shared))?;
-        Ok(release::columns(&plan, self.settings.accuracy))
+        Ok(self.result_columns(shared, query, &plan).await)
+    }
+
+    /// The columns of a DP query's answer, with the types PostgreSQL gives the same SQL where
+    /// the shadow catalog can describe it (`release::described_columns`), else pgdp's own.
+    async fn result_columns(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        plan: &Plan,
+    ) -> Vec<OutColumn> {
+        let described = match &shared.shadow {
+            Some(shadow) => shadow
+                .result_types(&query.to_string(), &self.context(shared).search_path)
+                .await
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let described: Vec<Option<CellType>> =
+            described.into_iter().map(CellType::released).collect();
+        release::described_columns(plan, self.settings.accuracy, &described)
     }
 
     /// Runs a DP query: replay, public domains, charge, upstream, release.
@@ -137,7 +161,7 @@ impl Session {
             .replay_get(&analyst, &key, shared.policy.replay_lifetime)
             .await?
         {
-            let columns = release::columns(&plan, self.settings.accuracy);
+            let columns = self.result_columns(shared, query, &plan).await;
             if let Some(replayed) = Released::replayed(columns, &payload) {
                 let notice = Notice {
                     message: "pgdp: identical query answered again from the replay cache; charged nothing".into(),
@@ -145,6 +169,9 @@ impl Session {
                 return Ok(ClientRows::released(replayed, vec![notice]));
             }
         }
+
+        // The answer's column types, described on the shadow catalog before anything is charged.
+        let columns = self.result_columns(shared, query, &plan).await;
 
         // 2. Public domains read from public tables (no private data, no charge).
         let mut domains = release::PublicDomains::new();
@@ -200,7 +227,8 @@ impl Session {
             &domains,
             self.settings.accuracy,
             &mut self.rng,
-        )?;
+        )?
+        .retyped(columns);
         let _ = ledger
             .record_release(charge_id, &analyst, &key, &released.replay_payload())
             .await;

@@ -427,7 +427,7 @@ pub async fn describe(
             let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
             shadow.describe(&sql).await?
         }
-        Route::Dp(query) => session.dp_columns(shared, query)?,
+        Route::Dp(query) => session.dp_columns(shared, query).await?,
         Route::Explain(_) => dp::explain_columns(),
     }))
 }

@@ -58,7 +58,13 @@ pub struct Shadow {
     /// Per analyst, the permits of [`limits::CATALOG_QUERIES_PER_ANALYST_MAX`] catalog queries
     /// at once. Keyed by authenticated analysts of the policy only, so its size is bounded.
     running: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// PostgreSQL's result type OIDs of DP statements, by search path and text
+    /// ([`Shadow::result_types`]); `None` where the shadow could not describe the statement.
+    result_types: Mutex<ResultTypes>,
 }
+
+/// Described result types, keyed by the session's search path and the statement's text.
+type ResultTypes = std::collections::HashMap<(Vec<String>, String), Option<Vec<u32>>>;
 
 /// A built shadow catalog.
 #[derive(Debug)]
@@ -78,6 +84,7 @@ impl Shadow {
         Ok(Shadow {
             upstream_dsn: upstream_dsn.to_string(),
             policy: policy.clone(),
+            result_types: Mutex::default(),
             built: tokio::sync::OnceCell::new(),
             failed: Mutex::new(None),
             running: Mutex::new(std::collections::HashMap::new()),
@@ -146,6 +153,30 @@ impl Shadow {
     /// The result columns of a catalog query, without running it.
     pub async fn describe(&self, sql: &CatalogSql) -> Result<Vec<OutColumn>> {
         self.built().await?.describe(sql.as_str()).await
+    }
+
+    /// PostgreSQL's result column types (OIDs) of a DP statement `sql` that pgdp's analysis
+    /// admitted, as the shadow catalog describes it: prepared, never run, on tables with the
+    /// upstream's column types and no rows, so the answer depends on the SQL and the schema
+    /// only. `None` when the shadow cannot describe it (a pgdp-only function such as MEDIAN,
+    /// the shadow unavailable); the caller then uses pgdp's own types. Remembered per search
+    /// path and text, up to [`limits::RESULT_TYPES_CACHED_MAX`] statements.
+    pub async fn result_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
+        let key = (search_path.to_vec(), sql.to_string());
+        if let Some(known) = self.result_types.lock().ok()?.get(&key) {
+            return known.clone();
+        }
+        let described = match self.built().await {
+            Ok(built) => built.result_types(sql, search_path).await,
+            // Not built (yet): not remembered, so a later statement tries again.
+            Err(_) => return None,
+        };
+        let mut cache = self.result_types.lock().ok()?;
+        if cache.len() >= limits::RESULT_TYPES_CACHED_MAX {
+            cache.clear();
+        }
+        cache.insert(key, described.clone());
+        described
     }
 
     /// Runs a checked catalog query of `analyst` on the shadow database, at most
@@ -339,20 +370,43 @@ impl Built {
             .collect())
     }
 
+    /// [`Shadow::result_types`] on this shadow database.
+    async fn result_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
+        let mut conn = self.backend.get().await.ok()?;
+        let setup = format!(
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {}",
+            limits::CATALOG_STATEMENT_TIMEOUT_MS,
+            path_list(search_path)
+        );
+        let described = match conn.client().batch_execute(&setup).await {
+            Ok(()) => conn.client().prepare(sql).await,
+            Err(e) => Err(e),
+        };
+        settle(&mut conn).await;
+        match described {
+            Ok(statement) => Some(
+                statement
+                    .columns()
+                    .iter()
+                    .map(|c| c.type_().oid())
+                    .collect(),
+            ),
+            Err(e) => {
+                tracing::debug!(error = %e, "the shadow catalog does not describe a DP statement");
+                None
+            }
+        }
+    }
+
     /// Runs a checked catalog query on the shadow database: its columns and text rows.
     /// `search_path` is the session's, already validated against the policy's schemas.
     async fn run(&self, sql: &str, search_path: &[String]) -> Result<(Vec<OutColumn>, TextRows)> {
         let columns = self.describe(sql).await?;
         let mut conn = self.backend.get().await?;
-        let path: Vec<String> = search_path.iter().map(|s| quote_ident(s)).collect();
-        let path = if path.is_empty() {
-            "public".to_string()
-        } else {
-            path.join(", ")
-        };
         let batch = format!(
-            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {path}; {sql}; COMMIT",
-            limits::CATALOG_STATEMENT_TIMEOUT_MS
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {}; {sql}; COMMIT",
+            limits::CATALOG_STATEMENT_TIMEOUT_MS,
+            path_list(search_path)
         );
         match conn.client().simple_query(&batch).await {
             Ok(messages) => Ok((columns, collect_rows(&messages)?)),
@@ -379,7 +433,17 @@ impl Built {
     }
 }
 
-/// After a failed catalog query: waits until the shadow backend has finished with it (a
+/// A search path as the value of `SET search_path` (`public` when empty).
+fn path_list(search_path: &[String]) -> String {
+    if search_path.is_empty() {
+        "public".to_string()
+    } else {
+        let quoted: Vec<String> = search_path.iter().map(|s| quote_ident(s)).collect();
+        quoted.join(", ")
+    }
+}
+
+/// After a catalog query or a description (and always after a failed one): waits until the shadow backend has finished with it (a
 /// `ROLLBACK` is answered only after the failed batch's ReadyForQuery), so that the caller's
 /// per-analyst permit is released only when the upstream no longer works for this query. The
 /// error reaches tokio-postgres before the backend has aborted and gone idle; releasing the

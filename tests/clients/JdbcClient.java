@@ -1,7 +1,8 @@
 // pgjdbc (Debian's libpostgresql-jdbc-java) against pgdp: connect, DatabaseMetaData getTables and
 // getColumns (answered from the shadow catalog), a PreparedStatement with parameters executed
 // twice (the second time as a named server-side statement), and a fetch size with autocommit off
-// (the driver then reads the result in chunks from a suspended portal).
+// (the driver then reads the result in chunks from a suspended portal), and result column types
+// as PostgreSQL gives them (ResultSetMetaData, getBigDecimal, getInt, getDate).
 //
 // Compiled by tests/integration/clients.rs with javac against /usr/share/java/postgresql.jar. Prints
 // `ok <check> <detail>` or `FAIL <check>: <error>` per check (see tests/clients/matrix.py).
@@ -10,7 +11,10 @@ import java.sql.Connection;
 import java.sql.DatabaseMetaData;
 import java.sql.DriverManager;
 import java.sql.PreparedStatement;
+import java.math.BigDecimal;
 import java.sql.ResultSet;
+import java.sql.ResultSetMetaData;
+import java.sql.Types;
 import java.sql.SQLException;
 import java.sql.Statement;
 import java.util.ArrayList;
@@ -118,6 +122,42 @@ public final class JdbcClient {
         }
     }
 
+    private static String resultTypes() throws Exception {
+        // The types PostgreSQL gives this SQL: bigint, numeric (AVG and SUM of numeric and AVG
+        // of an integer), integer (MIN of an integer column), date (a date key).
+        String sql = "SELECT visit_date, COUNT(*), AVG(cost), SUM(cost) FROM demo.visits "
+                + "WHERE visit_date >= DATE '2024-06-01' GROUP BY visit_date";
+        try (Connection c = connect(new Properties());
+                PreparedStatement ps = c.prepareStatement(sql)) {
+            ResultSetMetaData md = ps.getMetaData();
+            int[] expected = {Types.DATE, Types.BIGINT, Types.NUMERIC, Types.NUMERIC};
+            for (int i = 0; i < expected.length; i++) {
+                check(md.getColumnType(i + 1) == expected[i],
+                        "column " + (i + 1) + " is " + md.getColumnTypeName(i + 1));
+            }
+            int rows = 0;
+            try (ResultSet rs = ps.executeQuery()) {
+                while (rs.next()) {
+                    rows++;
+                    check(rs.getDate(1).toString().compareTo("2024-06-01") >= 0, rs.getString(1));
+                    check(rs.getLong(2) >= 0, "count " + rs.getLong(2));
+                    BigDecimal avg = rs.getBigDecimal(3);
+                    check(avg.compareTo(BigDecimal.ZERO) >= 0 && avg.compareTo(new BigDecimal(2000)) <= 0,
+                            "avg " + avg);
+                    check(rs.getBigDecimal(4) != null, "sum");
+                }
+            }
+            try (Statement s = c.createStatement();
+                    ResultSet rs = s.executeQuery("SELECT MIN(age), MAX(age) FROM demo.people")) {
+                check(rs.getMetaData().getColumnType(1) == Types.INTEGER, rs.getMetaData().getColumnTypeName(1));
+                check(rs.next(), "no row");
+                int min = rs.getInt(1);
+                check(min >= 0 && min <= 100 && rs.getInt(2) >= min, "min " + min + " max " + rs.getInt(2));
+            }
+            return "date_groups=" + rows;
+        }
+    }
+
     private static String fetchSize() throws Exception {
         try (Connection c = connect(new Properties())) {
             c.setAutoCommit(false);
@@ -160,6 +200,7 @@ public final class JdbcClient {
         checks.put("prepared_twice", JdbcClient::preparedTwice);
         checks.put("fetch_size_autocommit_off", JdbcClient::fetchSize);
         checks.put("refusal", JdbcClient::refusal);
+        checks.put("result_types", JdbcClient::resultTypes);
         List<String> wanted = args.length > 0 ? Arrays.asList(args) : new ArrayList<>(checks.keySet());
         boolean failed = false;
         for (String name : wanted) {

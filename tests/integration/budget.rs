@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
 
-use crate::support::{assert_code, code, demo_policy, policy_with_budget, Proxy, Session};
+use crate::support::{assert_code, code, demo_policy, policy_with_budget, Number, Proxy, Session};
 
 /// A DP query whose text differs with `i`, so that no two are replays of each other.
 fn distinct_query(i: usize) -> String {
@@ -145,7 +145,7 @@ async fn identical_query_is_replayed_without_charge() {
     let proxy = Proxy::start(33).await;
     let s = proxy.connect().await;
     let sql = "SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region";
-    let rows = |rows: Vec<tokio_postgres::Row>| -> Vec<(String, i64, f64)> {
+    let rows = |rows: Vec<tokio_postgres::Row>| -> Vec<(String, i64, Number)> {
         rows.iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect()

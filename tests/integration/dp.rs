@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pgdp::tools::demo::REGIONS;
 
-use crate::support::{policy_with_budget, upstream_client, Proxy, Session};
+use crate::support::{policy_with_budget, upstream_client, Number, Proxy, Session};
 
 /// Noise tolerance: 20 noise scales.
 fn tolerance(scale: f64) -> f64 {
@@ -71,7 +71,7 @@ async fn region_counts_and_averages_are_close_to_the_truth() {
 
     let released: BTreeMap<String, (i64, f64)> = rows
         .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .map(|r| (r.get(0), (r.get(1), r.get::<_, Number>(2).0)))
         .collect();
     assert_eq!(rows.len(), 10, "one row per region");
     let expected_regions: BTreeSet<String> = REGIONS.iter().map(|r| r.code.to_string()).collect();
@@ -207,7 +207,10 @@ async fn joined_sum_by_sex_releases_every_public_value() {
         )
         .await
         .expect("DP query");
-    let sums: BTreeMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let sums: BTreeMap<String, f64> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get::<_, Number>(1).0))
+        .collect();
     assert_eq!(
         sums.keys().map(String::as_str).collect::<Vec<_>>(),
         vec!["F", "M", "X"]
@@ -274,7 +277,7 @@ async fn distinct_units_and_variance_are_plausible() {
         .query_one("SELECT VARIANCE(age), STDDEV(age) FROM demo.people", &[])
         .await
         .expect("VARIANCE, STDDEV");
-    let (var, sd): (f64, f64) = (r.get(0), r.get(1));
+    let (Number(var), Number(sd)): (Number, Number) = (r.get(0), r.get(1));
     // ε = 2 over at most 6 measures (count, Σx, Σx² for each): b ≤ 3·Δ with Δ = 100 for Σage
     // and 10000 for Σage². Over n = 100000 people that moves the mean by at most 0.06 and the
     // mean of squares by at most 6, so the variance (≈ 630) by at most about 11 and the
@@ -452,9 +455,9 @@ async fn released_values_are_never_nan_and_counts_never_negative() {
                                 assert!(v >= 0, "{sql}: {} = {v}", column.name());
                             }
                         }
-                        "float8" => {
-                            let v: Option<f64> = row.get(i);
-                            if let Some(v) = v {
+                        "float8" | "numeric" => {
+                            let v: Option<Number> = row.get(i);
+                            if let Some(Number(v)) = v {
                                 assert!(v.is_finite(), "{sql}: {} = {v}", column.name());
                                 if column.name() != "sum" {
                                     assert!(v >= 0.0, "{sql}: {} = {v}", column.name());

@@ -9,7 +9,9 @@
 
 use tokio_postgres::error::SqlState;
 
-use crate::support::{assert_code, demo_policy_text, policy_with_budget, upstream_client, Proxy};
+use crate::support::{
+    assert_code, demo_policy_text, policy_with_budget, upstream_client, Number, Proxy,
+};
 
 async fn rich_proxy(seed: u8) -> Proxy {
     Proxy::with_policy(policy_with_budget(1000, 100), seed).await
@@ -94,8 +96,8 @@ async fn keypath_joins_follow_the_rules() {
         let rows = s.query(sql, &[]).await.expect(sql);
         assert_eq!(rows.len(), 10, "{sql}");
         for r in &rows {
-            let mean: Option<f64> = r.get(1);
-            if let Some(m) = mean {
+            let mean: Option<Number> = r.get(1);
+            if let Some(Number(m)) = mean {
                 assert!((0.0..=100.0).contains(&m), "{sql}: {m} outside the bounds");
             }
         }
@@ -186,7 +188,7 @@ async fn floor_and_ceil_work_in_keys_and_aggregates() {
         .expect("capped truth")
         .get(0);
     // ε 10 on sensitivity 20 000: b = 2 000, tolerance 40 000 (plus the real-valued grid).
-    let sum: f64 = s
+    let Number(sum) = s
         .query_one("SELECT SUM(ceil(cost)) FROM demo.visits", &[])
         .await
         .expect("ceil in an aggregate")

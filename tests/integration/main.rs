@@ -8,6 +8,8 @@
 //! - `auth`: PostgreSQL's authentication failures (28P01 and its message) and the throttling of
 //!   repeated failures;
 //! - `tls`: TLS required of clients (28000 for clear text, PostgreSQL's `hostssl` message);
+//! - `types`: DP answers with the column names and types PostgreSQL gives the same SQL, equal in
+//!   the text and binary formats;
 //! - `attacks`: the attack corpus in `tests/attacks/`;
 //! - `clients`: the real clients (pgjdbc, psqlODBC, psycopg 2 and 3, SQLAlchemy, node-postgres,
 //!   psql) in `tests/clients/`;
@@ -50,4 +52,5 @@ mod replicas;
 mod sql;
 mod support;
 mod tls;
+mod types;
 mod wire;

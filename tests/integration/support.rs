@@ -547,3 +547,66 @@ pub async fn psql(conninfo: &str, commands: &[&str]) -> PsqlRun {
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
 }
+
+/// A number of any PostgreSQL numeric type (`int2`, `int4`, `int8`, `float4`, `float8`,
+/// `numeric`) read as the nearest `f64`. tokio-postgres decodes no `numeric` without a decimal
+/// crate, so its binary form (base-10000 digits with a weight and a sign) is read here.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Number(pub f64);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Number {
+    fn from_sql(
+        ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        use tokio_postgres::types::Type;
+        let fixed = |n: usize| -> Result<&[u8], Box<dyn std::error::Error + Sync + Send>> {
+            (raw.len() == n)
+                .then_some(raw)
+                .ok_or_else(|| "bad length".into())
+        };
+        match ty {
+            t if *t == Type::INT2 => {
+                Ok(Number(f64::from(i16::from_be_bytes(fixed(2)?.try_into()?))))
+            }
+            t if *t == Type::INT4 => {
+                Ok(Number(f64::from(i32::from_be_bytes(fixed(4)?.try_into()?))))
+            }
+            t if *t == Type::INT8 => Ok(Number(i64::from_be_bytes(fixed(8)?.try_into()?) as f64)),
+            t if *t == Type::FLOAT4 => {
+                Ok(Number(f64::from(f32::from_be_bytes(fixed(4)?.try_into()?))))
+            }
+            t if *t == Type::FLOAT8 => Ok(Number(f64::from_be_bytes(fixed(8)?.try_into()?))),
+            _ => {
+                let word = |i: usize| -> Result<i16, Box<dyn std::error::Error + Sync + Send>> {
+                    let b = raw.get(2 * i..2 * i + 2).ok_or("short numeric")?;
+                    Ok(i16::from_be_bytes([b[0], b[1]]))
+                };
+                let (ndigits, weight, sign) = (word(0)?, word(1)?, word(2)? as u16);
+                let mut value = 0.0f64;
+                for i in 0..usize::try_from(ndigits)? {
+                    let exponent = i32::from(weight) - i32::try_from(i)?;
+                    value += f64::from(word(4 + i)?) * 10_000f64.powi(exponent);
+                }
+                match sign {
+                    0x0000 => Ok(Number(value)),
+                    0x4000 => Ok(Number(-value)),
+                    _ => Err("numeric NaN or infinity".into()),
+                }
+            }
+        }
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        use tokio_postgres::types::Type;
+        [
+            Type::INT2,
+            Type::INT4,
+            Type::INT8,
+            Type::FLOAT4,
+            Type::FLOAT8,
+            Type::NUMERIC,
+        ]
+        .contains(ty)
+    }
+}

@@ -6,7 +6,7 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use crate::support::{assert_code, code, Proxy, ANALYST, DATABASE, PASSWORD};
+use crate::support::{assert_code, code, Number, Proxy, ANALYST, DATABASE, PASSWORD};
 
 #[tokio::test]
 async fn scram_login_works_for_tokio_postgres_and_psql() {
@@ -453,7 +453,7 @@ async fn prepared_statements_bind_typed_parameters_and_run_twice() {
     assert!(central.get::<_, i64>(0) > islands.get::<_, i64>(0) + 10_000);
     let again = s.query_one(&by_region, &[&"CE"]).await.expect("CE again");
     assert_eq!(central.get::<_, i64>(0), again.get::<_, i64>(0));
-    assert_eq!(central.get::<_, f64>(1), again.get::<_, f64>(1));
+    assert_eq!(central.get::<_, Number>(1), again.get::<_, Number>(1));
     proxy.stop().await;
 }
 
@@ -489,11 +489,11 @@ async fn describe_reports_released_column_types_and_costs_nothing() {
     let cases: &[(&str, &[Type])] = &[
         (
             "SELECT region, COUNT(*), AVG(income), SUM(income) FROM demo.people GROUP BY region",
-            &[Type::TEXT, Type::INT8, Type::FLOAT8, Type::FLOAT8],
+            &[Type::TEXT, Type::INT8, Type::NUMERIC, Type::NUMERIC],
         ),
         (
             "SELECT sex, COUNT(DISTINCT person_id), STDDEV(age) FROM demo.people GROUP BY sex",
-            &[Type::TEXT, Type::INT8, Type::FLOAT8],
+            &[Type::TEXT, Type::INT8, Type::NUMERIC],
         ),
         ("SELECT COUNT(*) FROM demo.visits", &[Type::INT8]),
         ("SHOW pgdp.epsilon", &[Type::TEXT]),
@@ -525,7 +525,7 @@ async fn describe_reports_released_column_types_and_costs_nothing() {
         .await
         .expect("query");
     assert!(row.get::<_, i64>(0) > 0);
-    assert!(row.get::<_, f64>(1).is_finite());
+    assert!(row.get::<_, Number>(1).0.is_finite());
     proxy.stop().await;
 }
 

@@ -2,6 +2,7 @@
 //! aggregates of subqueries grouped by the unit, bounds checks, and post-processing expressions.
 
 use super::*;
+use crate::output::{Aggregation, CellType};
 
 impl<'a> Analyzer<'a> {
     /// An aggregate select item, or None if the expression is not an aggregate.
@@ -70,6 +71,7 @@ impl<'a> Analyzer<'a> {
                     argument: None,
                     bounds: None,
                     text: "count(*)".into(),
+                    result: CellType::Int8,
                 }));
             }
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
@@ -88,6 +90,7 @@ impl<'a> Analyzer<'a> {
                     argument: None,
                     bounds: None,
                     text: "count(distinct unit)".into(),
+                    result: CellType::Int8,
                 }));
             }
             if kind == AggregateKind::CountRows {
@@ -97,6 +100,7 @@ impl<'a> Analyzer<'a> {
                     argument: Some(text.clone()),
                     bounds: None,
                     text: format!("count(distinct {text})"),
+                    result: CellType::Int8,
                 }));
             }
             return Err(Error::unsupported(
@@ -110,6 +114,7 @@ impl<'a> Analyzer<'a> {
                 argument: Some(text.clone()),
                 bounds: None,
                 text: format!("count({text})"),
+                result: CellType::Int8,
             }));
         }
         if !info.ty.is_none_or(|t| t.is_numeric()) {
@@ -118,11 +123,17 @@ impl<'a> Analyzer<'a> {
             });
         }
         let bounds = self.checked_bounds(&info, &text, &name)?;
+        let family = if kind == AggregateKind::Sum {
+            Aggregation::Sum
+        } else {
+            Aggregation::Moment
+        };
         Ok(Some(Aggregate {
             kind,
             argument: Some(text.clone()),
             bounds: Some(bounds),
             text: format!("{}({text})", kind.sql_name()),
+            result: CellType::of_aggregate(family, argument_type(&info)),
         }))
     }
 
@@ -294,11 +305,17 @@ impl<'a> Analyzer<'a> {
             ));
         }
         let bounds = self.checked_bounds(&info, &text, name)?;
+        let family = if matches!(name, "min" | "max" | "percentile_disc") {
+            Aggregation::Discrete
+        } else {
+            Aggregation::Continuous
+        };
         Ok(Aggregate {
             kind: AggregateKind::Quantile { permille },
             argument: Some(text.clone()),
             bounds: Some(bounds),
             text: format!("quantile_{permille}({text})"),
+            result: CellType::of_aggregate(family, argument_type(&info)),
         })
     }
 
@@ -463,5 +480,20 @@ impl<'a> Analyzer<'a> {
                 })
             }
         }
+    }
+}
+
+/// The PostgreSQL type of an aggregate's argument as far as analysis knows it: a column's
+/// declared type, else `int4`, `numeric` or `float8` for integer, numeric and real expressions
+/// (the common widths; the shadow catalog's description, when there is one, decides).
+fn argument_type(info: &Info) -> Option<CellType> {
+    if let Some(t) = info.declared.as_deref().and_then(CellType::of_declared) {
+        return Some(t);
+    }
+    match info.ty? {
+        ColumnType::Integer => Some(CellType::Int4),
+        ColumnType::Numeric => Some(CellType::Numeric),
+        ColumnType::Float => Some(CellType::Float8),
+        _ => None,
     }
 }

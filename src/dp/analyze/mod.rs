@@ -173,6 +173,10 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         keys.push(GroupKey {
             expr: text,
             ty: info.ty.unwrap_or(ColumnType::Text),
+            declared: info
+                .declared
+                .as_deref()
+                .and_then(crate::output::CellType::of_declared),
             public: info.public,
         });
     }

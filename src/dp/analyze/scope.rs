@@ -301,10 +301,15 @@ impl<'a> Analyzer<'a> {
             columns.push(Column {
                 name: name.clone(),
                 ty,
-                declared_type: info
-                    .declared
-                    .clone()
-                    .unwrap_or_else(|| ty.name().to_string()),
+                // An expression has no declared type; PostgreSQL's type of a per-unit
+                // aggregate of integers (COUNT, SUM, LEAST(COUNT(*), 20)) is bigint.
+                declared_type: info.declared.clone().unwrap_or_else(|| {
+                    if per_unit && ty == ColumnType::Integer {
+                        "bigint".to_string()
+                    } else {
+                        ty.name().to_string()
+                    }
+                }),
                 bounds,
                 groupable: info.groupable || per_unit,
                 public_values,

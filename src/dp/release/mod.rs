@@ -229,23 +229,19 @@ fn key_type(ty: ColumnType) -> CellType {
     }
 }
 
-/// Output columns of a plan.
+/// Output columns of a plan, with the types pgdp knows without the shadow catalog: a key
+/// column's declared type, an aggregate's [`crate::dp::plan::Aggregate::result`].
 pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
     let mut out = Vec::new();
     for o in &plan.outputs {
         match o.source {
             crate::dp::plan::OutputSource::Key(i) => {
-                out.push(OutColumn::new(o.name.clone(), key_type(plan.keys[i].ty)))
+                let key = &plan.keys[i];
+                let ty = key.declared.unwrap_or_else(|| key_type(key.ty));
+                out.push(OutColumn::new(o.name.clone(), ty))
             }
             crate::dp::plan::OutputSource::Aggregate(i) => {
-                let ty = match plan.aggregates[i].kind {
-                    AggregateKind::CountRows
-                    | AggregateKind::CountValues
-                    | AggregateKind::CountUnits
-                    | AggregateKind::CountDistinct => CellType::Int8,
-                    _ => CellType::Float8,
-                };
-                out.push(OutColumn::new(o.name.clone(), ty));
+                out.push(OutColumn::new(o.name.clone(), plan.aggregates[i].result));
                 if accuracy {
                     out.push(OutColumn::new(
                         format!("{}_error95", o.name),
@@ -259,6 +255,32 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
 }
 
 /// Some cells of one upstream row, as text (a group's keys or its statistics).
+/// The output columns of a plan with the types PostgreSQL gives the analyst's SQL: `described`
+/// holds, per output of the plan, the type the shadow catalog described (`None` where it could
+/// not, or where pgdp cannot release that type). An aggregate keeps pgdp's own type unless the
+/// described one is a number; a key takes the described type. With no description (another
+/// number of columns), the plan's own types ([`columns`]).
+pub fn described_columns(
+    plan: &Plan,
+    accuracy: bool,
+    described: &[Option<CellType>],
+) -> Vec<OutColumn> {
+    let mut out = columns(plan, accuracy);
+    if described.len() != plan.outputs.len() {
+        return out;
+    }
+    let mut at = 0;
+    for (o, ty) in plan.outputs.iter().zip(described) {
+        let is_aggregate = matches!(o.source, crate::dp::plan::OutputSource::Aggregate(_));
+        match ty {
+            Some(ty) if !is_aggregate || ty.is_number() => out[at].ty = *ty,
+            _ => {}
+        }
+        at += 1 + usize::from(is_aggregate && accuracy);
+    }
+    out
+}
+
 type Texts<'r> = &'r [Option<String>];
 
 /// The public domain of the keys, in parts ([`crate::dp::rewrite::domain`]): each part's keys and

@@ -106,11 +106,36 @@ impl Released {
     /// not one [`Released::replay_payload`] wrote.
     pub fn replayed(columns: Vec<OutColumn>, payload: &[u8]) -> Option<Released> {
         let rows = decode_rows(payload)?;
-        Some(Released {
-            columns,
+        let released = Released {
+            columns: Vec::new(),
             rows,
             truncated: false,
-        })
+        };
+        Some(released.retyped(columns))
+    }
+
+    /// The same rows under `columns` (the analyst's column types as PostgreSQL gives them, from
+    /// [`super::described_columns`]), each cell conformed to its column's type by
+    /// [`Cell::conform`], which is post-processing and keeps the value's meaning.
+    pub fn retyped(self, columns: Vec<OutColumn>) -> Released {
+        let rows = self
+            .rows
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .enumerate()
+                    .map(|(i, cell)| match columns.get(i) {
+                        Some(column) => cell.conform(column.ty),
+                        None => cell,
+                    })
+                    .collect()
+            })
+            .collect();
+        Released {
+            columns,
+            rows,
+            truncated: self.truncated,
+        }
     }
 }
 
