@@ -151,6 +151,11 @@ pub const EPSILON_PER_QUERY_MAX: f64 = 100.0;
 /// stay exactly representable.
 pub const COLUMN_BOUND_ABS_MAX: f64 = 1e15;
 
+/// The most repeats of a query the budget view and the charge NOTICE count
+/// (`budget::repeats`): "about this many more queries like the last one". Beyond it they say
+/// "at least" this many.
+pub const REPEATS_COUNTED_MAX: u64 = 1_000_000;
+
 /// Lifetime of a replayed answer in the replay cache when the policy does not set one.
 pub const REPLAY_LIFETIME_DEFAULT_S: u64 = 24 * 60 * 60;
 

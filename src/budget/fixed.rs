@@ -166,6 +166,11 @@ impl Fixed {
         Fixed(self.0.saturating_sub(other.0))
     }
 
+    /// `self · k`, or `None` on overflow.
+    pub fn checked_mul_int(self, k: u64) -> Option<Fixed> {
+        self.0.checked_mul(u128::from(k)).map(Fixed)
+    }
+
     /// `self · p / q` rounded up to the grid, saturating at [`Fixed::MAX`] (which only ever
     /// refuses more). For the Rényi orders of the accountant, which are small fractions.
     pub fn mul_ratio_ceil(self, p: u32, q: u32) -> Fixed {

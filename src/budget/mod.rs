@@ -26,7 +26,7 @@ pub mod fixed;
 pub mod ledger;
 
 pub use accountant::{
-    admit, guarantee, remaining, within, zcdp_to_epsilon, Cost, Guarantee, Limit, Refusal,
+    admit, guarantee, remaining, repeats, within, zcdp_to_epsilon, Cost, Guarantee, Limit, Refusal,
     Remaining, Scope, Spent,
 };
 pub use fixed::{Fixed, FixedError};

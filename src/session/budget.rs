@@ -9,9 +9,10 @@ use crate::output::{Cell, CellType, OutColumn};
 use super::dp::limit_of;
 use super::{ClientRows, Session, Shared};
 
-/// Columns of `SHOW pgdp.budget`.
+/// Columns of `SHOW pgdp.budget`: the balance, then how many more queries like this session's
+/// last charged one the analyst's budget admits (NULL before the session's first charge).
 pub(super) fn budget_columns() -> Vec<OutColumn> {
-    [
+    let mut columns: Vec<OutColumn> = [
         "epsilon_total",
         "epsilon_spent",
         "epsilon_remaining",
@@ -21,7 +22,9 @@ pub(super) fn budget_columns() -> Vec<OutColumn> {
     ]
     .iter()
     .map(|n| OutColumn::new(*n, CellType::Float8))
-    .collect()
+    .collect();
+    columns.push(OutColumn::new("queries_like_last", CellType::Int8));
+    columns
 }
 
 /// Which columns of the budget view a statement asks for.
@@ -56,7 +59,7 @@ impl BudgetColumns<'_> {
                 _ => {
                     return Err(Error::unsupported(
                         "expressions on pgdp.budget",
-                        "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining.",
+                        "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining, queries_like_last.",
                     ))
                 }
             }
@@ -79,6 +82,10 @@ impl Session {
         // best order's conversion); δ spent and remaining are partition selection's share.
         let proven =
             crate::budget::guarantee(&b.limit, &b.spent).map_or(b.spent.epsilon, |g| g.epsilon);
+        let like_last = self.last_cost.map_or(Cell::Null, |cost| {
+            let k = crate::budget::repeats(&b.limit, &b.spent, &cost);
+            Cell::Int(i64::try_from(k).unwrap_or(i64::MAX))
+        });
         let values = [
             b.limit.epsilon,
             proven,
@@ -86,7 +93,11 @@ impl Session {
             b.limit.delta,
             b.spent.delta,
             b.remaining.delta,
-        ];
+        ]
+        .map(|v| Cell::Float(v.to_f64()))
+        .into_iter()
+        .chain([like_last])
+        .collect::<Vec<_>>();
         let mut out_columns = Vec::new();
         let mut row = Vec::new();
         for name in columns.names()? {
@@ -95,7 +106,7 @@ impl Session {
                 .position(|c| c.name == name)
                 .ok_or_else(|| Error::UnknownColumn { name: name.clone() })?;
             out_columns.push(all[i].clone());
-            row.push(Cell::Float(values[i].to_f64()));
+            row.push(values[i].clone());
         }
         Ok(ClientRows::computed(out_columns, vec![row]))
     }

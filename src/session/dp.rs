@@ -48,8 +48,14 @@ impl Session {
         let mut plan = analyze::analyze(query, &self.context(shared))?;
         plan.assume_unique_unit(|key| shared.unique_keys.is_unique(key));
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
-        super::settings::check_epsilon(self.settings.epsilon, &self.analyst)?;
-        let mechanisms = release::mechanisms(&plan, &rewrite, self.budget())?;
+        let mut budget = self.budget();
+        if let Some(target) = self.settings.max_error {
+            let cap = super::settings::epsilon_cap(&self.analyst);
+            budget = release::budget_for_error(&plan, &rewrite, budget, target, cap)?;
+        }
+        super::settings::check_epsilon(budget.epsilon, &self.analyst)?;
+        let mut mechanisms = release::mechanisms(&plan, &rewrite, budget)?;
+        mechanisms.max_error = self.settings.max_error;
         Ok((plan, rewrite, mechanisms))
     }
 
@@ -126,7 +132,7 @@ impl Session {
             .upstream
             .verify_unique_keys(&shared.unique_keys, plan.unique_keys())
             .await?;
-        let budget = self.budget();
+        let budget = mechanisms.budget;
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
         // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
         // and every privacy setting.
@@ -163,8 +169,13 @@ impl Session {
         {
             let columns = self.result_columns(shared, query, &plan).await;
             if let Some(replayed) = Released::replayed(columns, &payload) {
+                let limit = limit_of(&self.analyst.budget)?;
+                let balance = ledger.balance(&analyst, &limit).await?;
                 let notice = Notice {
-                    message: "pgdp: identical query answered again from the replay cache; charged nothing".into(),
+                    message: format!(
+                        "pgdp: identical query answered again from the replay cache; charged nothing; {}",
+                        remaining_text(&balance, false)
+                    ),
                 };
                 return Ok(ClientRows::released(replayed, vec![notice]));
             }
@@ -205,6 +216,7 @@ impl Session {
             .await?;
         let charge_id = receipt.id();
         let balance = *receipt.balance();
+        self.last_cost = Some(mechanisms.cost);
 
         // 4. The upstream, which takes the receipt; a failure keeps the charge.
         let rows = match connection
@@ -235,6 +247,11 @@ impl Session {
         let mut notices = vec![Notice {
             message: charge_notice(&mechanisms.cost, &balance),
         }];
+        if let Some(note) = release::capped_statistic(&plan) {
+            notices.push(Notice {
+                message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
+            });
+        }
         if released.truncated() {
             notices.push(Notice {
                 message: format!(
@@ -256,7 +273,7 @@ impl Session {
     ) -> Result<ClientRows> {
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms) = self.plan_dp(shared, query, params, secret).await?;
-        let lines = release::explain(&plan, &rewrite, &mechanisms, self.budget())
+        let lines = release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget)
             .into_iter()
             .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
             .collect();
@@ -273,16 +290,43 @@ pub(super) fn explain_columns() -> Vec<OutColumn> {
 /// `budget::accountant` (ε, δ, and ρ when the query spent zCDP ρ).
 fn charge_notice(cost: &crate::budget::Cost, balance: &crate::budget::Balance) -> String {
     let mut charged = format!("epsilon={}, delta={}", cost.epsilon, cost.delta);
+    if !cost.rho.is_zero() {
+        charged.push_str(&format!(", rho={} (zCDP)", cost.rho));
+    }
+    format!(
+        "pgdp: charged {charged}; {}; {}",
+        remaining_text(balance, !cost.rho.is_zero()),
+        repeats_text(&balance.limit, &balance.spent, cost)
+    )
+}
+
+/// "remaining epsilon=… of …, delta=… of …", with ρ when `with_rho` or ρ was spent.
+fn remaining_text(balance: &crate::budget::Balance, with_rho: bool) -> String {
     let mut left = format!(
-        "epsilon={} of {}, delta={} of {}",
+        "remaining epsilon={} of {}, delta={} of {}",
         balance.remaining.epsilon,
         balance.limit.epsilon,
         balance.remaining.delta,
         balance.limit.delta
     );
-    if !cost.rho.is_zero() {
-        charged.push_str(&format!(", rho={} (zCDP)", cost.rho));
+    if with_rho || !balance.spent.rho.is_zero() {
         left.push_str(&format!(", rho={} (zCDP)", balance.remaining.rho));
     }
-    format!("pgdp: charged {charged}; remaining {left}")
+    left
+}
+
+/// "room for about N more queries like this one" in the analyst's budget
+/// ([`crate::budget::repeats`]), "at least N" at the counting limit.
+pub(super) fn repeats_text(
+    limit: &crate::budget::Limit,
+    spent: &crate::budget::Spent,
+    cost: &crate::budget::Cost,
+) -> String {
+    let k = crate::budget::repeats(limit, spent, cost);
+    let about = if k >= crate::limits::REPEATS_COUNTED_MAX {
+        "at least"
+    } else {
+        "about"
+    };
+    format!("room for {about} {k} more queries like this one")
 }

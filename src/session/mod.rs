@@ -123,6 +123,9 @@ pub struct Session {
     rng: ChaCha20Rng,
     /// Open cursors (see [`Session::run`]).
     cursors: cursor::Cursors,
+    /// The cost of this session's last charged DP query, for the budget view's count of
+    /// queries like it that still fit.
+    last_cost: Option<crate::budget::Cost>,
 }
 
 impl Session {
@@ -151,6 +154,7 @@ impl Session {
             cancel,
             rng,
             cursors: cursor::Cursors::default(),
+            last_cost: None,
         })
     }
 

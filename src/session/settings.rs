@@ -57,6 +57,10 @@ pub struct Settings {
     pub mechanism: Mechanism,
     /// Whether each noisy column is followed by its 95% error bound.
     pub accuracy: bool,
+    /// `pgdp.max_error`: when set, the next DP query spends the smallest ε at which every
+    /// measure's 95 % error bound is at most this (`release::budget_for_error`), instead of
+    /// `epsilon`.
+    pub max_error: Option<f64>,
 }
 
 /// The outcome of a SET: the canonical name and value to report with ParameterStatus, if the
@@ -92,6 +96,7 @@ impl Settings {
             delta: policy.defaults.delta.min(analyst.budget.delta),
             mechanism: policy.defaults.mechanism,
             accuracy: false,
+            max_error: None,
         }
     }
 
@@ -345,6 +350,34 @@ impl Settings {
                     false,
                 ))
             }
+            "pgdp.max_error" => {
+                let hint = "Use e.g. SET pgdp.max_error = 50 (a 95 % bound, in the units of each COUNT or SUM), or SET pgdp.max_error = off.";
+                self.max_error = if is_default || value.trim().eq_ignore_ascii_case("off") {
+                    defaults.max_error
+                } else {
+                    let bound = value
+                        .trim()
+                        .parse::<f64>()
+                        .map_err(|_| invalid(&name, "not a number", hint))?;
+                    if !(bound.is_finite() && bound > 0.0 && bound <= limits::COLUMN_BOUND_ABS_MAX)
+                    {
+                        return Err(invalid(
+                            &name,
+                            &format!(
+                                "must be a positive number of at most {}",
+                                limits::COLUMN_BOUND_ABS_MAX
+                            ),
+                            hint,
+                        ));
+                    }
+                    Some(bound)
+                };
+                Ok(changed(
+                    "pgdp.max_error",
+                    max_error_text(self.max_error),
+                    false,
+                ))
+            }
             "pgdp.accuracy" => {
                 self.accuracy = if is_default {
                     defaults.accuracy
@@ -418,6 +451,7 @@ impl Settings {
             "pgdp.delta" => self.delta.to_string(),
             "pgdp.mechanism" => self.mechanism.name().into(),
             "pgdp.accuracy" => on_off(self.accuracy).into(),
+            "pgdp.max_error" => max_error_text(self.max_error),
             "all" => {
                 return Err(Error::unsupported(
                     "SHOW ALL",
@@ -448,6 +482,11 @@ pub fn server_version_num(version: &str) -> String {
     (major * 10_000 + minor).to_string()
 }
 
+/// `pgdp.max_error` as SET reports and SHOW answers it: the bound, or `off`.
+fn max_error_text(max_error: Option<f64>) -> String {
+    max_error.map_or_else(|| "off".into(), |b| b.to_string())
+}
+
 fn on_off(b: bool) -> &'static str {
     if b {
         "on"
@@ -471,6 +510,17 @@ fn parse_positive(name: &str, value: &str) -> Result<f64> {
         .map_err(|_| invalid(name, "not a number", "Use e.g. SET pgdp.epsilon = 0.5."))
 }
 
+/// The largest ε one query of `analyst` may spend: the policy's per-query cap, the global
+/// limit and the analyst's total, whichever is smallest.
+pub fn epsilon_cap(analyst: &Analyst) -> f64 {
+    analyst
+        .budget
+        .epsilon_per_query_max
+        .unwrap_or(f64::INFINITY)
+        .min(limits::EPSILON_PER_QUERY_MAX)
+        .min(analyst.budget.epsilon)
+}
+
 /// Checks an ε for one query against the global limits and the analyst's cap.
 pub fn check_epsilon(eps: f64, analyst: &Analyst) -> Result<()> {
     let hint = "Use e.g. SET pgdp.epsilon = 0.5.";
@@ -488,12 +538,7 @@ pub fn check_epsilon(eps: f64, analyst: &Analyst) -> Result<()> {
             hint,
         ));
     }
-    let cap = analyst
-        .budget
-        .epsilon_per_query_max
-        .unwrap_or(f64::INFINITY)
-        .min(limits::EPSILON_PER_QUERY_MAX)
-        .min(analyst.budget.epsilon);
+    let cap = epsilon_cap(analyst);
     if eps > cap {
         return Err(invalid(
             "pgdp.epsilon",
@@ -570,6 +615,37 @@ mod tests {
         assert_eq!(s.epsilon, 0.5, "a refused SET changes nothing");
         assert!(set(&mut s, "pgdp.delta", "1e-3").is_err());
         assert!(set(&mut s, "pgdp.mechanism", "gaussian").is_ok());
+    }
+
+    #[test]
+    fn max_error_is_a_positive_bound_or_off() {
+        let (p, a) = fixture();
+        let mut s = Settings::new(&p, &a, "UTC");
+        assert_eq!(
+            s.show("pgdp.max_error", "15.4").map(|r| r.1),
+            Ok("off".into())
+        );
+        assert_eq!(
+            set(&mut s, "pgdp.max_error", "50").map(|c| c.value),
+            Ok("50".into())
+        );
+        assert_eq!(s.max_error, Some(50.0));
+        for bad in ["0", "-5", "NaN", "inf", "1e16", "ten", "5%"] {
+            let e = set(&mut s, "pgdp.max_error", bad).expect_err(bad);
+            assert_eq!(e.sqlstate().code(), "22023", "{bad}");
+            assert!(e.to_string().contains("pgdp.max_error"), "{bad}: {e}");
+        }
+        assert_eq!(s.max_error, Some(50.0), "a refused SET changes nothing");
+        assert_eq!(
+            set(&mut s, "pgdp.max_error", "off").map(|c| c.value),
+            Ok("off".into())
+        );
+        assert_eq!(s.max_error, None);
+        assert!(set(&mut s, "pgdp.max_error", "12.5").is_ok());
+        assert!(set(&mut s, "pgdp.max_error", "DEFAULT").is_ok());
+        assert_eq!(s.max_error, None);
+        let e = set(&mut s, "pgdp.mechanism", "exponential").expect_err("unknown mechanism");
+        assert_eq!(e.sqlstate().code(), "22023");
     }
 
     #[test]

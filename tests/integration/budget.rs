@@ -151,12 +151,16 @@ async fn identical_query_is_replayed_without_charge() {
             .collect()
     };
     let first = rows(s.query(sql, &[]).await.expect("first"));
-    assert!(s
-        .take_notices()
-        .iter()
-        .any(|n| n.starts_with("pgdp: charged")));
+    let notices = s.take_notices();
+    // ε = 1 of 10 spent: the rule admits exactly 9 more of the same.
+    assert!(
+        notices.iter().any(|n| n.starts_with("pgdp: charged")
+            && n.ends_with("; room for about 9 more queries like this one")),
+        "{notices:?}"
+    );
     let after_first = s.budget().await;
     assert_eq!(after_first.epsilon_spent, 1.0, "the default ε");
+    assert_eq!(s.queries_like_last().await, Some(9));
 
     // The session's generator has moved on, so a fresh release would differ: equality means
     // the answer was replayed.
@@ -164,14 +168,27 @@ async fn identical_query_is_replayed_without_charge() {
     assert_eq!(first, second);
     let notices = s.take_notices();
     assert!(
-        notices.iter().any(|n| n.contains("replay cache")),
+        notices.iter().any(|n| n.contains("replay cache")
+            && n.ends_with(
+                "charged nothing; remaining epsilon=9 of 10, delta=0.000005 of 0.00001"
+            )),
         "{notices:?}"
     );
     assert!(!notices.iter().any(|n| n.starts_with("pgdp: charged")));
     assert_eq!(s.budget().await, after_first);
+    assert_eq!(
+        s.queries_like_last().await,
+        Some(9),
+        "a replay is not a charge"
+    );
 
     // The simple protocol and another connection get the same answer, also free.
     let other = proxy.connect().await;
+    assert_eq!(
+        other.queries_like_last().await,
+        None,
+        "no charge in this session yet"
+    );
     let third = other.simple_rows(sql).await.expect("simple");
     assert_eq!(third.len(), first.len());
     for (t, f) in third.iter().zip(&first) {
@@ -403,9 +420,12 @@ async fn budget_is_a_virtual_table_in_select() {
         .query_one("SELECT * FROM pgdp.budget", &[])
         .await
         .expect("SELECT * FROM pgdp.budget");
-    assert_eq!(row.columns().len(), 6);
+    assert_eq!(row.columns().len(), 7);
     assert_eq!(row.get::<_, f64>("epsilon_spent"), 1.5);
     assert_eq!(row.get::<_, f64>("epsilon_remaining"), 8.5);
+    // At least the 5 that adding up ε admits (8.5 / 1.5), more by composing in zCDP.
+    let like_last: Option<i64> = row.get("queries_like_last");
+    assert!(like_last >= Some(5), "{like_last:?}");
     let row = s
         .query_one(
             "SELECT epsilon_remaining, delta_total FROM pgdp.budget",
@@ -623,5 +643,129 @@ async fn gaussian_counts_are_composed_in_zcdp_and_last_far_longer() {
         &SqlState::from_code("53400"),
         "a Laplace query after the Gaussian ones used the budget",
     );
+    proxy.stop().await;
+}
+
+/// `epsilon=` of EXPLAIN's cost line and the largest `95% error bound ±…` of its measures.
+fn explained_cost_and_bound(lines: &[Vec<Option<String>>]) -> (f64, f64) {
+    let text: Vec<&str> = lines.iter().filter_map(|r| r[0].as_deref()).collect();
+    let epsilon = text
+        .iter()
+        .find_map(|l| l.strip_prefix("cost: epsilon="))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no cost line: {text:?}"));
+    let bound = text
+        .iter()
+        .filter_map(|l| l.split("95% error bound ±").nth(1))
+        .map(|b| b.parse::<f64>().expect("a bound"))
+        .fold(0.0, f64::max);
+    (epsilon, bound)
+}
+
+/// `SET pgdp.max_error`: the query spends the smallest ε (to three digits) at which every
+/// measure's stated 95 % bound meets the target; EXPLAIN shows that cost before anything is
+/// spent; a target the per-query cap cannot meet, quantiles and bad values are refused with
+/// nothing charged.
+#[tokio::test]
+async fn max_error_charges_the_smallest_epsilon_that_meets_it() {
+    let proxy = Proxy::start(39).await;
+    let s = proxy.connect().await;
+    let sql = "SELECT region, COUNT(*), SUM(age) FROM demo.people GROUP BY region";
+    s.batch_execute("SET pgdp.max_error = 1000")
+        .await
+        .expect("SET");
+    assert_eq!(s.show("pgdp.max_error").await, "1000");
+    let explained = s
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .expect("EXPLAIN");
+    assert!(
+        explained.iter().any(|r| r[0]
+            .as_deref()
+            .is_some_and(|l| l.starts_with("epsilon chosen for pgdp.max_error = 1000"))),
+        "{explained:?}"
+    );
+    let (epsilon, bound) = explained_cost_and_bound(&explained);
+    assert!(bound <= 1000.0, "bound {bound} at epsilon {epsilon}");
+    // SUM(age) has sensitivity 100 and half of ε: a bound of about 3·100/(ε/2) = 600/ε.
+    assert!(
+        (0.55..0.7).contains(&epsilon),
+        "{epsilon}: the default ε = 1 would be more than needed"
+    );
+    assert_eq!(s.budget().await.epsilon_spent, 0.0, "EXPLAIN is free");
+
+    // The smallest: 1 % less ε misses the target.
+    s.batch_execute(&format!(
+        "SET pgdp.max_error = off; SET pgdp.epsilon = {}",
+        epsilon * 0.99
+    ))
+    .await
+    .expect("SET");
+    let lower = s
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .expect("EXPLAIN");
+    let (_, lower_bound) = explained_cost_and_bound(&lower);
+    assert!(lower_bound > 1000.0, "{lower_bound} at 0.99·{epsilon}");
+
+    // Charged what EXPLAIN said; the released error columns meet the target.
+    s.batch_execute("SET pgdp.max_error = 1000; SET pgdp.accuracy = on")
+        .await
+        .expect("SET");
+    let rows = s.simple_rows(sql).await.expect("DP query");
+    assert_eq!(rows.len(), 10);
+    for r in &rows {
+        let count_error: f64 = r[2].as_deref().expect("count_error95").parse().unwrap();
+        assert!(count_error <= 1000.0, "{r:?}");
+    }
+    assert_eq!(s.budget().await.epsilon_spent, epsilon);
+    let notices = s.take_notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.starts_with(&format!("pgdp: charged epsilon={epsilon}, delta=0;"))),
+        "{notices:?}"
+    );
+
+    // Beyond the per-query cap (ε = 2): 22023 naming the parameter, with the reachable bound.
+    s.batch_execute("SET pgdp.max_error = 1")
+        .await
+        .expect("SET");
+    let refusal = assert_code(
+        s.simple_rows(sql).await,
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "max_error below what the cap reaches",
+    );
+    let db = refusal.as_db_error().expect("a server error");
+    assert!(db.message().contains("pgdp.max_error"), "{db:?}");
+    assert!(
+        db.hint()
+            .is_some_and(|h| h.contains("SET pgdp.max_error to at least")),
+        "{db:?}"
+    );
+    // Quantiles have no bound in the answer's units: refused, not guessed.
+    s.batch_execute("SET pgdp.max_error = 50")
+        .await
+        .expect("SET");
+    assert_code(
+        s.simple_rows("SELECT MEDIAN(age) FROM demo.people").await,
+        &SqlState::FEATURE_NOT_SUPPORTED,
+        "max_error with a quantile",
+    );
+    for bad in ["0", "-1", "'ten'", "'1e400'"] {
+        assert_code(
+            s.batch_execute(&format!("SET pgdp.max_error = {bad}"))
+                .await,
+            &SqlState::INVALID_PARAMETER_VALUE,
+            bad,
+        );
+    }
+    assert_eq!(
+        s.show("pgdp.max_error").await,
+        "50",
+        "refused SETs change nothing"
+    );
+    assert_eq!(s.budget().await.epsilon_spent, epsilon, "refusals are free");
     proxy.stop().await;
 }

@@ -392,7 +392,25 @@ async fn every_dp_query_sends_a_charge_notice() {
             1,
             "{sql}: {notices:?}"
         );
+        // A count of visits (10 rows and 5 groups per person at most) says it is capped; a
+        // count of people (one row each) does not.
+        let capped = notices.iter().any(|n| {
+            n.starts_with(
+                "pgdp: a capped statistic: each privacy unit counts with at most 10 row(s)",
+            )
+        });
+        assert_eq!(capped, sql.contains("visits"), "{sql}: {notices:?}");
     }
+    let explain = s
+        .simple_rows("EXPLAIN SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic")
+        .await
+        .expect("EXPLAIN");
+    assert!(
+        explain.iter().any(|r| r[0].as_deref().is_some_and(|l| l.starts_with(
+            "estimates: a capped statistic: each privacy unit counts with at most 10 row(s) in each of at most 5 group(s)"
+        ))),
+        "{explain:?}"
+    );
     // Session statements send none.
     s.batch_execute("SET pgdp.epsilon = 0.5")
         .await

@@ -378,3 +378,150 @@ async fn public_domains_release_only_groups_the_sql_can_return() {
         assert_eq!(released, truth, "{sql}");
     }
 }
+
+/// One row of README.md's table of refusals: the SQLSTATE, and what shows it.
+#[derive(Debug)]
+struct ReadmeRefusal {
+    code: String,
+    /// Statement chains: every statement but the last must succeed, the last must be refused.
+    chains: Vec<Vec<String>>,
+    /// `module::test` names of integration tests that provoke the refusal.
+    tests: Vec<(String, String)>,
+}
+
+/// Parses the table under "## Supported and refused" in README.md. In the last column each
+/// `…` is a statement or a test name; statements joined by the word `then` form one chain.
+fn readme_refusals() -> Vec<ReadmeRefusal> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let text = std::fs::read_to_string(&path).expect("README.md");
+    let section = text
+        .split("## Supported and refused")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("README.md has a Supported and refused section");
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| ")) {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        assert_eq!(
+            cells.len(),
+            3,
+            "README refusal row with other than 3 cells: {line}"
+        );
+        if cells[0] == "what" {
+            continue;
+        }
+        let code: String = cells[1].chars().take(5).collect();
+        let (mut chains, mut tests) = (Vec::<Vec<String>>::new(), Vec::new());
+        let mut chained = false;
+        for (i, piece) in cells[2].split('`').enumerate() {
+            if i % 2 == 0 {
+                chained = piece.trim() == "then";
+                assert!(
+                    piece.trim().is_empty() || chained,
+                    "README refusal row: text between examples must be `then`: {line}"
+                );
+                continue;
+            }
+            if !piece.contains(' ') && piece.contains("::") {
+                let (module, name) = piece.split_once("::").expect("module::test");
+                tests.push((module.to_string(), name.to_string()));
+            } else if chained {
+                chains
+                    .last_mut()
+                    .expect("`then` after a statement")
+                    .push(piece.to_string());
+            } else {
+                chains.push(vec![piece.to_string()]);
+            }
+        }
+        assert!(
+            !chains.is_empty() || !tests.is_empty(),
+            "README refusal row shows nothing: {line}"
+        );
+        rows.push(ReadmeRefusal {
+            code,
+            chains,
+            tests,
+        });
+    }
+    rows
+}
+
+/// README.md's table of refusals is what pgdp does: each statement is refused with the row's
+/// SQLSTATE and charges nothing, each named test exists and expects that SQLSTATE.
+#[tokio::test]
+async fn readme_refusals_are_what_pgdp_answers() {
+    let rows = readme_refusals();
+    assert!(
+        rows.len() >= 15,
+        "README.md lists only {} refusals",
+        rows.len()
+    );
+    let proxy = rich_proxy(83).await;
+    let mut failures = Vec::new();
+    for row in &rows {
+        for chain in &row.chains {
+            // A session of its own, so that a chain's SET does not reach the next.
+            let s = proxy.connect().await;
+            let before = s.budget().await;
+            let (last, prefix) = chain.split_last().expect("a statement");
+            for sql in prefix {
+                s.simple_query(sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: should run before {last}: {e:?}"));
+            }
+            match s.simple_query(last).await {
+                Ok(_) => failures.push(format!("{last}: answered, README says {}", row.code)),
+                Err(e) => {
+                    let got = e.code().map(|c| c.code().to_string()).unwrap_or_default();
+                    if got != row.code {
+                        failures.push(format!("{last}: {got}, README says {} ({e:?})", row.code));
+                    }
+                }
+            }
+            s.assert_alive(last).await;
+            if s.budget().await != before {
+                failures.push(format!("{last}: charged"));
+            }
+        }
+        for (module, name) in &row.tests {
+            let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/integration")
+                .join(format!("{module}.rs"));
+            let source = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{module}::{name}: {}: {e}", file.display()));
+            let start = source
+                .find(&format!("async fn {name}("))
+                .unwrap_or_else(|| panic!("README names {module}::{name}, which does not exist"));
+            let body = &source[start..];
+            let end = body[1..]
+                .find("\n#[tokio::test]")
+                .map_or(body.len(), |i| i + 1);
+            let body = &body[..end];
+            let constant = sqlstate_constant(&row.code);
+            assert!(
+                body.contains(&row.code) || constant.is_some_and(|c| body.contains(c)),
+                "{module}::{name} does not check {} (README)",
+                row.code
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "README.md disagrees with pgdp:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The tokio-postgres constant the tests use for a SQLSTATE the README names by code.
+fn sqlstate_constant(code: &str) -> Option<&'static str> {
+    [
+        ("53300", "TOO_MANY_CONNECTIONS"),
+        ("54000", "PROGRAM_LIMIT_EXCEEDED"),
+        ("42P03", "DUPLICATE_CURSOR"),
+        ("53400", "CONFIGURATION_LIMIT_EXCEEDED"),
+    ]
+    .iter()
+    .find(|(c, _)| *c == code)
+    .map(|(_, name)| *name)
+}

@@ -279,6 +279,16 @@ impl Session {
         }
     }
 
+    /// `queries_like_last` of `SHOW pgdp.budget`: how many more queries like this session's
+    /// last charged one fit (`None` before its first charge).
+    pub async fn queries_like_last(&self) -> Option<i64> {
+        self.client
+            .query_one("SELECT queries_like_last FROM pgdp.budget", &[])
+            .await
+            .expect("SELECT queries_like_last FROM pgdp.budget")
+            .get(0)
+    }
+
     /// Runs SQL with the simple protocol and returns the text rows (NULL as `None`).
     pub async fn simple_rows(
         &self,

@@ -55,6 +55,10 @@ pub struct Mechanisms {
     pub epsilon_per_measure: f64,
     /// L1 (Laplace) or L2 (Gaussian) sensitivity of each measure.
     pub sensitivities: Vec<f64>,
+    /// The privacy parameters these mechanisms spend.
+    pub budget: Budget,
+    /// `pgdp.max_error` when it chose `budget.epsilon` ([`budget_for_error`]).
+    pub max_error: Option<f64>,
 }
 
 /// Relative margin on the charged ρ of the Gaussian measures: the per-measure ρ is a float
@@ -199,7 +203,93 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         cost,
         epsilon_per_measure: epsilon_share,
         sensitivities,
+        budget,
+        max_error: None,
     })
+}
+
+/// The largest stated 95 % error bound over the measures of `plan` at `budget` (infinite
+/// where no mechanism exists at that ε).
+fn worst_error_bound(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> f64 {
+    let Ok(m) = mechanisms(plan, rewrite, budget) else {
+        return f64::INFINITY;
+    };
+    m.noises
+        .iter()
+        .map(|n| n.error_bound(0.05).unwrap_or(f64::INFINITY))
+        .fold(0.0, f64::max)
+}
+
+/// `x` rounded up to three significant digits, as the shortest decimal (so that the ε
+/// charged reads 0.632, not 0.63198…).
+fn ceil_three_digits(x: f64) -> f64 {
+    let digits = 2 - x.log10().floor() as i32;
+    let scale = 10f64.powi(digits);
+    let up = (x * scale).ceil() / scale;
+    let text = format!("{up:.prec$}", prec = digits.max(0) as usize);
+    text.parse::<f64>().ok().filter(|v| *v >= x).unwrap_or(up)
+}
+
+/// The privacy parameters of a query under `pgdp.max_error = target`: `budget` with the
+/// smallest ε in [`limits::EPSILON_PER_QUERY_MIN`, `cap`] (rounded up to three significant
+/// digits) at which the stated 95 % error bound of every measure (EXPLAIN's `measure` lines)
+/// is at most `target`. The bound of a measure falls as ε grows, so bisection finds it.
+///
+/// Refuses quantiles (0A000: their error is in ranks, not in the answer's units), and a
+/// target that even `cap` does not meet (22023 naming `pgdp.max_error`, with the bound `cap`
+/// gives). Policy facts only: the bounds depend on the plan's sensitivities and on ε, never
+/// on the data, so the choice reveals nothing.
+pub fn budget_for_error(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    budget: Budget,
+    target: f64,
+    cap: f64,
+) -> Result<Budget> {
+    if rewrite
+        .measures
+        .iter()
+        .any(|m| matches!(m, crate::dp::rewrite::Measure::Quantile(..)))
+    {
+        return Err(Error::unsupported(
+            "pgdp.max_error for quantiles (MIN, MAX, MEDIAN, PERCENTILE_*)",
+            "SET pgdp.max_error = off and choose pgdp.epsilon for this query; EXPLAIN shows its cost.",
+        ));
+    }
+    let at = |epsilon: f64| Budget { epsilon, ..budget };
+    let worst = |epsilon: f64| worst_error_bound(plan, rewrite, at(epsilon));
+    let at_cap = worst(cap);
+    if at_cap > target {
+        return Err(Error::InvalidParameter {
+            name: "pgdp.max_error".into(),
+            reason: format!(
+                "{target} is below what this query can reach within the per-query cap of epsilon={cap}: its 95% error bound there is {at_cap:.4}"
+            ),
+            hint: format!(
+                "SET pgdp.max_error to at least {}, or ask a coarser question (fewer groups per person, narrower bounds).",
+                ceil_three_digits(at_cap)
+            ),
+        });
+    }
+    let (mut lo, mut hi) = (limits::EPSILON_PER_QUERY_MIN, cap);
+    if worst(lo) <= target {
+        return Ok(at(lo));
+    }
+    // worst(lo) > target ≥ worst(hi): halve the ratio until it is within 10⁻⁹.
+    while hi / lo > 1.0 + 1e-9 {
+        let mid = (lo * hi).sqrt();
+        if worst(mid) <= target {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let rounded = ceil_three_digits(hi).min(cap);
+    Ok(at(if worst(rounded) <= target {
+        rounded
+    } else {
+        hi
+    }))
 }
 
 fn key_cell(text: Option<&str>, ty: ColumnType) -> Cell {
@@ -663,6 +753,37 @@ pub fn evaluate(p: &Post, keys: &[Cell], aggregates: &[Cell]) -> Cell {
     }
 }
 
+/// What the aggregates of a capped query estimate, when the policy's contribution caps can leave
+/// rows out: each privacy unit counts with at most `max_rows_per_unit` rows in each of at most
+/// `max_groups_per_unit` groups, so a COUNT or SUM is the capped total, below the table's where
+/// units have more rows. `None` when the caps cannot bind (one row and one group per unit) or the
+/// query has no COUNT or SUM of rows. Policy facts only: nothing here depends on the data.
+pub fn capped_statistic(plan: &Plan) -> Option<String> {
+    let rows_capped = plan.max_rows_per_unit > 1;
+    let groups_capped = plan.max_groups_per_unit > 1 && !plan.keys.is_empty();
+    let sums_rows = plan.aggregates.iter().any(|a| {
+        matches!(
+            a.kind,
+            AggregateKind::CountRows
+                | AggregateKind::CountValues
+                | AggregateKind::CountDistinct
+                | AggregateKind::Sum
+        )
+    });
+    if !(rows_capped || groups_capped) || !sums_rows {
+        return None;
+    }
+    let groups = if groups_capped {
+        format!(" in each of at most {} group(s)", plan.max_groups_per_unit)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "a capped statistic: each privacy unit counts with at most {} row(s){groups} (the policy's caps) and values are clamped into their bounds, so COUNT and SUM estimate the capped total, which is below the table's where units have more rows",
+        plan.max_rows_per_unit
+    ))
+}
+
 /// EXPLAIN: the plan as lines of text, without touching data or budget.
 pub fn explain(
     plan: &Plan,
@@ -686,6 +807,14 @@ pub fn explain(
             mechanisms.epsilon_per_measure
         ),
     ];
+    if let Some(target) = mechanisms.max_error {
+        lines.push(format!(
+            "epsilon chosen for pgdp.max_error = {target}: the smallest (to three digits) at which every measure's 95% error bound is at most {target}"
+        ));
+    }
+    if let Some(note) = capped_statistic(plan) {
+        lines.push(format!("estimates: {note}"));
+    }
     for (j, m) in rewrite.measures.iter().enumerate() {
         let n = &mechanisms.noises[j];
         let b95 = n
@@ -804,5 +933,26 @@ mod sql_lines_tests {
         );
         let normalise = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
         assert_eq!(normalise(&lines.join(" ")), normalise(sql));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ceil_three_digits;
+
+    #[test]
+    fn epsilon_is_rounded_up_to_three_significant_digits() {
+        for (x, want) in [
+            (0.631_98, 0.632),
+            (0.6, 0.6),
+            (1.000_000_1, 1.01),
+            (0.000_123_41, 0.000_124),
+            (12.34, 12.4),
+            (2.0, 2.0),
+        ] {
+            let got = ceil_three_digits(x);
+            assert_eq!(got, want, "{x}");
+            assert!(got >= x, "{x}: rounded down");
+        }
     }
 }
