@@ -5,6 +5,7 @@
 //! cargo bench --bench utility                # scale 1, ε ∈ {0.1, 1, 10} and Gaussian; writes docs/utility.md
 //! cargo bench --bench utility -- --smoke     # seconds; CI; writes target/utility-smoke/utility.md
 //! cargo bench --bench utility -- --reps 200  # repetitions per query and setting
+//! cargo bench --bench utility -- --budget    # no database: queries that fit in a budget (fit.rs)
 //! ```
 //!
 //! For each query and setting it reports, per aggregate column:
@@ -54,6 +55,7 @@ use tokio_postgres::Client;
 
 #[path = "../common/mod.rs"]
 mod common;
+mod fit;
 
 use common::{
     budget_policy_text, connect, demo_database, fail, fresh, machine, proxy_dsn, scalar,
@@ -278,6 +280,8 @@ fn settings_full() -> Vec<Setting> {
 /// How much work the run does.
 struct Options {
     smoke: bool,
+    /// `--budget`: only the queries that fit in a budget ([`fit`]).
+    budget: bool,
     scale: u32,
     reps: usize,
     out: PathBuf,
@@ -287,6 +291,7 @@ struct Options {
 
 fn parse_args() -> Res<Options> {
     let mut smoke = false;
+    let mut budget = false;
     let mut reps = None;
     let mut scale = None;
     let mut out = None;
@@ -294,6 +299,7 @@ fn parse_args() -> Res<Options> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => smoke = true,
+            "--budget" => budget = true,
             "--reps" => {
                 let v = args.next().ok_or_else(|| fail("--reps needs a number"))?;
                 reps = Some(
@@ -327,6 +333,9 @@ fn parse_args() -> Res<Options> {
     if smoke {
         extra.push("--smoke".to_string());
     }
+    if budget {
+        extra.push("--budget".to_string());
+    }
     if let Some(r) = reps {
         extra.push(format!("--reps {r}"));
     }
@@ -346,6 +355,7 @@ fn parse_args() -> Res<Options> {
     }
     Ok(Options {
         smoke,
+        budget,
         scale,
         reps,
         out: out.unwrap_or_else(|| {
@@ -368,6 +378,20 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if options.budget {
+        let demo = common::DEMO_POLICY;
+        let result = pgdp::policy::parse(demo)
+            .map_err(|e| fail(format!("demo policy: {e:?}")))
+            .and_then(|policy| {
+                fit::run(&policy, GROUP_CHOICE_SECRET, &options.command, &options.out)
+            });
+        if let Err(e) = result {
+            eprintln!("utility bench --budget: {e}");
+            std::process::exit(1);
+        }
+        eprintln!("wrote {}", options.out.display());
+        return;
+    }
     common::run_and_exit("utility bench", bench(options))
 }
 

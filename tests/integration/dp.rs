@@ -195,6 +195,98 @@ async fn partition_selection_hides_single_person_diagnoses() {
     proxy.stop().await;
 }
 
+/// The line of EXPLAIN that starts with `prefix` (without its leading spaces).
+fn explain_line(explain: &[Vec<Option<String>>], prefix: &str) -> String {
+    explain
+        .iter()
+        .filter_map(|r| r[0].as_deref())
+        .map(str::trim_start)
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no EXPLAIN line {prefix:?}: {explain:?}"))
+        .to_string()
+}
+
+/// A grouped count of privacy units decides partition selection with its own released noisy
+/// count (Laplace thresholding): selection takes no share of ε, the count gets all of it, every
+/// released count reaches the threshold, and single-person codes stay hidden (each passes with
+/// probability at most δ/5 = 2·10⁻⁸; about 1,500 such codes: < 10⁻⁴ for the run).
+#[tokio::test]
+async fn a_released_count_of_units_decides_partition_selection() {
+    let proxy = rich_proxy(24).await;
+    let s = proxy.connect().await;
+    let sql =
+        "SELECT diagnosis, COUNT(DISTINCT person_id) AS people FROM demo.visits GROUP BY diagnosis";
+    let explain = s
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .expect("EXPLAIN");
+    let cost = explain_line(&explain, "cost:");
+    assert!(
+        cost.contains("epsilon split over 1 share(s) of 1.000000"),
+        "{cost}"
+    );
+    // Five groups per person, ε = 1 for the count: scale 5 (half of the 10 a separate count
+    // of units would leave it).
+    let measure = explain_line(&explain, "measure count(distinct unit)");
+    assert!(measure.contains("scale 5.000000"), "{measure}");
+    let selection = explain_line(&explain, "partition selection:");
+    assert!(
+        selection.contains("its released count(distinct unit) reaches")
+            && selection.contains("Laplace thresholding of the released count"),
+        "{selection}"
+    );
+    let threshold: i64 = selection
+        .split("reaches ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a threshold");
+    let rows = s.query(sql, &[]).await.expect("DP query");
+    assert!(rows.len() >= 20, "{} groups", rows.len());
+    for r in &rows {
+        let people: i64 = r.get(1);
+        assert!(people >= threshold, "{people} < {threshold}");
+    }
+    let released: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let held_by_one: Vec<String> = upstream_client()
+        .await
+        .query(
+            "SELECT diagnosis FROM demo.visits WHERE diagnosis = ANY($1)
+             GROUP BY diagnosis HAVING count(DISTINCT person_id) < 2",
+            &[&released],
+        )
+        .await
+        .expect("truth")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(held_by_one.is_empty(), "released: {held_by_one:?}");
+
+    // A count of visits (up to 10 per person) is not a count of units: selection keeps a noisy
+    // count of units of its own. COUNT(*) of people (one row each) is one.
+    let visits = s
+        .simple_rows("EXPLAIN SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis")
+        .await
+        .expect("EXPLAIN");
+    assert!(explain_line(&visits, "cost:").contains("split over 2 share(s)"));
+    assert!(explain_line(&visits, "partition selection:").contains("noisy count of units"));
+    let people = s
+        .simple_rows("EXPLAIN SELECT age, COUNT(*) FROM demo.people GROUP BY age")
+        .await
+        .expect("EXPLAIN");
+    assert!(explain_line(&people, "partition selection:").contains("its released count(*)"));
+    // Gaussian noise cannot decide a Laplace threshold: a count of units of its own again.
+    s.batch_execute("SET pgdp.mechanism = 'gaussian'")
+        .await
+        .expect("SET");
+    let gaussian = s
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .expect("EXPLAIN");
+    assert!(explain_line(&gaussian, "partition selection:").contains("noisy count of units"));
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn joined_sum_by_sex_releases_every_public_value() {
     let proxy = rich_proxy(23).await;

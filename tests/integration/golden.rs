@@ -349,8 +349,12 @@ fn describe(c: &Compiled) -> Vec<String> {
         lines.push(format!("key{i} {} ({:?}): {domain}", k.expr, k.ty));
     }
     if let Some(s) = &m.selection {
+        let by = match m.selection_measure {
+            Some(j) => format!("released m{j}"),
+            None => "own count of units".to_string(),
+        };
         lines.push(format!(
-            "partition selection: scale {}, threshold {}, delta {}",
+            "partition selection by {by}: scale {}, threshold {}, delta {}",
             s.scale(),
             s.threshold(),
             s.delta()

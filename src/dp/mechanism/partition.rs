@@ -142,6 +142,25 @@ impl PartitionSelection {
     }
 }
 
+impl PartitionSelection {
+    /// Whether to release a group whose count was released as `noisy` by the measure's own
+    /// discrete Laplace noise (Laplace thresholding of a released count).
+    ///
+    /// # Privacy
+    /// Valid only when the released count is one to which each privacy unit adds at most 1 in
+    /// each of at most `k` groups (so a group that exists only because of one unit has a count
+    /// of at most 1), and its noise is discrete Laplace with exactly this selection's scale:
+    /// then the vector of noisy counts of the groups that exist without the unit is `ε`-DP,
+    /// the kept set and values are post-processing of it, and the at most `k` groups that exist
+    /// only because of the unit are each kept with probability at most `δ'`, as in
+    /// [`PartitionSelection`]. The count and the selection together cost `(ε, δ)`, not
+    /// `(2ε, δ)` (Korolova et al. 2009; Wilson et al. 2020 release such thresholded counts).
+    /// `release::mechanisms` checks both conditions.
+    pub fn keeps_released(&self, noisy: i128) -> bool {
+        noisy >= self.threshold
+    }
+}
+
 /// `1 + m`, `m` the smallest integer `≥ 0` with `q^m/(1+q) ≤ delta_per_group`, `q = e^(−1/b)`.
 ///
 /// For the discrete Laplace `Z` with scale `b`, `P(Z = z) = (1−q)/(1+q)·q^|z|`, so for `m ≥ 0`

@@ -49,10 +49,16 @@ pub struct Mechanisms {
     pub noises: Vec<Noise>,
     /// Partition selection, when some key is not public.
     pub selection: Option<PartitionSelection>,
+    /// The measure whose released noisy count partition selection thresholds, when there is
+    /// one (see [`selection_measure`]); `None` when selection draws a count of units of its own.
+    pub selection_measure: Option<usize>,
     /// What the query costs, charged before it runs.
     pub cost: Cost,
     /// ε share of each measure.
     pub epsilon_per_measure: f64,
+    /// How many equal shares ε is split into: one per measure, and one for partition selection
+    /// when it draws a count of its own.
+    pub shares: usize,
     /// L1 (Laplace) or L2 (Gaussian) sensitivity of each measure.
     pub sensitivities: Vec<f64>,
     /// The privacy parameters these mechanisms spend.
@@ -103,11 +109,32 @@ fn rho_for(epsilon: f64, delta: f64) -> Result<f64> {
     Ok(lo)
 }
 
+/// The measure whose noisy count can decide partition selection itself, so that selection takes
+/// no share of ε: with Laplace noise, a count to which each privacy unit adds at most 1 per
+/// group (`COUNT(DISTINCT <unit>)`, or `COUNT(*)`/`COUNT(col)` when the policy caps rows at one
+/// per unit), whose per-group values then have the sensitivity and the one-unit-group bound
+/// that [`PartitionSelection::keeps_released`] needs. The first such measure.
+pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Option<usize> {
+    if plan.keys_public() || budget.mechanism != Mechanism::Laplace {
+        return None;
+    }
+    rewrite.measures.iter().position(|m| {
+        matches!(
+            m,
+            crate::dp::rewrite::Measure::Units
+                | crate::dp::rewrite::Measure::Rows
+                | crate::dp::rewrite::Measure::Values(_)
+        ) && m.contribution(&rewrite.arguments, plan.max_rows_per_unit) == 1.0
+    })
+}
+
 /// Chooses every mechanism of the query and its cost. Refuses before anything runs.
 pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
     let needs_selection = !plan.keys_public();
     let groups = plan.max_groups_per_unit;
-    let shares = rewrite.measures.len() + usize::from(needs_selection);
+    let selection_measure = selection_measure(plan, rewrite, budget);
+    let shares =
+        rewrite.measures.len() + usize::from(needs_selection && selection_measure.is_none());
     let epsilon_share = budget.epsilon / shares as f64;
     if needs_selection && budget.delta <= 0.0 {
         return Err(Error::forbidden(
@@ -174,10 +201,25 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     } else {
         None
     };
+    // Thresholding a released count is valid only with that count's own noise at exactly the
+    // selection's scale (k/ε share, as a count of sensitivity 1 in k groups gets).
+    if let (Some(j), Some(s)) = (selection_measure, &selection) {
+        let noise = &noises[j];
+        if noise.kind() != crate::dp::mechanism::MechanismKind::Laplace
+            || noise.scale() != s.scale()
+            || noise.grid_exponent().is_some()
+        {
+            return Err(Error::internal(
+                "the selection measure's noise differs from partition selection's",
+            ));
+        }
+    }
     // Charged by component (the accountant composes them, budget::accountant): each Laplace
     // measure is a pure ε-DP part of its ε share; the Gaussian measures together are ρ-zCDP,
     // their ρ recorded as such (the ε at δ above only calibrates their noise); partition
-    // selection is (ε share, δ)-DP. Rounded up, so the charge is never below what was spent.
+    // selection is (ε share, δ)-DP, and with a selection measure that share is the measure's
+    // own (the count and its thresholding together). Rounded up, so the charge is never below
+    // what was spent.
     let selection_delta = match &selection {
         Some(_) => fixed_ceil(budget.delta)?,
         None => Fixed::ZERO,
@@ -200,8 +242,10 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     Ok(Mechanisms {
         noises,
         selection,
+        selection_measure,
         cost,
         epsilon_per_measure: epsilon_share,
+        shares,
         sensitivities,
         budget,
         max_error: None,
@@ -408,15 +452,34 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         groups.insert(keys, (stats, units));
     }
 
-    // Which groups are released.
-    let released_keys: Vec<Vec<Option<String>>> = if k == 0 {
-        vec![Vec::new()]
+    // Which groups are released, with the selection measure's noisy count when it decided.
+    let released_keys: Vec<(Vec<Option<String>>, Option<i128>)> = if k == 0 {
+        vec![(Vec::new(), None)]
     } else if let Some(selection) = &mechanisms.selection {
-        groups
-            .iter()
-            .filter(|(_, (_, units))| selection.keep(rng, *units))
-            .map(|(keys, _)| keys.to_vec())
-            .collect()
+        match mechanisms.selection_measure {
+            // Laplace thresholding of the released count: drawn once per candidate group, and
+            // that same draw is what a kept group releases.
+            Some(j) => {
+                let mut kept = Vec::new();
+                for (keys, (stats, _)) in &groups {
+                    let exact: i128 = stats[j]
+                        .as_deref()
+                        .unwrap_or("0")
+                        .parse()
+                        .map_err(|_| Error::internal("count is not an integer"))?;
+                    let noisy = mechanisms.noises[j].release_integer(rng, exact);
+                    if selection.keeps_released(noisy) {
+                        kept.push((keys.to_vec(), Some(noisy)));
+                    }
+                }
+                kept
+            }
+            None => groups
+                .iter()
+                .filter(|(_, (_, units))| selection.keep(rng, *units))
+                .map(|(keys, _)| (keys.to_vec(), None))
+                .collect(),
+        }
     } else {
         // All public: every combination of the domain, whether present or not.
         let covered: BTreeSet<usize> = public_domains
@@ -427,6 +490,9 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
             return Err(Error::internal("missing public domain"));
         }
         crate::dp::rewrite::domain::combinations(k, public_domains)?
+            .into_iter()
+            .map(|keys| (keys, None))
+            .collect()
     };
 
     let bounds95: Vec<f64> = mechanisms
@@ -436,12 +502,16 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         .collect();
     let absent: Vec<Option<String>> = vec![None; m];
     let mut out_rows = Vec::new();
-    for keys in released_keys {
+    for (keys, selected_count) in released_keys {
         let exact: &[Option<String>] = groups.get(keys.as_slice()).map_or(&absent, |(s, _)| s);
-        // Noise every measure of the group.
+        // Noise every measure of the group (the selection measure was noised when it decided).
         let mut noisy = Vec::with_capacity(m);
         for (j, measure) in rewrite.measures.iter().enumerate() {
             let noise = &mechanisms.noises[j];
+            if let (Some(count), true) = (selected_count, mechanisms.selection_measure == Some(j)) {
+                noisy.push(count as f64);
+                continue;
+            }
             if let crate::dp::rewrite::Measure::Quantile(i, permille) = measure {
                 // Report-noisy-max over the histogram (crate::dp::mechanism::quantile).
                 let histogram =
@@ -803,7 +873,7 @@ pub fn explain(
             "cost: {} (mechanism {}; epsilon split over {} share(s) of {:.6})",
             mechanisms.cost,
             budget.mechanism.name(),
-            rewrite.measures.len() + usize::from(mechanisms.selection.is_some()),
+            mechanisms.shares,
             mechanisms.epsilon_per_measure
         ),
     ];
@@ -829,15 +899,21 @@ pub fn explain(
             n.scale()
         ));
     }
-    match &mechanisms.selection {
-        Some(s) => lines.push(format!(
+    match (&mechanisms.selection, mechanisms.selection_measure) {
+        (Some(s), Some(j)) => lines.push(format!(
+            "  partition selection: keep a group iff its released {} reaches {} (Laplace thresholding of the released count: no epsilon of its own; delta {})",
+            rewrite.measures[j].label(&rewrite.arguments),
+            s.threshold(),
+            s.delta()
+        )),
+        (Some(s), None) => lines.push(format!(
             "  partition selection: keep a group iff its noisy count of units (scale {:.4}) reaches {} (delta {})",
             s.scale(),
             s.threshold(),
             s.delta()
         )),
-        None if !plan.keys.is_empty() => lines.push("  group keys: public domains, every value released (missing ones with noisy zeros)".into()),
-        None => {}
+        (None, _) if !plan.keys.is_empty() => lines.push("  group keys: public domains, every value released (missing ones with noisy zeros)".into()),
+        (None, _) => {}
     }
     if plan.having.is_some() || !plan.order_by.is_empty() || plan.limit.is_some() {
         lines.push("  HAVING / ORDER BY / LIMIT: applied by pgdp to the noisy rows".into());
