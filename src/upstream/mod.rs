@@ -254,9 +254,13 @@ impl Upstream {
             match client.simple_query("SHOW server_version").await {
                 Ok(rows) => {
                     let version = first_value(&rows).unwrap_or_else(|| "15.0".into());
-                    tracing::info!(server_version = %version, "upstream reachable");
+                    // Connections opened at once at start all get here; the first one to
+                    // record the version logs it.
                     if let Ok(mut v) = self.server_version.lock() {
-                        *v = Some(version);
+                        if v.is_none() {
+                            tracing::info!(server_version = %version, "upstream reachable");
+                            *v = Some(version);
+                        }
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the upstream's server_version"),

@@ -71,6 +71,7 @@ async fn explain_shows_the_plan_and_costs_nothing() {
     for sql in [
         "EXPLAIN SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region",
         "EXPLAIN SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
+        "EXPLAIN SELECT pe.sex, AVG(v.cost) FROM demo.visits v JOIN demo.people pe USING (person_id) GROUP BY pe.sex",
     ] {
         let lines: Vec<String> = s
             .query(sql, &[])
@@ -82,6 +83,15 @@ async fn explain_shows_the_plan_and_costs_nothing() {
         assert!(
             lines.iter().any(|l| l.contains("upstream SQL")),
             "{sql}: {lines:?}"
+        );
+        // Above the upstream SQL, the plan speaks the analyst's names, not pgdp's aliases.
+        let plan: Vec<&String> = lines
+            .iter()
+            .take_while(|l| !l.starts_with("upstream SQL"))
+            .collect();
+        assert!(
+            plan.iter().all(|l| !l.contains("__dp_")),
+            "{sql}: {plan:?}"
         );
         assert!(s.take_notices().is_empty(), "{sql}: EXPLAIN charged");
     }

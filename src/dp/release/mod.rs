@@ -854,6 +854,43 @@ pub fn capped_statistic(plan: &Plan) -> Option<String> {
     ))
 }
 
+/// A measure's label in the analyst's terms: the generated table aliases (`"__dp_t0"."age"`)
+/// replaced by the table's name (`people.age`), and quotes dropped from plain lower-case names.
+/// For display only; the upstream SQL keeps its own text.
+fn analyst_text(plan: &Plan, label: &str) -> String {
+    let mut text = label.to_string();
+    for t in &plan.tables {
+        let name = t.table.rsplit('.').next().unwrap_or(&t.table);
+        text = text.replace(&format!("\"{}\".", t.alias), &format!("{name}."));
+    }
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    let mut out = String::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find('"') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        match after.find('"') {
+            Some(end) if plain(&after[..end]) => {
+                out.push_str(&after[..end]);
+                rest = &after[end + 1..];
+            }
+            _ => {
+                out.push('"');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// EXPLAIN: the plan as lines of text, without touching data or budget.
 pub fn explain(
     plan: &Plan,
@@ -893,7 +930,7 @@ pub fn explain(
             .unwrap_or_else(|_| "?".into());
         lines.push(format!(
             "  measure {}: {:?} noise, sensitivity {:.6}, scale {:.6}, 95% error bound ±{b95}",
-            m.label(&rewrite.arguments),
+            analyst_text(plan, &m.label(&rewrite.arguments)),
             n.kind(),
             mechanisms.sensitivities[j],
             n.scale()
@@ -902,7 +939,7 @@ pub fn explain(
     match (&mechanisms.selection, mechanisms.selection_measure) {
         (Some(s), Some(j)) => lines.push(format!(
             "  partition selection: keep a group iff its released {} reaches {} (Laplace thresholding of the released count: no epsilon of its own; delta {})",
-            rewrite.measures[j].label(&rewrite.arguments),
+            analyst_text(plan, &rewrite.measures[j].label(&rewrite.arguments)),
             s.threshold(),
             s.delta()
         )),
