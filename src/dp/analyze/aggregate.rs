@@ -33,6 +33,11 @@ impl<'a> Analyzer<'a> {
         if f.over.is_some() {
             return Err(window_refusal());
         }
+        if let (Some(condition), false) =
+            (&f.filter, matches!(kind, AggregateKind::Quantile { .. }))
+        {
+            return self.aggregate(&filter_as_case(f, condition)?);
+        }
         if let AggregateKind::Quantile { .. } = kind {
             return self.quantile_aggregate(f, &name).map(Some);
         }
@@ -496,4 +501,49 @@ fn argument_type(info: &Info) -> Option<CellType> {
         ColumnType::Float => Some(CellType::Float8),
         _ => None,
     }
+}
+
+/// `agg(x) FILTER (WHERE c)` as `agg(CASE WHEN c THEN x END)`, and `COUNT(*) FILTER (WHERE c)`
+/// as `COUNT(CASE WHEN c THEN 1 END)`, `DISTINCT` kept: the same value in PostgreSQL, since
+/// FILTER only removes rows from the aggregate's input and these aggregates skip NULLs (an
+/// empty input gives 0 for COUNT and NULL for the others either way). The CASE is then analysed
+/// like any other aggregate argument. Not for quantiles (refused by their own path).
+fn filter_as_case(f: &ast::Function, condition: &Expr) -> Result<Expr> {
+    let FunctionArguments::List(list) = &f.args else {
+        return Err(Error::Syntax {
+            message: format!("{} needs an argument", f.name),
+        });
+    };
+    let [arg] = list.args.as_slice() else {
+        return Err(Error::Syntax {
+            message: format!("{} takes exactly one argument", f.name),
+        });
+    };
+    let value = match arg {
+        FunctionArg::Unnamed(FunctionArgExpr::Wildcard) => "1".to_string(),
+        FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.to_string(),
+        _ => return Err(Error::unsupported("named aggregate arguments", "")),
+    };
+    if !list.clauses.is_empty() || !f.within_group.is_empty() || f.over.is_some() {
+        return Err(Error::unsupported(
+            "FILTER with ORDER BY, WITHIN GROUP or OVER",
+            "Use CASE inside the aggregate.",
+        ));
+    }
+    let distinct = match list.duplicate_treatment {
+        Some(ast::DuplicateTreatment::Distinct) => "DISTINCT ",
+        _ => "",
+    };
+    let text = format!(
+        "{}({distinct}CASE WHEN {condition} THEN {value} END)",
+        f.name
+    );
+    let dialect = sqlparser::dialect::PostgreSqlDialect {};
+    sqlparser::parser::Parser::new(&dialect)
+        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
+        .try_with_sql(&text)
+        .and_then(|mut p| p.parse_expr())
+        .map_err(|e| Error::Syntax {
+            message: format!("aggregate FILTER: {e}"),
+        })
 }
