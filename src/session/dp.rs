@@ -300,17 +300,22 @@ fn charge_notice(cost: &crate::budget::Cost, balance: &crate::budget::Balance) -
     )
 }
 
+/// Significant digits of the remaining amounts in NOTICEs, rounded down (never more than is
+/// left).
+const REMAINING_DIGITS: u32 = 6;
+
 /// "remaining epsilon=… of …, delta=… of …", with ρ when `with_rho` or ρ was spent.
 fn remaining_text(balance: &crate::budget::Balance, with_rho: bool) -> String {
+    let left_of = |x: crate::budget::Fixed| x.floor_significant(REMAINING_DIGITS);
     let mut left = format!(
         "remaining epsilon={} of {}, delta={} of {}",
-        balance.remaining.epsilon,
+        left_of(balance.remaining.epsilon),
         balance.limit.epsilon,
-        balance.remaining.delta,
+        left_of(balance.remaining.delta),
         balance.limit.delta
     );
     if with_rho || !balance.spent.rho.is_zero() {
-        left.push_str(&format!(", rho={} (zCDP)", balance.remaining.rho));
+        left.push_str(&format!(", rho={} (zCDP)", left_of(balance.remaining.rho)));
     }
     left
 }
