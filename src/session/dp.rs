@@ -171,13 +171,18 @@ impl Session {
             if let Some(replayed) = Released::replayed(columns, &payload) {
                 let limit = limit_of(&self.analyst.budget)?;
                 let balance = ledger.balance(&analyst, &limit).await?;
-                let notice = Notice {
+                let mut notices = vec![Notice {
                     message: format!(
                         "pgdp: identical query answered again from the replay cache; charged nothing; {}",
                         remaining_text(&balance, false)
                     ),
-                };
-                return Ok(ClientRows::released(replayed, vec![notice]));
+                }];
+                if let Some(note) = release::capped_statistic(&plan) {
+                    notices.push(Notice {
+                        message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
+                    });
+                }
+                return Ok(ClientRows::released(replayed, notices));
             }
         }
 

@@ -493,6 +493,23 @@ async fn every_dp_query_sends_a_charge_notice() {
         });
         assert_eq!(capped, sql.contains("visits"), "{sql}: {notices:?}");
     }
+    // A replayed answer says so too, beside what remains.
+    s.query(
+        "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic",
+        &[],
+    )
+    .await
+    .expect("replay");
+    let notices = s.take_notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("replay cache") && n.contains("remaining epsilon="))
+            && notices
+                .iter()
+                .any(|n| n.starts_with("pgdp: a capped statistic:")),
+        "{notices:?}"
+    );
     let explain = s
         .simple_rows("EXPLAIN SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic")
         .await
