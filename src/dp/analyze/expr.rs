@@ -305,11 +305,16 @@ impl<'a> Analyzer<'a> {
                     D::Boolean | D::Bool => Some(ColumnType::Boolean),
                     _ => None,
                 };
+                // A timestamp (or timestamptz, e.g. from date_trunc) to date cannot fail either:
+                // every timestamp, ±infinity included, has a date. Numbers to narrower integers
+                // are not total even within bounds: numeric NaN and ±Infinity (EXTRACT of an
+                // infinite date) fail to convert.
                 let total = i.constant
                     || target == ColumnType::Text
                     || (i.ty == Some(target) && widest == Some(target))
                     || (i.ty == Some(ColumnType::Integer)
-                        && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)));
+                        && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)))
+                    || (i.ty == Some(ColumnType::Timestamp) && widest == Some(ColumnType::Date));
                 if !total {
                     return Err(Error::forbidden(
                         format!("the cast of {} to {data_type} can fail on some values", i.column.as_deref().unwrap_or("this expression")),

@@ -360,6 +360,7 @@ fn accepted_shapes() {
         On::Demo,
         &[
             ("count rows", "SELECT COUNT(*) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("month as a date", "SELECT CAST(date_trunc('month', visit_date) AS date) AS m, COUNT(*) FROM demo.visits GROUP BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[CAST(pg_catalog.date_trunc('month', visit_date) AS DATE):date:private] aggs=[count(*)] out=[m=k0, count=a0]")),
             ("count filter", "SELECT COUNT(*) FILTER (WHERE cost > 10) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(CASE WHEN cost > 10 THEN 1 END)] out=[count=a0]")),
             ("sum filter", "SELECT clinic, SUM(cost) FILTER (WHERE diagnosis = 'J06') AS j06 FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[sum(CASE WHEN diagnosis = 'J06' THEN cost END)[0,2000]] out=[clinic=k0, j06=a0]")),
             ("count distinct filter", "SELECT COUNT(DISTINCT diagnosis) FILTER (WHERE cost > 10) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(CASE WHEN cost > 10 THEN diagnosis END)] out=[count=a0]")),
@@ -698,6 +699,8 @@ fn refusals_privacy() {
             ("avg of division by column", "SELECT AVG(income / age) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("sum bounds too large", "SELECT SUM(income * income * income) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("cast text to int", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis::int > 3", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("extract to int fails on infinity", "SELECT EXTRACT(YEAR FROM visit_date)::int AS y, COUNT(*) FROM demo.visits GROUP BY 1", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("date to timestamp overflows", "SELECT COUNT(*) FROM demo.visits WHERE visit_date::timestamp > TIMESTAMP '2024-01-01'", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("cast to narrow type", "SELECT COUNT(*) FROM demo.visits WHERE CAST(person_id AS smallint) > 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("numeric overflow by literals", "SELECT COUNT(*) FROM demo.people WHERE income * 1e100000 * 1e100000 > 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("for update", "SELECT COUNT(*) FROM demo.visits FOR UPDATE", Refused(S::INSUFFICIENT_PRIVILEGE)),
