@@ -149,6 +149,22 @@ async fn noise_has_the_stated_scale() {
     proxy.stop().await;
 }
 
+/// The codes among `released` that fewer than two people hold, read from the upstream.
+async fn held_by_one_person(released: &[String]) -> Vec<String> {
+    upstream_client()
+        .await
+        .query(
+            "SELECT diagnosis FROM demo.visits WHERE diagnosis = ANY($1)
+             GROUP BY diagnosis HAVING count(DISTINCT person_id) < 2",
+            &[&released],
+        )
+        .await
+        .expect("truth")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 #[tokio::test]
 async fn partition_selection_hides_single_person_diagnoses() {
     let proxy = rich_proxy(22).await;
@@ -179,18 +195,7 @@ async fn partition_selection_hides_single_person_diagnoses() {
     // Stronger: no released code is held by fewer than two people. A code of one person passes
     // partition selection with probability at most δ = 1e-7 (the session default), and the demo
     // data has about 1,500 such codes.
-    let held_by_one: Vec<String> = upstream_client()
-        .await
-        .query(
-            "SELECT diagnosis FROM demo.visits WHERE diagnosis = ANY($1)
-             GROUP BY diagnosis HAVING count(DISTINCT person_id) < 2",
-            &[&released],
-        )
-        .await
-        .expect("truth")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let held_by_one = held_by_one_person(&released).await;
     assert!(held_by_one.is_empty(), "released: {held_by_one:?}");
     proxy.stop().await;
 }
@@ -248,18 +253,7 @@ async fn a_released_count_of_units_decides_partition_selection() {
         assert!(people >= threshold, "{people} < {threshold}");
     }
     let released: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    let held_by_one: Vec<String> = upstream_client()
-        .await
-        .query(
-            "SELECT diagnosis FROM demo.visits WHERE diagnosis = ANY($1)
-             GROUP BY diagnosis HAVING count(DISTINCT person_id) < 2",
-            &[&released],
-        )
-        .await
-        .expect("truth")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let held_by_one = held_by_one_person(&released).await;
     assert!(held_by_one.is_empty(), "released: {held_by_one:?}");
 
     // A count of visits (up to 10 per person) is not a count of units: selection keeps a noisy
