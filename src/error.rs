@@ -127,6 +127,17 @@ pub enum Error {
     #[error("{what}")]
     Protocol { what: String },
 
+    /// PostgreSQL's own error for the post-processing of released values
+    /// ([`crate::dp::plan::PostProcessing`]), with its SQLSTATE and message. That SQL runs on the
+    /// shadow catalog, which holds no rows, over released values and the query's literals only,
+    /// so its message can carry nothing else.
+    #[error("{message}")]
+    PostProcessing {
+        state: SqlState,
+        message: String,
+        hint: Option<String>,
+    },
+
     /// A bug in pgdp. Logged in full; the client sees this fixed text.
     #[error("internal error in pgdp")]
     Internal { detail: String },
@@ -167,6 +178,7 @@ impl Error {
             Error::UnknownCursor { .. } => SqlState::INVALID_CURSOR_NAME,
             Error::DuplicateCursor { .. } => SqlState::DUPLICATE_CURSOR,
             Error::Protocol { .. } => SqlState::PROTOCOL_VIOLATION,
+            Error::PostProcessing { state, .. } => state.clone(),
             Error::Internal { .. } => SqlState::INTERNAL_ERROR,
         }
     }
@@ -178,6 +190,7 @@ impl Error {
             | Error::Forbidden { hint, .. }
             | Error::UnknownFunction { hint, .. }
             | Error::InvalidParameter { hint, .. } => (!hint.is_empty()).then_some(hint.as_str()),
+            Error::PostProcessing { hint, .. } => hint.as_deref(),
             Error::UnknownTable { .. } => {
                 Some("Only the tables listed in the pgdp policy can be queried.")
             }

@@ -36,8 +36,12 @@ pub const STATEMENT_TIMEOUT_MS: u64 = 60_000;
 /// crafted catalog query can burn (e.g. a large `generate_series`).
 pub const CATALOG_STATEMENT_TIMEOUT_MS: u64 = 1_000;
 
+/// Statement timeout of the post-processing of released values on the shadow catalog (ms):
+/// its input is at most [`GROUPS_RELEASED_MAX`] rows.
+pub const POST_PROCESSING_TIMEOUT_MS: u64 = 5_000;
+
 /// Catalog queries of one analyst that run at once on the shadow catalog (over all of the
-/// analyst's connections); more wait their turn.
+/// analyst's connections); more wait their turn (post-processing shares them).
 pub const CATALOG_QUERIES_PER_ANALYST_MAX: usize = 2;
 
 /// Time a client has to finish startup and authentication.

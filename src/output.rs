@@ -94,6 +94,27 @@ impl CellType {
         }
     }
 
+    /// The type's name in SQL (for a cast).
+    pub fn sql_name(self) -> &'static str {
+        match self {
+            CellType::Int8 => "int8",
+            CellType::Int4 => "int4",
+            CellType::Int2 => "int2",
+            CellType::Numeric => "numeric",
+            CellType::Float8 => "float8",
+            CellType::Float4 => "float4",
+            CellType::Text => "text",
+            CellType::Bool => "bool",
+            CellType::Date => "date",
+            CellType::Timestamp => "timestamp",
+            CellType::Timestamptz => "timestamptz",
+            CellType::Raw(oid::NAME) => "name",
+            CellType::Raw(oid::BPCHAR) => "bpchar",
+            CellType::Raw(oid::VARCHAR) => "varchar",
+            CellType::Raw(_) => "text",
+        }
+    }
+
     /// Whether values of the type are numbers (what an aggregate may be released as).
     pub fn is_number(self) -> bool {
         matches!(
@@ -192,6 +213,22 @@ pub enum Aggregation {
 }
 
 impl Cell {
+    /// A value PostgreSQL printed as text for a column of type `ty` (NULL as `None`).
+    pub fn of_text(ty: CellType, text: Option<String>) -> Cell {
+        let Some(t) = text else { return Cell::Null };
+        match ty {
+            CellType::Int8 | CellType::Int4 | CellType::Int2 => {
+                t.parse().map(Cell::Int).unwrap_or(Cell::Text(t))
+            }
+            CellType::Float8 | CellType::Float4 => match t.parse::<f64>() {
+                Ok(f) if f.is_finite() => Cell::Float(f),
+                _ => Cell::Text(t),
+            },
+            CellType::Bool => Cell::Bool(t == "t"),
+            _ => Cell::Text(t),
+        }
+    }
+
     /// The cell as a value of type `ty`, by post-processing that keeps its meaning: a real
     /// released for an integer type (a noisy sum of integers, a noisy minimum of an integer
     /// column) is rounded to the nearest integer and clamped into the type's range; an integer

@@ -313,6 +313,17 @@ fn check_mechanisms(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &st
                     key.expr
                 );
             }
+            OutputSource::Computed(_) => {
+                let post = plan.post().unwrap_or_else(|| {
+                    panic!("{sql:?}: a computed output without post-processing")
+                });
+                // Post-processing reads the released relation only, never a table of the query.
+                assert!(
+                    !post.sql().contains("\"__dp_t"),
+                    "{sql:?}: post-processing names a table of the query: {}",
+                    post.sql()
+                );
+            }
         }
     }
 }

@@ -212,6 +212,46 @@ pub enum OutputSource {
     Key(usize),
     /// The released value of aggregate `i`.
     Aggregate(usize),
+    /// An expression over released values that PostgreSQL evaluates after the release
+    /// ([`PostProcessing`]): the select item `i` of its SQL.
+    Computed(usize),
+}
+
+/// Name of the relation of released values in [`PostProcessing::sql`]: one row per released
+/// group, with the columns `k0`, `k1`, … (the group keys) and `a0`, `a1`, … (the released
+/// aggregates).
+pub const RELEASED_RELATION: &str = "__dp_released";
+
+/// Post-processing of released values that PostgreSQL itself evaluates, so that its functions,
+/// operators, casts, windows, sort order and result types are PostgreSQL's: `ROUND(AVG(x), 2)`,
+/// `100.0 * COUNT(*) / SUM(COUNT(*)) OVER ()`, CASE over aggregates, HAVING / ORDER BY / LIMIT
+/// on them, an outer query over an aggregate subquery.
+///
+/// Invariants (checked by [`crate::dp::analyze`]): [`PostProcessing::sql`] reads no table; its
+/// only relation is [`RELEASED_RELATION`] (released keys and noisy aggregates), its only other
+/// inputs are the query's literals, and it calls only pure built-in functions from an
+/// allow-list. It runs on the shadow catalog (no rows) after the release, so it is
+/// post-processing: it costs no budget and reveals nothing beyond the released values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PostProcessing {
+    /// The SQL over [`RELEASED_RELATION`], one select item per output column.
+    pub(in crate::dp) sql: String,
+    /// The analyst's statement with the group keys and the aggregates as its select list (and
+    /// no HAVING, ORDER BY or LIMIT): described on the shadow catalog, it gives the PostgreSQL
+    /// types of the released relation's columns.
+    pub(in crate::dp) measures: String,
+}
+
+impl PostProcessing {
+    /// The SQL over [`RELEASED_RELATION`].
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// The statement whose description types the released relation.
+    pub fn measures_statement(&self) -> &str {
+        &self.measures
+    }
 }
 
 /// A post-processing predicate or sort expression over released values.
@@ -327,6 +367,10 @@ pub struct Plan {
     pub(in crate::dp) limit: Option<u64>,
     /// OFFSET, applied to released rows.
     pub(in crate::dp) offset: u64,
+    /// Post-processing evaluated by PostgreSQL after the release; when present, the release
+    /// yields the relation [`RELEASED_RELATION`] and `having`, `order_by`, `limit` and `offset`
+    /// above are empty (the SQL holds them).
+    pub(in crate::dp) post: Option<PostProcessing>,
     /// Parameters used in WHERE.
     pub(in crate::dp) parameters: Vec<Parameter>,
     /// Every row of `__dp_rows` has a unit of its own: one policy table, no join, and a unit that
@@ -394,6 +438,11 @@ impl Plan {
     /// OFFSET, applied by pgdp to released rows.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// Post-processing that PostgreSQL evaluates after the release, if any.
+    pub fn post(&self) -> Option<&PostProcessing> {
+        self.post.as_ref()
     }
 
     /// Parameters used in WHERE.

@@ -95,27 +95,74 @@ impl Session {
         query: &ast::Query,
     ) -> Result<Vec<OutColumn>> {
         let plan = analyze::analyze(query, &self.context(shared))?;
-        Ok(self.result_columns(shared, query, &plan).await)
+        Ok(self.answer_shape(shared, query, &plan).await?.columns)
     }
 
     /// The columns of a DP query's answer, with the types PostgreSQL gives the same SQL where
     /// the shadow catalog can describe it (`release::described_columns`), else pgdp's own.
-    async fn result_columns(
+    /// For a plan with post-processing, the shadow catalog must type it (it evaluates it too),
+    /// and PostgreSQL's refusal of that SQL is the answer's, before anything is charged.
+    async fn answer_shape(
         &self,
         shared: &Shared,
         query: &ast::Query,
         plan: &Plan,
-    ) -> Vec<OutColumn> {
-        let described = match &shared.shadow {
-            Some(shadow) => shadow
-                .result_types(&query.to_string(), &self.context(shared).search_path)
-                .await
-                .unwrap_or_default(),
-            None => Vec::new(),
+    ) -> Result<AnswerShape> {
+        let search_path = self.context(shared).search_path;
+        let Some(post) = plan.post() else {
+            let described = match &shared.shadow {
+                Some(shadow) => shadow
+                    .result_types(&query.to_string(), &search_path)
+                    .await
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
+            let described: Vec<Option<CellType>> =
+                described.into_iter().map(CellType::released).collect();
+            return Ok(AnswerShape {
+                columns: release::described_columns(plan, self.settings.accuracy, &described),
+                inputs: None,
+            });
         };
-        let described: Vec<Option<CellType>> =
-            described.into_iter().map(CellType::released).collect();
-        release::described_columns(plan, self.settings.accuracy, &described)
+        let shadow = shared.shadow.as_ref().ok_or_else(|| {
+            Error::unsupported(
+                "expressions over aggregates on this server",
+                "pgdp evaluates them with PostgreSQL on its shadow catalog, which this server does not have; select the aggregates themselves.",
+            )
+        })?;
+        // The released relation's types: as PostgreSQL types the keys and aggregates of the
+        // analyst's statement, else pgdp's own.
+        let own = release::columns(plan, false);
+        let described = shadow
+            .result_types(post.measures_statement(), &search_path)
+            .await
+            .filter(|d| d.len() == own.len())
+            .unwrap_or_default();
+        let inputs: Vec<CellType> = own
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                described
+                    .get(i)
+                    .and_then(|oid| CellType::released(*oid))
+                    .unwrap_or(c.ty)
+            })
+            .collect();
+        let typing = release::post::post_sql(post, &own, &inputs, &[]);
+        let mut columns = Vec::new();
+        for (name, oid, type_name) in shadow.post_columns(&typing).await? {
+            let ty = CellType::released(oid).ok_or_else(|| {
+                Error::unsupported(
+                    format!("the column {name} of type {type_name}"),
+                    "pgdp sends numbers, text, booleans, dates and timestamps; cast the expression to one of them.",
+                )
+            })?;
+            columns.push(OutColumn::new(name, ty));
+        }
+        Ok(AnswerShape {
+            columns,
+            inputs: Some(inputs),
+        })
     }
 
     /// Runs a DP query: replay, public domains, charge, upstream, release.
@@ -167,7 +214,7 @@ impl Session {
             .replay_get(&analyst, &key, shared.policy.replay_lifetime)
             .await?
         {
-            let columns = self.result_columns(shared, query, &plan).await;
+            let columns = self.answer_shape(shared, query, &plan).await?.columns;
             if let Some(replayed) = Released::replayed(columns, &payload) {
                 let limit = limit_of(&self.analyst.budget)?;
                 let balance = ledger.balance(&analyst, &limit).await?;
@@ -187,7 +234,7 @@ impl Session {
         }
 
         // The answer's column types, described on the shadow catalog before anything is charged.
-        let columns = self.result_columns(shared, query, &plan).await;
+        let shape = self.answer_shape(shared, query, &plan).await?;
 
         // 2. Public domains read from public tables (no private data, no charge).
         let mut domains = release::PublicDomains::new();
@@ -244,8 +291,41 @@ impl Session {
             &domains,
             self.settings.accuracy,
             &mut self.rng,
-        )?
-        .retyped(columns);
+        )?;
+        // 6. Post-processing by PostgreSQL over the released rows, on the shadow catalog.
+        let released = match (&shape.inputs, &shared.shadow) {
+            (Some(inputs), Some(shadow)) => {
+                let who = analyst.clone();
+                let evaluated = released
+                    .post_processed(&plan, inputs, shape.columns, |sql| async move {
+                        shadow.evaluate(&who, &sql).await
+                    })
+                    .await;
+                match evaluated {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ledger
+                            .set_outcome(charge_id, "post-processing failed")
+                            .await;
+                        return Err(match e {
+                            Error::PostProcessing {
+                                state,
+                                message,
+                                hint,
+                            } => Error::PostProcessing {
+                                state,
+                                hint,
+                                message: format!(
+                                    "{message} (in the post-processing of released values; the charge for them stands)"
+                                ),
+                            },
+                            other => other,
+                        });
+                    }
+                }
+            }
+            _ => released.retyped(shape.columns),
+        };
         let _ = ledger
             .record_release(charge_id, &analyst, &key, &released.replay_payload())
             .await;
@@ -284,6 +364,13 @@ impl Session {
             .collect();
         Ok(ClientRows::computed(explain_columns(), lines))
     }
+}
+
+/// The answer's columns, and for a plan with post-processing the PostgreSQL types of the
+/// released relation it reads.
+struct AnswerShape {
+    columns: Vec<OutColumn>,
+    inputs: Option<Vec<CellType>>,
 }
 
 /// The one column of EXPLAIN.

@@ -179,15 +179,22 @@ impl Shadow {
         described
     }
 
-    /// Runs a checked catalog query of `analyst` on the shadow database, at most
-    /// [`limits::CATALOG_QUERIES_PER_ANALYST_MAX`] of the analyst's at once (others wait).
-    /// `search_path` is the session's, already validated against the policy's schemas.
-    pub async fn run(
-        &self,
-        analyst: &str,
-        sql: &CatalogSql,
-        search_path: &[String],
-    ) -> Result<CatalogRows> {
+    /// The answer's columns (names and types) of post-processing SQL
+    /// ([`crate::dp::release::post::post_sql`]), prepared and never run; PostgreSQL's error if
+    /// it does not prepare (an unknown function, a type mismatch …). Nothing is charged yet when
+    /// this is called.
+    pub async fn post_columns(&self, sql: &str) -> Result<Vec<(String, u32, String)>> {
+        self.built().await?.post_columns(sql).await
+    }
+
+    /// Evaluates post-processing SQL over released values for `analyst` (sharing the
+    /// analyst's permits of catalog queries) and returns its text rows, or PostgreSQL's error.
+    pub async fn evaluate(&self, analyst: &str, sql: &str) -> Result<TextRows> {
+        let _permit = self.permit(analyst).await?;
+        self.built().await?.evaluate(sql).await
+    }
+
+    async fn permit(&self, analyst: &str) -> Result<tokio::sync::OwnedSemaphorePermit> {
         let permits = {
             let mut running = self
                 .running
@@ -202,10 +209,22 @@ impl Shadow {
                 })
                 .clone()
         };
-        let _permit = permits
+        permits
             .acquire_owned()
             .await
-            .map_err(|_| Error::internal("catalog permits closed"))?;
+            .map_err(|_| Error::internal("catalog permits closed"))
+    }
+
+    /// Runs a checked catalog query of `analyst` on the shadow database, at most
+    /// [`limits::CATALOG_QUERIES_PER_ANALYST_MAX`] of the analyst's at once (others wait).
+    /// `search_path` is the session's, already validated against the policy's schemas.
+    pub async fn run(
+        &self,
+        analyst: &str,
+        sql: &CatalogSql,
+        search_path: &[String],
+    ) -> Result<CatalogRows> {
+        let _permit = self.permit(analyst).await?;
         let (columns, rows) = self.built().await?.run(sql.as_str(), search_path).await?;
         Ok(CatalogRows { columns, rows })
     }
@@ -428,6 +447,69 @@ impl Built {
                     "this catalog query",
                     "pgdp's shadow catalog could not answer it.",
                 ))
+            }
+        }
+    }
+}
+
+/// PostgreSQL's error for post-processing SQL: its SQLSTATE and message (the shadow holds no
+/// rows, and the SQL reads only released values and literals).
+fn post_error(e: tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        // Function names are qualified with pg_catalog in that SQL; the analyst wrote them bare.
+        Some(db) => Error::PostProcessing {
+            state: db.code().clone(),
+            message: db.message().replace("pg_catalog.", ""),
+            hint: db.hint().map(str::to_string),
+        },
+        None => {
+            tracing::warn!(error = %e, "post-processing on the shadow catalog");
+            Error::UpstreamUnavailable
+        }
+    }
+}
+
+/// The transaction post-processing runs in: read-only, with the short timeout of catalog
+/// queries, and only `pg_catalog` on the search path.
+fn post_setup() -> String {
+    format!(
+        "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = pg_catalog",
+        limits::POST_PROCESSING_TIMEOUT_MS
+    )
+}
+
+impl Built {
+    /// [`Shadow::post_columns`] on this shadow database.
+    async fn post_columns(&self, sql: &str) -> Result<Vec<(String, u32, String)>> {
+        let mut conn = self.backend.get().await?;
+        let prepared = match conn.client().batch_execute(&post_setup()).await {
+            Ok(()) => conn.client().prepare(sql).await,
+            Err(e) => Err(e),
+        };
+        settle(&mut conn).await;
+        let statement = prepared.map_err(post_error)?;
+        Ok(statement
+            .columns()
+            .iter()
+            .map(|c| {
+                (
+                    c.name().to_string(),
+                    c.type_().oid(),
+                    c.type_().name().to_string(),
+                )
+            })
+            .collect())
+    }
+
+    /// [`Shadow::evaluate`] on this shadow database.
+    async fn evaluate(&self, sql: &str) -> Result<TextRows> {
+        let mut conn = self.backend.get().await?;
+        let batch = format!("{}; {sql}; COMMIT", post_setup());
+        match conn.client().simple_query(&batch).await {
+            Ok(messages) => collect_rows(&messages),
+            Err(e) => {
+                settle(&mut conn).await;
+                Err(post_error(e))
             }
         }
     }

@@ -618,3 +618,118 @@ async fn division_and_conditional_expressions_are_answered() {
     assert!(failed.is_empty(), "{failed:?}");
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn expressions_over_aggregates_are_post_processed_by_postgresql() {
+    use tokio_postgres::error::SqlState;
+    let proxy = rich_proxy(27).await;
+    let s = proxy.connect().await;
+    let truth = true_region_counts().await;
+    let total: i64 = truth.values().sum();
+    set_epsilon(&s, 2.0).await;
+    let before = s.budget().await.epsilon_spent;
+
+    // ROUND, a share of the released total (a window over the released rows), ORDER BY on it.
+    let sql = "SELECT region, ROUND(AVG(income), 2) AS avg_income, 100.0 * COUNT(*) / SUM(COUNT(*)) OVER () AS share \
+               FROM demo.people GROUP BY region ORDER BY share DESC";
+    let rows = s.simple_rows(sql).await.expect("post-processed query");
+    assert_eq!(rows.len(), REGIONS.len(), "{rows:?}");
+    let after = s.budget().await.epsilon_spent;
+    assert!(
+        (after - before - 2.0).abs() < 1e-9,
+        "one charge of the query's epsilon, nothing for post-processing: {before} -> {after}"
+    );
+    let mut shares = Vec::new();
+    for row in &rows {
+        let region = row[0].clone().expect("region");
+        let avg = row[1].clone().expect("avg_income");
+        let decimals = avg.split('.').nth(1).map_or(0, str::len);
+        assert_eq!(decimals, 2, "ROUND(…, 2) prints two decimals: {avg}");
+        let share: f64 = row[2].as_deref().expect("share").parse().expect("share");
+        // Two measures at ε = 2 (count, and the centred sum of AVG): b = 1 per count, so the
+        // count is within 20; the share within 20·100/total plus the total's own noise.
+        let true_share = 100.0 * truth[&region] as f64 / total as f64;
+        assert!(
+            (share - true_share).abs() < 0.5,
+            "{region}: share {share} vs {true_share}"
+        );
+        shares.push(share);
+    }
+    let sum: f64 = shares.iter().sum();
+    assert!((sum - 100.0).abs() < 1e-6, "shares add up to 100: {sum}");
+    assert!(shares.windows(2).all(|w| w[0] >= w[1]), "{shares:?}");
+
+    // The same query again is the same answer, free.
+    assert_eq!(s.simple_rows(sql).await.expect("replayed"), rows);
+    assert!((s.budget().await.epsilon_spent - after).abs() < 1e-9);
+
+    // What PostgreSQL refuses for the same SQL is refused before anything is charged, with
+    // PostgreSQL's SQLSTATE.
+    let refused = crate::support::assert_code(
+        s.simple_rows("SELECT ROUND(COUNT(*)::float8, 2) FROM demo.people")
+            .await,
+        &SqlState::UNDEFINED_FUNCTION,
+        "round(double precision, integer)",
+    );
+    let message = refused.as_db_error().map(|e| e.message().to_string());
+    assert_eq!(
+        message.as_deref(),
+        Some("function round(double precision, integer) does not exist"),
+        "PostgreSQL's own message, with the name the analyst wrote"
+    );
+    assert!((s.budget().await.epsilon_spent - after).abs() < 1e-9);
+    // A column of a private table outside an aggregate is still a per-row value.
+    crate::support::assert_code(
+        s.simple_rows("SELECT COUNT(*) + age FROM demo.people")
+            .await,
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "a private column beside an aggregate",
+    );
+
+    // Metabase's wrapper around every native question: the inner query is the DP query.
+    set_epsilon(&s, 1.9).await;
+    let wrapped = s
+        .simple_rows(
+            "SELECT \"source\".* FROM (SELECT region, COUNT(*) AS \"count\" FROM demo.people GROUP BY region ORDER BY region) AS \"source\" LIMIT 2000",
+        )
+        .await
+        .expect("Metabase wrapper");
+    let regions: Vec<String> = wrapped
+        .iter()
+        .map(|r| r[0].clone().expect("region"))
+        .collect();
+    let mut sorted = regions.clone();
+    sorted.sort();
+    assert_eq!(regions, sorted);
+    assert_eq!(regions.len(), REGIONS.len());
+    for row in &wrapped {
+        let region = row[0].as_deref().expect("region");
+        let count: i64 = row[1].as_deref().expect("count").parse().expect("count");
+        assert!(
+            (count - truth[region]).abs() as f64 <= tolerance(1.0),
+            "{region}: {count} vs {}",
+            truth[region]
+        );
+    }
+
+    // An outer query filtering the released rows.
+    set_epsilon(&s, 1.8).await;
+    let threshold = 13_000;
+    let expected: BTreeSet<String> = truth
+        .iter()
+        .filter(|(_, c)| **c > threshold)
+        .map(|(r, _)| r.clone())
+        .collect();
+    let filtered: BTreeSet<String> = s
+        .simple_rows(&format!(
+            "SELECT s.region FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s WHERE s.n > {threshold}"
+        ))
+        .await
+        .expect("outer WHERE")
+        .into_iter()
+        .map(|r| r[0].clone().expect("region"))
+        .collect();
+    assert_eq!(filtered, expected);
+    s.assert_alive("post-processing").await;
+    proxy.stop().await;
+}

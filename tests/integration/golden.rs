@@ -337,9 +337,13 @@ fn describe(c: &Compiled) -> Vec<String> {
         .map(|o| match o.source {
             analyze::OutputSource::Key(i) => format!("{}=key{i}", o.name),
             analyze::OutputSource::Aggregate(i) => format!("{}=agg{i}", o.name),
+            analyze::OutputSource::Computed(i) => format!("{}=post{i}", o.name),
         })
         .collect();
     lines.push(format!("outputs: {}", outputs.join(", ")));
+    if let Some(post) = plan.post() {
+        lines.push(format!("post-processing by PostgreSQL: {}", post.sql()));
+    }
     for (i, k) in plan.keys().iter().enumerate() {
         let domain = match &k.public {
             PublicKeys::No => "selected".to_string(),

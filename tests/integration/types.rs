@@ -22,6 +22,14 @@ const QUERIES: &[&str] = &[
     "SELECT EXTRACT(YEAR FROM visit_date) AS year, SUM(cost) FROM demo.visits GROUP BY 1",
     "SELECT drug, SUM(quantity), AVG(quantity) FROM demo.prescriptions GROUP BY drug",
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) FROM demo.people",
+    // Post-processing of released values, typed and evaluated by PostgreSQL.
+    "SELECT region, ROUND(AVG(income), 2) AS avg_income FROM demo.people GROUP BY region ORDER BY avg_income DESC",
+    "SELECT COUNT(*) * 100.0 / 100000 AS pct, COUNT(*)::int AS n, SUM(age) / COUNT(*) AS mean_age FROM demo.people",
+    "SELECT region, 100.0 * COUNT(*) / SUM(COUNT(*)) OVER () AS share, RANK() OVER (ORDER BY COUNT(*) DESC) FROM demo.people GROUP BY region",
+    "SELECT SUM(cost) / COUNT(DISTINCT person_id) AS cost_per_person FROM demo.visits",
+    "SELECT sex, CASE WHEN AVG(age) > 40 THEN 'older' ELSE 'younger' END AS band, to_char(COUNT(*), 'FM999999') AS n FROM demo.people GROUP BY sex",
+    "SELECT to_char(date_trunc('month', visit_date), 'YYYY-MM') AS month, COUNT(*) FROM demo.visits GROUP BY date_trunc('month', visit_date) ORDER BY 1",
+    "SELECT \"source\".* FROM (SELECT region, COUNT(*) AS \"count\", AVG(age) FROM demo.people GROUP BY region ORDER BY region) AS \"source\" LIMIT 2000",
 ];
 
 /// A value's bytes as sent, whatever its type.

@@ -384,9 +384,10 @@ impl<'a> Analyzer<'a> {
             outputs
                 .iter()
                 .find(|o| o.name.eq_ignore_ascii_case(name))
-                .map(|o| match o.source {
-                    OutputSource::Key(i) => Post::Key(i),
-                    OutputSource::Aggregate(i) => Post::Aggregate(i),
+                .and_then(|o| match o.source {
+                    OutputSource::Key(i) => Some(Post::Key(i)),
+                    OutputSource::Aggregate(i) => Some(Post::Aggregate(i)),
+                    OutputSource::Computed(_) => None,
                 })
         };
         match e {
@@ -402,10 +403,13 @@ impl<'a> Analyzer<'a> {
                             .ok_or_else(|| Error::Syntax {
                                 message: format!("ORDER BY position {i} is not in select list"),
                             })?;
-                        return Ok(match o.source {
-                            OutputSource::Key(k) => Post::Key(k),
-                            OutputSource::Aggregate(a) => Post::Aggregate(a),
-                        });
+                        return match o.source {
+                            OutputSource::Key(k) => Ok(Post::Key(k)),
+                            OutputSource::Aggregate(a) => Ok(Post::Aggregate(a)),
+                            OutputSource::Computed(_) => {
+                                Err(Error::internal("a computed output in pgdp's evaluator"))
+                            }
+                        };
                     }
                     Ok(Post::Number(n.parse().map_err(|_| Error::Syntax {
                         message: format!("invalid number {n}"),

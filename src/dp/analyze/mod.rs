@@ -26,6 +26,7 @@ mod aggregate;
 mod expr;
 mod from;
 mod functions;
+mod post;
 mod scope;
 
 use std::borrow::Cow;
@@ -54,6 +55,16 @@ pub use functions::is_total_function;
 /// Analyses a query. Refusals carry a SQLSTATE and a hint.
 pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     reject_reserved(query)?;
+    if let Some(plan) = post::outer_query(query, ctx) {
+        return plan;
+    }
+    analyze_with(query, ctx, false)
+}
+
+/// [`analyze`] of a query that is no outer query over an aggregate subquery; with
+/// `post_processed`, its select list, HAVING, ORDER BY and LIMIT always become
+/// [`PostProcessing`] (the outer query then wraps that SQL).
+fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Result<Plan> {
     let ctes = common_table_expressions(query)?;
     if !query.locks.is_empty() {
         return Err(Error::forbidden(
@@ -157,6 +168,8 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         });
     }
     let mut keys: Vec<GroupKey> = Vec::new();
+    // The analyst's expression of each key (for the statement that types released values).
+    let mut key_originals: Vec<Expr> = Vec::new();
     for g in &group_exprs {
         let mut e = resolve_group_reference(g, &select.projection)?;
         let info = a.expr(&mut e, Role::Key)?;
@@ -170,6 +183,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         if keys.iter().any(|k| k.expr == text) {
             continue;
         }
+        key_originals.push(resolve_group_reference(g, &select.projection)?);
         keys.push(GroupKey {
             expr: text,
             ty: info.ty.unwrap_or(ColumnType::Text),
@@ -181,97 +195,44 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         });
     }
 
-    // Select list.
-    let mut aggregates: Vec<Aggregate> = Vec::new();
-    let mut outputs = Vec::new();
-    for item in &select.projection {
-        let (expr, alias) = match item {
-            SelectItem::UnnamedExpr(e) => (e, None),
-            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
-            SelectItem::ExprWithAliases { .. } => {
-                return Err(Error::unsupported(
-                    "multiple aliases for one select item",
-                    "",
-                ))
+    // Select list, HAVING, ORDER BY: evaluated by pgdp when they are bare aggregates and keys,
+    // by PostgreSQL over the released values (post::PostProcessing) otherwise.
+    let (limit, offset) = limit_offset(query)?;
+    let staged = post_processed
+        || select.projection.iter().any(|item| match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                post::needs_post_processing(e)
             }
-            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
-                return Err(Error::forbidden(
-                    "SELECT * is not allowed on private tables",
-                    "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
-                ))
-            }
-        };
-        let source = match a.aggregate(expr)? {
-            Some(agg) => {
-                let idx = push_aggregate(&mut aggregates, agg);
-                OutputSource::Aggregate(idx)
-            }
-            None => {
-                let mut e = expr.clone();
-                a.expr(&mut e, Role::Key)?;
-                let text = e.to_string();
-                match keys.iter().position(|k| k.expr == text) {
-                    Some(i) => OutputSource::Key(i),
-                    None => {
-                        return Err(Error::forbidden(
-                            format!("{expr} must appear in GROUP BY or be used in an aggregate"),
-                            "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV) and GROUP BY keys.",
-                        ))
-                    }
+            _ => false,
+        });
+    let shaped = if staged {
+        Shaped::Staged(a.post_processing(query, select, &keys, &key_originals, limit, offset)?)
+    } else {
+        match a.plain_outputs(query, select, &keys) {
+            Ok(p) => Shaped::Plain(p),
+            // What pgdp's own evaluator cannot do, PostgreSQL may, over the released values.
+            Err(refusal) => {
+                match a.post_processing(query, select, &keys, &key_originals, limit, offset) {
+                    Ok(s) => Shaped::Staged(s),
+                    Err(_) => return Err(refusal),
                 }
             }
-        };
-        let name = alias.unwrap_or_else(|| default_name(expr));
-        if name.starts_with(RESERVED_PREFIX) {
-            return Err(reserved_refusal());
         }
-        outputs.push(Output { name, source });
-    }
-    if aggregates.is_empty() {
-        return Err(Error::forbidden(
-            "a query on private tables must compute at least one aggregate",
-            "Add COUNT(*) (or another aggregate) to the select list; group keys alone are released only with a noisy count.",
-        ));
-    }
-
-    // HAVING and ORDER BY are post-processing on released values.
-    let having = match &select.having {
-        Some(h) => Some(a.post(h, &keys, &mut aggregates, &outputs, false)?),
-        None => None,
     };
-    let mut order_by = Vec::new();
-    if let Some(ob) = &query.order_by {
-        let exprs = match &ob.kind {
-            ast::OrderByKind::Expressions(e) => e,
-            ast::OrderByKind::All(_) => return Err(Error::unsupported("ORDER BY ALL", "")),
-        };
-        for o in exprs {
-            if o.with_fill.is_some() {
-                return Err(Error::unsupported("WITH FILL", ""));
-            }
-            let value = a.post(&o.expr, &keys, &mut aggregates, &outputs, true)?;
-            let ascending = match &o.options.sort {
-                None | Some(ast::OrderBySort::Asc) => true,
-                Some(ast::OrderBySort::Desc) => false,
-                Some(ast::OrderBySort::Using(_)) => {
-                    return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."))
-                }
-            };
-            let nulls_first = o.options.nulls_first.unwrap_or(!ascending);
-            order_by.push(SortKey {
-                value,
-                ascending,
-                nulls_first,
-            });
+    let (aggregates, outputs, having, order_by, limit, offset, post) = match shaped {
+        Shaped::Plain((aggregates, outputs, having, order_by)) => {
+            (aggregates, outputs, having, order_by, limit, offset, None)
         }
-    }
+        Shaped::Staged((aggregates, outputs, post)) => {
+            (aggregates, outputs, None, Vec::new(), None, 0, Some(post))
+        }
+    };
     if aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
         return Err(Error::LimitExceeded {
             what: "the number of aggregates".into(),
             limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
         });
     }
-    let (limit, offset) = limit_offset(query)?;
 
     // Contribution bounds: the loosest of the private tables joined (all share the unit).
     let policy_tables: Vec<&Table> = a
@@ -319,6 +280,7 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         order_by,
         limit,
         offset,
+        post,
         parameters,
         unit_unique: false,
         unique_keys: a.unique_keys,
@@ -634,6 +596,111 @@ impl Analyzer<'_> {
 /// The canonical expression `"alias"."column"` ([`ColumnRef`]).
 fn canonical(alias: &str, column: &str) -> Expr {
     ColumnRef::new(alias, column).expr()
+}
+
+impl Analyzer<'_> {
+    /// The select list, HAVING and ORDER BY when every select item is a bare aggregate or a
+    /// group key and pgdp's own evaluator applies HAVING and ORDER BY to the released rows.
+    fn plain_outputs(
+        &mut self,
+        query: &ast::Query,
+        select: &ast::Select,
+        keys: &[GroupKey],
+    ) -> Result<PlainOutputs> {
+        let mut aggregates: Vec<Aggregate> = Vec::new();
+        let mut outputs = Vec::new();
+        for item in &select.projection {
+            let (expr, alias) = match item {
+                SelectItem::UnnamedExpr(e) => (e, None),
+                SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+                SelectItem::ExprWithAliases { .. } => {
+                    return Err(Error::unsupported(
+                        "multiple aliases for one select item",
+                        "",
+                    ))
+                }
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
+                    return Err(Error::forbidden(
+                        "SELECT * is not allowed on private tables",
+                        "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
+                    ))
+                }
+            };
+            let source = match self.aggregate(expr)? {
+                Some(agg) => {
+                    let idx = push_aggregate(&mut aggregates, agg);
+                    OutputSource::Aggregate(idx)
+                }
+                None => {
+                    let mut e = expr.clone();
+                    self.expr(&mut e, Role::Key)?;
+                    let text = e.to_string();
+                    match keys.iter().position(|k| k.expr == text) {
+                        Some(i) => OutputSource::Key(i),
+                        None => {
+                            return Err(Error::forbidden(
+                                format!("{expr} must appear in GROUP BY or be used in an aggregate"),
+                                "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV) and GROUP BY keys.",
+                            ))
+                        }
+                    }
+                }
+            };
+            let name = alias.unwrap_or_else(|| default_name(expr));
+            if name.starts_with(RESERVED_PREFIX) {
+                return Err(reserved_refusal());
+            }
+            outputs.push(Output { name, source });
+        }
+        if aggregates.is_empty() {
+            return Err(Error::forbidden(
+                "a query on private tables must compute at least one aggregate",
+                "Add COUNT(*) (or another aggregate) to the select list; group keys alone are released only with a noisy count.",
+            ));
+        }
+
+        // HAVING and ORDER BY are post-processing on released values.
+        let having = match &select.having {
+            Some(h) => Some(self.post(h, keys, &mut aggregates, &outputs, false)?),
+            None => None,
+        };
+        let mut order_by = Vec::new();
+        if let Some(ob) = &query.order_by {
+            let exprs = match &ob.kind {
+                ast::OrderByKind::Expressions(e) => e,
+                ast::OrderByKind::All(_) => return Err(Error::unsupported("ORDER BY ALL", "")),
+            };
+            for o in exprs {
+                if o.with_fill.is_some() {
+                    return Err(Error::unsupported("WITH FILL", ""));
+                }
+                let value = self.post(&o.expr, keys, &mut aggregates, &outputs, true)?;
+                let ascending = match &o.options.sort {
+                    None | Some(ast::OrderBySort::Asc) => true,
+                    Some(ast::OrderBySort::Desc) => false,
+                    Some(ast::OrderBySort::Using(_)) => {
+                        return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."))
+                    }
+                };
+                let nulls_first = o.options.nulls_first.unwrap_or(!ascending);
+                order_by.push(SortKey {
+                    value,
+                    ascending,
+                    nulls_first,
+                });
+            }
+        }
+        Ok((aggregates, outputs, having, order_by))
+    }
+}
+
+/// Aggregates, outputs, HAVING and ORDER BY of a plan without [`PostProcessing`].
+type PlainOutputs = (Vec<Aggregate>, Vec<Output>, Option<Post>, Vec<SortKey>);
+
+/// The select list, HAVING and ORDER BY as pgdp evaluates them, or as PostgreSQL does.
+enum Shaped {
+    Plain(PlainOutputs),
+    Staged(post::Staged),
 }
 
 #[cfg(test)]

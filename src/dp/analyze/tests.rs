@@ -266,6 +266,7 @@ fn summary(plan: &Plan) -> String {
         .map(|o| match o.source {
             OutputSource::Key(i) => format!("{}=k{i}", o.name),
             OutputSource::Aggregate(i) => format!("{}=a{i}", o.name),
+            OutputSource::Computed(i) => format!("{}=c{i}", o.name),
         })
         .collect();
     s += &format!(" out=[{}]", outs.join(", "));
@@ -300,6 +301,9 @@ fn summary(plan: &Plan) -> String {
             })
             .collect();
         s += &format!(" params=[{}]", params.join(", "));
+    }
+    if let Some(post) = &plan.post {
+        s += &format!(" post=[{}]", short(post.sql()));
     }
     if !plan.unique_keys.is_empty() {
         let keys: Vec<String> = plan
@@ -630,6 +634,40 @@ fn post_processing_and_parameters() {
     );
 }
 
+#[test]
+fn post_processing_by_postgresql() {
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            ("expression over aggregates", "SELECT SUM(cost) / COUNT(*) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum(cost)[0,2000], count(*)] out=[?column?=c0] post=[SELECT \"__dp_released\".\"a0\" / NULLIF((\"__dp_released\".\"a1\"), 0) AS \"?column?\" FROM \"__dp_released\"]")),
+            ("function of aggregate", "SELECT round(AVG(cost), 2) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[avg(cost)[0,2000]] out=[round=c0] post=[SELECT pg_catalog.round(\"__dp_released\".\"a0\", 2) AS \"round\" FROM \"__dp_released\"]")),
+            ("share of the total", "SELECT region, 100.0 * COUNT(*) / SUM(COUNT(*)) OVER () AS share FROM demo.people GROUP BY region ORDER BY share DESC LIMIT 3", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, share=c1] post=[SELECT \"__dp_released\".\"k0\" AS \"region\", 100.0 * \"__dp_released\".\"a0\" / NULLIF((pg_catalog.sum(\"__dp_released\".\"a0\") OVER ()), 0) AS \"share\" FROM \"__dp_released\" ORDER BY \"share\" DESC LIMIT 3]")),
+            ("case over aggregate and cast", "SELECT sex, CASE WHEN AVG(age) > 40 THEN 'older' ELSE 'younger' END AS band, COUNT(*)::int AS n FROM demo.people GROUP BY sex", Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X]] aggs=[avg(age)[0,100], count(*)] out=[sex=k0, band=c1, n=c2] post=[SELECT \"__dp_released\".\"k0\" AS \"sex\", CASE WHEN \"__dp_released\".\"a0\" > 40 THEN 'older' ELSE 'younger' END AS \"band\", \"__dp_released\".\"a1\"::INT AS \"n\" FROM \"__dp_released\"]")),
+            ("function of a key", "SELECT to_char(date_trunc('month', visit_date), 'YYYY-MM') AS month, COUNT(*) FROM demo.visits GROUP BY date_trunc('month', visit_date) ORDER BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[pg_catalog.date_trunc('month', visit_date):timestamp:private] aggs=[count(*)] out=[month=c0, count=a0] post=[SELECT pg_catalog.to_char(\"__dp_released\".\"k0\", 'YYYY-MM') AS \"month\", \"__dp_released\".\"a0\" AS \"count\" FROM \"__dp_released\" ORDER BY 1]")),
+            ("having like on a key", "SELECT region, COUNT(*) FROM demo.people GROUP BY region HAVING COUNT(*) > 9000 AND region LIKE 'S%'", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, count=a0] post=[SELECT \"__dp_released\".\"k0\" AS \"region\", \"__dp_released\".\"a0\" AS \"count\" FROM \"__dp_released\" WHERE \"__dp_released\".\"a0\" > 9000 AND \"__dp_released\".\"k0\" LIKE 'S%']")),
+            ("rank of aggregates", "SELECT clinic, RANK() OVER (ORDER BY COUNT(*) DESC) FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count(*)] out=[clinic=k0, rank=c1] post=[SELECT \"__dp_released\".\"k0\" AS \"clinic\", pg_catalog.rank() OVER (ORDER BY \"__dp_released\".\"a0\" DESC) AS \"rank\" FROM \"__dp_released\"]")),
+            ("metabase wrapper", "SELECT \"source\".* FROM (SELECT region, COUNT(*) AS \"count\" FROM demo.people GROUP BY region ORDER BY region) AS \"source\" LIMIT 2000", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, count=a0] post=[SELECT \"source\".* FROM (SELECT \"__dp_released\".\"k0\" AS \"region\", \"__dp_released\".\"a0\" AS \"count\" FROM \"__dp_released\" ORDER BY \"region\") AS \"source\" LIMIT 2000]")),
+            ("outer filter and sort", "SELECT s.region, s.n * 2 AS twice FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s WHERE s.n > 10000 ORDER BY twice DESC", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, n=a0] post=[SELECT s.region, s.n * 2 AS twice FROM (SELECT \"__dp_released\".\"k0\" AS \"region\", \"__dp_released\".\"a0\" AS \"n\" FROM \"__dp_released\") AS \"s\" WHERE s.n > 10000 ORDER BY twice DESC]")),
+            ("outer with cte", "WITH v AS (SELECT * FROM demo.visits WHERE cost > 10) SELECT * FROM (SELECT clinic, COUNT(*) AS n FROM v GROUP BY clinic) s", Accepted("unit=t1.person_id caps=(g5,r10) tables=[v:sub] keys=[t1.clinic:text:private] aggs=[count(*)] out=[clinic=k0, n=a0] post=[SELECT * FROM (SELECT \"__dp_released\".\"k0\" AS \"clinic\", \"__dp_released\".\"a0\" AS \"n\" FROM \"__dp_released\") AS \"s\"]")),
+            ("non-key column beside aggregates", "SELECT age + 1, COUNT(*) FROM demo.people GROUP BY region", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("non-key column inside an expression", "SELECT COUNT(*) + age FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("function off the list", "SELECT pg_sleep(COUNT(*)) FROM demo.people", Refused(S::UNDEFINED_FUNCTION)),
+            ("set_config over an aggregate", "SELECT set_config('a.b', COUNT(*)::text, false) FROM demo.people", Refused(S::UNDEFINED_FUNCTION)),
+            ("subquery beside an aggregate", "SELECT COUNT(*) + (SELECT 1) FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("parameter over an aggregate", "SELECT COUNT(*) * $1 FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("cast to regclass", "SELECT COUNT(*)::text::regclass FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("window over rows", "SELECT SUM(age) OVER () FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("named window", "SELECT region, SUM(COUNT(*)) OVER w FROM demo.people GROUP BY region WINDOW w AS ()", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("window function off the list", "SELECT region, string_agg(region, ',') OVER () , COUNT(*) FROM demo.people GROUP BY region", Refused(S::UNDEFINED_FUNCTION)),
+            ("outer names an unknown column", "SELECT income FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s", Refused(S::UNDEFINED_COLUMN)),
+            ("outer names the table of the subquery", "SELECT people.region FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s", Refused(S::UNDEFINED_COLUMN)),
+            ("outer subquery in where", "SELECT * FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s WHERE n > (SELECT 1)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("outer select distinct", "SELECT DISTINCT n FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s", Refused(S::FEATURE_NOT_SUPPORTED)),
+        ],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Refusals
 // ---------------------------------------------------------------------------------------------
@@ -731,8 +769,6 @@ fn refusals_unsupported() {
             ("quantile filter", "SELECT MEDIAN(cost) FILTER (WHERE cost > 10) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("filter with window", "SELECT COUNT(*) FILTER (WHERE cost > 10) OVER () FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("rollup", "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex, region)", Refused(S::FEATURE_NOT_SUPPORTED)),
-            ("expression over aggregates", "SELECT SUM(cost) / COUNT(*) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
-            ("function of aggregate", "SELECT round(AVG(cost), 2) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("nested aggregate", "SELECT SUM(COUNT(*)) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("aggregate in where", "SELECT COUNT(*) FROM demo.visits WHERE COUNT(*) > 1", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("sum distinct", "SELECT SUM(DISTINCT cost) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),

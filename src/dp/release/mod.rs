@@ -27,6 +27,7 @@ use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
 
+pub mod post;
 pub mod rows;
 
 pub use rows::{PrivateRows, Released, TextRows};
@@ -365,8 +366,21 @@ fn key_type(ty: ColumnType) -> CellType {
 
 /// Output columns of a plan, with the types pgdp knows without the shadow catalog: a key
 /// column's declared type, an aggregate's [`crate::dp::plan::Aggregate::result`].
+///
+/// With [`crate::dp::plan::PostProcessing`], the columns of the released relation it reads
+/// instead: `k<i>` for each key, `a<i>` for each aggregate (and no error bounds).
 pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
     let mut out = Vec::new();
+    if plan.post.is_some() {
+        for (i, key) in plan.keys.iter().enumerate() {
+            let ty = key.declared.unwrap_or_else(|| key_type(key.ty));
+            out.push(OutColumn::new(format!("k{i}"), ty));
+        }
+        for (i, agg) in plan.aggregates.iter().enumerate() {
+            out.push(OutColumn::new(format!("a{i}"), agg.result));
+        }
+        return out;
+    }
     for o in &plan.outputs {
         match o.source {
             crate::dp::plan::OutputSource::Key(i) => {
@@ -383,6 +397,7 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
                     ));
                 }
             }
+            crate::dp::plan::OutputSource::Computed(_) => {}
         }
     }
     out
@@ -595,6 +610,11 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
 
     let mut rows_out = Vec::with_capacity(rows_iter.len());
     for (key_cells, aggregate_values, errors) in rows_iter {
+        if plan.post.is_some() {
+            // The released relation of the post-processing: keys, then aggregates.
+            rows_out.push(key_cells.into_iter().chain(aggregate_values).collect());
+            continue;
+        }
         let mut row = Vec::new();
         for o in &plan.outputs {
             match o.source {
@@ -604,6 +624,9 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
                     if accuracy {
                         row.push(errors.get(i).cloned().unwrap_or(Cell::Null));
                     }
+                }
+                crate::dp::plan::OutputSource::Computed(_) => {
+                    return Err(Error::internal("a computed output without post-processing"))
                 }
             }
         }
@@ -954,6 +977,25 @@ pub fn explain(
     }
     if plan.having.is_some() || !plan.order_by.is_empty() || plan.limit.is_some() {
         lines.push("  HAVING / ORDER BY / LIMIT: applied by pgdp to the noisy rows".into());
+    }
+    if let Some(post) = &plan.post {
+        let mut legend: Vec<String> = plan
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("k{i} = {}", analyst_text(plan, &k.expr)))
+            .collect();
+        legend.extend(
+            plan.aggregates
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("a{i} = {}", analyst_text(plan, &a.text))),
+        );
+        lines.push(format!(
+            "  post-processing by PostgreSQL over the released rows ({}), no charge:",
+            legend.join(", ")
+        ));
+        lines.push(format!("    {}", post.sql()));
     }
     lines.push("upstream SQL:".into());
     lines.extend(

@@ -1,0 +1,949 @@
+//! Post-processing that PostgreSQL evaluates over released values ([`PostProcessing`]): select
+//! items that are expressions over aggregates and keys (`ROUND(AVG(x), 2)`,
+//! `SUM(cost) / COUNT(DISTINCT person_id)`, `100.0 * COUNT(*) / SUM(COUNT(*)) OVER ()`, CASE,
+//! casts), HAVING, ORDER BY and LIMIT on them, and an outer query over an aggregate subquery
+//! (the form Metabase wraps every question in).
+//!
+//! Invariants:
+//! - Each aggregate is replaced by the column `a<i>` of [`RELEASED_RELATION`] and released
+//!   through a mechanism like any other aggregate; each group key by the column `k<i>`. A column
+//!   of a table that is neither is refused: it would be a per-row value.
+//! - What remains uses only literals, operators, CASE, casts to scalar types, and the pure
+//!   built-in functions of [`post_function`] and [`window_function`]: no table, no subquery, no
+//!   parameter, nothing that reads the clock, the session or a sequence.
+//! - A division's divisor `d` becomes `NULLIF(d, 0)`: a released count of 0 gives NULL, as
+//!   PostgreSQL's own `SUM(x) / COUNT(*)` does over no rows (NULL / 0 is NULL), never an error
+//!   after the answer was charged.
+
+use super::*;
+
+/// Output and aggregate columns of the released relation, as the post-processing SQL names them.
+pub(super) fn released_column(prefix: char, i: usize) -> Expr {
+    Expr::CompoundIdentifier(vec![
+        Ident::with_quote('"', RELEASED_RELATION),
+        Ident::with_quote('"', format!("{prefix}{i}")),
+    ])
+}
+
+/// The aggregates found in post-processing expressions, each with the analyst's own expression
+/// (for the statement that types the released relation).
+pub(super) struct Staging<'k> {
+    /// The query's group keys.
+    pub(super) keys: &'k [GroupKey],
+    /// For an outer query over an aggregate subquery: the subquery's alias and its output
+    /// names, the only columns the outer query may name (no aggregates there).
+    pub(super) outer: Option<(&'k str, &'k [String])>,
+    /// Aggregates, in the order of their `a<i>` columns.
+    pub(super) aggregates: Vec<Aggregate>,
+    /// The analyst's expression of each aggregate.
+    pub(super) originals: Vec<Expr>,
+}
+
+impl Staging<'_> {
+    fn push(&mut self, agg: Aggregate, original: &Expr) -> usize {
+        match self.aggregates.iter().position(|a| a.text == agg.text) {
+            Some(i) => i,
+            None => {
+                self.aggregates.push(agg);
+                self.originals.push(original.clone());
+                self.aggregates.len() - 1
+            }
+        }
+    }
+}
+
+/// Where a post-processing expression stands, which decides what a bare name means.
+#[derive(Clone, Copy)]
+pub(super) enum Place<'o> {
+    /// A select item.
+    Select,
+    /// HAVING: a bare name that is no column may name an output column (a pgdp extension kept
+    /// from its earlier HAVING), replaced by that output's expression.
+    Having(&'o [(String, Expr)]),
+    /// ORDER BY: a bare name of an output column sorts by that column, as in PostgreSQL.
+    OrderBy(&'o [(String, Expr)]),
+}
+
+/// The hint of a refused construct in post-processing.
+const POST_HINT: &str = "Over aggregates pgdp evaluates literals, + - * / %, comparisons, AND/OR/NOT, CASE, casts to scalar types, pure built-in functions (round, trunc, abs, ceil, floor, sqrt, power, ln, exp, greatest, least, coalesce, nullif, to_char, concat, date_trunc, date_part …) and window functions over the released rows.";
+
+fn has_column_reference(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = ast::visit_expressions(e, |x| {
+        found |= matches!(x, Expr::Identifier(_) | Expr::CompoundIdentifier(_));
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+/// Whether `e` calls an aggregate (not as a window function).
+fn has_aggregate_call(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = ast::visit_expressions(e, |x| {
+        found |= matches!(x, Expr::Function(f) if f.over.is_none()
+            && function_name(&f.name).ok().and_then(|n| aggregate_kind(&n)).is_some());
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+fn has_window(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = ast::visit_expressions(e, |x| {
+        found |= matches!(x, Expr::Function(f) if f.over.is_some());
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+/// Whether a select item must go through [`PostProcessing`]: it is neither a bare aggregate
+/// nor free of aggregates and windows (a key or a refusal).
+pub(super) fn needs_post_processing(e: &Expr) -> bool {
+    let bare = match e {
+        Expr::Nested(inner) => inner.as_ref(),
+        other => other,
+    };
+    let is_aggregate = matches!(bare, Expr::Function(f) if f.over.is_none()
+        && function_name(&f.name).ok().and_then(|n| aggregate_kind(&n)).is_some());
+    !is_aggregate && (contains_aggregate(e) || has_window(e))
+}
+
+/// Pure built-in scalar functions allowed over released values: immutable, no side effects,
+/// bounded work (the evaluation has a short statement timeout as well).
+pub(super) fn post_function(name: &str) -> bool {
+    matches!(
+        name,
+        "abs"
+            | "round"
+            | "trunc"
+            | "ceil"
+            | "ceiling"
+            | "floor"
+            | "sign"
+            | "sqrt"
+            | "cbrt"
+            | "power"
+            | "pow"
+            | "exp"
+            | "ln"
+            | "log"
+            | "log10"
+            | "mod"
+            | "div"
+            | "scale"
+            | "width_bucket"
+            | "greatest"
+            | "least"
+            | "coalesce"
+            | "nullif"
+            | "to_char"
+            | "lower"
+            | "upper"
+            | "initcap"
+            | "length"
+            | "char_length"
+            | "concat"
+            | "concat_ws"
+            | "left"
+            | "right"
+            | "substr"
+            | "replace"
+            | "btrim"
+            | "ltrim"
+            | "rtrim"
+            | "date_trunc"
+            | "date_part"
+            | "make_date"
+    )
+}
+
+/// Window functions allowed over the released rows (one row per released group).
+pub(super) fn window_function(name: &str) -> bool {
+    matches!(
+        name,
+        "sum"
+            | "avg"
+            | "count"
+            | "min"
+            | "max"
+            | "row_number"
+            | "rank"
+            | "dense_rank"
+            | "percent_rank"
+            | "cume_dist"
+            | "ntile"
+            | "lag"
+            | "lead"
+            | "first_value"
+            | "last_value"
+    )
+}
+
+/// Scalar types a released value may be cast to.
+fn castable(dt: &ast::DataType) -> bool {
+    let text = dt.to_string().to_ascii_lowercase();
+    let base = text.split('(').next().unwrap_or("").trim();
+    matches!(
+        base,
+        "smallint"
+            | "int2"
+            | "integer"
+            | "int"
+            | "int4"
+            | "bigint"
+            | "int8"
+            | "numeric"
+            | "decimal"
+            | "real"
+            | "float4"
+            | "float"
+            | "double precision"
+            | "float8"
+            | "double"
+            | "text"
+            | "varchar"
+            | "character varying"
+            | "char"
+            | "character"
+            | "bpchar"
+            | "boolean"
+            | "bool"
+            | "date"
+            | "timestamp"
+            | "timestamp without time zone"
+            | "timestamptz"
+            | "timestamp with time zone"
+    )
+}
+
+/// A function name as the post-processing SQL calls it: `pg_catalog.` qualified (no search path
+/// can substitute another), except the SQL constructs that cannot be qualified.
+fn qualified(name: &str) -> ObjectName {
+    if matches!(name, "coalesce" | "nullif" | "greatest" | "least") {
+        ObjectName::from(vec![Ident::new(name.to_ascii_uppercase())])
+    } else {
+        ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name)])
+    }
+}
+
+impl Analyzer<'_> {
+    /// Rewrites `e` in place into an expression over [`RELEASED_RELATION`]: aggregates become
+    /// released columns (and are added to `st`), group keys become key columns; refuses what is
+    /// neither, and every construct off the allow-list.
+    pub(super) fn released_expr(
+        &mut self,
+        e: &mut Expr,
+        st: &mut Staging<'_>,
+        place: Place<'_>,
+    ) -> Result<()> {
+        // An output column named in ORDER BY.
+        if let (Place::OrderBy(outputs), Expr::Identifier(id)) = (place, &*e) {
+            if let Some((name, _)) = outputs
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(&id.value))
+            {
+                *e = Expr::Identifier(Ident::with_quote('"', name.as_str()));
+                return Ok(());
+            }
+        }
+        // An outer query over an aggregate subquery names the subquery's released columns.
+        if let Some((alias, names)) = st.outer {
+            let named = |n: &Ident| {
+                let folded = ident_lower(n);
+                names.contains(&folded)
+            };
+            match &*e {
+                Expr::Identifier(id) => {
+                    return if named(id) {
+                        Ok(())
+                    } else {
+                        Err(Error::UnknownColumn {
+                            name: id.value.clone(),
+                        })
+                    }
+                }
+                Expr::CompoundIdentifier(parts) => {
+                    return match parts.as_slice() {
+                        [a, c] if ident_lower(a) == alias && named(c) => Ok(()),
+                        _ => Err(Error::UnknownColumn {
+                            name: e.to_string(),
+                        }),
+                    }
+                }
+                Expr::Function(f)
+                    if f.over.is_none()
+                        && function_name(&f.name)
+                            .ok()
+                            .and_then(|n| aggregate_kind(&n))
+                            .is_some() =>
+                {
+                    return Err(Error::unsupported(
+                        "aggregates over the rows of an aggregate subquery",
+                        "Aggregate in the subquery itself; the outer query may filter, sort, limit and compute expressions over its rows.",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        // An aggregate: released through a mechanism.
+        if let Expr::Function(f) = &*e {
+            let name = function_name(&f.name)?;
+            if f.over.is_none() && aggregate_kind(&name).is_some() {
+                let original = e.clone();
+                let agg = self
+                    .aggregate(&original)?
+                    .ok_or_else(|| Error::internal("an aggregate was not recognised"))?;
+                let i = st.push(agg, &original);
+                *e = released_column('a', i);
+                return Ok(());
+            }
+        }
+        // A group key (or an expression that reads a table's column and is none).
+        if st.outer.is_none() && !contains_aggregate(e) && !has_window(e) && has_column_reference(e)
+        {
+            let mut c = e.clone();
+            if self.expr(&mut c, Role::Key).is_ok() {
+                let text = c.to_string();
+                if let Some(i) = st.keys.iter().position(|k| k.expr == text) {
+                    *e = released_column('k', i);
+                    return Ok(());
+                }
+            }
+            if let (Place::Having(outputs), Expr::Identifier(id)) = (place, &*e) {
+                if let Some((_, x)) = outputs
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(&id.value))
+                {
+                    *e = x.clone();
+                    return Ok(());
+                }
+            }
+            if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
+                return Err(Error::forbidden(
+                    format!("{e} must appear in GROUP BY or be used in an aggregate"),
+                    "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV, quantiles) and GROUP BY keys; expressions may combine them.",
+                ));
+            }
+        }
+        let inner = Place::Select;
+        match e {
+            Expr::Nested(x) => self.released_expr(x, st, inner),
+            Expr::Value(v) => match &v.value {
+                Value::Number(..)
+                | Value::SingleQuotedString(_)
+                | Value::DollarQuotedString(_)
+                | Value::Boolean(_)
+                | Value::Null => Ok(()),
+                Value::Placeholder(p) => Err(Error::unsupported(
+                    format!("the parameter {p} in an expression over aggregates"),
+                    "Use a literal there; parameters are allowed in WHERE.",
+                )),
+                _ => Err(Error::unsupported(
+                    format!("the literal {v} in an expression over aggregates"),
+                    POST_HINT,
+                )),
+            },
+            Expr::TypedString(ts) => {
+                if castable(&ts.data_type) {
+                    Ok(())
+                } else {
+                    Err(Error::unsupported(
+                        format!("the literal {ts} in an expression over aggregates"),
+                        POST_HINT,
+                    ))
+                }
+            }
+            Expr::BinaryOp { left, op, right } => {
+                use BinaryOperator as B;
+                if !matches!(
+                    op,
+                    B::Plus
+                        | B::Minus
+                        | B::Multiply
+                        | B::Divide
+                        | B::Modulo
+                        | B::Eq
+                        | B::NotEq
+                        | B::Lt
+                        | B::LtEq
+                        | B::Gt
+                        | B::GtEq
+                        | B::And
+                        | B::Or
+                        | B::StringConcat
+                ) {
+                    return Err(Error::unsupported(
+                        format!("the operator {op} in an expression over aggregates"),
+                        POST_HINT,
+                    ));
+                }
+                self.released_expr(left, st, inner)?;
+                self.released_expr(right, st, inner)?;
+                if matches!(op, B::Divide | B::Modulo) {
+                    **right = nullif_zero(Expr::Nested(right.clone()));
+                }
+                Ok(())
+            }
+            Expr::UnaryOp { op, expr } => match op {
+                UnaryOperator::Not | UnaryOperator::Minus | UnaryOperator::Plus => {
+                    self.released_expr(expr, st, inner)
+                }
+                other => Err(Error::unsupported(
+                    format!("the operator {other} in an expression over aggregates"),
+                    POST_HINT,
+                )),
+            },
+            Expr::Cast {
+                expr,
+                data_type,
+                format,
+                ..
+            } => {
+                if format.is_some() || !castable(data_type) {
+                    return Err(Error::unsupported(
+                        format!("a cast to {data_type} in an expression over aggregates"),
+                        "Cast released values to numbers, text, booleans, dates or timestamps.",
+                    ));
+                }
+                self.released_expr(expr, st, inner)
+            }
+            Expr::Case {
+                operand,
+                conditions,
+                else_result,
+                ..
+            } => {
+                if let Some(o) = operand {
+                    self.released_expr(o, st, inner)?;
+                }
+                for w in conditions {
+                    self.released_expr(&mut w.condition, st, inner)?;
+                    self.released_expr(&mut w.result, st, inner)?;
+                }
+                if let Some(x) = else_result {
+                    self.released_expr(x, st, inner)?;
+                }
+                Ok(())
+            }
+            Expr::IsNull(x)
+            | Expr::IsNotNull(x)
+            | Expr::IsTrue(x)
+            | Expr::IsFalse(x)
+            | Expr::IsNotTrue(x)
+            | Expr::IsNotFalse(x)
+            | Expr::IsUnknown(x)
+            | Expr::IsNotUnknown(x) => self.released_expr(x, st, inner),
+            Expr::IsDistinctFrom(a, b) | Expr::IsNotDistinctFrom(a, b) => {
+                self.released_expr(a, st, inner)?;
+                self.released_expr(b, st, inner)
+            }
+            Expr::Between {
+                expr, low, high, ..
+            } => {
+                self.released_expr(expr, st, inner)?;
+                self.released_expr(low, st, inner)?;
+                self.released_expr(high, st, inner)
+            }
+            Expr::InList { expr, list, .. } => {
+                if list.len() > limits::IN_LIST_VALUES_MAX {
+                    return Err(Error::LimitExceeded {
+                        what: "the number of values in an IN list".into(),
+                        limit: limits::IN_LIST_VALUES_MAX as u64,
+                    });
+                }
+                self.released_expr(expr, st, inner)?;
+                for x in list {
+                    self.released_expr(x, st, inner)?;
+                }
+                Ok(())
+            }
+            Expr::Like {
+                expr,
+                pattern,
+                escape_char,
+                any: false,
+                ..
+            }
+            | Expr::ILike {
+                expr,
+                pattern,
+                escape_char,
+                any: false,
+                ..
+            } if escape_char.is_none() => {
+                self.released_expr(expr, st, inner)?;
+                self.released_expr(pattern, st, inner)
+            }
+            Expr::Extract { expr, .. } => self.released_expr(expr, st, inner),
+            Expr::Floor { expr, .. } | Expr::Ceil { expr, .. } => {
+                self.released_expr(expr, st, inner)
+            }
+            Expr::Function(f) => self.released_function(f, st),
+            other => Err(Error::unsupported(
+                format!("{other} in an expression over aggregates"),
+                POST_HINT,
+            )),
+        }
+    }
+
+    /// A scalar or window function over released values.
+    fn released_function(&mut self, f: &mut ast::Function, st: &mut Staging<'_>) -> Result<()> {
+        let name = function_name(&f.name)?;
+        if f.filter.is_some() || !f.within_group.is_empty() || f.null_treatment.is_some() {
+            return Err(Error::unsupported(
+                format!("FILTER / WITHIN GROUP / IGNORE NULLS on {name} over aggregates"),
+                POST_HINT,
+            ));
+        }
+        let windowed = f.over.is_some();
+        // A window over the rows of a private table (no aggregate in it, no group to run over)
+        // would release per-row values.
+        if windowed && st.outer.is_none() && st.keys.is_empty() && {
+            let call = Expr::Function(f.clone());
+            !has_aggregate_call(&call)
+        } {
+            return Err(window_refusal());
+        }
+        if windowed && !window_function(&name) {
+            return Err(Error::UnknownFunction {
+                name: format!("{name} as a window function"),
+                hint: "Over the released rows pgdp allows the window functions sum, avg, count, min, max, row_number, rank, dense_rank, percent_rank, cume_dist, ntile, lag, lead, first_value and last_value.".into(),
+            });
+        }
+        if !windowed && !post_function(&name) {
+            return Err(Error::UnknownFunction {
+                name: f.name.to_string(),
+                hint: POST_HINT.into(),
+            });
+        }
+        match &mut f.args {
+            FunctionArguments::List(list) => {
+                if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+                    return Err(Error::unsupported(
+                        format!("DISTINCT or clauses in the arguments of {name}"),
+                        POST_HINT,
+                    ));
+                }
+                for a in &mut list.args {
+                    match a {
+                        FunctionArg::Unnamed(FunctionArgExpr::Expr(x)) => {
+                            self.released_expr(x, st, Place::Select)?
+                        }
+                        FunctionArg::Unnamed(FunctionArgExpr::Wildcard)
+                            if windowed && name == "count" => {}
+                        _ => {
+                            return Err(Error::unsupported(
+                                format!("named or wildcard arguments of {name}"),
+                                POST_HINT,
+                            ))
+                        }
+                    }
+                }
+            }
+            FunctionArguments::None if windowed => {}
+            _ => {
+                return Err(Error::unsupported(
+                    format!("{name} without an argument list"),
+                    POST_HINT,
+                ))
+            }
+        }
+        if let Some(over) = &mut f.over {
+            let ast::WindowType::WindowSpec(spec) = over else {
+                return Err(Error::unsupported(
+                    "named windows",
+                    "Write the window in OVER (…).",
+                ));
+            };
+            if spec.window_name.is_some() || spec.window_frame.is_some() {
+                return Err(Error::unsupported(
+                    "named windows and window frames over aggregates",
+                    "Use OVER (PARTITION BY … ORDER BY …) with the default frame.",
+                ));
+            }
+            for p in &mut spec.partition_by {
+                self.released_expr(p, st, Place::Select)?;
+            }
+            for o in &mut spec.order_by {
+                if o.with_fill.is_some() {
+                    return Err(Error::unsupported("WITH FILL", ""));
+                }
+                if matches!(o.options.sort, Some(ast::OrderBySort::Using(_))) {
+                    return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."));
+                }
+                self.released_expr(&mut o.expr, st, Place::Select)?;
+            }
+        }
+        f.name = qualified(&name);
+        Ok(())
+    }
+}
+
+/// Aggregates, outputs and the post-processing of a plan whose select list, HAVING or ORDER BY
+/// PostgreSQL evaluates.
+pub(super) type Staged = (Vec<Aggregate>, Vec<Output>, PostProcessing);
+
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+impl Analyzer<'_> {
+    /// The select list, HAVING, ORDER BY, LIMIT and OFFSET as [`PostProcessing`] over the
+    /// released keys and aggregates.
+    pub(super) fn post_processing(
+        &mut self,
+        query: &ast::Query,
+        select: &ast::Select,
+        keys: &[GroupKey],
+        key_originals: &[Expr],
+        limit: Option<u64>,
+        offset: u64,
+    ) -> Result<Staged> {
+        let mut st = Staging {
+            keys,
+            outer: None,
+            aggregates: Vec::new(),
+            originals: Vec::new(),
+        };
+        let mut outputs = Vec::new();
+        let mut items: Vec<(String, Expr)> = Vec::new();
+        for item in &select.projection {
+            let (expr, alias) = match item {
+                SelectItem::UnnamedExpr(e) => (e, None),
+                SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+                SelectItem::ExprWithAliases { .. } => {
+                    return Err(Error::unsupported(
+                        "multiple aliases for one select item",
+                        "",
+                    ))
+                }
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
+                    return Err(Error::forbidden(
+                        "SELECT * is not allowed on private tables",
+                        "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
+                    ))
+                }
+            };
+            let mut e = expr.clone();
+            self.released_expr(&mut e, &mut st, Place::Select)?;
+            let name = alias.unwrap_or_else(|| default_name(expr));
+            if name.starts_with(RESERVED_PREFIX) {
+                return Err(reserved_refusal());
+            }
+            let source = (0..st.aggregates.len())
+                .find(|&i| e == released_column('a', i))
+                .map(OutputSource::Aggregate)
+                .or_else(|| {
+                    (0..keys.len())
+                        .find(|&i| e == released_column('k', i))
+                        .map(OutputSource::Key)
+                })
+                .unwrap_or(OutputSource::Computed(items.len()));
+            outputs.push(Output {
+                name: name.clone(),
+                source,
+            });
+            items.push((name, e));
+        }
+        if st.aggregates.is_empty() {
+            return Err(Error::forbidden(
+                "a query on private tables must compute at least one aggregate",
+                "Add COUNT(*) (or another aggregate) to the select list; group keys alone are released only with a noisy count.",
+            ));
+        }
+        let mut sql = String::from("SELECT ");
+        let list: Vec<String> = items
+            .iter()
+            .map(|(name, e)| format!("{e} AS {}", quoted(name)))
+            .collect();
+        sql.push_str(&list.join(", "));
+        sql.push_str(&format!(" FROM {}", quoted(RELEASED_RELATION)));
+        if let Some(h) = &select.having {
+            let mut h = h.clone();
+            self.released_expr(&mut h, &mut st, Place::Having(&items))?;
+            sql.push_str(&format!(" WHERE {h}"));
+        }
+        if let Some(ob) = &query.order_by {
+            let ast::OrderByKind::Expressions(exprs) = &ob.kind else {
+                return Err(Error::unsupported("ORDER BY ALL", ""));
+            };
+            let mut sorted = Vec::new();
+            for o in exprs {
+                if o.with_fill.is_some() {
+                    return Err(Error::unsupported("WITH FILL", ""));
+                }
+                if matches!(o.options.sort, Some(ast::OrderBySort::Using(_))) {
+                    return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."));
+                }
+                let mut o = o.clone();
+                let position =
+                    matches!(&o.expr, Expr::Value(v) if matches!(v.value, Value::Number(..)));
+                if position {
+                    let n = o.expr.to_string();
+                    let i: usize = n.parse().map_err(|_| Error::Syntax {
+                        message: format!("invalid ORDER BY position {n}"),
+                    })?;
+                    if i == 0 || i > items.len() {
+                        return Err(Error::Syntax {
+                            message: format!("ORDER BY position {i} is not in select list"),
+                        });
+                    }
+                } else {
+                    self.released_expr(&mut o.expr, &mut st, Place::OrderBy(&items))?;
+                }
+                sorted.push(o.to_string());
+            }
+            sql.push_str(&format!(" ORDER BY {}", sorted.join(", ")));
+        }
+        if let Some(l) = limit {
+            sql.push_str(&format!(" LIMIT {l}"));
+        }
+        if offset > 0 {
+            sql.push_str(&format!(" OFFSET {offset}"));
+        }
+        if st.aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of aggregates".into(),
+                limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
+            });
+        }
+        let measures = measures_statement(query, key_originals, &st.originals);
+        Ok((
+            st.aggregates,
+            outputs,
+            PostProcessing {
+                sql,
+                measures: measures.to_string(),
+            },
+        ))
+    }
+}
+
+/// The analyst's statement with the group keys and the aggregates as its select list, grouped by
+/// the same keys, without HAVING, ORDER BY or LIMIT: what the shadow catalog describes to type
+/// the released relation (never run).
+fn measures_statement(query: &ast::Query, keys: &[Expr], aggregates: &[Expr]) -> ast::Query {
+    let mut q = query.clone();
+    q.order_by = None;
+    q.limit_clause = None;
+    if let SetExpr::Select(s) = q.body.as_mut() {
+        s.projection = keys
+            .iter()
+            .chain(aggregates)
+            .map(|e| SelectItem::UnnamedExpr(e.clone()))
+            .collect();
+        s.having = None;
+        if !keys.is_empty() {
+            s.group_by = GroupByExpr::Expressions(keys.to_vec(), Vec::new());
+        }
+    }
+    q
+}
+
+/// The outer query of `SELECT … FROM (<aggregate query>) AS s …` (how Metabase wraps every
+/// question, and what analysts write to filter or rank aggregates): the inner query is the DP
+/// query, and the outer one post-processing of its released rows. `None` when `query` is not of
+/// that form: one derived table in FROM, no aggregate, GROUP BY or HAVING outside it.
+pub(super) fn outer_query(query: &ast::Query, ctx: &Context) -> Option<Result<Plan>> {
+    let SetExpr::Select(outer) = query.body.as_ref() else {
+        return None;
+    };
+    let [from] = outer.from.as_slice() else {
+        return None;
+    };
+    let TableFactor::Derived {
+        lateral: false,
+        subquery,
+        alias,
+        sample: None,
+    } = &from.relation
+    else {
+        return None;
+    };
+    let items_aggregate = outer.projection.iter().any(|item| match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+            contains_aggregate(e)
+        }
+        _ => false,
+    });
+    let grouped =
+        !matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    if !from.joins.is_empty() || items_aggregate || grouped || outer.having.is_some() {
+        return None;
+    }
+    // Only an aggregate subquery (not one grouped by the privacy unit, which the main analysis
+    // reads as a per-unit table).
+    let SetExpr::Select(inner) = subquery.body.as_ref() else {
+        return None;
+    };
+    let inner_aggregates = inner.projection.iter().any(|item| match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+            contains_aggregate(e)
+        }
+        _ => false,
+    });
+    if !inner_aggregates {
+        return None;
+    }
+    Some(outer_plan(query, outer, subquery, alias.as_ref(), ctx))
+}
+
+fn outer_plan(
+    query: &ast::Query,
+    outer: &ast::Select,
+    subquery: &ast::Query,
+    alias: Option<&ast::TableAlias>,
+    ctx: &Context,
+) -> Result<Plan> {
+    if outer.distinct.is_some()
+        || outer.into.is_some()
+        || outer.qualify.is_some()
+        || !outer.named_window.is_empty()
+        || outer.top.is_some()
+        || outer.prewhere.is_some()
+        || !outer.lateral_views.is_empty()
+        || !query.locks.is_empty()
+        || query.fetch.is_some()
+    {
+        return Err(Error::unsupported(
+            "this clause on the rows of an aggregate subquery",
+            "The outer query may have a select list, WHERE, ORDER BY, LIMIT and OFFSET.",
+        ));
+    }
+    let alias_name = match alias {
+        Some(a) if !a.columns.is_empty() => {
+            return Err(Error::unsupported(
+                "column lists on a subquery alias",
+                "Name the columns inside the subquery with AS.",
+            ))
+        }
+        Some(a) => ident_lower(&a.name),
+        None => String::new(),
+    };
+    // The outer WITH list belongs to the inner (DP) query.
+    let mut inner_query = subquery.clone();
+    if inner_query.with.is_none() {
+        inner_query.with = query.with.clone();
+    } else if query.with.is_some() {
+        return Err(Error::unsupported(
+            "WITH both outside and inside an aggregate subquery",
+            "Put the CTEs in one WITH list.",
+        ));
+    }
+    let mut plan = analyze_with(&inner_query, ctx, true)?;
+    let post = plan
+        .post
+        .take()
+        .ok_or_else(|| Error::internal("an aggregate subquery without post-processing"))?;
+    let names: Vec<String> = plan.outputs.iter().map(|o| o.name.clone()).collect();
+
+    let mut a = Analyzer {
+        ctx,
+        tables: Vec::new(),
+        parameters: BTreeMap::new(),
+        ctes: Vec::new(),
+        expanding: Vec::new(),
+        next_alias: 0,
+        view_hints: BTreeMap::new(),
+        unique_keys: Vec::new(),
+    };
+    let mut st = Staging {
+        keys: &[],
+        outer: Some((alias_name.as_str(), &names)),
+        aggregates: Vec::new(),
+        originals: Vec::new(),
+    };
+    let mut items = Vec::new();
+    let mut item_names: Vec<(String, Expr)> = Vec::new();
+    for item in &outer.projection {
+        match item {
+            SelectItem::Wildcard(o)
+                if o.opt_exclude.is_none()
+                    && o.opt_except.is_none()
+                    && o.opt_replace.is_none()
+                    && o.opt_rename.is_none() =>
+            {
+                items.push("*".to_string())
+            }
+            SelectItem::QualifiedWildcard(
+                ast::SelectItemQualifiedWildcardKind::ObjectName(n),
+                o,
+            ) if o.opt_exclude.is_none()
+                && o.opt_except.is_none()
+                && o.opt_replace.is_none()
+                && o.opt_rename.is_none()
+                && matches!(n.0.as_slice(), [p] if p.as_ident().is_some_and(|i| ident_lower(i) == alias_name)) =>
+            {
+                items.push(format!("{}.*", quoted(&alias_name)))
+            }
+            SelectItem::UnnamedExpr(e) => {
+                let mut e = e.clone();
+                a.released_expr(&mut e, &mut st, Place::Select)?;
+                item_names.push((default_name(&e), e.clone()));
+                items.push(e.to_string());
+            }
+            SelectItem::ExprWithAlias { expr, alias } => {
+                let mut e = expr.clone();
+                a.released_expr(&mut e, &mut st, Place::Select)?;
+                if alias.value.starts_with(RESERVED_PREFIX) {
+                    return Err(reserved_refusal());
+                }
+                item_names.push((alias.value.clone(), e.clone()));
+                items.push(format!("{e} AS {alias}"));
+            }
+            _ => {
+                return Err(Error::unsupported(
+                    "this select item on the rows of an aggregate subquery",
+                    "",
+                ))
+            }
+        }
+    }
+    let from_alias = if alias_name.is_empty() {
+        "\"__dp_subquery\"".to_string()
+    } else {
+        quoted(&alias_name)
+    };
+    let mut sql = format!(
+        "SELECT {} FROM ({}) AS {from_alias}",
+        items.join(", "),
+        post.sql
+    );
+    if let Some(w) = &outer.selection {
+        let mut w = w.clone();
+        a.released_expr(&mut w, &mut st, Place::Select)?;
+        sql.push_str(&format!(" WHERE {w}"));
+    }
+    if let Some(ob) = &query.order_by {
+        let ast::OrderByKind::Expressions(exprs) = &ob.kind else {
+            return Err(Error::unsupported("ORDER BY ALL", ""));
+        };
+        let mut sorted = Vec::new();
+        for o in exprs {
+            if o.with_fill.is_some() || matches!(o.options.sort, Some(ast::OrderBySort::Using(_))) {
+                return Err(Error::unsupported("this ORDER BY", "Use ASC or DESC."));
+            }
+            let mut o = o.clone();
+            let position =
+                matches!(&o.expr, Expr::Value(v) if matches!(v.value, Value::Number(..)));
+            let output_name = matches!(&o.expr, Expr::Identifier(id) if item_names.iter().any(|(n, _)| n.eq_ignore_ascii_case(&id.value)));
+            if !position && !output_name {
+                a.released_expr(&mut o.expr, &mut st, Place::Select)?;
+            }
+            sorted.push(o.to_string());
+        }
+        sql.push_str(&format!(" ORDER BY {}", sorted.join(", ")));
+    }
+    let (limit, offset) = limit_offset(query)?;
+    if let Some(l) = limit {
+        sql.push_str(&format!(" LIMIT {l}"));
+    }
+    if offset > 0 {
+        sql.push_str(&format!(" OFFSET {offset}"));
+    }
+    plan.post = Some(PostProcessing {
+        sql,
+        measures: post.measures,
+    });
+    Ok(plan)
+}

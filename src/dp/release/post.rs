@@ -1,0 +1,162 @@
+//! Post-processing of released values by PostgreSQL ([`crate::dp::plan::PostProcessing`]): the
+//! SQL that evaluates it over released rows, and the answer it gives.
+//!
+//! Invariants:
+//! - The only rows the SQL reads are a [`Released`]'s, written into it as one JSON literal: the
+//!   released keys and noisy aggregates, nothing from the upstream.
+//! - Its answer becomes a [`Released`] again only through [`Released::post_processed`], which
+//!   takes the released rows it is computed from; so rows from post-processing are released
+//!   rows, and the typed pipeline's rule that client rows come from a release still holds.
+
+use std::future::Future;
+
+use crate::dp::plan::{Plan, PostProcessing, RELEASED_RELATION};
+use crate::error::{Error, Result};
+use crate::output::{Cell, CellType, OutColumn};
+
+use super::{Released, TextRows};
+
+/// A cell as PostgreSQL's text input reads it back (the text pgdp sends for it).
+fn cell_text(cell: &Cell) -> Option<String> {
+    match cell {
+        Cell::Null => None,
+        Cell::Int(i) => Some(i.to_string()),
+        Cell::Float(f) => Some(f.to_string()),
+        Cell::Text(t) => Some(t.clone()),
+        Cell::Bool(b) => Some(if *b { "t" } else { "f" }.to_string()),
+    }
+}
+
+/// `text` as a JSON string.
+fn json_string(text: &str, out: &mut String) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `text` as a PostgreSQL escape-string literal (`E'…'`), whatever
+/// `standard_conforming_strings` is.
+fn escape_literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// The SQL that evaluates `post` over `rows`, the released relation whose columns have the
+/// PostgreSQL types `inputs` (`k<i>` for the keys, then `a<i>` for the aggregates, as
+/// [`super::columns`] names them). With no rows it only types the answer (the shadow catalog
+/// prepares it before anything is charged).
+pub fn post_sql(
+    post: &PostProcessing,
+    names: &[OutColumn],
+    inputs: &[CellType],
+    rows: &[Vec<Cell>],
+) -> String {
+    let mut json = String::from("[");
+    for (r, row) in rows.iter().enumerate() {
+        if r > 0 {
+            json.push(',');
+        }
+        json.push('[');
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            match cell_text(cell) {
+                Some(t) => json_string(&t, &mut json),
+                None => json.push_str("null"),
+            }
+        }
+        json.push(']');
+    }
+    json.push(']');
+    let columns: Vec<String> = names
+        .iter()
+        .zip(inputs)
+        .enumerate()
+        .map(|(i, (c, ty))| {
+            format!(
+                "(\"__dp_row\" ->> {i})::{} AS \"{}\"",
+                ty.sql_name(),
+                c.name
+            )
+        })
+        .collect();
+    format!(
+        "WITH \"{RELEASED_RELATION}\" AS (SELECT {} FROM pg_catalog.jsonb_array_elements({}::jsonb) AS \"__dp_in\"(\"__dp_row\")) {}",
+        columns.join(", "),
+        escape_literal(&json),
+        post.sql()
+    )
+}
+
+impl Released {
+    /// The analyst's answer from released rows of a plan with post-processing: `run` evaluates
+    /// the SQL of [`post_sql`] over these rows (on the shadow catalog) and returns its text
+    /// rows, read as `columns` (the types the shadow gave the same SQL before the charge).
+    /// `inputs` are the released relation's PostgreSQL types, which the rows are first
+    /// conformed to.
+    pub async fn post_processed<F, Fut>(
+        self,
+        plan: &Plan,
+        inputs: &[CellType],
+        columns: Vec<OutColumn>,
+        run: F,
+    ) -> Result<Released>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<TextRows>>,
+    {
+        let post = plan
+            .post()
+            .ok_or_else(|| Error::internal("post-processing of a plan without one"))?;
+        let names = super::columns(plan, false);
+        if names.len() != inputs.len() {
+            return Err(Error::internal("released relation of another width"));
+        }
+        let truncated = self.truncated;
+        let typed: Vec<OutColumn> = names
+            .iter()
+            .zip(inputs)
+            .map(|(c, ty)| OutColumn::new(c.name.clone(), *ty))
+            .collect();
+        let conformed = self.retyped(typed);
+        let sql = post_sql(post, &names, inputs, &conformed.rows);
+        let rows = run(sql).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            if row.len() != columns.len() {
+                return Err(Error::internal("post-processing answered another width"));
+            }
+            out.push(
+                row.into_iter()
+                    .zip(&columns)
+                    .map(|(text, c)| Cell::of_text(c.ty, text))
+                    .collect(),
+            );
+        }
+        Ok(Released {
+            columns,
+            rows: out,
+            truncated,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_values_are_one_escaped_json_literal() {
+        let mut out = String::new();
+        json_string("a\"b\\c\nd'", &mut out);
+        assert_eq!(out, "\"a\\\"b\\\\c\\u000ad'\"");
+        assert_eq!(escape_literal("it's \\"), "E'it\\'s \\\\'");
+    }
+}
