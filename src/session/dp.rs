@@ -148,7 +148,7 @@ impl Session {
                     .unwrap_or(c.ty)
             })
             .collect();
-        let typing = release::post::post_sql(post, &own, &inputs, &[]);
+        let typing = release::post::post_sql(post, &own, &inputs, &[])?;
         let mut columns = Vec::new();
         for (name, oid, type_name) in shadow.post_columns(&typing).await? {
             let ty = CellType::released(oid).ok_or_else(|| {

@@ -96,6 +96,10 @@ impl<'a> Analyzer<'a> {
             Expr::Nested(inner) => self.expr(inner, role),
             Expr::UnaryOp { op, expr } => {
                 let info = self.expr(expr, role)?;
+                // `- -1` must not print as `--1`, which starts a comment.
+                if expr.to_string().starts_with(['-', '+']) {
+                    **expr = Expr::Nested(expr.clone());
+                }
                 match op {
                     UnaryOperator::Not => Ok(Info::derived(Some(ColumnType::Boolean), &[&info], None)),
                     UnaryOperator::Minus => {

@@ -386,7 +386,10 @@ impl Analyzer<'_> {
             }
             Expr::UnaryOp { op, expr } => match op {
                 UnaryOperator::Not | UnaryOperator::Minus | UnaryOperator::Plus => {
-                    self.released_expr(expr, st, inner)
+                    self.released_expr(expr, st, inner)?;
+                    // `- -x` must not print as `--x`, which starts a comment.
+                    **expr = Expr::Nested(expr.clone());
+                    Ok(())
                 }
                 other => Err(Error::unsupported(
                     format!("the operator {other} in an expression over aggregates"),

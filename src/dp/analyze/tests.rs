@@ -663,6 +663,7 @@ fn post_processing_by_postgresql() {
             ("outer names an unknown column", "SELECT income FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s", Refused(S::UNDEFINED_COLUMN)),
             ("outer names the table of the subquery", "SELECT people.region FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s", Refused(S::UNDEFINED_COLUMN)),
             ("outer subquery in where", "SELECT * FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s WHERE n > (SELECT 1)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("double minus stays an expression, never a comment", "SELECT - -COUNT(*) AS n FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[count(*)] out=[n=c0] post=[SELECT -(-(\"__dp_released\".\"a0\")) AS \"n\" FROM \"__dp_released\"]")),
             ("outer select distinct", "SELECT DISTINCT n FROM (SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region) s", Refused(S::FEATURE_NOT_SUPPORTED)),
         ],
     );

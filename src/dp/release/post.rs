@@ -50,13 +50,15 @@ fn escape_literal(text: &str) -> String {
 /// The SQL that evaluates `post` over `rows`, the released relation whose columns have the
 /// PostgreSQL types `inputs` (`k<i>` for the keys, then `a<i>` for the aggregates, as
 /// [`super::columns`] names them). With no rows it only types the answer (the shadow catalog
-/// prepares it before anything is charged).
+/// prepares it before anything is charged). The SQL is checked to be one statement with no
+/// comment (an internal error otherwise), so no piece of the analyst's query can end it or hide
+/// what follows, whatever it prints as.
 pub fn post_sql(
     post: &PostProcessing,
     names: &[OutColumn],
     inputs: &[CellType],
     rows: &[Vec<Cell>],
-) -> String {
+) -> Result<String> {
     let mut json = String::from("[");
     for (r, row) in rows.iter().enumerate() {
         if r > 0 {
@@ -87,12 +89,14 @@ pub fn post_sql(
             )
         })
         .collect();
-    format!(
+    let sql = format!(
         "WITH \"{RELEASED_RELATION}\" AS (SELECT {} FROM pg_catalog.jsonb_array_elements({}::jsonb) AS \"__dp_in\"(\"__dp_row\")) {}",
         columns.join(", "),
         escape_literal(&json),
         post.sql()
-    )
+    );
+    crate::dp::rewrite::check_one_statement(&sql)?;
+    Ok(sql)
 }
 
 impl Released {
@@ -126,7 +130,7 @@ impl Released {
             .map(|(c, ty)| OutColumn::new(c.name.clone(), *ty))
             .collect();
         let conformed = self.retyped(typed);
-        let sql = post_sql(post, &names, inputs, &conformed.rows);
+        let sql = post_sql(post, &names, inputs, &conformed.rows)?;
         let rows = run(sql).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {

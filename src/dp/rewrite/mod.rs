@@ -630,7 +630,7 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
 /// comment, so no piece spliced into it can end the statement or hide what follows. With debug
 /// assertions (tests) it must also parse as exactly one statement. An internal error otherwise:
 /// that would be a bug in the rewrite, caught before anything is charged or sent.
-fn check_one_statement(sql: &str) -> Result<()> {
+pub(crate) fn check_one_statement(sql: &str) -> Result<()> {
     use sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
     let dialect = PostgreSqlDialect {};
     let tokens = Tokenizer::new(&dialect, sql).tokenize().map_err(|e| {
