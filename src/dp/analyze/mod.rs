@@ -206,17 +206,15 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             _ => false,
         });
     let shaped = if staged {
-        Shaped::Staged(a.post_processing(query, select, &keys, &key_originals, limit, offset)?)
+        Shaped::Staged(a.post_processing(query, select, &keys, &key_originals)?)
     } else {
         match a.plain_outputs(query, select, &keys) {
             Ok(p) => Shaped::Plain(p),
             // What pgdp's own evaluator cannot do, PostgreSQL may, over the released values.
-            Err(refusal) => {
-                match a.post_processing(query, select, &keys, &key_originals, limit, offset) {
-                    Ok(s) => Shaped::Staged(s),
-                    Err(_) => return Err(refusal),
-                }
-            }
+            Err(refusal) => match a.post_processing(query, select, &keys, &key_originals) {
+                Ok(s) => Shaped::Staged(s),
+                Err(_) => return Err(refusal),
+            },
         }
     };
     let (aggregates, outputs, having, order_by, limit, offset, post) = match shaped {
@@ -610,22 +608,7 @@ impl Analyzer<'_> {
         let mut aggregates: Vec<Aggregate> = Vec::new();
         let mut outputs = Vec::new();
         for item in &select.projection {
-            let (expr, alias) = match item {
-                SelectItem::UnnamedExpr(e) => (e, None),
-                SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
-                SelectItem::ExprWithAliases { .. } => {
-                    return Err(Error::unsupported(
-                        "multiple aliases for one select item",
-                        "",
-                    ))
-                }
-                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
-                    return Err(Error::forbidden(
-                        "SELECT * is not allowed on private tables",
-                        "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
-                    ))
-                }
-            };
+            let (expr, alias) = select_item(item)?;
             let source = match self.aggregate(expr)? {
                 Some(agg) => {
                     let idx = push_aggregate(&mut aggregates, agg);
@@ -691,6 +674,22 @@ impl Analyzer<'_> {
             }
         }
         Ok((aggregates, outputs, having, order_by))
+    }
+}
+
+/// A select item of a query on private tables: its expression and alias. `*` is refused.
+fn select_item(item: &SelectItem) -> Result<(&Expr, Option<String>)> {
+    match item {
+        SelectItem::UnnamedExpr(e) => Ok((e, None)),
+        SelectItem::ExprWithAlias { expr, alias } => Ok((expr, Some(alias.value.clone()))),
+        SelectItem::ExprWithAliases { .. } => Err(Error::unsupported(
+            "multiple aliases for one select item",
+            "",
+        )),
+        SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => Err(Error::forbidden(
+            "SELECT * is not allowed on private tables",
+            "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
+        )),
     }
 }
 

@@ -599,8 +599,6 @@ impl Analyzer<'_> {
         select: &ast::Select,
         keys: &[GroupKey],
         key_originals: &[Expr],
-        limit: Option<u64>,
-        offset: u64,
     ) -> Result<Staged> {
         let mut st = Staging {
             keys,
@@ -611,22 +609,7 @@ impl Analyzer<'_> {
         let mut outputs = Vec::new();
         let mut items: Vec<(String, Expr)> = Vec::new();
         for item in &select.projection {
-            let (expr, alias) = match item {
-                SelectItem::UnnamedExpr(e) => (e, None),
-                SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
-                SelectItem::ExprWithAliases { .. } => {
-                    return Err(Error::unsupported(
-                        "multiple aliases for one select item",
-                        "",
-                    ))
-                }
-                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
-                    return Err(Error::forbidden(
-                        "SELECT * is not allowed on private tables",
-                        "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
-                    ))
-                }
-            };
+            let (expr, alias) = select_item(item)?;
             let mut e = expr.clone();
             self.released_expr(&mut e, &mut st, Place::Select)?;
             let name = alias.unwrap_or_else(|| default_name(expr));
@@ -666,6 +649,37 @@ impl Analyzer<'_> {
             self.released_expr(&mut h, &mut st, Place::Having(&items))?;
             sql.push_str(&format!(" WHERE {h}"));
         }
+        sql.push_str(&self.order_limit_sql(query, &mut st, &items, Some(items.len()))?);
+        if st.aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of aggregates".into(),
+                limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
+            });
+        }
+        let measures = measures_statement(query, key_originals, &st.originals);
+        Ok((
+            st.aggregates,
+            outputs,
+            PostProcessing {
+                sql,
+                measures: measures.to_string(),
+            },
+        ))
+    }
+}
+
+impl Analyzer<'_> {
+    /// ` ORDER BY … LIMIT … OFFSET …` of post-processing SQL: sort keys over released values,
+    /// output names (`outputs`) and positions (checked against `width` when the number of
+    /// output columns is known), and the literal LIMIT and OFFSET.
+    fn order_limit_sql(
+        &mut self,
+        query: &ast::Query,
+        st: &mut Staging<'_>,
+        outputs: &[(String, Expr)],
+        width: Option<usize>,
+    ) -> Result<String> {
+        let mut sql = String::new();
         if let Some(ob) = &query.order_by {
             let ast::OrderByKind::Expressions(exprs) = &ob.kind else {
                 return Err(Error::unsupported("ORDER BY ALL", ""));
@@ -686,39 +700,26 @@ impl Analyzer<'_> {
                     let i: usize = n.parse().map_err(|_| Error::Syntax {
                         message: format!("invalid ORDER BY position {n}"),
                     })?;
-                    if i == 0 || i > items.len() {
+                    if i == 0 || width.is_some_and(|w| i > w) {
                         return Err(Error::Syntax {
                             message: format!("ORDER BY position {i} is not in select list"),
                         });
                     }
                 } else {
-                    self.released_expr(&mut o.expr, &mut st, Place::OrderBy(&items))?;
+                    self.released_expr(&mut o.expr, st, Place::OrderBy(outputs))?;
                 }
                 sorted.push(o.to_string());
             }
             sql.push_str(&format!(" ORDER BY {}", sorted.join(", ")));
         }
+        let (limit, offset) = limit_offset(query)?;
         if let Some(l) = limit {
             sql.push_str(&format!(" LIMIT {l}"));
         }
         if offset > 0 {
             sql.push_str(&format!(" OFFSET {offset}"));
         }
-        if st.aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
-            return Err(Error::LimitExceeded {
-                what: "the number of aggregates".into(),
-                limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
-            });
-        }
-        let measures = measures_statement(query, key_originals, &st.originals);
-        Ok((
-            st.aggregates,
-            outputs,
-            PostProcessing {
-                sql,
-                measures: measures.to_string(),
-            },
-        ))
+        Ok(sql)
     }
 }
 
@@ -891,7 +892,7 @@ fn outer_plan(
                 if alias.value.starts_with(RESERVED_PREFIX) {
                     return Err(reserved_refusal());
                 }
-                item_names.push((alias.value.clone(), e.clone()));
+                item_names.push((ident_lower(alias), e.clone()));
                 items.push(format!("{e} AS {alias}"));
             }
             _ => {
@@ -917,33 +918,7 @@ fn outer_plan(
         a.released_expr(&mut w, &mut st, Place::Select)?;
         sql.push_str(&format!(" WHERE {w}"));
     }
-    if let Some(ob) = &query.order_by {
-        let ast::OrderByKind::Expressions(exprs) = &ob.kind else {
-            return Err(Error::unsupported("ORDER BY ALL", ""));
-        };
-        let mut sorted = Vec::new();
-        for o in exprs {
-            if o.with_fill.is_some() || matches!(o.options.sort, Some(ast::OrderBySort::Using(_))) {
-                return Err(Error::unsupported("this ORDER BY", "Use ASC or DESC."));
-            }
-            let mut o = o.clone();
-            let position =
-                matches!(&o.expr, Expr::Value(v) if matches!(v.value, Value::Number(..)));
-            let output_name = matches!(&o.expr, Expr::Identifier(id) if item_names.iter().any(|(n, _)| n.eq_ignore_ascii_case(&id.value)));
-            if !position && !output_name {
-                a.released_expr(&mut o.expr, &mut st, Place::Select)?;
-            }
-            sorted.push(o.to_string());
-        }
-        sql.push_str(&format!(" ORDER BY {}", sorted.join(", ")));
-    }
-    let (limit, offset) = limit_offset(query)?;
-    if let Some(l) = limit {
-        sql.push_str(&format!(" LIMIT {l}"));
-    }
-    if offset > 0 {
-        sql.push_str(&format!(" OFFSET {offset}"));
-    }
+    sql.push_str(&a.order_limit_sql(query, &mut st, &item_names, None)?);
     plan.post = Some(PostProcessing {
         sql,
         measures: post.measures,
