@@ -383,22 +383,71 @@ async fn public_domains_release_only_groups_the_sql_can_return() {
 #[derive(Debug)]
 struct ReadmeRefusal {
     code: String,
-    /// Statement chains: every statement but the last must succeed, the last must be refused.
+    shown: Shown,
+}
+
+/// What README.md gives to show a claim: statement chains (every statement but the last must
+/// succeed; the last is the claim) and `module::test` names of integration tests.
+#[derive(Debug, Default)]
+struct Shown {
     chains: Vec<Vec<String>>,
-    /// `module::test` names of integration tests that provoke the refusal.
     tests: Vec<(String, String)>,
 }
 
-/// Parses the table under "## Supported and refused" in README.md. In the last column each
-/// `…` is a statement or a test name; statements joined by the word `then` form one chain.
-fn readme_refusals() -> Vec<ReadmeRefusal> {
+/// README.md's "Supported and refused" section.
+fn readme_section() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let text = std::fs::read_to_string(&path).expect("README.md");
-    let section = text
-        .split("## Supported and refused")
+    text.split("## Supported and refused")
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
-        .expect("README.md has a Supported and refused section");
+        .expect("README.md has a Supported and refused section")
+        .to_string()
+}
+
+/// Reads the examples in `text`: each `…` is a statement or a test name; statements joined by
+/// the word `then` form one chain. Text between examples must be empty or `then`; a `.` outside
+/// the backquotes ends the list.
+fn shown_by(text: &str, context: &str) -> Shown {
+    let mut shown = Shown::default();
+    let mut chained = false;
+    for (i, piece) in text.split('`').enumerate() {
+        if i % 2 == 0 {
+            let between = piece.trim();
+            if between.starts_with('.') {
+                break;
+            }
+            chained = between == "then";
+            assert!(
+                between.is_empty() || chained,
+                "README: text between examples must be `then`: {between:?} in {context}"
+            );
+            continue;
+        }
+        if !piece.contains(' ') && piece.contains("::") {
+            let (module, name) = piece.split_once("::").expect("module::test");
+            shown.tests.push((module.to_string(), name.to_string()));
+        } else if chained {
+            shown
+                .chains
+                .last_mut()
+                .expect("`then` after a statement")
+                .push(piece.to_string());
+        } else {
+            shown.chains.push(vec![piece.to_string()]);
+        }
+    }
+    assert!(
+        !shown.chains.is_empty() || !shown.tests.is_empty(),
+        "README shows nothing for {context}"
+    );
+    shown
+}
+
+/// Parses the table under "## Supported and refused" in README.md: the last column says what
+/// shows each refusal ([`shown_by`]).
+fn readme_refusals() -> Vec<ReadmeRefusal> {
+    let section = readme_section();
     let mut rows = Vec::new();
     for line in section.lines().filter(|l| l.starts_with("| ")) {
         let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
@@ -411,40 +460,67 @@ fn readme_refusals() -> Vec<ReadmeRefusal> {
             continue;
         }
         let code: String = cells[1].chars().take(5).collect();
-        let (mut chains, mut tests) = (Vec::<Vec<String>>::new(), Vec::new());
-        let mut chained = false;
-        for (i, piece) in cells[2].split('`').enumerate() {
-            if i % 2 == 0 {
-                chained = piece.trim() == "then";
-                assert!(
-                    piece.trim().is_empty() || chained,
-                    "README refusal row: text between examples must be `then`: {line}"
-                );
-                continue;
-            }
-            if !piece.contains(' ') && piece.contains("::") {
-                let (module, name) = piece.split_once("::").expect("module::test");
-                tests.push((module.to_string(), name.to_string()));
-            } else if chained {
-                chains
-                    .last_mut()
-                    .expect("`then` after a statement")
-                    .push(piece.to_string());
-            } else {
-                chains.push(vec![piece.to_string()]);
-            }
-        }
-        assert!(
-            !chains.is_empty() || !tests.is_empty(),
-            "README refusal row shows nothing: {line}"
-        );
         rows.push(ReadmeRefusal {
             code,
-            chains,
-            tests,
+            shown: shown_by(cells[2], line),
         });
     }
     rows
+}
+
+/// The bullets of README.md's list of what is supported, each with what shows it (the text after
+/// its `Shown by`).
+fn readme_supported() -> Vec<(String, Shown)> {
+    let section = readme_section();
+    let list = section
+        .split("\nRefused, before anything runs")
+        .next()
+        .expect("the supported list");
+    let mut bullets: Vec<String> = Vec::new();
+    for line in list.lines() {
+        if line.starts_with("- ") {
+            bullets.push(line.to_string());
+        } else if let (Some(b), true) = (bullets.last_mut(), line.starts_with("  ")) {
+            b.push(' ');
+            b.push_str(line.trim());
+        }
+    }
+    bullets
+        .into_iter()
+        .map(|b| {
+            let title = b.split(":**").next().unwrap_or(&b).to_string();
+            let (_, shown) = b
+                .split_once("Shown by ")
+                .unwrap_or_else(|| panic!("README bullet {title} has no `Shown by`"));
+            let shown = shown_by(shown, &title);
+            (title, shown)
+        })
+        .collect()
+}
+
+/// The test `module::name` exists in tests/integration, and its body, if `code` is given,
+/// checks that SQLSTATE.
+fn assert_test_exists(module: &str, name: &str, code: Option<&str>) {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/integration")
+        .join(format!("{module}.rs"));
+    let source = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{module}::{name}: {}: {e}", file.display()));
+    let start = source
+        .find(&format!("async fn {name}("))
+        .unwrap_or_else(|| panic!("README names {module}::{name}, which does not exist"));
+    let body = &source[start..];
+    let end = body[1..]
+        .find("\n#[tokio::test]")
+        .map_or(body.len(), |i| i + 1);
+    let body = &body[..end];
+    if let Some(code) = code {
+        let constant = sqlstate_constant(code);
+        assert!(
+            body.contains(code) || constant.is_some_and(|c| body.contains(c)),
+            "{module}::{name} does not check {code} (README)"
+        );
+    }
 }
 
 /// README.md's table of refusals is what pgdp does: each statement is refused with the row's
@@ -460,7 +536,7 @@ async fn readme_refusals_are_what_pgdp_answers() {
     let proxy = rich_proxy(83).await;
     let mut failures = Vec::new();
     for row in &rows {
-        for chain in &row.chains {
+        for chain in &row.shown.chains {
             // A session of its own, so that a chain's SET does not reach the next.
             let s = proxy.connect().await;
             let before = s.budget().await;
@@ -484,26 +560,8 @@ async fn readme_refusals_are_what_pgdp_answers() {
                 failures.push(format!("{last}: charged"));
             }
         }
-        for (module, name) in &row.tests {
-            let file = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/integration")
-                .join(format!("{module}.rs"));
-            let source = std::fs::read_to_string(&file)
-                .unwrap_or_else(|e| panic!("{module}::{name}: {}: {e}", file.display()));
-            let start = source
-                .find(&format!("async fn {name}("))
-                .unwrap_or_else(|| panic!("README names {module}::{name}, which does not exist"));
-            let body = &source[start..];
-            let end = body[1..]
-                .find("\n#[tokio::test]")
-                .map_or(body.len(), |i| i + 1);
-            let body = &body[..end];
-            let constant = sqlstate_constant(&row.code);
-            assert!(
-                body.contains(&row.code) || constant.is_some_and(|c| body.contains(c)),
-                "{module}::{name} does not check {} (README)",
-                row.code
-            );
+        for (module, name) in &row.shown.tests {
+            assert_test_exists(module, name, Some(&row.code));
         }
     }
     assert!(
@@ -511,6 +569,103 @@ async fn readme_refusals_are_what_pgdp_answers() {
         "README.md disagrees with pgdp:\n{}",
         failures.join("\n")
     );
+}
+
+/// README.md's list of what is supported is what pgdp does: every statement a bullet shows is
+/// answered (over the simple protocol, and single statements over the extended one too), every
+/// test a bullet names exists, and the counts and limits the section states are the code's.
+#[tokio::test]
+async fn readme_supported_is_what_pgdp_answers() {
+    let bullets = readme_supported();
+    assert!(
+        bullets.len() >= 10,
+        "README.md lists only {} kinds of supported SQL",
+        bullets.len()
+    );
+    let proxy = rich_proxy(84).await;
+    let mut failures = Vec::new();
+    for (title, shown) in &bullets {
+        for chain in &shown.chains {
+            let s = proxy.connect().await;
+            for sql in chain {
+                if let Err(e) = s.simple_query(sql).await {
+                    failures.push(format!("{title}: {sql}: refused ({e:?})"));
+                }
+            }
+            if let [sql] = chain.as_slice() {
+                if let Err(e) = s.query(sql.as_str(), &[]).await {
+                    failures.push(format!(
+                        "{title}: {sql}: refused over the extended protocol ({e:?})"
+                    ));
+                }
+            }
+            s.assert_alive(title).await;
+        }
+        for (module, name) in &shown.tests {
+            assert_test_exists(module, name, None);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "README.md claims what pgdp does not answer:\n{}",
+        failures.join("\n")
+    );
+
+    // The numbers the section states.
+    let section = readme_section();
+    let entries = catalogue();
+    let runs = entries
+        .iter()
+        .filter(|e| matches!(e, Entry::Runs { .. }))
+        .count();
+    let refused = entries.len() - runs;
+    let thousands = |n: usize| {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    };
+    use pgdp::limits;
+    let claims = [
+        format!("{runs} analyst queries"),
+        format!("{refused} refusals"),
+        format!("at most {} per query", limits::AGGREGATES_PER_QUERY_MAX),
+        format!("at most {} tables", limits::JOINED_TABLES_MAX),
+        format!("at most {} keys", limits::GROUP_KEYS_PER_QUERY_MAX),
+        format!("(at most {})", thousands(limits::IN_LIST_VALUES_MAX)),
+        format!(
+            "a {} s timeout and at most {} at once per analyst",
+            limits::CATALOG_STATEMENT_TIMEOUT_MS / 1000,
+            limits::CATALOG_QUERIES_PER_ANALYST_MAX
+        ),
+        format!(
+            "too many connections in total ({}) or for one analyst ({})",
+            thousands(limits::CONNECTIONS_MAX),
+            limits::CONNECTIONS_PER_ANALYST_MAX
+        ),
+        format!(
+            "more than {} prepared statements, {} open cursors or {} rows held in cursors",
+            thousands(limits::PREPARED_STATEMENTS_PER_CONNECTION_MAX),
+            limits::CURSORS_PER_SESSION_MAX,
+            thousands(limits::CURSOR_ROWS_PER_SESSION_MAX)
+        ),
+        format!(
+            "a protocol message over {} MiB",
+            limits::MESSAGE_BYTES_MAX / (1024 * 1024)
+        ),
+    ];
+    let flat = section.split_whitespace().collect::<Vec<_>>().join(" ");
+    for claim in claims {
+        assert!(
+            flat.contains(&claim),
+            "README.md's Supported and refused section should say {claim:?}"
+        );
+    }
 }
 
 /// The tokio-postgres constant the tests use for a SQLSTATE the README names by code.
