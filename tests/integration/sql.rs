@@ -668,6 +668,42 @@ async fn readme_supported_is_what_pgdp_answers() {
     }
 }
 
+/// README.md's project layout names every file and folder of the repository's top level and
+/// of `src/`, `docs/`, `tests/`, `benches/`, `examples/` and `.ci/`.
+#[test]
+fn readme_layout_names_every_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let layout = text
+        .split("## Project layout")
+        .nth(1)
+        .and_then(|s| s.split("```").nth(1))
+        .expect("README.md has a Project layout block");
+    let mut missing = Vec::new();
+    for dir in ["", "src", "docs", "tests", "benches", "examples", ".ci"] {
+        let entries = std::fs::read_dir(root.join(dir)).expect("a folder of the repository");
+        for entry in entries {
+            let name = entry.expect("a folder entry").file_name();
+            let name = name.to_string_lossy();
+            // Build output and version control are not the repository's layout.
+            if matches!(name.as_ref(), "target" | ".git") {
+                continue;
+            }
+            if name.starts_with('.') && !matches!(name.as_ref(), ".ci" | ".gitignore") {
+                continue;
+            }
+            if !layout.contains(name.as_ref()) {
+                missing.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README.md's project layout does not name: {}",
+        missing.join(", ")
+    );
+}
+
 /// The tokio-postgres constant the tests use for a SQLSTATE the README names by code.
 fn sqlstate_constant(code: &str) -> Option<&'static str> {
     [
