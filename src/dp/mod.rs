@@ -13,3 +13,4 @@ pub mod mechanism;
 pub mod plan;
 pub mod release;
 pub mod rewrite;
+pub mod sql;

@@ -5,7 +5,6 @@
 
 use sqlparser::ast::{self, Expr};
 
-use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType, Policy};
 
 /// Prefix of every identifier pgdp generates; analyst SQL may not use it.
@@ -71,6 +70,60 @@ impl std::fmt::Display for ColumnRef {
     }
 }
 
+/// The canonical SQL text of an expression that analysis parsed and checked: sqlparser's printing
+/// of the AST, with columns named `"__dp_tN"."column"`. Made only from an [`Expr`] (or a
+/// [`ColumnRef`]), never from text, so the rewrite can splice it into upstream SQL as a typed
+/// fragment; equal texts mean equal expressions (HAVING and ORDER BY match aggregates by it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Canonical(String);
+
+impl Canonical {
+    /// The printing of `expr`.
+    pub fn of(expr: &Expr) -> Canonical {
+        Canonical(expr.to_string())
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Canonical {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for Canonical {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<String> for Canonical {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+/// A join's condition: equalities between columns of the tables before it and of the joined
+/// table (`ON a.x = b.y AND …`, `USING (…)`, a unit path's key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinOn(pub Vec<(ColumnRef, ColumnRef)>);
+
+impl std::fmt::Display for JoinOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (l, r)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" AND ")?;
+            }
+            write!(f, "{l} = {r}")?;
+        }
+        Ok(())
+    }
+}
+
 /// How the privacy unit of a row is found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unit {
@@ -81,16 +134,6 @@ pub enum Unit {
         /// The alias `__dp_tN` of the row-level table.
         alias: String,
     },
-}
-
-impl Unit {
-    /// The unit as canonical SQL: the column, or the row-level table's `ctid`.
-    pub fn sql(&self) -> String {
-        match self {
-            Unit::Column(c) => c.to_string(),
-            Unit::Row { alias } => format!("\"{alias}\".ctid"),
-        }
-    }
 }
 
 /// What one aggregate computes.
@@ -149,8 +192,8 @@ impl AggregateKind {
 pub struct Aggregate {
     /// What it computes.
     pub kind: AggregateKind,
-    /// The argument (canonical SQL text), for all but `COUNT(*)` and `COUNT(DISTINCT unit)`.
-    pub argument: Option<String>,
+    /// The argument, for all but `COUNT(*)` and `COUNT(DISTINCT unit)`.
+    pub argument: Option<Canonical>,
     /// Bounds of the argument, for sums, averages and variances.
     pub bounds: Option<Bounds>,
     /// Canonical text of the whole aggregate (to match HAVING / ORDER BY references).
@@ -164,8 +207,8 @@ pub struct Aggregate {
 /// A GROUP BY key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupKey {
-    /// Canonical SQL text of the key expression.
-    pub expr: String,
+    /// The key expression.
+    pub expr: Canonical,
     /// Output type.
     pub ty: ColumnType,
     /// The type PostgreSQL gives the key, where pgdp knows it (a column of a declared type);
@@ -343,8 +386,8 @@ pub struct Parameter {
 pub struct Plan {
     /// Tables in FROM, in order; the first is the driving table.
     pub(in crate::dp) tables: Vec<TableRef>,
-    /// Join conditions (canonical SQL), one per joined table (index i+1).
-    pub(in crate::dp) joins: Vec<String>,
+    /// Join conditions, one per joined table (index i+1).
+    pub(in crate::dp) joins: Vec<JoinOn>,
     /// The privacy unit.
     pub(in crate::dp) unit: Unit,
     /// Most groups a unit contributes to.
@@ -497,35 +540,4 @@ impl Plan {
     pub fn keys_public(&self) -> bool {
         self.keys.iter().all(|k| k.public != PublicKeys::No)
     }
-}
-
-/// The FROM clause of tables and their join conditions (one per table after the first); a
-/// subquery's SQL is rendered by `source` (the rewrite binds its parameters there).
-pub fn from_clause(
-    tables: &[TableRef],
-    joins: &[String],
-    source: impl Fn(&ast::Query) -> Result<String>,
-) -> Result<String> {
-    let mut from = String::new();
-    for (i, t) in tables.iter().enumerate() {
-        let relation = match &t.source {
-            Some(q) => format!("({}) AS \"{}\"", source(q)?, t.alias),
-            None => {
-                let (schema, name) = t
-                    .table
-                    .split_once('.')
-                    .ok_or_else(|| Error::internal("unqualified table"))?;
-                format!("\"{schema}\".\"{name}\" AS \"{}\"", t.alias)
-            }
-        };
-        if i == 0 {
-            from.push_str(&relation);
-        } else {
-            let on = joins
-                .get(i - 1)
-                .ok_or_else(|| Error::internal("missing join condition"))?;
-            from.push_str(&format!(" JOIN {relation} ON {on}"));
-        }
-    }
-    Ok(from)
 }

@@ -84,7 +84,8 @@ impl<'a> Analyzer<'a> {
         };
         let mut arg_expr = arg_expr;
         let info = self.expr(&mut arg_expr, Role::Argument)?;
-        let text = arg_expr.to_string();
+        let canonical_argument = Canonical::of(&arg_expr);
+        let text = canonical_argument.to_string();
         if distinct {
             let unit = self.unit()?;
             let is_unit = matches!(&unit, Unit::Column(u) if u.to_string() == text)
@@ -102,7 +103,7 @@ impl<'a> Analyzer<'a> {
                 // Each unit's distinct values per group are capped at max_rows_per_unit.
                 return Ok(Some(Aggregate {
                     kind: AggregateKind::CountDistinct,
-                    argument: Some(text.clone()),
+                    argument: Some(canonical_argument.clone()),
                     bounds: None,
                     text: format!("count(distinct {text})"),
                     result: CellType::Int8,
@@ -116,7 +117,7 @@ impl<'a> Analyzer<'a> {
         if kind == AggregateKind::CountRows {
             return Ok(Some(Aggregate {
                 kind: AggregateKind::CountValues,
-                argument: Some(text.clone()),
+                argument: Some(canonical_argument.clone()),
                 bounds: None,
                 text: format!("count({text})"),
                 result: CellType::Int8,
@@ -135,7 +136,7 @@ impl<'a> Analyzer<'a> {
         };
         Ok(Some(Aggregate {
             kind,
-            argument: Some(text.clone()),
+            argument: Some(canonical_argument.clone()),
             bounds: Some(bounds),
             text: format!("{}({text})", kind.sql_name()),
             result: CellType::of_aggregate(family, argument_type(&info)),
@@ -302,7 +303,8 @@ impl<'a> Analyzer<'a> {
         };
         let mut arg = arg;
         let info = self.expr(&mut arg, Role::Argument)?;
-        let text = arg.to_string();
+        let canonical_argument = Canonical::of(&arg);
+        let text = canonical_argument.to_string();
         if !info.ty.is_none_or(|t| t.is_numeric()) {
             return Err(Error::unsupported(
                 format!("{name} of a non-numeric value"),
@@ -317,7 +319,7 @@ impl<'a> Analyzer<'a> {
         };
         Ok(Aggregate {
             kind: AggregateKind::Quantile { permille },
-            argument: Some(text.clone()),
+            argument: Some(canonical_argument.clone()),
             bounds: Some(bounds),
             text: format!("quantile_{permille}({text})"),
             result: CellType::of_aggregate(family, argument_type(&info)),

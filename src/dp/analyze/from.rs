@@ -237,7 +237,7 @@ impl<'a> Analyzer<'a> {
     }
 
     /// Resolves FROM and returns one canonical join condition per joined table.
-    pub(super) fn resolve_from(&mut self, from: &[ast::TableWithJoins]) -> Result<Vec<String>> {
+    pub(super) fn resolve_from(&mut self, from: &[ast::TableWithJoins]) -> Result<Vec<JoinOn>> {
         let [twj] = from else {
             return Err(if from.is_empty() {
                 Error::unsupported("queries without FROM over data", "")
@@ -296,18 +296,16 @@ impl<'a> Analyzer<'a> {
             };
             let mut condition = condition;
             self.check_join(&mut condition, right)?;
-            let text = condition
+            let on = condition
                 .iter()
                 .map(|(l, lc, r, rc)| {
-                    format!(
-                        "{} = {}",
-                        canonical(&self.tables[*l].0.alias, lc),
-                        canonical(&self.tables[*r].0.alias, rc)
+                    (
+                        ColumnRef::new(&self.tables[*l].0.alias, lc),
+                        ColumnRef::new(&self.tables[*r].0.alias, rc),
                     )
                 })
-                .collect::<Vec<_>>()
-                .join(" AND ");
-            conditions.push(text);
+                .collect();
+            conditions.push(JoinOn(on));
         }
         Ok(conditions)
     }

@@ -38,6 +38,7 @@ use sqlparser::ast::{
     UnaryOperator, Value,
 };
 
+use crate::dp::sql::{from_clause, sql};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::policy::{Bounds, Column, ColumnType, PrivateTable, Table, TableKind, UnitPath};
@@ -179,7 +180,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
                 "Group only by columns declared groupable in the policy (and simple functions of them); never by the privacy unit.",
             ));
         }
-        let text = e.to_string();
+        let text = Canonical::of(&e);
         if keys.iter().any(|k| k.expr == text) {
             continue;
         }

@@ -363,7 +363,7 @@ impl<'a> Analyzer<'a> {
             )
         };
         let refs: Vec<TableRef> = self.tables.iter().map(|t| t.0.clone()).collect();
-        let from = from_clause(&refs, &joins, |q| Ok(q.to_string()))?;
+        let from = from_clause(&refs, &joins, |q| Ok(sql!("{}", q)))?.into_string();
         let select_list: Vec<String> = items
             .iter()
             .map(|(e, n)| format!("{e} AS \"{n}\""))

@@ -164,7 +164,11 @@ fn bounds(b: &Option<Bounds>) -> String {
 }
 
 fn aggregate_text(a: &Aggregate) -> String {
-    let arg = a.argument.as_deref().map(short).unwrap_or_default();
+    let arg = a
+        .argument
+        .as_ref()
+        .map(|c| short(c.as_str()))
+        .unwrap_or_default();
     let head = match a.kind {
         AggregateKind::CountRows => "count(*)".to_string(),
         AggregateKind::CountUnits => "count_units".to_string(),
@@ -187,7 +191,7 @@ fn key_text(k: &GroupKey) -> String {
         PublicKeys::Table { table, column, .. } => format!("table {table}.{column}"),
     };
     let ty = format!("{:?}", k.ty).to_lowercase();
-    format!("{}:{ty}:{domain}", short(&k.expr))
+    format!("{}:{ty}:{domain}", short(k.expr.as_str()))
 }
 
 fn post_text(p: &Post) -> String {
@@ -249,7 +253,7 @@ fn summary(plan: &Plan) -> String {
             .collect();
         s += &format!(" tables=[{}]", tables.join(", "));
         if !plan.joins.is_empty() {
-            let joins: Vec<String> = plan.joins.iter().map(|j| short(j)).collect();
+            let joins: Vec<String> = plan.joins.iter().map(|j| short(&j.to_string())).collect();
             s += &format!(" on=[{}]", joins.join("; "));
         }
     }

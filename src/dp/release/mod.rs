@@ -983,13 +983,13 @@ pub fn explain(
             .keys
             .iter()
             .enumerate()
-            .map(|(i, k)| format!("k{i} = {}", analyst_text(plan, &k.expr)))
+            .map(|(i, k)| format!("k{i} = {}", analyst_text(plan, k.expr.as_str())))
             .collect();
         legend.extend(
             plan.aggregates
                 .iter()
                 .enumerate()
-                .map(|(i, a)| format!("a{i} = {}", analyst_text(plan, &a.text))),
+                .map(|(i, a)| format!("a{i} = {}", analyst_text(plan, a.text.as_str()))),
         );
         lines.push(format!(
             "  post-processing by PostgreSQL over the released rows ({}), no charge:",

@@ -18,12 +18,13 @@
 
 use std::ops::ControlFlow;
 
-use sqlparser::ast::{self, Expr, Visit, VisitMut};
+use sqlparser::ast::{self, Expr, Visit};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::{BindParameters, PublicSql};
-use crate::dp::plan::{Plan, PublicKeys, TableRef};
+use super::PublicSql;
+use crate::dp::plan::{Canonical, Plan, PublicKeys, TableRef};
+use crate::dp::sql::{relation, sql, Ident, Sql};
 use crate::error::{Error, Result};
 use crate::limits::PUBLIC_KEY_COMBINATIONS_MAX;
 use crate::policy::ColumnType;
@@ -131,7 +132,7 @@ pub fn public_domain(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<P
                 }
             }
             PublicKeys::Listed(values) => {
-                let column = plain_column(&key.expr);
+                let column = plain_column(key.expr.as_str());
                 let applicable: Vec<&Expr> = match &column {
                     Some((alias, column)) => conjuncts
                         .iter()
@@ -163,7 +164,7 @@ pub fn public_domain(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<P
             .iter()
             .filter(|c| reads_only(c, alias, None))
             .collect();
-        let exprs: Vec<&str> = keys.iter().map(|&i| plan.keys[i].expr.as_str()).collect();
+        let exprs: Vec<&Canonical> = keys.iter().map(|&i| &plan.keys[i].expr).collect();
         let sql = table_values_sql(plan, parameters, table, &exprs, &applicable)?;
         parts.push(Part {
             keys,
@@ -179,20 +180,10 @@ fn bound_conjuncts(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<Exp
         return Ok(Vec::new());
     };
     let mut filter = filter.clone();
-    bind(plan, parameters, &mut filter)?;
+    super::bind_parameters(&mut filter, plan, parameters)?;
     let mut out = Vec::new();
     split_and(filter, &mut out);
     Ok(out)
-}
-
-fn bind<T: VisitMut>(plan: &Plan, parameters: &[Option<String>], node: &mut T) -> Result<()> {
-    let mut binder = BindParameters {
-        plan,
-        values: parameters,
-        error: None,
-    };
-    let _ = node.visit(&mut binder);
-    binder.error.map_or(Ok(()), Err)
 }
 
 fn split_and(e: Expr, out: &mut Vec<Expr>) {
@@ -297,25 +288,27 @@ fn filtered_values_sql(
     if values.is_empty() {
         return Err(Error::internal("an empty listed domain"));
     }
-    let ty = sql_type(ty);
-    let rows: Vec<String> = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let literal = match v {
-                Some(text) => Expr::value(ast::Value::SingleQuotedString(text.clone())).to_string(),
-                None => "NULL".to_string(),
-            };
-            format!("({i}, CAST({literal} AS {ty}))")
-        })
-        .collect();
-    let filter: Vec<String> = conjuncts.iter().map(|c| c.to_string()).collect();
-    let sql = format!(
-        "SELECT CAST(\"{alias}\".\"__dp_i\" AS TEXT) FROM (VALUES {}) AS \"{alias}\"(\"__dp_i\", \"{column}\") WHERE {}",
-        rows.join(", "),
-        filter.join(" AND ")
+    let ty = Sql::text(sql_type(ty));
+    let rows = values.iter().enumerate().map(|(i, v)| {
+        let literal = match v {
+            Some(text) => sql!(
+                "{}",
+                Expr::value(ast::Value::SingleQuotedString(text.clone()))
+            ),
+            None => Sql::text("NULL"),
+        };
+        sql!("({}, CAST({} AS {}))", i, literal, ty)
+    });
+    let filter = Sql::join(conjuncts.iter().map(|c| sql!("{}", c)), " AND ");
+    let sql = sql!(
+        "SELECT CAST({}.\"__dp_i\" AS TEXT) FROM (VALUES {}) AS {}(\"__dp_i\", {}) WHERE {}",
+        Ident(alias),
+        Sql::join(rows, ", "),
+        Ident(alias),
+        Ident(column),
+        filter
     );
-    checked(&sql)
+    checked(&sql.into_string())
 }
 
 /// `SELECT DISTINCT CAST(k AS TEXT), … FROM <table> AS "alias" WHERE <conjuncts> LIMIT n`: the
@@ -324,39 +317,34 @@ fn table_values_sql(
     plan: &Plan,
     parameters: &[Option<String>],
     table: &TableRef,
-    keys: &[&str],
+    keys: &[&Canonical],
     conjuncts: &[&Expr],
 ) -> Result<PublicSql> {
     if table.private {
         return Err(Error::internal("a public domain read from a private table"));
     }
-    let relation = match &table.source {
-        Some(q) => {
-            let mut q = q.as_ref().clone();
-            bind(plan, parameters, &mut q)?;
-            format!("({q}) AS \"{}\"", table.alias)
-        }
-        None => {
-            let (schema, name) = table
-                .table
-                .split_once('.')
-                .ok_or_else(|| Error::internal("unqualified table"))?;
-            format!("\"{schema}\".\"{name}\" AS \"{}\"", table.alias)
-        }
-    };
-    let select: Vec<String> = keys.iter().map(|k| format!("CAST({k} AS TEXT)")).collect();
+    let relation = relation(table, |q| {
+        let mut q = q.clone();
+        super::bind_parameters(&mut q, plan, parameters)?;
+        Ok(sql!("{}", q))
+    })?;
+    let select = Sql::join(keys.iter().map(|k| sql!("CAST({} AS TEXT)", k)), ", ");
     let filter = if conjuncts.is_empty() {
-        String::new()
+        Sql::text("")
     } else {
-        let c: Vec<String> = conjuncts.iter().map(|c| c.to_string()).collect();
-        format!(" WHERE {}", c.join(" AND "))
+        sql!(
+            " WHERE {}",
+            Sql::join(conjuncts.iter().map(|c| sql!("{}", c)), " AND ")
+        )
     };
-    let sql = format!(
-        "SELECT DISTINCT {} FROM {relation}{filter} LIMIT {}",
-        select.join(", "),
+    let sql = sql!(
+        "SELECT DISTINCT {} FROM {}{} LIMIT {}",
+        select,
+        relation,
+        filter,
         PUBLIC_KEY_COMBINATIONS_MAX + 1
     );
-    checked(&sql)
+    checked(&sql.into_string())
 }
 
 /// Parses `sql` as exactly one query and prints it back (the form every [`PublicSql`] has).

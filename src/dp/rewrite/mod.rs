@@ -16,9 +16,12 @@
 //! - Every value aggregated is clamped to declared bounds, and every unit's contribution to every
 //!   released statistic is capped, so the sensitivity of each [`Measure`] is a function of the
 //!   policy alone ([`Measure::contribution`]).
-//! - The emitted SQL is assembled from pgdp's own templates, numbers, quoted identifiers and
-//!   sqlparser's printing of the analyst's *parsed* expressions; the analyst's text is never
-//!   spliced in. Bound parameters become typed literals. Before it leaves [`rewrite`] it is
+//! - The emitted SQL is assembled with the typed builder [`crate::dp::sql`]: literal templates
+//!   of pgdp's source, integers, numbers, generated names, quoted identifiers, and sqlparser's
+//!   printing of the analyst's *parsed* expressions ([`crate::dp::plan::Canonical`], the plan's
+//!   filter, [`crate::dp::plan::JoinOn`]); a `String` cannot be spliced in (it is not a
+//!   [`crate::dp::sql::Fragment`]), and the statement is rendered once, at the end. Bound
+//!   parameters become typed literals. Before it leaves [`rewrite`] it is
 //!   tokenized and must be one statement with no comment and no statement separator
 //!   ([`check_one_statement`]), in every build; in builds with debug assertions (every test) it
 //!   must also parse as exactly one statement. (A full re-parse costs ~70 µs per query, most of
@@ -31,7 +34,8 @@ use sqlparser::ast::{self, Expr, Value, VisitMut, VisitorMut};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use crate::dp::plan::{AggregateKind, Plan};
+use crate::dp::plan::{AggregateKind, Canonical, Plan};
+use crate::dp::sql::{from_clause, sql, Name, Number, Sql};
 
 pub mod domain;
 use crate::error::{Error, Result};
@@ -112,8 +116,8 @@ pub enum Measure {
 /// An aggregate argument with its bounds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Argument {
-    /// Canonical SQL text.
-    pub text: String,
+    /// The argument expression.
+    pub text: Canonical,
     /// Declared or derived bounds (None for COUNT(expr)).
     pub bounds: Option<Bounds>,
 }
@@ -356,34 +360,31 @@ fn bind_literal(index: usize, value: Option<&Option<String>>, ty: ColumnType) ->
     })
 }
 
-/// A numeric literal for a bound (shortest decimal that round-trips the f64).
-fn num(x: f64) -> String {
-    let s = format!("{x}");
-    if s.contains('e') || s.contains('E') {
-        format!("{x:.1}")
-    } else {
-        s
-    }
-}
-
 /// Measure `j` of a unit scaled to at most `cap` values of argument `i`.
-fn scaled(j: usize, i: usize, cap: u64) -> String {
-    format!("__dp_m{j} * LEAST(1, CAST({cap} AS NUMERIC) / GREATEST(__dp_n{i}, 1))")
+fn scaled(j: usize, i: usize, cap: u64) -> Sql {
+    sql!(
+        "{} * LEAST(1, CAST({} AS NUMERIC) / GREATEST({}, 1))",
+        Name("m", j),
+        cap,
+        Name("n", i)
+    )
 }
 
 /// Clamps a value to its bounds, keeping NULL as NULL (GREATEST and LEAST ignore NULLs, so a
 /// bare clamp would turn a NULL into the lower bound).
-fn clamp(arg: &str, b: &Bounds) -> String {
-    format!(
-        "CASE WHEN ({arg}) IS NULL THEN NULL ELSE LEAST(GREATEST(CAST({arg} AS NUMERIC), {}), {}) END",
-        num(b.lower),
-        num(b.upper)
+fn clamp(arg: &Canonical, b: &Bounds) -> Sql {
+    sql!(
+        "CASE WHEN ({}) IS NULL THEN NULL ELSE LEAST(GREATEST(CAST({} AS NUMERIC), {}), {}) END",
+        arg,
+        arg,
+        Number(b.lower),
+        Number(b.upper)
     )
 }
 
 /// `COUNT(__dp_a{i})` over one row.
-fn present(i: usize) -> String {
-    format!("CASE WHEN __dp_a{i} IS NULL THEN 0 ELSE 1 END")
+fn present(i: usize) -> Sql {
+    sql!("CASE WHEN {} IS NULL THEN 0 ELSE 1 END", Name("a", i))
 }
 
 /// The key of the keyed hash that ranks a unit's groups and values: the first 63 bits of
@@ -405,84 +406,69 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     let groups_cap = plan.max_groups_per_unit;
 
     // Stage 1: rows.
-    let unit = plan.unit.sql();
-    let mut select = vec![format!("{unit} AS __dp_unit")];
+    let mut select = vec![sql!("{} AS __dp_unit", plan.unit)];
     for (i, k) in plan.keys.iter().enumerate() {
-        select.push(format!("{} AS __dp_k{i}", k.expr));
+        select.push(sql!("{} AS {}", k.expr, Name("k", i)));
     }
     for (i, a) in arguments.iter().enumerate() {
         let value = match &a.bounds {
             Some(b) => clamp(&a.text, b),
-            None => a.text.clone(),
+            None => sql!("{}", a.text),
         };
-        select.push(format!("{value} AS __dp_a{i}"));
+        select.push(sql!("{} AS {}", value, Name("a", i)));
     }
-    let from = crate::dp::plan::from_clause(&plan.tables, &plan.joins, |q| {
+    let from = from_clause(&plan.tables, &plan.joins, |q| {
         let mut q = q.clone();
-        let mut binder = BindParameters {
-            plan,
-            values: parameters,
-            error: None,
-        };
-        let _ = q.visit(&mut binder);
-        match binder.error {
-            Some(e) => Err(e),
-            None => Ok(q.to_string()),
-        }
+        bind_parameters(&mut q, plan, parameters)?;
+        Ok(sql!("{}", q))
     })?;
     let filter = match &plan.filter {
         Some(f) => {
             let mut f = f.clone();
-            let mut binder = BindParameters {
-                plan,
-                values: parameters,
-                error: None,
-            };
-            let _ = f.visit(&mut binder);
-            if let Some(e) = binder.error {
-                return Err(e);
-            }
-            format!(" WHERE {f}")
+            bind_parameters(&mut f, plan, parameters)?;
+            sql!(" WHERE {}", f)
         }
-        None => String::new(),
+        None => Sql::text(""),
     };
-    let rows = format!("SELECT {} FROM {from}{filter}", select.join(", "));
+    let rows = sql!("SELECT {} FROM {}{}", Sql::join(select, ", "), from, filter);
 
     // Stage 2: per unit and group.
-    let keys: Vec<String> = (0..plan.keys.len()).map(|i| format!("__dp_k{i}")).collect();
+    let keys: Vec<Sql> = (0..plan.keys.len())
+        .map(|i| sql!("{}", Name("k", i)))
+        .collect();
     // Each item twice: as the aggregate over the unit's rows, and as the value that aggregate
     // takes over exactly one row (used when every row is its own unit, below).
-    let mut per_unit = vec!["__dp_unit".to_string()];
+    let mut per_unit = vec![Sql::text("__dp_unit")];
     per_unit.extend(keys.iter().cloned());
     let mut one_row = per_unit.clone();
     for (j, m) in measures.iter().enumerate() {
         let (expr, single) = match m {
-            Measure::Rows => ("COUNT(*)".to_string(), "1".to_string()),
+            Measure::Rows => (Sql::text("COUNT(*)"), Sql::text("1")),
             Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
-                ("1".to_string(), "1".to_string())
+                (Sql::text("1"), Sql::text("1"))
             }
-            Measure::Values(i) => (format!("COUNT(__dp_a{i})"), present(*i)),
-            Measure::Sum(i) => (format!("SUM(__dp_a{i})"), format!("__dp_a{i}")),
+            Measure::Values(i) => (sql!("COUNT({})", Name("a", *i)), present(*i)),
+            Measure::Sum(i) => (sql!("SUM({})", Name("a", *i)), sql!("{}", Name("a", *i))),
             Measure::SumCentered(i) => {
-                let x = format!("__dp_a{i} - {}", num(arguments[*i].center().0));
-                (format!("SUM({x})"), format!("({x})"))
+                let x = sql!("{} - {}", Name("a", *i), Number(arguments[*i].center().0));
+                (sql!("SUM({})", x), sql!("({})", x))
             }
             Measure::SumSquaresCentered(i) => {
-                let mid = num(arguments[*i].center().0);
-                let x = format!("(__dp_a{i} - {mid}) * (__dp_a{i} - {mid})");
-                (format!("SUM({x})"), format!("({x})"))
+                let (a, mid) = (Name("a", *i), Number(arguments[*i].center().0));
+                let x = sql!("({} - {}) * ({} - {})", a, mid, a, mid);
+                (sql!("SUM({})", x), sql!("({})", x))
             }
         };
-        per_unit.push(format!("{expr} AS __dp_m{j}"));
-        one_row.push(format!("{single} AS __dp_m{j}"));
+        per_unit.push(sql!("{} AS {}", expr, Name("m", j)));
+        one_row.push(sql!("{} AS {}", single, Name("m", j)));
     }
     // Each unit's number of values of each argument, to scale its sums to at most
     // max_rows_per_unit values (keeping its mean) before clamping.
     for i in 0..arguments.len() {
-        per_unit.push(format!("COUNT(__dp_a{i}) AS __dp_n{i}"));
-        one_row.push(format!("{} AS __dp_n{i}", present(i)));
+        per_unit.push(sql!("COUNT({}) AS {}", Name("a", i), Name("n", i)));
+        one_row.push(sql!("{} AS {}", present(i), Name("n", i)));
     }
-    let mut group_unit = vec!["__dp_unit".to_string()];
+    let mut group_unit = vec![Sql::text("__dp_unit")];
     group_unit.extend(keys.iter().cloned());
     // When every row is its own unit, a unit has one row in one group: stage 2 is a projection
     // of what the per-unit aggregates give for one row, and stage 3 (which would keep rank
@@ -493,12 +479,12 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
             .iter()
             .all(|m| !matches!(m, Measure::Distinct(_) | Measure::Quantile(..)));
     let per_unit_sql = if flat {
-        format!("SELECT {} FROM __dp_rows", one_row.join(", "))
+        sql!("SELECT {} FROM __dp_rows", Sql::join(one_row, ", "))
     } else {
-        format!(
+        sql!(
             "SELECT {} FROM __dp_rows GROUP BY {}",
-            per_unit.join(", "),
-            group_unit.join(", ")
+            Sql::join(per_unit, ", "),
+            Sql::join(group_unit, ", ")
         )
     };
 
@@ -506,124 +492,145 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     let ranked_sql = if keys.is_empty() || flat {
         None
     } else {
-        let key_text: Vec<String> = keys
+        let key_text = keys
             .iter()
-            .map(|k| format!("COALESCE(CAST({k} AS TEXT), '<null>')"))
-            .collect();
-        Some(format!(
+            .map(|k| sql!("COALESCE(CAST({} AS TEXT), '<null>')", k));
+        Some(sql!(
             "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || {}, {})) AS __dp_rank FROM __dp_per_unit",
-            key_text.join(" || '|' || "),
+            Sql::join(key_text, " || '|' || "),
             ranking_seed(secret)
         ))
     };
 
     // Stage 4: per group, each unit's contribution capped.
-    let key_match = |prefix: &str| -> String {
+    let key_match = |stem: &'static str| -> Sql {
         if keys.is_empty() {
-            String::new()
+            Sql::text("")
         } else {
-            let parts: Vec<String> = keys
+            let parts = keys
                 .iter()
                 .enumerate()
-                .map(|(i, k)| format!("{prefix}{i} IS NOT DISTINCT FROM {k}"))
-                .collect();
-            format!(" WHERE {}", parts.join(" AND "))
+                .map(|(i, k)| sql!("{} IS NOT DISTINCT FROM {}", Name(stem, i), k));
+            sql!(" WHERE {}", Sql::join(parts, " AND "))
         }
     };
-    let mut outer: Vec<String> = keys.iter().map(|k| format!("CAST({k} AS TEXT)")).collect();
+    let mut outer: Vec<Sql> = keys.iter().map(|k| sql!("CAST({} AS TEXT)", k)).collect();
     for (j, m) in measures.iter().enumerate() {
         let cap = rows_cap;
         let expr = match m {
-            Measure::Rows | Measure::Values(_) => format!("SUM(LEAST(__dp_m{j}, {cap}))"),
-            Measure::Units => "COUNT(*)".to_string(),
-            Measure::Distinct(_) => {
-                let filter = key_match("__dp_dk");
-                format!("COALESCE((SELECT __dp_c FROM __dp_d{j}{filter}), 0)")
-            }
-            Measure::Quantile(..) => {
-                let filter = key_match("__dp_dk");
-                format!("COALESCE((SELECT __dp_h FROM __dp_d{j}{filter}), '')")
-            }
+            Measure::Rows | Measure::Values(_) => sql!("SUM(LEAST({}, {}))", Name("m", j), cap),
+            Measure::Units => Sql::text("COUNT(*)"),
+            Measure::Distinct(_) => sql!(
+                "COALESCE((SELECT __dp_c FROM {}{}), 0)",
+                Name("d", j),
+                key_match("dk")
+            ),
+            Measure::Quantile(..) => sql!(
+                "COALESCE((SELECT __dp_h FROM {}{}), '')",
+                Name("d", j),
+                key_match("dk")
+            ),
             Measure::Sum(i) => {
                 let b = arguments[*i]
                     .bounds
                     .ok_or_else(|| Error::internal("sum without bounds"))?;
                 // A unit with n values contributes sum · min(1, C/n): the sum of at most C values
                 // at its own mean, within [min(0, C·lower), max(0, C·upper)].
-                format!(
+                sql!(
                     "SUM(LEAST(GREATEST({}, {}), {}))",
                     scaled(j, *i, cap),
-                    num((b.lower * cap as f64).min(0.0)),
-                    num((b.upper * cap as f64).max(0.0))
+                    Number((b.lower * cap as f64).min(0.0)),
+                    Number((b.upper * cap as f64).max(0.0))
                 )
             }
             Measure::SumCentered(i) => {
                 let h = arguments[*i].center().1 * cap as f64;
-                format!(
+                sql!(
                     "SUM(LEAST(GREATEST({}, {}), {}))",
                     scaled(j, *i, cap),
-                    num(-h),
-                    num(h)
+                    Number(-h),
+                    Number(h)
                 )
             }
             Measure::SumSquaresCentered(i) => {
                 let h = arguments[*i].center().1;
-                format!(
+                sql!(
                     "SUM(LEAST(GREATEST({}, 0), {}))",
                     scaled(j, *i, cap),
-                    num(h * h * cap as f64)
+                    Number(h * h * cap as f64)
                 )
             }
         };
         outer.push(expr);
     }
-    outer.push("COUNT(*)".into());
+    outer.push(Sql::text("COUNT(*)"));
     let source = if ranked_sql.is_some() {
-        "__dp_ranked WHERE __dp_rank <= "
+        sql!("__dp_ranked WHERE __dp_rank <= {}", groups_cap)
     } else {
-        "__dp_per_unit"
+        Sql::text("__dp_per_unit")
     };
-    let mut sql = format!("WITH __dp_rows AS ({rows}), __dp_per_unit AS ({per_unit_sql})");
+    let mut statement = sql!(
+        "WITH __dp_rows AS ({}), __dp_per_unit AS ({})",
+        rows,
+        per_unit_sql
+    );
     if let Some(r) = &ranked_sql {
-        sql.push_str(&format!(", __dp_ranked AS ({r})"));
+        statement.push(sql!(", __dp_ranked AS ({})", r));
     }
     for (j, m) in measures.iter().enumerate() {
-        match m {
-            Measure::Distinct(i) => sql.push_str(&value_stages(
-                j, *i, &keys, secret, rows_cap, groups_cap, None,
-            )?),
+        let histogram = match m {
+            Measure::Distinct(i) => Some((*i, None)),
             Measure::Quantile(i, _) => {
                 let b = arguments[*i]
                     .bounds
                     .ok_or_else(|| Error::internal("quantile without bounds"))?;
-                sql.push_str(&value_stages(
-                    j,
-                    *i,
-                    &keys,
-                    secret,
-                    rows_cap,
-                    groups_cap,
-                    Some(b),
-                )?)
+                Some((*i, Some(b)))
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some((i, bounds)) = histogram {
+            let stage = ValueStage {
+                j,
+                i,
+                keys: keys.len(),
+                seed: ranking_seed(secret),
+                rows_cap,
+                groups_cap,
+            };
+            statement.push(stage.sql(bounds));
         }
     }
-    sql.push_str(&format!(" SELECT {} FROM {source}", outer.join(", ")));
-    if ranked_sql.is_some() {
-        sql.push_str(&groups_cap.to_string());
-    }
+    statement.push(sql!(" SELECT {} FROM {}", Sql::join(outer, ", "), source));
     if !keys.is_empty() {
-        sql.push_str(&format!(" GROUP BY {}", keys.join(", ")));
+        statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
     }
 
-    check_one_statement(&sql)?;
+    let text = statement.into_string();
+    check_one_statement(&text)?;
     Ok(Rewrite {
-        sql: UpstreamSql(sql),
+        sql: UpstreamSql(text),
         arguments,
         measures,
         aggregate_measures,
     })
+}
+
+/// Replaces the `$n` placeholders in `tree` with typed literals of the bound values.
+fn bind_parameters<T: VisitMut>(
+    tree: &mut T,
+    plan: &Plan,
+    parameters: &[Option<String>],
+) -> Result<()> {
+    let mut binder = BindParameters {
+        plan,
+        values: parameters,
+        error: None,
+    };
+    let _ = tree.visit(&mut binder);
+    match binder.error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Checks that `sql` is one statement: it tokenizes, and no token ends a statement or starts a
@@ -662,81 +669,118 @@ pub(crate) fn check_one_statement(sql: &str) -> Result<()> {
 }
 
 /// The CTEs of a value-level measure `j` on argument `i` (a distinct count, or a quantile's
-/// histogram when `histogram` gives the bounds): `__dp_v{j}` keeps, per unit and group, at most
-/// `rows_cap` values (distinct values for a distinct count, rows for a histogram) chosen by
-/// `hashtextextended(unit || value, seed)`, in the groups the unit kept in `__dp_ranked`; `__dp_d{j}` has
-/// one row per group with the statistic, columns `__dp_dk0…` for the keys.
-fn value_stages(
+/// histogram when [`ValueStage::sql`] is given the bounds): `__dp_v{j}` keeps, per unit and
+/// group, at most `rows_cap` values (distinct values for a distinct count, rows for a histogram)
+/// chosen by `hashtextextended(unit || value, seed)`, in the groups the unit kept in
+/// `__dp_ranked`; `__dp_d{j}` has one row per group with the statistic, columns `__dp_dk0…` for
+/// the keys.
+struct ValueStage {
     j: usize,
     i: usize,
-    keys: &[String],
-    secret: &str,
+    keys: usize,
+    seed: i64,
     rows_cap: u64,
     groups_cap: u64,
-    histogram: Option<Bounds>,
-) -> Result<String> {
-    let key_list: String = keys.iter().map(|k| format!(", {k}")).collect();
-    let dk_names: Vec<String> = (0..keys.len()).map(|n| format!("__dp_dk{n}")).collect();
-    let source = match histogram {
-        None => format!(
-            "(SELECT DISTINCT __dp_unit{key_list}, __dp_a{i} FROM __dp_rows WHERE __dp_a{i} IS NOT NULL) AS __dp_distinct{j}"
-        ),
-        Some(_) => format!("__dp_rows WHERE __dp_a{i} IS NOT NULL"),
-    };
-    let value = match histogram {
-        None => format!("__dp_a{i}"),
-        Some(b) => {
-            let buckets = crate::dp::mechanism::QUANTILE_BUCKETS;
-            format!(
-                "LEAST(GREATEST(pg_catalog.trunc((__dp_a{i} - {}) * {buckets} / {}), 0), {})",
-                num(b.lower),
-                num(b.upper - b.lower),
-                buckets - 1
+}
+
+impl ValueStage {
+    fn sql(&self, histogram: Option<Bounds>) -> Sql {
+        let (j, n) = (self.j, self.keys);
+        let a = Name("a", self.i);
+        let names = |stem: &'static str| (0..n).map(move |k| Name(stem, k));
+        let key_list = Sql::join(names("k").map(|k| sql!(", {}", k)), "");
+        let source = match histogram {
+            None => sql!(
+                "(SELECT DISTINCT __dp_unit{}, {} FROM __dp_rows WHERE {} IS NOT NULL) AS {}",
+                key_list,
+                a,
+                a,
+                Name("distinct", j)
+            ),
+            Some(_) => sql!("__dp_rows WHERE {} IS NOT NULL", a),
+        };
+        let value = match histogram {
+            None => sql!("{}", a),
+            Some(b) => {
+                let buckets = crate::dp::mechanism::QUANTILE_BUCKETS;
+                sql!(
+                    "LEAST(GREATEST(pg_catalog.trunc(({} - {}) * {} / {}), 0), {})",
+                    a,
+                    Number(b.lower),
+                    buckets,
+                    Number(b.upper - b.lower),
+                    buckets - 1
+                )
+            }
+        };
+        let kept_group = if n == 0 {
+            Sql::text("")
+        } else {
+            let parts =
+                (0..n).map(|k| sql!("{} IS NOT DISTINCT FROM {}", Name("k", k), Name("vk", k)));
+            sql!(
+                " AND EXISTS (SELECT 1 FROM __dp_ranked WHERE __dp_unit = __dp_vu AND {} AND __dp_rank <= {})",
+                Sql::join(parts, " AND "),
+                self.groups_cap
             )
-        }
-    };
-    let kept_group = if keys.is_empty() {
-        String::new()
-    } else {
-        let parts: Vec<String> = (0..keys.len())
-            .map(|n| format!("__dp_k{n} IS NOT DISTINCT FROM __dp_vk{n}"))
-            .collect();
-        format!(
-            " AND EXISTS (SELECT 1 FROM __dp_ranked WHERE __dp_unit = __dp_vu AND {} AND __dp_rank <= {groups_cap})",
-            parts.join(" AND ")
-        )
-    };
-    let vk_list: String = (0..keys.len())
-        .map(|n| format!(", __dp_k{n} AS __dp_vk{n}"))
-        .collect();
-    let values = format!(
-        "__dp_v{j} AS (SELECT __dp_unit AS __dp_vu{vk_list}, {value} AS __dp_v, ROW_NUMBER() OVER (PARTITION BY __dp_unit{key_list} ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || CAST(__dp_a{i} AS TEXT), {})) AS __dp_vrank FROM {source})",
-        ranking_seed(secret)
-    );
-    let vk_as_dk: String = (0..keys.len())
-        .map(|n| format!(", __dp_vk{n} AS __dp_dk{n}"))
-        .collect();
-    let group_by = if keys.is_empty() {
-        String::new()
-    } else {
-        format!(" GROUP BY {}", dk_names.join(", "))
-    };
-    let per_group = match histogram {
-        None => format!(
-            "__dp_d{j} AS (SELECT COUNT(DISTINCT __dp_v) AS __dp_c{vk_as_dk} FROM __dp_v{j} WHERE __dp_vrank <= {rows_cap}{kept_group}{group_by})"
-        ),
-        Some(_) => {
-            let bucket_group: Vec<String> = dk_names
-                .iter()
-                .cloned()
-                .chain(std::iter::once("__dp_v".to_string()))
-                .collect();
-            format!(
-                "__dp_d{j} AS (SELECT string_agg(CAST(__dp_v AS TEXT) || ':' || CAST(__dp_n AS TEXT), ',') AS __dp_h{} FROM (SELECT __dp_v, COUNT(*) AS __dp_n{vk_as_dk} FROM __dp_v{j} WHERE __dp_vrank <= {rows_cap}{kept_group} GROUP BY {}) AS __dp_buckets{j}{group_by})",
-                dk_names.iter().map(|d| format!(", {d}")).collect::<String>(),
-                bucket_group.join(", ").replace("__dp_dk", "__dp_vk")
+        };
+        let vk_list = Sql::join(
+            (0..n).map(|k| sql!(", {} AS {}", Name("k", k), Name("vk", k))),
+            "",
+        );
+        let values = sql!(
+            "{} AS (SELECT __dp_unit AS __dp_vu{}, {} AS __dp_v, ROW_NUMBER() OVER (PARTITION BY __dp_unit{} ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || CAST({} AS TEXT), {})) AS __dp_vrank FROM {})",
+            Name("v", j),
+            vk_list,
+            value,
+            key_list,
+            a,
+            self.seed,
+            source
+        );
+        let vk_as_dk = Sql::join(
+            (0..n).map(|k| sql!(", {} AS {}", Name("vk", k), Name("dk", k))),
+            "",
+        );
+        let group_by = if n == 0 {
+            Sql::text("")
+        } else {
+            sql!(
+                " GROUP BY {}",
+                Sql::join(names("dk").map(|d| sql!("{}", d)), ", ")
             )
-        }
-    };
-    Ok(format!(", {values}, {per_group}"))
+        };
+        let per_group = match histogram {
+            None => sql!(
+                "{} AS (SELECT COUNT(DISTINCT __dp_v) AS __dp_c{} FROM {} WHERE __dp_vrank <= {}{}{})",
+                Name("d", j),
+                vk_as_dk,
+                Name("v", j),
+                self.rows_cap,
+                kept_group,
+                group_by
+            ),
+            Some(_) => {
+                let bucket_group = Sql::join(
+                    names("vk")
+                        .map(|v| sql!("{}", v))
+                        .chain(std::iter::once(Sql::text("__dp_v"))),
+                    ", ",
+                );
+                sql!(
+                    "{} AS (SELECT string_agg(CAST(__dp_v AS TEXT) || ':' || CAST(__dp_n AS TEXT), ',') AS __dp_h{} FROM (SELECT __dp_v, COUNT(*) AS __dp_n{} FROM {} WHERE __dp_vrank <= {}{} GROUP BY {}) AS {}{})",
+                    Name("d", j),
+                    Sql::join(names("dk").map(|d| sql!(", {}", d)), ""),
+                    vk_as_dk,
+                    Name("v", j),
+                    self.rows_cap,
+                    kept_group,
+                    bucket_group,
+                    Name("buckets", j),
+                    group_by
+                )
+            }
+        };
+        sql!(", {}, {}", values, per_group)
+    }
 }
