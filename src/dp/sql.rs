@@ -3,7 +3,8 @@
 //!
 //! Invariants:
 //! - The text of a [`Sql`] comes from string literals in pgdp's source (the macro's template
-//!   must be a literal, and a template passed through a macro cannot capture variables), from
+//!   must be a literal, and it reaches `format!` through `concat!`, so it cannot capture a
+//!   variable by name: `sql!("{text}")` does not compile), from
 //!   integers, from finite numbers printed as decimals ([`Number`]), from generated names
 //!   ([`Name`], always with the reserved prefix), from quoted identifiers of the policy
 //!   ([`Ident`]), and from sqlparser's printing of parsed expressions ([`Canonical`], [`Expr`],
@@ -61,8 +62,10 @@ impl<T: Fragment + ?Sized> std::fmt::Display for Piece<'_, T> {
 /// `sql!("SUM(LEAST({}, {}))", value, Number(cap))`.
 macro_rules! sql {
     ($template:literal $(, $piece:expr)* $(,)?) => {
+        // `concat!` makes the template "expanded from a macro", so it cannot capture a variable
+        // by name (`{text}`): every piece must be an argument, and so a `Fragment`.
         $crate::dp::sql::Sql::assembled(format!(
-            $template $(, $crate::dp::sql::Piece(&$piece))*
+            concat!($template) $(, $crate::dp::sql::Piece(&$piece))*
         ))
     };
 }
