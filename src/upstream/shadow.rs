@@ -252,8 +252,15 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
     if !exists {
         let create = format!("CREATE DATABASE {}", quote_ident(&dbname));
         if let Err(e) = conn.client().batch_execute(&create).await {
-            // Another pgdp may have created it at the same moment.
-            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+            // Another pgdp may have created it at the same moment: PostgreSQL says 42P04 when
+            // the other creation had committed, and 23505 (a unique violation on
+            // pg_database's name index) when both ran at once, as the processes of a fresh
+            // deployment or test run do.
+            let raced = [
+                tokio_postgres::error::SqlState::DUPLICATE_DATABASE,
+                tokio_postgres::error::SqlState::UNIQUE_VIOLATION,
+            ];
+            if !e.code().is_some_and(|code| raced.contains(code)) {
                 return Err(fail("create database")(e));
             }
         }

@@ -900,3 +900,87 @@ async fn catalog_queries_of_one_analyst_run_two_at_a_time() {
     assert!(most >= 1, "the catalog queries were never seen running");
     proxy.stop().await;
 }
+
+/// Regression: pgdp processes that start at once over an upstream database without a shadow
+/// catalog raced in `CREATE DATABASE`; the loser got 23505 (a unique violation in
+/// pg_database), not 42P04, and refused every catalog query with 0A000 for the retry interval
+/// (seen in the attack corpus on a fresh machine). Every server that starts at once must answer
+/// catalog queries.
+#[tokio::test]
+async fn servers_starting_at_once_all_get_the_shadow_catalog() {
+    let upstream = harness::fresh_database("shadow_race").await;
+    upstream
+        .client()
+        .await
+        .batch_execute("CREATE SCHEMA f; CREATE TABLE f.items (person_id bigint, v integer)")
+        .await
+        .expect("create f.items");
+    let policy = pgdp::policy::parse(&format!(
+        r#"
+database: {}
+analysts:
+  analyst:
+    scram_verifier: "SCRAM-SHA-256$4096:cGdkcC1kZW1vLXNhbHQtMQ==$lInLWt8gswE0sagso62TdobVlP/4N1mG//OTC1uOjxU=:Cs+4xOdBEHF3GmuzWiAu/lrFp8VOJ+dfMKys15hYAlg="
+    budget: {{ epsilon: 1, delta: 1.0e-6 }}
+tables:
+  f.items:
+    kind: private
+    privacy_unit: person_id
+    columns:
+      person_id: {{ type: bigint }}
+      v: {{ type: integer, lower: 0, upper: 100 }}
+"#,
+        upstream.name()
+    ))
+    .expect("policy");
+    let ledger = harness::fresh_database("shadow_race_ledger").await;
+    let servers = futures::future::join_all((0..6).map(|_| {
+        server::start(Config {
+            policy: policy.clone(),
+            upstream: upstream.dsn().to_string(),
+            ledger: Some(ledger.dsn().to_string()),
+            listen: "127.0.0.1:0".into(),
+            noise_seed: Some([5; 32]),
+        })
+    }))
+    .await;
+    for (i, running) in servers.iter().enumerate() {
+        let running = running.as_ref().expect("pgdp starts");
+        let dsn = format!(
+            "host=127.0.0.1 port={} user=analyst password=analyst dbname={} sslmode=disable",
+            running.addr.port(),
+            upstream.name()
+        );
+        let (client, connection) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls)
+            .await
+            .expect("connect to pgdp");
+        tokio::spawn(connection);
+        let rows = client
+            .simple_query(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'f'",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("server {i}: catalog query refused: {e:?}"));
+        let names: Vec<&str> = rows
+            .iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, vec!["items"], "server {i}");
+    }
+    drop(servers);
+    harness::upstream()
+        .await
+        .admin_client()
+        .await
+        .batch_execute(&format!(
+            "DROP DATABASE IF EXISTS \"{}_pgdp_catalog\" WITH (FORCE)",
+            upstream.name()
+        ))
+        .await
+        .expect("drop the shadow catalog");
+    ledger.drop_db().await;
+    upstream.drop_db().await;
+}
