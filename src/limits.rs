@@ -163,6 +163,16 @@ pub const REPEATS_COUNTED_MAX: u64 = 1_000_000;
 /// Lifetime of a replayed answer in the replay cache when the policy does not set one.
 pub const REPLAY_LIFETIME_DEFAULT_S: u64 = 24 * 60 * 60;
 
+/// Smallest factor between consecutive points of a policy's `release_schedule`.
+pub const RELEASE_SCHEDULE_RATIO_MIN: f64 = 1.01;
+
+/// Largest factor between consecutive points of a policy's `release_schedule`.
+pub const RELEASE_SCHEDULE_RATIO_MAX: f64 = 10.0;
+
+/// Most points a `release_schedule` may have within its horizon (the statement timeout plus the
+/// post-processing timeout): at most log2 of this many bits per query from timing.
+pub const RELEASE_SCHEDULE_POINTS_MAX: usize = 64;
+
 const _: () = assert!(
     STATEMENTS_PER_MESSAGE_MAX >= 4,
     "psqlODBC sends several statements at connect"
@@ -183,6 +193,13 @@ const _: () = assert!(
 const _: () = assert!(UPSTREAM_CONNECT_TIMEOUT_MS < STATEMENT_TIMEOUT_MS);
 const _: () = assert!(CATALOG_STATEMENT_TIMEOUT_MS <= STATEMENT_TIMEOUT_MS);
 const _: () = assert!(STARTUP_TIMEOUT_MS > 0);
+const _: () = assert!(
+    RELEASE_SCHEDULE_RATIO_MIN > 1.0 && RELEASE_SCHEDULE_RATIO_MIN < RELEASE_SCHEDULE_RATIO_MAX
+);
+const _: () = assert!(
+    RELEASE_SCHEDULE_POINTS_MAX >= 2,
+    "a floor at the statement timeout with the largest ratio has two points in the horizon"
+);
 const _: () = assert!(
     AUTH_FAILURES_PER_PEER_MAX >= 3,
     "a user who mistypes a password twice must not be locked out"

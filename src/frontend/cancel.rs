@@ -74,8 +74,13 @@ impl CancelHandler for Cancels {
     async fn on_cancel_request(&self, request: CancelRequest) {
         match self.find(request.pid, &request.secret_key) {
             Some(cancel) => {
-                let running = cancel.request(CancelReason::UserRequest).await;
-                tracing::info!(pid = request.pid, running, "cancel request");
+                // Its own task: under a release schedule the cancel waits for the schedule's
+                // next point, which must not hold (or be cut short with) this connection.
+                let pid = request.pid;
+                tokio::spawn(async move {
+                    let running = cancel.request(CancelReason::UserRequest).await;
+                    tracing::info!(pid, running, "cancel request");
+                });
             }
             None => tracing::info!(
                 pid = request.pid,

@@ -25,10 +25,12 @@
 //!
 //! Nothing downstream sees a raw struct.
 
+mod schedule;
 #[cfg(test)]
 mod tests;
 mod validate;
 
+pub use schedule::ReleaseSchedule;
 pub use validate::parse_scram_verifier;
 use validate::*;
 
@@ -60,6 +62,8 @@ pub struct Policy {
     pub dataset_budget: Option<BudgetSpec>,
     /// How long an identical query from the same analyst is answered from the replay cache.
     pub replay_lifetime: Duration,
+    /// When DP answers may leave (`release_schedule`); `None`: as soon as they are ready.
+    pub release_schedule: Option<ReleaseSchedule>,
     /// Analysts by name.
     pub analysts: BTreeMap<String, Analyst>,
     /// Tables by qualified name `schema.table`.
@@ -384,6 +388,9 @@ impl Policy {
                 "dataset budget: epsilon {}, delta {}\n",
                 b.epsilon, b.delta
             ));
+        }
+        if let Some(schedule) = &self.release_schedule {
+            out.push_str(&format!("release schedule: {}\n", schedule.describe()));
         }
         out.push_str(&format!("{} analyst(s):\n", self.analysts.len()));
         for a in self.analysts.values() {

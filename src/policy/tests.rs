@@ -271,3 +271,32 @@ fn demo_policy_is_valid() {
         Some(&TableKind::Public)
     );
 }
+
+#[test]
+fn release_schedule_is_read_and_checked_at_its_path() {
+    let plain = parse(&minimal("")).expect("valid");
+    assert_eq!(plain.release_schedule, None);
+    let with = |schedule: &str| format!("release_schedule: {schedule}\n{}", minimal(""));
+    let p = parse(&with("{ floor_ms: 250, ratio: 2 }")).expect("valid");
+    let s = p.release_schedule.expect("a schedule");
+    assert_eq!((s.floor_ms(), s.ratio()), (250, 2.0));
+    assert!(p
+        .summary()
+        .contains("release schedule: DP answers leave at 250 ms"));
+
+    let e = errors(&with("{ floor_ms: 0, ratio: 2 }"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("release_schedule: floor_ms must be between 1"),
+        "{e:?}"
+    );
+    let e = errors(&with("{ floor_ms: 100, ratio: 1 }"));
+    assert!(
+        e[0].starts_with("release_schedule: ratio must be between"),
+        "{e:?}"
+    );
+    let e = errors(&with("{ floor_ms: 100 }"));
+    assert!(e[0].contains("ratio"), "{e:?}");
+    let e = errors(&with("{ floor_ms: 100, ratio: 2, jitter: 1 }"));
+    assert!(e[0].contains("jitter"), "{e:?}");
+}

@@ -15,6 +15,8 @@ pub(super) struct RawPolicy {
     budget: Option<RawBudget>,
     #[serde(default)]
     replay_lifetime_s: Option<u64>,
+    #[serde(default)]
+    release_schedule: Option<RawReleaseSchedule>,
     analysts: BTreeMap<String, RawAnalyst>,
     tables: BTreeMap<String, RawTable>,
 }
@@ -25,6 +27,13 @@ pub(super) struct RawDefaults {
     epsilon: Option<f64>,
     delta: Option<f64>,
     mechanism: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReleaseSchedule {
+    floor_ms: u64,
+    ratio: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -420,6 +429,11 @@ pub(super) fn validate(
         .budget
         .as_ref()
         .map(|b| validate_budget(&mut p, "budget", b));
+    let release_schedule = raw.release_schedule.as_ref().and_then(|r| {
+        ReleaseSchedule::new(r.floor_ms, r.ratio)
+            .map_err(|e| p.add("release_schedule", e))
+            .ok()
+    });
 
     let mut analysts = BTreeMap::new();
     if raw.analysts.is_empty() {
@@ -710,6 +724,7 @@ pub(super) fn validate(
                 raw.replay_lifetime_s
                     .unwrap_or(limits::REPLAY_LIFETIME_DEFAULT_S),
             ),
+            release_schedule,
             analysts,
             tables,
         })

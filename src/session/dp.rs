@@ -269,6 +269,7 @@ impl Session {
         let charge_id = receipt.id();
         let balance = *receipt.balance();
         self.last_cost = Some(mechanisms.cost);
+        self.charges += 1;
 
         // 4. The upstream, which takes the receipt; a failure keeps the charge.
         let rows = match connection
@@ -348,6 +349,34 @@ impl Session {
         Ok(ClientRows::released(released, notices))
     }
 
+    /// [`Session::dp_query`] under the policy's release schedule: once the statement has been
+    /// charged, its answer or its failure leaves at the first point of `schedule` after the
+    /// work is done, so the time the upstream took shows only as which point it was
+    /// (docs/security.md §2). CancelRequests wait for the points too
+    /// ([`crate::upstream::Cancel::defer_to_release_points`]). Refusals before the charge depend
+    /// on the SQL and the policy only and leave at once; so do replays, which do no work on
+    /// private data.
+    pub(super) async fn dp_query_on_schedule(
+        &mut self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        schedule: crate::policy::ReleaseSchedule,
+    ) -> Result<ClientRows> {
+        let started = std::time::Instant::now();
+        let charges = self.charges;
+        let cancel = self.cancel.clone();
+        let answer = {
+            let _deferred = cancel.defer_to_release_points(started, schedule);
+            self.dp_query(shared, query, params).await
+        };
+        if self.charges != charges {
+            let at = started + schedule.release_at(started.elapsed());
+            tokio::time::sleep_until(at.into()).await;
+        }
+        answer
+    }
+
     /// EXPLAIN: the plan, the upstream SQL (secret redacted), the mechanisms and their cost.
     /// Touches neither the upstream's data nor the budget.
     pub(super) async fn explain(
@@ -358,10 +387,17 @@ impl Session {
     ) -> Result<ClientRows> {
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms) = self.plan_dp(shared, query, params, secret).await?;
-        let lines = release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget)
-            .into_iter()
-            .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
-            .collect();
+        let mut lines: Vec<Vec<Cell>> =
+            release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget)
+                .into_iter()
+                .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
+                .collect();
+        if let Some(schedule) = &shared.policy.release_schedule {
+            lines.push(vec![Cell::Text(format!(
+                "release schedule: {}",
+                schedule.describe()
+            ))]);
+        }
         Ok(ClientRows::computed(explain_columns(), lines))
     }
 }

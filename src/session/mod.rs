@@ -126,6 +126,10 @@ pub struct Session {
     /// The cost of this session's last charged DP query, for the budget view's count of
     /// queries like it that still fit.
     last_cost: Option<crate::budget::Cost>,
+    /// Charges made by this session, so the dispatcher can tell a DP statement that reached
+    /// the ledger (whose answer or failure waits for the release schedule) from one refused
+    /// before it.
+    charges: u64,
 }
 
 impl Session {
@@ -155,6 +159,7 @@ impl Session {
             rng,
             cursors: cursor::Cursors::default(),
             last_cost: None,
+            charges: 0,
         })
     }
 
@@ -258,7 +263,13 @@ impl Session {
                     shadow.run(&self.analyst.name, &sql, &search_path).await?,
                 ))
             }
-            Route::Dp(query) => self.dp_query(shared, query, params).await,
+            Route::Dp(query) => match shared.policy.release_schedule {
+                None => self.dp_query(shared, query, params).await,
+                Some(schedule) => {
+                    self.dp_query_on_schedule(shared, query, params, schedule)
+                        .await
+                }
+            },
             Route::Explain(query) => self.explain(shared, query, params).await,
             Route::Session | Route::Cursor => Err(Error::internal("a route without rows")),
         }

@@ -3,8 +3,15 @@
 //!
 //! Invariant: a cancel reaches only a statement that is running, as in PostgreSQL; a client that
 //! went away is remembered, so its session starts no upstream statement after it.
+//!
+//! Invariant: under a release schedule ([`Cancel::defer_to_release_points`]) a CancelRequest
+//! takes effect only at the schedule's next point, so whether it finds the statement still
+//! running tells no more than the point the answer would have left at.
 
 use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::policy::ReleaseSchedule;
 
 use crate::dsn::Canceller;
 
@@ -35,6 +42,7 @@ impl std::fmt::Debug for CancelState {
             .field("running", &self.running.is_some())
             .field("requested", &self.requested)
             .field("client_gone", &self.client_gone)
+            .field("schedule", &self.schedule)
             .finish()
     }
 }
@@ -58,13 +66,43 @@ struct CancelState {
     requested: Option<CancelReason>,
     /// The client went away.
     client_gone: bool,
+    /// Statements begun so far, so a deferred cancel reaches only the one it was meant for.
+    begun: u64,
+    /// The release schedule of the statement under way and when it started, if any.
+    schedule: Option<(Instant, ReleaseSchedule)>,
 }
 
 impl Cancel {
     /// Cancels the running upstream statement, if any; returns whether one was running. The
     /// cancel is sent to the upstream before this returns (best effort: it is logged if the
     /// upstream cannot be reached).
+    ///
+    /// Under a release schedule, a CancelRequest from the client waits for the schedule's next
+    /// point and then cancels the statement if that same statement is still running. An answer
+    /// that was ready by then leaves at its own point, as without the cancel; one that was not
+    /// is cancelled. Either way the outcome depends on the point, not on the exact time the
+    /// upstream finished, which a cancel sent at a chosen moment would otherwise reveal.
     pub async fn request(&self, reason: CancelReason) -> bool {
+        if reason == CancelReason::UserRequest {
+            let deferred = match self.state.lock() {
+                Ok(state) if state.running.is_some() => {
+                    state.schedule.map(|(started, schedule)| {
+                        (
+                            started + schedule.release_at(started.elapsed()),
+                            state.begun,
+                        )
+                    })
+                }
+                _ => None,
+            };
+            if let Some((at, begun)) = deferred {
+                tokio::time::sleep_until(at.into()).await;
+                let same = self.state.lock().is_ok_and(|s| s.begun == begun);
+                if !same {
+                    return false;
+                }
+            }
+        }
         let token = {
             let Ok(mut state) = self.state.lock() else {
                 return false;
@@ -103,10 +141,40 @@ impl Cancel {
         }
         state.running = Some(token);
         state.requested = None;
+        state.begun = state.begun.wrapping_add(1);
         Ok(Running {
             cancel: self,
             ended: false,
         })
+    }
+}
+
+impl Cancel {
+    /// While the returned guard lives, the session's statement (started at `started`) releases
+    /// its answer on `schedule`, and CancelRequests wait for its points.
+    pub fn defer_to_release_points(
+        &self,
+        started: Instant,
+        schedule: ReleaseSchedule,
+    ) -> Deferred<'_> {
+        if let Ok(mut state) = self.state.lock() {
+            state.schedule = Some((started, schedule));
+        }
+        Deferred { cancel: self }
+    }
+}
+
+/// Cancels deferred to a release schedule; dropping it ends the deferral.
+#[must_use = "the deferral ends when this is dropped"]
+pub struct Deferred<'c> {
+    cancel: &'c Cancel,
+}
+
+impl Drop for Deferred<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.cancel.state.lock() {
+            state.schedule = None;
+        }
     }
 }
 

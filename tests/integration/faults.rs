@@ -1,5 +1,6 @@
 //! Faults: an upstream that is down at start or restarts, a slow upstream, cancel requests,
-//! clients that go away mid-query, and an unreachable ledger.
+//! clients that go away mid-query, and an unreachable ledger; and the release schedule, which
+//! makes a slow upstream's time show only as one of a few fixed points.
 //!
 //! Every test runs pgdp in process over its own throwaway [`Cluster`] (a tiny private table
 //! `f.items`), so that it can stop, restart and lock the upstream without touching the shared
@@ -78,8 +79,12 @@ async fn cluster_with_items() -> Cluster {
 }
 
 async fn start_pgdp(upstream: &str, ledger: &str) -> Running {
+    start_pgdp_with(POLICY, upstream, ledger).await
+}
+
+async fn start_pgdp_with(policy: &str, upstream: &str, ledger: &str) -> Running {
     server::start(Config {
-        policy: pgdp::policy::parse(POLICY).expect("policy"),
+        policy: pgdp::policy::parse(policy).expect("policy"),
         upstream: upstream.to_string(),
         ledger: Some(ledger.to_string()),
         listen: "127.0.0.1:0".into(),
@@ -441,4 +446,163 @@ async fn ledger_restart_mid_session_refuses_then_charges_again() {
             ("released".to_string(), "1".to_string())
         ]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The release schedule (issue 17, timing): answers leave at 400, 1000, 2500, 6250 ms, … after
+// their statement started.
+// ---------------------------------------------------------------------------------------------
+
+/// The points of [`SCHEDULE`], in milliseconds.
+const SCHEDULE_POINTS_MS: [u64; 5] = [400, 1_000, 2_500, 6_250, 15_625];
+
+/// The policy's schedule: a 400 ms floor, ×2.5 per point.
+const SCHEDULE: &str = "release_schedule: { floor_ms: 400, ratio: 2.5 }\n";
+
+/// How late after its point an answer may reach the client on a busy 2-core machine: far less
+/// than the 600 ms between the first two points, so landing on the wrong point still fails.
+const SCHEDULE_SLACK: Duration = Duration::from_millis(300);
+
+/// Asserts that an answer that took `elapsed` at the client left pgdp at the point `point_ms`.
+fn assert_left_at(elapsed: Duration, point_ms: u64, what: &str) {
+    let point = Duration::from_millis(point_ms);
+    assert!(
+        elapsed >= point && elapsed < point + SCHEDULE_SLACK,
+        "{what}: answered after {elapsed:?}, expected at the {point_ms} ms point"
+    );
+}
+
+/// Asserts that `elapsed` lies just after one of the schedule's points, and returns it.
+fn assert_on_a_point(elapsed: Duration, what: &str) -> u64 {
+    SCHEDULE_POINTS_MS
+        .into_iter()
+        .find(|p| {
+            let point = Duration::from_millis(*p);
+            elapsed >= point && elapsed < point + SCHEDULE_SLACK
+        })
+        .unwrap_or_else(|| {
+            panic!("{what}: answered after {elapsed:?}, on no point of the schedule")
+        })
+}
+
+async fn start_scheduled(cluster: &Cluster) -> Running {
+    let policy = format!("{SCHEDULE}{POLICY}");
+    start_pgdp_with(&policy, &cluster.dsn("faults"), &cluster.dsn("ledger")).await
+}
+
+#[tokio::test]
+async fn scheduled_release_answers_only_at_the_points_refusals_and_replays_at_once() {
+    let cluster = cluster_with_items().await;
+    let running = start_scheduled(&cluster).await;
+    let (c, _task) = analyst(&running).await;
+
+    // A fast DP query waits for the first point it has not passed (the 400 ms floor, unless
+    // the machine is slow enough to pass it).
+    for i in 1..=3 {
+        let started = Instant::now();
+        let rows = c.simple_query(&dp_query(i)).await.expect("DP query");
+        assert!(first_value(&rows).is_some());
+        assert_on_a_point(started.elapsed(), "a fast DP query");
+    }
+    // A replay does no work on private data and leaves at once; so does a refusal, which
+    // depends on the SQL alone.
+    let started = Instant::now();
+    c.simple_query(&dp_query(1)).await.expect("replay");
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "replay held"
+    );
+    let started = Instant::now();
+    assert_code(
+        c.simple_query("SELECT v FROM f.items").await,
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "raw rows",
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "refusal held"
+    );
+
+    // EXPLAIN says so.
+    let explain = c
+        .simple_query(&format!("EXPLAIN {}", dp_query(9)))
+        .await
+        .expect("EXPLAIN");
+    let text: Vec<String> = explain
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        text.iter().any(|l| l.starts_with(
+            "release schedule: DP answers leave at 400 ms after their statement started, times 2.5"
+        )),
+        "{text:?}"
+    );
+
+    // The upstream held for about 1.2 s: the answer waits for the 2,500 ms point, not 1.2 s.
+    let locker = lock_items(&cluster).await;
+    let started = Instant::now();
+    let query = tokio::spawn(async move {
+        let result = c.simple_query(&dp_query(4)).await.map(|r| first_value(&r));
+        (started.elapsed(), result)
+    });
+    wait_for_lock_waiter(&locker, true).await;
+    tokio::time::sleep_until((started + Duration::from_millis(1_200)).into()).await;
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    let (elapsed, result) = tokio::time::timeout(PATIENCE, query)
+        .await
+        .expect("the query ends")
+        .expect("query task");
+    assert!(result.expect("DP query after the lock").is_some());
+    assert_left_at(elapsed, 2_500, "an upstream that took 1.2 s");
+}
+
+#[tokio::test]
+async fn scheduled_release_defers_a_cancel_to_the_next_point() {
+    let cluster = cluster_with_items().await;
+    let running = start_scheduled(&cluster).await;
+    let (c, _task) = analyst(&running).await;
+    let token = c.cancel_token();
+    let locker = lock_items(&cluster).await;
+
+    let started = Instant::now();
+    let query = tokio::spawn(async move {
+        let result = c.simple_query(&dp_query(1)).await.map(|_| ());
+        (started.elapsed(), result)
+    });
+    wait_for_lock_waiter(&locker, true).await;
+    // Sent at 1.1 s, between the 1,000 and 2,500 ms points: the upstream statement is still
+    // running well after it, and is cancelled at the 2,500 ms point.
+    tokio::time::sleep_until((started + Duration::from_millis(1_100)).into()).await;
+    token.cancel_query(NoTls).await.expect("cancel request");
+    tokio::time::sleep_until((started + Duration::from_millis(2_200)).into()).await;
+    let waiting: i64 = locker
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'f.items'::regclass",
+            &[],
+        )
+        .await
+        .expect("read pg_locks")
+        .get(0);
+    assert_eq!(
+        waiting, 1,
+        "the cancel took effect before the schedule's point"
+    );
+    let (elapsed, result) = tokio::time::timeout(PATIENCE, query)
+        .await
+        .expect("the query ends after the cancel")
+        .expect("query task");
+    assert_code(result, &SqlState::QUERY_CANCELED, "cancelled DP query");
+    // Cancelled at 2,500 ms, its failure leaves at the next point.
+    assert_left_at(elapsed, 6_250, "a query cancelled at the 2,500 ms point");
+    let ledger = harness::connect(&cluster.dsn("ledger")).await;
+    assert_eq!(
+        charges(&ledger).await,
+        vec![("upstream failed".to_string(), "1".to_string())],
+        "the charge stands"
+    );
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
 }
