@@ -6,6 +6,7 @@
 //! cargo bench --bench proxy -- --scale 1         # one scale
 //! cargo bench --bench proxy -- --smoke           # seconds; CI; writes target/bench-smoke/
 //! cargo bench --bench proxy -- --scale 10 --load-only   # only load the demo data
+//! cargo bench --bench proxy -- --schedule        # only the release-schedule figure (scale 1)
 //! ```
 //!
 //! Figures (BENCHMARKS.md states the targets and reads the results):
@@ -15,7 +16,9 @@
 //! 4. front end: classify + analyze + rewrite per golden-corpus query, and release per row;
 //! 5. memory: resident size of a `pgdp serve` child process idle, while releasing ~10^5 groups,
 //!    and with many idle connections;
-//! 6. scaling: DP latency against table size and number of groups.
+//! 6. scaling: DP latency against table size and number of groups;
+//! 7. release schedule (`--schedule` only): DP latency with the policy's `release_schedule`
+//!    against the same pgdp without one, on the queries of figures 1 and 2 (docs/security.md §2).
 //!
 //! Invariants:
 //! - Every latency is a median over repeated runs, measured interleaved with its baselines (the
@@ -207,6 +210,8 @@ struct Settings {
     smoke: bool,
     /// Only create and load the demo databases of `scales`, measure nothing.
     load_only: bool,
+    /// Only figure 7, the release schedule, at the first scale.
+    schedule_only: bool,
     scales: Vec<u32>,
     out: PathBuf,
     admin_dsn: String,
@@ -226,6 +231,7 @@ struct Settings {
 fn parse_args() -> Res<Settings> {
     let mut smoke = false;
     let mut load_only = false;
+    let mut schedule_only = false;
     let mut scales = None;
     let mut out = None;
     let mut args = std::env::args().skip(1);
@@ -233,6 +239,7 @@ fn parse_args() -> Res<Settings> {
         match arg.as_str() {
             "--smoke" => smoke = true,
             "--load-only" => load_only = true,
+            "--schedule" => schedule_only = true,
             "--scale" => {
                 let value = args.next().ok_or_else(|| fail("--scale needs a value"))?;
                 let parsed: Result<Vec<u32>, _> =
@@ -257,6 +264,9 @@ fn parse_args() -> Res<Settings> {
     if smoke {
         options.push_str(" --smoke");
     }
+    if schedule_only {
+        options.push_str(" --schedule");
+    }
     if let Some(s) = &scales {
         let list: Vec<String> = s.iter().map(u32::to_string).collect();
         write!(options, " --scale {}", list.join(","))?;
@@ -269,6 +279,7 @@ fn parse_args() -> Res<Settings> {
         Settings {
             smoke,
             load_only,
+            schedule_only,
             scales: scales.unwrap_or_else(|| vec![1]),
             out: out.unwrap_or_else(|| root.join("target/bench-smoke")),
             admin_dsn,
@@ -287,7 +298,8 @@ fn parse_args() -> Res<Settings> {
         Settings {
             smoke,
             load_only,
-            scales: scales.unwrap_or_else(|| vec![1, 10]),
+            schedule_only,
+            scales: scales.unwrap_or_else(|| if schedule_only { vec![1] } else { vec![1, 10] }),
             out: out.unwrap_or(root),
             admin_dsn,
             runs_min: 5,
@@ -503,8 +515,12 @@ fn bench_policy() -> Res<Policy> {
 }
 
 async fn start_server(upstream: &str, ledger: &LedgerDb) -> Res<Running> {
+    start_server_with(bench_policy()?, upstream, ledger).await
+}
+
+async fn start_server_with(policy: Policy, upstream: &str, ledger: &LedgerDb) -> Res<Running> {
     Ok(server::start(Config {
-        policy: bench_policy()?,
+        policy,
         upstream: upstream.to_string(),
         ledger: Some(ledger.dsn.clone()),
         listen: "127.0.0.1:0".into(),
@@ -721,6 +737,12 @@ async fn bench(s: Settings) -> Res<()> {
             demo_database(&s.admin_dsn, &admin, scale).await?;
         }
         return Ok(());
+    }
+    if s.schedule_only {
+        let ledger = LedgerDb::create(&s, &admin).await?;
+        let result = schedule_figure(&s, &admin, &ledger).await;
+        ledger.drop_db(&admin).await;
+        return result;
     }
     let machine = machine(&admin).await?;
     eprintln!(
@@ -994,6 +1016,92 @@ async fn bench_scale(
         ledger_commit,
         plans,
     })
+}
+
+/// Schedules figure 7 measures: (floor in ms, ratio).
+const SCHEDULES: [(u64, f64); 2] = [(50, 2.0), (250, 2.0)];
+
+/// Figure 7 (`--schedule`): the latency of DP answers under a `release_schedule`, against the same
+/// pgdp without one, measured interleaved on the queries of figures 1 and 2 at the first scale;
+/// printed, and written to `<out>/benches/schedule.md`.
+async fn schedule_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<()> {
+    let scale = s.scales.first().copied().unwrap_or(1);
+    eprintln!("scale {scale}: demo data");
+    let demo = demo_database(&s.admin_dsn, admin, scale).await?;
+    let plain = start_server(&demo, ledger).await?;
+    let mut servers = Vec::new();
+    for (floor_ms, ratio) in SCHEDULES {
+        let text = format!(
+            "release_schedule: {{ floor_ms: {floor_ms}, ratio: {ratio} }}\n{}",
+            bench_policy_text()?
+        );
+        let policy =
+            pgdp::policy::parse(&text).map_err(|e| fail(format!("schedule policy: {e:?}")))?;
+        let bits = policy
+            .release_schedule
+            .map(|r| r.bits_per_query())
+            .unwrap_or(0.0);
+        servers.push((
+            floor_ms,
+            ratio,
+            bits,
+            start_server_with(policy, &demo, ledger).await?,
+        ));
+    }
+    let plain_client = connect(&proxy_dsn(plain.addr.port())).await?;
+    let mut clients = Vec::new();
+    for (_, _, _, running) in &servers {
+        clients.push(connect(&proxy_dsn(running.addr.port())).await?);
+    }
+    let mut table = String::new();
+    writeln!(
+        table,
+        "Release schedule: median DP latency (ms) without and with `release_schedule`, scale {scale}, `{}`\n",
+        s.command
+    )?;
+    write!(table, "| query | no schedule |")?;
+    for (floor_ms, ratio, bits, _) in &servers {
+        write!(
+            table,
+            " floor {floor_ms} ms, ×{ratio} ({bits:.2} bits) | ratio |"
+        )?;
+    }
+    writeln!(table)?;
+    writeln!(table, "|---|---:|{}", "---:|---:|".repeat(servers.len()))?;
+    eprintln!("scale {scale}: 7. release schedule");
+    let queries = OVERHEAD.iter().chain(PRIVACY.iter()).map(|(q, _)| q);
+    for query in queries {
+        let mut ways = vec![Way::Proxy(&plain_client, query.template)];
+        for client in &clients {
+            ways.push(Way::Proxy(client, query.template));
+        }
+        let series = series(s, &ways).await?;
+        write!(table, "| {} | {:.1} |", query.label, series.median(0))?;
+        let mut line = format!("  {:<34} plain {:>8.1} ms", query.label, series.median(0));
+        for (i, (floor_ms, _, _, _)) in servers.iter().enumerate() {
+            write!(
+                table,
+                " {:.1} | {:.2}× |",
+                series.median(i + 1),
+                series.ratio(i + 1, 0)
+            )?;
+            write!(
+                line,
+                "  floor {floor_ms}: {:>8.1} ms {:.2}x",
+                series.median(i + 1),
+                series.ratio(i + 1, 0)
+            )?;
+        }
+        writeln!(table)?;
+        eprintln!("{line}");
+    }
+    let path = s.out.join("benches/schedule.md");
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&path, &table)?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 /// Latency of one single-row commit on the upstream server, with `synchronous_commit` off and

@@ -89,6 +89,49 @@ enum Outcome {
         each: f64,
         exact: bool,
     },
+    /// A `login` step fails with this SQLSTATE; nothing spent.
+    Fatal(String),
+    /// A `login` step opens a session that answers.
+    LoggedIn,
+}
+
+/// A `login` step: a new connection with these startup values. `$analyst` in `user` is the
+/// case's analyst, `$password` in `password` the right password.
+#[derive(Debug, Clone, PartialEq)]
+struct Login {
+    user: String,
+    password: String,
+    dbname: Option<String>,
+}
+
+impl Login {
+    fn parse(text: &str) -> Result<Login, String> {
+        let mut login = Login {
+            user: String::new(),
+            password: String::new(),
+            dbname: None,
+        };
+        let mut has_user = false;
+        for word in text.split_whitespace() {
+            match word.split_once('=') {
+                Some(("user", v)) => {
+                    login.user = v.to_string();
+                    has_user = true;
+                }
+                Some(("password", v)) => login.password = v.to_string(),
+                Some(("dbname", v)) => login.dbname = Some(v.to_string()),
+                _ => {
+                    return Err(format!(
+                        "`login:` takes user=, password=, dbname=; got {word}"
+                    ))
+                }
+            }
+        }
+        if !has_user {
+            return Err("`login:` needs user=".into());
+        }
+        Ok(login)
+    }
 }
 
 /// A check of an answer's rows.
@@ -132,6 +175,8 @@ struct Step {
     params: Vec<Option<String>>,
     /// SQL run directly on the upstream demo database; its first cell is the true value.
     truth: Option<String>,
+    /// A login instead of a statement.
+    login: Option<Login>,
     expect: Expect,
 }
 
@@ -204,6 +249,7 @@ struct PendingStep {
     sql: Vec<String>,
     params: Vec<Option<String>>,
     truth: Option<String>,
+    login: Option<Login>,
 }
 
 fn parse_file(path: &Path) -> Vec<Case> {
@@ -226,7 +272,7 @@ fn parse_file(path: &Path) -> Vec<Case> {
         let value = value.strip_prefix(' ').unwrap_or(value).to_string();
         if key == "name" {
             assert!(
-                step.sql.is_empty(),
+                step.sql.is_empty() && step.login.is_none(),
                 "{}: the previous step has no `expect:`",
                 at(i)
             );
@@ -275,10 +321,32 @@ fn parse_file(path: &Path) -> Vec<Case> {
                 step.sql.push(expand(&value));
             }
             "param" => step.params.push((value != "NULL").then_some(value)),
+            "login" => {
+                assert!(
+                    step.login.is_none() && step.sql.is_empty(),
+                    "{}: a step is a login or a statement",
+                    at(i)
+                );
+                step.line = i + 1;
+                step.login =
+                    Some(Login::parse(&value).unwrap_or_else(|e| panic!("{}: {e}", at(i))));
+            }
             "truth" => step.truth = Some(value),
             "expect" => {
-                assert!(!step.sql.is_empty(), "{}: `expect:` without `sql:`", at(i));
+                assert!(
+                    !step.sql.is_empty() || step.login.is_some(),
+                    "{}: `expect:` without `sql:` or `login:`",
+                    at(i)
+                );
                 let expect = parse_expect(&value).unwrap_or_else(|e| panic!("{}: {e}", at(i)));
+                let is_login_outcome =
+                    matches!(expect.outcome, Outcome::Fatal(_) | Outcome::LoggedIn);
+                assert_eq!(
+                    is_login_outcome,
+                    step.login.is_some(),
+                    "{}: `fatal`/`logged-in` go with `login:`, and only they",
+                    at(i)
+                );
                 let taken = std::mem::take(&mut step);
                 let s = Step {
                     line: taken.line,
@@ -287,6 +355,7 @@ fn parse_file(path: &Path) -> Vec<Case> {
                     sql: taken.sql.join("\n"),
                     params: taken.params,
                     truth: taken.truth,
+                    login: taken.login,
                     expect,
                 };
                 let needs_truth = s
@@ -302,7 +371,10 @@ fn parse_file(path: &Path) -> Vec<Case> {
                 );
                 let spends = !matches!(
                     s.expect.outcome,
-                    Outcome::Refuse(_) | Outcome::Answer(Charge::Uncharged)
+                    Outcome::Refuse(_)
+                        | Outcome::Answer(Charge::Uncharged)
+                        | Outcome::Fatal(_)
+                        | Outcome::LoggedIn
                 );
                 assert!(
                     !(spends && s.protocol() == Protocol::Both),
@@ -315,7 +387,7 @@ fn parse_file(path: &Path) -> Vec<Case> {
         }
     }
     assert!(
-        step.sql.is_empty(),
+        step.sql.is_empty() && step.login.is_none(),
         "{}: the last step has no `expect:`",
         path.display()
     );
@@ -368,6 +440,8 @@ fn parse_expect(text: &str) -> Result<Expect, String> {
             e.parse().map_err(|_| format!("bad ε {e}"))?,
         ))),
         ["answer", "uncharged"] => Outcome::Answer(Charge::Uncharged),
+        ["fatal", code] if code.len() == 5 => Outcome::Fatal(code.to_string()),
+        ["logged-in"] => Outcome::LoggedIn,
         ["race", n, "each", e, rest @ ..] => Outcome::Race {
             connections: n.parse().map_err(|_| format!("bad count {n}"))?,
             each: e.parse().map_err(|_| format!("bad ε {e}"))?,
@@ -406,7 +480,7 @@ fn parse_expect(text: &str) -> Result<Expect, String> {
             _ => return Err(format!("unknown check `{clause}`")),
         });
     }
-    if matches!(outcome, Outcome::Refuse(_) | Outcome::Race { .. }) && !checks.is_empty() {
+    if !matches!(outcome, Outcome::Answer(_)) && !checks.is_empty() {
         return Err("checks apply to answers only".into());
     }
     Ok(Expect { outcome, checks })
@@ -586,7 +660,13 @@ impl CaseRun<'_> {
 
     async fn run_step(&mut self, step: &Step) -> Result<(), String> {
         let before = spent(&self.observer).await?;
+        if let Some(login) = &step.login {
+            return self.login(login, &step.expect.outcome, before).await;
+        }
         match &step.expect.outcome {
+            Outcome::Fatal(_) | Outcome::LoggedIn => {
+                Err("`fatal`/`logged-in` outcome without `login:`".into())
+            }
             Outcome::Race {
                 connections,
                 each,
@@ -680,6 +760,43 @@ impl CaseRun<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// A `login` step: the connection fails with the expected SQLSTATE (and pgdp goes on
+    /// serving the case's observer, with nothing spent), or opens and answers.
+    async fn login(&self, login: &Login, outcome: &Outcome, before: Spent) -> Result<(), String> {
+        let user = login.user.replace("$analyst", &self.analyst);
+        let password = login.password.replace("$password", PASSWORD);
+        let dbname = login.dbname.as_deref().unwrap_or(DATABASE);
+        let result = self.proxy.try_connect(&user, &password, dbname).await;
+        match (outcome, result) {
+            (Outcome::Fatal(code), Err(e)) => {
+                let got = e.code().map(|c| c.code().to_string());
+                if got.as_deref() != Some(code.as_str()) {
+                    return Err(format!("expected FATAL {code}, got {}", describe_error(&e)));
+                }
+            }
+            (Outcome::Fatal(code), Ok(_)) => {
+                return Err(format!("expected FATAL {code}, the login succeeded"))
+            }
+            (Outcome::LoggedIn, Ok(session)) => {
+                session
+                    .simple_query("SELECT 1")
+                    .await
+                    .map_err(|e| format!("logged in, then {}", describe_error(&e)))?;
+            }
+            (Outcome::LoggedIn, Err(e)) => {
+                return Err(format!("expected a login, got {}", describe_error(&e)))
+            }
+            _ => return Err("a login step expects `fatal` or `logged-in`".into()),
+        }
+        let after = spent(&self.observer).await?;
+        if !same_spent(&before, &after) {
+            return Err(format!(
+                "a login changed the ledger: {before:?} -> {after:?}"
+            ));
+        }
+        Ok(())
     }
 
     async fn check_rows(&self, step: &Step, rows: &Rows) -> Result<(), String> {
