@@ -29,6 +29,9 @@ const QUERIES: &[&str] = &[
     "SELECT SUM(cost) / COUNT(DISTINCT person_id) AS cost_per_person FROM demo.visits",
     "SELECT sex, CASE WHEN AVG(age) > 40 THEN 'older' ELSE 'younger' END AS band, to_char(COUNT(*), 'FM999999') AS n FROM demo.people GROUP BY sex",
     "SELECT to_char(date_trunc('month', visit_date), 'YYYY-MM') AS month, COUNT(*) FROM demo.visits GROUP BY date_trunc('month', visit_date) ORDER BY 1",
+    // Unquoted aliases are folded to lower case, quoted ones kept (regression: `AS N` was "N").
+    "SELECT COUNT(*) AS N, AVG(age) AS \"MeanAge\", SUM(age) AS Total_Age FROM demo.people",
+    "SELECT region AS Region, ROUND(AVG(income), 1) AS Mean FROM demo.people GROUP BY region",
     "SELECT \"source\".* FROM (SELECT region, COUNT(*) AS \"count\", AVG(age) FROM demo.people GROUP BY region ORDER BY region) AS \"source\" LIMIT 2000",
 ];
 

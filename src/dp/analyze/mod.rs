@@ -682,7 +682,8 @@ impl Analyzer<'_> {
 fn select_item(item: &SelectItem) -> Result<(&Expr, Option<String>)> {
     match item {
         SelectItem::UnnamedExpr(e) => Ok((e, None)),
-        SelectItem::ExprWithAlias { expr, alias } => Ok((expr, Some(alias.value.clone()))),
+        // PostgreSQL folds an unquoted alias to lower case (`AS N` names the column "n").
+        SelectItem::ExprWithAlias { expr, alias } => Ok((expr, Some(ident_lower(alias)))),
         SelectItem::ExprWithAliases { .. } => Err(Error::unsupported(
             "multiple aliases for one select item",
             "",
