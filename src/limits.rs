@@ -163,12 +163,22 @@ pub const REPEATS_COUNTED_MAX: u64 = 1_000_000;
 /// Lifetime of a replayed answer in the replay cache when the policy does not set one.
 pub const REPLAY_LIFETIME_DEFAULT_S: u64 = 24 * 60 * 60;
 
+/// Most released groups whose noisy measures the ledger keeps for reuse by later queries
+/// (`dp::release::NoisyMeasures`); a larger release is answered but not kept, so a query that
+/// could have reused it is charged (the safe direction). One release's payload stays within a
+/// few megabytes.
+pub const MEASURES_STORED_GROUPS_MAX: usize = GROUPS_RELEASED_MAX;
+
 const _: () = assert!(
     STATEMENTS_PER_MESSAGE_MAX >= 4,
     "psqlODBC sends several statements at connect"
 );
 const _: () = assert!(GROUPS_RELEASED_MAX <= UPSTREAM_ROWS_MAX);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
+const _: () = assert!(
+    MEASURES_STORED_GROUPS_MAX >= PUBLIC_KEY_COMBINATIONS_MAX,
+    "a release over a whole public domain can be kept for reuse"
+);
 const _: () = assert!(CONNECTIONS_PER_ANALYST_MAX <= CONNECTIONS_MAX);
 const _: () = assert!(CONNECTIONS_REFUSING_MAX >= 1 && CONNECTIONS_REFUSING_MAX <= CONNECTIONS_MAX);
 const _: () = assert!(
