@@ -2,7 +2,10 @@
 //! from the noisy parts and apply HAVING, ORDER BY and LIMIT to the noisy rows.
 //!
 //! [`mechanisms`] decides, before anything runs, every mechanism of a query and what it costs;
-//! [`release`] applies them to the upstream's rows. Both are pure (randomness is injected).
+//! [`measure`] applies them to the upstream's rows ([`NoisyMeasures`]: the released groups and
+//! their noisy measures) and [`finish`] computes the analyst's answer from those alone, so the
+//! same measures can answer a later query that differs only in post-processing
+//! ([`measures_key`]); [`release`] is the two in a row. All are pure (randomness is injected).
 //!
 //! Invariants:
 //! - Every aggregate value that leaves comes from a noisy measure; group keys leave only through
