@@ -4,8 +4,8 @@
 //! The order of [`Session::dp_query`] is the privacy argument, and the types hold it: the
 //! upstream runs only a rewrite's [`crate::dp::rewrite::UpstreamSql`] and only with the
 //! [`crate::budget::Receipt`] of a durable charge, and its rows are
-//! [`crate::dp::release::PrivateRows`], which only [`release::release`] can turn into rows for
-//! the client.
+//! [`crate::dp::release::PrivateRows`], which only [`release::measure`] can turn into noisy
+//! measures, and those only [`release::finish`] into rows for the client.
 
 use sqlparser::ast;
 
