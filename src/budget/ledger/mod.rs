@@ -493,13 +493,17 @@ impl Ledger {
 
     /// The released answer stored for (`analyst`, `key`) if it is younger than `lifetime`
     /// (measured by the ledger server's clock). An older entry is deleted, so that the next
-    /// [`Ledger::replay_put`] can store a fresh one.
+    /// [`Ledger::replay_put`] can store a fresh one. A zero `lifetime` turns the cache off: nothing
+    /// is read, not even an entry a concurrent transaction stored within the same microsecond.
     pub async fn replay_get(
         &self,
         analyst: &str,
         key: &str,
         lifetime: Duration,
     ) -> Result<Option<Vec<u8>>> {
+        if lifetime.is_zero() {
+            return Ok(None);
+        }
         let lifetime_s = lifetime.as_secs_f64().min(REPLAY_LIFETIME_MAX_S);
         // Both parts see the same snapshot; the DELETE clears the way for a fresh entry.
         const SQL: &str = "WITH expired AS (
