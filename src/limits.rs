@@ -173,12 +173,22 @@ pub const RELEASE_SCHEDULE_RATIO_MAX: f64 = 10.0;
 /// post-processing timeout): at most log2 of this many bits per query from timing.
 pub const RELEASE_SCHEDULE_POINTS_MAX: usize = 64;
 
+/// Most released groups whose noisy measures the ledger keeps for reuse by later queries
+/// (`dp::release::NoisyMeasures`); a larger release is answered but not kept, so a query that
+/// could have reused it is charged (the safe direction). One release's payload stays within a
+/// few megabytes.
+pub const MEASURES_STORED_GROUPS_MAX: usize = GROUPS_RELEASED_MAX;
+
 const _: () = assert!(
     STATEMENTS_PER_MESSAGE_MAX >= 4,
     "psqlODBC sends several statements at connect"
 );
 const _: () = assert!(GROUPS_RELEASED_MAX <= UPSTREAM_ROWS_MAX);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
+const _: () = assert!(
+    MEASURES_STORED_GROUPS_MAX >= PUBLIC_KEY_COMBINATIONS_MAX,
+    "a release over a whole public domain can be kept for reuse"
+);
 const _: () = assert!(CONNECTIONS_PER_ANALYST_MAX <= CONNECTIONS_MAX);
 const _: () = assert!(CONNECTIONS_REFUSING_MAX >= 1 && CONNECTIONS_REFUSING_MAX <= CONNECTIONS_MAX);
 const _: () = assert!(

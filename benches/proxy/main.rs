@@ -23,9 +23,10 @@
 //! Invariants:
 //! - Every latency is a median over repeated runs, measured interleaved with its baselines (the
 //!   order alternates from run to run), after one discarded warm-up of each.
-//! - No DP query is answered from pgdp's replay cache: each run gives its query a fresh output
-//!   alias, which changes the replay key and leaves the upstream SQL unchanged. The report checks
-//!   it: the ledger holds one charge per DP query sent.
+//! - No DP query is answered from pgdp's replay cache or from earlier noisy measures: the bench
+//!   policy sets `replay_lifetime_s: 0`, and each run gives its query a fresh output alias, which
+//!   leaves the upstream SQL unchanged. The report checks it: the ledger holds one charge per DP
+//!   query sent.
 //! - The demo databases (`pgdp_test_demo_s<N>_v<VERSION>`, benches/common) are shared with the
 //!   integration tests and only read here; the ledger is a database of this process, dropped at the end.
 //! - The upstream is `PGDP_BENCH_UPSTREAM` (a DSN of a maintenance database, user allowed to

@@ -20,8 +20,8 @@
 //! - for quantiles: the error in rank (the fraction of rows between the true and the DP answer).
 //!
 //! How the repetitions are drawn: every query runs once end to end through an in-process pgdp
-//! (fixed noise seed, fresh output alias so the replay cache does not answer; the ledger is
-//! checked to hold one charge per query sent). The other repetitions apply
+//! (fixed noise seed, a policy with `replay_lifetime_s: 0` so neither the replay cache nor the
+//! reuse of noisy measures answers; the ledger is checked to hold one charge per query sent). The other repetitions apply
 //! `pgdp::dp::release::release` — the function pgdp itself calls after the upstream — to the rows of
 //! pgdp's rewritten SQL, fetched once, with a seeded generator: the same mechanisms on the same
 //! rows, without re-running a multi-second upstream query per repetition. The plan, rewrite and
@@ -76,7 +76,8 @@ const MANY_CANDIDATES: usize = 1000;
 const RATIO_SLACK: f64 = 0.05;
 
 /// One analyst query. `{n}` in `template` is replaced by a fresh number at each run through
-/// pgdp (it names an output column, so it changes the replay key and not the upstream SQL).
+/// pgdp (it names an output column, so it changes the text and not the upstream SQL; the bench
+/// policy's `replay_lifetime_s: 0` keeps earlier releases from answering it).
 struct Case {
     /// The number in docs/queries.md (0: not in the catalogue) and a short label.
     number: u32,

@@ -1,11 +1,11 @@
-//! A DP query through the session: plan, replay, public domains, charge, upstream, release; and
-//! EXPLAIN, which plans without running or charging.
+//! A DP query through the session: plan, replay, reuse of released noisy measures, public
+//! domains, charge, upstream, release; and EXPLAIN, which plans without running or charging.
 //!
 //! The order of [`Session::dp_query`] is the privacy argument, and the types hold it: the
 //! upstream runs only a rewrite's [`crate::dp::rewrite::UpstreamSql`] and only with the
 //! [`crate::budget::Receipt`] of a durable charge, and its rows are
-//! [`crate::dp::release::PrivateRows`], which only [`release::release`] can turn into rows for
-//! the client.
+//! [`crate::dp::release::PrivateRows`], which only [`release::measure`] can turn into noisy
+//! measures, and those only [`release::finish`] into rows for the client.
 
 use sqlparser::ast;
 
@@ -165,7 +165,7 @@ impl Session {
         })
     }
 
-    /// Runs a DP query: replay, public domains, charge, upstream, release.
+    /// Runs a DP query: replay, reuse, public domains, charge, upstream, release.
     pub(super) async fn dp_query(
         &mut self,
         shared: &Shared,
@@ -233,6 +233,28 @@ impl Session {
             }
         }
 
+        // 1b. Reuse: the noisy measures an earlier release of this analyst drew for the same
+        // measures and mechanisms, post-processed again for this query, free.
+        let measures_key = {
+            let domain = if plan.keys_public() {
+                rewrite::domain::public_domain(&plan, params)?
+            } else {
+                Vec::new()
+            };
+            release::measures_key(&plan, &rewrite, &mechanisms, params, &domain)
+        };
+        if let Some(payload) = ledger
+            .replay_get(&analyst, &measures_key, shared.policy.replay_lifetime)
+            .await?
+        {
+            if let Some(measures) = release::NoisyMeasures::from_payload(&payload, &plan, &rewrite)
+            {
+                return self
+                    .reuse(shared, query, &plan, &rewrite, &mechanisms, &measures)
+                    .await;
+            }
+        }
+
         // The answer's column types, described on the shadow catalog before anything is charged.
         let shape = self.answer_shape(shared, query, &plan).await?;
 
@@ -283,15 +305,15 @@ impl Session {
             }
         };
 
-        // 5. Noise and post-processing: the only way to read the rows.
-        let released = release::release(
+        // 5. Noise (the only way to read the rows), then post-processing of the noisy measures.
+        let measures =
+            release::measure(&plan, &rewrite, &mechanisms, &rows, &domains, &mut self.rng)?;
+        let released = release::finish(
             &plan,
             &rewrite,
             &mechanisms,
-            &rows,
-            &domains,
+            &measures,
             self.settings.accuracy,
-            &mut self.rng,
         )?;
         // 6. Post-processing by PostgreSQL over the released rows, on the shadow catalog.
         let released = match (&shape.inputs, &shared.shadow) {
@@ -327,9 +349,13 @@ impl Session {
             }
             _ => released.retyped(shape.columns),
         };
-        let _ = ledger
-            .record_release(charge_id, &analyst, &key, &released.replay_payload())
-            .await;
+        let answer = released.replay_payload();
+        let measured = measures.payload();
+        let mut entries: Vec<(&str, &[u8])> = vec![(&key, &answer)];
+        if measures.storable() {
+            entries.push((&measures_key, &measured));
+        }
+        let _ = ledger.record_release(charge_id, &analyst, &entries).await;
         let mut notices = vec![Notice {
             message: charge_notice(&mechanisms.cost, &balance),
         }];
@@ -375,6 +401,58 @@ impl Session {
             tokio::time::sleep_until(at.into()).await;
         }
         answer
+    }
+
+    /// A DP query answered from noisy measures an earlier release of the same analyst stored
+    /// under the same [`release::measures_key`]: [`release::finish`] and the post-processing by
+    /// PostgreSQL run again over them, for this query's HAVING, ORDER BY, LIMIT, expressions
+    /// and names. Post-processing of released values: nothing is charged, nothing reaches the
+    /// upstream.
+    async fn reuse(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        plan: &Plan,
+        rewrite: &Rewrite,
+        mechanisms: &release::Mechanisms,
+        measures: &release::NoisyMeasures,
+    ) -> Result<ClientRows> {
+        let shape = self.answer_shape(shared, query, plan).await?;
+        let released =
+            release::finish(plan, rewrite, mechanisms, measures, self.settings.accuracy)?;
+        let released = match (&shape.inputs, &shared.shadow) {
+            (Some(inputs), Some(shadow)) => {
+                let who = self.analyst.name.clone();
+                released
+                    .post_processed(plan, inputs, shape.columns, |sql| async move {
+                        shadow.evaluate(&who, &sql).await
+                    })
+                    .await?
+            }
+            _ => released.retyped(shape.columns),
+        };
+        let limit = limit_of(&self.analyst.budget)?;
+        let balance = shared.ledger.balance(&self.analyst.name, &limit).await?;
+        let mut notices = vec![Notice {
+            message: format!(
+                "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
+                remaining_text(&balance, false)
+            ),
+        }];
+        if let Some(note) = release::capped_statistic(plan) {
+            notices.push(Notice {
+                message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
+            });
+        }
+        if released.truncated() {
+            notices.push(Notice {
+                message: format!(
+                    "pgdp: only the first {} groups were returned",
+                    crate::limits::GROUPS_RELEASED_MAX
+                ),
+            });
+        }
+        Ok(ClientRows::released(released, notices))
     }
 
     /// EXPLAIN: the plan, the upstream SQL (secret redacted), the mechanisms and their cost.

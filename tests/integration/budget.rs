@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
 
-use crate::support::{assert_code, code, demo_policy, policy_with_budget, Number, Proxy, Session};
+use crate::support::{
+    assert_code, code, demo_policy, demo_policy_text, policy_with_budget, Number, Proxy, Session,
+};
 
 /// A DP query whose text differs with `i`, so that no two are replays of each other.
 fn distinct_query(i: usize) -> String {
@@ -777,5 +779,201 @@ async fn max_error_charges_the_smallest_epsilon_that_meets_it() {
         "refused SETs change nothing"
     );
     assert_eq!(s.budget().await.epsilon_spent, epsilon, "refusals are free");
+    proxy.stop().await;
+}
+
+/// Text rows keyed by their first cell (the group key).
+fn by_key(rows: &[Vec<Option<String>>]) -> std::collections::BTreeMap<String, Vec<Option<String>>> {
+    rows.iter()
+        .map(|r| (r[0].clone().expect("a key"), r[1..].to_vec()))
+        .collect()
+}
+
+/// The NOTICE of an answer reused from released noisy measures.
+fn reused_notice(notices: &[String]) -> Option<&String> {
+    notices.iter().find(|n| {
+        n.starts_with("pgdp: answered from the noisy measures released for an earlier query")
+    })
+}
+
+#[tokio::test]
+async fn post_processing_variants_reuse_the_released_noisy_measures() {
+    let text = demo_policy_text();
+    let text = text.replacen(
+        "analysts:\n  # Password \"analyst\"",
+        "analysts:\n  other:\n    scram_verifier: \"SCRAM-SHA-256$4096:cGdkcC1kZW1vLXNhbHQtMQ==$lInLWt8gswE0sagso62TdobVlP/4N1mG//OTC1uOjxU=:Cs+4xOdBEHF3GmuzWiAu/lrFp8VOJ+dfMKys15hYAlg=\"\n    budget: { epsilon: 10, delta: 1.0e-5, epsilon_per_query_max: 2 }\n  # Password \"analyst\"",
+        1,
+    );
+    let policy = pgdp::policy::parse(&text).expect("a second analyst");
+    let proxy = Proxy::with_policy(policy, 42).await;
+    let s = proxy.connect().await;
+    let a_sql = "SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region";
+    let a = s.simple_rows(a_sql).await.expect("A");
+    assert_eq!(a.len(), 10);
+    assert!(s
+        .take_notices()
+        .iter()
+        .any(|n| n.starts_with("pgdp: charged epsilon=1,")));
+    let after_a = s.budget().await;
+    assert_eq!(after_a.epsilon_spent, 1.0);
+    let a_rows = by_key(&a);
+    let count_of = |row: &Vec<Option<String>>| -> i64 {
+        row[0]
+            .as_deref()
+            .expect("a count")
+            .parse()
+            .expect("an integer")
+    };
+
+    // Each variant is answered from A's noisy measures: free, with A's values.
+    let uncharged = |label: &'static str| {
+        let s = &s;
+        async move {
+            let notices = s.take_notices();
+            let notice = reused_notice(&notices).unwrap_or_else(|| panic!("{label}: {notices:?}"));
+            assert!(
+                notice.ends_with(
+                    "charged nothing; remaining epsilon=9 of 10, delta=0.000005 of 0.00001"
+                ),
+                "{label}: {notice}"
+            );
+            assert!(
+                !notices.iter().any(|n| n.starts_with("pgdp: charged")),
+                "{label}"
+            );
+            assert_eq!(s.budget().await, after_a, "{label} is free");
+        }
+    };
+
+    // Aliases, ORDER BY and LIMIT: the three largest noisy counts, in order.
+    let top = s
+        .simple_rows(
+            "SELECT region AS r, COUNT(*) AS n, AVG(income) AS mean FROM demo.people GROUP BY region ORDER BY n DESC LIMIT 3",
+        )
+        .await
+        .expect("top three");
+    uncharged("ORDER BY, LIMIT, aliases").await;
+    let mut expected: Vec<_> = a.clone();
+    expected.sort_by_key(|r| std::cmp::Reverse(count_of(&r[1..].to_vec())));
+    expected.truncate(3);
+    assert_eq!(top, expected, "a reordering and subset of A's noisy rows");
+
+    // Case and spacing.
+    let spelled = s
+        .simple_rows("select   REGION, count(*),\n avg(Income) from DEMO.people group by Region")
+        .await
+        .expect("case and spacing");
+    uncharged("case and spacing").await;
+    assert_eq!(by_key(&spelled), a_rows);
+
+    // HAVING: the groups whose noisy count passes, with A's values.
+    let having = s
+        .simple_rows(
+            "SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region HAVING COUNT(*) > 10000",
+        )
+        .await
+        .expect("HAVING");
+    uncharged("HAVING").await;
+    let passing: std::collections::BTreeMap<_, _> = a_rows
+        .iter()
+        .filter(|(_, row)| count_of(row) > 10000)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert!(!passing.is_empty() && passing.len() < 10);
+    assert_eq!(by_key(&having), passing);
+
+    // Expressions over the aggregates, evaluated over A's noisy values.
+    let expressions = s
+        .simple_rows(
+            "SELECT region, COUNT(*) * 2 AS twice, ROUND(AVG(income)) AS mean FROM demo.people GROUP BY region",
+        )
+        .await
+        .expect("expressions");
+    uncharged("expressions").await;
+    assert_eq!(expressions.len(), 10);
+    for row in &expressions {
+        let key = row[0].clone().expect("key");
+        let original = &a_rows[&key];
+        let twice: i64 = row[1].as_deref().expect("twice").parse().expect("integer");
+        assert_eq!(twice, 2 * count_of(original), "{key}");
+        let mean: f64 = row[2].as_deref().expect("mean").parse().expect("number");
+        let avg: f64 = original[1]
+            .as_deref()
+            .expect("avg")
+            .parse()
+            .expect("number");
+        assert_eq!(mean, avg.round(), "{key}");
+    }
+    // The accuracy columns are computed from the same noisy values and the mechanisms.
+    s.batch_execute("SET pgdp.accuracy = on")
+        .await
+        .expect("SET");
+    let accurate = s.simple_rows(a_sql).await.expect("accuracy");
+    uncharged("accuracy columns").await;
+    for row in &accurate {
+        let original = &a_rows[row[0].as_deref().expect("key")];
+        assert_eq!(row[1], original[0], "the same noisy count");
+        assert_eq!(row[3], original[1], "the same noisy average");
+    }
+    s.batch_execute("SET pgdp.accuracy = off")
+        .await
+        .expect("SET");
+
+    // What changes the noisy measures is charged: another ε, filter or bounds.
+    let charged = |label: &'static str, before: f64, by: f64| {
+        let s = &s;
+        async move {
+            let notices = s.take_notices();
+            assert!(reused_notice(&notices).is_none(), "{label}: {notices:?}");
+            assert!(
+                notices.iter().any(|n| n.starts_with("pgdp: charged")),
+                "{label}: {notices:?}"
+            );
+            assert_eq!(s.budget().await.epsilon_spent, before + by, "{label}");
+        }
+    };
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    s.simple_rows("SELECT region AS r, COUNT(*), AVG(income) FROM demo.people GROUP BY region")
+        .await
+        .expect("ε 0.5");
+    charged("another epsilon", 1.0, 0.5).await;
+    s.batch_execute("RESET pgdp.epsilon").await.expect("RESET");
+    s.simple_rows(
+        "SELECT region, COUNT(*), AVG(income) FROM demo.people WHERE age > 30 GROUP BY region",
+    )
+    .await
+    .expect("filter");
+    charged("another filter", 1.5, 1.0).await;
+    s.simple_rows(
+        "SELECT region, COUNT(*), AVG(LEAST(income, 100000)) FROM demo.people GROUP BY region",
+    )
+    .await
+    .expect("bounds");
+    charged("other bounds", 2.5, 1.0).await;
+    // The ε 0.5 release is reused at ε 0.5 only.
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    s.simple_rows("SELECT region, COUNT(*) AS n, AVG(income) FROM demo.people GROUP BY region ORDER BY region DESC")
+        .await
+        .expect("ε 0.5 again");
+    let notices = s.take_notices();
+    assert!(reused_notice(&notices).is_some(), "{notices:?}");
+    assert_eq!(s.budget().await.epsilon_spent, 3.5);
+
+    // Another analyst's release is not this one's: charged.
+    let other = Session::open(&proxy.dsn().replace("user=analyst ", "user=other "))
+        .await
+        .expect("the other analyst");
+    other
+        .simple_rows("SELECT region AS r, COUNT(*), AVG(income) FROM demo.people GROUP BY region")
+        .await
+        .expect("other analyst");
+    let notices = other.take_notices();
+    assert!(reused_notice(&notices).is_none(), "{notices:?}");
+    assert_eq!(other.budget().await.epsilon_spent, 1.0);
+    assert_eq!(s.budget().await.epsilon_spent, 3.5);
     proxy.stop().await;
 }

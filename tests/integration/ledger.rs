@@ -427,6 +427,15 @@ async fn replay_cache_first_writer_wins_and_expires() {
     );
     // Keys are per analyst.
     assert_eq!(ledger.replay_get("bob", &key, hour).await.unwrap(), None);
+    // A zero lifetime turns the cache off (policy `replay_lifetime_s: 0`), even for an entry
+    // stored a moment ago.
+    assert_eq!(
+        ledger
+            .replay_get("alice", &key, Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
 
     // Expiry: an entry older than the lifetime is not returned, and a fresh answer replaces it.
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,4 +1,5 @@
-//! The durable privacy ledger: spent totals, the audit log and the replay cache, in PostgreSQL.
+//! The durable privacy ledger: spent totals, the audit log and the replay cache (released answers
+//! and the noisy measures of releases, for reuse), in PostgreSQL.
 //!
 //! Invariants:
 //! - Charges are committed in groups (group commit): [`Ledger::charge`] queues its request and
@@ -49,7 +50,8 @@
 //!     pure_rho numeric NOT NULL DEFAULT 0,   -- Σ ε_c²/2 of the charge's pure parts
 //!     outcome     text NOT NULL DEFAULT 'charged',  -- set later by `set_outcome`
 //!     outcome_at  timestamptz);
-//! CREATE TABLE pgdp.replay_cache (         -- released answers, replayed within a lifetime
+//! CREATE TABLE pgdp.replay_cache (         -- released answers, replayed within a lifetime,
+//!                                          -- and noisy measures (key `measures:<hex>`), reused
 //!     analyst text NOT NULL, key text NOT NULL, payload bytea NOT NULL,
 //!     created_at timestamptz NOT NULL DEFAULT now(),
 //!     PRIMARY KEY (analyst, key));
@@ -417,29 +419,31 @@ impl Ledger {
         }
     }
 
-    /// After a release: stores the released answer for (`analyst`, `key`) in the replay cache
-    /// (first writer wins, as [`Ledger::replay_put`]) and marks charge `charge_id` `released`,
-    /// in one transaction committed with `synchronous_commit = off`. Only the charge must
-    /// survive a crash; losing these records in one costs the analyst at most a second charge
-    /// for a repeated query, so they do not wait for a disk flush.
+    /// After a release: stores each (`key`, `payload`) of `entries` for `analyst` in the replay
+    /// cache (the released answer under its replay key, the noisy measures under their
+    /// measures key; first writer wins, as [`Ledger::replay_put`], in the order given) and
+    /// marks charge `charge_id` `released`, in one transaction committed with
+    /// `synchronous_commit = off`. Only the charge must survive a crash; losing these records
+    /// in one costs the analyst at most a second charge for a repeated query, so they do not
+    /// wait for a disk flush.
     pub async fn record_release(
         &self,
         charge_id: i64,
         analyst: &str,
-        key: &str,
-        payload: &[u8],
+        entries: &[(&str, &[u8])],
     ) -> Result<()> {
         let outcome = "released";
+        let puts: Vec<[&(dyn ToSql + Sync); 3]> = entries
+            .iter()
+            .map(|(key, payload)| [&analyst as &(dyn ToSql + Sync), key, payload])
+            .collect();
+        let mut writes: Vec<(&'static str, &[&(dyn ToSql + Sync)])> =
+            puts.iter().map(|p| (REPLAY_PUT, &p[..])).collect();
+        let outcome_params: [&(dyn ToSql + Sync); 2] = [&charge_id, &outcome];
+        writes.push((SET_OUTCOME, &outcome_params));
         let mut attempts = self.attempts().await;
         loop {
-            let result = attempts
-                .client()
-                .await?
-                .write_lazily(&[
-                    (REPLAY_PUT, &[&analyst, &key, &payload]),
-                    (SET_OUTCOME, &[&charge_id, &outcome]),
-                ])
-                .await;
+            let result = attempts.client().await?.write_lazily(&writes).await;
             if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
                 return done;
             }
@@ -489,13 +493,17 @@ impl Ledger {
 
     /// The released answer stored for (`analyst`, `key`) if it is younger than `lifetime`
     /// (measured by the ledger server's clock). An older entry is deleted, so that the next
-    /// [`Ledger::replay_put`] can store a fresh one.
+    /// [`Ledger::replay_put`] can store a fresh one. A zero `lifetime` turns the cache off: nothing
+    /// is read, not even an entry a concurrent transaction stored within the same microsecond.
     pub async fn replay_get(
         &self,
         analyst: &str,
         key: &str,
         lifetime: Duration,
     ) -> Result<Option<Vec<u8>>> {
+        if lifetime.is_zero() {
+            return Ok(None);
+        }
         let lifetime_s = lifetime.as_secs_f64().min(REPLAY_LIFETIME_MAX_S);
         // Both parts see the same snapshot; the DELETE clears the way for a fresh entry.
         const SQL: &str = "WITH expired AS (

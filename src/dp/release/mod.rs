@@ -2,7 +2,10 @@
 //! from the noisy parts and apply HAVING, ORDER BY and LIMIT to the noisy rows.
 //!
 //! [`mechanisms`] decides, before anything runs, every mechanism of a query and what it costs;
-//! [`release`] applies them to the upstream's rows. Both are pure (randomness is injected).
+//! [`measure`] applies them to the upstream's rows ([`NoisyMeasures`]: the released groups and
+//! their noisy measures) and [`finish`] computes the analyst's answer from those alone, so the
+//! same measures can answer a later query that differs only in post-processing
+//! ([`measures_key`]); [`release`] is the two in a row. All are pure (randomness is injected).
 //!
 //! Invariants:
 //! - Every aggregate value that leaves comes from a noisy measure; group keys leave only through
@@ -27,9 +30,11 @@ use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
 
+pub mod measures;
 pub mod post;
 pub mod rows;
 
+pub use measures::{measures_key, NoisyMeasures};
 pub use rows::{PrivateRows, Released, TextRows};
 
 /// Privacy parameters of one query (from the session settings).
@@ -436,7 +441,8 @@ type Texts<'r> = &'r [Option<String>];
 /// the combinations of their values. Every combination of the parts is released.
 pub type PublicDomains = Vec<(Vec<usize>, crate::dp::rewrite::domain::Combinations)>;
 
-/// Noises the upstream rows and post-processes them into the analyst's result.
+/// Noises the upstream rows and post-processes them into the analyst's result: [`measure`],
+/// then [`finish`].
 pub fn release<R: Rng + CryptoRng + ?Sized>(
     plan: &Plan,
     rewrite: &Rewrite,
@@ -446,6 +452,22 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
     accuracy: bool,
     rng: &mut R,
 ) -> Result<Released> {
+    let measures = measure(plan, rewrite, mechanisms, rows, public_domains, rng)?;
+    finish(plan, rewrite, mechanisms, &measures, accuracy)
+}
+
+/// The mechanisms proper: chooses the released groups (every combination of the public domain,
+/// or partition selection over the upstream's candidate groups) and draws the noisy value of
+/// every measure of each. The one reader of [`PrivateRows`]; what it returns holds released
+/// groups only.
+pub fn measure<R: Rng + CryptoRng + ?Sized>(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    rows: &PrivateRows,
+    public_domains: &PublicDomains,
+    rng: &mut R,
+) -> Result<NoisyMeasures> {
     let k = plan.keys.len();
     let m = rewrite.measures.len();
     let expected = k + m + 1;
@@ -510,13 +532,8 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
             .collect()
     };
 
-    let bounds95: Vec<f64> = mechanisms
-        .noises
-        .iter()
-        .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
-        .collect();
     let absent: Vec<Option<String>> = vec![None; m];
-    let mut out_rows = Vec::new();
+    let mut released = Vec::with_capacity(released_keys.len());
     for (keys, selected_count) in released_keys {
         let exact: &[Option<String>] = groups.get(keys.as_slice()).map_or(&absent, |(s, _)| s);
         // Noise every measure of the group (the selection measure was noised when it decided).
@@ -550,13 +567,48 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
             };
             noisy.push(value);
         }
+        released.push((keys, noisy));
+    }
+    Ok(NoisyMeasures {
+        keys: k,
+        measures: m,
+        groups: released,
+    })
+}
+
+/// Everything after the noise, a function of the noisy measures alone (post-processing, free):
+/// the analyst's aggregates derived from them (AVG from a noisy sum and count, clamping,
+/// rounding), the `_error95` columns, HAVING, ORDER BY, OFFSET and LIMIT. For a plan with
+/// post-processing, the released relation it reads ([`post`]). `measures` are what
+/// [`measure`] drew for this plan's rewrite, now or for an earlier query with the same
+/// [`measures_key`].
+pub fn finish(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    measures: &NoisyMeasures,
+    accuracy: bool,
+) -> Result<Released> {
+    if measures.keys != plan.keys.len()
+        || measures.measures != rewrite.measures.len()
+        || mechanisms.noises.len() != rewrite.measures.len()
+    {
+        return Err(Error::internal("noisy measures of another shape"));
+    }
+    let bounds95: Vec<f64> = mechanisms
+        .noises
+        .iter()
+        .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
+        .collect();
+    let mut out_rows = Vec::new();
+    for (keys, noisy) in &measures.groups {
         let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
         for (i, agg) in plan.aggregates.iter().enumerate() {
             aggregate_values.push(derive(
                 agg.kind,
                 agg.bounds,
                 &rewrite.aggregate_measures[i],
-                &noisy,
+                noisy,
                 mechanisms,
             ));
         }
@@ -572,7 +624,7 @@ pub fn release<R: Rng + CryptoRng + ?Sized>(
         }
         let errors: Vec<Cell> = if accuracy {
             (0..plan.aggregates.len())
-                .map(|i| error_bound_cell(plan, rewrite, i, &bounds95, &noisy))
+                .map(|i| error_bound_cell(plan, rewrite, i, &bounds95, noisy))
                 .collect()
         } else {
             Vec::new()
@@ -1092,7 +1144,10 @@ mod sql_lines_tests {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod epsilon_tests {
     use super::ceil_three_digits;
 
     #[test]

@@ -4,11 +4,12 @@
 //!
 //! Invariants (each enforced by the types, not by the order of calls):
 //! - Upstream rows of a DP query are a [`PrivateRows`]: its cells have no public accessor, so the
-//!   only way to turn them into anything a client can receive is [`super::release`], which
-//!   noises them.
+//!   only way to turn them into anything a client can receive is [`super::measure`], which
+//!   noises them into [`super::NoisyMeasures`].
 //! - A [`Released`] cannot be built from arbitrary cells: its fields are private and its only
-//!   constructors are [`super::release`] and [`Released::replayed`], which decodes a payload
-//!   that [`Released::replay_payload`] wrote for an earlier release.
+//!   constructors are [`super::finish`] (from noisy measures), [`Released::post_processed`]
+//!   (from a [`Released`]) and [`Released::replayed`], which decodes a payload that
+//!   [`Released::replay_payload`] wrote for an earlier release.
 //!
 //! ```compile_fail
 //! // Reading upstream rows outside the release does not compile.

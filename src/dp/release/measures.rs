@@ -1,0 +1,318 @@
+//! The noisy measures of a release: the groups it released (public domains or partition
+//! selection) and, for each, the noisy value of every measure, before anything is derived from
+//! them. Everything the analyst receives ([`super::finish`]: AVG from noisy parts, clamping,
+//! HAVING, ORDER BY, OFFSET, LIMIT, expressions evaluated by PostgreSQL) is a function of these
+//! values alone, so answering a later query from a stored [`NoisyMeasures`] is post-processing
+//! and costs nothing (docs/privacy.md, "The replay cache and reuse of noisy measures").
+//!
+//! Invariants (each enforced by the types):
+//! - A [`NoisyMeasures`] is made only by [`super::measure`], which draws the noise, or read back
+//!   by [`NoisyMeasures::from_payload`] from a payload [`NoisyMeasures::payload`] wrote for an
+//!   earlier release of the same analyst. Its fields are private to [`crate::dp::release`].
+//! - It holds only released groups: a candidate group that partition selection dropped has no
+//!   entry (the noisy count that decided against it was never released, so it is never stored).
+//! - [`measures_key`] covers everything the noisy values depend on (the upstream SQL with its
+//!   tables, filters, keys, clamping bounds and caps; the bound parameters; the measures; every
+//!   noise scale and grid; the ε split, δ and the family; partition selection; the public
+//!   domain), and nothing they do not (HAVING, ORDER BY, LIMIT, aliases, expressions over the
+//!   aggregates, the text's spelling).
+//!
+//! ```compile_fail
+//! // Noisy measures cannot be made up outside the release.
+//! let forged = pgdp::dp::release::NoisyMeasures {
+//!     keys: 0,
+//!     measures: 1,
+//!     groups: vec![(Vec::new(), vec![42.0])],
+//! };
+//! ```
+
+use crate::dp::plan::Plan;
+use crate::dp::rewrite::domain::{Part, Source};
+use crate::dp::rewrite::Rewrite;
+use crate::limits;
+
+use super::Mechanisms;
+
+/// The groups a release released, each with its key texts (PostgreSQL's text of the upstream's
+/// or the public domain's values) and the noisy value of each of the rewrite's measures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoisyMeasures {
+    /// Keys per group.
+    pub(super) keys: usize,
+    /// Measures per group.
+    pub(super) measures: usize,
+    /// Released groups, in key order: key texts, noisy measure values.
+    pub(super) groups: Vec<(Vec<Option<String>>, Vec<f64>)>,
+}
+
+/// First bytes of a payload of noisy measures (and its format's version).
+const MAGIC: &[u8] = b"pgdp-noisy-measures-1";
+
+impl NoisyMeasures {
+    /// How many groups were released.
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Whether no group was released.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Whether the ledger keeps these measures for reuse: at most
+    /// [`limits::MEASURES_STORED_GROUPS_MAX`] groups (a larger release is answered, not kept, and
+    /// a query that could have reused it is charged).
+    pub fn storable(&self) -> bool {
+        self.groups.len() <= limits::MEASURES_STORED_GROUPS_MAX
+    }
+
+    /// The measures as a payload for the ledger (a tagged, length-prefixed format; the values
+    /// as the bits of their `f64`, so they read back exactly).
+    pub fn payload(&self) -> Vec<u8> {
+        let mut out = Vec::from(MAGIC);
+        for n in [self.keys, self.measures, self.groups.len()] {
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+        for (keys, values) in &self.groups {
+            for key in keys {
+                match key {
+                    None => out.push(b'N'),
+                    Some(text) => {
+                        out.push(b'T');
+                        out.extend_from_slice(&(text.len() as u64).to_be_bytes());
+                        out.extend_from_slice(text.as_bytes());
+                    }
+                }
+            }
+            for value in values {
+                out.extend_from_slice(&value.to_bits().to_be_bytes());
+            }
+        }
+        out
+    }
+
+    /// Measures an earlier release of the same analyst stored for `plan` and `rewrite`'s measures
+    /// ([`NoisyMeasures::payload`], found under the same [`measures_key`]). `None` for a payload
+    /// it did not write, or one of another shape (keys or measures per group), which is then
+    /// not reused.
+    pub fn from_payload(payload: &[u8], plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
+        let measures = decode(payload)?;
+        (measures.keys == plan.keys.len() && measures.measures == rewrite.measures.len())
+            .then_some(measures)
+    }
+}
+
+/// The inverse of [`NoisyMeasures::payload`]; `None` for a payload it did not write.
+fn decode(payload: &[u8]) -> Option<NoisyMeasures> {
+    fn u64_of(b: &mut &[u8]) -> Option<u64> {
+        let (head, rest) = b.split_at_checked(8)?;
+        *b = rest;
+        Some(u64::from_be_bytes(head.try_into().ok()?))
+    }
+    let mut b = payload.strip_prefix(MAGIC)?;
+    let keys = usize::try_from(u64_of(&mut b)?).ok()?;
+    let measures = usize::try_from(u64_of(&mut b)?).ok()?;
+    let n = usize::try_from(u64_of(&mut b)?).ok()?;
+    // Widths within what a plan can have (three measures at most per aggregate), so that a
+    // damaged payload cannot ask for a huge allocation.
+    if keys > limits::GROUP_KEYS_PER_QUERY_MAX || measures > 3 * limits::AGGREGATES_PER_QUERY_MAX {
+        return None;
+    }
+    let mut groups = Vec::with_capacity(n.min(limits::MEASURES_STORED_GROUPS_MAX));
+    for _ in 0..n {
+        let mut key_texts = Vec::with_capacity(keys);
+        for _ in 0..keys {
+            let (tag, rest) = b.split_first()?;
+            b = rest;
+            key_texts.push(match tag {
+                b'N' => None,
+                b'T' => {
+                    let len = usize::try_from(u64_of(&mut b)?).ok()?;
+                    let (text, rest) = b.split_at_checked(len)?;
+                    b = rest;
+                    Some(String::from_utf8(text.to_vec()).ok()?)
+                }
+                _ => return None,
+            });
+        }
+        let mut values = Vec::with_capacity(measures);
+        for _ in 0..measures {
+            let value = f64::from_bits(u64_of(&mut b)?);
+            if !value.is_finite() {
+                return None;
+            }
+            values.push(value);
+        }
+        groups.push((key_texts, values));
+    }
+    b.is_empty().then_some(NoisyMeasures {
+        keys,
+        measures,
+        groups,
+    })
+}
+
+/// The ledger key of the noisy measures a query's release draws: a fingerprint of everything
+/// they depend on, and of nothing that is post-processing (module docs). Two queries with the
+/// same key ask for the same measures of the same groups with the same mechanisms, so the
+/// noisy values one released answer the other. `parameters` are the bound parameters (already
+/// part of the upstream SQL, which inlines them; kept for clarity), `domain` the public domain's
+/// parts ([`crate::dp::rewrite::domain::public_domain`]; empty with partition selection).
+pub fn measures_key(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    parameters: &[Option<String>],
+    domain: &[Part],
+) -> String {
+    let mut parts: Vec<String> = vec![
+        "pgdp noisy measures v1".into(),
+        rewrite.sql.as_str().to_string(),
+        format!("keys {} public {}", plan.keys.len(), plan.keys_public()),
+    ];
+    parts.push(format!("parameters {}", parameters.len()));
+    for p in parameters {
+        parts.push(match p {
+            Some(v) => format!("v{v}"),
+            None => "null".into(),
+        });
+    }
+    for a in &rewrite.arguments {
+        parts.push(format!(
+            "argument {} bounds {:?}",
+            a.text.as_str(),
+            a.bounds
+        ));
+    }
+    parts.push(format!("measures {}", rewrite.measures.len()));
+    for (j, m) in rewrite.measures.iter().enumerate() {
+        parts.push(format!(
+            "{} integer {} sensitivity {:e}",
+            m.label(&rewrite.arguments),
+            m.is_integer(),
+            mechanisms.sensitivities.get(j).copied().unwrap_or(f64::NAN)
+        ));
+    }
+    for n in &mechanisms.noises {
+        parts.push(format!(
+            "noise {:?} scale {:e} grid {:?}",
+            n.kind(),
+            n.scale(),
+            n.grid_exponent()
+        ));
+    }
+    let b = mechanisms.budget;
+    parts.push(format!(
+        "epsilon {:e} delta {:e} mechanism {} shares {} per share {:e}",
+        b.epsilon,
+        b.delta,
+        b.mechanism.name(),
+        mechanisms.shares,
+        mechanisms.epsilon_per_measure
+    ));
+    parts.push(match &mechanisms.selection {
+        Some(s) => format!(
+            "selection scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+            s.scale(),
+            s.threshold(),
+            s.delta(),
+            s.max_groups_per_unit(),
+            mechanisms.selection_measure
+        ),
+        None => "no selection".into(),
+    });
+    parts.push(format!("domain {}", domain.len()));
+    for part in domain {
+        parts.push(format!("part {:?}", part.keys));
+        match &part.source {
+            Source::Values(combinations) => {
+                parts.push("values".into());
+                parts.extend(combinations.iter().map(|row| texts(row)));
+            }
+            Source::Query(sql) => {
+                parts.push("query".into());
+                parts.push(sql.as_str().to_string());
+            }
+            Source::Filtered { sql, values } => {
+                parts.push("filtered".into());
+                parts.push(sql.as_str().to_string());
+                parts.push(texts(values));
+            }
+        }
+    }
+    let borrowed: Vec<&str> = parts.iter().map(String::as_str).collect();
+    format!("measures:{}", crate::budget::fingerprint(&borrowed))
+}
+
+/// Key texts as one unambiguous string (each length-prefixed, NULL apart).
+fn texts(row: &[Option<String>]) -> String {
+    row.iter()
+        .map(|t| match t {
+            Some(t) => format!("{}:{t}", t.len()),
+            None => "-".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> NoisyMeasures {
+        NoisyMeasures {
+            keys: 2,
+            measures: 3,
+            groups: vec![
+                (vec![Some("CE".into()), None], vec![12.0, -0.1, 1.5e300]),
+                (
+                    vec![Some("a'b\u{e9}".into()), Some(String::new())],
+                    vec![0.0, -0.0, 7.25],
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn noisy_measures_round_trip_bit_for_bit() {
+        let m = sample();
+        let back = decode(&m.payload()).expect("decodes");
+        assert_eq!(back, m);
+        for ((_, a), (_, b)) in back.groups.iter().zip(&m.groups) {
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(a), bits(b), "the values read back exactly");
+        }
+        let empty = NoisyMeasures {
+            keys: 0,
+            measures: 1,
+            groups: Vec::new(),
+        };
+        assert_eq!(decode(&empty.payload()), Some(empty));
+    }
+
+    #[test]
+    fn a_payload_not_written_for_measures_is_refused() {
+        let payload = sample().payload();
+        assert_eq!(decode(b"garbage"), None);
+        // A replay payload (released rows) is not a payload of measures.
+        assert_eq!(decode(&payload[MAGIC.len()..]), None);
+        // Truncated, or with bytes after the end.
+        assert_eq!(decode(&payload[..payload.len() - 1]), None);
+        let mut longer = payload.clone();
+        longer.push(0);
+        assert_eq!(decode(&longer), None);
+        // A value that is not finite is never released, so it is never read back.
+        let mut nan = sample();
+        nan.groups[0].1[0] = f64::NAN;
+        assert_eq!(decode(&nan.payload()), None);
+    }
+
+    #[test]
+    fn key_texts_are_unambiguous() {
+        assert_ne!(
+            texts(&[Some("a,b".into())]),
+            texts(&[Some("a".into()), Some("b".into())])
+        );
+        assert_ne!(texts(&[None]), texts(&[Some("-".into())]));
+    }
+}

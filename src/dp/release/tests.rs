@@ -1,0 +1,227 @@
+//! The split of the release into [`measure`] (noise and selection) and [`finish`]
+//! (post-processing), and the [`measures_key`] that lets a later query reuse the noisy measures:
+//! plans from analysed SQL over the demo policy, upstream rows written by hand, seeded noise.
+//! The layering test lets a `tests.rs` classify SQL as the session does.
+
+use crate::dp::plan::Context;
+use crate::dp::rewrite::{self, Rewrite};
+use crate::output::Cell;
+use crate::policy::Policy;
+use crate::session::classify::{classify, Statement};
+
+use super::*;
+
+/// A seeded generator: each test always passes or always fails.
+fn seeded(seed: u64) -> rand::rngs::ChaCha20Rng {
+    rand::SeedableRng::seed_from_u64(seed)
+}
+
+const DEMO_YAML: &str = include_str!("../../../policies/demo.yaml");
+const SECRET: &str = "split-test-secret";
+const LAPLACE: Budget = Budget {
+    epsilon: 1.0,
+    delta: 1e-5,
+    mechanism: Mechanism::Laplace,
+};
+
+fn policy() -> Policy {
+    crate::policy::parse(DEMO_YAML).expect("the demo policy validates")
+}
+
+/// Plan, rewrite and mechanisms of `sql` at `budget`, with the key of its noisy measures.
+fn prepared(policy: &Policy, sql: &str, budget: Budget) -> (Plan, Rewrite, Mechanisms, String) {
+    let ctx = Context {
+        policy,
+        search_path: vec!["demo".into()],
+    };
+    let mut statements = classify(sql).expect("classifies");
+    let Statement::Query(query) = statements.remove(0) else {
+        panic!("{sql} is not a query");
+    };
+    let plan = crate::dp::analyze::analyze(&query, &ctx).expect("analyses");
+    let rewrite = rewrite::rewrite(&plan, &[], SECRET).expect("rewrites");
+    let mechanisms = mechanisms(&plan, &rewrite, budget).expect("mechanisms");
+    let domain = if plan.keys_public() {
+        rewrite::domain::public_domain(&plan, &[]).expect("public domain")
+    } else {
+        Vec::new()
+    };
+    let key = measures_key(&plan, &rewrite, &mechanisms, &[], &domain);
+    (plan, rewrite, mechanisms, key)
+}
+
+/// The public domain of a plan whose keys are all listed in the policy.
+fn listed_domain(plan: &Plan) -> PublicDomains {
+    rewrite::domain::public_domain(plan, &[])
+        .expect("public domain")
+        .into_iter()
+        .map(|part| part.into_combinations(None).expect("listed values"))
+        .collect()
+}
+
+/// Upstream rows for a grouped query: each key text, every measure `value`, then the units.
+fn upstream(rewrite: &Rewrite, groups: &[(&str, i64)]) -> PrivateRows {
+    PrivateRows::new(
+        groups
+            .iter()
+            .map(|(key, value)| {
+                let mut row = vec![Some(key.to_string())];
+                row.extend(rewrite.measures.iter().map(|_| Some(value.to_string())));
+                row.push(Some(value.to_string()));
+                row
+            })
+            .collect(),
+    )
+}
+
+const BY_REGION: &str = "SELECT region, COUNT(*) FROM demo.people GROUP BY region";
+
+#[test]
+fn release_is_measure_then_finish() {
+    let policy = policy();
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, BY_REGION, LAPLACE);
+    let domains = listed_domain(&plan);
+    let rows = upstream(&rewrite, &[("CE", 14000), ("EA", 9000)]);
+    let whole = release(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &domains,
+        false,
+        &mut seeded(7),
+    )
+    .expect("release");
+    let measures = measure(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &domains,
+        &mut seeded(7),
+    )
+    .expect("measure");
+    assert_eq!(measures.len(), 10, "every listed region, present or not");
+    let finished = finish(&plan, &rewrite, &mechanisms, &measures, false).expect("finish");
+    assert_eq!(finished, whole);
+    // Finishing is a function of the measures alone: again, the same rows.
+    assert_eq!(
+        finish(&plan, &rewrite, &mechanisms, &measures, false).expect("finish again"),
+        whole
+    );
+}
+
+#[test]
+fn post_processing_variants_share_the_measures_and_read_the_same_noisy_values() {
+    let policy = policy();
+    let (plan, rewrite, mechanisms, key) = prepared(&policy, BY_REGION, LAPLACE);
+    let rows = upstream(&rewrite, &[("CE", 14000), ("EA", 9000), ("NO", 3)]);
+    let measures = measure(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &listed_domain(&plan),
+        &mut seeded(11),
+    )
+    .expect("measure");
+    let first = finish(&plan, &rewrite, &mechanisms, &measures, false).expect("finish");
+    let value_of = |rows: &[Vec<Cell>], region: &str, key: usize, value: usize| -> Cell {
+        rows.iter()
+            .find(|r| r[key] == Cell::Text(region.into()))
+            .map(|r| r[value].clone())
+            .expect("region released")
+    };
+    let variant = "select COUNT(*) AS n,   region FROM demo.people GROUP BY region HAVING COUNT(*) > 5000 ORDER BY n DESC LIMIT 1";
+    let (plan_b, rewrite_b, mechanisms_b, key_b) = prepared(&policy, variant, LAPLACE);
+    assert_eq!(rewrite_b.sql.as_str(), rewrite.sql.as_str());
+    assert_eq!(
+        key_b, key,
+        "HAVING, ORDER BY, LIMIT, alias, case and spacing"
+    );
+    let b = finish(&plan_b, &rewrite_b, &mechanisms_b, &measures, false).expect("finish B");
+    assert_eq!(b.rows().len(), 1, "LIMIT 1 of the regions above 5000");
+    assert_eq!(
+        b.rows()[0][1],
+        Cell::Text("CE".into()),
+        "the larger noisy count"
+    );
+    assert_eq!(b.rows()[0][0], value_of(first.rows(), "CE", 0, 1));
+    // The accuracy columns are post-processing too.
+    let accurate = finish(&plan, &rewrite, &mechanisms, &measures, true).expect("accuracy");
+    assert_eq!(accurate.rows()[0].len(), 3);
+    assert_eq!(accurate.rows()[0][1], first.rows()[0][1]);
+
+    // What changes the noisy values changes the key.
+    for other in [
+        "SELECT region, COUNT(*) FROM demo.people WHERE age > 30 GROUP BY region",
+        "SELECT sex, COUNT(*) FROM demo.people GROUP BY sex",
+        "SELECT region, COUNT(*), SUM(income) FROM demo.people GROUP BY region",
+    ] {
+        let (_, _, _, k) = prepared(&policy, other, LAPLACE);
+        assert_ne!(k, key, "{other}");
+    }
+    let half = Budget {
+        epsilon: 0.5,
+        ..LAPLACE
+    };
+    assert_ne!(prepared(&policy, BY_REGION, half).3, key, "another ε");
+    let gaussian = Budget {
+        mechanism: Mechanism::Gaussian,
+        ..LAPLACE
+    };
+    assert_ne!(
+        prepared(&policy, BY_REGION, gaussian).3,
+        key,
+        "another family"
+    );
+    let delta = Budget {
+        delta: 1e-6,
+        ..LAPLACE
+    };
+    assert_ne!(prepared(&policy, BY_REGION, delta).3, key, "another δ");
+}
+
+#[test]
+fn bounds_are_part_of_the_key() {
+    let policy = policy();
+    let sum = "SELECT region, SUM(income) FROM demo.people GROUP BY region";
+    let (_, _, _, key) = prepared(&policy, sum, LAPLACE);
+    let narrower = crate::policy::parse(&DEMO_YAML.replace(
+        "income:    { type: numeric, lower: 0, upper: 250000 }",
+        "income:    { type: numeric, lower: 0, upper: 100000 }",
+    ))
+    .expect("narrower bounds validate");
+    assert_ne!(prepared(&narrower, sum, LAPLACE).3, key);
+}
+
+#[test]
+fn groups_dropped_by_partition_selection_are_not_kept() {
+    let policy = policy();
+    let sql = "SELECT diagnosis, COUNT(DISTINCT person_id) FROM demo.visits GROUP BY diagnosis";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    assert!(mechanisms.selection.is_some());
+    let rows = upstream(&rewrite, &[("common", 5000), ("rare", 1)]);
+    let measures = measure(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &PublicDomains::new(),
+        &mut seeded(3),
+    )
+    .expect("measure");
+    let keys: Vec<_> = measures.groups.iter().map(|(k, _)| k.clone()).collect();
+    assert_eq!(keys, vec![vec![Some("common".to_string())]]);
+    // What is stored is what was kept, and it reads back for the same plan only.
+    let back = NoisyMeasures::from_payload(&measures.payload(), &plan, &rewrite).expect("reads");
+    assert_eq!(back, measures);
+    let (other_plan, other_rewrite, _, _) =
+        prepared(&policy, "SELECT COUNT(*) FROM demo.people", LAPLACE);
+    assert_eq!(
+        NoisyMeasures::from_payload(&measures.payload(), &other_plan, &other_rewrite)
+            .map(|m| m.len()),
+        None,
+        "another shape of measures is not reused"
+    );
+}
