@@ -426,7 +426,12 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     if let Some(f) = &plan.filter {
         let mut f = f.clone();
         bind_parameters(&mut f, plan, parameters)?;
-        conditions.push(conjunct(&f));
+        // Alone, the filter is sent as it is; beside semijoins, an OR is parenthesised.
+        conditions.push(if plan.semijoins.is_empty() {
+            sql!("{}", f)
+        } else {
+            conjunct(&f)
+        });
     }
     for s in &plan.semijoins {
         conditions.push(semijoin(s, plan, parameters)?);
