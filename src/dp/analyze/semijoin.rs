@@ -178,6 +178,28 @@ impl<'a> Analyzer<'a> {
             .then(|| ColumnRef::new(&self.tables[idx].0.alias, &col))
     }
 
+    /// The type of column `c` of the current scope.
+    fn column_type(&self, c: &ColumnRef) -> Option<ColumnType> {
+        self.tables
+            .iter()
+            .find(|(r, _, _)| r.alias == c.alias)
+            .and_then(|(_, t, _)| t.column(&c.column))
+            .map(|col| col.ty)
+    }
+
+    /// Refuses equating the subquery's unit `inner` with the outer unit `outer` when their types
+    /// cannot be compared (the upstream would fail on every run, after the charge).
+    fn comparable_units(
+        &mut self,
+        inner: &ColumnRef,
+        outer: &ColumnRef,
+        scope: &mut Scope<'a>,
+    ) -> Result<()> {
+        let a = self.column_type(inner);
+        let b = self.in_scope(scope, |o| o.column_type(outer));
+        check_comparable(&Info::constant(a, None), &Info::constant(b, None))
+    }
+
     /// Runs `f` with `scope` in place of the current tables.
     fn in_scope<T>(&mut self, scope: &mut Scope<'a>, f: impl FnOnce(&mut Self) -> T) -> T {
         std::mem::swap(&mut self.tables, scope);
@@ -267,7 +289,10 @@ impl<'a> Analyzer<'a> {
         let inner_unit = self.unit_column_ref(inner_side);
         let outer_unit = self.in_scope(outer, |a| a.unit_column_ref(outer_side));
         match (inner_unit, outer_unit) {
-            (Some(i), Some(o)) => Ok(Some((i, o))),
+            (Some(i), Some(o)) => {
+                self.comparable_units(&i, &o, outer)?;
+                Ok(Some((i, o)))
+            }
             _ => Err(not_unit("a correlation", &unit)),
         }
     }
@@ -296,7 +321,7 @@ impl<'a> Analyzer<'a> {
         };
         let select = subquery_select(query, &unit)?;
         let mut outer = std::mem::take(&mut self.tables);
-        let body = self.semijoin_body(select, &mut outer, outer_column.is_some(), &unit);
+        let body = self.semijoin_body(select, &mut outer, outer_column.as_ref(), &unit);
         self.tables = outer;
         let body = body?;
         let (inner_unit, outer_unit) = match (outer_column, body.selected, body.correlation) {
@@ -327,15 +352,16 @@ impl<'a> Analyzer<'a> {
     }
 
     /// The subquery of a semijoin, analysed with `self.tables` holding its own FROM (`outer` is
-    /// the outer query's scope). `is_in`: the form `x IN (subquery)`, whose select list is one
-    /// unit column.
+    /// the outer query's scope). `left`: the outer unit of the form `x IN (subquery)`, whose
+    /// select list is one unit column.
     fn semijoin_body(
         &mut self,
         select: &ast::Select,
         outer: &mut Scope<'a>,
-        is_in: bool,
+        left: Option<&ColumnRef>,
         unit: &str,
     ) -> Result<SemijoinBody> {
+        let is_in = left.is_some();
         let joins = self.resolve_from(&select.from)?;
         if !self.tables.iter().any(|t| t.0.private) {
             return Err(Error::unsupported(
@@ -378,6 +404,9 @@ impl<'a> Analyzer<'a> {
                         }
                     }
                     return Err(not_unit("a column", unit));
+                }
+                if let (Some(c), Some(l)) = (&column, left) {
+                    self.comparable_units(c, l, outer)?;
                 }
                 selected = column;
                 continue;
