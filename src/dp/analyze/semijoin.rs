@@ -149,16 +149,15 @@ impl<'a> Analyzer<'a> {
         Ok(())
     }
 
-    /// The name of the privacy unit of the query's first private table, for hints.
+    /// The name of the privacy unit of the query's first private table that names it, for hints
+    /// (a subquery's hidden `__dp_unit` is not a name the analyst can write).
     fn unit_name(&self) -> String {
         self.tables
             .iter()
-            .find_map(|(r, t, _)| {
-                r.private
-                    .then(|| t.private().and_then(|p| p.privacy_unit.clone()))
-                    .flatten()
-            })
-            .unwrap_or_else(|| "person_id".into())
+            .filter(|(r, _, _)| r.private)
+            .filter_map(|(_, t, _)| t.private().and_then(|p| p.privacy_unit.clone()))
+            .find(|u| !u.starts_with(RESERVED_PREFIX))
+            .unwrap_or_else(|| "<privacy unit>".into())
     }
 
     /// Whether column `col` of table `idx` in scope is the privacy unit of a private table.

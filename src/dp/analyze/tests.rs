@@ -954,3 +954,38 @@ fn refusals_name_what_the_analyst_wrote() {
         assert!(message.contains(shown), "{sql}: {message}");
     }
 }
+
+/// Every refused semijoin form says what to write instead: its hint shows a supported semijoin
+/// (`… IN (SELECT …)` or `… EXISTS (SELECT …)`), or a join for a public filter (issue 15).
+#[test]
+fn semijoin_refusals_hint_a_supported_form() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    for sql in [
+        "SELECT COUNT(*) FROM demo.people WHERE person_id NOT IN (SELECT person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE age IN (SELECT person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT visit_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits ORDER BY cost LIMIT 10)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT DISTINCT ON (clinic) person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT MAX(person_id) FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits GROUP BY clinic)",
+        "SELECT COUNT(*) FROM demo.people WHERE EXISTS (SELECT 1 FROM demo.visits WHERE cost > 1999)",
+        "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.visit_id = p.person_id)",
+        "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND v.cost > p.income)",
+        "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT COUNT(*) FROM demo.visits v WHERE v.person_id = p.person_id)",
+        "SELECT COUNT(*) FROM demo.people WHERE age > 90 OR person_id IN (SELECT person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE region IN (SELECT region FROM demo.regions)",
+    ] {
+        let e = analyze_sql(sql, &ctx).expect_err(sql);
+        assert_eq!(e.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED, "{sql}: {e}");
+        let hint = e.hint().unwrap_or_default();
+        assert!(
+            hint.contains("IN (SELECT") || hint.contains("EXISTS (SELECT") || hint.contains("JOIN"),
+            "{sql}: {e} (hint: {hint})"
+        );
+        assert!(!hint.contains(RESERVED_PREFIX) && !e.to_string().contains(RESERVED_PREFIX), "{sql}");
+    }
+}
