@@ -794,6 +794,23 @@ async fn semijoin_answers_are_near_the_truth_and_charged_once() {
         }
     }
 
+    // A parameter inside the subquery is bound like one in WHERE (extended protocol).
+    let sql = "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE diagnosis = $1)";
+    let released: i64 = s
+        .query_one(sql, &[&"J06"])
+        .await
+        .expect("a bound parameter in the subquery")
+        .get(0);
+    let truth: i64 = up
+        .query_one(sql, &[&"J06"])
+        .await
+        .expect("the same SQL on the upstream")
+        .get(0);
+    assert!(
+        (released - truth).abs() as f64 <= tolerance(1.0),
+        "released {released}, truth {truth}"
+    );
+
     // Visits of the oldest people: each person counts at most 10 visits (demo.visits' cap), so
     // the truth is the capped count; Δ = 10, b = 10 at ε = 1.
     let sql = "SELECT COUNT(*) FROM demo.visits WHERE person_id IN (SELECT person_id FROM demo.people WHERE age > 90)";
