@@ -115,6 +115,9 @@ pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
 /// Most values in one `IN (…)` list.
 pub const IN_LIST_VALUES_MAX: usize = 1_000;
 
+/// Most semijoins (`IN` / `EXISTS` subqueries on the privacy unit) in the WHERE of one query.
+pub const SEMIJOINS_PER_QUERY_MAX: usize = 4;
+
 /// Most tables one query may join (policy tables, at any depth of its subqueries).
 pub const JOINED_TABLES_MAX: usize = 8;
 

@@ -124,6 +124,37 @@ impl std::fmt::Display for JoinOn {
     }
 }
 
+/// A semijoin on the privacy unit: a condition of WHERE that keeps a row when its privacy unit
+/// has a row in the subquery's tables that passes the subquery's filter (and, with `having`, whose
+/// rows pass that per-unit condition), or, `negated`, when it has none. Written by the analyst as
+/// `person_id IN (SELECT person_id FROM … WHERE …)` or `[NOT] EXISTS (SELECT 1 FROM … WHERE
+/// v.person_id = p.person_id AND …)`; emitted as `[NOT] EXISTS (SELECT 1 FROM … WHERE unit =
+/// outer AND …)` (docs/privacy.md, "Semijoins on the privacy unit").
+///
+/// Invariants (checked by [`crate::dp::analyze`]): `outer` is the privacy unit of a private table
+/// of the query and `unit` that of a private table of the subquery; the subquery's tables are
+/// private tables with a unit column joined on it, and public tables; `filter` and `having` are
+/// whitelisted, total expressions over the subquery's tables only, so whether a row passes
+/// depends on its own unit's rows (and public tables) alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Semijoin {
+    /// `NOT EXISTS`: keep the rows whose unit has no such row.
+    pub negated: bool,
+    /// The privacy unit of the outer query the condition reads (a column of a table in FROM).
+    pub outer: ColumnRef,
+    /// The subquery's tables, in order (their aliases are distinct from the outer query's).
+    pub tables: Vec<TableRef>,
+    /// The subquery's join conditions, one per table after the first.
+    pub joins: Vec<JoinOn>,
+    /// The privacy unit of the subquery, equated with `outer`.
+    pub unit: ColumnRef,
+    /// The subquery's WHERE without the correlation (canonical, with `$n` placeholders until the
+    /// rewrite binds them).
+    pub filter: Option<Expr>,
+    /// A condition on the unit's aggregates (the subquery's `GROUP BY <unit> HAVING …`).
+    pub having: Option<Expr>,
+}
+
 /// How the privacy unit of a row is found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unit {
@@ -394,8 +425,11 @@ pub struct Plan {
     pub(in crate::dp) max_groups_per_unit: u64,
     /// Most rows a unit contributes to a group.
     pub(in crate::dp) max_rows_per_unit: u64,
-    /// WHERE (canonical, with parameters as `$n` placeholders until the rewrite binds them).
+    /// WHERE (canonical, with parameters as `$n` placeholders until the rewrite binds them),
+    /// without its semijoins.
     pub(in crate::dp) filter: Option<Expr>,
+    /// The semijoins on the privacy unit among the conditions of WHERE (ANDed with `filter`).
+    pub(in crate::dp) semijoins: Vec<Semijoin>,
     /// GROUP BY keys.
     pub(in crate::dp) keys: Vec<GroupKey>,
     /// Aggregates, each released through a mechanism.
@@ -486,6 +520,11 @@ impl Plan {
     /// Post-processing that PostgreSQL evaluates after the release, if any.
     pub fn post(&self) -> Option<&PostProcessing> {
         self.post.as_ref()
+    }
+
+    /// The semijoins on the privacy unit among the conditions of WHERE.
+    pub fn semijoins(&self) -> &[Semijoin] {
+        &self.semijoins
     }
 
     /// Parameters used in WHERE.

@@ -733,3 +733,126 @@ async fn expressions_over_aggregates_are_post_processed_by_postgresql() {
     s.assert_alive("post-processing").await;
     proxy.stop().await;
 }
+
+/// Semijoins on the privacy unit (issue 15): `IN`, correlated `EXISTS`, `NOT EXISTS` and `IN` with
+/// a per-person `HAVING` answer near what PostgreSQL gives the same SQL directly on the upstream,
+/// each is charged once, exactly the query's ε (one charge notice), with the caps of the outer
+/// query (EXPLAIN's cost and measures equal those of the query without the semijoin), and EXPLAIN
+/// shows the `[NOT] EXISTS` the rewrite sends.
+#[tokio::test]
+async fn semijoin_answers_are_near_the_truth_and_charged_once() {
+    let proxy = rich_proxy(31).await;
+    let s = proxy.connect().await;
+    set_epsilon(&s, 1.0).await;
+    let up = upstream_client().await;
+    // COUNT(*) of people per region (a public list of 10): one measure, Δ = 1 (one row and one
+    // group per person), so b = 1 at ε = 1.
+    let queries = [
+        "SELECT region, COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE diagnosis = 'J06') GROUP BY region",
+        "SELECT region, COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND v.clinic = 'C01') GROUP BY region",
+        "SELECT region, COUNT(*) FROM demo.people p WHERE NOT EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND v.visit_date >= DATE '2024-01-01') GROUP BY region",
+        "SELECT region, COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits GROUP BY person_id HAVING COUNT(*) > 10) GROUP BY region",
+    ];
+    for sql in queries {
+        let before = s.budget().await;
+        s.take_notices();
+        let rows = s
+            .query(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        let charges = s
+            .take_notices()
+            .into_iter()
+            .filter(|n| n.starts_with("pgdp: charged"))
+            .count();
+        assert_eq!(charges, 1, "{sql}: one charge notice");
+        let after = s.budget().await;
+        assert!(
+            (after.epsilon_spent - before.epsilon_spent - 1.0).abs() < 1e-9,
+            "{sql}: charged {}",
+            after.epsilon_spent - before.epsilon_spent
+        );
+        let truth: BTreeMap<String, i64> = up
+            .query(sql, &[])
+            .await
+            .expect("the same SQL on the upstream")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        // The semijoin filters: fewer people than the table holds, and not none.
+        let total: i64 = truth.values().sum();
+        assert!((1_000..90_000).contains(&total), "{sql}: truth {total}");
+        assert_eq!(rows.len(), 10, "{sql}: every region");
+        for r in &rows {
+            let region: String = r.get(0);
+            let count: i64 = r.get(1);
+            let t = truth.get(&region).copied().unwrap_or(0);
+            assert!(
+                (count - t).abs() as f64 <= tolerance(1.0),
+                "{sql}: {region} released {count}, truth {t}"
+            );
+        }
+    }
+
+    // A parameter inside the subquery is bound like one in WHERE (extended protocol).
+    let sql = "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE diagnosis = $1)";
+    let released: i64 = s
+        .query_one(sql, &[&"J06"])
+        .await
+        .expect("a bound parameter in the subquery")
+        .get(0);
+    let truth: i64 = up
+        .query_one(sql, &[&"J06"])
+        .await
+        .expect("the same SQL on the upstream")
+        .get(0);
+    assert!(
+        (released - truth).abs() as f64 <= tolerance(1.0),
+        "released {released}, truth {truth}"
+    );
+
+    // Visits of the oldest people: each person counts at most 10 visits (demo.visits' cap), so
+    // the truth is the capped count; Δ = 10, b = 10 at ε = 1.
+    let sql = "SELECT COUNT(*) FROM demo.visits WHERE person_id IN (SELECT person_id FROM demo.people WHERE age > 90)";
+    let released: i64 = s.query_one(sql, &[]).await.expect(sql).get(0);
+    let capped: i64 = up
+        .query_one(
+            "SELECT sum(least(n, 10))::int8 FROM (SELECT person_id, count(*) AS n FROM demo.visits
+             WHERE person_id IN (SELECT person_id FROM demo.people WHERE age > 90) GROUP BY person_id) t",
+            &[],
+        )
+        .await
+        .expect("capped truth")
+        .get(0);
+    assert!(
+        (released - capped).abs() as f64 <= tolerance(10.0),
+        "released {released}, capped truth {capped}"
+    );
+
+    // EXPLAIN shows the rewrite, and the semijoin changes neither the cost nor the measures.
+    let explain = s
+        .simple_rows(&format!("EXPLAIN {}", queries[2]))
+        .await
+        .expect("EXPLAIN");
+    let text: Vec<String> = explain
+        .iter()
+        .filter_map(|r| r[0].as_deref().map(|l| l.trim().to_string()))
+        .collect();
+    let text = text.join(" ");
+    assert!(
+        text.contains("NOT EXISTS (SELECT 1 FROM \"demo\".\"visits\""),
+        "{text}"
+    );
+    let plain = s
+        .simple_rows("EXPLAIN SELECT region, COUNT(*) FROM demo.people GROUP BY region")
+        .await
+        .expect("EXPLAIN");
+    for prefix in ["cost:", "measure count(*)"] {
+        assert_eq!(
+            explain_line(&explain, prefix),
+            explain_line(&plain, prefix),
+            "{prefix}"
+        );
+    }
+    proxy.stop().await;
+}

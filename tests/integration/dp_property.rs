@@ -73,8 +73,9 @@ const BINS_EACH_SIDE: i64 = 24;
 
 /// Queries whose sensitivity is checked: counts, sums, averages, variances, partition selection
 /// on a non-public key, public keys, a date key, joins, and a table reached through a unit path
-/// (the heavy user's prescriptions go with their visits).
-const SENSITIVITY_QUERIES: [&str; 10] = [
+/// (the heavy user's prescriptions go with their visits), and semijoins on the privacy unit (the
+/// heavy user leaves the subquery's table as well as the outer one).
+const SENSITIVITY_QUERIES: [&str; 14] = [
     "SELECT COUNT(*) FROM demo.visits",
     "SELECT SUM(cost) FROM demo.visits",
     "SELECT AVG(income) FROM demo.people",
@@ -85,6 +86,11 @@ const SENSITIVITY_QUERIES: [&str; 10] = [
     "SELECT r.name, SUM(p.income), COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY r.name",
     "SELECT drug, COUNT(*), SUM(quantity) FROM demo.prescriptions GROUP BY drug",
     "SELECT v.clinic, COUNT(*), AVG(p.quantity) FROM demo.prescriptions p JOIN demo.visits v USING (visit_id) GROUP BY v.clinic",
+    // Semijoins on the privacy unit: the heavy user leaves the subquery's table too.
+    "SELECT region, COUNT(*), AVG(income) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE cost > 100) GROUP BY region",
+    "SELECT clinic, COUNT(*), SUM(cost) FROM demo.visits v WHERE EXISTS (SELECT 1 FROM demo.people p WHERE p.person_id = v.person_id AND p.income > 50000) GROUP BY clinic",
+    "SELECT sex, COUNT(*) FROM demo.people p WHERE NOT EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND v.cost > 1000) GROUP BY sex",
+    "SELECT education, SUM(income) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits GROUP BY person_id HAVING COUNT(*) > 20) GROUP BY education",
 ];
 
 fn demo_policy() -> Policy {

@@ -636,6 +636,10 @@ async fn readme_supported_is_what_pgdp_answers() {
         format!("{refused} refusals"),
         format!("at most {} per query", limits::AGGREGATES_PER_QUERY_MAX),
         format!("at most {} tables", limits::JOINED_TABLES_MAX),
+        format!(
+            "at most {} semijoins per query",
+            limits::SEMIJOINS_PER_QUERY_MAX
+        ),
         format!("at most {} keys", limits::GROUP_KEYS_PER_QUERY_MAX),
         format!("(at most {})", thousands(limits::IN_LIST_VALUES_MAX)),
         format!(

@@ -22,6 +22,12 @@ const QUERIES: &[&str] = &[
     "SELECT EXTRACT(YEAR FROM visit_date) AS year, SUM(cost) FROM demo.visits GROUP BY 1",
     "SELECT drug, SUM(quantity), AVG(quantity) FROM demo.prescriptions GROUP BY drug",
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) FROM demo.people",
+    // Semijoins on the privacy unit: the filter changes no column.
+    "SELECT sex, COUNT(*), AVG(income), SUM(age) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE diagnosis = 'J06') GROUP BY sex",
+    "SELECT clinic, SUM(cost), MAX(cost) FROM demo.visits v WHERE EXISTS (SELECT 1 FROM demo.people p WHERE p.person_id = v.person_id AND p.age > 60) GROUP BY clinic",
+    "SELECT COUNT(*), AVG(age) FROM demo.people p WHERE NOT EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id GROUP BY v.person_id HAVING SUM(v.cost) > 5000)",
+    "SELECT region, ROUND(AVG(income), 2) AS mean FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE clinic = 'C01') GROUP BY region ORDER BY mean DESC",
+    "SELECT s.region, s.n FROM (SELECT region, COUNT(*) AS n FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id) GROUP BY region) s WHERE s.n > 10",
     // Post-processing of released values, typed and evaluated by PostgreSQL.
     "SELECT region, ROUND(AVG(income), 2) AS avg_income FROM demo.people GROUP BY region ORDER BY avg_income DESC",
     "SELECT COUNT(*) * 100.0 / 100000 AS pct, COUNT(*)::int AS n, SUM(age) / COUNT(*) AS mean_age FROM demo.people",

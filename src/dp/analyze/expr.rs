@@ -373,8 +373,8 @@ impl<'a> Analyzer<'a> {
                 "Use floor(x) or ceil(x) with one argument, round(x, n) for decimal places, or date_trunc for dates.",
             )),
             Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. } => Err(Error::unsupported(
-                "subqueries",
-                "Subqueries over private data are not supported; use a join on the privacy unit or a public table.",
+                "subqueries in expressions",
+                "A semijoin on the privacy unit is answered as a condition of the query's WHERE on its own (ANDed with the others): person_id IN (SELECT person_id FROM demo.visits WHERE …) or [NOT] EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND …). Other subqueries over private data are not supported; use a join on the privacy unit or a public table.",
             )),
             other => Err(unsupported_here(&format!("the expression {other}"))),
         }

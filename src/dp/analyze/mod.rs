@@ -20,6 +20,10 @@
 //!   domains come from the query's literals and the policy, never from the data.
 //! - Group keys with a public domain: `public_values` columns, public tables' columns, CASE
 //!   expressions whose results are all literals, and bounded integer per-unit values.
+//! - A semijoin on the privacy unit (`person_id IN (SELECT person_id FROM …)`, `[NOT] EXISTS
+//!   (… v.person_id = p.person_id …)`) is a condition of WHERE on its own, becomes a typed
+//!   [`Semijoin`] and reads other private tables only through the same unit (`semijoin.rs`);
+//!   every other subquery in an expression is refused.
 //! - Analysis does no I/O.
 
 mod aggregate;
@@ -28,6 +32,7 @@ mod from;
 mod functions;
 mod post;
 mod scope;
+mod semijoin;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -135,18 +140,10 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         ));
     }
 
-    let filter = match &select.selection {
-        Some(e) => {
-            let mut e = e.clone();
-            let info = a.expr(&mut e, Role::Filter)?;
-            if info.ty.is_some_and(|t| t != ColumnType::Boolean) {
-                return Err(Error::Syntax {
-                    message: "argument of WHERE must be type boolean".into(),
-                });
-            }
-            Some(e)
-        }
-        None => None,
+    // WHERE: its semijoins on the privacy unit apart, the rest checked like any filter.
+    let (filter, semijoins) = match &select.selection {
+        Some(e) => a.where_clause(e)?,
+        None => (None, Vec::new()),
     };
 
     // GROUP BY keys.
@@ -272,6 +269,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         },
         max_rows_per_unit,
         filter,
+        semijoins,
         keys,
         aggregates,
         outputs,

@@ -225,6 +225,25 @@ fn post_text(p: &Post) -> String {
     }
 }
 
+/// A semijoin: `[not ]exists(tables: unit=outer[ where …][ having …])`.
+fn semijoin_text(j: &Semijoin) -> String {
+    let tables: Vec<&str> = j.tables.iter().map(|t| t.table.as_str()).collect();
+    let mut s = format!(
+        "{}exists({}: {}={}",
+        if j.negated { "not " } else { "" },
+        tables.join(","),
+        short(&j.unit.to_string()),
+        short(&j.outer.to_string())
+    );
+    if let Some(f) = &j.filter {
+        s += &format!(" where {}", short(&f.to_string()));
+    }
+    if let Some(h) = &j.having {
+        s += &format!(" having {}", short(&h.to_string()));
+    }
+    s + ")"
+}
+
 /// The facts of a plan on one line (see the module docs).
 fn summary(plan: &Plan) -> String {
     let unit = match &plan.unit {
@@ -259,6 +278,10 @@ fn summary(plan: &Plan) -> String {
     }
     if let Some(f) = &plan.filter {
         s += &format!(" where={}", short(&f.to_string()));
+    }
+    if !plan.semijoins.is_empty() {
+        let semijoins: Vec<String> = plan.semijoins.iter().map(semijoin_text).collect();
+        s += &format!(" semi=[{}]", semijoins.join("; "));
     }
     let keys: Vec<String> = plan.keys.iter().map(key_text).collect();
     s += &format!(" keys=[{}]", keys.join(", "));
@@ -599,6 +622,58 @@ fn subqueries() {
     );
 }
 
+/// Semijoins on the privacy unit (semijoin.rs): the accepted forms, and what stays refused.
+#[test]
+fn semijoins() {
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            ("in", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE diagnosis = 'J06')", Accepted("unit=person_id caps=(g1,r1) semi=[exists(demo.visits: t1.person_id=person_id where t1.diagnosis = 'J06')] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("in beside a condition", "SELECT sex, COUNT(*) FROM demo.people WHERE age > 40 AND (person_id IN (SELECT person_id FROM demo.visits WHERE cost > 100)) GROUP BY sex", Accepted("unit=person_id caps=(g1,r1) where=age > 40 semi=[exists(demo.visits: t1.person_id=person_id where t1.cost > 100)] keys=[sex:text:listed[F, M, X]] aggs=[count(*)] out=[sex=k0, count=a0]")),
+            ("in distinct with alias", "SELECT COUNT(*) FROM demo.people p WHERE p.person_id IN (SELECT DISTINCT v.person_id AS who FROM demo.visits v)", Accepted("unit=person_id caps=(g1,r1) semi=[exists(demo.visits: t1.person_id=person_id)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("exists reversed correlation", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT * FROM demo.visits v WHERE p.person_id = v.person_id AND v.cost > 100)", Accepted("unit=person_id caps=(g1,r1) semi=[exists(demo.visits: t1.person_id=person_id where t1.cost > 100)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("not exists", "SELECT COUNT(*) FROM demo.people p WHERE NOT EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id)", Accepted("unit=person_id caps=(g1,r1) semi=[not exists(demo.visits: t1.person_id=person_id)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("not not exists", "SELECT COUNT(*) FROM demo.people p WHERE NOT (NOT EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id))", Accepted("unit=person_id caps=(g1,r1) semi=[exists(demo.visits: t1.person_id=person_id)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("in per-unit having", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits GROUP BY person_id HAVING COUNT(*) > 3)", Accepted("unit=person_id caps=(g1,r1) semi=[exists(demo.visits: t1.person_id=person_id having pg_catalog.count(*) > 3)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("in over a cte", "WITH big AS (SELECT person_id, cost FROM demo.visits WHERE cost > 1000) SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM big)", Accepted("unit=person_id caps=(g1,r1) semi=[exists(big: t2.person_id=person_id)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("in with a parameter", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE clinic = $1)", Accepted("unit=person_id caps=(g1,r1) semi=[exists(demo.visits: t1.person_id=person_id where t1.clinic = $1)] keys=[] aggs=[count(*)] out=[count=a0] params=[$1:text/text]")),
+            ("inner name shadows outer", "SELECT COUNT(*) FROM demo.visits WHERE person_id IN (SELECT person_id FROM demo.people WHERE person_id > 10)", Accepted("unit=person_id caps=(g1,r10) semi=[exists(demo.people: t1.person_id=person_id where t1.person_id > 10)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("not in", "SELECT COUNT(*) FROM demo.people WHERE person_id NOT IN (SELECT person_id FROM demo.visits)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in on non-unit", "SELECT COUNT(*) FROM demo.people WHERE age IN (SELECT person_id FROM demo.visits)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in selecting non-unit", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT visit_id FROM demo.visits)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in over public only", "SELECT COUNT(*) FROM demo.people WHERE region IN (SELECT region FROM demo.regions)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in limit", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits LIMIT 10)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in offset", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits OFFSET 10)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in union", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits UNION SELECT person_id FROM demo.people)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in window", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE cost > AVG(cost) OVER ())", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in aggregate of units", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT MIN(person_id) FROM demo.visits)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in having without group", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits HAVING COUNT(*) > 3)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in grouped by other", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits GROUP BY clinic)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists uncorrelated", "SELECT COUNT(*) FROM demo.people WHERE EXISTS (SELECT 1 FROM demo.visits WHERE cost > 1999)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists on non-unit", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.visit_id = p.age)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists outer reference", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND v.cost > p.income)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists aggregate select", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT COUNT(*) FROM demo.visits v WHERE v.person_id = p.person_id)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists outer in having", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id GROUP BY v.person_id HAVING COUNT(*) > p.age)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("semijoin under or", "SELECT COUNT(*) FROM demo.people WHERE age > 90 OR person_id IN (SELECT person_id FROM demo.visits)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("semijoin in case", "SELECT SUM(CASE WHEN person_id IN (SELECT person_id FROM demo.visits) THEN 1 ELSE 0 END) FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("semijoin in a cte", "WITH t AS (SELECT * FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits)) SELECT COUNT(*) FROM t", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("nested semijoin", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE person_id IN (SELECT person_id FROM demo.people))", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("too many semijoins", "SELECT COUNT(*) FROM demo.people p WHERE person_id IN (SELECT person_id FROM demo.visits) AND person_id IN (SELECT person_id FROM demo.visits) AND person_id IN (SELECT person_id FROM demo.visits) AND person_id IN (SELECT person_id FROM demo.visits) AND person_id IN (SELECT person_id FROM demo.visits)", Refused(S::PROGRAM_LIMIT_EXCEEDED)),
+            ("reserved name inside", "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits WHERE __dp_unit > 0)", Refused(S::INSUFFICIENT_PRIVILEGE)),
+        ],
+    );
+    check(
+        On::Small,
+        &[
+            ("orders in orders", "SELECT COUNT(*) FROM s.orders WHERE customer IN (SELECT customer FROM s.orders WHERE amount > 10)", Accepted("unit=customer caps=(g1,r3) semi=[exists(s.orders: t1.customer=customer where t1.amount > 10)] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("over the unit path", "SELECT COUNT(*) FROM s.orders o WHERE EXISTS (SELECT 1 FROM s.lines l WHERE l.customer = o.customer AND l.qty > 5)", Accepted("unit=customer caps=(g1,r3) semi=[exists(s.lines: t3.customer=customer where t3.qty > 5)] keys=[] aggs=[count(*)] out=[count=a0] unique=[s.orders.order_id]")),
+            ("row-level table inside", "SELECT COUNT(*) FROM s.orders WHERE customer IN (SELECT level FROM s.events)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("row-level table outside", "SELECT COUNT(*) FROM s.events e WHERE EXISTS (SELECT 1 FROM s.orders o WHERE o.customer = e.level)", Refused(S::FEATURE_NOT_SUPPORTED)),
+        ],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Post-processing and parameters
 // ---------------------------------------------------------------------------------------------
@@ -763,8 +838,8 @@ fn refusals_unsupported() {
             ("row_number", "SELECT row_number() OVER (ORDER BY cost) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("named window", "SELECT COUNT(*) FROM demo.visits WINDOW w AS (ORDER BY cost)", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("scalar subquery in where", "SELECT COUNT(*) FROM demo.visits WHERE cost > (SELECT AVG(cost) FROM demo.visits)", Refused(S::FEATURE_NOT_SUPPORTED)),
-            ("in subquery", "SELECT COUNT(*) FROM demo.visits WHERE person_id IN (SELECT person_id FROM demo.people)", Refused(S::FEATURE_NOT_SUPPORTED)),
-            ("exists", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("in subquery on another column", "SELECT COUNT(*) FROM demo.visits WHERE visit_id IN (SELECT visit_id FROM demo.prescriptions)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("uncorrelated exists", "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v)", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("union", "SELECT COUNT(*) FROM demo.visits UNION ALL SELECT COUNT(*) FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("left join", "SELECT COUNT(*) FROM demo.people p LEFT JOIN demo.visits v USING (person_id)", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("cross join", "SELECT COUNT(*) FROM demo.people CROSS JOIN demo.regions", Refused(S::FEATURE_NOT_SUPPORTED)),
@@ -877,5 +952,40 @@ fn refusals_name_what_the_analyst_wrote() {
         let message = analyze_sql(sql, &ctx).expect_err(sql).to_string();
         assert!(!message.contains(RESERVED_PREFIX), "{sql}: {message}");
         assert!(message.contains(shown), "{sql}: {message}");
+    }
+}
+
+/// Every refused semijoin form says what to write instead: its hint shows a supported semijoin
+/// (`… IN (SELECT …)` or `… EXISTS (SELECT …)`), or a join for a public filter (issue 15).
+#[test]
+fn semijoin_refusals_hint_a_supported_form() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    for sql in [
+        "SELECT COUNT(*) FROM demo.people WHERE person_id NOT IN (SELECT person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE age IN (SELECT person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT visit_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits ORDER BY cost LIMIT 10)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT DISTINCT ON (clinic) person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT MAX(person_id) FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits GROUP BY clinic)",
+        "SELECT COUNT(*) FROM demo.people WHERE EXISTS (SELECT 1 FROM demo.visits WHERE cost > 1999)",
+        "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.visit_id = p.person_id)",
+        "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND v.cost > p.income)",
+        "SELECT COUNT(*) FROM demo.people p WHERE EXISTS (SELECT COUNT(*) FROM demo.visits v WHERE v.person_id = p.person_id)",
+        "SELECT COUNT(*) FROM demo.people WHERE age > 90 OR person_id IN (SELECT person_id FROM demo.visits)",
+        "SELECT COUNT(*) FROM demo.people WHERE region IN (SELECT region FROM demo.regions)",
+    ] {
+        let e = analyze_sql(sql, &ctx).expect_err(sql);
+        assert_eq!(e.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED, "{sql}: {e}");
+        let hint = e.hint().unwrap_or_default();
+        assert!(
+            hint.contains("IN (SELECT") || hint.contains("EXISTS (SELECT") || hint.contains("JOIN"),
+            "{sql}: {e} (hint: {hint})"
+        );
+        assert!(!hint.contains(RESERVED_PREFIX) && !e.to_string().contains(RESERVED_PREFIX), "{sql}");
     }
 }

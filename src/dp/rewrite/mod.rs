@@ -34,7 +34,7 @@ use sqlparser::ast::{self, Expr, Value, VisitMut, VisitorMut};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use crate::dp::plan::{AggregateKind, Canonical, Plan};
+use crate::dp::plan::{AggregateKind, Canonical, Plan, Semijoin};
 use crate::dp::sql::{from_clause, sql, Name, Number, Sql};
 
 pub mod domain;
@@ -422,13 +422,24 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         bind_parameters(&mut q, plan, parameters)?;
         Ok(sql!("{}", q))
     })?;
-    let filter = match &plan.filter {
-        Some(f) => {
-            let mut f = f.clone();
-            bind_parameters(&mut f, plan, parameters)?;
-            sql!(" WHERE {}", f)
-        }
-        None => Sql::text(""),
+    let mut conditions = Vec::new();
+    if let Some(f) = &plan.filter {
+        let mut f = f.clone();
+        bind_parameters(&mut f, plan, parameters)?;
+        // Alone, the filter is sent as it is; beside semijoins, an OR is parenthesised.
+        conditions.push(if plan.semijoins.is_empty() {
+            sql!("{}", f)
+        } else {
+            conjunct(&f)
+        });
+    }
+    for s in &plan.semijoins {
+        conditions.push(semijoin(s, plan, parameters)?);
+    }
+    let filter = if conditions.is_empty() {
+        Sql::text("")
+    } else {
+        sql!(" WHERE {}", Sql::join(conditions, " AND "))
     };
     let rows = sql!("SELECT {} FROM {}{}", Sql::join(select, ", "), from, filter);
 
@@ -612,6 +623,44 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         arguments,
         measures,
         aggregate_measures,
+    })
+}
+
+/// A condition to AND with others: parenthesised when it is an OR.
+fn conjunct(e: &Expr) -> Sql {
+    match e {
+        Expr::BinaryOp {
+            op: ast::BinaryOperator::Or | ast::BinaryOperator::Xor,
+            ..
+        } => sql!("({})", e),
+        _ => sql!("{}", e),
+    }
+}
+
+/// A semijoin on the privacy unit as a condition of stage 1: `[NOT] EXISTS (SELECT 1 FROM …
+/// WHERE <its unit> = <the outer unit> AND <its filter> [GROUP BY <its unit> HAVING …])`. Whether
+/// a row passes depends only on the rows of its own unit in the subquery's private tables (and on
+/// public tables), so the rest of the rewrite, and every contribution bound, is unchanged
+/// (docs/privacy.md, "Semijoins on the privacy unit").
+fn semijoin(s: &Semijoin, plan: &Plan, parameters: &[Option<String>]) -> Result<Sql> {
+    let from = from_clause(&s.tables, &s.joins, |q| {
+        let mut q = q.clone();
+        bind_parameters(&mut q, plan, parameters)?;
+        Ok(sql!("{}", q))
+    })?;
+    let mut body = sql!("SELECT 1 FROM {} WHERE {} = {}", from, s.unit, s.outer);
+    if let Some(f) = &s.filter {
+        let mut f = f.clone();
+        bind_parameters(&mut f, plan, parameters)?;
+        body.push(sql!(" AND {}", conjunct(&f)));
+    }
+    if let Some(h) = &s.having {
+        body.push(sql!(" GROUP BY {} HAVING {}", s.unit, h));
+    }
+    Ok(if s.negated {
+        sql!("NOT EXISTS ({})", body)
+    } else {
+        sql!("EXISTS ({})", body)
     })
 }
 
