@@ -356,22 +356,7 @@ impl Session {
             entries.push((&measures_key, &measured));
         }
         let _ = ledger.record_release(charge_id, &analyst, &entries).await;
-        let mut notices = vec![Notice {
-            message: charge_notice(&mechanisms.cost, &balance),
-        }];
-        if let Some(note) = release::capped_statistic(&plan) {
-            notices.push(Notice {
-                message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
-            });
-        }
-        if released.truncated() {
-            notices.push(Notice {
-                message: format!(
-                    "pgdp: only the first {} groups were returned",
-                    crate::limits::GROUPS_RELEASED_MAX
-                ),
-            });
-        }
+        let notices = answer_notices(charge_notice(&mechanisms.cost, &balance), &plan, &released);
         Ok(ClientRows::released(released, notices))
     }
 
@@ -433,25 +418,11 @@ impl Session {
         };
         let limit = limit_of(&self.analyst.budget)?;
         let balance = shared.ledger.balance(&self.analyst.name, &limit).await?;
-        let mut notices = vec![Notice {
-            message: format!(
-                "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
-                remaining_text(&balance, false)
-            ),
-        }];
-        if let Some(note) = release::capped_statistic(plan) {
-            notices.push(Notice {
-                message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
-            });
-        }
-        if released.truncated() {
-            notices.push(Notice {
-                message: format!(
-                    "pgdp: only the first {} groups were returned",
-                    crate::limits::GROUPS_RELEASED_MAX
-                ),
-            });
-        }
+        let first = format!(
+            "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
+            remaining_text(&balance, false)
+        );
+        let notices = answer_notices(first, plan, &released);
         Ok(ClientRows::released(released, notices))
     }
 
@@ -504,6 +475,26 @@ fn charge_notice(cost: &crate::budget::Cost, balance: &crate::budget::Balance) -
         remaining_text(balance, !cost.rho.is_zero()),
         repeats_text(&balance.limit, &balance.spent, cost)
     )
+}
+
+/// The NOTICEs of an answer: `first` (what it cost, or where it came from), then whether a
+/// statistic was capped and whether groups were cut at the release limit.
+fn answer_notices(first: String, plan: &Plan, released: &Released) -> Vec<Notice> {
+    let mut notices = vec![Notice { message: first }];
+    if let Some(note) = release::capped_statistic(plan) {
+        notices.push(Notice {
+            message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
+        });
+    }
+    if released.truncated() {
+        notices.push(Notice {
+            message: format!(
+                "pgdp: only the first {} groups were returned",
+                crate::limits::GROUPS_RELEASED_MAX
+            ),
+        });
+    }
+    notices
 }
 
 /// Significant digits of the remaining amounts in NOTICEs, rounded down (never more than is

@@ -131,19 +131,23 @@ async fn charges(ledger: &Client) -> Vec<(String, String)> {
         .collect()
 }
 
+/// How many statements wait for a lock on `f.items`.
+async fn lock_waiters(locker: &Client) -> i64 {
+    locker
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'f.items'::regclass",
+            &[],
+        )
+        .await
+        .expect("read pg_locks")
+        .get(0)
+}
+
 /// Waits until `f.items` has (`true`) or has no (`false`) statement waiting for its lock.
 async fn wait_for_lock_waiter(locker: &Client, present: bool) {
     let started = Instant::now();
     loop {
-        let waiting: i64 = locker
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'f.items'::regclass",
-                &[],
-            )
-            .await
-            .expect("read pg_locks")
-            .get(0);
-        if (waiting > 0) == present {
+        if (lock_waiters(locker).await > 0) == present {
             return;
         }
         assert!(
@@ -579,16 +583,9 @@ async fn scheduled_release_defers_a_cancel_to_the_next_point() {
     tokio::time::sleep_until((started + Duration::from_millis(1_100)).into()).await;
     token.cancel_query(NoTls).await.expect("cancel request");
     tokio::time::sleep_until((started + Duration::from_millis(2_200)).into()).await;
-    let waiting: i64 = locker
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'f.items'::regclass",
-            &[],
-        )
-        .await
-        .expect("read pg_locks")
-        .get(0);
     assert_eq!(
-        waiting, 1,
+        lock_waiters(&locker).await,
+        1,
         "the cancel took effect before the schedule's point"
     );
     let (elapsed, result) = tokio::time::timeout(PATIENCE, query)
