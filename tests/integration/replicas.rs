@@ -282,3 +282,66 @@ async fn sigkill_during_the_upstream_query_keeps_the_charge() {
     restarted.kill().await;
     ledger.drop_db().await;
 }
+
+/// Issue 20 (several pgdp processes behind one address): the replay cache and the stored noisy
+/// measures live in the shared ledger, so a query answered by one process is answered again by
+/// the other with the same noisy rows, and a post-processing variant from the same measures, both
+/// free; both processes report the same balance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
+    let ledger = harness::fresh_database("replicas_replay").await;
+    let text = policy_text(10, 2);
+    let (a, b) = tokio::join!(
+        Replica::start(&text, &ledger),
+        Replica::start(&text, &ledger)
+    );
+    let sql = "SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region ORDER BY region";
+    let on_a = a.connect().await;
+    let first = on_a.simple_rows(sql).await.expect("charged on A");
+    assert_eq!(first.len(), 10, "one row per declared region");
+    assert!(
+        on_a.take_notices()
+            .iter()
+            .any(|n| n.starts_with("pgdp: charged")),
+        "A charged the query"
+    );
+    let spent = on_a.budget().await.epsilon_spent;
+    assert!(spent > 0.0);
+
+    let on_b = b.connect().await;
+    let again = on_b.simple_rows(sql).await.expect("replayed on B");
+    assert_eq!(again, first, "B replays A's noisy rows");
+    assert!(
+        on_b.take_notices()
+            .iter()
+            .any(|n| n.contains("replay cache")),
+        "B says it replayed"
+    );
+    let variant = on_b
+        .simple_rows("SELECT region AS r, COUNT(*) AS people FROM demo.people GROUP BY region ORDER BY 2 DESC LIMIT 3")
+        .await
+        .expect("reused on B");
+    assert_eq!(variant.len(), 3);
+    for row in &variant {
+        assert!(
+            first.contains(row),
+            "{row:?} is not one of A's released rows {first:?}"
+        );
+    }
+    assert!(
+        on_b.take_notices()
+            .iter()
+            .any(|n| n.contains("answered from the noisy measures")),
+        "B says it reused the measures"
+    );
+    for session in [&on_a, &on_b] {
+        assert_eq!(
+            session.budget().await.epsilon_spent,
+            spent,
+            "nothing more was charged, and both processes say so"
+        );
+    }
+    a.kill().await;
+    b.kill().await;
+    ledger.drop_db().await;
+}
