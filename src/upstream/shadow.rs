@@ -268,9 +268,7 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
     // Column types as the upstream declares them.
     // Dropping the previous build's schemas cascades, with a NOTICE per schema that would only
     // clutter pgdp's log.
-    let mut ddl = String::from(
-        "SET LOCAL client_min_messages = warning; SELECT pg_advisory_xact_lock(7367626470);",
-    );
+    let mut ddl = String::new();
     for schema in policy.schemas() {
         ddl.push_str(&format!(
             "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
@@ -365,17 +363,68 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
     let mut dsn = upstream.dsn.clone();
     dsn.config_mut().dbname(&dbname);
     let backend = Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE);
+    // The database's comment names the build it holds: a process whose build is the same
+    // (another pgdp with the same policy and upstream) leaves it alone instead of dropping and
+    // recreating the schemas under the other processes' catalog queries.
+    let mark = format!(
+        "pgdp shadow catalog {}",
+        crate::budget::fingerprint(&[SHADOW_BUILD_VERSION, &ddl])
+    );
     {
         let mut shadow = backend.get().await?;
-        let client = shadow.client();
-        let result = client.batch_execute(&format!("BEGIN; {ddl} COMMIT;")).await;
-        if let Err(e) = result {
-            shadow.discard();
-            return Err(fail("build")(e));
+        let rebuilt = rebuild_unless_marked(shadow.client(), &ddl, &mark).await;
+        match rebuilt {
+            Ok(false) => {}
+            Ok(true) => {
+                let comment = format!(
+                    "COMMENT ON DATABASE {} IS {}",
+                    quote_ident(&dbname),
+                    crate::literal::dollar_quoted(&mark)
+                );
+                if let Err(e) = shadow.client().batch_execute(&comment).await {
+                    // Only costs the next process a rebuild.
+                    tracing::warn!(error = %e, "shadow catalog: cannot mark the build");
+                }
+            }
+            Err(e) => {
+                shadow.discard();
+                return Err(fail("build")(e));
+            }
         }
     }
     tracing::info!(database = %dbname, tables = policy.tables.len(), "shadow catalog ready");
     Ok(Built { backend })
+}
+
+/// Bumped when the shape of the shadow catalog's DDL changes meaning without changing its text.
+const SHADOW_BUILD_VERSION: &str = "1";
+
+/// Under the build lock: runs `ddl` unless the database's comment already says `mark`; returns
+/// whether it ran.
+async fn rebuild_unless_marked(
+    client: &tokio_postgres::Client,
+    ddl: &str,
+    mark: &str,
+) -> std::result::Result<bool, tokio_postgres::Error> {
+    client
+        .batch_execute(
+            "BEGIN; SET LOCAL client_min_messages = warning; SELECT pg_advisory_xact_lock(7367626470);",
+        )
+        .await?;
+    let current: Option<String> = client
+        .query_one(
+            "SELECT pg_catalog.shobj_description(oid, 'pg_database') FROM pg_catalog.pg_database \
+             WHERE datname = pg_catalog.current_database()",
+            &[],
+        )
+        .await?
+        .get(0);
+    if current.as_deref() == Some(mark) {
+        client.batch_execute("COMMIT").await?;
+        return Ok(false);
+    }
+    client.batch_execute(&format!("{ddl} COMMIT;")).await?;
+    Ok(true)
 }
 
 impl Built {

@@ -970,6 +970,34 @@ tables:
             .collect();
         assert_eq!(names, vec!["items"], "server {i}");
     }
+    // A server that starts later with the same policy finds the build it would make and leaves
+    // it alone: the shadow table is not dropped and recreated under the others' queries.
+    let shadow = harness::connect(
+        &harness::upstream()
+            .await
+            .dsn(&format!("{}_pgdp_catalog", upstream.name())),
+    )
+    .await;
+    let table_oid = || async {
+        shadow
+            .query_one("SELECT 'f.items'::regclass::oid", &[])
+            .await
+            .expect("the shadow table")
+            .get::<_, u32>(0)
+    };
+    let before = table_oid().await;
+    let later = server::start(Config {
+        policy: policy.clone(),
+        upstream: upstream.dsn().to_string(),
+        ledger: Some(ledger.dsn().to_string()),
+        listen: "127.0.0.1:0".into(),
+        noise_seed: Some([5; 32]),
+    })
+    .await
+    .expect("a later pgdp starts");
+    assert_eq!(table_oid().await, before, "the same build was made again");
+    drop(later);
+    drop(shadow);
     drop(servers);
     harness::upstream()
         .await
