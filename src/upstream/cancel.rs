@@ -66,8 +66,10 @@ struct CancelState {
     requested: Option<CancelReason>,
     /// The client went away.
     client_gone: bool,
-    /// Statements begun so far, so a deferred cancel reaches only the one it was meant for.
-    begun: u64,
+    /// Deferrals begun so far (one per scheduled DP statement), so a deferred cancel reaches
+    /// only the statement it was meant for, whichever of its upstream queries (public domain,
+    /// release) runs at the point.
+    deferrals: u64,
     /// The release schedule of the statement under way and when it started, if any.
     schedule: Option<(Instant, ReleaseSchedule)>,
 }
@@ -89,15 +91,18 @@ impl Cancel {
                     state.schedule.map(|(started, schedule)| {
                         (
                             started + schedule.release_at(started.elapsed()),
-                            state.begun,
+                            state.deferrals,
                         )
                     })
                 }
                 _ => None,
             };
-            if let Some((at, begun)) = deferred {
+            if let Some((at, deferral)) = deferred {
                 tokio::time::sleep_until(at.into()).await;
-                let same = self.state.lock().is_ok_and(|s| s.begun == begun);
+                let same = self
+                    .state
+                    .lock()
+                    .is_ok_and(|s| s.schedule.is_some() && s.deferrals == deferral);
                 if !same {
                     return false;
                 }
@@ -141,7 +146,6 @@ impl Cancel {
         }
         state.running = Some(token);
         state.requested = None;
-        state.begun = state.begun.wrapping_add(1);
         Ok(Running {
             cancel: self,
             ended: false,
@@ -159,6 +163,7 @@ impl Cancel {
     ) -> Deferred<'_> {
         if let Ok(mut state) = self.state.lock() {
             state.schedule = Some((started, schedule));
+            state.deferrals = state.deferrals.wrapping_add(1);
         }
         Deferred { cancel: self }
     }
