@@ -138,6 +138,12 @@ pub enum Error {
         hint: Option<String>,
     },
 
+    /// The analyst was removed from the policy by a reload: each of their sessions ends, as
+    /// PostgreSQL ends a backend with `pg_terminate_backend`. The only error that ends a session
+    /// once it is open ([`Error::ends_session`]).
+    #[error("terminating connection due to administrator command")]
+    AdminShutdown,
+
     /// A bug in pgdp. Logged in full; the client sees this fixed text.
     #[error("internal error in pgdp")]
     Internal { detail: String },
@@ -179,6 +185,7 @@ impl Error {
             Error::DuplicateCursor { .. } => SqlState::DUPLICATE_CURSOR,
             Error::Protocol { .. } => SqlState::PROTOCOL_VIOLATION,
             Error::PostProcessing { state, .. } => state.clone(),
+            Error::AdminShutdown => SqlState::ADMIN_SHUTDOWN,
             Error::Internal { .. } => SqlState::INTERNAL_ERROR,
         }
     }
@@ -206,6 +213,9 @@ impl Error {
             Error::NoTransaction { .. } => {
                 Some("Run BEGIN first (a cursor can also be declared WITH HOLD).")
             }
+            Error::AdminShutdown => {
+                Some("The data owner removed this analyst from the pgdp policy.")
+            }
             Error::Syntax { .. }
             | Error::UnknownCursor { .. }
             | Error::DuplicateCursor { .. }
@@ -224,6 +234,12 @@ impl Error {
             | Error::Protocol { .. }
             | Error::Internal { .. } => None,
         }
+    }
+
+    /// Whether the error ends the session (sent with severity FATAL, then the connection
+    /// closes), rather than the statement.
+    pub fn ends_session(&self) -> bool {
+        matches!(self, Error::AdminShutdown)
     }
 
     /// Shorthand for a policy refusal.
@@ -298,6 +314,17 @@ mod tests {
         assert_eq!(
             refusal.to_string(),
             "no pg_hba.conf entry for host \"127.0.0.1\", user \"analyst\", database \"pgdp_demo\", no encryption"
+        );
+    }
+
+    #[test]
+    fn removal_by_reload_ends_the_session_as_pg_terminate_backend() {
+        assert_eq!(Error::AdminShutdown.sqlstate().code(), "57P01");
+        assert!(Error::AdminShutdown.ends_session());
+        assert!(!Error::Upstream.ends_session());
+        assert_eq!(
+            Error::AdminShutdown.to_string(),
+            "terminating connection due to administrator command"
         );
     }
 

@@ -1,4 +1,4 @@
-//! The `pgdp` command line: `serve`, `check` and `demo`.
+//! The `pgdp` command line: `serve`, `check`, `reload` and `demo`.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -11,8 +11,9 @@ pgdp: a differentially private PostgreSQL proxy
 
 USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
-               [--tls-cert FILE --tls-key FILE [--require-tls]]
+               [--tls-cert FILE --tls-key FILE [--require-tls]] [--pid-file FILE]
     pgdp check --policy FILE
+    pgdp reload (--pid-file FILE | --pid PID) [--policy FILE]
     pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
                [--tls-cert FILE --tls-key FILE [--require-tls]]
 
@@ -21,6 +22,12 @@ OPTIONS:
                                       them every SSLRequest is answered 'N' (clear text only)
     --require-tls                     refuse clients that do not negotiate TLS (FATAL 28000, as
                                       PostgreSQL with hostssl-only pg_hba.conf); needs --tls-cert
+    --pid-file FILE                   serve: write the process id there; reload: signal that process
+
+RELOAD:
+    `pgdp serve` reloads its --policy file on SIGHUP; `pgdp reload` checks the file first (with
+    --policy) and sends the signal. Statements that start afterwards use the new policy; an
+    invalid one is refused and the old one stays in force (the server's log says which).
 
 DSNs (--upstream, --ledger) are libpq key=value strings or postgres:// URLs; add
 `sslmode=verify-full sslrootcert=FILE` for TLS that checks the server's CA and host name.
@@ -29,6 +36,7 @@ ENVIRONMENT:
     PGDP_LISTEN, PGDP_UPSTREAM, PGDP_LEDGER   defaults for --listen, --upstream, --ledger
     PGDP_TLS_CERT, PGDP_TLS_KEY               defaults for --tls-cert, --tls-key
     PGDP_REQUIRE_TLS=1                        same as --require-tls
+    PGDP_PID_FILE                             default for --pid-file
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -45,6 +53,8 @@ struct Args {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     require_tls: bool,
+    pid_file: Option<PathBuf>,
+    pid: Option<i32>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -61,6 +71,8 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("tls-cert") => args.tls_cert = Some(parser.value()?.into()),
             Long("tls-key") => args.tls_key = Some(parser.value()?.into()),
             Long("require-tls") => args.require_tls = true,
+            Long("pid-file") => args.pid_file = Some(parser.value()?.into()),
+            Long("pid") => args.pid = Some(parser.value()?.parse()?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -83,6 +95,9 @@ fn parse_args() -> anyhow::Result<Args> {
     }
     if args.tls_key.is_none() {
         args.tls_key = std::env::var_os("PGDP_TLS_KEY").map(PathBuf::from);
+    }
+    if args.pid_file.is_none() {
+        args.pid_file = std::env::var_os("PGDP_PID_FILE").map(PathBuf::from);
     }
     if !args.require_tls {
         args.require_tls = std::env::var("PGDP_REQUIRE_TLS")
@@ -140,6 +155,7 @@ fn main() -> ExitCode {
         match args.command.as_str() {
             "serve" => serve(&args).await,
             "check" => check(&args),
+            "reload" => reload(&args),
             "demo" => demo(&args).await,
             "" => bail!("a command is required\n\n{USAGE}"),
             other => bail!("unknown command {other:?}\n\n{USAGE}"),
@@ -173,8 +189,13 @@ async fn serve(args: &Args) -> anyhow::Result<()> {
         .context("--upstream DSN (or PGDP_UPSTREAM) is required")?;
     let listen = args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into());
     let tls = tls_files(args)?;
+    let _pid_file = match &args.pid_file {
+        Some(path) => Some(PidFile::write(path)?),
+        None => None,
+    };
     run(
         policy,
+        args.policy.clone(),
         &upstream,
         args.ledger.as_deref(),
         &listen,
@@ -185,9 +206,92 @@ async fn serve(args: &Args) -> anyhow::Result<()> {
     .await
 }
 
-/// Starts the proxy and serves until interrupted.
+/// The process id, written for `pgdp reload` and removed when `serve` returns.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn write(path: &std::path::Path) -> anyhow::Result<PidFile> {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write the pid file {}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `pgdp reload`: checks the policy file when given (an invalid one is reported here and no
+/// signal is sent), then sends SIGHUP to the server named by --pid-file or --pid.
+fn reload(args: &Args) -> anyhow::Result<()> {
+    use rustix::process::{kill_process, Pid, Signal};
+    if args.policy.is_some() {
+        load_policy(args)?;
+    }
+    let raw = match (&args.pid, &args.pid_file) {
+        (Some(pid), None) => *pid,
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the pid file {}", path.display()))?
+            .trim()
+            .parse()
+            .with_context(|| {
+                format!("the pid file {} does not hold a process id", path.display())
+            })?,
+        _ => bail!(
+            "pgdp reload needs exactly one of --pid-file FILE (or PGDP_PID_FILE) and --pid PID"
+        ),
+    };
+    let pid = Pid::from_raw(raw)
+        .filter(|_| raw > 0)
+        .with_context(|| format!("{raw} is not a process id"))?;
+    kill_process(pid, Signal::HUP).with_context(|| {
+        format!("cannot signal process {raw} (is pgdp serve running with this pid file?)")
+    })?;
+    println!("sent SIGHUP to pgdp (pid {raw}); its log says whether the new policy is in force");
+    Ok(())
+}
+
+/// Loads the policy file again and puts it in force; an invalid policy is refused with its
+/// path-named errors and the old one stays in force.
+async fn reload_policy(running: &pgdp::server::Running, path: Option<&std::path::Path>) {
+    let Some(path) = path else {
+        tracing::warn!("SIGHUP: pgdp demo serves its built-in policy; there is nothing to reload");
+        return;
+    };
+    let policy = match pgdp::policy::load(path) {
+        Ok(policy) => policy,
+        Err(errors) => {
+            tracing::error!(
+                policy = %path.display(),
+                "reload refused: the policy is invalid, the old policy stays in force:\n{errors}"
+            );
+            return;
+        }
+    };
+    match running.reload(policy).await {
+        Ok(r) => tracing::info!(
+            policy = %path.display(),
+            generation = r.generation,
+            analysts_added = ?r.added,
+            analysts_removed = ?r.removed,
+            tables_added = ?r.tables_added,
+            tables_removed = ?r.tables_removed,
+            "policy reloaded"
+        ),
+        Err(e) => tracing::error!(
+            policy = %path.display(),
+            "reload refused: {e}; the old policy stays in force"
+        ),
+    }
+}
+
+/// Starts the proxy and serves until interrupted, reloading `policy_path` on SIGHUP.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     policy: pgdp::policy::Policy,
+    policy_path: Option<PathBuf>,
     upstream: &str,
     ledger: Option<&str>,
     listen: &str,
@@ -207,16 +311,23 @@ async fn run(
         require_tls,
         ..Default::default()
     };
-    let running = pgdp::server::start_with(config, options).await?;
-    tracing::info!(addr = %running.addr, database = %running.shared.policy.database, "pgdp ready");
+    let mut running = pgdp::server::start_with(config, options).await?;
+    tracing::info!(addr = %running.addr, database = %running.shared().policy.database, "pgdp ready");
     if let Some(b) = banner {
         println!("{b}");
     }
-    tokio::select! {
-        _ = running.wait() => bail!("the listener stopped"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot listen for SIGHUP")?;
+    loop {
+        tokio::select! {
+            _ = running.stopped() => bail!("the listener stopped"),
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("interrupted; shutting down");
+                return Ok(());
+            }
+            _ = hangups.recv() => reload_policy(&running, policy_path.as_deref()).await,
+        }
     }
-    Ok(())
 }
 
 async fn demo(args: &Args) -> anyhow::Result<()> {
@@ -288,6 +399,7 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
     );
     run(
         policy,
+        None,
         &upstream,
         args.ledger.as_deref(),
         &listen,

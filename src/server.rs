@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::budget::Ledger;
 use crate::error::Error;
 use crate::policy::Policy;
-use crate::session::Shared;
+use crate::session::{Live, Reloaded, Shared};
 use crate::upstream::Upstream;
 
 /// What a server needs.
@@ -173,14 +173,30 @@ async fn verify_tls(which: &'static str, text: &str) -> Result<(), StartError> {
 pub struct Running {
     /// The address it listens on.
     pub addr: SocketAddr,
-    /// Its shared state.
-    pub shared: Arc<Shared>,
+    /// Its shared state, replaced whole by [`Running::reload`].
+    pub live: Arc<Live>,
     handle: JoinHandle<()>,
 }
 
 impl Running {
+    /// The shared state in force now.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.live.current()
+    }
+
+    /// Puts a validated policy in force for the statements that start from now on (see
+    /// [`crate::session::Live`]); the old one stays in force if this fails.
+    pub async fn reload(&self, policy: Policy) -> crate::Result<Reloaded> {
+        self.live.reload(policy).await
+    }
+
     /// Waits until the server stops (it does not, unless the listener fails).
     pub async fn wait(mut self) {
+        self.stopped().await;
+    }
+
+    /// Waits until the server stops, keeping it (to reload it meanwhile).
+    pub async fn stopped(&mut self) {
         let _ = (&mut self.handle).await;
     }
 }
@@ -237,7 +253,7 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
         );
     }
     shared.noise_seed = config.noise_seed;
-    let shared = Arc::new(shared);
+    let live = Arc::new(Live::new(shared));
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|source| StartError::Listen {
@@ -248,7 +264,7 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
         addr: config.listen.clone(),
         source,
     })?;
-    let serving = shared.clone();
+    let serving = live.clone();
     let handle = tokio::spawn(async move {
         let front = crate::frontend::Front {
             tls,
@@ -260,9 +276,5 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
         }
     });
     tracing::info!(%addr, tls = tls_enabled, require_tls, "pgdp listening");
-    Ok(Running {
-        addr,
-        shared,
-        handle,
-    })
+    Ok(Running { addr, live, handle })
 }

@@ -833,8 +833,9 @@ async fn bench_scale(
         ..s.clone()
     };
     let s = &fewer;
-    let policy = &running.shared.policy;
-    let secret = running.shared.secret().await?;
+    let shared = running.shared();
+    let policy = &shared.policy;
+    let secret = shared.secret().await?;
     let port = running.addr.port();
     let proxy = connect(&proxy_dsn(port)).await?;
     let direct = connect(demo).await?;
@@ -1351,7 +1352,8 @@ fn frontend(s: &Settings) -> Res<Frontend> {
 /// Noise and release time per released row, on exact rows read once from the upstream.
 async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<ReleaseCost>> {
     let direct = connect(demo).await?;
-    let policy = &running.shared.policy;
+    let shared = running.shared();
+    let policy = &shared.policy;
     let mut out = Vec::new();
     for (query, epsilon) in [
         (&WIDE, WIDE_EPSILON),
@@ -1369,7 +1371,7 @@ async fn release_cost(s: &Settings, demo: &str, running: &Running) -> Res<Vec<Re
             search_path: vec![pgdp::tools::demo::SCHEMA.to_string()],
         };
         let plan = analyze::analyze(ast, &ctx)?;
-        let rw = rewrite::rewrite(&plan, &[], running.shared.secret().await?)?;
+        let rw = rewrite::rewrite(&plan, &[], shared.secret().await?)?;
         let budget = Budget {
             epsilon,
             delta: 1e-7,

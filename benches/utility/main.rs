@@ -925,8 +925,8 @@ async fn bench_cases(o: &Options, demo: &str, ledger: &str) -> Res<(Vec<CaseResu
         noise_seed: Some(NOISE_SEED),
     })
     .await?;
-    let policy = running.shared.policy.clone();
-    let secret = running.shared.secret().await?.to_string();
+    let policy = running.shared().policy.clone();
+    let secret = running.shared().secret().await?.to_string();
     let proxy = connect(&proxy_dsn(running.addr.port())).await?;
     let direct = connect(demo).await?;
     let people: u64 = scalar(&direct, "SELECT count(*) FROM demo.people")

@@ -35,6 +35,16 @@ impl Credentials {
     pub(super) fn new(policy: &Policy) -> Credentials {
         let mut decoy_key = [0u8; 32];
         rand::fill(&mut decoy_key);
+        Credentials::with_decoy_key(policy, decoy_key)
+    }
+
+    /// The credentials of a reloaded policy, with the same decoy verifiers for unknown users
+    /// (a reload must not change what a login as a non-analyst looks like).
+    fn following(&self, policy: &Policy) -> Credentials {
+        Credentials::with_decoy_key(policy, self.decoy_key)
+    }
+
+    fn with_decoy_key(policy: &Policy, decoy_key: [u8; 32]) -> Credentials {
         let secrets = policy
             .analysts
             .values()
@@ -131,9 +141,58 @@ impl AuthSource for Credentials {
     }
 }
 
+/// The credentials of the policy in force: rebuilt once per reload, on the first login after
+/// it, so a login always checks the analysts of the current policy.
+pub(super) struct LiveCredentials {
+    live: Arc<Live>,
+    /// The credentials and the generation of the policy they were built from.
+    current: std::sync::Mutex<(u64, Arc<Credentials>)>,
+}
+
+impl Debug for LiveCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveCredentials").finish_non_exhaustive()
+    }
+}
+
+impl LiveCredentials {
+    pub(super) fn new(live: Arc<Live>) -> LiveCredentials {
+        let shared = live.current();
+        let credentials = Arc::new(Credentials::new(&shared.policy));
+        LiveCredentials {
+            live,
+            current: std::sync::Mutex::new((shared.generation, credentials)),
+        }
+    }
+
+    fn credentials(&self) -> Arc<Credentials> {
+        let shared = self.live.current();
+        // Every update is one assignment of a complete pair: a poisoned lock is consistent.
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.0 != shared.generation {
+            *current = (
+                shared.generation,
+                Arc::new(current.1.following(&shared.policy)),
+            );
+        }
+        current.1.clone()
+    }
+}
+
+#[async_trait]
+impl AuthSource for LiveCredentials {
+    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
+        self.credentials().get_password(login).await
+    }
+
+    async fn get_scram_secret(&self, login: &LoginInfo) -> PgWireResult<(ScramSecret, Option<()>)> {
+        self.credentials().get_scram_secret(login).await
+    }
+}
+
 /// ParameterStatus values sent at startup.
 pub(super) struct Parameters {
-    pub(super) shared: Arc<Shared>,
+    pub(super) live: Arc<Live>,
 }
 
 impl ServerParameterProvider for Parameters {
@@ -142,7 +201,8 @@ impl ServerParameterProvider for Parameters {
         C: ClientInfo,
     {
         let version = self
-            .shared
+            .live
+            .current()
             .upstream
             .cached_server_version()
             .unwrap_or_else(|| "15.0".into());

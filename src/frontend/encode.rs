@@ -4,8 +4,9 @@
 use super::*;
 
 pub(super) fn error_info(e: &Error) -> ErrorInfo {
+    let severity = if e.ends_session() { "FATAL" } else { "ERROR" };
     let mut info = ErrorInfo::new(
-        "ERROR".to_owned(),
+        severity.to_owned(),
         e.sqlstate().code().to_owned(),
         e.to_string(),
     );

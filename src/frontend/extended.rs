@@ -28,13 +28,14 @@ impl QueryParser for Parser {
         };
         let conn = connection(client);
         let mut slot = conn.session.lock().await;
-        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
+        let shared = self.live.current();
+        let session = ensure_session(&mut slot, client, &shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
-        let columns = session::describe(&self.shared, session, &statement)
+        let columns = session::describe(&shared, session, &statement)
             .await
             .map_err(|e| user_error(&e))?;
         // Client-declared types win; otherwise the type analysis inferred from the context.
-        let inferred = session::parameter_types(&self.shared, session, &statement);
+        let inferred = session::parameter_types(&shared, session, &statement);
         let count = inferred
             .iter()
             .map(|(i, _, _)| *i)
@@ -175,7 +176,8 @@ impl ExtendedQueryHandler for QueryHandler {
         };
         let conn = connection(client);
         let mut slot = conn.session.lock().await;
-        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
+        let shared = self.live.current();
+        let session = ensure_session(&mut slot, client, &shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
         let started = Instant::now();
         let failed = in_failed_transaction(client);
@@ -188,10 +190,10 @@ impl ExtendedQueryHandler for QueryHandler {
             let described = &portal.statement.statement.columns;
             let shape = match (&statement, described) {
                 (Statement::Query(_), Some(before)) => {
-                    match session::describe(&self.shared, session, &statement).await {
+                    match session::describe(&shared, session, &statement).await {
                         Ok(Some(now)) if now != *before => Err(Error::unsupported(
                             "a prepared statement whose result columns changed since it was prepared",
-                            "Prepare the statement again after changing pgdp.accuracy.",
+                            "Prepare the statement again: pgdp.accuracy or the pgdp policy changed since.",
                         )),
                         Ok(_) => Ok(()),
                         Err(e) => Err(e),
@@ -202,7 +204,7 @@ impl ExtendedQueryHandler for QueryHandler {
             match (shape, parameters_as_text(portal)) {
                 (Err(e), _) | (Ok(()), Err(e)) => Err(e),
                 (Ok(()), Ok(params)) => {
-                    run_statement(session, &self.shared, &statement, &params, failed).await
+                    run_statement(session, &shared, &statement, &params, failed).await
                 }
             }
         };

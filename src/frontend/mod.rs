@@ -94,7 +94,7 @@ use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{Credential, Policy};
 use crate::session::classify::{self, Statement};
-use crate::session::{self, Outcome, Session, Shared};
+use crate::session::{self, Live, Outcome, Session, Shared};
 
 // ---------------------------------------------------------------------------------------------
 // Connections: TLS negotiation, admission, the startup timeout and the message guards
@@ -163,8 +163,8 @@ pub struct Front {
 }
 
 /// Accepts connections forever, one task per connection, without TLS and with the default limits.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
-    serve_with(listener, shared, Front::default()).await
+pub async fn serve(listener: TcpListener, live: Arc<Live>) -> std::io::Result<()> {
+    serve_with(listener, live, Front::default()).await
 }
 
 /// Accepts connections forever, one task per connection.
@@ -175,10 +175,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
 /// closed without a word.
 pub async fn serve_with(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    live: Arc<Live>,
     front: Front,
 ) -> std::io::Result<()> {
-    let handlers = Arc::new(Handlers::with_front(shared, &front));
+    let handlers = Arc::new(Handlers::with_front(live, &front));
     let front = Arc::new(front);
     let connections = Arc::new(Semaphore::new(front.limits.connections_max));
     let refusing = Arc::new(Semaphore::new(limits::CONNECTIONS_REFUSING_MAX));
@@ -280,6 +280,8 @@ async fn run_connection(
     let copy_handler = handlers.copy_handler();
     let cancel_handler = handlers.cancel_handler();
     let error_handler = handlers.error_handler();
+    let live = handlers.query.live.clone();
+    let mut reloads = live.subscribe();
     loop {
         let starting = matches!(
             socket.state(),
@@ -295,7 +297,21 @@ async fn run_connection(
                 message = socket.next() => message,
             }
         } else {
-            socket.next().await
+            tokio::select! {
+                message = socket.next() => message,
+                Ok(()) = reloads.changed() => {
+                    // Between statements: a reload that removed the analyst ends the session
+                    // now, as pg_terminate_backend does, rather than at its next statement.
+                    let user = socket.metadata().get("user").cloned().unwrap_or_default();
+                    if !live.current().policy.analysts.contains_key(&user) {
+                        tracing::info!(%peer, user, "analyst removed by a policy reload: session ended");
+                        let _ = socket.send(fatal(&Error::AdminShutdown)).await;
+                        let _ = socket.close().await;
+                        return;
+                    }
+                    continue;
+                }
+            }
         };
         let message = match message {
             None => return,
@@ -424,8 +440,8 @@ struct Startup {
     admission: Arc<Admission>,
     /// Failed logins per client address.
     throttle: Throttle,
-    /// The analysts of the policy, to tell an unknown user from a wrong password in the log.
-    analysts: HashSet<String>,
+    /// The policy, to tell an unknown user from a wrong password in the log.
+    live: Arc<Live>,
     /// Refuse clients that did not negotiate TLS.
     require_tls: bool,
 }
@@ -437,7 +453,11 @@ impl Startup {
     fn login_failed<C: ClientInfo>(&self, client: &C, error: &PgWireError) {
         let user = client.metadata().get("user").cloned().unwrap_or_default();
         let reason = match error {
-            PgWireError::InvalidPassword(_) if self.analysts.contains(&user) => "wrong password",
+            PgWireError::InvalidPassword(_)
+                if self.live.current().policy.analysts.contains_key(&user) =>
+            {
+                "wrong password"
+            }
             PgWireError::InvalidPassword(_) => "unknown user",
             PgWireError::InvalidScramMessage(_) => "malformed SCRAM message",
             PgWireError::UserError(info) => info.message.as_str(),
@@ -552,13 +572,13 @@ pub struct Handlers {
 
 impl Handlers {
     /// Handlers for a server without TLS and with the default limits.
-    pub fn new(shared: Arc<Shared>) -> Handlers {
-        Handlers::with_front(shared, &Front::default())
+    pub fn new(live: Arc<Live>) -> Handlers {
+        Handlers::with_front(live, &Front::default())
     }
 
     /// Handlers for a server with the given TLS and limits.
-    pub fn with_front(shared: Arc<Shared>, front: &Front) -> Handlers {
-        let credentials: Arc<dyn AuthSource> = Arc::new(Credentials::new(&shared.policy));
+    pub fn with_front(live: Arc<Live>, front: &Front) -> Handlers {
+        let credentials: Arc<dyn AuthSource> = Arc::new(LiveCredentials::new(live.clone()));
         let scram = ScramAuth::new(credentials);
         let mut secure_scram = scram.clone();
         if let Some(tls) = &front.tls {
@@ -567,9 +587,7 @@ impl Handlers {
             }
         }
         let startup = Startup {
-            driver: AuthDriver::new(Arc::new(Parameters {
-                shared: shared.clone(),
-            })),
+            driver: AuthDriver::new(Arc::new(Parameters { live: live.clone() })),
             plain: SaslMechanisms::new(vec![Arc::new(scram)]),
             secure: SaslMechanisms::new(vec![Arc::new(secure_scram)]),
             admission: Arc::new(Admission::new(front.limits.connections_per_analyst_max)),
@@ -578,15 +596,15 @@ impl Handlers {
                 Duration::from_millis(front.limits.auth_failure_window_ms),
                 limits::AUTH_FAILURE_PEERS_MAX,
             ),
-            analysts: shared.policy.analysts.keys().cloned().collect(),
+            live: live.clone(),
             require_tls: front.require_tls,
         };
         let cancels = Arc::new(Cancels::default());
         Handlers {
             query: Arc::new(QueryHandler {
-                shared: shared.clone(),
+                live: live.clone(),
                 parser: Arc::new(Parser {
-                    shared: shared.clone(),
+                    live: live.clone(),
                     cancels: cancels.clone(),
                 }),
                 cancels: cancels.clone(),
@@ -678,7 +696,7 @@ pub struct Prepared {
 
 /// Handles simple and extended queries.
 pub struct QueryHandler {
-    shared: Arc<Shared>,
+    live: Arc<Live>,
     parser: Arc<Parser>,
     cancels: Arc<Cancels>,
     prepared_statements_max: usize,
@@ -686,7 +704,7 @@ pub struct QueryHandler {
 
 /// Parses and classifies statements of the extended protocol.
 pub struct Parser {
-    shared: Arc<Shared>,
+    live: Arc<Live>,
     cancels: Arc<Cancels>,
 }
 
@@ -719,8 +737,11 @@ fn ensure_session<'a, C: ClientInfo>(
         let cancel = cancels.attach(client.socket_addr(), pid, key);
         *slot = Some(Session::new(shared, analyst, version, pid, cancel)?);
     }
-    slot.as_mut()
-        .ok_or_else(|| Error::internal("session missing after creation"))
+    let session = slot
+        .as_mut()
+        .ok_or_else(|| Error::internal("session missing after creation"))?;
+    session.follow_policy(shared)?;
+    Ok(session)
 }
 
 /// Sends notices and parameter changes, and turns an outcome into a pgwire response. Rows of a
@@ -830,7 +851,9 @@ impl SimpleQueryHandler for QueryHandler {
     {
         let conn = connection(client);
         let mut slot = conn.session.lock().await;
-        let session = ensure_session(&mut slot, client, &self.shared, &self.cancels)
+        // One policy for the whole message, whatever reload happens meanwhile.
+        let shared = self.live.current();
+        let session = ensure_session(&mut slot, client, &shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
         let started = Instant::now();
         let statements = match classify::classify(query) {
@@ -843,7 +866,7 @@ impl SimpleQueryHandler for QueryHandler {
         };
         // All or nothing for refusals: a message one of whose statements would be refused runs
         // none of them (session::message).
-        if let Err(e) = session.check_message(&self.shared, &statements).await {
+        if let Err(e) = session.check_message(&shared, &statements).await {
             let info = refusal_info(&e);
             log_statement(&session.analyst.name, "message", &Err(e), started);
             return Ok(vec![Response::Error(Box::new(info))]);
@@ -852,7 +875,7 @@ impl SimpleQueryHandler for QueryHandler {
         let mut responses = Vec::with_capacity(statements.len());
         for statement in statements {
             let started = Instant::now();
-            let result = run_statement(session, &self.shared, &statement, &[], failed).await;
+            let result = run_statement(session, &shared, &statement, &[], failed).await;
             log_statement(&session.analyst.name, statement.kind(), &result, started);
             match result {
                 Ok(outcome) => {

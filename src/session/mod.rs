@@ -23,11 +23,13 @@ mod budget;
 mod constant;
 mod cursor;
 mod dp;
+mod live;
 mod message;
 mod outcome;
 mod route;
 
 pub use dp::limit_of;
+pub use live::{Live, Reloaded};
 pub use outcome::{ClientRows, Notice, Outcome};
 pub use route::{route, BudgetColumns, Route};
 
@@ -60,8 +62,11 @@ pub struct Shared {
     secret: tokio::sync::OnceCell<String>,
     /// The shadow catalog answering introspection, if it could be built.
     pub shadow: Option<crate::upstream::Shadow>,
-    /// Which keys of unit paths the upstream declares unique, learnt on first need.
-    pub unique_keys: crate::upstream::UniqueKeys,
+    /// Which keys of unit paths the upstream declares unique, learnt on first need (kept
+    /// across reloads: they are facts about the upstream, not the policy).
+    pub unique_keys: Arc<crate::upstream::UniqueKeys>,
+    /// How many reloads produced this state (0: the policy pgdp started with).
+    pub generation: u64,
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
     /// seeds a ChaCha20 generator from the operating system.
     pub noise_seed: Option<[u8; 32]>,
@@ -83,9 +88,29 @@ impl Shared {
             ledger: Arc::new(ledger),
             secret,
             shadow,
-            unique_keys: crate::upstream::UniqueKeys::default(),
+            unique_keys: Arc::default(),
+            generation: 0,
             noise_seed: None,
         })
+    }
+
+    /// The state after a reload to `policy`: the same upstream, ledger and unique keys, the new
+    /// policy's shadow catalog and secret, and the next generation.
+    pub(super) fn successor(
+        &self,
+        policy: Policy,
+        shadow: Option<crate::upstream::Shadow>,
+    ) -> Shared {
+        Shared {
+            secret: tokio::sync::OnceCell::new_with(policy.secret.clone()),
+            policy: Arc::new(policy),
+            upstream: self.upstream.clone(),
+            ledger: self.ledger.clone(),
+            shadow,
+            unique_keys: self.unique_keys.clone(),
+            generation: self.generation + 1,
+            noise_seed: self.noise_seed,
+        }
     }
 
     /// The secret keying which groups a unit keeps: the policy's, else the one stored in the
@@ -130,6 +155,8 @@ pub struct Session {
     /// the ledger (whose answer or failure waits for the release schedule) from one refused
     /// before it.
     charges: u64,
+    /// The policy generation this session last followed ([`Session::follow_policy`]).
+    generation: u64,
 }
 
 impl Session {
@@ -160,7 +187,37 @@ impl Session {
             cursors: cursor::Cursors::default(),
             last_cost: None,
             charges: 0,
+            generation: shared.generation,
         })
+    }
+
+    /// Brings the session up to the policy of `shared` before a statement runs, if a reload
+    /// changed it: the analyst's budget, caps and credentials are the new policy's, and the
+    /// per-query ε, δ and mechanism that the session did not SET follow the new defaults (as
+    /// PostgreSQL sessions follow a reloaded configuration file except where they SET a value).
+    /// [`Error::AdminShutdown`] if the new policy no longer lists the analyst.
+    pub fn follow_policy(&mut self, shared: &Shared) -> Result<()> {
+        if self.generation == shared.generation {
+            return Ok(());
+        }
+        let analyst = shared
+            .policy
+            .analysts
+            .get(&self.analyst.name)
+            .cloned()
+            .ok_or(Error::AdminShutdown)?;
+        let fresh = Settings::new(&shared.policy, &analyst, &self.defaults.time_zone);
+        let old = self.defaults.clone();
+        for settings in [&mut self.settings, &mut self.defaults]
+            .into_iter()
+            .chain(self.settings_at_begin.as_mut())
+            .chain(self.savepoints.iter_mut().map(|(_, s)| s))
+        {
+            settings.follow_defaults(&old, &fresh);
+        }
+        self.analyst = analyst;
+        self.generation = shared.generation;
+        Ok(())
     }
 
     /// The analysis context of this session.

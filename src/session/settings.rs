@@ -100,6 +100,21 @@ impl Settings {
         }
     }
 
+    /// After a policy reload: each of the per-query settings the policy gives a default for
+    /// (ε, δ, mechanism) takes the new default `fresh` where it still holds the old default
+    /// `old`, that is where the session did not SET it.
+    pub fn follow_defaults(&mut self, old: &Settings, fresh: &Settings) {
+        if self.epsilon == old.epsilon {
+            self.epsilon = fresh.epsilon;
+        }
+        if self.delta == old.delta {
+            self.delta = fresh.delta;
+        }
+        if self.mechanism == old.mechanism {
+            self.mechanism = fresh.mechanism;
+        }
+    }
+
     /// Applies `SET name = value`. `defaults` gives the value for `DEFAULT` / `RESET`.
     pub fn set(
         &mut self,

@@ -91,6 +91,20 @@ impl Shadow {
         })
     }
 
+    /// The shadow catalog of another policy (after a reload) next to the same upstream database,
+    /// not built yet. [`Shadow::ensure`] rebuilds the database only if the tables' DDL differs
+    /// from the build it holds.
+    pub fn for_policy(&self, policy: &crate::policy::Policy) -> Shadow {
+        Shadow {
+            upstream_dsn: self.upstream_dsn.clone(),
+            policy: policy.clone(),
+            result_types: Mutex::default(),
+            built: tokio::sync::OnceCell::new(),
+            failed: Mutex::new(None),
+            running: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
     /// Builds the shadow catalog unless it is built: [`Error::UpstreamUnavailable`] (57P03) while
     /// the upstream cannot be reached, [`Error::Unsupported`] (0A000) if it answers but the build
     /// fails (the role lacks CREATEDB).
@@ -268,7 +282,14 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
     // Column types as the upstream declares them.
     // Dropping the previous build's schemas cascades, with a NOTICE per schema that would only
     // clutter pgdp's log.
-    let mut ddl = String::new();
+    // Schemas of an earlier build that the policy no longer lists (a reload or a restart with
+    // a changed policy) go first, so the catalog shows only the policy's tables.
+    let mut ddl = String::from(
+        "DO $drop$ DECLARE s text; BEGIN \
+         FOR s IN SELECT nspname FROM pg_catalog.pg_namespace \
+         WHERE nspname NOT IN ('public', 'information_schema') AND nspname NOT LIKE 'pg\\_%' \
+         LOOP EXECUTE pg_catalog.format('DROP SCHEMA %I CASCADE', s); END LOOP; END $drop$;",
+    );
     for schema in policy.schemas() {
         ddl.push_str(&format!(
             "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",

@@ -263,7 +263,7 @@ async fn upstream_restart_mid_session_reconnects() {
 async fn statement_timeout_gives_57014_and_the_charge_stands() {
     let cluster = cluster_with_items().await;
     let running = start_pgdp(&cluster.dsn("faults"), &cluster.dsn("ledger")).await;
-    running.shared.upstream.lower_statement_timeout(1_000);
+    running.shared().upstream.lower_statement_timeout(1_000);
     let (c, _task) = analyst(&running).await;
     let locker = lock_items(&cluster).await;
 

@@ -18,11 +18,12 @@ use crate::support::{code, demo_policy_text, Session, ANALYST, DATABASE, PASSWOR
 /// How long a child pgdp may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A `pgdp serve` child process; killed (SIGKILL) when dropped.
-struct Replica {
-    child: Child,
+/// A `pgdp serve` child process; killed (SIGKILL) when dropped. Also used by `reload`.
+pub(crate) struct Replica {
+    pub(crate) child: Child,
     port: u16,
-    _policy: tempfile_path::PolicyFile,
+    policy: tempfile_path::PolicyFile,
+    pid_file: tempfile_path::PolicyFile,
 }
 
 mod tempfile_path {
@@ -33,15 +34,20 @@ mod tempfile_path {
 
     impl PolicyFile {
         pub fn write(text: &str) -> PolicyFile {
+            let file = PolicyFile::named("yaml");
+            std::fs::write(&file.0, text).expect("write the policy file");
+            file
+        }
+
+        /// A path for a file (of the given extension) that does not exist yet.
+        pub fn named(extension: &str) -> PolicyFile {
             use std::sync::atomic::{AtomicU32, Ordering};
             static COUNTER: AtomicU32 = AtomicU32::new(0);
-            let path = std::env::temp_dir().join(format!(
-                "pgdp-replica-policy-{}-{}.yaml",
+            PolicyFile(std::env::temp_dir().join(format!(
+                "pgdp-replica-policy-{}-{}.{extension}",
                 std::process::id(),
                 COUNTER.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::write(&path, text).expect("write the policy file");
-            PolicyFile(path)
+            )))
         }
     }
 
@@ -55,9 +61,10 @@ mod tempfile_path {
 impl Replica {
     /// Starts `pgdp serve` with `policy_text` over the demo data and the given ledger, and waits
     /// until the analyst can connect.
-    async fn start(policy_text: &str, ledger: &TestDb) -> Replica {
+    pub(crate) async fn start(policy_text: &str, ledger: &TestDb) -> Replica {
         let upstream = harness::demo_database(1).await.dsn().to_string();
         let policy = tempfile_path::PolicyFile::write(policy_text);
+        let pid_file = tempfile_path::PolicyFile::named("pid");
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_pgdp"))
             .arg("serve")
@@ -69,6 +76,8 @@ impl Replica {
             .arg(&upstream)
             .arg("--ledger")
             .arg(ledger.dsn())
+            .arg("--pid-file")
+            .arg(&pid_file.0)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -79,7 +88,8 @@ impl Replica {
         let mut replica = Replica {
             child,
             port,
-            _policy: policy,
+            policy,
+            pid_file,
         };
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -98,14 +108,29 @@ impl Replica {
         }
     }
 
-    fn dsn(&self) -> String {
+    pub(crate) fn dsn(&self) -> String {
+        self.dsn_for(ANALYST)
+    }
+
+    /// The DSN of another analyst of the policy (with the demo analyst's password).
+    pub(crate) fn dsn_for(&self, analyst: &str) -> String {
         format!(
-            "host=127.0.0.1 port={} user={ANALYST} password={PASSWORD} dbname={DATABASE} sslmode=disable connect_timeout=10",
+            "host=127.0.0.1 port={} user={analyst} password={PASSWORD} dbname={DATABASE} sslmode=disable connect_timeout=10",
             self.port
         )
     }
 
-    async fn connect(&self) -> Session {
+    /// The policy file it serves (rewrite it, then reload).
+    pub(crate) fn policy_path(&self) -> &std::path::Path {
+        &self.policy.0
+    }
+
+    /// The file `pgdp serve --pid-file` wrote.
+    pub(crate) fn pid_file(&self) -> &std::path::Path {
+        &self.pid_file.0
+    }
+
+    pub(crate) async fn connect(&self) -> Session {
         Session::open(&self.dsn())
             .await
             .unwrap_or_else(|e| panic!("cannot connect to the replica: {e}"))
