@@ -85,6 +85,22 @@ pub const CURSOR_ROWS_PER_SESSION_MAX: usize = 2 * GROUPS_RELEASED_MAX;
 /// Upstream connections in the pool.
 pub const UPSTREAM_POOL_SIZE: usize = 16;
 
+/// How often the read replicas' health and replay lag are checked (`upstream::standby`).
+pub const STANDBY_CHECK_MS: u64 = 500;
+
+/// How far back the primary's WAL positions are kept to measure a standby's lag; a standby
+/// further behind counts as lagging by at least this.
+pub const STANDBY_LAG_WINDOW_MS: u64 = 120_000;
+
+/// The default largest replay lag at which a standby still serves reads (`--replica-lag-max-ms`).
+pub const STANDBY_LAG_MAX_MS: u64 = 5_000;
+
+/// The range `--replica-lag-max-ms` accepts: at least one check interval, at most the window.
+pub const STANDBY_LAG_MAX_RANGE_MS: (u64, u64) = (STANDBY_CHECK_MS, STANDBY_LAG_WINDOW_MS);
+
+/// At most this many read replicas.
+pub const STANDBYS_MAX: usize = 16;
+
 /// DP statements whose result types (described on the shadow catalog) are remembered per
 /// process; the cache is emptied when full. Each entry is a statement's text and a few OIDs.
 pub const RESULT_TYPES_CACHED_MAX: usize = 4_096;
@@ -187,6 +203,10 @@ const _: () = assert!(
     "psqlODBC sends several statements at connect"
 );
 const _: () = assert!(GROUPS_RELEASED_MAX <= UPSTREAM_ROWS_MAX);
+const _: () = assert!(
+    STANDBY_LAG_MAX_RANGE_MS.0 <= STANDBY_LAG_MAX_MS
+        && STANDBY_LAG_MAX_MS <= STANDBY_LAG_MAX_RANGE_MS.1
+);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
 const _: () = assert!(
     MEASURES_STORED_GROUPS_MAX >= PUBLIC_KEY_COMBINATIONS_MAX,

@@ -12,6 +12,7 @@ pgdp: a differentially private PostgreSQL proxy
 USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
                [--tls-cert FILE --tls-key FILE [--require-tls]] [--pid-file FILE]
+               [--replica DSN]... [--replica-lag-max-ms MS]
     pgdp check --policy FILE
     pgdp reload (--pid-file FILE | --pid PID) [--policy FILE]
     pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
@@ -23,6 +24,10 @@ OPTIONS:
     --require-tls                     refuse clients that do not negotiate TLS (FATAL 28000, as
                                       PostgreSQL with hostssl-only pg_hba.conf); needs --tls-cert
     --pid-file FILE                   serve: write the process id there; reload: signal that process
+    --replica DSN                     a streaming replica of the upstream (repeatable): DP and
+                                      public-table queries go to healthy replicas in turn, the
+                                      upstream is the fallback
+    --replica-lag-max-ms MS           a replica further behind than this serves nothing (5000)
 
 RELOAD:
     `pgdp serve` reloads its --policy file on SIGHUP; `pgdp reload` checks the file first (with
@@ -37,6 +42,7 @@ ENVIRONMENT:
     PGDP_TLS_CERT, PGDP_TLS_KEY               defaults for --tls-cert, --tls-key
     PGDP_REQUIRE_TLS=1                        same as --require-tls
     PGDP_PID_FILE                             default for --pid-file
+    PGDP_REPLICAS                             replica DSNs separated by ';' (if no --replica)
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -55,6 +61,8 @@ struct Args {
     require_tls: bool,
     pid_file: Option<PathBuf>,
     pid: Option<i32>,
+    replicas: Vec<String>,
+    replica_lag_max_ms: Option<u64>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -73,6 +81,8 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("require-tls") => args.require_tls = true,
             Long("pid-file") => args.pid_file = Some(parser.value()?.into()),
             Long("pid") => args.pid = Some(parser.value()?.parse()?),
+            Long("replica") => args.replicas.push(parser.value()?.string()?),
+            Long("replica-lag-max-ms") => args.replica_lag_max_ms = Some(parser.value()?.parse()?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -95,6 +105,16 @@ fn parse_args() -> anyhow::Result<Args> {
     }
     if args.tls_key.is_none() {
         args.tls_key = std::env::var_os("PGDP_TLS_KEY").map(PathBuf::from);
+    }
+    if args.replicas.is_empty() {
+        if let Ok(list) = std::env::var("PGDP_REPLICAS") {
+            args.replicas = list
+                .split(';')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_string)
+                .collect();
+        }
     }
     if args.pid_file.is_none() {
         args.pid_file = std::env::var_os("PGDP_PID_FILE").map(PathBuf::from);
@@ -187,23 +207,12 @@ async fn serve(args: &Args) -> anyhow::Result<()> {
         .upstream
         .clone()
         .context("--upstream DSN (or PGDP_UPSTREAM) is required")?;
-    let listen = args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into());
-    let tls = tls_files(args)?;
+    let options = options(args)?;
     let _pid_file = match &args.pid_file {
         Some(path) => Some(PidFile::write(path)?),
         None => None,
     };
-    run(
-        policy,
-        args.policy.clone(),
-        &upstream,
-        args.ledger.as_deref(),
-        &listen,
-        tls,
-        args.require_tls,
-        None,
-    )
-    .await
+    run(policy, args.policy.clone(), &upstream, args, options, None).await
 }
 
 /// The process id, written for `pgdp reload` and removed when `serve` returns.
@@ -287,29 +296,38 @@ async fn reload_policy(running: &pgdp::server::Running, path: Option<&std::path:
     }
 }
 
+/// The server options of `args`: TLS and read replicas.
+fn options(args: &Args) -> anyhow::Result<pgdp::server::Options> {
+    let (low, high) = pgdp::limits::STANDBY_LAG_MAX_RANGE_MS;
+    if let Some(ms) = args.replica_lag_max_ms {
+        if !(low..=high).contains(&ms) {
+            bail!("--replica-lag-max-ms must be between {low} and {high}");
+        }
+    }
+    Ok(pgdp::server::Options {
+        tls: tls_files(args)?,
+        require_tls: args.require_tls,
+        replicas: args.replicas.clone(),
+        replica_lag_max_ms: args.replica_lag_max_ms,
+        ..Default::default()
+    })
+}
+
 /// Starts the proxy and serves until interrupted, reloading `policy_path` on SIGHUP.
-#[allow(clippy::too_many_arguments)]
 async fn run(
     policy: pgdp::policy::Policy,
     policy_path: Option<PathBuf>,
     upstream: &str,
-    ledger: Option<&str>,
-    listen: &str,
-    tls: Option<pgdp::server::TlsFiles>,
-    require_tls: bool,
+    args: &Args,
+    options: pgdp::server::Options,
     banner: Option<String>,
 ) -> anyhow::Result<()> {
     let config = pgdp::server::Config {
         policy,
         upstream: upstream.to_string(),
-        ledger: ledger.map(str::to_string),
-        listen: listen.to_string(),
+        ledger: args.ledger.clone(),
+        listen: args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into()),
         noise_seed: None,
-    };
-    let options = pgdp::server::Options {
-        tls,
-        require_tls,
-        ..Default::default()
     };
     let mut running = pgdp::server::start_with(config, options).await?;
     tracing::info!(addr = %running.addr, database = %running.shared().policy.database, "pgdp ready");
@@ -333,7 +351,7 @@ async fn run(
 async fn demo(args: &Args) -> anyhow::Result<()> {
     use pgdp::tools::cluster::{dsn_with_dbname, probe, Cluster, Probe};
     let scale = args.scale.unwrap_or(1);
-    let tls = tls_files(args)?;
+    let options = options(args)?;
     let mut admin = args
         .upstream
         .clone()
@@ -393,19 +411,13 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("the built-in demo policy is invalid:\n{e}"))?;
     let listen = args.listen.clone().unwrap_or_else(|| LISTEN_DEFAULT.into());
     let port = listen.rsplit(':').next().unwrap_or("6432").to_string();
-    let sslmode = if tls.is_some() { "require" } else { "disable" };
+    let sslmode = if options.tls.is_some() {
+        "require"
+    } else {
+        "disable"
+    };
     let banner = format!(
         "\npgdp is serving the demo (policy policies/demo.yaml) on {listen}. Connect with:\n\n    psql \"postgresql://analyst:analyst@127.0.0.1:{port}/pgdp_demo?sslmode={sslmode}\"\n\nthen try: SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region;\nPress Ctrl-C to stop."
     );
-    run(
-        policy,
-        None,
-        &upstream,
-        args.ledger.as_deref(),
-        &listen,
-        tls,
-        args.require_tls,
-        Some(banner),
-    )
-    .await
+    run(policy, None, &upstream, args, options, Some(banner)).await
 }

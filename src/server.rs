@@ -52,6 +52,12 @@ pub struct Options {
     pub require_tls: bool,
     /// Connection limits (the defaults of `limits.rs` unless a test lowers them).
     pub limits: crate::frontend::ConnectionLimits,
+    /// DSNs of streaming replicas of the upstream that serve DP and public-table queries in
+    /// turn while healthy ([`crate::upstream::standby`]); the upstream is the fallback.
+    pub replicas: Vec<String>,
+    /// The largest replay lag at which a replica still serves, in ms;
+    /// [`crate::limits::STANDBY_LAG_MAX_MS`] when `None`.
+    pub replica_lag_max_ms: Option<u64>,
 }
 
 /// Why a server could not start.
@@ -227,10 +233,17 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
     let limits = options.limits;
     let ledger_dsn = config.ledger.as_deref().unwrap_or(&config.upstream);
     verify_tls("upstream", &config.upstream).await?;
+    for replica in &options.replicas {
+        verify_tls("replica", replica).await?;
+    }
     if config.ledger.is_some() {
         verify_tls("ledger", ledger_dsn).await?;
     }
-    let backend = Upstream::new(&config.upstream).map_err(|_| StartError::Upstream)?;
+    let lag_max_ms = options
+        .replica_lag_max_ms
+        .unwrap_or(crate::limits::STANDBY_LAG_MAX_MS);
+    let backend = Upstream::with_standbys(&config.upstream, &options.replicas, lag_max_ms)
+        .map_err(|_| StartError::Upstream)?;
     let ledger = Ledger::new(ledger_dsn).map_err(StartError::Ledger)?;
     let shadow = crate::upstream::Shadow::new(&config.upstream, &config.policy)
         .map_err(|_| StartError::Upstream)?;
@@ -253,6 +266,7 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
         );
     }
     shared.noise_seed = config.noise_seed;
+    Upstream::watch_standbys(&shared.upstream);
     let live = Arc::new(Live::new(shared));
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await

@@ -272,7 +272,7 @@ impl Session {
 
         // 3. Charge, durably, before the upstream sees the statement; an upstream connection is
         // taken first, so an unreachable upstream refuses (57P03) without spending.
-        let connection = shared.upstream.get().await?;
+        let connection = shared.upstream.get_for_read().await?;
         let limit = limit_of(&self.analyst.budget)?;
         let dataset_limit = match &shared.policy.dataset_budget {
             Some(b) => Some(limit_of(b)?),

@@ -122,6 +122,47 @@ pub struct Cluster {
 impl Cluster {
     /// Initialises and starts a new cluster; returns once it accepts connections.
     pub async fn start() -> Result<Cluster, ClusterError> {
+        let cluster = Cluster::empty().await?;
+        cluster.initdb().await?;
+        cluster.serve().await
+    }
+
+    /// A streaming replica (hot standby) of `primary`: a base backup taken with `pg_basebackup
+    /// -R` (which writes `primary_conninfo` and `standby.signal`), started on a port of its own;
+    /// returns once it accepts connections. For tests of read replicas.
+    pub async fn standby_of(primary: &Cluster) -> Result<Cluster, ClusterError> {
+        let cluster = Cluster::empty().await?;
+        // The directory found may hold links to only the three binaries the cluster needs
+        // (/usr/local/bin on some machines): pg_basebackup is beside the real initdb.
+        let basebackup = std::fs::canonicalize(cluster.bin_dir.join("initdb"))
+            .ok()
+            .and_then(|initdb| Some(initdb.parent()?.join("pg_basebackup")))
+            .filter(|path| is_executable(path))
+            .unwrap_or_else(|| cluster.bin_dir.join("pg_basebackup"));
+        let mut command = as_user(cluster.run_as.as_deref(), &basebackup);
+        command
+            .arg("-D")
+            .arg(&cluster.data_dir)
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args(["-U", SUPERUSER, "-R", "-X", "stream", "--no-sync"])
+            // An immediate checkpoint: the default spread one makes an idle cluster wait
+            // for most of checkpoint_timeout.
+            .args(["--checkpoint", "fast"]);
+        run(&mut command).await?;
+        // The copied configuration names the primary's socket directory: later lines win.
+        let conf = cluster.data_dir.join("postgresql.conf");
+        let mut text =
+            std::fs::read_to_string(&conf).map_err(io_error("reading postgresql.conf"))?;
+        text.push_str(&format!(
+            "unix_socket_directories = '{}'\nhot_standby = on\n",
+            cluster.data_dir.display().to_string().replace('\'', "''")
+        ));
+        std::fs::write(&conf, text).map_err(io_error("writing postgresql.conf"))?;
+        cluster.serve().await
+    }
+
+    /// A cluster value with its own (empty) root directory, owned by the server's user.
+    async fn empty() -> Result<Cluster, ClusterError> {
         let bin_dir = find_bin_dir().ok_or(ClusterError::BinariesNotFound)?;
         let run_as = if effective_uid() == Some(0) {
             Some(unprivileged_user().ok_or(ClusterError::NoUnprivilegedUser)?)
@@ -136,7 +177,7 @@ impl Cluster {
         };
         let root = base.join(unique_name());
         std::fs::create_dir(&root).map_err(io_error(format!("creating {}", root.display())))?;
-        let mut cluster = Cluster {
+        let cluster = Cluster {
             data_dir: root.join("data"),
             root,
             bin_dir,
@@ -148,7 +189,13 @@ impl Cluster {
             let root_text = cluster.root.display().to_string();
             run(Command::new("chown").args([user.as_str(), root_text.as_str()])).await?;
         }
-        cluster.initdb().await?;
+        Ok(cluster)
+    }
+
+    /// Starts the server of an initialised data directory on a free port and waits until it
+    /// accepts connections.
+    async fn serve(self) -> Result<Cluster, ClusterError> {
+        let mut cluster = self;
         let mut attempt = 1;
         loop {
             cluster.port = free_port()?;

@@ -16,6 +16,10 @@
 //! - A connection that saw an error is discarded, never returned to the pool mid-transaction.
 //! - A connection is returned to the pool only after a statement completed on it and no cancel
 //!   was sent for it: a late `CancelRequest` can therefore only reach a connection nobody uses.
+//! - Read replicas ([`standby`]), when configured, run DP and public-table queries in turn while
+//!   healthy; the primary runs everything else and is the fallback. A DP statement whose
+//!   standby connection dies is run once more on the primary (only the released answer leaves
+//!   pgdp, so running it twice reveals nothing).
 //! - An unreachable upstream is never fatal: every call connects anew when the pool has no live
 //!   connection, so pgdp serves again as soon as the upstream is back. The shadow catalog is
 //!   built on first use if it could not be built at start ([`Shadow::ensure`]).
@@ -80,6 +84,7 @@ use crate::limits;
 pub mod cancel;
 pub mod catalog;
 pub mod shadow;
+pub mod standby;
 pub mod unique_keys;
 
 pub use cancel::{Cancel, CancelReason};
@@ -95,6 +100,8 @@ pub struct Upstream {
     /// The `statement_timeout` of DP statements: [`limits::STATEMENT_TIMEOUT_MS`] unless lowered
     /// by [`Upstream::lower_statement_timeout`].
     statement_timeout_ms: AtomicU64,
+    /// Streaming replicas serving reads ([`Upstream::get_for_read`]); none for a standby itself.
+    standbys: Option<standby::Standbys>,
 }
 
 /// A pooled connection; returned to the pool when dropped unless marked broken.
@@ -103,6 +110,8 @@ pub struct Pooled<'a> {
     client: Option<Client>,
     broken: bool,
     _permit: OwnedSemaphorePermit,
+    /// For a connection to a standby: the primary and the standby's index, to fail over to.
+    standby_of: Option<(&'a Upstream, usize)>,
 }
 
 impl Pooled<'_> {
@@ -160,12 +169,22 @@ impl Pooled<'_> {
             if !is_connection_error(&e) {
                 return Err(Error::Upstream);
             }
-            // The connection died (the upstream restarted): one more try on a fresh one. Running
-            // the statement twice reveals nothing, since only the released answer leaves pgdp.
+            // The connection died (the upstream restarted, a standby went away): one more try
+            // on a fresh one, on the primary if this was a standby. Running the statement twice
+            // reveals nothing, since only the released answer leaves pgdp.
             if reconnected || requested.is_some() {
                 return Err(Error::UpstreamUnavailable);
             }
             reconnected = true;
+            if let Some((primary, index)) = self.standby_of.take() {
+                if let Some(standbys) = &primary.standbys {
+                    standbys.mark_down(index);
+                }
+                if let Some(dead) = self.client.take() {
+                    drop(dead);
+                }
+                self.backend = primary;
+            }
             self.client = Some(self.backend.connect().await?);
         }
     }
@@ -229,7 +248,65 @@ impl Upstream {
             permits: Arc::new(Semaphore::new(pool_size)),
             server_version: Mutex::new(None),
             statement_timeout_ms: AtomicU64::new(limits::STATEMENT_TIMEOUT_MS),
+            standbys: None,
         }
+    }
+
+    /// The primary at `dsn` with streaming replicas at `standby_dsns` that serve DP and
+    /// public-table queries while their replay lag is at most `lag_max_ms` (clamped to
+    /// [`limits::STANDBY_LAG_MAX_RANGE_MS`]). Start [`Upstream::watch_standbys`] for them to be
+    /// used. Does not connect yet.
+    pub fn with_standbys(dsn: &str, standby_dsns: &[String], lag_max_ms: u64) -> Result<Upstream> {
+        if standby_dsns.len() > limits::STANDBYS_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of read replicas".into(),
+                limit: limits::STANDBYS_MAX as u64,
+            });
+        }
+        let mut primary = Upstream::new(dsn)?;
+        if !standby_dsns.is_empty() {
+            let servers = standby_dsns
+                .iter()
+                .map(|d| Upstream::new(d))
+                .collect::<Result<Vec<_>>>()?;
+            let (low, high) = limits::STANDBY_LAG_MAX_RANGE_MS;
+            primary.standbys = Some(standby::Standbys::new(servers, lag_max_ms.clamp(low, high)));
+        }
+        Ok(primary)
+    }
+
+    /// Checks the standbys (health and replay lag) in the background until `upstream` is
+    /// dropped; without standbys, does nothing.
+    pub fn watch_standbys(upstream: &Arc<Upstream>) {
+        if upstream.standbys.is_some() {
+            tokio::spawn(standby::watch(Arc::downgrade(upstream)));
+        }
+    }
+
+    /// Each standby's health as of the last check, by host (for logs and tests).
+    pub fn standby_health(&self) -> Vec<(String, standby::Health)> {
+        self.standbys.as_ref().map_or_else(Vec::new, |set| {
+            (0..set.servers.len())
+                .map(|i| (set.servers[i].dsn.hosts(), set.health(i)))
+                .collect()
+        })
+    }
+
+    /// A connection for a DP or public-table query: a healthy standby in turn, else the
+    /// primary. A standby whose connection fails is marked down and the next one is tried.
+    pub async fn get_for_read(&self) -> Result<Pooled<'_>> {
+        if let Some(set) = &self.standbys {
+            for index in set.in_turn() {
+                match set.servers[index].get().await {
+                    Ok(mut pooled) => {
+                        pooled.standby_of = Some((self, index));
+                        return Ok(pooled);
+                    }
+                    Err(_) => set.mark_down(index),
+                }
+            }
+        }
+        self.get().await
     }
 
     /// Lowers the statement timeout of DP statements to `ms` (never above
@@ -238,6 +315,9 @@ impl Upstream {
     pub fn lower_statement_timeout(&self, ms: u64) {
         let ms = ms.clamp(1, limits::STATEMENT_TIMEOUT_MS);
         self.statement_timeout_ms.store(ms, Ordering::Relaxed);
+        for standby in self.standbys.iter().flat_map(|s| &s.servers) {
+            standby.lower_statement_timeout(ms);
+        }
     }
 
     /// The database name of the upstream DSN.
@@ -302,6 +382,7 @@ impl Upstream {
             client: Some(client),
             broken: false,
             _permit: permit,
+            standby_of: None,
         })
     }
 
@@ -323,7 +404,10 @@ impl Upstream {
     /// Runs SQL over a public table (no private data, so no charge), returning its text rows,
     /// with the transaction discipline of [`Pooled::run_release_query`].
     pub async fn run_public_query(&self, sql: &PublicSql, cancel: &Cancel) -> Result<TextRows> {
-        self.get().await?.run_read_only(sql.as_str(), cancel).await
+        self.get_for_read()
+            .await?
+            .run_read_only(sql.as_str(), cancel)
+            .await
     }
 }
 

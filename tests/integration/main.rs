@@ -19,7 +19,8 @@
 //! - `ledger`: the privacy ledger against a real PostgreSQL;
 //! - `harness_smoke`: the harness, the throwaway cluster and the demo loader;
 //! - `load`: many concurrent connections against a `pgdp serve` child process;
-//! - `reload`: policy reload (SIGHUP, `pgdp reload`) of a `pgdp serve` child process.
+//! - `reload`: policy reload (SIGHUP, `pgdp reload`) of a `pgdp serve` child process;
+//! - `standby`: read replicas, with a throwaway primary and a hot standby cloned from it.
 //!
 //! The upstream comes from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432, else a
 //! throwaway cluster; `PGDP_TEST_FORCE_CLUSTER=1` forces the cluster), chosen once per run and
@@ -52,6 +53,7 @@ mod protocol;
 mod reload;
 mod replicas;
 mod sql;
+mod standby;
 mod support;
 mod tls;
 mod types;
