@@ -11,16 +11,18 @@ pgdp: a differentially private PostgreSQL proxy
 
 USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
-               [--tls-cert FILE --tls-key FILE [--require-tls]]
+               [--tls-cert FILE --tls-key FILE [--require-tls]] [--metrics ADDR]
     pgdp check --policy FILE
     pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
-               [--tls-cert FILE --tls-key FILE [--require-tls]]
+               [--tls-cert FILE --tls-key FILE [--require-tls]] [--metrics ADDR]
 
 OPTIONS:
     --tls-cert FILE, --tls-key FILE   serve TLS (PEM certificate chain and private key); without
                                       them every SSLRequest is answered 'N' (clear text only)
     --require-tls                     refuse clients that do not negotiate TLS (FATAL 28000, as
                                       PostgreSQL with hostssl-only pg_hba.conf); needs --tls-cert
+    --metrics ADDR                    serve GET /metrics (Prometheus) and GET /health over HTTP
+                                      on ADDR, e.g. 127.0.0.1:9187; for operators only
 
 DSNs (--upstream, --ledger) are libpq key=value strings or postgres:// URLs; add
 `sslmode=verify-full sslrootcert=FILE` for TLS that checks the server's CA and host name.
@@ -29,6 +31,7 @@ ENVIRONMENT:
     PGDP_LISTEN, PGDP_UPSTREAM, PGDP_LEDGER   defaults for --listen, --upstream, --ledger
     PGDP_TLS_CERT, PGDP_TLS_KEY               defaults for --tls-cert, --tls-key
     PGDP_REQUIRE_TLS=1                        same as --require-tls
+    PGDP_METRICS                              default for --metrics
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -45,6 +48,7 @@ struct Args {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     require_tls: bool,
+    metrics: Option<String>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -61,6 +65,7 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("tls-cert") => args.tls_cert = Some(parser.value()?.into()),
             Long("tls-key") => args.tls_key = Some(parser.value()?.into()),
             Long("require-tls") => args.require_tls = true,
+            Long("metrics") => args.metrics = Some(parser.value()?.string()?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -77,6 +82,9 @@ fn parse_args() -> anyhow::Result<Args> {
     }
     if args.ledger.is_none() {
         args.ledger = std::env::var("PGDP_LEDGER").ok();
+    }
+    if args.metrics.is_none() {
+        args.metrics = std::env::var("PGDP_METRICS").ok();
     }
     if args.tls_cert.is_none() {
         args.tls_cert = std::env::var_os("PGDP_TLS_CERT").map(PathBuf::from);
@@ -178,11 +186,20 @@ async fn serve(args: &Args) -> anyhow::Result<()> {
         &upstream,
         args.ledger.as_deref(),
         &listen,
-        tls,
-        args.require_tls,
+        server_options(args, tls),
         None,
     )
     .await
+}
+
+/// TLS and the metrics endpoint, as the command line asks.
+fn server_options(args: &Args, tls: Option<pgdp::server::TlsFiles>) -> pgdp::server::Options {
+    pgdp::server::Options {
+        tls,
+        require_tls: args.require_tls,
+        metrics: args.metrics.clone(),
+        ..Default::default()
+    }
 }
 
 /// Starts the proxy and serves until interrupted.
@@ -191,8 +208,7 @@ async fn run(
     upstream: &str,
     ledger: Option<&str>,
     listen: &str,
-    tls: Option<pgdp::server::TlsFiles>,
-    require_tls: bool,
+    options: pgdp::server::Options,
     banner: Option<String>,
 ) -> anyhow::Result<()> {
     let config = pgdp::server::Config {
@@ -201,11 +217,6 @@ async fn run(
         ledger: ledger.map(str::to_string),
         listen: listen.to_string(),
         noise_seed: None,
-    };
-    let options = pgdp::server::Options {
-        tls,
-        require_tls,
-        ..Default::default()
     };
     let running = pgdp::server::start_with(config, options).await?;
     tracing::info!(addr = %running.addr, database = %running.shared.policy.database, "pgdp ready");
@@ -291,8 +302,7 @@ async fn demo(args: &Args) -> anyhow::Result<()> {
         &upstream,
         args.ledger.as_deref(),
         &listen,
-        tls,
-        args.require_tls,
+        server_options(args, tls),
         Some(banner),
     )
     .await

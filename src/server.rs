@@ -52,6 +52,9 @@ pub struct Options {
     pub require_tls: bool,
     /// Connection limits (the defaults of `limits.rs` unless a test lowers them).
     pub limits: crate::frontend::ConnectionLimits,
+    /// Address of the metrics endpoint (`GET /metrics`, `GET /health`); none without it
+    /// (`127.0.0.1:0` picks a free port).
+    pub metrics: Option<String>,
 }
 
 /// Why a server could not start.
@@ -175,6 +178,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Its shared state.
     pub shared: Arc<Shared>,
+    /// The address of its metrics endpoint, if it serves one.
+    pub metrics_addr: Option<SocketAddr>,
     handle: JoinHandle<()>,
 }
 
@@ -248,6 +253,11 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
         addr: config.listen.clone(),
         source,
     })?;
+    let metrics = match &options.metrics {
+        Some(addr) => Some(metrics_listener(addr).await?),
+        None => None,
+    };
+    let metrics_addr = metrics.as_ref().map(|(_, addr)| *addr);
     let serving = shared.clone();
     let handle = tokio::spawn(async move {
         let front = crate::frontend::Front {
@@ -255,14 +265,58 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
             require_tls,
             limits,
         };
-        if let Err(e) = crate::frontend::serve_with(listener, serving, front).await {
-            tracing::error!(error = %e, "listener failed");
+        let probes = Arc::new(Reachability(serving.clone()));
+        let counters = serving.metrics.clone();
+        let metrics = async move {
+            match metrics {
+                Some((listener, _)) => {
+                    crate::metrics::http::serve(listener, counters, probes).await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            served = crate::frontend::serve_with(listener, serving, front) => {
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "listener failed");
+                }
+            }
+            () = metrics => {}
         }
     });
     tracing::info!(%addr, tls = tls_enabled, require_tls, "pgdp listening");
+    if let Some(metrics_addr) = metrics_addr {
+        tracing::info!(%metrics_addr, "metrics endpoint listening");
+    }
     Ok(Running {
         addr,
         shared,
+        metrics_addr,
         handle,
     })
+}
+
+/// Binds the metrics endpoint's listener.
+async fn metrics_listener(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    let fail = |source| StartError::Listen {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(fail)?;
+    let bound = listener.local_addr().map_err(fail)?;
+    Ok((listener, bound))
+}
+
+/// The health endpoint's checks: `SELECT 1` on the upstream pool and on the ledger.
+struct Reachability(Arc<Shared>);
+
+#[async_trait::async_trait]
+impl crate::metrics::http::Probes for Reachability {
+    async fn upstream(&self) -> bool {
+        self.0.upstream.ping().await.is_ok()
+    }
+
+    async fn ledger(&self) -> bool {
+        self.0.ledger.ping().await.is_ok()
+    }
 }

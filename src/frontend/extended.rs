@@ -17,7 +17,14 @@ impl QueryParser for Parser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        let mut statements = classify::classify(sql).map_err(|e| user_error(&e))?;
+        let started = Instant::now();
+        let classified = classify::classify(sql);
+        let metrics = &self.shared.metrics;
+        metrics.stage(crate::metrics::Stage::Parse, started.elapsed());
+        let mut statements = classified.map_err(|e| {
+            metrics.failed(&e);
+            user_error(&e)
+        })?;
         if statements.len() > 1 {
             return Err(user_error(&Error::Syntax {
                 message: "cannot insert multiple commands into a prepared statement".into(),

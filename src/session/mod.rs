@@ -24,6 +24,7 @@ mod constant;
 mod cursor;
 mod dp;
 mod message;
+mod observe;
 mod outcome;
 mod route;
 
@@ -65,6 +66,8 @@ pub struct Shared {
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
     /// seeds a ChaCha20 generator from the operating system.
     pub noise_seed: Option<[u8; 32]>,
+    /// The server's operational metrics (served only with `--metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Shared {
@@ -85,6 +88,7 @@ impl Shared {
             shadow,
             unique_keys: crate::upstream::UniqueKeys::default(),
             noise_seed: None,
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         })
     }
 
@@ -130,6 +134,9 @@ pub struct Session {
     /// the ledger (whose answer or failure waits for the release schedule) from one refused
     /// before it.
     charges: u64,
+    /// How the DP pipeline answered the statement running now (replayed, reused, charged), for
+    /// the metrics ([`Session::observe`]).
+    served: Option<crate::metrics::Served>,
 }
 
 impl Session {
@@ -160,6 +167,7 @@ impl Session {
             cursors: cursor::Cursors::default(),
             last_cost: None,
             charges: 0,
+            served: None,
         })
     }
 
