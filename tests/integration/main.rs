@@ -18,7 +18,8 @@
 //! - `fuzz_smoke`: the fuzz targets of `fuzz/` over their seeds and bounded mutations;
 //! - `ledger`: the privacy ledger against a real PostgreSQL;
 //! - `harness_smoke`: the harness, the throwaway cluster and the demo loader;
-//! - `load`: many concurrent connections against a `pgdp serve` child process.
+//! - `load`: many concurrent connections against a `pgdp serve` child process;
+//! - `metrics`: the `--metrics` endpoint scraped over HTTP (counters, histograms, `/health`).
 //!
 //! The upstream comes from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432, else a
 //! throwaway cluster; `PGDP_TEST_FORCE_CLUSTER=1` forces the cluster), chosen once per run and
@@ -47,6 +48,7 @@ mod harness_smoke;
 mod keypath;
 mod ledger;
 mod load;
+mod metrics;
 mod protocol;
 mod replicas;
 mod sql;
