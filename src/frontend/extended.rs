@@ -39,7 +39,10 @@ impl QueryParser for Parser {
             .map_err(|e| user_error(&e))?;
         let columns = session::describe(&self.shared, session, &statement)
             .await
-            .map_err(|e| user_error(&e))?;
+            .map_err(|e| {
+                metrics.failed(&e);
+                user_error(&e)
+            })?;
         // Client-declared types win; otherwise the type analysis inferred from the context.
         let inferred = session::parameter_types(&self.shared, session, &statement);
         let count = inferred
@@ -187,7 +190,9 @@ impl ExtendedQueryHandler for QueryHandler {
         let started = Instant::now();
         let failed = in_failed_transaction(client);
         let result = if failed && !matches!(statement, Statement::Commit | Statement::Rollback) {
-            Err(aborted_transaction())
+            let aborted = aborted_transaction();
+            self.shared.metrics.failed(&aborted);
+            Err(aborted)
         } else {
             // Rows must match what Describe announced at Parse (a SET in between, e.g. of
             // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans; checked
@@ -207,7 +212,10 @@ impl ExtendedQueryHandler for QueryHandler {
                 _ => Ok(()),
             };
             match (shape, parameters_as_text(portal)) {
-                (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+                (Err(e), _) | (Ok(()), Err(e)) => {
+                    self.shared.metrics.failed(&e);
+                    Err(e)
+                }
                 (Ok(()), Ok(params)) => {
                     run_statement(session, &self.shared, &statement, &params, failed).await
                 }
