@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// The layers, bottom first. `tools` sits beside the proxy: nothing else may use it.
 const LAYERS: &[&str] = &[
-    "limits", "error", "output", "datetime", "literal", "dsn", "policy", "budget", "dp",
+    "limits", "error", "output", "datetime", "literal", "dsn", "policy", "budget", "metrics", "dp",
     "upstream", "session", "frontend", "server",
 ];
 

@@ -6,11 +6,12 @@
 //!
 //! The folders are the architecture (see ARCHITECTURE.md), each depending only on those listed
 //! before it (a test, `layering`, checks it): [`limits`], [`error`], [`output`], [`datetime`],
-//! [`literal`], [`dsn`], [`policy`], [`budget`], [`dp`] (plan, analyze, rewrite, mechanism, release),
+//! [`literal`], [`dsn`], [`policy`], [`budget`], [`metrics`] (counters and the metrics
+//! endpoint), [`dp`] (plan, analyze, rewrite, mechanism, release),
 //! [`upstream`] (pool, catalog check, shadow catalog), [`session`] (classify, route, settings,
 //! the dispatcher), [`frontend`] (pgwire), [`server`]; [`tools`] (the demo dataset and throwaway
 //! clusters) sits apart from the proxy. The layers up to [`dp`] do no I/O, but for
-//! [`budget`]'s ledger and the policy file.
+//! [`budget`]'s ledger, the policy file and the metrics endpoint ([`metrics::http`]).
 #![forbid(unsafe_code)]
 
 pub mod budget;
@@ -21,6 +22,7 @@ pub mod error;
 pub mod frontend;
 pub mod limits;
 pub mod literal;
+pub mod metrics;
 pub mod output;
 pub mod policy;
 pub mod server;

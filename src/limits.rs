@@ -198,6 +198,21 @@ pub const RELEASE_SCHEDULE_POINTS_MAX: usize = 64;
 /// few megabytes.
 pub const MEASURES_STORED_GROUPS_MAX: usize = GROUPS_RELEASED_MAX;
 
+/// Largest HTTP request head the metrics endpoint reads (`--metrics`); a longer one gets 431.
+pub const METRICS_REQUEST_BYTES_MAX: usize = 8 * 1024;
+
+/// Time a client of the metrics endpoint has to send its request head, and to read the answer.
+pub const METRICS_IO_TIMEOUT_MS: u64 = 5_000;
+
+/// Most metrics-endpoint connections served at once; past it a connection is closed at once.
+pub const METRICS_CONNECTIONS_MAX: usize = 32;
+
+/// How long `/health` waits for the upstream and for the ledger to answer `SELECT 1`.
+pub const HEALTH_CHECK_TIMEOUT_MS: u64 = 2_000;
+
+/// How long a `/health` answer is reused, so that frequent probes do not each open connections.
+pub const HEALTH_CACHE_MS: u64 = 1_000;
+
 const _: () = assert!(
     STATEMENTS_PER_MESSAGE_MAX >= 4,
     "psqlODBC sends several statements at connect"
@@ -244,3 +259,8 @@ const _: () = assert!(
     "a unit path is read through joins inside one table of a query"
 );
 const _: () = assert!(EPSILON_PER_QUERY_MIN > 0.0 && EPSILON_PER_QUERY_MIN < EPSILON_PER_QUERY_MAX);
+const _: () = assert!(
+    HEALTH_CHECK_TIMEOUT_MS < METRICS_IO_TIMEOUT_MS,
+    "a health check answers before its client's read times out"
+);
+const _: () = assert!(METRICS_CONNECTIONS_MAX >= 1 && METRICS_REQUEST_BYTES_MAX >= 1024);

@@ -12,11 +12,11 @@ pgdp: a differentially private PostgreSQL proxy
 USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
                [--tls-cert FILE --tls-key FILE [--require-tls]] [--pid-file FILE]
-               [--replica DSN]... [--replica-lag-max-ms MS]
+               [--replica DSN]... [--replica-lag-max-ms MS] [--metrics ADDR]
     pgdp check --policy FILE
     pgdp reload (--pid-file FILE | --pid PID) [--policy FILE]
     pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
-               [--tls-cert FILE --tls-key FILE [--require-tls]]
+               [--tls-cert FILE --tls-key FILE [--require-tls]] [--metrics ADDR]
 
 OPTIONS:
     --tls-cert FILE, --tls-key FILE   serve TLS (PEM certificate chain and private key); without
@@ -28,6 +28,8 @@ OPTIONS:
                                       public-table queries go to healthy replicas in turn, the
                                       upstream is the fallback
     --replica-lag-max-ms MS           a replica further behind than this serves nothing (5000)
+    --metrics ADDR                    serve GET /metrics (Prometheus) and GET /health over HTTP
+                                      on ADDR, e.g. 127.0.0.1:9187; for operators only
 
 RELOAD:
     `pgdp serve` reloads its --policy file on SIGHUP; `pgdp reload` checks the file first (with
@@ -43,6 +45,7 @@ ENVIRONMENT:
     PGDP_REQUIRE_TLS=1                        same as --require-tls
     PGDP_PID_FILE                             default for --pid-file
     PGDP_REPLICAS                             replica DSNs separated by ';' (if no --replica)
+    PGDP_METRICS                              default for --metrics
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -63,6 +66,7 @@ struct Args {
     pid: Option<i32>,
     replicas: Vec<String>,
     replica_lag_max_ms: Option<u64>,
+    metrics: Option<String>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -83,6 +87,7 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("pid") => args.pid = Some(parser.value()?.parse()?),
             Long("replica") => args.replicas.push(parser.value()?.string()?),
             Long("replica-lag-max-ms") => args.replica_lag_max_ms = Some(parser.value()?.parse()?),
+            Long("metrics") => args.metrics = Some(parser.value()?.string()?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -99,6 +104,9 @@ fn parse_args() -> anyhow::Result<Args> {
     }
     if args.ledger.is_none() {
         args.ledger = std::env::var("PGDP_LEDGER").ok();
+    }
+    if args.metrics.is_none() {
+        args.metrics = std::env::var("PGDP_METRICS").ok();
     }
     if args.tls_cert.is_none() {
         args.tls_cert = std::env::var_os("PGDP_TLS_CERT").map(PathBuf::from);
@@ -309,6 +317,7 @@ fn options(args: &Args) -> anyhow::Result<pgdp::server::Options> {
         require_tls: args.require_tls,
         replicas: args.replicas.clone(),
         replica_lag_max_ms: args.replica_lag_max_ms,
+        metrics: args.metrics.clone(),
         ..Default::default()
     })
 }

@@ -58,6 +58,9 @@ pub struct Options {
     /// The largest replay lag at which a replica still serves, in ms;
     /// [`crate::limits::STANDBY_LAG_MAX_MS`] when `None`.
     pub replica_lag_max_ms: Option<u64>,
+    /// Address of the metrics endpoint (`GET /metrics`, `GET /health`); none without it
+    /// (`127.0.0.1:0` picks a free port).
+    pub metrics: Option<String>,
 }
 
 /// Why a server could not start.
@@ -181,6 +184,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Its shared state, replaced whole by [`Running::reload`].
     pub live: Arc<Live>,
+    /// The address of its metrics endpoint, if it serves one.
+    pub metrics_addr: Option<SocketAddr>,
     handle: JoinHandle<()>,
 }
 
@@ -279,16 +284,69 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
         source,
     })?;
     let serving = live.clone();
+    let metrics = match &options.metrics {
+        Some(addr) => Some(metrics_listener(addr).await?),
+        None => None,
+    };
+    let metrics_addr = metrics.as_ref().map(|(_, addr)| *addr);
     let handle = tokio::spawn(async move {
         let front = crate::frontend::Front {
             tls,
             require_tls,
             limits,
         };
-        if let Err(e) = crate::frontend::serve_with(listener, serving, front).await {
-            tracing::error!(error = %e, "listener failed");
+        let probes = Arc::new(Reachability(serving.clone()));
+        let counters = serving.current().metrics.clone();
+        let metrics = async move {
+            match metrics {
+                Some((listener, _)) => {
+                    crate::metrics::http::serve(listener, counters, probes).await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            served = crate::frontend::serve_with(listener, serving, front) => {
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "listener failed");
+                }
+            }
+            () = metrics => {}
         }
     });
     tracing::info!(%addr, tls = tls_enabled, require_tls, "pgdp listening");
-    Ok(Running { addr, live, handle })
+    if let Some(metrics_addr) = metrics_addr {
+        tracing::info!(%metrics_addr, "metrics endpoint listening");
+    }
+    Ok(Running {
+        addr,
+        live,
+        metrics_addr,
+        handle,
+    })
+}
+
+/// Binds the metrics endpoint's listener.
+async fn metrics_listener(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    let fail = |source| StartError::Listen {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(fail)?;
+    let bound = listener.local_addr().map_err(fail)?;
+    Ok((listener, bound))
+}
+
+/// The health endpoint's checks: `SELECT 1` on the upstream pool and on the ledger.
+struct Reachability(Arc<Live>);
+
+#[async_trait::async_trait]
+impl crate::metrics::http::Probes for Reachability {
+    async fn upstream(&self) -> bool {
+        self.0.current().upstream.ping().await.is_ok()
+    }
+
+    async fn ledger(&self) -> bool {
+        self.0.current().ledger.ping().await.is_ok()
+    }
 }

@@ -17,7 +17,15 @@ impl QueryParser for Parser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        let mut statements = classify::classify(sql).map_err(|e| user_error(&e))?;
+        let started = Instant::now();
+        let classified = classify::classify(sql);
+        // The metrics outlive reloads: any snapshot's are the server's.
+        let metrics = self.live.current().metrics.clone();
+        metrics.stage(crate::metrics::Stage::Parse, started.elapsed());
+        let mut statements = classified.map_err(|e| {
+            metrics.failed(&e);
+            user_error(&e)
+        })?;
         if statements.len() > 1 {
             return Err(user_error(&Error::Syntax {
                 message: "cannot insert multiple commands into a prepared statement".into(),
@@ -33,7 +41,10 @@ impl QueryParser for Parser {
             .map_err(|e| user_error(&e))?;
         let columns = session::describe(&shared, session, &statement)
             .await
-            .map_err(|e| user_error(&e))?;
+            .map_err(|e| {
+                metrics.failed(&e);
+                user_error(&e)
+            })?;
         // Client-declared types win; otherwise the type analysis inferred from the context.
         let inferred = session::parameter_types(&shared, session, &statement);
         let count = inferred
@@ -182,7 +193,9 @@ impl ExtendedQueryHandler for QueryHandler {
         let started = Instant::now();
         let failed = in_failed_transaction(client);
         let result = if failed && !matches!(statement, Statement::Commit | Statement::Rollback) {
-            Err(aborted_transaction())
+            let aborted = aborted_transaction();
+            shared.metrics.failed(&aborted);
+            Err(aborted)
         } else {
             // Rows must match what Describe announced at Parse (a SET in between, e.g. of
             // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans; checked
@@ -202,7 +215,10 @@ impl ExtendedQueryHandler for QueryHandler {
                 _ => Ok(()),
             };
             match (shape, parameters_as_text(portal)) {
-                (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+                (Err(e), _) | (Ok(()), Err(e)) => {
+                    shared.metrics.failed(&e);
+                    Err(e)
+                }
                 (Ok(()), Ok(params)) => {
                     run_statement(session, &shared, &statement, &params, failed).await
                 }

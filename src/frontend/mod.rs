@@ -178,6 +178,7 @@ pub async fn serve_with(
     live: Arc<Live>,
     front: Front,
 ) -> std::io::Result<()> {
+    let metrics = live.current().metrics.clone();
     let handlers = Arc::new(Handlers::with_front(live, &front));
     let front = Arc::new(front);
     let connections = Arc::new(Semaphore::new(front.limits.connections_max));
@@ -205,8 +206,10 @@ pub async fn serve_with(
         };
         let handlers = handlers.clone();
         let front = front.clone();
+        let open = metrics.connection_accepted();
         tokio::spawn(async move {
             let _permit = permit;
+            let _open = open;
             let (socket, watcher) = match watch_client(socket, handlers.cancels.open(peer)) {
                 Ok(pair) => pair,
                 Err(e) => {
@@ -444,6 +447,8 @@ struct Startup {
     live: Arc<Live>,
     /// Refuse clients that did not negotiate TLS.
     require_tls: bool,
+    /// Counts failed logins.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Startup {
@@ -465,6 +470,7 @@ impl Startup {
         };
         let peer = client.socket_addr();
         let failures = self.throttle.record_failure(peer.ip(), Instant::now());
+        self.metrics.login_failed();
         tracing::warn!(user, %peer, reason, failures, "authentication failed");
     }
 }
@@ -598,6 +604,7 @@ impl Handlers {
             ),
             live: live.clone(),
             require_tls: front.require_tls,
+            metrics: live.current().metrics.clone(),
         };
         let cancels = Arc::new(Cancels::default());
         Handlers {
@@ -803,11 +810,13 @@ async fn run_statement(
     params: &[Option<String>],
     failed: bool,
 ) -> Result<Outcome, Error> {
-    match (failed, statement) {
+    let result = match (failed, statement) {
         (false, _) | (true, Statement::Rollback) => session.run(shared, statement, params).await,
         (true, Statement::Commit) => session.run(shared, &Statement::Rollback, params).await,
         (true, _) => Err(aborted_transaction()),
-    }
+    };
+    session.observe(shared, statement, &result);
+    result
 }
 
 fn log_statement(analyst: &str, kind: &str, result: &Result<Outcome, Error>, started: Instant) {
@@ -856,9 +865,13 @@ impl SimpleQueryHandler for QueryHandler {
         let session = ensure_session(&mut slot, client, &shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
         let started = Instant::now();
-        let statements = match classify::classify(query) {
+        let classified = classify::classify(query);
+        let metrics = &shared.metrics;
+        metrics.stage(crate::metrics::Stage::Parse, started.elapsed());
+        let statements = match classified {
             Ok(s) => s,
             Err(e) => {
+                metrics.failed(&e);
                 let info = refusal_info(&e);
                 log_statement(&session.analyst.name, "message", &Err(e), started);
                 return Ok(vec![Response::Error(Box::new(info))]);
@@ -867,6 +880,7 @@ impl SimpleQueryHandler for QueryHandler {
         // All or nothing for refusals: a message one of whose statements would be refused runs
         // none of them (session::message).
         if let Err(e) = session.check_message(&shared, &statements).await {
+            metrics.failed(&e);
             let info = refusal_info(&e);
             log_statement(&session.analyst.name, "message", &Err(e), started);
             return Ok(vec![Response::Error(Box::new(info))]);

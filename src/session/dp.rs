@@ -15,6 +15,7 @@ use crate::dp::plan::Plan;
 use crate::dp::release::{self, Released};
 use crate::dp::rewrite::{self, Rewrite};
 use crate::error::{Error, Result};
+use crate::metrics::{Lookup, Served, Stage};
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::BudgetSpec;
 
@@ -45,9 +46,13 @@ impl Session {
         params: &[Option<String>],
         secret: &str,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+        let started = std::time::Instant::now();
         let mut plan = analyze::analyze(query, &self.context(shared))?;
+        shared.metrics.stage(Stage::Analyse, started.elapsed());
         plan.assume_unique_unit(|key| shared.unique_keys.is_unique(key));
+        let started = std::time::Instant::now();
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
+        shared.metrics.stage(Stage::Rewrite, started.elapsed());
         let mut budget = self.budget();
         if let Some(target) = self.settings.max_error {
             let cap = super::settings::epsilon_cap(&self.analyst);
@@ -210,10 +215,15 @@ impl Session {
         let analyst = self.analyst.name.clone();
 
         // 1. Replay: the same query again gets the same noisy answer, free.
-        if let Some(payload) = ledger
+        let started = std::time::Instant::now();
+        let replay = ledger
             .replay_get(&analyst, &key, shared.policy.replay_lifetime)
-            .await?
-        {
+            .await?;
+        shared.metrics.stage(Stage::Ledger, started.elapsed());
+        shared
+            .metrics
+            .replay_lookup(Lookup::Answer, replay.is_some());
+        if let Some(payload) = replay {
             let columns = self.answer_shape(shared, query, &plan).await?.columns;
             if let Some(replayed) = Released::replayed(columns, &payload) {
                 let limit = limit_of(&self.analyst.budget)?;
@@ -229,6 +239,7 @@ impl Session {
                         message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
                     });
                 }
+                self.served = Some(Served::Replayed);
                 return Ok(ClientRows::released(replayed, notices));
             }
         }
@@ -243,12 +254,18 @@ impl Session {
             };
             release::measures_key(&plan, &rewrite, &mechanisms, params, &domain)
         };
-        if let Some(payload) = ledger
+        let started = std::time::Instant::now();
+        let stored = ledger
             .replay_get(&analyst, &measures_key, shared.policy.replay_lifetime)
-            .await?
-        {
+            .await?;
+        shared.metrics.stage(Stage::Ledger, started.elapsed());
+        shared
+            .metrics
+            .replay_lookup(Lookup::Measures, stored.is_some());
+        if let Some(payload) = stored {
             if let Some(measures) = release::NoisyMeasures::from_payload(&payload, &plan, &rewrite)
             {
+                self.served = Some(Served::Reused);
                 return self
                     .reuse(shared, query, &plan, &rewrite, &mechanisms, &measures)
                     .await;
@@ -263,7 +280,12 @@ impl Session {
         if plan.keys_public() {
             for part in rewrite::domain::public_domain(&plan, params)? {
                 let rows = match part.sql() {
-                    Some(sql) => Some(shared.upstream.run_public_query(sql, &self.cancel).await?),
+                    Some(sql) => {
+                        let started = std::time::Instant::now();
+                        let rows = shared.upstream.run_public_query(sql, &self.cancel).await?;
+                        shared.metrics.stage(Stage::Upstream, started.elapsed());
+                        Some(rows)
+                    }
                     None => None,
                 };
                 domains.push(part.into_combinations(rows)?);
@@ -278,6 +300,7 @@ impl Session {
             Some(b) => Some(limit_of(b)?),
             None => None,
         };
+        let started = std::time::Instant::now();
         let receipt = ledger
             .charge(
                 &analyst,
@@ -288,12 +311,15 @@ impl Session {
                 budget.mechanism.name(),
             )
             .await?;
+        shared.metrics.stage(Stage::Ledger, started.elapsed());
         let charge_id = receipt.id();
         let balance = *receipt.balance();
+        shared.metrics.charged(&analyst, &mechanisms.cost, &balance);
         self.last_cost = Some(mechanisms.cost);
         self.charges += 1;
 
         // 4. The upstream, which takes the receipt; a failure keeps the charge.
+        let started = std::time::Instant::now();
         let rows = match connection
             .run_release_query(&rewrite.sql, receipt, &self.cancel)
             .await
@@ -305,7 +331,10 @@ impl Session {
             }
         };
 
+        shared.metrics.stage(Stage::Upstream, started.elapsed());
+
         // 5. Noise (the only way to read the rows), then post-processing of the noisy measures.
+        let started = std::time::Instant::now();
         let measures =
             release::measure(&plan, &rewrite, &mechanisms, &rows, &domains, &mut self.rng)?;
         let released = release::finish(
@@ -349,13 +378,21 @@ impl Session {
             }
             _ => released.retyped(shape.columns),
         };
+        shared.metrics.stage(Stage::Release, started.elapsed());
         let answer = released.replay_payload();
         let measured = measures.payload();
         let mut entries: Vec<(&str, &[u8])> = vec![(&key, &answer)];
         if measures.storable() {
             entries.push((&measures_key, &measured));
         }
-        let _ = ledger.record_release(charge_id, &analyst, &entries).await;
+        if ledger
+            .record_release(charge_id, &analyst, &entries)
+            .await
+            .is_err()
+        {
+            shared.metrics.ledger_failed();
+        }
+        self.served = Some(Served::AnsweredDp);
         let notices = answer_notices(charge_notice(&mechanisms.cost, &balance), &plan, &released);
         Ok(ClientRows::released(released, notices))
     }

@@ -25,6 +25,7 @@ mod cursor;
 mod dp;
 mod live;
 mod message;
+mod observe;
 mod outcome;
 mod route;
 
@@ -70,6 +71,8 @@ pub struct Shared {
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
     /// seeds a ChaCha20 generator from the operating system.
     pub noise_seed: Option<[u8; 32]>,
+    /// The server's operational metrics (served only with `--metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Shared {
@@ -91,11 +94,12 @@ impl Shared {
             unique_keys: Arc::default(),
             generation: 0,
             noise_seed: None,
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         })
     }
 
-    /// The state after a reload to `policy`: the same upstream, ledger and unique keys, the new
-    /// policy's shadow catalog and secret, and the next generation.
+    /// The state after a reload to `policy`: the same upstream, ledger, unique keys and
+    /// metrics, the new policy's shadow catalog and secret, and the next generation.
     pub(super) fn successor(
         &self,
         policy: Policy,
@@ -108,6 +112,7 @@ impl Shared {
             ledger: self.ledger.clone(),
             shadow,
             unique_keys: self.unique_keys.clone(),
+            metrics: self.metrics.clone(),
             generation: self.generation + 1,
             noise_seed: self.noise_seed,
         }
@@ -157,6 +162,9 @@ pub struct Session {
     charges: u64,
     /// The policy generation this session last followed ([`Session::follow_policy`]).
     generation: u64,
+    /// How the DP pipeline answered the statement running now (replayed, reused, charged), for
+    /// the metrics ([`Session::observe`]).
+    served: Option<crate::metrics::Served>,
 }
 
 impl Session {
@@ -188,6 +196,7 @@ impl Session {
             last_cost: None,
             charges: 0,
             generation: shared.generation,
+            served: None,
         })
     }
 

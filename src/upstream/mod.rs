@@ -396,6 +396,25 @@ impl Upstream {
             .ok_or(Error::UpstreamUnavailable)
     }
 
+    /// Whether the upstream answers: `SELECT 1` on a pooled connection (one is opened if none
+    /// is idle), for the health endpoint. A fixed statement that reads no table; its connection
+    /// is kept only if it answered.
+    pub async fn ping(&self) -> Result<()> {
+        let mut pooled = self.get().await?;
+        // Until it has answered, a dropped ping (its timeout) must not return the connection.
+        pooled.discard();
+        match pooled.client().simple_query("SELECT 1").await {
+            Ok(_) => {
+                pooled.broken = false;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream health check failed");
+                Err(Error::UpstreamUnavailable)
+            }
+        }
+    }
+
     /// The cached server version, if known (for ParameterStatus at startup, which cannot wait).
     pub fn cached_server_version(&self) -> Option<String> {
         self.server_version.lock().ok().and_then(|v| v.clone())

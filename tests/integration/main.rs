@@ -20,7 +20,8 @@
 //! - `harness_smoke`: the harness, the throwaway cluster and the demo loader;
 //! - `load`: many concurrent connections against a `pgdp serve` child process;
 //! - `reload`: policy reload (SIGHUP, `pgdp reload`) of a `pgdp serve` child process;
-//! - `standby`: read replicas, with a throwaway primary and a hot standby cloned from it.
+//! - `standby`: read replicas, with a throwaway primary and a hot standby cloned from it;
+//! - `metrics`: the `--metrics` endpoint scraped over HTTP (counters, histograms, `/health`).
 //!
 //! The upstream comes from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432, else a
 //! throwaway cluster; `PGDP_TEST_FORCE_CLUSTER=1` forces the cluster), chosen once per run and
@@ -49,6 +50,7 @@ mod harness_smoke;
 mod keypath;
 mod ledger;
 mod load;
+mod metrics;
 mod protocol;
 mod reload;
 mod replicas;

@@ -115,6 +115,15 @@ impl Proxy {
         self.running.as_ref().expect("server running").addr.port()
     }
 
+    /// The address of the metrics endpoint (started with `Options::metrics`).
+    pub fn metrics_addr(&self) -> std::net::SocketAddr {
+        self.running
+            .as_ref()
+            .expect("server running")
+            .metrics_addr
+            .expect("a server started with a metrics endpoint")
+    }
+
     /// A DSN for `user` / `password` on database `dbname`.
     pub fn dsn_for(&self, user: &str, password: &str, dbname: &str) -> String {
         format!(

@@ -377,6 +377,24 @@ impl Ledger {
         answer.await.unwrap_or(Err(Error::LedgerUnavailable))
     }
 
+    /// Whether the ledger answers: `SELECT 1` on one of its connections (opened, and the schema
+    /// checked, if it has none), for the health endpoint.
+    pub async fn ping(&self) -> Result<()> {
+        let mut attempts = self.attempts().await;
+        loop {
+            let client = attempts.client().await?;
+            let result = client
+                .client
+                .simple_query("SELECT 1")
+                .await
+                .map(|_| ())
+                .map_err(Fault::from);
+            if let Some(done) = attempts.settle(result) {
+                return done;
+            }
+        }
+    }
+
     /// Records what became of a charge (e.g. `released`, `upstream failed`). Best effort and
     /// never a refund: the charge stands whatever the outcome.
     /// The secret that keys the choice of groups each privacy unit keeps, created once (randomly)
