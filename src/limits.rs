@@ -182,11 +182,23 @@ pub const RELEASE_SCHEDULE_POINTS_MAX: usize = 64;
 /// few megabytes.
 pub const MEASURES_STORED_GROUPS_MAX: usize = GROUPS_RELEASED_MAX;
 
+/// Events `pgdp budget history` lists when `--limit` is not given (the most recent ones).
+pub const HISTORY_ROWS_DEFAULT: u64 = 50;
+
+/// Most events `pgdp audit` exports (and `pgdp budget history --limit` lists) at once; a longer
+/// window is refused with the hint to narrow `--since`/`--until`, so an export never holds an
+/// unbounded log in memory.
+pub const AUDIT_ROWS_MAX: u64 = 1_000_000;
+
+/// Longest `--reason` text of a grant or reset, in bytes.
+pub const ADMIN_REASON_BYTES_MAX: usize = 1_000;
+
 const _: () = assert!(
     STATEMENTS_PER_MESSAGE_MAX >= 4,
     "psqlODBC sends several statements at connect"
 );
 const _: () = assert!(GROUPS_RELEASED_MAX <= UPSTREAM_ROWS_MAX);
+const _: () = assert!(HISTORY_ROWS_DEFAULT >= 1 && HISTORY_ROWS_DEFAULT <= AUDIT_ROWS_MAX);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
 const _: () = assert!(
     MEASURES_STORED_GROUPS_MAX >= PUBLIC_KEY_COMBINATIONS_MAX,
