@@ -212,6 +212,16 @@ pub const HEALTH_CHECK_TIMEOUT_MS: u64 = 2_000;
 
 /// How long a `/health` answer is reused, so that frequent probes do not each open connections.
 pub const HEALTH_CACHE_MS: u64 = 1_000;
+/// Events `pgdp budget history` lists when `--limit` is not given (the most recent ones).
+pub const HISTORY_ROWS_DEFAULT: u64 = 50;
+
+/// Most events `pgdp audit` exports (and `pgdp budget history --limit` lists) at once; a longer
+/// window is refused with the hint to narrow `--since`/`--until`, so an export never holds an
+/// unbounded log in memory.
+pub const AUDIT_ROWS_MAX: u64 = 1_000_000;
+
+/// Longest `--reason` text of a grant or reset, in bytes.
+pub const ADMIN_REASON_BYTES_MAX: usize = 1_000;
 
 const _: () = assert!(
     STATEMENTS_PER_MESSAGE_MAX >= 4,
@@ -222,6 +232,7 @@ const _: () = assert!(
     STANDBY_LAG_MAX_RANGE_MS.0 <= STANDBY_LAG_MAX_MS
         && STANDBY_LAG_MAX_MS <= STANDBY_LAG_MAX_RANGE_MS.1
 );
+const _: () = assert!(HISTORY_ROWS_DEFAULT >= 1 && HISTORY_ROWS_DEFAULT <= AUDIT_ROWS_MAX);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
 const _: () = assert!(
     MEASURES_STORED_GROUPS_MAX >= PUBLIC_KEY_COMBINATIONS_MAX,

@@ -1,4 +1,5 @@
-//! The `pgdp` command line: `serve`, `check`, `reload` and `demo`.
+//! The `pgdp` command line: `serve`, `check`, `reload`, `demo`, and budget administration
+//! (`budget`, `audit`, parsed and run by `pgdp::tools::admin`).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -17,6 +18,11 @@ USAGE:
     pgdp reload (--pid-file FILE | --pid PID) [--policy FILE]
     pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
                [--tls-cert FILE --tls-key FILE [--require-tls]] [--metrics ADDR]
+    pgdp budget show    [ANALYST] --policy FILE [--ledger DSN]
+    pgdp budget grant   ANALYST --epsilon E [--delta D] [--reason TEXT] --policy FILE [--ledger DSN]
+    pgdp budget reset   ANALYST [--reason TEXT] --policy FILE [--ledger DSN]
+    pgdp budget history ANALYST [--since T] [--limit N] --policy FILE [--ledger DSN]
+    pgdp audit --since T [--until T] [--analyst A] --format csv|json --policy FILE [--ledger DSN]
 
 OPTIONS:
     --tls-cert FILE, --tls-key FILE   serve TLS (PEM certificate chain and private key); without
@@ -35,6 +41,9 @@ RELOAD:
     `pgdp serve` reloads its --policy file on SIGHUP; `pgdp reload` checks the file first (with
     --policy) and sends the signal. Statements that start afterwards use the new policy; an
     invalid one is refused and the old one stays in force (the server's log says which).
+
+Budget administration reads the analysts from --policy and the ledger from --ledger (else
+PGDP_LEDGER, --upstream, PGDP_UPSTREAM); times are ISO 8601, UTC unless an offset is given.
 
 DSNs (--upstream, --ledger) are libpq key=value strings or postgres:// URLs; add
 `sslmode=verify-full sslrootcert=FILE` for TLS that checks the server's CA and host name.
@@ -161,6 +170,14 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
+    // `budget` and `audit` have arguments of their own: pgdp::tools::admin parses them.
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if matches!(
+        raw.first().and_then(|a| a.to_str()),
+        Some("budget" | "audit")
+    ) {
+        return admin(raw);
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -194,6 +211,41 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("pgdp: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `pgdp budget …` and `pgdp audit …`: output on standard output, errors on standard error,
+/// exit status 2 for bad input (nothing changed), 1 for other failures.
+fn admin(raw: Vec<std::ffi::OsString>) -> ExitCode {
+    use pgdp::tools::admin;
+    let env = |name: &str| std::env::var(name).ok();
+    let invocation = match admin::parse(raw, env) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("pgdp: {e}");
+            return ExitCode::from(e.exit_status());
+        }
+    };
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pgdp: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(admin::run(&invocation, &admin::os_user(env))) {
+        Ok(output) => {
+            print!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pgdp: {e}");
+            ExitCode::from(e.exit_status())
         }
     }
 }

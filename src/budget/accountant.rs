@@ -263,6 +263,19 @@ impl Limit {
         Limit { epsilon, delta }
     }
 
+    /// This limit raised by `grants` (`pgdp budget grant`): ε and δ each add, saturating at
+    /// [`Fixed::MAX`]. The rule of the module docs then applies to the raised limit as to any
+    /// other: the orders' budgets and the split of δ are those of the sum, so an analyst's
+    /// guarantee over the whole history is (policy + grants). The ledger reads the grants under
+    /// the analyst's row lock, in the charge's transaction, so the rule stays fixed for each
+    /// admission even as grants arrive.
+    pub fn granted(&self, grants: &Limit) -> Limit {
+        Limit {
+            epsilon: self.epsilon.saturating_add(grants.epsilon),
+            delta: self.delta.saturating_add(grants.delta),
+        }
+    }
+
     /// δ_tail: the half of δ reserved, in advance, for the conversion of the Rényi orders.
     pub fn tail_delta(&self) -> Fixed {
         Fixed::from_units(self.delta.units() / 2)
@@ -918,6 +931,26 @@ mod tests {
         let heavy = spent + Cost::zcdp(fx("2"));
         assert!(!within(&lim, &heavy));
         assert_eq!(remaining(&lim, &heavy), Remaining::default());
+    }
+
+    #[test]
+    fn a_grant_raises_the_limit_and_admits_what_the_policy_limit_refused() {
+        let policy = limit("1", "0.00001");
+        let spent = admit(&policy, &Spent::ZERO, &Cost::pure(fx("1"))).unwrap();
+        assert!(admit(&policy, &spent, &Cost::pure(fx("0.5"))).is_err());
+        let raised = policy.granted(&limit("0.5", "0.000002"));
+        assert_eq!(raised, limit("1.5", "0.000012"));
+        let after = admit(&raised, &spent, &Cost::pure(fx("0.5"))).unwrap();
+        assert_eq!(after.epsilon, fx("1.5"));
+        assert_eq!(remaining(&raised, &after).epsilon, Fixed::ZERO);
+        // Not one unit more than the sum.
+        assert!(admit(&raised, &after, &Cost::pure(Fixed::EPSILON_UNIT)).is_err());
+        // A zero grant changes nothing; a huge one saturates rather than wrapping.
+        assert_eq!(policy.granted(&Limit::default()), policy);
+        assert_eq!(
+            policy.granted(&Limit::new(Fixed::MAX, Fixed::ZERO)).epsilon,
+            Fixed::MAX
+        );
     }
 
     #[test]

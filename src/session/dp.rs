@@ -28,6 +28,41 @@ pub fn limit_of(spec: &BudgetSpec) -> Result<Limit> {
     Ok(Limit::new(e, d))
 }
 
+/// The policy tables `plan` reads, sorted, each once, for the audit log (`pgdp audit`): the
+/// tables of FROM and of semijoins, and the policy tables inside the SQL pgdp built for derived
+/// tables and unit paths. Names only: no value of the query enters the log.
+fn tables_read(plan: &Plan, policy: &crate::policy::Policy) -> Vec<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let refs = plan
+        .tables()
+        .iter()
+        .chain(plan.semijoins().iter().flat_map(|s| s.tables.iter()));
+    for table in refs {
+        if policy.tables.contains_key(&table.table) {
+            names.insert(table.table.clone());
+        }
+        if let Some(source) = &table.source {
+            let _ = ast::visit_relations(source.as_ref(), |name| {
+                let parts: Vec<String> = name
+                    .0
+                    .iter()
+                    .filter_map(|p| p.as_ident())
+                    .map(|i| match i.quote_style {
+                        Some(_) => i.value.clone(),
+                        None => i.value.to_ascii_lowercase(),
+                    })
+                    .collect();
+                let name = parts.join(".");
+                if policy.tables.contains_key(&name) {
+                    names.insert(name);
+                }
+                std::ops::ControlFlow::<()>::Continue(())
+            });
+        }
+    }
+    names.into_iter().collect()
+}
+
 /// EXPLAIN shows the upstream SQL, but never the secret that keys the choice of groups.
 fn redact_secret(line: &str, secret: &str) -> String {
     if secret.is_empty() {
@@ -302,13 +337,14 @@ impl Session {
         };
         let started = std::time::Instant::now();
         let receipt = ledger
-            .charge(
+            .charge_reading(
                 &analyst,
                 &limit,
                 dataset_limit.as_ref(),
                 &mechanisms.cost,
                 &key,
                 budget.mechanism.name(),
+                &tables_read(&plan, &shared.policy),
             )
             .await?;
         shared.metrics.stage(Stage::Ledger, started.elapsed());

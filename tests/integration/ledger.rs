@@ -12,6 +12,58 @@ use pgdp::Error;
 
 use crate::harness;
 
+/// The DDL of schema version 2, as pgdp wrote it before budget administration (frozen here: the
+/// migration tests start from it).
+const SCHEMA_DDL_VERSION_2: &str = "
+CREATE SCHEMA IF NOT EXISTS pgdp;
+CREATE TABLE IF NOT EXISTS pgdp.meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
+    analyst text PRIMARY KEY,
+    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
+    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
+    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    renyi numeric[],
+    charges bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS pgdp.dataset_spent (
+    id boolean PRIMARY KEY DEFAULT true CHECK (id),
+    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
+    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
+    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    renyi numeric[],
+    charges bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO pgdp.dataset_spent (id) VALUES (true) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS pgdp.charge_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    analyst text NOT NULL,
+    charged_at timestamptz NOT NULL DEFAULT now(),
+    fingerprint text NOT NULL,
+    mechanism text NOT NULL,
+    epsilon numeric NOT NULL,
+    delta numeric NOT NULL,
+    rho numeric NOT NULL,
+    pure_rho numeric NOT NULL DEFAULT 0,
+    outcome text NOT NULL DEFAULT 'charged',
+    outcome_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS charge_log_analyst_idx ON pgdp.charge_log (analyst, charged_at);
+CREATE TABLE IF NOT EXISTS pgdp.replay_cache (
+    analyst text NOT NULL,
+    key text NOT NULL,
+    payload bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (analyst, key)
+);
+CREATE INDEX IF NOT EXISTS replay_cache_created_at_idx ON pgdp.replay_cache (created_at);
+";
+
 fn fx(s: &str) -> Fixed {
     Fixed::from_decimal_str(s).unwrap()
 }
@@ -567,6 +619,18 @@ fn ledger_futures_are_send(ledger: &Ledger, limit: &Limit, cost: &Cost) {
     send(Ledger::connect(""));
     send(ledger.charge("a", limit, Some(limit), cost, "f", "m"));
     send(ledger.set_outcome(1, "released"));
+    send(ledger.charge_reading("a", limit, None, cost, "f", "m", &[]));
+    send(ledger.accounts(&[]));
+    send(ledger.events(&pgdp::budget::ledger::AuditFilter::default()));
+    send(ledger.reset("a", "", ""));
+    let request = pgdp::budget::ledger::GrantRequest {
+        analyst: "a",
+        epsilon: Fixed::ONE,
+        delta: Fixed::ZERO,
+        reason: "",
+        made_by: "",
+    };
+    send(ledger.grant(limit, &request));
     send(ledger.balance("a", limit));
     send(ledger.dataset_balance(limit));
     send(ledger.replay_get("a", "k", Duration::ZERO));
@@ -576,12 +640,12 @@ fn ledger_futures_are_send(ledger: &Ledger, limit: &Limit, cost: &Cost) {
 
 /// A ledger written by schema version 1 (sums only) is migrated in place on first use: its
 /// histories are read as bounded by their sums, new charges record per-order totals, and the
-/// version becomes 2.
+/// version becomes 3 (through 2).
 #[tokio::test]
 async fn a_version_1_ledger_is_migrated_and_bounded_by_its_sums() {
     let db = harness::fresh_database("ledger_v1").await;
     let client = db.client().await;
-    let version_1 = pgdp::budget::ledger::SCHEMA_DDL
+    let version_1 = SCHEMA_DDL_VERSION_2
         .replace("    renyi numeric[],\n", "")
         .replace("    pure_rho numeric NOT NULL DEFAULT 0,\n", "")
         .replace("'schema_version', '2'", "'schema_version', '1'");
@@ -608,7 +672,10 @@ async fn a_version_1_ledger_is_migrated_and_bounded_by_its_sums() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, "2");
+    assert_eq!(
+        version, "3",
+        "migrated through version 2 to the current one"
+    );
     let charge = ledger
         .charge(
             "old",
@@ -638,4 +705,172 @@ async fn a_version_1_ledger_is_migrated_and_bounded_by_its_sums() {
         again.balance("old", &limit).await.unwrap().spent,
         charge.balance().spent
     );
+}
+
+/// A ledger written by schema version 2 is migrated in place to version 3 on first use: its
+/// totals and charge log read as before (old charges with no tables), analysts start with no
+/// grants, and grants, resets and charges that record their tables work on it.
+#[tokio::test]
+async fn a_version_2_ledger_is_migrated_and_keeps_working() {
+    use pgdp::budget::ledger::{AuditFilter, GrantRequest};
+    let db = harness::fresh_database("ledger_v2").await;
+    let client = db.client().await;
+    client.batch_execute(SCHEMA_DDL_VERSION_2).await.unwrap();
+    let limit = Limit::new(fx("1"), fx("0.00001"));
+    {
+        // Written the way a version-2 pgdp wrote it: through the same statements, before the
+        // columns of version 3 existed.
+        client
+            .batch_execute(
+                "INSERT INTO pgdp.analyst_spent (analyst, epsilon, delta, rho, charges)
+                 VALUES ('old', 1, 0, 0, 2);
+                 UPDATE pgdp.dataset_spent SET epsilon = 1, charges = 2;
+                 INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho)
+                 VALUES ('old', 'f1', 'laplace', 0.5, 0, 0), ('old', 'f2', 'laplace', 0.5, 0, 0);",
+            )
+            .await
+            .unwrap();
+    }
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let version: String = client
+        .query_one(
+            "SELECT value FROM pgdp.meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "3");
+    let old = ledger.balance("old", &limit).await.unwrap();
+    assert_eq!(old.spent.epsilon, fx("1"));
+    assert_eq!(old.limit, limit, "no grants after the migration");
+    assert!(is_exhausted(
+        &ledger
+            .charge("old", &limit, None, &Cost::pure(fx("0.1")), "f3", "laplace")
+            .await
+    ));
+    let request = GrantRequest {
+        analyst: "old",
+        epsilon: fx("0.5"),
+        delta: Fixed::ZERO,
+        reason: "migrated",
+        made_by: "test",
+    };
+    ledger.grant(&limit, &request).await.unwrap();
+    let tables = ["demo.people".to_string()];
+    let charge = ledger
+        .charge_reading(
+            "old",
+            &limit,
+            None,
+            &Cost::pure(fx("0.5")),
+            "f4",
+            "laplace",
+            &tables,
+        )
+        .await
+        .unwrap();
+    assert_eq!(charge.balance().limit, Limit::new(fx("1.5"), fx("0.00001")));
+    assert_eq!(charge.balance().spent.epsilon, fx("1.5"));
+    let events = ledger
+        .events(&AuditFilter {
+            analyst: Some("old".into()),
+            rows_max: 10,
+            ..AuditFilter::default()
+        })
+        .await
+        .unwrap();
+    let kinds: Vec<(&str, Vec<String>)> = events
+        .iter()
+        .map(|e| (e.kind.as_str(), e.tables.clone()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("charge", vec![]),
+            ("charge", vec![]),
+            ("grant", vec![]),
+            ("charge", vec!["demo.people".to_string()]),
+        ]
+    );
+    let reset = ledger.reset("old", "", "test").await.unwrap();
+    assert_eq!(
+        reset.epsilon,
+        fx("1.5"),
+        "the admin log keeps what was zeroed"
+    );
+    assert_eq!(
+        ledger.balance("old", &limit).await.unwrap().spent,
+        Spent::ZERO
+    );
+    // A restarted process on the migrated ledger migrates nothing again.
+    drop(ledger);
+    let again = Ledger::connect(db.dsn()).await.unwrap();
+    assert_eq!(
+        again.balance("old", &limit).await.unwrap().limit.epsilon,
+        fx("1.5")
+    );
+}
+
+/// Tables named in a charge survive any text, and the grant a charge sees is the one committed
+/// before it: charges and a grant racing on one analyst never admit past policy + grants.
+#[tokio::test]
+async fn charges_racing_a_grant_never_exceed_policy_plus_grants() {
+    use pgdp::budget::ledger::GrantRequest;
+    let db = harness::fresh_database("ledger_grant").await;
+    let ledger = Arc::new(Ledger::connect(db.dsn()).await.unwrap());
+    let limit = Limit::new(fx("1"), Fixed::ZERO);
+    let odd = ["a\"b,c\\d {e}".to_string()];
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let ledger = Arc::clone(&ledger);
+        let odd = odd.clone();
+        tasks.push(tokio::spawn(async move {
+            ledger
+                .charge_reading(
+                    "racer",
+                    &limit,
+                    None,
+                    &Cost::pure(fx("0.1")),
+                    &format!("q{i}"),
+                    "laplace",
+                    &odd,
+                )
+                .await
+                .is_ok()
+        }));
+    }
+    let granted = ledger
+        .grant(
+            &limit,
+            &GrantRequest {
+                analyst: "racer",
+                epsilon: fx("1"),
+                delta: Fixed::ZERO,
+                reason: "",
+                made_by: "test",
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(granted.epsilon, fx("1"));
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    // At least the policy's 10 fit; never more than the 20 that policy + grant allow.
+    assert!((10..=20).contains(&admitted), "{admitted}");
+    let balance = ledger.balance("racer", &limit).await.unwrap();
+    assert_eq!(
+        balance.spent.epsilon,
+        fx("0.1").checked_mul_int(admitted as u64).unwrap()
+    );
+    assert_eq!(balance.limit.epsilon, fx("2"));
+    let client = db.client().await;
+    let tables: Vec<String> = client
+        .query_one("SELECT tables FROM pgdp.charge_log LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, odd);
 }

@@ -17,6 +17,8 @@
 //! - `dp_property`: neighbouring databases and the empirical sensitivity of the rewrites;
 //! - `fuzz_smoke`: the fuzz targets of `fuzz/` over their seeds and bounded mutations;
 //! - `ledger`: the privacy ledger against a real PostgreSQL;
+//! - `admin`: `pgdp budget …` and `pgdp audit` (the built binary) against a running pgdp and
+//!   its ledger: grants and resets seen through the wire, refusals that change nothing, exports;
 //! - `harness_smoke`: the harness, the throwaway cluster and the demo loader;
 //! - `load`: many concurrent connections against a `pgdp serve` child process;
 //! - `reload`: policy reload (SIGHUP, `pgdp reload`) of a `pgdp serve` child process;
@@ -37,6 +39,7 @@
 #[path = "../harness/mod.rs"]
 mod harness;
 
+mod admin;
 mod attacks;
 mod auth;
 mod budget;

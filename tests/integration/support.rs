@@ -110,6 +110,11 @@ impl Proxy {
         );
     }
 
+    /// The DSN of this pgdp's ledger database.
+    pub fn ledger_dsn(&self) -> &str {
+        &self.ledger_dsn
+    }
+
     /// The port pgdp listens on.
     pub fn port(&self) -> u16 {
         self.running.as_ref().expect("server running").addr.port()

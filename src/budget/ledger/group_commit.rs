@@ -12,6 +12,8 @@ pub(super) struct ChargeRequest {
     pub(super) cost: Cost,
     pub(super) fingerprint: String,
     pub(super) mechanism: String,
+    /// The policy tables the query reads, for the audit log.
+    pub(super) tables: Vec<String>,
 }
 
 /// A queued charge and where its answer goes.
@@ -107,12 +109,15 @@ impl ChargeQueue {
 }
 
 /// Locks the rows of the analysts `$1` (created at zero on first use), in the order given (sorted
-/// by the caller), and returns their totals: one statement, since `ON CONFLICT DO UPDATE` locks
-/// the row it finds and returns its newest committed version.
+/// by the caller), and returns their totals and grants: one statement, since `ON CONFLICT DO
+/// UPDATE` locks the row it finds and returns its newest committed version. The grants are read
+/// here, under the lock, so a grant committed by `pgdp budget grant` counts from the next charge
+/// on, whichever process makes it.
 pub(super) const LOCK_ANALYSTS: &str =
     "INSERT INTO pgdp.analyst_spent AS s (analyst) SELECT unnest($1::text[])
      ON CONFLICT (analyst) DO UPDATE SET analyst = s.analyst
-     RETURNING s.analyst, s.epsilon::text, s.delta::text, s.rho::text, s.renyi::text";
+     RETURNING s.analyst, s.epsilon::text, s.delta::text, s.rho::text, s.renyi::text,
+               s.granted_epsilon::text, s.granted_delta::text";
 
 /// Locks the dataset row and returns its totals.
 pub(super) const LOCK_DATASET: &str =
@@ -134,11 +139,12 @@ pub(super) const RECORD_CHARGES: &str = "WITH analyst AS (
         SET epsilon = $7::text::numeric, delta = $8::text::numeric, rho = $9::text::numeric,
             renyi = $10::text::numeric[], charges = charges + $11::int8, updated_at = now()
         WHERE id)
-     INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho, pure_rho)
+     INSERT INTO pgdp.charge_log (analyst, fingerprint, mechanism, epsilon, delta, rho, pure_rho, tables)
      SELECT l.analyst, l.fingerprint, l.mechanism, l.epsilon::numeric, l.delta::numeric,
-            l.rho::numeric, l.pure_rho::numeric
-     FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
-         WITH ORDINALITY AS l(analyst, fingerprint, mechanism, epsilon, delta, rho, pure_rho, n)
+            l.rho::numeric, l.pure_rho::numeric, l.tables::text[]
+     FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[],
+                 $19::text[])
+         WITH ORDINALITY AS l(analyst, fingerprint, mechanism, epsilon, delta, rho, pure_rho, tables, n)
      ORDER BY l.n
      RETURNING id";
 
@@ -160,8 +166,11 @@ pub(super) async fn charge_batch(
 
     let tx = conn.client.transaction().await?;
     let mut spent: HashMap<String, Spent> = HashMap::with_capacity(analysts.len());
+    let mut granted: HashMap<String, Limit> = HashMap::with_capacity(analysts.len());
     for row in tx.query(&lock_analysts, &[&analysts]).await? {
-        spent.insert(row.try_get(0)?, spent_from_row(&row, 1)?);
+        let analyst: String = row.try_get(0)?;
+        granted.insert(analyst.clone(), grants_from_row(&row, 5)?);
+        spent.insert(analyst, spent_from_row(&row, 1)?);
     }
     // Locked second, by every transaction, so lock order is the same everywhere. Always read:
     // the per-order totals cannot be added in place by SQL.
@@ -173,7 +182,11 @@ pub(super) async fn charge_batch(
         let current = *spent.get(&request.analyst).ok_or(Fault::Corrupt(
             "an analyst's row was not returned by its lock",
         ))?;
-        let after = match admit(&request.limit, &current, &request.cost) {
+        // The policy's limit plus the grants read under the lock.
+        let limit = granted
+            .get(&request.analyst)
+            .map_or(request.limit, |g| request.limit.granted(g));
+        let after = match admit(&limit, &current, &request.cost) {
             Ok(after) => after,
             Err(refusal) => {
                 outcomes.push(Err(Box::new(refusal)));
@@ -195,7 +208,7 @@ pub(super) async fn charge_batch(
             }
         }
         spent.insert(request.analyst.clone(), after);
-        outcomes.push(Ok(after));
+        outcomes.push(Ok((limit, after)));
     }
     let admitted: Vec<&ChargeRequest> = requests
         .iter()
@@ -212,14 +225,13 @@ pub(super) async fn charge_batch(
         ids
     };
     let mut ids = ids.into_iter();
-    Ok(requests
-        .iter()
-        .zip(outcomes)
-        .map(|(request, outcome)| {
-            outcome.map(|after| Receipt {
+    Ok(outcomes
+        .into_iter()
+        .map(|outcome| {
+            outcome.map(|(limit, after)| Receipt {
                 // One id per admitted request (checked by record_charges).
                 id: ids.next().unwrap_or_default(),
-                balance: Balance::new(&request.limit, after),
+                balance: Balance::new(&limit, after),
             })
         })
         .collect())
@@ -283,6 +295,7 @@ pub(super) async fn record_charges(
                 &log(|r| r.cost.delta.to_numeric_text()),
                 &log(|r| r.cost.rho.to_numeric_text()),
                 &log(|r| r.cost.pure_rho.to_numeric_text()),
+                &log(|r| text_array_literal(&r.tables)),
             ],
         )
         .await?
@@ -326,8 +339,28 @@ pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
     Ok(Spent { renyi, ..sums })
 }
 
+/// Reads `(granted_epsilon::text, granted_delta::text)` from column `first` on: what grants
+/// added to the analyst's policy limit.
+pub(super) fn grants_from_row(row: &Row, first: usize) -> Result<Limit, Fault> {
+    let amount = |index: usize| -> Result<Fixed, Fault> {
+        Fixed::from_numeric_text(&row.try_get::<_, String>(index)?)
+            .map_err(|_| Fault::Corrupt("a granted amount is not a valid amount"))
+    };
+    Ok(Limit::new(amount(first)?, amount(first + 1)?))
+}
+
+/// `items` as a PostgreSQL `text[]` literal, each element double-quoted with `\` and `"`
+/// escaped, so any text survives.
+pub(super) fn text_array_literal(items: &[String]) -> String {
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|item| format!("\"{}\"", item.replace('\\', "\\\\").replace('"', "\\\"")))
+        .collect();
+    format!("{{{}}}", quoted.join(","))
+}
+
 /// The per-order totals as a PostgreSQL array literal of exact decimals.
-fn renyi_literal(renyi: &Renyi) -> String {
+pub(super) fn renyi_literal(renyi: &Renyi) -> String {
     let values: Vec<String> = renyi.iter().map(|x| x.to_numeric_text()).collect();
     format!("{{{}}}", values.join(","))
 }

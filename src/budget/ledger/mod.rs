@@ -26,7 +26,7 @@
 //!
 //! # Tables (schema `pgdp`)
 //! ```sql
-//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 2
+//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 3
 //! CREATE TABLE pgdp.analyst_spent (        -- one row per analyst, created on first charge
 //!     analyst    text PRIMARY KEY,
 //!     epsilon    numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),  -- Σ pure ε
@@ -34,11 +34,12 @@
 //!     rho        numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),      -- Σ zCDP ρ
 //!     renyi      numeric[],  -- Σ Rényi divergence bound per order of accountant::ORDERS
 //!                            -- (NULL: a version-1 row, bounded by the sums)
-//!     charges    bigint NOT NULL DEFAULT 0,
-//!     updated_at timestamptz NOT NULL DEFAULT now());
+//!     charges    bigint NOT NULL DEFAULT 0,   -- since the last reset
+//!     updated_at timestamptz NOT NULL DEFAULT now(),
+//!     granted_epsilon, granted_delta numeric NOT NULL DEFAULT 0);  -- added to the policy limit
 //! CREATE TABLE pgdp.dataset_spent (        -- exactly one row: totals across all analysts
 //!     id boolean PRIMARY KEY DEFAULT true CHECK (id),
-//!     epsilon, delta, rho, renyi, charges, updated_at  -- as in analyst_spent
+//!     epsilon, delta, rho, renyi, charges, updated_at  -- as in analyst_spent, never reset
 //! );
 //! CREATE TABLE pgdp.charge_log (           -- the audit log, one row per admitted charge
 //!     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -49,7 +50,15 @@
 //!     epsilon numeric NOT NULL, delta numeric NOT NULL, rho numeric NOT NULL,
 //!     pure_rho numeric NOT NULL DEFAULT 0,   -- Σ ε_c²/2 of the charge's pure parts
 //!     outcome     text NOT NULL DEFAULT 'charged',  -- set later by `set_outcome`
-//!     outcome_at  timestamptz);
+//!     outcome_at  timestamptz,
+//!     tables      text[] NOT NULL DEFAULT '{}');  -- policy tables read ('{}' before version 3)
+//! CREATE TABLE pgdp.admin_log (            -- one row per grant or reset (`admin`)
+//!     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz NOT NULL DEFAULT now(),
+//!     action text NOT NULL,                -- 'grant' | 'reset'
+//!     analyst text NOT NULL,
+//!     epsilon, delta, rho numeric NOT NULL,  -- granted, or the totals a reset zeroed
+//!     reason text NOT NULL, made_by text NOT NULL,  -- the OS user
+//!     ledger_role text NOT NULL DEFAULT current_user);
 //! CREATE TABLE pgdp.replay_cache (         -- released answers, replayed within a lifetime,
 //!                                          -- and noisy measures (key `measures:<hex>`), reused
 //!     analyst text NOT NULL, key text NOT NULL, payload bytea NOT NULL,
@@ -59,7 +68,13 @@
 //! The exact DDL is [`SCHEMA_DDL`]; the first connection a [`Ledger`] opens runs it under a
 //! transaction-scoped advisory lock when any table is missing, so processes starting together do
 //! not race. A role without CREATE rights can use a ledger whose tables a DBA created beforehand.
-//! A ledger of schema version 1 is migrated in place under the same lock ([`MIGRATE_1_TO_2`]).
+//! A ledger of schema version 1 or 2 is migrated in place under the same lock, one version at a
+//! time ([`MIGRATE_1_TO_2`], [`MIGRATE_2_TO_3`]).
+//!
+//! Grants and resets ([`admin`]) change an analyst's row in transactions that take the same
+//! locks in the same order as a group commit; a charge reads the analyst's grants with its
+//! totals under the row lock, so the limit it is admitted against is the policy's plus the grants
+//! committed before it.
 //!
 //! # Connections
 //! [`Ledger::new`] connects to nothing: every call takes a connection slot and (re)connects when
@@ -69,7 +84,11 @@
 //! no DP query runs uncharged. [`Ledger::connect`] is `new` followed by one connection, for
 //! callers that want to fail early.
 
+mod admin;
 mod group_commit;
+pub use admin::{
+    Account, Accounts, AdminAction, AdminRecord, AuditEvent, AuditFilter, GrantRequest,
+};
 use group_commit::*;
 
 use std::collections::HashMap;
@@ -91,7 +110,7 @@ use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNE
 use crate::{Error, Result};
 
 /// Version of the tables below, stored in `pgdp.meta`.
-const SCHEMA_VERSION: &str = "2";
+const SCHEMA_VERSION: &str = "3";
 
 /// Key of the advisory lock that serialises schema creation (ASCII "pgdpledg").
 const SCHEMA_LOCK_KEY: i64 = 0x7067_6470_6c65_6467;
@@ -107,7 +126,7 @@ CREATE TABLE IF NOT EXISTS pgdp.meta (
     key text PRIMARY KEY,
     value text NOT NULL
 );
-INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;
+INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '3') ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
     analyst text PRIMARY KEY,
     epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
@@ -115,7 +134,9 @@ CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
     rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
     renyi numeric[],
     charges bigint NOT NULL DEFAULT 0,
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    granted_epsilon numeric NOT NULL DEFAULT 0 CHECK (granted_epsilon >= 0),
+    granted_delta numeric NOT NULL DEFAULT 0 CHECK (granted_delta >= 0)
 );
 CREATE TABLE IF NOT EXISTS pgdp.dataset_spent (
     id boolean PRIMARY KEY DEFAULT true CHECK (id),
@@ -138,7 +159,8 @@ CREATE TABLE IF NOT EXISTS pgdp.charge_log (
     rho numeric NOT NULL,
     pure_rho numeric NOT NULL DEFAULT 0,
     outcome text NOT NULL DEFAULT 'charged',
-    outcome_at timestamptz
+    outcome_at timestamptz,
+    tables text[] NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS charge_log_analyst_idx ON pgdp.charge_log (analyst, charged_at);
 CREATE TABLE IF NOT EXISTS pgdp.replay_cache (
@@ -149,6 +171,19 @@ CREATE TABLE IF NOT EXISTS pgdp.replay_cache (
     PRIMARY KEY (analyst, key)
 );
 CREATE INDEX IF NOT EXISTS replay_cache_created_at_idx ON pgdp.replay_cache (created_at);
+CREATE TABLE IF NOT EXISTS pgdp.admin_log (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    action text NOT NULL CHECK (action IN ('grant', 'reset')),
+    analyst text NOT NULL,
+    epsilon numeric NOT NULL,
+    delta numeric NOT NULL,
+    rho numeric NOT NULL DEFAULT 0,
+    reason text NOT NULL DEFAULT '',
+    made_by text NOT NULL,
+    ledger_role text NOT NULL DEFAULT current_user
+);
+CREATE INDEX IF NOT EXISTS admin_log_analyst_idx ON pgdp.admin_log (analyst, at);
 ";
 
 /// An analyst's (or the dataset's) budget as of one moment.
@@ -356,6 +391,34 @@ impl Ledger {
         fingerprint: &str,
         mechanism: &str,
     ) -> Result<Receipt> {
+        self.charge_reading(
+            analyst,
+            limit,
+            dataset_limit,
+            cost,
+            fingerprint,
+            mechanism,
+            &[],
+        )
+        .await
+    }
+
+    /// [`Ledger::charge`] for a query that reads `tables` (policy names), which the audit log
+    /// records with the charge so that `pgdp audit` can say who spent what on which table.
+    /// `limit` is the policy's; the analyst's grants are added to it under the row lock.
+    // The charge's parts are independent plain values; a struct for them would be built once,
+    // at the one call site in the session.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn charge_reading(
+        &self,
+        analyst: &str,
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        cost: &Cost,
+        fingerprint: &str,
+        mechanism: &str,
+        tables: &[String],
+    ) -> Result<Receipt> {
         let (reply, answer) = oneshot::channel();
         let pending = PendingCharge {
             request: ChargeRequest {
@@ -365,6 +428,7 @@ impl Ledger {
                 cost: *cost,
                 fingerprint: fingerprint.to_string(),
                 mechanism: mechanism.to_string(),
+                tables: tables.to_vec(),
             },
             reply,
         };
@@ -468,9 +532,12 @@ impl Ledger {
         }
     }
 
-    /// The analyst's balance against `limit` (zero spent for an analyst never charged).
+    /// The analyst's balance against `limit`, the policy's, raised by the analyst's grants (zero
+    /// spent and nothing granted for an analyst never charged).
     pub async fn balance(&self, analyst: &str, limit: &Limit) -> Result<Balance> {
-        const SQL: &str = "SELECT epsilon::text, delta::text, rho::text, renyi::text FROM pgdp.analyst_spent WHERE analyst = $1";
+        const SQL: &str = "SELECT epsilon::text, delta::text, rho::text, renyi::text,
+                granted_epsilon::text, granted_delta::text
+            FROM pgdp.analyst_spent WHERE analyst = $1";
         let mut attempts = self.attempts().await;
         loop {
             let conn = attempts.client().await?;
@@ -478,12 +545,12 @@ impl Ledger {
                 Ok(statement) => conn.client.query_opt(&statement, &[&analyst]).await,
                 Err(e) => Err(e),
             };
-            let spent = result.map_err(Fault::from).and_then(|row| {
-                row.as_ref()
-                    .map_or(Ok(Spent::ZERO), |row| spent_from_row(row, 0))
+            let read = result.map_err(Fault::from).and_then(|row| match row {
+                Some(row) => Ok((spent_from_row(&row, 0)?, grants_from_row(&row, 4)?)),
+                None => Ok((Spent::ZERO, Limit::default())),
             });
-            if let Some(done) = attempts.settle(spent) {
-                return done.map(|spent| Balance::new(limit, spent));
+            if let Some(done) = attempts.settle(read) {
+                return done.map(|(spent, grants)| Balance::new(&limit.granted(&grants), spent));
             }
         }
     }
@@ -718,7 +785,8 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
                 AND to_regclass('pgdp.analyst_spent') IS NOT NULL
                 AND to_regclass('pgdp.dataset_spent') IS NOT NULL
                 AND to_regclass('pgdp.charge_log') IS NOT NULL
-                AND to_regclass('pgdp.replay_cache') IS NOT NULL",
+                AND to_regclass('pgdp.replay_cache') IS NOT NULL
+                AND to_regclass('pgdp.admin_log') IS NOT NULL",
             &[],
         )
         .await?
@@ -734,12 +802,16 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
         .await?
         .map(|row| row.try_get(0))
         .transpose()?;
-    let version = if version.as_deref() == Some("1") {
+    // Each step migrates one version to the next, in order, under the lock.
+    let mut version = version;
+    if version.as_deref() == Some("1") {
         tx.batch_execute(MIGRATE_1_TO_2).await?;
-        Some(SCHEMA_VERSION.to_string())
-    } else {
-        version
-    };
+        version = Some("2".to_string());
+    }
+    if version.as_deref() == Some("2") {
+        tx.batch_execute(MIGRATE_2_TO_3).await?;
+        version = Some("3".to_string());
+    }
     if version.as_deref() != Some(SCHEMA_VERSION) {
         return Err(Fault::Corrupt(
             "pgdp.meta schema_version is not the one this pgdp understands",
@@ -758,6 +830,19 @@ ALTER TABLE pgdp.analyst_spent ADD COLUMN IF NOT EXISTS renyi numeric[];
 ALTER TABLE pgdp.dataset_spent ADD COLUMN IF NOT EXISTS renyi numeric[];
 ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS pure_rho numeric NOT NULL DEFAULT 0;
 UPDATE pgdp.meta SET value = '2' WHERE key = 'schema_version';
+";
+
+/// Migrates a ledger of schema version 2 to version 3, under the schema lock: analysts' rows gain
+/// the grants added to their policy limit (0 for existing rows: their limit is the policy's, as
+/// before), the audit log gains the tables each charge read (empty for the old rows, which did
+/// not record them), and `pgdp.admin_log` records grants and resets (created by [`SCHEMA_DDL`],
+/// which runs first because the table is missing). A version-2 pgdp refuses the migrated ledger.
+const MIGRATE_2_TO_3: &str = "
+ALTER TABLE pgdp.analyst_spent
+    ADD COLUMN IF NOT EXISTS granted_epsilon numeric NOT NULL DEFAULT 0 CHECK (granted_epsilon >= 0),
+    ADD COLUMN IF NOT EXISTS granted_delta numeric NOT NULL DEFAULT 0 CHECK (granted_delta >= 0);
+ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS tables text[] NOT NULL DEFAULT '{}';
+UPDATE pgdp.meta SET value = '3' WHERE key = 'schema_version';
 ";
 
 /// Records what became of a charge.
