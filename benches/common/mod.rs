@@ -118,7 +118,71 @@ pub async fn demo_database(admin_dsn: &str, admin: &Client, scale: u32) -> Res<S
             started.elapsed().as_secs_f64()
         );
     }
+    dup_table(&client).await?;
     Ok(dsn)
+}
+
+/// The bench's table with a non-unique unit column, shaped like SmartNoise's PUMS_dup: people
+/// `1..=DUP_PEOPLE` with one to three identical rows each (about 10^6 rows), no key, no index.
+/// Only the bench creates it (in the demo databases, schema `bench`, the same at every scale),
+/// once; `pgdp demo` does not.
+pub const DUP_TABLE: &str = "bench.pums_dup";
+
+/// People in [`DUP_TABLE`] (two rows each on average).
+pub const DUP_PEOPLE: u64 = 500_000;
+
+/// The policy entry of [`DUP_TABLE`], added to the bench policy.
+pub const DUP_POLICY: &str = "  bench.pums_dup:
+    kind: private
+    privacy_unit: pid
+    max_groups_per_unit: 1
+    max_rows_per_unit: 3
+    columns:
+      pid:    { type: bigint }
+      age:    { type: integer, lower: 0, upper: 100, groupable: true }
+      sex:    { type: text, public_values: [F, M] }
+      educ:   { type: integer, groupable: true }
+      income: { type: numeric, lower: 0, upper: 500000 }
+";
+
+/// Creates [`DUP_TABLE`] unless it is there with its rows (a deterministic function of `pid`).
+pub async fn dup_table(client: &Client) -> Res<()> {
+    let there = scalar(
+        client,
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'bench' AND tablename = 'pums_dup_done'",
+    )
+    .await?;
+    if there == "1" {
+        return Ok(());
+    }
+    let started = Instant::now();
+    eprintln!("  creating {DUP_TABLE} ({DUP_PEOPLE} people, 1 to 3 rows each)…");
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS bench CASCADE; CREATE SCHEMA bench;
+             CREATE TABLE bench.pums_dup (pid bigint, age integer, sex text, educ integer, income numeric(10,2));
+             INSERT INTO bench.pums_dup
+             SELECT pid, 18 + (hashint8(pid * 3) & 2147483647) % 70,
+                    CASE WHEN hashint8(pid * 5) % 2 = 0 THEN 'F' ELSE 'M' END,
+                    1 + (hashint8(pid * 7) & 2147483647) % 16,
+                    round(((hashint8(pid * 11) & 2147483647) % 20000000) / 100.0, 2)
+             FROM generate_series(1, {DUP_PEOPLE}) AS pid,
+                  generate_series(1, 1 + (hashint8(pid) & 2147483647) % 3) AS copy;
+"
+        ))
+        .await?;
+    // VACUUM sets the visibility map, as autovacuum would on a table in use.
+    client
+        .batch_execute("VACUUM (ANALYZE) bench.pums_dup")
+        .await?;
+    client
+        .batch_execute("CREATE TABLE bench.pums_dup_done ()")
+        .await?;
+    eprintln!(
+        "  created {DUP_TABLE} in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The demo policy with a budget for a whole run: total ε 10^6, δ 0.5, at most ε 100 per query,

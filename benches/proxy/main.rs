@@ -18,7 +18,13 @@
 //!    and with many idle connections;
 //! 6. scaling: DP latency against table size and number of groups;
 //! 7. release schedule (`--schedule` only): DP latency with the policy's `release_schedule`
-//!    against the same pgdp without one, on the queries of figures 1 and 2 (docs/security.md §2).
+//!    against the same pgdp without one, on the queries of figures 1 and 2 (docs/security.md §2);
+//! 8. non-unique unit column (first scale): queries on `bench.pums_dup` (10^6 rows, 1 to 3 per
+//!    person, no key), through pgdp against the plain aggregate, the hand-written floor and, when
+//!    `PGDP_BENCH_SMARTNOISE` names a Python with smartnoise-sql, SmartNoise SQL.
+//!
+//! Figures 2 and 8 also time the *floor* of each query: its per-unit aggregation written by hand
+//! in the fastest SQL found, sent directly.
 //!
 //! Invariants:
 //! - Every latency is a median over repeated runs, measured interleaved with its baselines (the
@@ -40,7 +46,8 @@ mod plot;
 
 use common::{
     budget_policy_text, connect, demo_database, fail, fresh, machine, proxy_dsn, read, scalar,
-    simple_rows, with_dbname, Machine, Res, DEFAULT_ADMIN_DSN, DEMO_POLICY, DP_QUERIES, NOISE_SEED,
+    simple_rows, with_dbname, Machine, Res, DEFAULT_ADMIN_DSN, DEMO_POLICY, DP_QUERIES, DUP_PEOPLE,
+    DUP_POLICY, DUP_TABLE, NOISE_SEED,
 };
 
 use std::fmt::Write as _;
@@ -108,10 +115,13 @@ const OVERHEAD: [(Query, f64); 4] = [
 /// Labels of [`OVERHEAD`] in the plot.
 const OVERHEAD_SHORT: [&str; 4] = ["TINY", "PEOPLE", "VISITS", "BY CLINIC"];
 
-/// Figure 2: cost of privacy (target ratio).
-const PRIVACY: [(Query, f64); 5] = [
+/// Figure 2: cost of privacy (target ratio), and the floor: the per-unit aggregation of the
+/// same query written by hand in the fastest SQL found (sent directly; it neither scales sums
+/// of units over the row cap nor ranks a unit's groups, so it is below any correct rewrite).
+const PRIVACY: [(Query, &str, f64); 5] = [
     (
         q("COUNT(*) visits", "SELECT COUNT(*) AS n_{n} FROM demo.visits"),
+        "SELECT SUM(LEAST(n, 10)), COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) AS u",
         1.5,
     ),
     (
@@ -119,6 +129,7 @@ const PRIVACY: [(Query, f64); 5] = [
             "SUM+AVG cost",
             "SELECT SUM(cost) AS s_{n}, AVG(cost) FROM demo.visits",
         ),
+        "SELECT SUM(s), SUM(LEAST(n, 10)), COUNT(*) FROM (SELECT person_id, COUNT(cost) AS n, SUM(LEAST(GREATEST(cost, 0), 2000)) AS s FROM demo.visits GROUP BY person_id) AS u",
         1.5,
     ),
     (
@@ -126,6 +137,7 @@ const PRIVACY: [(Query, f64); 5] = [
             "GROUP BY public",
             "SELECT region, COUNT(*) AS n_{n}, AVG(income) FROM demo.people GROUP BY region",
         ),
+        "SELECT region, COUNT(*), SUM(LEAST(GREATEST(income, 0), 250000)) FROM demo.people GROUP BY region",
         1.5,
     ),
     (
@@ -133,6 +145,7 @@ const PRIVACY: [(Query, f64); 5] = [
             "GROUP BY selected",
             "SELECT clinic, COUNT(*) AS n_{n}, SUM(cost) FROM demo.visits GROUP BY clinic",
         ),
+        "SELECT clinic, SUM(LEAST(n, 10)), SUM(s), COUNT(*) FROM (SELECT person_id, clinic, COUNT(*) AS n, SUM(LEAST(GREATEST(cost, 0), 2000)) AS s FROM demo.visits GROUP BY person_id, clinic) AS u GROUP BY clinic",
         2.5,
     ),
     (
@@ -140,7 +153,32 @@ const PRIVACY: [(Query, f64); 5] = [
             "join",
             "SELECT region, AVG(cost) AS a_{n} FROM demo.visits JOIN demo.people USING (person_id) GROUP BY region",
         ),
+        "SELECT region, SUM(n), SUM(s), COUNT(*) FROM (SELECT person_id, COUNT(cost) AS n, SUM(LEAST(GREATEST(cost, 0), 2000)) AS s FROM demo.visits GROUP BY person_id) AS u JOIN demo.people USING (person_id) GROUP BY region",
         2.5,
+    ),
+];
+
+/// Figure 8: the table with a non-unique unit column (benches/common `DUP_TABLE`, PUMS_dup-like),
+/// each query with its floor as in [`PRIVACY`]. `benches/smartnoise.py` runs the same queries
+/// through SmartNoise SQL on the same PostgreSQL.
+const DUP: [(Query, &str); 3] = [
+    (
+        q("dup: COUNT(*)", "SELECT COUNT(*) AS n_{n} FROM bench.pums_dup"),
+        "SELECT SUM(LEAST(n, 3)), COUNT(*) FROM (SELECT pid, COUNT(*) AS n FROM bench.pums_dup GROUP BY pid) AS u",
+    ),
+    (
+        q(
+            "dup: COUNT, AVG(income) by sex",
+            "SELECT sex, COUNT(*) AS n_{n}, AVG(income) FROM bench.pums_dup GROUP BY sex",
+        ),
+        "SELECT sex, SUM(LEAST(n, 3)), SUM(s), COUNT(*) FROM (SELECT pid, sex, COUNT(income) AS n, SUM(LEAST(GREATEST(income, 0), 500000)) AS s FROM bench.pums_dup GROUP BY pid, sex) AS u GROUP BY sex",
+    ),
+    (
+        q(
+            "dup: COUNT, SUM(income) by educ",
+            "SELECT educ, COUNT(*) AS n_{n}, SUM(income) FROM bench.pums_dup GROUP BY educ",
+        ),
+        "SELECT educ, SUM(LEAST(n, 3)), SUM(s), COUNT(*) FROM (SELECT pid, educ, COUNT(*) AS n, SUM(LEAST(GREATEST(income, 0), 500000)) AS s FROM bench.pums_dup GROUP BY pid, educ) AS u GROUP BY educ",
     ),
 ];
 
@@ -403,10 +441,6 @@ impl Series {
     fn ratio(&self, i: usize, j: usize) -> f64 {
         self.median(i) / self.median(j)
     }
-
-    fn runs(&self) -> usize {
-        self.ms.first().map_or(0, Vec::len)
-    }
 }
 
 async fn series(s: &Settings, ways: &[Way<'_>]) -> Res<Series> {
@@ -502,7 +536,16 @@ fn bench_policy_text() -> Res<String> {
             "the demo policy has no analysts: section; update bench_policy_text",
         ));
     }
-    Ok(text.replacen("\nanalysts:\n", &format!("\n{idle}"), 1))
+    let last_section = text
+        .lines()
+        .rfind(|l| !l.starts_with([' ', '#']) && !l.is_empty());
+    if last_section != Some("tables:") || !text.ends_with('\n') {
+        return Err(fail(
+            "the demo policy does not end with its tables: section; update bench_policy_text",
+        ));
+    }
+    // The table of figure 8 (benches/common DUP_TABLE), after the demo's tables.
+    Ok(text.replacen("\nanalysts:\n", &format!("\n{idle}"), 1) + DUP_POLICY)
 }
 
 /// Analysts `bench_idle_0` … that hold the memory figure's idle connections: enough that none
@@ -589,91 +632,69 @@ struct Overhead {
 struct Privacy {
     label: &'static str,
     target: f64,
-    series: Series, // 0 = plain, 1 = rewritten direct, 2 = pgdp
-    /// Hand-edited variants of the rewritten SQL, sent directly: 0 = as pgdp sends it, then
-    /// [`PROTOTYPES`]; and whether each returned exactly the same rows.
-    prototypes: Series,
-    same_rows: Vec<bool>,
+    series: Series, // 0 = plain, 1 = rewritten direct, 2 = pgdp, 3 = floor
 }
 
-/// Prototype rewrites, measured directly on the upstream against the SQL pgdp sends.
-const PROTOTYPES: [&str; 3] = ["work_mem 64MB", "rank heavy units only", "both"];
-
-/// `sql` in a transaction with a larger `work_mem`, so per-unit hash aggregation stays in memory.
-fn with_work_mem(sql: &str) -> String {
-    format!("BEGIN READ ONLY; SET LOCAL work_mem = '64MB'; {sql}; COMMIT")
+/// Figure 8: one query on the table with a non-unique unit column.
+struct Dup {
+    label: &'static str,
+    series: Series, // 0 = plain, 1 = pgdp, 2 = floor
+    /// SmartNoise SQL's median latency on the same query, when `PGDP_BENCH_SMARTNOISE` is set.
+    smartnoise_ms: Option<f64>,
 }
 
-/// The rewrite with its ranking (which sorts every (unit, group) row by unit and keyed hash)
-/// applied only to the units that have more groups than the cap; the others keep all their groups
-/// whatever their rank, so the result is the same. Units are counted by hash aggregation and
-/// joined back by hash join. `None` when the rewrite has no ranking.
-fn rank_heavy_only(sql: &str) -> Option<String> {
-    let prefix = "__dp_ranked AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY ";
-    let suffix = ") AS __dp_rank FROM __dp_per_unit)";
-    let start = sql.find(prefix)?;
-    let end = start + sql[start..].find(suffix)?;
-    let order = &sql[start + prefix.len()..end];
-    let cap_at = sql.find("WHERE __dp_rank <= ")? + "WHERE __dp_rank <= ".len();
-    let cap: String = sql[cap_at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    let ranked = format!(
-        "__dp_groups AS (SELECT __dp_unit, COUNT(*) AS __dp_n FROM __dp_per_unit GROUP BY __dp_unit), \
-         __dp_ranked AS (SELECT __dp_per_unit.*, 1 AS __dp_rank FROM __dp_per_unit JOIN __dp_groups USING (__dp_unit) WHERE __dp_n <= {cap} \
-         UNION ALL SELECT __dp_per_unit.*, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY {order}) AS __dp_rank \
-         FROM __dp_per_unit JOIN __dp_groups USING (__dp_unit) WHERE __dp_n > {cap})"
-    );
-    Some(format!(
-        "{}{ranked}{}",
-        &sql[..start],
-        &sql[end + suffix.len()..]
-    ))
-}
+/// The environment variable naming a Python with `smartnoise-sql` and `psycopg2` installed;
+/// when it is set, figure 8 also runs `benches/smartnoise.py` with it.
+const SMARTNOISE_ENV: &str = "PGDP_BENCH_SMARTNOISE";
 
-/// Latencies of the [`PROTOTYPES`] of `sql` against `sql`, and whether each gives the same rows.
-async fn prototypes(
-    s: &Settings,
-    direct: &Client,
-    sql: &str,
-    heavy: &str,
-) -> Res<(Series, Vec<bool>)> {
-    let variants = [with_work_mem(sql), heavy.to_string(), with_work_mem(heavy)];
-    let prototypes = series(
-        s,
-        &[
-            Way::Direct(direct, sql),
-            Way::Direct(direct, &variants[0]),
-            Way::Direct(direct, &variants[1]),
-            Way::Direct(direct, &variants[2]),
-        ],
-    )
-    .await?;
-    let reference = sorted_rows(direct, sql).await?;
-    let mut same_rows = Vec::new();
-    for v in &variants {
-        same_rows.push(sorted_rows(direct, v).await? == reference);
+/// Figure 8's queries through SmartNoise SQL (`benches/smartnoise.py`), when [`SMARTNOISE_ENV`]
+/// names a Python: label → median ms. Empty when it is not set.
+fn smartnoise(demo: &str, runs: usize) -> Res<Vec<(String, f64)>> {
+    let Ok(python) = std::env::var(SMARTNOISE_ENV) else {
+        return Ok(Vec::new());
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/smartnoise.py");
+    let output = std::process::Command::new(python)
+        .arg(script)
+        .arg(demo)
+        .arg(runs.to_string())
+        .output()?;
+    if !output.status.success() {
+        return Err(fail(format!(
+            "benches/smartnoise.py failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )));
     }
-    eprintln!(
-        "  {:<34} prototypes: as sent {:.1} ms, {}",
-        "",
-        prototypes.median(0),
-        PROTOTYPES
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{p} {:.1} ms", prototypes.median(i + 1)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok((prototypes, same_rows))
+    let mut medians = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let mut fields = line.split('\t');
+        if let (Some(label), Some(ms)) = (fields.next(), fields.next()) {
+            medians.push((label.to_string(), ms.parse()?));
+        }
+    }
+    Ok(medians)
 }
 
-/// Sorted rows, to compare answers whatever their order.
-async fn sorted_rows(client: &Client, sql: &str) -> Res<Vec<Vec<Option<String>>>> {
-    let mut rows = simple_rows(client, sql).await?;
-    rows.sort();
-    Ok(rows)
+/// EXPLAIN (ANALYZE, BUFFERS) of each `(what, sql)` of one query, appended to `plans`.
+async fn explain_into(
+    plans: &mut String,
+    direct: &Client,
+    label: &str,
+    texts: &[(&str, &str)],
+) -> Res<()> {
+    for (what, text) in texts {
+        let explained = simple_rows(
+            direct,
+            &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {text}"),
+        )
+        .await?;
+        writeln!(plans, "=== {label} ({what}) ===\n{text}\n")?;
+        for row in explained {
+            writeln!(plans, "{}", row.into_iter().flatten().collect::<String>())?;
+        }
+        plans.push('\n');
+    }
+    Ok(())
 }
 
 struct Throughput {
@@ -695,6 +716,7 @@ struct ScaleResult {
     visits: u64,
     overhead: Vec<Overhead>,
     privacy: Vec<Privacy>,
+    dup: Vec<Dup>,
     throughput: Vec<Throughput>,
     rows: Vec<Scaling>,
     groups: Vec<Scaling>,
@@ -878,7 +900,7 @@ async fn bench_scale(
     eprintln!("scale {scale}: 2. cost of privacy");
     let mut privacy = Vec::new();
     let mut plans = String::new();
-    for (query, target) in &PRIVACY {
+    for (query, floor, target) in &PRIVACY {
         let plain = query.template.replace("{n}", "0");
         let sql = rewritten(&proxy, policy, secret, query.template).await?;
         let series = series(
@@ -887,50 +909,80 @@ async fn bench_scale(
                 Way::Direct(&direct, &plain),
                 Way::Direct(&direct, &sql),
                 Way::Proxy(&proxy, query.template),
+                Way::Direct(&direct, floor),
             ],
         )
         .await?;
         eprintln!(
-            "  {:<34} plain {:>9.2} ms  rewritten {:>9.2} ms  pgdp {:>9.2} ms  {:.2}x",
+            "  {:<34} plain {:>9.2} ms  rewritten {:>9.2} ms  pgdp {:>9.2} ms  floor {:>9.2} ms  {:.2}x",
             query.label,
             series.median(0),
             series.median(1),
             series.median(2),
+            series.median(3),
             series.ratio(2, 0)
         );
-        let heavy = rank_heavy_only(&sql).unwrap_or_else(|| sql.clone());
-        // Prototypes at the smallest scale only (at scale 10 each variant takes seconds), and not
-        // in smoke runs.
-        let (prototypes, same_rows) = if scale == 1 && !s.smoke {
-            prototypes(s, &direct, &sql, &heavy).await?
-        } else {
-            (Series::default(), Vec::new())
-        };
         if !s.smoke {
-            for (what, text) in [
-                ("plain", &plain),
-                ("rewritten", &sql),
-                ("rank heavy units only", &heavy),
-            ] {
-                let explained = simple_rows(
-                    &direct,
-                    &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {text}"),
-                )
-                .await?;
-                writeln!(plans, "=== {} ({what}) ===\n{text}\n", query.label)?;
-                for row in explained {
-                    writeln!(plans, "{}", row.into_iter().flatten().collect::<String>())?;
-                }
-                plans.push('\n');
-            }
+            explain_into(
+                &mut plans,
+                &direct,
+                query.label,
+                &[("plain", &plain), ("rewritten", &sql), ("floor", floor)],
+            )
+            .await?;
         }
         privacy.push(Privacy {
             label: query.label,
             target: *target,
             series,
-            prototypes,
-            same_rows,
         });
+    }
+
+    // Figure 8 at the first scale only: the table is the same at every scale.
+    let mut dup = Vec::new();
+    if scale == s.scales[0] {
+        eprintln!("scale {scale}: 8. non-unique unit column ({DUP_TABLE})");
+        for (query, floor) in &DUP {
+            let plain = query.template.replace("{n}", "0");
+            let sql = rewritten(&proxy, policy, secret, query.template).await?;
+            let series = series(
+                s,
+                &[
+                    Way::Direct(&direct, &plain),
+                    Way::Proxy(&proxy, query.template),
+                    Way::Direct(&direct, floor),
+                ],
+            )
+            .await?;
+            eprintln!(
+                "  {:<34} plain {:>9.2} ms  pgdp {:>9.2} ms  floor {:>9.2} ms",
+                query.label,
+                series.median(0),
+                series.median(1),
+                series.median(2)
+            );
+            if !s.smoke {
+                explain_into(
+                    &mut plans,
+                    &direct,
+                    query.label,
+                    &[("plain", &plain), ("rewritten", &sql), ("floor", floor)],
+                )
+                .await?;
+            }
+            dup.push(Dup {
+                label: query.label,
+                series,
+                smartnoise_ms: None,
+            });
+        }
+        let runs = if s.smoke { 1 } else { s.runs_min };
+        for (label, ms) in smartnoise(demo, runs)? {
+            eprintln!("  {label:<34} SmartNoise SQL {ms:>9.2} ms");
+            if let Some(d) = dup.iter_mut().find(|d| d.label == label) {
+                d.smartnoise_ms = Some(ms);
+            }
+        }
     }
 
     eprintln!("scale {scale}: 3. throughput");
@@ -1012,6 +1064,7 @@ async fn bench_scale(
         visits,
         overhead,
         privacy,
+        dup,
         throughput,
         rows,
         groups,
@@ -1071,7 +1124,10 @@ async fn schedule_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res
     writeln!(table)?;
     writeln!(table, "|---|---:|{}", "---:|---:|".repeat(servers.len()))?;
     eprintln!("scale {scale}: 7. release schedule");
-    let queries = OVERHEAD.iter().chain(PRIVACY.iter()).map(|(q, _)| q);
+    let queries = OVERHEAD
+        .iter()
+        .map(|(q, _)| q)
+        .chain(PRIVACY.iter().map(|(q, _, _)| q));
     for query in queries {
         let mut ways = vec![Way::Proxy(&plain_client, query.template)];
         for client in &clients {
@@ -1636,48 +1692,52 @@ fn report(
             r,
             "**2. Cost of privacy** (pgdp vs. the plain aggregate sent directly)\n"
         )?;
-        writeln!(r, "| query | plain ms | rewritten SQL direct ms | pgdp ms | rewrite / plain | pgdp / plain | target | |\n|---|---:|---:|---:|---:|---:|---:|---|")?;
+        writeln!(r, "| query | plain ms | rewritten SQL direct ms | pgdp ms | floor ms | rewrite / plain | pgdp / plain | floor / plain | target | |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
         for p in &sc.privacy {
             let ratio = p.series.ratio(2, 0);
             writeln!(
                 r,
-                "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | ≤ {} | {} |",
+                "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | ≤ {} | {} |",
                 p.label,
                 p.series.median(0),
                 p.series.median(1),
                 p.series.median(2),
+                p.series.median(3),
                 p.series.ratio(1, 0),
                 ratio,
+                p.series.ratio(3, 0),
                 p.target,
                 mark(ratio <= p.target)
             )?;
         }
-        if sc.privacy.iter().all(|p| p.prototypes.runs() > 0) {
-            writeln!(r, "\nPrototype rewrites (hand-edited SQL sent directly; ms, and whether the rows are identical to the SQL pgdp sends):\n")?;
-            writeln!(
-                r,
-                "| query | as sent | {} |\n|---|---:|{}",
-                PROTOTYPES.join(" | "),
-                "---:|".repeat(PROTOTYPES.len())
-            )?;
-            for p in &sc.privacy {
-                let cells: Vec<String> = (0..PROTOTYPES.len())
-                    .map(|i| {
-                        format!(
-                            "{:.1}{}",
-                            p.prototypes.median(i + 1),
-                            if p.same_rows[i] { "" } else { " (rows differ)" }
+        writeln!(r, "\nFloor: the per-unit aggregation of the same query written by hand (no scaling of units over the row cap, no ranking of a unit's groups; the join aggregates visits by person before joining), sent directly.")?;
+        if !sc.dup.is_empty() {
+            writeln!(r, "\n**8. Non-unique unit column** (`{DUP_TABLE}`: {DUP_PEOPLE} people, 1 to 3 identical rows each, no key or index; at most 3 rows and 1 group per person)\n")?;
+            writeln!(r, "| query | plain ms | pgdp ms | floor ms | SmartNoise SQL ms | pgdp / plain | floor / plain | pgdp / SmartNoise | target | |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+            for d in &sc.dup {
+                let (smartnoise, versus, met) = match d.smartnoise_ms {
+                    Some(ms) => {
+                        let ratio = d.series.median(1) / ms;
+                        (
+                            format!("{ms:.1}"),
+                            format!("{ratio:.2}"),
+                            mark(ratio <= 0.5),
                         )
-                    })
-                    .collect();
+                    }
+                    None => ("not run".into(), "".into(), ""),
+                };
                 writeln!(
                     r,
-                    "| {} | {:.1} | {} |",
-                    p.label,
-                    p.prototypes.median(0),
-                    cells.join(" | ")
+                    "| {} | {:.1} | {:.1} | {:.1} | {smartnoise} | {:.2} | {:.2} | {versus} | ≤ 0.5 | {met} |",
+                    d.label,
+                    d.series.median(0),
+                    d.series.median(1),
+                    d.series.median(2),
+                    d.series.ratio(1, 0),
+                    d.series.ratio(2, 0),
                 )?;
             }
+            writeln!(r, "\nSmartNoise SQL runs `benches/smartnoise.py` (same database, bounds and caps; ε = 1, δ = 1e-7) with the Python named by `{SMARTNOISE_ENV}`, after pgdp's series, not interleaved with them.")?;
         }
         writeln!(r, "\n**3. Throughput** (queries per second over {:.1} s; direct uses at most {DIRECT_CONNECTIONS_MAX} connections, shared by more clients)\n", s.throughput_window.as_secs_f64())?;
         for t in &sc.throughput {
@@ -1881,7 +1941,7 @@ fn plot_data(scales: &[ScaleResult]) -> plot::Data {
             .map(|s| format!("SCALE {}", s.scale))
             .collect(),
     };
-    for (i, (_, target)) in PRIVACY.iter().enumerate() {
+    for (i, (_, _, target)) in PRIVACY.iter().enumerate() {
         p.groups.push(plot::Group {
             label: PRIVACY_SHORT[i].into(),
             target: *target,

@@ -4,13 +4,20 @@
 //! The SQL has four stages (docs/privacy.md has the argument):
 //! 1. `__dp_rows`: the analyst's FROM / JOIN / WHERE, projecting the privacy unit, the group keys
 //!    and the aggregate arguments;
-//! 2. `__dp_per_unit`: one row per (unit, group) with the unit's row count and its sums of the
-//!    clamped arguments (`LEAST(GREATEST(x, lower), upper)`, in exact `numeric`);
+//! 2. `__dp_per_unit`: one row per (unit, group) with the unit's row count and its counts and
+//!    sums of the clamped arguments (`LEAST(GREATEST(x, lower), upper)`, in exact `numeric`),
+//!    all from one scan;
 //! 3. `__dp_ranked`: each unit keeps at most `max_groups_per_unit` groups, chosen by
 //!    `hashtextextended(unit || keys, seed)`, the seed derived from a secret
 //!    ([`ranking_seed`]): the choice depends only on the unit's own rows and the secret;
-//! 4. per group: the sum over units of each statistic capped per unit (`LEAST(n, max_rows)`,
-//!    sums clamped to `[max_rows·lower, max_rows·upper]`), and the number of units.
+//! 4. per group: the sum over units of each statistic capped per unit (`LEAST(n, max_rows)`;
+//!    a unit's sum over more than `max_rows` values scaled to `max_rows` of them and clamped to
+//!    `[min(0, max_rows·lower), max(0, max_rows·upper)]`), and the number of units.
+//!
+//! When every row is its own unit, stages 2 and 3 are the identity and stage 4 is one aggregate
+//! over the rows. [`Shape`] names the two ways of writing stages 2 and 4: pgdp sends
+//! [`Shape::Fast`]; [`Shape::Reference`] is the per-measure form docs/privacy.md argues, which
+//! the tests run beside it on PostgreSQL to show both give the same statistics.
 //!
 //! Invariants:
 //! - Every value aggregated is clamped to declared bounds, and every unit's contribution to every
@@ -399,8 +406,33 @@ pub fn ranking_seed(secret: &str) -> i64 {
     i64::from_be_bytes(first) & i64::MAX
 }
 
-/// Produces the upstream SQL for a plan with bound parameter values.
+/// How stages 2 and 4 are written. Both give the same statistics (tests/integration/golden.rs
+/// runs both on PostgreSQL over the corpus and compares them); pgdp sends [`Shape::Fast`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// The stages as docs/privacy.md argues them: per unit, one column per measure, and stage 4
+    /// scales and clamps every unit's sums; the unique-unit form is that projection of one row.
+    /// The specification [`Shape::Fast`] is tested against.
+    Reference,
+    /// The shape pgdp sends: per unit, one column per base statistic (rows; per argument its
+    /// count, its sum, its centred sum of squares), the centred sum derived exactly from the sum
+    /// and the count; stage 4 scales and clamps only the units over `max_rows_per_unit`, whose
+    /// sums may leave the bounds; the unique-unit form is one aggregate over the rows.
+    Fast,
+}
+
+/// Produces the upstream SQL for a plan with bound parameter values ([`Shape::Fast`]).
 pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Result<Rewrite> {
+    rewrite_shaped(plan, parameters, secret, Shape::Fast)
+}
+
+/// Produces the upstream SQL for a plan with bound parameter values, in the given shape.
+pub fn rewrite_shaped(
+    plan: &Plan,
+    parameters: &[Option<String>],
+    secret: &str,
+    shape: Shape,
+) -> Result<Rewrite> {
     let (arguments, measures, aggregate_measures) = measures(plan);
     let rows_cap = plan.max_rows_per_unit;
     let groups_cap = plan.max_groups_per_unit;
@@ -447,56 +479,26 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     let keys: Vec<Sql> = (0..plan.keys.len())
         .map(|i| sql!("{}", Name("k", i)))
         .collect();
-    // Each item twice: as the aggregate over the unit's rows, and as the value that aggregate
-    // takes over exactly one row (used when every row is its own unit, below).
-    let mut per_unit = vec![Sql::text("__dp_unit")];
-    per_unit.extend(keys.iter().cloned());
-    let mut one_row = per_unit.clone();
-    for (j, m) in measures.iter().enumerate() {
-        let (expr, single) = match m {
-            Measure::Rows => (Sql::text("COUNT(*)"), Sql::text("1")),
-            Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
-                (Sql::text("1"), Sql::text("1"))
-            }
-            Measure::Values(i) => (sql!("COUNT({})", Name("a", *i)), present(*i)),
-            Measure::Sum(i) => (sql!("SUM({})", Name("a", *i)), sql!("{}", Name("a", *i))),
-            Measure::SumCentered(i) => {
-                let x = sql!("{} - {}", Name("a", *i), Number(arguments[*i].center().0));
-                (sql!("SUM({})", x), sql!("({})", x))
-            }
-            Measure::SumSquaresCentered(i) => {
-                let (a, mid) = (Name("a", *i), Number(arguments[*i].center().0));
-                let x = sql!("({} - {}) * ({} - {})", a, mid, a, mid);
-                (sql!("SUM({})", x), sql!("({})", x))
-            }
-        };
-        per_unit.push(sql!("{} AS {}", expr, Name("m", j)));
-        one_row.push(sql!("{} AS {}", single, Name("m", j)));
-    }
-    // Each unit's number of values of each argument, to scale its sums to at most
-    // max_rows_per_unit values (keeping its mean) before clamping.
-    for i in 0..arguments.len() {
-        per_unit.push(sql!("COUNT({}) AS {}", Name("a", i), Name("n", i)));
-        one_row.push(sql!("{} AS {}", present(i), Name("n", i)));
-    }
-    let mut group_unit = vec![Sql::text("__dp_unit")];
-    group_unit.extend(keys.iter().cloned());
-    // When every row is its own unit, a unit has one row in one group: stage 2 is a projection
-    // of what the per-unit aggregates give for one row, and stage 3 (which would keep rank
-    // 1 ≤ max_groups_per_unit) is skipped. Stage 4 is unchanged, so the statistics equal the
-    // general form's; only the work is less.
+    // When every row is its own unit, a unit has one row in one group: stage 2 is the identity
+    // on that row, stage 3 (which would keep rank 1 ≤ max_groups_per_unit) is skipped, and the
+    // caps of stage 4 hold already (docs/privacy.md, "Unique units").
     let flat = (plan.unit_unique || plan.rows_are_units())
         && measures
             .iter()
             .all(|m| !matches!(m, Measure::Distinct(_) | Measure::Quantile(..)));
-    let per_unit_sql = if flat {
-        sql!("SELECT {} FROM __dp_rows", Sql::join(one_row, ", "))
-    } else {
-        sql!(
-            "SELECT {} FROM __dp_rows GROUP BY {}",
-            Sql::join(per_unit, ", "),
-            Sql::join(group_unit, ", ")
-        )
+    let stages = Stages {
+        keys: &keys,
+        measures: &measures,
+        arguments: &arguments,
+        rows_cap,
+    };
+    let (per_unit_sql, mut outer) = match shape {
+        Shape::Reference => stages.reference(flat)?,
+        Shape::Fast if flat => (None, stages.fast_flat()),
+        Shape::Fast => {
+            let (per_unit, outer) = stages.fast()?;
+            (Some(per_unit), outer)
+        }
     };
 
     // Stage 3: at most max_groups_per_unit groups per unit, chosen by a keyed hash.
@@ -513,7 +515,8 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         ))
     };
 
-    // Stage 4: per group, each unit's contribution capped.
+    // Stage 4: per group, each unit's contribution capped (the value-level measures read their
+    // own CTEs, below).
     let key_match = |stem: &'static str| -> Sql {
         if keys.is_empty() {
             Sql::text("")
@@ -525,56 +528,39 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
             sql!(" WHERE {}", Sql::join(parts, " AND "))
         }
     };
-    let mut outer: Vec<Sql> = keys.iter().map(|k| sql!("CAST({} AS TEXT)", k)).collect();
     for (j, m) in measures.iter().enumerate() {
-        let cap = rows_cap;
-        let expr = match m {
-            Measure::Rows | Measure::Values(_) => sql!("SUM(LEAST({}, {}))", Name("m", j), cap),
-            Measure::Units => Sql::text("COUNT(*)"),
-            Measure::Distinct(_) => sql!(
-                "COALESCE((SELECT __dp_c FROM {}{}), 0)",
-                Name("d", j),
-                key_match("dk")
-            ),
-            Measure::Quantile(..) => sql!(
-                "COALESCE((SELECT __dp_h FROM {}{}), '')",
-                Name("d", j),
-                key_match("dk")
-            ),
-            Measure::Sum(i) => {
-                let b = arguments[*i]
-                    .bounds
-                    .ok_or_else(|| Error::internal("sum without bounds"))?;
-                // A unit with n values contributes sum · min(1, C/n): the sum of at most C values
-                // at its own mean, within [min(0, C·lower), max(0, C·upper)].
-                sql!(
-                    "SUM(LEAST(GREATEST({}, {}), {}))",
-                    scaled(j, *i, cap),
-                    Number((b.lower * cap as f64).min(0.0)),
-                    Number((b.upper * cap as f64).max(0.0))
-                )
-            }
-            Measure::SumCentered(i) => {
-                let h = arguments[*i].center().1 * cap as f64;
-                sql!(
-                    "SUM(LEAST(GREATEST({}, {}), {}))",
-                    scaled(j, *i, cap),
-                    Number(-h),
-                    Number(h)
-                )
-            }
-            Measure::SumSquaresCentered(i) => {
-                let h = arguments[*i].center().1;
-                sql!(
-                    "SUM(LEAST(GREATEST({}, 0), {}))",
-                    scaled(j, *i, cap),
-                    Number(h * h * cap as f64)
-                )
-            }
+        let stem = match m {
+            Measure::Distinct(_) => "__dp_c",
+            Measure::Quantile(..) => "__dp_h",
+            _ => continue,
         };
-        outer.push(expr);
+        let empty = if stem == "__dp_c" { "0" } else { "''" };
+        outer[j] = sql!(
+            "COALESCE((SELECT {} FROM {}{}), {})",
+            Sql::text(stem),
+            Name("d", j),
+            key_match("dk"),
+            Sql::text(empty)
+        );
     }
+    let mut outer: Vec<Sql> = keys
+        .iter()
+        .map(|k| sql!("CAST({} AS TEXT)", k))
+        .chain(outer)
+        .collect();
     outer.push(Sql::text("COUNT(*)"));
+    let Some(per_unit_sql) = per_unit_sql else {
+        // The fast unique-unit form: one aggregate over the rows.
+        let mut statement = sql!(
+            "WITH __dp_rows AS ({}) SELECT {} FROM __dp_rows",
+            rows,
+            Sql::join(outer, ", ")
+        );
+        if !keys.is_empty() {
+            statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
+        }
+        return finish(statement, arguments, measures, aggregate_measures);
+    };
     let source = if ranked_sql.is_some() {
         sql!("__dp_ranked WHERE __dp_rank <= {}", groups_cap)
     } else {
@@ -616,6 +602,16 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
     }
 
+    finish(statement, arguments, measures, aggregate_measures)
+}
+
+/// Renders the statement, checks it is one statement, and returns the rewrite.
+fn finish(
+    statement: Sql,
+    arguments: Vec<Argument>,
+    measures: Vec<Measure>,
+    aggregate_measures: Vec<Vec<usize>>,
+) -> Result<Rewrite> {
     let text = statement.into_string();
     check_one_statement(&text)?;
     Ok(Rewrite {
@@ -624,6 +620,228 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
         measures,
         aggregate_measures,
     })
+}
+
+/// Stages 2 and 4 of a rewrite: what each unit's row of `__dp_per_unit` holds, and, per
+/// measure, the stage-4 expression over those rows (a placeholder for the value-level measures,
+/// which [`rewrite_shaped`] fills in).
+struct Stages<'a> {
+    keys: &'a [Sql],
+    measures: &'a [Measure],
+    arguments: &'a [Argument],
+    rows_cap: u64,
+}
+
+impl Stages<'_> {
+    fn bounds(&self, i: usize) -> Result<Bounds> {
+        self.arguments[i]
+            .bounds
+            .ok_or_else(|| Error::internal("sum without bounds"))
+    }
+
+    /// The range a unit's capped sum of measure `m` is clamped to: `[lo, hi]`.
+    fn sum_range(&self, m: &Measure) -> Result<(Number, Number)> {
+        let cap = self.rows_cap as f64;
+        Ok(match m {
+            Measure::Sum(i) => {
+                let b = self.bounds(*i)?;
+                (
+                    Number((b.lower * cap).min(0.0)),
+                    Number((b.upper * cap).max(0.0)),
+                )
+            }
+            Measure::SumCentered(i) => {
+                let h = self.arguments[*i].center().1 * cap;
+                (Number(-h), Number(h))
+            }
+            Measure::SumSquaresCentered(i) => {
+                let h = self.arguments[*i].center().1;
+                (Number(0.0), Number(h * h * cap))
+            }
+            _ => return Err(Error::internal("not a sum")),
+        })
+    }
+
+    /// [`Shape::Reference`]: the per-unit stage (each measure as the aggregate over the unit's
+    /// rows, or as the value it takes over one row when every row is its own unit), and stage 4.
+    fn reference(&self, flat: bool) -> Result<(Option<Sql>, Vec<Sql>)> {
+        let mut per_unit = vec![Sql::text("__dp_unit")];
+        per_unit.extend(self.keys.iter().cloned());
+        let mut one_row = per_unit.clone();
+        let mut outer = Vec::new();
+        let cap = self.rows_cap;
+        for (j, m) in self.measures.iter().enumerate() {
+            let (expr, single) = match m {
+                Measure::Rows => (Sql::text("COUNT(*)"), Sql::text("1")),
+                Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
+                    (Sql::text("1"), Sql::text("1"))
+                }
+                Measure::Values(i) => (sql!("COUNT({})", Name("a", *i)), present(*i)),
+                Measure::Sum(i) => (sql!("SUM({})", Name("a", *i)), sql!("{}", Name("a", *i))),
+                Measure::SumCentered(i) => {
+                    let x = sql!(
+                        "{} - {}",
+                        Name("a", *i),
+                        Number(self.arguments[*i].center().0)
+                    );
+                    (sql!("SUM({})", x), sql!("({})", x))
+                }
+                Measure::SumSquaresCentered(i) => {
+                    let (a, mid) = (Name("a", *i), Number(self.arguments[*i].center().0));
+                    let x = sql!("({} - {}) * ({} - {})", a, mid, a, mid);
+                    (sql!("SUM({})", x), sql!("({})", x))
+                }
+            };
+            per_unit.push(sql!("{} AS {}", expr, Name("m", j)));
+            one_row.push(sql!("{} AS {}", single, Name("m", j)));
+            outer.push(match m {
+                Measure::Rows | Measure::Values(_) => {
+                    sql!("SUM(LEAST({}, {}))", Name("m", j), cap)
+                }
+                Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
+                    Sql::text("COUNT(*)")
+                }
+                Measure::Sum(i) | Measure::SumCentered(i) | Measure::SumSquaresCentered(i) => {
+                    // A unit with n values contributes sum · min(1, C/n): the sum of at most C
+                    // values at its own mean, within the range of C values. A unit with no
+                    // value (n = 0) contributes nothing: its sum is NULL, which the clamp alone
+                    // would turn into the lower end (GREATEST ignores NULLs).
+                    let (lo, hi) = self.sum_range(m)?;
+                    sql!(
+                        "SUM(CASE WHEN {} > 0 THEN LEAST(GREATEST({}, {}), {}) END)",
+                        Name("n", *i),
+                        scaled(j, *i, cap),
+                        lo,
+                        hi
+                    )
+                }
+            });
+        }
+        // Each unit's number of values of each argument, to scale its sums to at most
+        // max_rows_per_unit values (keeping its mean) before clamping.
+        for i in 0..self.arguments.len() {
+            per_unit.push(sql!("COUNT({}) AS {}", Name("a", i), Name("n", i)));
+            one_row.push(sql!("{} AS {}", present(i), Name("n", i)));
+        }
+        let mut group_unit = vec![Sql::text("__dp_unit")];
+        group_unit.extend(self.keys.iter().cloned());
+        let per_unit_sql = if flat {
+            sql!("SELECT {} FROM __dp_rows", Sql::join(one_row, ", "))
+        } else {
+            sql!(
+                "SELECT {} FROM __dp_rows GROUP BY {}",
+                Sql::join(per_unit, ", "),
+                Sql::join(group_unit, ", ")
+            )
+        };
+        Ok((Some(per_unit_sql), outer))
+    }
+
+    /// [`Shape::Fast`] when every row is its own unit: stage 4 over the rows themselves. A unit
+    /// has one row, so its count is 1 ≤ `max_rows_per_unit`, its clamped value lies within
+    /// the range of its sum, and the scaling factor min(1, C/n) is 1: the capped statistics are
+    /// the plain aggregates of the clamped rows.
+    fn fast_flat(&self) -> Vec<Sql> {
+        self.measures
+            .iter()
+            .map(|m| match m {
+                Measure::Rows | Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
+                    Sql::text("COUNT(*)")
+                }
+                Measure::Values(i) => sql!("COUNT({})", Name("a", *i)),
+                Measure::Sum(i) => sql!("SUM({})", Name("a", *i)),
+                Measure::SumCentered(i) => sql!(
+                    "SUM({} - {})",
+                    Name("a", *i),
+                    Number(self.arguments[*i].center().0)
+                ),
+                Measure::SumSquaresCentered(i) => {
+                    let (a, mid) = (Name("a", *i), Number(self.arguments[*i].center().0));
+                    sql!("SUM(({} - {}) * ({} - {}))", a, mid, a, mid)
+                }
+            })
+            .collect()
+    }
+
+    /// [`Shape::Fast`] in general: per unit and group `__dp_r0` (rows, when counted) and per
+    /// argument `__dp_n{i}` (its values), `__dp_s{i}` (their sum, when a sum or mean needs it)
+    /// and `__dp_q{i}` (their centred sum of squares, when a variance needs it); one scan
+    /// computes them all. Stage 4 derives the centred sum `s − mid·n` (exact in `numeric`, equal
+    /// to the sum of `a − mid`) and scales a unit's sum by C/n and clamps it only when n > C:
+    /// with n ≤ C the factor min(1, C/n) is 1 and a sum of n clamped values lies within the
+    /// range of C of them, so both are the identity there.
+    fn fast(&self) -> Result<(Sql, Vec<Sql>)> {
+        let cap = self.rows_cap;
+        let mut per_unit = vec![Sql::text("__dp_unit")];
+        per_unit.extend(self.keys.iter().cloned());
+        if self.measures.contains(&Measure::Rows) {
+            per_unit.push(Sql::text("COUNT(*) AS __dp_r0"));
+        }
+        for i in 0..self.arguments.len() {
+            per_unit.push(sql!("COUNT({}) AS {}", Name("a", i), Name("n", i)));
+            let summed = self
+                .measures
+                .iter()
+                .any(|m| *m == Measure::Sum(i) || *m == Measure::SumCentered(i));
+            if summed {
+                per_unit.push(sql!("SUM({}) AS {}", Name("a", i), Name("s", i)));
+            }
+            if self.measures.contains(&Measure::SumSquaresCentered(i)) {
+                let (a, mid) = (Name("a", i), Number(self.arguments[i].center().0));
+                per_unit.push(sql!(
+                    "SUM(({} - {}) * ({} - {})) AS {}",
+                    a,
+                    mid,
+                    a,
+                    mid,
+                    Name("q", i)
+                ));
+            }
+        }
+        let mut outer = Vec::new();
+        for m in self.measures {
+            outer.push(match m {
+                Measure::Rows => sql!("SUM(LEAST(__dp_r0, {}))", cap),
+                Measure::Values(i) => sql!("SUM(LEAST({}, {}))", Name("n", *i), cap),
+                Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
+                    Sql::text("COUNT(*)")
+                }
+                Measure::Sum(i) | Measure::SumCentered(i) | Measure::SumSquaresCentered(i) => {
+                    let x = match m {
+                        Measure::Sum(_) => sql!("{}", Name("s", *i)),
+                        Measure::SumCentered(_) => sql!(
+                            "({} - {} * {})",
+                            Name("s", *i),
+                            Number(self.arguments[*i].center().0),
+                            Name("n", *i)
+                        ),
+                        _ => sql!("{}", Name("q", *i)),
+                    };
+                    let (lo, hi) = self.sum_range(m)?;
+                    let n = Name("n", *i);
+                    sql!(
+                        "SUM(CASE WHEN {} <= {} THEN {} ELSE LEAST(GREATEST({} * (CAST({} AS NUMERIC) / {}), {}), {}) END)",
+                        n,
+                        cap,
+                        x,
+                        x,
+                        cap,
+                        n,
+                        lo,
+                        hi
+                    )
+                }
+            });
+        }
+        let mut group_unit = vec![Sql::text("__dp_unit")];
+        group_unit.extend(self.keys.iter().cloned());
+        let per_unit_sql = sql!(
+            "SELECT {} FROM __dp_rows GROUP BY {}",
+            Sql::join(per_unit, ", "),
+            Sql::join(group_unit, ", ")
+        );
+        Ok((per_unit_sql, outer))
+    }
 }
 
 /// A condition to AND with others: parenthesised when it is an OR.
