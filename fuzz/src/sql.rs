@@ -258,13 +258,31 @@ fn check_clamps(query: &ast::Query, plan: &Plan, rw: &Rewrite, sql: &str) {
             // The histogram is built in its own stage, where each unit keeps at most
             // max_rows_per_unit values per group (see rewrite::Measure::Quantile).
             Measure::Quantile(..) => text.starts_with("COALESCE((SELECT __dp_h FROM __dp_d"),
-            _ => text.starts_with("SUM(LEAST("),
+            _ => {
+                text.starts_with("SUM(LEAST(")
+                    || scaled_only_over_the_cap(&text, plan.max_rows_per_unit())
+            }
         };
         assert!(
             capped,
             "{sql:?}: measure m{j} is not bounded per unit: {text}"
         );
     }
+}
+
+/// Stage 4 of the rewrite's fast shape: a unit with at most `cap` rows adds its per-unit sum (of
+/// values, centred values `s - mid * n` or squares), each row clamped to the argument's bounds in the
+/// first stage, so it lies within `cap` times the bounds; only a unit with more rows is scaled
+/// down and clamped.
+fn scaled_only_over_the_cap(text: &str, cap: u64) -> bool {
+    let then = format!(" <= {cap} THEN ");
+    let small_units = text
+        .find(&then)
+        .map(|at| &text[at + then.len()..])
+        .is_some_and(|rest| rest.starts_with("__dp_") || rest.starts_with("(__dp_"));
+    text.starts_with("SUM(CASE WHEN __dp_n")
+        && small_units
+        && text.contains(" ELSE LEAST(GREATEST(")
 }
 
 fn check_mechanisms(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &str) {
