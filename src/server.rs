@@ -334,6 +334,11 @@ async fn metrics_listener(addr: &str) -> Result<(tokio::net::TcpListener, Socket
     };
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(fail)?;
     let bound = listener.local_addr().map_err(fail)?;
+    if !bound.ip().is_loopback() {
+        // Latency histograms depend on the data and are not narrowed by a release schedule:
+        // analysts must not reach them.
+        tracing::warn!(%bound, "the metrics endpoint listens beyond loopback: keep it on a network analysts cannot reach (docs/operations.md)");
+    }
     Ok((listener, bound))
 }
 
