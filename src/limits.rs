@@ -19,6 +19,13 @@ pub const AGGREGATES_PER_QUERY_MAX: usize = 16;
 /// Most GROUP BY keys in one DP query.
 pub const GROUP_KEYS_PER_QUERY_MAX: usize = 8;
 
+/// Most grouping sets of one DP query (`ROLLUP`, `CUBE`, `GROUPING SETS` expanded): each is a
+/// release of its own, with an equal share of the query's ε and δ.
+pub const GROUPING_SETS_PER_QUERY_MAX: usize = 16;
+
+/// Most arguments of `GROUPING(…)` (PostgreSQL's own limit: its result is an int4 bit mask).
+pub const GROUPING_ARGUMENTS_MAX: usize = 31;
+
 /// Most groups pgdp releases for one query (after partition selection / public keys).
 pub const GROUPS_RELEASED_MAX: usize = 100_000;
 
@@ -124,6 +131,33 @@ pub const CLIENT_WATCH_INTERVAL_MS: u64 = 200;
 /// Most charges the ledger commits in one transaction (group commit; see `budget::ledger`).
 /// Larger batches share one lock and one WAL flush among more queries, but each waits for all.
 pub const CHARGES_PER_COMMIT_MAX: usize = 64;
+
+/// Budget leases (`budget::lease`): the most charges one slice reserves (`--lease-queries`,
+/// whose default this is; 1 turns leases off, and every charge is then its own durable commit).
+pub const SLICE_QUERIES_DEFAULT: u64 = 64;
+
+/// The largest `--lease-queries`.
+pub const SLICE_QUERIES_MAX: u64 = 4_096;
+
+/// A slice reserves at most this share (1/n) of the queries like the one that opens it that
+/// still fit the budget, so slices shrink near exhaustion (one query at a time once fewer than
+/// 2n fit), and what several processes hold unused stays a small part of what is left.
+pub const SLICE_SHARE_DIVISOR: u64 = 4;
+
+/// A slice nobody charged for this long is closed and its unused part returned to the budget,
+/// so that another process (or the same one after a policy change) can use it.
+pub const SLICE_IDLE_RETURN_MS: u64 = 1_000;
+
+/// How long a clean shutdown waits for the ledger to take back slices and the journal's rows.
+pub const SHUTDOWN_LEDGER_WAIT_MS: u64 = 5_000;
+
+/// Audit rows, outcomes and replay entries waiting for the journal's next lazy commit
+/// (`budget::ledger::journal`); beyond it the oldest replay entries are dropped (a later
+/// identical query then costs again), never an audit row.
+pub const JOURNAL_PENDING_MAX: usize = 10_000;
+
+/// How long the journal waits before trying again after the ledger failed a lazy commit.
+pub const JOURNAL_RETRY_MS: u64 = 1_000;
 
 /// Prepared statements one connection may hold.
 pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
@@ -265,6 +299,9 @@ const _: () = assert!(
 );
 const _: () = assert!(AUTH_FAILURE_WINDOW_MS > 0 && AUTH_FAILURE_PEERS_MAX >= 1);
 const _: () = assert!(AGGREGATES_PER_QUERY_MAX >= 1 && GROUP_KEYS_PER_QUERY_MAX >= 1);
+// CUBE over four keys (16 sets) fits; GROUPING over every key fits its int4 mask.
+const _: () = assert!(GROUPING_SETS_PER_QUERY_MAX >= 16 && GROUPING_ARGUMENTS_MAX < 32);
+const _: () = assert!(GROUP_KEYS_PER_QUERY_MAX <= GROUPING_ARGUMENTS_MAX);
 const _: () = assert!(
     UNIT_PATH_STEPS_MAX >= 1 && UNIT_PATH_STEPS_MAX < VIEW_TABLES_MAX,
     "a unit path is read through joins inside one table of a query"

@@ -14,6 +14,7 @@ USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
                [--tls-cert FILE --tls-key FILE [--require-tls]] [--pid-file FILE]
                [--replica DSN]... [--replica-lag-max-ms MS] [--metrics ADDR]
+               [--lease-queries N]
     pgdp check --policy FILE
     pgdp reload (--pid-file FILE | --pid PID) [--policy FILE]
     pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
@@ -36,6 +37,9 @@ OPTIONS:
     --replica-lag-max-ms MS           a replica further behind than this serves nothing (5000)
     --metrics ADDR                    serve GET /metrics (Prometheus) and GET /health over HTTP
                                       on ADDR, e.g. 127.0.0.1:9187; for operators only
+    --lease-queries N                 budget leases: reserve an analyst's budget for up to N
+                                      queries in one durable commit and charge them in memory
+                                      (64; 1 turns leases off: one durable commit per query)
 
 RELOAD:
     `pgdp serve` reloads its --policy file on SIGHUP; `pgdp reload` checks the file first (with
@@ -55,6 +59,7 @@ ENVIRONMENT:
     PGDP_PID_FILE                             default for --pid-file
     PGDP_REPLICAS                             replica DSNs separated by ';' (if no --replica)
     PGDP_METRICS                              default for --metrics
+    PGDP_LEASE_QUERIES                        default for --lease-queries
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -76,6 +81,7 @@ struct Args {
     replicas: Vec<String>,
     replica_lag_max_ms: Option<u64>,
     metrics: Option<String>,
+    lease_queries: Option<u64>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -97,6 +103,7 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("replica") => args.replicas.push(parser.value()?.string()?),
             Long("replica-lag-max-ms") => args.replica_lag_max_ms = Some(parser.value()?.parse()?),
             Long("metrics") => args.metrics = Some(parser.value()?.string()?),
+            Long("lease-queries") => args.lease_queries = Some(parser.value()?.parse()?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -116,6 +123,15 @@ fn parse_args() -> anyhow::Result<Args> {
     }
     if args.metrics.is_none() {
         args.metrics = std::env::var("PGDP_METRICS").ok();
+    }
+    if args.lease_queries.is_none() {
+        if let Ok(n) = std::env::var("PGDP_LEASE_QUERIES") {
+            args.lease_queries = Some(
+                n.trim()
+                    .parse()
+                    .context("PGDP_LEASE_QUERIES must be a whole number")?,
+            );
+        }
     }
     if args.tls_cert.is_none() {
         args.tls_cert = std::env::var_os("PGDP_TLS_CERT").map(PathBuf::from);
@@ -356,8 +372,14 @@ async fn reload_policy(running: &pgdp::server::Running, path: Option<&std::path:
     }
 }
 
-/// The server options of `args`: TLS and read replicas.
+/// The server options of `args`: TLS, read replicas, metrics and budget leases.
 fn options(args: &Args) -> anyhow::Result<pgdp::server::Options> {
+    let most = pgdp::limits::SLICE_QUERIES_MAX;
+    if let Some(n) = args.lease_queries {
+        if !(1..=most).contains(&n) {
+            bail!("--lease-queries must be between 1 (leases off) and {most}");
+        }
+    }
     let (low, high) = pgdp::limits::STANDBY_LAG_MAX_RANGE_MS;
     if let Some(ms) = args.replica_lag_max_ms {
         if !(low..=high).contains(&ms) {
@@ -370,6 +392,7 @@ fn options(args: &Args) -> anyhow::Result<pgdp::server::Options> {
         replicas: args.replicas.clone(),
         replica_lag_max_ms: args.replica_lag_max_ms,
         metrics: args.metrics.clone(),
+        lease_queries: args.lease_queries,
         ..Default::default()
     })
 }
@@ -397,15 +420,37 @@ async fn run(
     }
     let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot listen for SIGHUP")?;
+    let mut terminations =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot listen for SIGTERM")?;
     loop {
         tokio::select! {
             _ = running.stopped() => bail!("the listener stopped"),
             _ = tokio::signal::ctrl_c() => {
                 tracing::info!("interrupted; shutting down");
+                return_slices(&running).await;
+                return Ok(());
+            }
+            _ = terminations.recv() => {
+                tracing::info!("terminated; shutting down");
+                return_slices(&running).await;
                 return Ok(());
             }
             _ = hangups.recv() => reload_policy(&running, policy_path.as_deref()).await,
         }
+    }
+}
+
+/// On a clean shutdown: returns the unused parts of this process's budget slices and lets the
+/// ledger's journal write what it holds (a process killed instead leaves its slices spent).
+async fn return_slices(running: &pgdp::server::Running) {
+    let wait = std::time::Duration::from_millis(pgdp::limits::SHUTDOWN_LEDGER_WAIT_MS);
+    let closed = running.shared().ledger.return_slices(wait).await;
+    if closed > 0 {
+        tracing::info!(
+            closed,
+            "returned the unused budget of this process's slices"
+        );
     }
 }
 

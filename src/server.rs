@@ -61,6 +61,9 @@ pub struct Options {
     /// Address of the metrics endpoint (`GET /metrics`, `GET /health`); none without it
     /// (`127.0.0.1:0` picks a free port).
     pub metrics: Option<String>,
+    /// Most charges one budget slice reserves (`budget::lease`);
+    /// [`crate::limits::SLICE_QUERIES_DEFAULT`] when `None`, and 1 turns leases off.
+    pub lease_queries: Option<u64>,
 }
 
 /// Why a server could not start.
@@ -250,6 +253,12 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
     let backend = Upstream::with_standbys(&config.upstream, &options.replicas, lag_max_ms)
         .map_err(|_| StartError::Upstream)?;
     let ledger = Ledger::new(ledger_dsn).map_err(StartError::Ledger)?;
+    ledger.set_lease_queries(
+        options
+            .lease_queries
+            .unwrap_or(crate::limits::SLICE_QUERIES_DEFAULT)
+            .min(crate::limits::SLICE_QUERIES_MAX),
+    );
     let shadow = crate::upstream::Shadow::new(&config.upstream, &config.policy)
         .map_err(|_| StartError::Upstream)?;
     match backend.server_version().await {

@@ -7,6 +7,7 @@
 //! cargo bench --bench proxy -- --smoke           # seconds; CI; writes target/bench-smoke/
 //! cargo bench --bench proxy -- --scale 10 --load-only   # only load the demo data
 //! cargo bench --bench proxy -- --schedule        # only the release-schedule figure (scale 1)
+//! cargo bench --bench proxy -- --leases          # only the budget-lease figure (scale 1)
 //! ```
 //!
 //! Figures (BENCHMARKS.md states the targets and reads the results):
@@ -19,6 +20,9 @@
 //! 6. scaling: DP latency against table size and number of groups;
 //! 7. release schedule (`--schedule` only): DP latency with the policy's `release_schedule`
 //!    against the same pgdp without one, on the queries of figures 1 and 2 (docs/security.md §2);
+//! 9. budget leases (`--leases` only): the tiny query at 1 and 32 clients directly, through pgdp
+//!    with leases (the default) and with `--lease-queries 1`, and the ledger's durable commits
+//!    per DP query in each (writes benches/leases.md);
 //! 8. non-unique unit column (first scale): queries on `bench.pums_dup` (10^6 rows, 1 to 3 per
 //!    person, no key), through pgdp against the plain aggregate, the hand-written floor and, when
 //!    `PGDP_BENCH_SMARTNOISE` names a Python with smartnoise-sql, SmartNoise SQL.
@@ -251,6 +255,8 @@ struct Settings {
     load_only: bool,
     /// Only figure 7, the release schedule, at the first scale.
     schedule_only: bool,
+    /// Only figure 9, budget leases, at the first scale.
+    leases_only: bool,
     scales: Vec<u32>,
     out: PathBuf,
     admin_dsn: String,
@@ -271,6 +277,7 @@ fn parse_args() -> Res<Settings> {
     let mut smoke = false;
     let mut load_only = false;
     let mut schedule_only = false;
+    let mut leases_only = false;
     let mut scales = None;
     let mut out = None;
     let mut args = std::env::args().skip(1);
@@ -279,6 +286,7 @@ fn parse_args() -> Res<Settings> {
             "--smoke" => smoke = true,
             "--load-only" => load_only = true,
             "--schedule" => schedule_only = true,
+            "--leases" => leases_only = true,
             "--scale" => {
                 let value = args.next().ok_or_else(|| fail("--scale needs a value"))?;
                 let parsed: Result<Vec<u32>, _> =
@@ -306,6 +314,9 @@ fn parse_args() -> Res<Settings> {
     if schedule_only {
         options.push_str(" --schedule");
     }
+    if leases_only {
+        options.push_str(" --leases");
+    }
     if let Some(s) = &scales {
         let list: Vec<String> = s.iter().map(u32::to_string).collect();
         write!(options, " --scale {}", list.join(","))?;
@@ -319,6 +330,7 @@ fn parse_args() -> Res<Settings> {
             smoke,
             load_only,
             schedule_only,
+            leases_only,
             scales: scales.unwrap_or_else(|| vec![1]),
             out: out.unwrap_or_else(|| root.join("target/bench-smoke")),
             admin_dsn,
@@ -338,7 +350,14 @@ fn parse_args() -> Res<Settings> {
             smoke,
             load_only,
             schedule_only,
-            scales: scales.unwrap_or_else(|| if schedule_only { vec![1] } else { vec![1, 10] }),
+            leases_only,
+            scales: scales.unwrap_or_else(|| {
+                if schedule_only || leases_only {
+                    vec![1]
+                } else {
+                    vec![1, 10]
+                }
+            }),
             out: out.unwrap_or(root),
             admin_dsn,
             runs_min: 5,
@@ -767,6 +786,12 @@ async fn bench(s: Settings) -> Res<()> {
         ledger.drop_db(&admin).await;
         return result;
     }
+    if s.leases_only {
+        let ledger = LedgerDb::create(&s, &admin).await?;
+        let result = leases_figure(&s, &admin, &ledger).await;
+        ledger.drop_db(&admin).await;
+        return result;
+    }
     let machine = machine(&admin).await?;
     eprintln!(
         "pgdp bench ({}): scales {:?}, upstream {}",
@@ -776,7 +801,14 @@ async fn bench(s: Settings) -> Res<()> {
     );
     let ledger = LedgerDb::create(&s, &admin).await?;
     let result = bench_all(&s, &admin, &ledger).await;
-    let charges = ledger.charges().await;
+    // Audit rows of charges made under budget leases are written just after the answers.
+    let sent = DP_QUERIES.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut charges = ledger.charges().await;
+    while matches!(charges, Ok(n) if n < sent) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        charges = ledger.charges().await;
+    }
     ledger.drop_db(&admin).await;
     let (frontend, releases, memory, scales) = result?;
     let charges = charges?;
@@ -1154,6 +1186,135 @@ async fn schedule_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res
         eprintln!("{line}");
     }
     let path = s.out.join("benches/schedule.md");
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&path, &table)?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Figure 9: the tiny query directly, through pgdp with budget leases (the default) and through
+/// pgdp with `--lease-queries 1` (one durable commit per DP query), as latency at one client and
+/// throughput at 32, with the ledger's durable commits per DP query of each.
+async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<()> {
+    let scale = s.scales.first().copied().unwrap_or(1);
+    eprintln!("scale {scale}: demo data");
+    let demo = demo_database(&s.admin_dsn, admin, scale).await?;
+    let leased = start_server(&demo, ledger).await?;
+    let off = server::start_with(
+        Config {
+            policy: bench_policy()?,
+            upstream: demo.clone(),
+            ledger: Some(ledger.dsn.clone()),
+            listen: "127.0.0.1:0".into(),
+            noise_seed: Some(NOISE_SEED),
+        },
+        server::Options {
+            lease_queries: Some(1),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let template = OVERHEAD[0].0.template;
+    let shared = leased.shared();
+    let secret = shared.secret().await?;
+    let leased_dsn = proxy_dsn(leased.addr.port());
+    let off_dsn = proxy_dsn(off.addr.port());
+    let leased_client = connect(&leased_dsn).await?;
+    let off_client = connect(&off_dsn).await?;
+    let sql = rewritten(&leased_client, &shared.policy, secret, template).await?;
+    let direct = connect(&demo).await?;
+    let log = connect(&ledger.dsn).await?;
+    // Durable ledger commits: slices reserved, and charges committed on their own.
+    let durable = || async {
+        let slices: u64 = scalar(&log, "SELECT count(*) FROM pgdp.lease")
+            .await?
+            .parse()?;
+        let alone: u64 = scalar(
+            &log,
+            "SELECT count(*) FROM pgdp.charge_log WHERE lease_id IS NULL",
+        )
+        .await?
+        .parse()?;
+        Res::Ok((slices, alone))
+    };
+
+    eprintln!("scale {scale}: 9. budget leases, one client");
+    let before = DP_QUERIES.load(Ordering::Relaxed);
+    let (slices0, alone0) = durable().await?;
+    let latency = series(
+        s,
+        &[
+            Way::Direct(&direct, &sql),
+            Way::Proxy(&leased_client, template),
+            Way::Proxy(&off_client, template),
+        ],
+    )
+    .await?;
+    let sent = DP_QUERIES.load(Ordering::Relaxed) - before;
+    let (slices1, alone1) = durable().await?;
+    // Both proxies ran `sent / 2` DP queries each.
+    let per_query = |n: u64| n as f64 / (sent as f64 / 2.0).max(1.0);
+
+    eprintln!("scale {scale}: 9. budget leases, 32 clients");
+    let clients = 32;
+    let (direct_qps, _) = load_test(s, &demo, &sql, false, clients).await?;
+    let (slices2, alone2) = durable().await?;
+    let before = DP_QUERIES.load(Ordering::Relaxed);
+    let (leased_qps, leased_errors) = load_test(s, &leased_dsn, template, true, clients).await?;
+    let leased_sent = DP_QUERIES.load(Ordering::Relaxed) - before;
+    let (slices3, _) = durable().await?;
+    let before = DP_QUERIES.load(Ordering::Relaxed);
+    let (off_qps, off_errors) = load_test(s, &off_dsn, template, true, clients).await?;
+    let off_sent = DP_QUERIES.load(Ordering::Relaxed) - before;
+    let (_, alone4) = durable().await?;
+
+    let mut table = String::new();
+    writeln!(
+        table,
+        "Budget leases: the tiny query (`{template}`), scale {scale}, `{}`\n",
+        s.command
+    )?;
+    writeln!(
+        table,
+        "| way | median latency, 1 client (ms) | / direct | target | throughput, {clients} clients (q/s) | / direct | target | durable ledger commits per DP query (1 client / {clients} clients) |"
+    )?;
+    writeln!(table, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(
+        table,
+        "| direct (the rewritten SQL) | {:.3} | 1 | | {direct_qps:.0} | 1 | | 0 |",
+        latency.median(0)
+    )?;
+    writeln!(
+        table,
+        "| pgdp, budget leases (`--lease-queries 64`) | {:.3} | {:.2}× | ≤ 1.5× {} | {leased_qps:.0} | {:.2} | ≥ 0.7 {} | {:.3} / {:.3} |",
+        latency.median(1),
+        latency.ratio(1, 0),
+        mark(latency.ratio(1, 0) <= 1.5),
+        leased_qps / direct_qps,
+        mark(leased_qps / direct_qps >= 0.7),
+        per_query(slices1 - slices0),
+        (slices3 - slices2) as f64 / (leased_sent as f64).max(1.0),
+    )?;
+    writeln!(
+        table,
+        "| pgdp, one durable commit per query (`--lease-queries 1`) | {:.3} | {:.2}× | | {off_qps:.0} | {:.2} | | {:.3} / {:.3} |",
+        latency.median(2),
+        latency.ratio(2, 0),
+        off_qps / direct_qps,
+        per_query(alone1 - alone0),
+        (alone4 - alone2) as f64 / (off_sent as f64).max(1.0),
+    )?;
+    writeln!(
+        table,
+        "\npgdp's overhead over the direct query at one client: {:.3} ms with leases, {:.3} ms with one durable commit per query; the ledger work leases take off each query's path: {:.3} ms. Errors during the throughput windows: {leased_errors} with leases, {off_errors} without.",
+        latency.median(1) - latency.median(0),
+        latency.median(2) - latency.median(0),
+        latency.median(2) - latency.median(1),
+    )?;
+    eprint!("{table}");
+    let path = s.out.join("benches/leases.md");
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

@@ -474,7 +474,7 @@ fn answer_from_output_rows(plan: &Plan, rows: &Rows) -> Res<Answer> {
                 OutputSource::Aggregate(i) => {
                     values[i] = cell.as_deref().and_then(|t| t.trim().parse::<f64>().ok())
                 }
-                OutputSource::Computed(_) => {
+                OutputSource::Computed(_) | OutputSource::Grouping(_) => {
                     return Err(fail("the utility bench measures bare aggregates only"))
                 }
             }
@@ -499,7 +499,7 @@ fn answer_from_cells(plan: &Plan, rows: &[Vec<Cell>]) -> Res<Answer> {
             match o.source {
                 OutputSource::Key(i) => keys[i] = cell_text(cell),
                 OutputSource::Aggregate(i) => values[i] = cell_f64(cell),
-                OutputSource::Computed(_) => {
+                OutputSource::Computed(_) | OutputSource::Grouping(_) => {
                     return Err(fail("the utility bench measures bare aggregates only"))
                 }
             }

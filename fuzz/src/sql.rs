@@ -184,6 +184,40 @@ fn check_rewrite(policy: &Policy, plan: &Plan, rw: &Rewrite, sql: &str) {
 /// Every argument in `__dp_rows` is clamped, and every measure of the outer SELECT is a capped
 /// or clamped sum over units.
 fn check_clamps(query: &ast::Query, plan: &Plan, rw: &Rewrite, sql: &str) {
+    // Grouping sets: one UNION ALL branch per set, each the full rewrite of that set's plan.
+    if let Some(sets) = plan.grouping_sets() {
+        fn branches<'q>(body: &'q SetExpr, out: &mut Vec<&'q ast::Select>) {
+            match body {
+                SetExpr::SetOperation { left, right, .. } => {
+                    branches(left, out);
+                    branches(right, out);
+                }
+                SetExpr::Select(select) => out.push(select),
+                _ => {}
+            }
+        }
+        let mut selects = Vec::new();
+        branches(query.body.as_ref(), &mut selects);
+        assert_eq!(
+            selects.len(),
+            sets.len(),
+            "{sql:?}: one branch per grouping set"
+        );
+        for (s, select) in selects.into_iter().enumerate() {
+            let Some(ast::TableWithJoins {
+                relation: ast::TableFactor::Derived { subquery, .. },
+                ..
+            }) = select.from.first()
+            else {
+                panic!("{sql:?}: grouping set {s} is not read from its own rewrite");
+            };
+            let set_plan = plan
+                .grouping_set(s)
+                .unwrap_or_else(|| panic!("{sql:?}: no plan for grouping set {s}"));
+            check_clamps(subquery, &set_plan, rw, sql);
+        }
+        return;
+    }
     let with = query
         .with
         .as_ref()
@@ -331,6 +365,14 @@ fn check_mechanisms(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &st
                     key.expr
                 );
             }
+            OutputSource::Grouping(ref keys) => {
+                assert!(
+                    plan.grouping_sets().is_some()
+                        && !keys.is_empty()
+                        && keys.iter().all(|&k| k < plan.keys().len()),
+                    "{sql:?}: GROUPING({keys:?}) without grouping sets or over a non-key"
+                );
+            }
             OutputSource::Computed(_) => {
                 let post = plan.post().unwrap_or_else(|| {
                     panic!("{sql:?}: a computed output without post-processing")
@@ -413,6 +455,10 @@ fn check_release(plan: &Plan, rw: &Rewrite, m: &release::Mechanisms, sql: &str) 
             row.push(Some(v));
         }
         row.push(Some(format!("{}", 200 * g + 1)));
+        // With grouping sets, each upstream row starts with its set's index.
+        if let Some(sets) = plan.grouping_sets() {
+            row.insert(0, Some((g % sets.len().max(1)).to_string()));
+        }
         rows.push(row);
     }
     if let Ok(released) = release::release(

@@ -389,6 +389,50 @@ impl Spent {
     }
 }
 
+/// Totals as vectors, for budget leases (`budget::ledger`): a lease reserves the totals of k
+/// charges of a cost, and the charges made under it must stay within that reservation in every
+/// coordinate. The rule of the module docs is monotone in every coordinate (each condition is
+/// an upper bound on a total), so a history whose totals are at most, coordinate by coordinate,
+/// those of a history within the limit is itself within the limit.
+impl Spent {
+    /// Exact coordinate-wise sum, or `None` on overflow.
+    pub fn checked_add_spent(&self, other: &Spent) -> Option<Spent> {
+        let mut renyi = self.renyi;
+        for (slot, add) in renyi.iter_mut().zip(other.renyi) {
+            *slot = slot.checked_add(add)?;
+        }
+        Some(Spent {
+            epsilon: self.epsilon.checked_add(other.epsilon)?,
+            delta: self.delta.checked_add(other.delta)?,
+            rho: self.rho.checked_add(other.rho)?,
+            renyi,
+        })
+    }
+
+    /// Exact coordinate-wise difference, or `None` where `other` exceeds `self` in any
+    /// coordinate.
+    pub fn checked_sub_spent(&self, other: &Spent) -> Option<Spent> {
+        let mut renyi = self.renyi;
+        for (slot, sub) in renyi.iter_mut().zip(other.renyi) {
+            *slot = slot.checked_sub(sub)?;
+        }
+        Some(Spent {
+            epsilon: self.epsilon.checked_sub(other.epsilon)?,
+            delta: self.delta.checked_sub(other.delta)?,
+            rho: self.rho.checked_sub(other.rho)?,
+            renyi,
+        })
+    }
+
+    /// Whether every coordinate of `other` is at most this one's.
+    pub fn covers(&self, other: &Spent) -> bool {
+        self.epsilon >= other.epsilon
+            && self.delta >= other.delta
+            && self.rho >= other.rho
+            && self.renyi.iter().zip(other.renyi).all(|(a, b)| *a >= b)
+    }
+}
+
 impl Add<Cost> for Spent {
     type Output = Spent;
 

@@ -23,6 +23,7 @@
 
 pub mod accountant;
 pub mod fixed;
+pub mod lease;
 pub mod ledger;
 
 pub use accountant::{
@@ -30,7 +31,8 @@ pub use accountant::{
     Remaining, Scope, Spent,
 };
 pub use fixed::{Fixed, FixedError};
-pub use ledger::{Balance, Ledger, Receipt};
+pub use lease::{slice_size, Slice};
+pub use ledger::{Balance, ChargeId, Ledger, Receipt};
 
 /// The SHA-256 (hex, lowercase) of `parts`, each prefixed with its length as 8 big-endian bytes,
 /// so that different part lists never share an encoding (`["ab", "c"]` ≠ `["a", "bc"]`). Used for

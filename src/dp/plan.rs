@@ -289,11 +289,15 @@ pub enum OutputSource {
     /// An expression over released values that PostgreSQL evaluates after the release
     /// ([`PostProcessing`]): the select item `i` of its SQL.
     Computed(usize),
+    /// `GROUPING(…)` of the keys listed (by index), with grouping sets: an int4 bit mask, the
+    /// first key the highest bit, a bit set where the key is not in the row's grouping set.
+    Grouping(Vec<usize>),
 }
 
 /// Name of the relation of released values in [`PostProcessing::sql`]: one row per released
 /// group, with the columns `k0`, `k1`, … (the group keys) and `a0`, `a1`, … (the released
-/// aggregates).
+/// aggregates), and with grouping sets `g0`, `g1`, … (1 where the key is not in the row's
+/// grouping set, else 0: what `GROUPING(key)` gives).
 pub const RELEASED_RELATION: &str = "__dp_released";
 
 /// Post-processing of released values that PostgreSQL itself evaluates, so that its functions,
@@ -432,6 +436,12 @@ pub struct Plan {
     pub(in crate::dp) semijoins: Vec<Semijoin>,
     /// GROUP BY keys.
     pub(in crate::dp) keys: Vec<GroupKey>,
+    /// With `ROLLUP`, `CUBE` or `GROUPING SETS`: the grouping sets, each the sorted indices of
+    /// its keys, in PostgreSQL's expansion order (duplicates kept). Each set is a release of its
+    /// own ([`Plan::grouping_set`]): its own partition selection or public domain, an equal
+    /// share of the query's ε and δ, the costs composed sequentially (docs/privacy.md,
+    /// "Grouping sets"). `None` for a plain GROUP BY.
+    pub(in crate::dp) grouping_sets: Option<Vec<Vec<usize>>>,
     /// Aggregates, each released through a mechanism.
     pub(in crate::dp) aggregates: Vec<Aggregate>,
     /// Output columns in order.
@@ -485,6 +495,49 @@ impl Plan {
     /// GROUP BY keys.
     pub fn keys(&self) -> &[GroupKey] {
         &self.keys
+    }
+
+    /// The grouping sets of `ROLLUP`, `CUBE` or `GROUPING SETS` (see [`Plan::grouping_set`]).
+    pub fn grouping_sets(&self) -> Option<&[Vec<usize>]> {
+        self.grouping_sets.as_deref()
+    }
+
+    /// The plan of grouping set `i`'s release: this plan with the set's keys only, no grouping
+    /// sets and no post-processing (its rows are concatenated with the other sets' before
+    /// HAVING, ORDER BY, LIMIT and expressions apply). A unit contributes to at most
+    /// `max_groups_per_unit` groups of the set (one for the empty set). Its keys keep their
+    /// public domains when every key of the query is public; otherwise the set's groups are
+    /// released through partition selection, even where its own keys are public (its domain was
+    /// not read), which spends δ but is never less private.
+    pub fn grouping_set(&self, i: usize) -> Option<Plan> {
+        let set = self.grouping_sets.as_ref()?.get(i)?;
+        let all_public = self.keys_public();
+        let keys = set
+            .iter()
+            .map(|&k| {
+                let mut key = self.keys.get(k)?.clone();
+                if !all_public {
+                    key.public = PublicKeys::No;
+                }
+                Some(key)
+            })
+            .collect::<Option<Vec<GroupKey>>>()?;
+        Some(Plan {
+            max_groups_per_unit: if keys.is_empty() {
+                1
+            } else {
+                self.max_groups_per_unit
+            },
+            keys,
+            grouping_sets: None,
+            outputs: Vec::new(),
+            having: None,
+            order_by: Vec::new(),
+            limit: None,
+            offset: 0,
+            post: None,
+            ..self.clone()
+        })
     }
 
     /// Aggregates, each released through a mechanism.

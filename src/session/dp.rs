@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{Lookup, Served, Stage};
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::BudgetSpec;
+use crate::upstream::Placement;
 
 use super::{ClientRows, Notice, Session, Shared};
 
@@ -99,11 +100,64 @@ impl Session {
         Ok((plan, rewrite, mechanisms))
     }
 
+    /// [`Session::plan_dp_placed`] without the placement.
+    pub(super) async fn plan_dp(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        secret: &str,
+    ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+        let (plan, rewrite, mechanisms, _) =
+            self.plan_dp_placed(shared, query, params, secret).await?;
+        Ok((plan, rewrite, mechanisms))
+    }
+
+    /// [`Session::plan_dp_for_one_server`], in the partitionwise shape when the private tables
+    /// the plan reads are partitioned by their unit upstream (learnt once per process from the
+    /// upstream catalog, [`crate::upstream::partitioning`]). Both shapes give the same rows on
+    /// any partitioning; a failed lookup leaves the single-server shape.
+    pub(super) async fn plan_dp_placed(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        secret: &str,
+    ) -> Result<(Plan, Rewrite, release::Mechanisms, Placement)> {
+        let (plan, rewrite, mechanisms) = self
+            .plan_dp_for_one_server(shared, query, params, secret)
+            .await?;
+        let tables: Vec<(String, Option<String>)> = tables_read(&plan, &shared.policy)
+            .into_iter()
+            .filter_map(|name| {
+                let private = shared.policy.tables.get(&name)?.private()?;
+                match (&private.privacy_unit, &private.unit_path) {
+                    (None, None) => None,
+                    (unit, _) => Some((name, unit.clone())),
+                }
+            })
+            .collect();
+        let unknown = shared.partitioning.unknown(&tables);
+        if !unknown.is_empty() {
+            // A failed lookup is tried again on the next query; until then, one server's shape.
+            let _ = shared
+                .upstream
+                .learn_partitioning(&shared.partitioning, &unknown)
+                .await;
+        }
+        let placement = shared.partitioning.placement(&tables);
+        let rewrite = match placement {
+            Placement::ByUnit { .. } => rewrite::partitionwise(rewrite)?,
+            _ => rewrite,
+        };
+        Ok((plan, rewrite, mechanisms, placement))
+    }
+
     /// [`Session::prepare_dp`], after learning (once per process, from the upstream catalog)
     /// whether the plan's unit column is unique, so the rewrite can use the unique-unit form
     /// (docs/privacy.md, "Unique units"). A failed lookup leaves the general form, which is
     /// always sound.
-    pub(super) async fn plan_dp(
+    async fn plan_dp_for_one_server(
         &self,
         shared: &Shared,
         query: &ast::Query,
@@ -249,12 +303,35 @@ impl Session {
         let ledger = &shared.ledger;
         let analyst = self.analyst.name.clone();
 
-        // 1. Replay: the same query again gets the same noisy answer, free.
+        // The key of the noisy measures this query needs, for reuse (1b).
+        let measures_key = {
+            let domain = if plan.keys_public() {
+                rewrite::domain::public_domain(&plan, params)?
+            } else {
+                Vec::new()
+            };
+            release::measures_key(&plan, &rewrite, &mechanisms, params, &domain)
+        };
+        // Both looked up at once, in one ledger round trip.
         let started = std::time::Instant::now();
-        let replay = ledger
-            .replay_get(&analyst, &key, shared.policy.replay_lifetime)
-            .await?;
+        // A ledger that cannot be read is a miss: the query is then charged like a new one
+        // (under a budget slice reserved before the ledger went down, if one covers it), which
+        // costs the analyst at most a second charge and never releases anything uncharged.
+        let looked_up = ledger
+            .replay_lookup(
+                &analyst,
+                &[&key, &measures_key],
+                shared.policy.replay_lifetime,
+            )
+            .await;
+        if looked_up.is_err() {
+            shared.metrics.ledger_failed();
+        }
+        let mut found = looked_up.unwrap_or_default().into_iter();
         shared.metrics.stage(Stage::Ledger, started.elapsed());
+        let (replay, stored) = (found.next().flatten(), found.next().flatten());
+
+        // 1. Replay: the same query again gets the same noisy answer, free.
         shared
             .metrics
             .replay_lookup(Lookup::Answer, replay.is_some());
@@ -281,19 +358,6 @@ impl Session {
 
         // 1b. Reuse: the noisy measures an earlier release of this analyst drew for the same
         // measures and mechanisms, post-processed again for this query, free.
-        let measures_key = {
-            let domain = if plan.keys_public() {
-                rewrite::domain::public_domain(&plan, params)?
-            } else {
-                Vec::new()
-            };
-            release::measures_key(&plan, &rewrite, &mechanisms, params, &domain)
-        };
-        let started = std::time::Instant::now();
-        let stored = ledger
-            .replay_get(&analyst, &measures_key, shared.policy.replay_lifetime)
-            .await?;
-        shared.metrics.stage(Stage::Ledger, started.elapsed());
         shared
             .metrics
             .replay_lookup(Lookup::Measures, stored.is_some());
@@ -337,7 +401,7 @@ impl Session {
         };
         let started = std::time::Instant::now();
         let receipt = ledger
-            .charge_reading(
+            .charge_leased(
                 &analyst,
                 &limit,
                 dataset_limit.as_ref(),
@@ -362,7 +426,7 @@ impl Session {
         {
             Ok(rows) => rows,
             Err(e) => {
-                let _ = ledger.set_outcome(charge_id, "upstream failed").await;
+                ledger.set_outcome(charge_id, "upstream failed");
                 return Err(e);
             }
         };
@@ -392,9 +456,7 @@ impl Session {
                 match evaluated {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = ledger
-                            .set_outcome(charge_id, "post-processing failed")
-                            .await;
+                        ledger.set_outcome(charge_id, "post-processing failed");
                         return Err(match e {
                             Error::PostProcessing {
                                 state,
@@ -421,13 +483,8 @@ impl Session {
         if measures.storable() {
             entries.push((&measures_key, &measured));
         }
-        if ledger
-            .record_release(charge_id, &analyst, &entries)
-            .await
-            .is_err()
-        {
-            shared.metrics.ledger_failed();
-        }
+        // Written by the ledger's journal after the answer has left.
+        ledger.record_release(charge_id, &analyst, &entries);
         self.served = Some(Served::AnsweredDp);
         let notices = answer_notices(charge_notice(&mechanisms.cost, &balance), &plan, &released);
         Ok(ClientRows::released(released, notices))
@@ -508,12 +565,21 @@ impl Session {
         params: &[Option<String>],
     ) -> Result<ClientRows> {
         let secret = shared.secret().await?;
-        let (plan, rewrite, mechanisms) = self.plan_dp(shared, query, params, secret).await?;
+        let (plan, rewrite, mechanisms, placement) =
+            self.plan_dp_placed(shared, query, params, secret).await?;
         let mut lines: Vec<Vec<Cell>> =
             release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget)
                 .into_iter()
                 .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
                 .collect();
+        if let Some(line) = placement.explain() {
+            // Before the upstream SQL, which readers take to run to the end of the plan.
+            let at = lines
+                .iter()
+                .position(|l| matches!(l.first(), Some(Cell::Text(t)) if t == "upstream SQL:"))
+                .unwrap_or(lines.len());
+            lines.insert(at, vec![Cell::Text(line)]);
+        }
         if let Some(schedule) = &shared.policy.release_schedule {
             lines.push(vec![Cell::Text(format!(
                 "release schedule: {}",

@@ -66,6 +66,9 @@ pub struct Shared {
     /// Which keys of unit paths the upstream declares unique, learnt on first need (kept
     /// across reloads: they are facts about the upstream, not the policy).
     pub unique_keys: Arc<crate::upstream::UniqueKeys>,
+    /// How the upstream partitions the private tables, learnt on first need (kept across
+    /// reloads, like `unique_keys`).
+    pub partitioning: Arc<crate::upstream::Partitioning>,
     /// How many reloads produced this state (0: the policy pgdp started with).
     pub generation: u64,
     /// Tests only: a seed for the noise generator. Production leaves it `None` and every session
@@ -92,6 +95,7 @@ impl Shared {
             secret,
             shadow,
             unique_keys: Arc::default(),
+            partitioning: Arc::default(),
             generation: 0,
             noise_seed: None,
             metrics: Arc::new(crate::metrics::Metrics::new()),
@@ -112,6 +116,7 @@ impl Shared {
             ledger: self.ledger.clone(),
             shadow,
             unique_keys: self.unique_keys.clone(),
+            partitioning: self.partitioning.clone(),
             metrics: self.metrics.clone(),
             generation: self.generation + 1,
             noise_seed: self.noise_seed,

@@ -528,7 +528,9 @@ fn weighted_case(raw: &str, choices: &[(&str, i64)]) -> String {
     sql
 }
 
-fn schema_sql() -> String {
+/// The DDL of schema `demo` and its tables, without rows, keys or indexes (dropping the schema
+/// first).
+pub(crate) fn schema_sql() -> String {
     let sexes = SEXES.map(quote_literal).join(", ");
     let levels = EDUCATION_LEVELS.map(quote_literal).join(", ");
     format!(

@@ -1,8 +1,10 @@
 //! Tooling that is not part of what a client of the proxy observes: budget administration from
-//! the command line ([`admin`]), the deterministic demo dataset ([`demo`]) and throwaway
-//! PostgreSQL clusters ([`cluster`]) for `pgdp demo` and the tests. Nothing in the proxy's core
+//! the command line ([`admin`]), the deterministic demo dataset ([`demo`]), throwaway
+//! PostgreSQL clusters ([`cluster`]) for `pgdp demo` and the tests, and the demo dataset on a
+//! coordinator with `postgres_fdw` shards ([`shards`]) for the tests and the shard bench. Nothing in the proxy's core
 //! depends on these modules.
 
 pub mod admin;
 pub mod cluster;
 pub mod demo;
+pub mod shards;

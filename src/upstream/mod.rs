@@ -9,7 +9,9 @@
 //!   [`PublicSql`] over a public table; and the fixed catalog lookup of [`unique_keys`]. The
 //!   pooled client itself is private to this module.
 //! - Each runs as one `READ ONLY` transaction with a `statement_timeout` of
-//!   [`limits::STATEMENT_TIMEOUT_MS`], reading at most [`limits::UPSTREAM_ROWS_MAX`] rows.
+//!   [`limits::STATEMENT_TIMEOUT_MS`], reading at most [`limits::UPSTREAM_ROWS_MAX`] rows; a
+//!   rewrite in the partitionwise shape ([`UpstreamSql::partitionwise`]) also turns on
+//!   partitionwise aggregation and joins for its transaction ([`partitioning`]).
 //! - Upstream error text is never returned: it can contain row values. It is logged here (at
 //!   `warn`) and the caller receives [`Error::Upstream`], [`Error::Canceled`] or
 //!   [`Error::UpstreamUnavailable`], whose messages are fixed.
@@ -83,11 +85,13 @@ use crate::limits;
 
 pub mod cancel;
 pub mod catalog;
+pub mod partitioning;
 pub mod shadow;
 pub mod standby;
 pub mod unique_keys;
 
 pub use cancel::{Cancel, CancelReason};
+pub use partitioning::{Partitioning, Placement};
 pub use shadow::Shadow;
 pub use unique_keys::UniqueKeys;
 
@@ -125,17 +129,30 @@ impl Pooled<'_> {
         receipt: Receipt,
         cancel: &Cancel,
     ) -> Result<PrivateRows> {
-        tracing::debug!(charge = receipt.id(), "running a charged DP query upstream");
-        self.run_read_only(sql.as_str(), cancel)
+        tracing::debug!(charge = %receipt.id(), "running a charged DP query upstream");
+        // A rewrite in the partitionwise shape reads tables partitioned by their unit: the
+        // planner may then aggregate (and join) per partition, on the shards that hold them.
+        let settings = if sql.partitionwise() {
+            PARTITIONWISE_SETTINGS
+        } else {
+            ""
+        };
+        self.run_read_only(sql.as_str(), settings, cancel)
             .await
             .map(PrivateRows::new)
     }
 
-    /// Runs one pgdp-generated SELECT in a read-only transaction with pgdp's statement timeout,
-    /// and returns its rows in text format.
-    async fn run_read_only(mut self, sql: &str, cancel: &Cancel) -> Result<TextRows> {
+    /// Runs one pgdp-generated SELECT in a read-only transaction with pgdp's statement timeout
+    /// and the `SET LOCAL` statements in `settings` (pgdp's own text), and returns its rows in
+    /// text format.
+    async fn run_read_only(
+        mut self,
+        sql: &str,
+        settings: &str,
+        cancel: &Cancel,
+    ) -> Result<TextRows> {
         let batch = format!(
-            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; {sql}; COMMIT",
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; {settings}{sql}; COMMIT",
             self.backend.statement_timeout_ms.load(Ordering::Relaxed)
         );
         // Until the statement has completed, the connection is not returned to the pool: if this
@@ -425,10 +442,15 @@ impl Upstream {
     pub async fn run_public_query(&self, sql: &PublicSql, cancel: &Cancel) -> Result<TextRows> {
         self.get_for_read()
             .await?
-            .run_read_only(sql.as_str(), cancel)
+            .run_read_only(sql.as_str(), "", cancel)
             .await
     }
 }
+
+/// The settings of a DP statement in the partitionwise shape (each `SET LOCAL …; `): PostgreSQL
+/// plans aggregates and joins per partition only when they are on (both are off by default).
+const PARTITIONWISE_SETTINGS: &str =
+    "SET LOCAL enable_partitionwise_aggregate = on; SET LOCAL enable_partitionwise_join = on; ";
 
 /// Whether `error` means the upstream connection is gone (closed, or the server shutting down or
 /// restarting: SQLSTATE classes 08 and 57P), as opposed to a statement failing on a healthy one.

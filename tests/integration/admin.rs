@@ -101,6 +101,32 @@ fn assert_success(output: &Output, what: &str) {
     );
 }
 
+/// Waits (at most 10 s) until the proxy's lazy ledger work is done: its budget slices returned
+/// (after `limits::SLICE_IDLE_RETURN_MS` idle) and every outcome written by its journal.
+async fn settled(ledger: &str) {
+    let client = harness::connect(ledger).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let busy: i64 = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM pgdp.lease WHERE closed_at IS NULL)
+                      + (SELECT count(*) FROM pgdp.charge_log WHERE outcome = 'charged')",
+                &[],
+            )
+            .await
+            .expect("read the ledger")
+            .get(0);
+        if busy == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ledger never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Everything in the ledger a change could touch, as text: analysts' rows (with their
 /// `updated_at`), the dataset row, and the charge and admin logs.
 async fn ledger_state(ledger: &str) -> String {
@@ -184,6 +210,8 @@ async fn a_grant_lets_a_refused_analyst_query_again_through_the_wire() {
         b.delta_total
     );
 
+    // The charge count grows when a budget slice closes.
+    settled(proxy.ledger_dsn()).await;
     let shown = pgdp(&["budget", "show"], &file.path, proxy.ledger_dsn()).await;
     assert_success(&shown, "show");
     let row = show_row(&stdout(&shown), ANALYST);
@@ -303,6 +331,7 @@ async fn unknown_analysts_and_bad_grants_are_refused_and_change_nothing() {
     let proxy = Proxy::with_policy(file.policy(), 73).await;
     let s = proxy.connect().await;
     s.query(&count_query(1), &[]).await.expect("a charge");
+    settled(proxy.ledger_dsn()).await;
     let before = ledger_state(proxy.ledger_dsn()).await;
     let cases: &[(&[&str], &str)] = &[
         (&["budget", "grant", "mallory", "--epsilon", "1"], "mallory"),

@@ -83,13 +83,29 @@ async fn start_pgdp(upstream: &str, ledger: &str) -> Running {
 }
 
 async fn start_pgdp_with(policy: &str, upstream: &str, ledger: &str) -> Running {
-    server::start(Config {
-        policy: pgdp::policy::parse(policy).expect("policy"),
-        upstream: upstream.to_string(),
-        ledger: Some(ledger.to_string()),
-        listen: "127.0.0.1:0".into(),
-        noise_seed: Some([7; 32]),
-    })
+    start_pgdp_leasing(policy, upstream, ledger, None).await
+}
+
+/// pgdp with `--lease-queries` set (`None`: the default, budget leases on).
+async fn start_pgdp_leasing(
+    policy: &str,
+    upstream: &str,
+    ledger: &str,
+    lease_queries: Option<u64>,
+) -> Running {
+    server::start_with(
+        Config {
+            policy: pgdp::policy::parse(policy).expect("policy"),
+            upstream: upstream.to_string(),
+            ledger: Some(ledger.to_string()),
+            listen: "127.0.0.1:0".into(),
+            noise_seed: Some([7; 32]),
+        },
+        server::Options {
+            lease_queries,
+            ..Default::default()
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("pgdp did not start: {e}"))
 }
@@ -129,6 +145,20 @@ async fn charges(ledger: &Client) -> Vec<(String, String)> {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect()
+}
+
+/// Waits (at most 10 s) until the charge log holds `expected` (its audit rows and outcomes are
+/// written by pgdp's journal just after the answers), and asserts it.
+async fn charges_become(ledger: &Client, expected: Vec<(String, String)>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = charges(ledger).await;
+        if now == expected || std::time::Instant::now() > deadline {
+            assert_eq!(now, expected);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// How many statements wait for a lock on `f.items`.
@@ -210,10 +240,7 @@ async fn upstream_down_at_start_refuses_with_57p03_until_it_is_back() {
         .await
         .expect("catalog once back");
     assert_eq!(first_value(&rows).as_deref(), Some("items"));
-    assert_eq!(
-        charges(&ledger).await,
-        vec![("released".to_string(), "0.5".to_string())]
-    );
+    charges_become(&ledger, vec![("released".to_string(), "0.5".to_string())]).await;
     drop(running);
     ledger_db.drop_db().await;
 }
@@ -424,7 +451,16 @@ async fn ledger_unreachable_refuses_dp_queries_and_serves_the_rest() {
 async fn ledger_restart_mid_session_refuses_then_charges_again() {
     let cluster = cluster_with_items().await;
     let ledger_cluster = Cluster::start().await.expect("ledger cluster");
-    let running = start_pgdp(&cluster.dsn("faults"), &ledger_cluster.dsn("postgres")).await;
+    // One durable commit per query: every DP query needs the ledger (with budget leases, a query
+    // covered by a slice reserved before the ledger went down is answered; see
+    // `a_budget_slice_answers_while_the_ledger_is_down_and_its_audit_rows_follow`).
+    let running = start_pgdp_leasing(
+        POLICY,
+        &cluster.dsn("faults"),
+        &ledger_cluster.dsn("postgres"),
+        Some(1),
+    )
+    .await;
     let (c, _task) = analyst(&running).await;
     c.simple_query(&dp_query(1)).await.expect("DP query");
 
@@ -443,13 +479,58 @@ async fn ledger_restart_mid_session_refuses_then_charges_again() {
         .await
         .expect("DP query once back");
     let ledger = harness::connect(&ledger_cluster.dsn("postgres")).await;
-    assert_eq!(
-        charges(&ledger).await,
+    charges_become(
+        &ledger,
         vec![
             ("released".to_string(), "1".to_string()),
-            ("released".to_string(), "1".to_string())
-        ]
+            ("released".to_string(), "1".to_string()),
+        ],
+    )
+    .await;
+}
+
+/// Budget leases: a query covered by a slice reserved durably before the ledger went down is
+/// answered while it is down (its charge is part of the durable reservation), and its audit row,
+/// kept by the journal, reaches the ledger once it is back. A query the slice does not cover
+/// needs the ledger and is refused with 57P03.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_slice_answers_while_the_ledger_is_down_and_its_audit_rows_follow() {
+    let cluster = cluster_with_items().await;
+    let ledger_cluster = Cluster::start().await.expect("ledger cluster");
+    let running = start_pgdp(&cluster.dsn("faults"), &ledger_cluster.dsn("postgres")).await;
+    let (c, _task) = analyst(&running).await;
+    c.simple_query(&dp_query(1)).await.expect("DP query");
+    let ledger = harness::connect(&ledger_cluster.dsn("postgres")).await;
+    let reserved: i64 = ledger
+        .query_one("SELECT queries FROM pgdp.lease", &[])
+        .await
+        .expect("the slice")
+        .get(0);
+    assert!(reserved >= 2, "the slice covers more than the first query");
+    charges_become(&ledger, vec![("released".to_string(), "1".to_string())]).await;
+    drop(ledger);
+
+    ledger_cluster.stop().await.expect("stop the ledger");
+    c.simple_query(&dp_query(2))
+        .await
+        .expect("a query the slice covers is answered");
+    // A larger ε is not covered by a slice of ε = 1 queries: it needs the ledger.
+    c.simple_query("SET pgdp.epsilon = 1.5").await.expect("SET");
+    assert_code(
+        c.simple_query(&dp_query(3)).await,
+        &SqlState::CANNOT_CONNECT_NOW,
+        "a query no slice covers, while the ledger is down",
     );
+    ledger_cluster.resume().await.expect("restart the ledger");
+    let ledger = harness::connect(&ledger_cluster.dsn("postgres")).await;
+    charges_become(
+        &ledger,
+        vec![
+            ("released".to_string(), "1".to_string()),
+            ("released".to_string(), "1".to_string()),
+        ],
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -338,6 +338,7 @@ fn describe(c: &Compiled) -> Vec<String> {
             analyze::OutputSource::Key(i) => format!("{}=key{i}", o.name),
             analyze::OutputSource::Aggregate(i) => format!("{}=agg{i}", o.name),
             analyze::OutputSource::Computed(i) => format!("{}=post{i}", o.name),
+            analyze::OutputSource::Grouping(ref keys) => format!("{}=grouping{keys:?}", o.name),
         })
         .collect();
     lines.push(format!("outputs: {}", outputs.join(", ")));
@@ -351,6 +352,35 @@ fn describe(c: &Compiled) -> Vec<String> {
             PublicKeys::Table { table, column, .. } => format!("public table {table}.{column}"),
         };
         lines.push(format!("key{i} {} ({:?}): {domain}", k.expr, k.ty));
+    }
+    // With grouping sets, each set's own release (the lines above are the first set's).
+    for (s, (set, sm)) in plan
+        .grouping_sets()
+        .unwrap_or_default()
+        .iter()
+        .zip(&m.sets)
+        .enumerate()
+    {
+        let scales: Vec<String> = sm
+            .noises
+            .iter()
+            .zip(&sm.sensitivities)
+            .map(|(n, d)| format!("{d}/{:.6}", n.scale()))
+            .collect();
+        let selection = match &sm.selection {
+            Some(sel) => format!(
+                "selection threshold {} delta {}",
+                sel.threshold(),
+                sel.delta()
+            ),
+            None => "public".to_string(),
+        };
+        lines.push(format!(
+            "set{s} keys {set:?}: cost epsilon={} delta={}; sensitivity/scale {}; {selection}",
+            sm.cost.epsilon,
+            sm.cost.delta,
+            scales.join(" ")
+        ));
     }
     if let Some(s) = &m.selection {
         let by = match m.selection_measure {

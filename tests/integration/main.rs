@@ -23,6 +23,9 @@
 //! - `load`: many concurrent connections against a `pgdp serve` child process;
 //! - `reload`: policy reload (SIGHUP, `pgdp reload`) of a `pgdp serve` child process;
 //! - `standby`: read replicas, with a throwaway primary and a hot standby cloned from it;
+//! - `shard`: a coordinator whose private tables are hash-partitioned by the privacy unit over
+//!   `postgres_fdw` shards, all throwaway clusters: answers, pushdown, a shard that is down,
+//!   and partitioning by another column;
 //! - `metrics`: the `--metrics` endpoint scraped over HTTP (counters, histograms, `/health`).
 //!
 //! The upstream comes from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432, else a
@@ -51,12 +54,14 @@ mod fuzz_smoke;
 mod golden;
 mod harness_smoke;
 mod keypath;
+mod lease;
 mod ledger;
 mod load;
 mod metrics;
 mod protocol;
 mod reload;
 mod replicas;
+mod shard;
 mod sql;
 mod standby;
 mod support;

@@ -203,33 +203,91 @@ async fn two_processes_on_one_ledger_never_overspend() {
             }
         }
     }
+    // Budget leases: a slice one process holds unused refuses the other's queries until it is
+    // returned, so the race may answer fewer than affordable, never more.
+    assert!(answered <= AFFORDABLE, "{answered} answered: overspent");
+    assert_eq!(refused, CONNECTIONS - answered);
+    // Idle slices are returned within limits::SLICE_IDLE_RETURN_MS; then one by one, on
+    // either process, to the exact last affordable query.
+    let log = ledger.client().await;
+    wait_until_no_open_slices(&log).await;
+    let mut i = CONNECTIONS;
+    loop {
+        let mut refused_on_both = true;
+        for dsn in &dsns {
+            let s = Session::open(dsn).await.expect("connect");
+            i += 1;
+            match s.query(&distinct_query(i), &[]).await {
+                Ok(_) => {
+                    answered += 1;
+                    refused_on_both = false;
+                }
+                Err(e) => assert_eq!(code(&e), &SqlState::CONFIGURATION_LIMIT_EXCEEDED, "{e:?}"),
+            }
+        }
+        if refused_on_both {
+            break;
+        }
+        wait_until_no_open_slices(&log).await;
+    }
     assert_eq!(answered, AFFORDABLE, "exactly the affordable queries run");
-    assert_eq!(refused, CONNECTIONS - AFFORDABLE);
+    wait_until_no_open_slices(&log).await;
     // Both replicas report the same, exact balance.
     for replica in [&a, &b] {
         let budget = replica.connect().await.budget().await;
         assert_eq!(budget.epsilon_spent, AFFORDABLE as f64);
         assert_eq!(budget.epsilon_remaining, 0.0);
     }
-    // The audit log has one row per admitted query, and its sum is the total.
-    let log = ledger.client().await;
-    let row = log
-        .query_one(
-            "SELECT count(*), sum(epsilon)::text FROM pgdp.charge_log WHERE analyst = $1",
-            &[&ANALYST],
-        )
-        .await
-        .expect("read the audit log");
-    assert_eq!(row.get::<_, i64>(0), AFFORDABLE as i64);
-    assert_eq!(
-        row.get::<_, String>(1).parse::<f64>().expect("sum"),
-        AFFORDABLE as f64
-    );
+    // The audit log has one row per admitted query (written by the journals after the
+    // answers), and its sum is the total.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = log
+            .query_one(
+                "SELECT count(*), coalesce(sum(epsilon), 0)::text FROM pgdp.charge_log WHERE analyst = $1",
+                &[&ANALYST],
+            )
+            .await
+            .expect("read the audit log");
+        if row.get::<_, i64>(0) == AFFORDABLE as i64 {
+            assert_eq!(
+                row.get::<_, String>(1).parse::<f64>().expect("sum"),
+                AFFORDABLE as f64
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the audit rows never arrived");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     a.kill().await;
     b.kill().await;
     ledger.drop_db().await;
 }
 
+/// Waits (at most 10 s) until no budget slice is open in the ledger: processes return idle ones
+/// after `limits::SLICE_IDLE_RETURN_MS`.
+async fn wait_until_no_open_slices(log: &tokio_postgres::Client) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let open: i64 = log
+            .query_one(
+                "SELECT count(*) FROM pgdp.lease WHERE closed_at IS NULL",
+                &[],
+            )
+            .await
+            .expect("count open slices")
+            .get(0);
+        if open == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "slices stayed open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// SIGKILL in the middle of a budget slice: the process had reserved two queries' worth and
+/// used one; the whole reservation stays spent, the slice stays open in the ledger, and a new
+/// process spends exactly the rest, to the last query.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_the_upstream_query_keeps_the_charge() {
     let ledger = harness::fresh_database("replicas_kill").await;
@@ -288,15 +346,65 @@ async fn sigkill_during_the_upstream_query_keeps_the_charge() {
     let (_session, result) = query.await.expect("query task");
     assert!(result.is_err(), "a killed pgdp cannot have answered");
 
-    // A new process on the same ledger reports the charge: it was committed before the upstream
-    // saw the query, and nothing refunds it.
+    // A new process on the same ledger reports the charge: the slice covering it was committed
+    // before the upstream saw the query, and nothing refunds it. 8 queries of 1.25 fitted, so
+    // the slice reserved a quarter of them (limits::SLICE_SHARE_DIVISOR): 2, i.e. 2.5, of
+    // which the unused half is spent too, since the dead process cannot say it was unused.
+    let slice = log
+        .query_one(
+            "SELECT queries, epsilon::text, closed_at IS NULL FROM pgdp.lease WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("read the slice");
+    assert_eq!(slice.get::<_, i64>(0), 2);
+    assert_eq!(slice.get::<_, String>(1).parse::<f64>().expect("ε"), 2.5);
+    assert!(
+        slice.get::<_, bool>(2),
+        "the slice of a killed process stays open"
+    );
     let restarted = Replica::start(&text, &ledger).await;
-    let budget = restarted.connect().await.budget().await;
-    assert_eq!(budget.epsilon_spent, 1.25);
-    assert_eq!(budget.epsilon_remaining, 10.0 - 1.25);
+    let session = restarted.connect().await;
+    let budget = session.budget().await;
+    assert_eq!(budget.epsilon_spent, 2.5);
+    assert_eq!(budget.epsilon_remaining, 10.0 - 2.5);
+    // The rest is spent exactly: 7.5 / 1.25 = 6 more queries, then 53400.
+    session
+        .batch_execute("SET pgdp.epsilon = 1.25")
+        .await
+        .expect("SET");
+    for i in 0..6 {
+        session
+            .query(&distinct_query(i), &[])
+            .await
+            .unwrap_or_else(|e| panic!("query {i} of the rest: {e:?}"));
+    }
+    let refused = session
+        .query(&distinct_query(6), &[])
+        .await
+        .expect_err("the budget is spent");
+    assert_eq!(code(&refused), &SqlState::CONFIGURATION_LIMIT_EXCEEDED);
+    // The rows of the rest follow from the journal; the killed process's row is the first.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while log
+        .query_one(
+            "SELECT count(*) FROM pgdp.charge_log WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("count")
+        .get::<_, i64>(0)
+        < 7
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the audit rows of the rest never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let row = log
         .query_one(
-            "SELECT epsilon::text, outcome FROM pgdp.charge_log WHERE analyst = $1",
+            "SELECT epsilon::text, outcome FROM pgdp.charge_log WHERE analyst = $1 ORDER BY id LIMIT 1",
             &[&ANALYST],
         )
         .await
@@ -333,6 +441,23 @@ async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
     let spent = on_a.budget().await.epsilon_spent;
     assert!(spent > 0.0);
 
+    // A's journal writes the release (the answer and its noisy measures) after the answer has
+    // left; other processes see it from then on.
+    let log = ledger.client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while log
+        .query_one("SELECT count(*) FROM pgdp.replay_cache", &[])
+        .await
+        .expect("count replay entries")
+        .get::<_, i64>(0)
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "A's release never reached the ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let on_b = b.connect().await;
     let again = on_b.simple_rows(sql).await.expect("replayed on B");
     assert_eq!(again, first, "B replays A's noisy rows");
@@ -359,6 +484,8 @@ async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
             .any(|n| n.contains("answered from the noisy measures")),
         "B says it reused the measures"
     );
+    // A's unused slice counts on B until A returns it (idle for limits::SLICE_IDLE_RETURN_MS).
+    wait_until_no_open_slices(&ledger.client().await).await;
     for session in [&on_a, &on_b] {
         assert_eq!(
             session.budget().await.epsilon_spent,

@@ -641,6 +641,10 @@ async fn readme_supported_is_what_pgdp_answers() {
             limits::SEMIJOINS_PER_QUERY_MAX
         ),
         format!("at most {} keys", limits::GROUP_KEYS_PER_QUERY_MAX),
+        format!(
+            "at most {} grouping sets",
+            limits::GROUPING_SETS_PER_QUERY_MAX
+        ),
         format!("(at most {})", thousands(limits::IN_LIST_VALUES_MAX)),
         format!(
             "a {} s timeout and at most {} at once per analyst",

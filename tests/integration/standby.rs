@@ -175,6 +175,13 @@ async fn reads_go_to_a_healthy_replica_skip_a_lagging_one_and_fail_over_to_the_p
     // The replica goes down while queries run: each is answered (by the replica, or by the
     // primary after a retry) or refused with 57P03, and the charge rules stay: a refusal before
     // the charge costs nothing, a failure after it keeps it.
+    // The strict pgdp is done: it returns its budget slice, which otherwise counts in full in
+    // the tolerant one's balance until it is returned (after 1 s idle).
+    strict
+        .shared()
+        .ledger
+        .return_slices(Duration::from_secs(5))
+        .await;
     let spent_before = on_tolerant.budget().await.epsilon_spent;
     let queries = tokio::spawn(async move {
         let mut outcomes = Vec::new();

@@ -39,6 +39,13 @@ const QUERIES: &[&str] = &[
     "SELECT COUNT(*) AS N, AVG(age) AS \"MeanAge\", SUM(age) AS Total_Age FROM demo.people",
     "SELECT region AS Region, ROUND(AVG(income), 1) AS Mean FROM demo.people GROUP BY region",
     "SELECT \"source\".* FROM (SELECT region, COUNT(*) AS \"count\", AVG(age) FROM demo.people GROUP BY region ORDER BY region) AS \"source\" LIMIT 2000",
+    // Grouping sets: rolled-up keys are NULL in their own column's type; GROUPING() is int4.
+    "SELECT sex, region, COUNT(*), AVG(income) FROM demo.people GROUP BY ROLLUP (sex, region)",
+    "SELECT sex, age, COUNT(*), GROUPING(sex, age) FROM demo.people GROUP BY CUBE (sex, age)",
+    "SELECT region, COUNT(*), SUM(income) FROM demo.people GROUP BY GROUPING SETS ((region), ())",
+    "SELECT sex, region, clinic, COUNT(*) FROM demo.people JOIN demo.visits USING (person_id) GROUP BY sex, ROLLUP (region, clinic)",
+    "SELECT CASE WHEN GROUPING(region) = 1 THEN 'all' ELSE region END AS region, ROUND(AVG(income), 2) AS mean FROM demo.people GROUP BY ROLLUP (region) ORDER BY 1",
+    "SELECT date_trunc('month', visit_date) AS month, clinic, COUNT(*) FROM demo.visits GROUP BY ROLLUP (1, 2)",
 ];
 
 /// A value's bytes as sent, whatever its type.

@@ -11,7 +11,8 @@
 //!   refused change (a grant that would take δ to 1 or beyond) rolls back and changes nothing.
 //! - A grant only ever raises the analyst's limit (ε > 0, δ ≥ 0, checked here again, whatever
 //!   the caller checked). A reset zeroes the analyst's totals (ε, δ, ρ, the per-order Rényi
-//!   totals and the charge count) and never touches the charge log, the grants, the replay
+//!   totals and the charge count) except for the reservations of the analyst's open budget
+//!   slices, which stay counted until their holders close them and never touches the charge log, the grants, the replay
 //!   cache or the dataset's totals; the admin log row keeps the totals it zeroed, so the whole
 //!   history stays auditable.
 //! - Reading (accounts, events) takes no lock and changes nothing.
@@ -176,9 +177,13 @@ const SET_GRANTS: &str = "UPDATE pgdp.analyst_spent
 
 /// Zeroes the analyst's totals (the row is locked); `$2` is the zero per-order array.
 const ZERO_TOTALS: &str = "UPDATE pgdp.analyst_spent
-    SET epsilon = 0, delta = 0, rho = 0, renyi = $2::text::numeric[], charges = 0,
-        updated_at = now()
+    SET epsilon = $2::text::numeric, delta = $3::text::numeric, rho = $4::text::numeric,
+        renyi = $5::text::numeric[], charges = 0, updated_at = now()
     WHERE analyst = $1";
+
+/// The reservations of the analyst's open budget slices (read under the analyst's row lock).
+const OPEN_SLICES: &str = "SELECT epsilon::text, delta::text, rho::text, renyi::text
+    FROM pgdp.lease WHERE analyst = $1 AND closed_at IS NULL";
 
 /// Appends one row to the admin log and returns it as read back.
 fn insert_admin_sql() -> String {
@@ -475,8 +480,26 @@ async fn reset_once(
 ) -> Result<AdminRecord, Fault> {
     let tx = conn.client.transaction().await?;
     let (spent, _) = lock_for_admin(&tx, analyst).await?;
-    tx.execute(ZERO_TOTALS, &[&analyst, &renyi_literal(&Spent::ZERO.renyi)])
-        .await?;
+    // Open slices stay counted: a process may still charge under them, and closing one takes
+    // its unused part off these totals.
+    let mut reserved = Spent::ZERO;
+    for row in tx.query(OPEN_SLICES, &[&analyst]).await? {
+        reserved = reserved
+            .checked_add_spent(&spent_from_row(&row, 0)?)
+            .ok_or(Fault::Corrupt("open slices overflow"))?;
+    }
+    let text = |x: Fixed| x.to_numeric_text();
+    tx.execute(
+        ZERO_TOTALS,
+        &[
+            &analyst,
+            &text(reserved.epsilon),
+            &text(reserved.delta),
+            &text(reserved.rho),
+            &renyi_literal(&reserved.renyi),
+        ],
+    )
+    .await?;
     let record = log_action(
         &tx,
         AdminAction::Reset,

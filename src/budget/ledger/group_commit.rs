@@ -230,7 +230,7 @@ pub(super) async fn charge_batch(
         .map(|outcome| {
             outcome.map(|(limit, after)| Receipt {
                 // One id per admitted request (checked by record_charges).
-                id: ids.next().unwrap_or_default(),
+                id: ChargeId::Logged(ids.next().unwrap_or_default()),
                 balance: Balance::new(&limit, after),
             })
         })

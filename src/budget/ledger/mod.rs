@@ -18,7 +18,16 @@
 //!   analyst's row one by one.
 //! - Totals are written as the exact decimal text of [`Fixed`] and read back as `numeric::text`,
 //!   so nothing is rounded on the way through PostgreSQL.
-//! - Nothing is ever refunded or decremented; [`Ledger::set_outcome`] only annotates the log.
+//! - Nothing charged is ever refunded; [`Ledger::set_outcome`] only annotates the log. The one
+//!   decrement is the close of a budget slice ([`lease`]), which replaces the slice's
+//!   reservation in the totals by what was charged under it: nothing released under it is
+//!   returned, only what was reserved and never used.
+//! - Budget leases (`--lease-queries`, [`Ledger::charge_leased`]): a slice of an analyst's
+//!   budget is reserved durably in one commit, under the same locks as a group commit, and the
+//!   charges it covers are made in memory; a process that dies holding one leaves its whole
+//!   reservation spent. The arithmetic is `budget::lease`, the proof docs/privacy.md §8.
+//! - Audit rows of leased charges, outcomes and replay entries are written by the [`journal`],
+//!   in batches, after the answer has left.
 //! - PostgreSQL's error text is logged with `tracing::warn!` and never returned: every ledger
 //!   failure is [`Error::LedgerUnavailable`]. A failed call charged nothing, except in the one
 //!   ambiguous case where the connection breaks after COMMIT was sent; the charge may then be
@@ -26,7 +35,7 @@
 //!
 //! # Tables (schema `pgdp`)
 //! ```sql
-//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 3
+//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 4
 //! CREATE TABLE pgdp.analyst_spent (        -- one row per analyst, created on first charge
 //!     analyst    text PRIMARY KEY,
 //!     epsilon    numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),  -- Σ pure ε
@@ -51,7 +60,15 @@
 //!     pure_rho numeric NOT NULL DEFAULT 0,   -- Σ ε_c²/2 of the charge's pure parts
 //!     outcome     text NOT NULL DEFAULT 'charged',  -- set later by `set_outcome`
 //!     outcome_at  timestamptz,
-//!     tables      text[] NOT NULL DEFAULT '{}');  -- policy tables read ('{}' before version 3)
+//!     tables      text[] NOT NULL DEFAULT '{}',  -- policy tables read ('{}' before version 3)
+//!     lease_id bigint, lease_seq bigint);  -- the slice that covered it (NULL: charged alone)
+//! CREATE TABLE pgdp.lease (                -- budget slices (`lease`), one row per reservation
+//!     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, analyst text NOT NULL,
+//!     holder text NOT NULL,                -- 'pid N on HOST' of the pgdp process
+//!     granted_at timestamptz NOT NULL DEFAULT now(), queries bigint NOT NULL,  -- k reserved
+//!     epsilon, delta, rho numeric NOT NULL, renyi numeric[] NOT NULL,  -- the reservation
+//!     closed_at timestamptz,               -- NULL: open (after a crash: forever, all spent)
+//!     charges bigint, used_epsilon, used_delta, used_rho numeric, used_renyi numeric[]);
 //! CREATE TABLE pgdp.admin_log (            -- one row per grant or reset (`admin`)
 //!     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz NOT NULL DEFAULT now(),
 //!     action text NOT NULL,                -- 'grant' | 'reset'
@@ -68,8 +85,8 @@
 //! The exact DDL is [`SCHEMA_DDL`]; the first connection a [`Ledger`] opens runs it under a
 //! transaction-scoped advisory lock when any table is missing, so processes starting together do
 //! not race. A role without CREATE rights can use a ledger whose tables a DBA created beforehand.
-//! A ledger of schema version 1 or 2 is migrated in place under the same lock, one version at a
-//! time ([`MIGRATE_1_TO_2`], [`MIGRATE_2_TO_3`]).
+//! A ledger of schema version 1, 2 or 3 is migrated in place under the same lock, one version
+//! at a time ([`MIGRATE_1_TO_2`], [`MIGRATE_2_TO_3`], [`MIGRATE_3_TO_4`]).
 //!
 //! Grants and resets ([`admin`]) change an analyst's row in transactions that take the same
 //! locks in the same order as a group commit; a charge reads the analyst's grants with its
@@ -86,6 +103,8 @@
 
 mod admin;
 mod group_commit;
+mod journal;
+mod lease;
 pub use admin::{
     Account, Accounts, AdminAction, AdminRecord, AuditEvent, AuditFilter, GrantRequest,
 };
@@ -110,7 +129,7 @@ use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNE
 use crate::{Error, Result};
 
 /// Version of the tables below, stored in `pgdp.meta`.
-const SCHEMA_VERSION: &str = "3";
+const SCHEMA_VERSION: &str = "4";
 
 /// Key of the advisory lock that serialises schema creation (ASCII "pgdpledg").
 const SCHEMA_LOCK_KEY: i64 = 0x7067_6470_6c65_6467;
@@ -126,7 +145,7 @@ CREATE TABLE IF NOT EXISTS pgdp.meta (
     key text PRIMARY KEY,
     value text NOT NULL
 );
-INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '3') ON CONFLICT DO NOTHING;
+INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '4') ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
     analyst text PRIMARY KEY,
     epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
@@ -163,6 +182,28 @@ CREATE TABLE IF NOT EXISTS pgdp.charge_log (
     tables text[] NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS charge_log_analyst_idx ON pgdp.charge_log (analyst, charged_at);
+ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS lease_id bigint,
+    ADD COLUMN IF NOT EXISTS lease_seq bigint;
+CREATE INDEX IF NOT EXISTS charge_log_lease_idx ON pgdp.charge_log (lease_id, lease_seq)
+    WHERE lease_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS pgdp.lease (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    analyst text NOT NULL,
+    holder text NOT NULL,
+    granted_at timestamptz NOT NULL DEFAULT now(),
+    queries bigint NOT NULL CHECK (queries >= 1),
+    epsilon numeric NOT NULL CHECK (epsilon >= 0),
+    delta numeric NOT NULL CHECK (delta >= 0),
+    rho numeric NOT NULL CHECK (rho >= 0),
+    renyi numeric[] NOT NULL,
+    closed_at timestamptz,
+    charges bigint,
+    used_epsilon numeric,
+    used_delta numeric,
+    used_rho numeric,
+    used_renyi numeric[]
+);
+CREATE INDEX IF NOT EXISTS lease_open_idx ON pgdp.lease (analyst) WHERE closed_at IS NULL;
 CREATE TABLE IF NOT EXISTS pgdp.replay_cache (
     analyst text NOT NULL,
     key text NOT NULL,
@@ -227,13 +268,49 @@ impl Balance {
 /// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct Receipt {
-    id: i64,
+    id: ChargeId,
     balance: Balance,
 }
 
+/// Which audit row a charge has (or will have: a charge under a lease gets its row from the
+/// journal, after the answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChargeId {
+    /// A charge committed on its own: its `pgdp.charge_log` id.
+    Logged(i64),
+    /// The `seq`-th charge under lease `lease` (`pgdp.charge_log.lease_id`, `lease_seq`).
+    Leased {
+        /// The `pgdp.lease` id.
+        lease: i64,
+        /// Its charges are numbered from 0 in the order they were made.
+        seq: i64,
+    },
+}
+
+impl ChargeId {
+    /// The `pgdp.charge_log` id of a charge committed on its own (a leased charge's row is
+    /// found by its lease and number instead).
+    pub fn logged(&self) -> Option<i64> {
+        match self {
+            ChargeId::Logged(id) => Some(*id),
+            ChargeId::Leased { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for ChargeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChargeId::Logged(id) => write!(f, "{id}"),
+            ChargeId::Leased { lease, seq } => write!(f, "lease {lease} #{seq}"),
+        }
+    }
+}
+
 impl Receipt {
-    /// The audit-log id, for [`Ledger::set_outcome`] and [`Ledger::record_release`].
-    pub fn id(&self) -> i64 {
+    /// Which audit row the charge has, for [`Ledger::set_outcome`] and
+    /// [`Ledger::record_release`].
+    pub fn id(&self) -> ChargeId {
         self.id
     }
 
@@ -253,6 +330,10 @@ pub struct Ledger {
     schema_ready: Arc<AtomicBool>,
     /// Charges waiting for their group commit, and the committer's own connection.
     charges: Arc<ChargeQueue>,
+    /// Audit rows, outcomes and replay entries waiting for their lazy commit.
+    journal: Arc<journal::Journal>,
+    /// This process's budget slices.
+    leases: Arc<lease::LeaseBook>,
 }
 
 impl fmt::Debug for Ledger {
@@ -367,6 +448,14 @@ impl Ledger {
                 state: std::sync::Mutex::new(QueueState::default()),
                 conn: Mutex::new(None),
             }),
+            journal: Arc::new(journal::Journal::new(
+                config.clone(),
+                Arc::clone(&schema_ready),
+            )),
+            leases: Arc::new(lease::LeaseBook::new(
+                config.clone(),
+                Arc::clone(&schema_ready),
+            )),
             config,
             slots: (0..crate::limits::LEDGER_CONNECTIONS)
                 .map(|_| Mutex::new(None))
@@ -486,58 +575,170 @@ impl Ledger {
         }
     }
 
-    /// Committed lazily (see [`Ledger::record_release`]).
-    pub async fn set_outcome(&self, charge_id: i64, outcome: &str) -> Result<()> {
-        let mut attempts = self.attempts().await;
-        loop {
-            let result = attempts
-                .client()
-                .await?
-                .write_lazily(&[(SET_OUTCOME, &[&charge_id, &outcome])])
-                .await;
-            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
-                return done;
-            }
-        }
+    /// Queued for the journal's next lazy commit (see [`Ledger::record_release`]); returns at
+    /// once. Best effort and never a refund: the charge stands whatever the outcome.
+    pub fn set_outcome(&self, charge: ChargeId, outcome: &str) {
+        self.journal.outcome(charge, outcome);
     }
 
     /// After a release: stores each (`key`, `payload`) of `entries` for `analyst` in the replay
     /// cache (the released answer under its replay key, the noisy measures under their
     /// measures key; first writer wins, as [`Ledger::replay_put`], in the order given) and
-    /// marks charge `charge_id` `released`, in one transaction committed with
-    /// `synchronous_commit = off`. Only the charge must survive a crash; losing these records
-    /// in one costs the analyst at most a second charge for a repeated query, so they do not
-    /// wait for a disk flush.
-    pub async fn record_release(
+    /// marks `charge` `released`. Queued for the journal, which commits it with
+    /// `synchronous_commit = off` after the answer has left: only the charge (or the lease
+    /// covering it) must survive a crash; losing these records costs the analyst at most a
+    /// second charge for a repeated query. Until then [`Ledger::replay_lookup`] of this process
+    /// sees the entries. Returns at once.
+    pub fn record_release(&self, charge: ChargeId, analyst: &str, entries: &[(&str, &[u8])]) {
+        self.journal.replays(analyst, entries);
+        self.journal.outcome(charge, "released");
+    }
+
+    /// Charges `cost` like [`Ledger::charge_reading`], but under a budget lease: the first
+    /// charge (and every charge the analyst's slice no longer covers, or made under other
+    /// limits) reserves a slice of up to `--lease-queries` charges of this cost in one durable
+    /// commit, and the charges it covers are made in memory, their audit rows following through
+    /// the journal. With leases off (`--lease-queries 1`) this is [`Ledger::charge_reading`].
+    /// The receipt's balance is the analyst's as of the slice's reservation, with this
+    /// process's own use since.
+    #[allow(clippy::too_many_arguments)] // as charge_reading
+    pub async fn charge_leased(
         &self,
-        charge_id: i64,
         analyst: &str,
-        entries: &[(&str, &[u8])],
-    ) -> Result<()> {
-        let outcome = "released";
-        let puts: Vec<[&(dyn ToSql + Sync); 3]> = entries
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        cost: &Cost,
+        fingerprint: &str,
+        mechanism: &str,
+        tables: &[String],
+    ) -> Result<Receipt> {
+        if self.leases.slice_max.load(Ordering::Relaxed) <= 1 {
+            return self
+                .charge_reading(
+                    analyst,
+                    limit,
+                    dataset_limit,
+                    cost,
+                    fingerprint,
+                    mechanism,
+                    tables,
+                )
+                .await;
+        }
+        self.leases
+            .charge(
+                &self.journal,
+                analyst,
+                limit,
+                dataset_limit,
+                cost,
+                fingerprint,
+                mechanism,
+                tables,
+            )
+            .await
+    }
+
+    /// Sets the most charges one slice reserves (`--lease-queries`); 1 turns leases off.
+    pub fn set_lease_queries(&self, queries: u64) {
+        self.leases
+            .slice_max
+            .store(queries.max(1), Ordering::Relaxed);
+    }
+
+    /// Closes every slice this process holds, returning their unused parts to the budgets, and
+    /// waits (at most `wait`) for the journal to write what it holds. For a clean shutdown;
+    /// returns how many slices were closed.
+    pub async fn return_slices(&self, wait: Duration) -> usize {
+        let closed = self.leases.close_idle(Duration::ZERO).await;
+        let deadline = tokio::time::Instant::now() + wait;
+        while !self.journal.is_idle() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        closed
+    }
+
+    /// The replay entries stored for (`analyst`, each of `keys`), as [`Ledger::replay_get`]
+    /// for each key but in one round trip, and seeing this process's entries that the journal
+    /// has not written yet.
+    pub async fn replay_lookup(
+        &self,
+        analyst: &str,
+        keys: &[&str],
+        lifetime: Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        if lifetime.is_zero() {
+            return Ok(vec![None; keys.len()]);
+        }
+        let mut found: Vec<Option<Vec<u8>>> = keys
             .iter()
-            .map(|(key, payload)| [&analyst as &(dyn ToSql + Sync), key, payload])
+            .map(|key| {
+                self.journal
+                    .pending_replay(analyst, key)
+                    .map(|p| p.as_ref().clone())
+            })
             .collect();
-        let mut writes: Vec<(&'static str, &[&(dyn ToSql + Sync)])> =
-            puts.iter().map(|p| (REPLAY_PUT, &p[..])).collect();
-        let outcome_params: [&(dyn ToSql + Sync); 2] = [&charge_id, &outcome];
-        writes.push((SET_OUTCOME, &outcome_params));
+        let missing: Vec<&str> = keys
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        if missing.is_empty() {
+            return Ok(found);
+        }
+        let lifetime_s = lifetime.as_secs_f64().min(REPLAY_LIFETIME_MAX_S);
+        // Both parts see the same snapshot; the DELETE clears the way for fresh entries.
+        const SQL: &str = "WITH expired AS (
+                DELETE FROM pgdp.replay_cache
+                WHERE analyst = $1 AND key = ANY($2::text[])
+                  AND created_at <= now() - $3::float8 * interval '1 second')
+            SELECT key, payload FROM pgdp.replay_cache
+            WHERE analyst = $1 AND key = ANY($2::text[])
+              AND created_at > now() - $3::float8 * interval '1 second'";
         let mut attempts = self.attempts().await;
-        loop {
-            let result = attempts.client().await?.write_lazily(&writes).await;
-            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
-                return done;
+        let rows = loop {
+            let conn = attempts.client().await?;
+            let result = match conn.statement(SQL).await {
+                Ok(statement) => {
+                    conn.client
+                        .query(&statement, &[&analyst, &missing, &lifetime_s])
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            let read = result.and_then(|rows| {
+                rows.iter()
+                    .map(|row| Ok((row.try_get::<_, String>(0)?, row.try_get::<_, Vec<u8>>(1)?)))
+                    .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+            });
+            if let Some(done) = attempts.settle(read.map_err(Fault::from)) {
+                break done?;
+            }
+        };
+        for (key, payload) in rows {
+            for (slot, wanted) in found.iter_mut().zip(keys) {
+                if slot.is_none() && *wanted == key {
+                    *slot = Some(payload.clone());
+                }
             }
         }
+        Ok(found)
     }
 
     /// The analyst's balance against `limit`, the policy's, raised by the analyst's grants (zero
-    /// spent and nothing granted for an analyst never charged).
+    /// spent and nothing granted for an analyst never charged). What this process holds reserved
+    /// in a budget slice and has not used is not counted; what other processes hold is, until
+    /// they return it.
     pub async fn balance(&self, analyst: &str, limit: &Limit) -> Result<Balance> {
         const SQL: &str = "SELECT epsilon::text, delta::text, rho::text, renyi::text,
                 granted_epsilon::text, granted_delta::text
             FROM pgdp.analyst_spent WHERE analyst = $1";
+        let slot = self.leases.existing_slot(analyst);
+        let held = match &slot {
+            Some(slot) => Some(slot.lock().await),
+            None => None,
+        };
         let mut attempts = self.attempts().await;
         loop {
             let conn = attempts.client().await?;
@@ -550,7 +751,15 @@ impl Ledger {
                 None => Ok((Spent::ZERO, Limit::default())),
             });
             if let Some(done) = attempts.settle(read) {
-                return done.map(|(spent, grants)| Balance::new(&limit.granted(&grants), spent));
+                let (spent, grants) = done?;
+                // This process's own unused reservation is not spent. The slot was locked
+                // before the read, so the totals include the slice iff it is held.
+                let unused = held
+                    .as_ref()
+                    .and_then(|h| h.as_ref())
+                    .map_or(Spent::ZERO, |h| h.slice.unused());
+                let spent = spent.checked_sub_spent(&unused).unwrap_or(spent);
+                return Ok(Balance::new(&limit.granted(&grants), spent));
             }
         }
     }
@@ -786,7 +995,8 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
                 AND to_regclass('pgdp.dataset_spent') IS NOT NULL
                 AND to_regclass('pgdp.charge_log') IS NOT NULL
                 AND to_regclass('pgdp.replay_cache') IS NOT NULL
-                AND to_regclass('pgdp.admin_log') IS NOT NULL",
+                AND to_regclass('pgdp.admin_log') IS NOT NULL
+                AND to_regclass('pgdp.lease') IS NOT NULL",
             &[],
         )
         .await?
@@ -811,6 +1021,10 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
     if version.as_deref() == Some("2") {
         tx.batch_execute(MIGRATE_2_TO_3).await?;
         version = Some("3".to_string());
+    }
+    if version.as_deref() == Some("3") {
+        tx.batch_execute(MIGRATE_3_TO_4).await?;
+        version = Some("4".to_string());
     }
     if version.as_deref() != Some(SCHEMA_VERSION) {
         return Err(Fault::Corrupt(
@@ -845,9 +1059,13 @@ ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS tables text[] NOT NULL DEFA
 UPDATE pgdp.meta SET value = '3' WHERE key = 'schema_version';
 ";
 
-/// Records what became of a charge.
-const SET_OUTCOME: &str =
-    "UPDATE pgdp.charge_log SET outcome = $2, outcome_at = now() WHERE id = $1";
+/// Migrates a ledger of schema version 3 to version 4, under the schema lock: `pgdp.lease`
+/// holds budget slices and the audit log says which slice covered a charge (NULL for charges
+/// committed on their own). [`SCHEMA_DDL`], which runs first because `pgdp.lease` is missing,
+/// creates both; this only records the version. A version-3 pgdp refuses the migrated ledger.
+const MIGRATE_3_TO_4: &str = "
+UPDATE pgdp.meta SET value = '4' WHERE key = 'schema_version';
+";
 
 /// Stores a released answer unless one is there (first writer wins).
 const REPLAY_PUT: &str = "INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)

@@ -389,7 +389,7 @@ impl<'a> Analyzer<'a> {
                 .and_then(|o| match o.source {
                     OutputSource::Key(i) => Some(Post::Key(i)),
                     OutputSource::Aggregate(i) => Some(Post::Aggregate(i)),
-                    OutputSource::Computed(_) => None,
+                    OutputSource::Computed(_) | OutputSource::Grouping(_) => None,
                 })
         };
         match e {
@@ -411,6 +411,11 @@ impl<'a> Analyzer<'a> {
                             OutputSource::Computed(_) => {
                                 Err(Error::internal("a computed output in pgdp's evaluator"))
                             }
+                            // Sorted by PostgreSQL over the released rows instead.
+                            OutputSource::Grouping(_) => Err(Error::unsupported(
+                                "ORDER BY a GROUPING(…) column in pgdp's own evaluator",
+                                "",
+                            )),
                         };
                     }
                     Ok(Post::Number(n.parse().map_err(|_| Error::Syntax {

@@ -320,9 +320,22 @@ impl<'a> Analyzer<'a> {
                         && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)))
                     || (i.ty == Some(ColumnType::Timestamp) && widest == Some(ColumnType::Date));
                 if !total {
+                    // EXTRACT / date_part of an infinite date or timestamp is ±Infinity, which no
+                    // integer cast accepts, and a policy declares no bounds for dates that would
+                    // exclude infinity: the cast stays refused, the hint shows the form that works.
+                    let of_date_field = match expr.as_ref() {
+                        Expr::Extract { .. } => true,
+                        Expr::Function(f) => function_name(&f.name).is_ok_and(|n| n == "date_part"),
+                        _ => false,
+                    };
+                    let hint = if of_date_field {
+                        "EXTRACT and date_part give ±Infinity for infinite dates, which the cast refuses (an error that would reveal data); group by EXTRACT(YEAR FROM visit_date) without the cast (numeric, as PostgreSQL types it), or by date_trunc('year', visit_date)."
+                    } else {
+                        "Casts that can fail would reveal data through errors; compare with a literal of the column's own type instead."
+                    };
                     return Err(Error::forbidden(
                         format!("the cast of {} to {data_type} can fail on some values", i.column.as_deref().unwrap_or("this expression")),
-                        "Casts that can fail would reveal data through errors; compare with a literal of the column's own type instead.",
+                        hint,
                     ));
                 }
                 let bounds = if target.is_numeric() { i.bounds } else { None };
@@ -410,6 +423,14 @@ impl<'a> Analyzer<'a> {
                 "aggregates inside expressions",
                 "Aggregates may appear only at the top of a select item, in HAVING or in ORDER BY.",
             ));
+        }
+        if name == "date_bin" {
+            // date_bin fails on valid timestamps: near the ends of the timestamp range a bin's
+            // start leaves the range, and with an early origin the difference overflows.
+            return Err(Error::UnknownFunction {
+                name: f.name.to_string(),
+                hint: "date_bin can fail on some timestamps (a bin may start outside the timestamp range), which would reveal data through errors; group by date_trunc('week', …) (or 'day', 'hour', 'month') instead.".into(),
+            });
         }
         let Some(spec) = total_function(&name) else {
             return Err(Error::UnknownFunction {

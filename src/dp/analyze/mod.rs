@@ -30,6 +30,7 @@ mod aggregate;
 mod expr;
 mod from;
 mod functions;
+mod grouping;
 mod post;
 mod scope;
 mod semijoin;
@@ -146,19 +147,9 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         None => (None, Vec::new()),
     };
 
-    // GROUP BY keys.
-    let group_exprs = match &select.group_by {
-        GroupByExpr::Expressions(exprs, modifiers) => {
-            if !modifiers.is_empty() {
-                return Err(Error::unsupported(
-                    "ROLLUP / CUBE / GROUPING SETS",
-                    "Run one query per grouping.",
-                ));
-            }
-            exprs.clone()
-        }
-        GroupByExpr::All(_) => return Err(Error::unsupported("GROUP BY ALL", "List the keys.")),
-    };
+    // GROUP BY keys, and with ROLLUP / CUBE / GROUPING SETS the grouping sets over them.
+    let group_by = grouping::group_by(&select.group_by)?;
+    let group_exprs = group_by.elements;
     if group_exprs.len() > limits::GROUP_KEYS_PER_QUERY_MAX {
         return Err(Error::LimitExceeded {
             what: "the number of GROUP BY keys".into(),
@@ -168,8 +159,25 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
     let mut keys: Vec<GroupKey> = Vec::new();
     // The analyst's expression of each key (for the statement that types released values).
     let mut key_originals: Vec<Expr> = Vec::new();
+    // The key each element of GROUP BY resolved to.
+    let mut element_key: Vec<usize> = Vec::new();
     for g in &group_exprs {
-        let mut e = resolve_group_reference(g, &select.projection)?;
+        // PostgreSQL reads an ambiguous GROUP BY name as the input column, not the output
+        // alias (`CASE WHEN GROUPING(region) = 1 THEN 'all' ELSE region END AS region … GROUP BY
+        // ROLLUP (region)` groups by the column).
+        let input_column = matches!(g, Expr::Identifier(_))
+            && !matches!(
+                a.expr(&mut g.clone(), Role::Key),
+                Err(Error::UnknownColumn { .. })
+            );
+        let resolved = |g: &Expr| -> Result<Expr> {
+            if input_column {
+                Ok(g.clone())
+            } else {
+                resolve_group_reference(g, &select.projection)
+            }
+        };
+        let mut e = resolved(g)?;
         let info = a.expr(&mut e, Role::Key)?;
         if !info.groupable {
             return Err(Error::forbidden(
@@ -178,10 +186,12 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             ));
         }
         let text = Canonical::of(&e);
-        if keys.iter().any(|k| k.expr == text) {
+        if let Some(i) = keys.iter().position(|k| k.expr == text) {
+            element_key.push(i);
             continue;
         }
-        key_originals.push(resolve_group_reference(g, &select.projection)?);
+        element_key.push(keys.len());
+        key_originals.push(resolved(g)?);
         keys.push(GroupKey {
             expr: text,
             ty: info.ty.unwrap_or(ColumnType::Text),
@@ -192,6 +202,10 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             public: info.public,
         });
     }
+    let grouping_sets = group_by
+        .sets
+        .map(|sets| grouping::key_sets(&sets, &element_key));
+    let sets = grouping_sets.as_deref();
 
     // Select list, HAVING, ORDER BY: evaluated by pgdp when they are bare aggregates and keys,
     // by PostgreSQL over the released values (post::PostProcessing) otherwise.
@@ -204,12 +218,12 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             _ => false,
         });
     let shaped = if staged {
-        Shaped::Staged(a.post_processing(query, select, &keys, &key_originals)?)
+        Shaped::Staged(a.post_processing(query, select, &keys, &key_originals, sets)?)
     } else {
-        match a.plain_outputs(query, select, &keys) {
+        match a.plain_outputs(query, select, &keys, sets.is_some()) {
             Ok(p) => Shaped::Plain(p),
             // What pgdp's own evaluator cannot do, PostgreSQL may, over the released values.
-            Err(refusal) => match a.post_processing(query, select, &keys, &key_originals) {
+            Err(refusal) => match a.post_processing(query, select, &keys, &key_originals, sets) {
                 Ok(s) => Shaped::Staged(s),
                 Err(_) => return Err(refusal),
             },
@@ -271,6 +285,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         filter,
         semijoins,
         keys,
+        grouping_sets,
         aggregates,
         outputs,
         having,
@@ -603,11 +618,23 @@ impl Analyzer<'_> {
         query: &ast::Query,
         select: &ast::Select,
         keys: &[GroupKey],
+        grouped: bool,
     ) -> Result<PlainOutputs> {
         let mut aggregates: Vec<Aggregate> = Vec::new();
         let mut outputs = Vec::new();
         for item in &select.projection {
             let (expr, alias) = select_item(item)?;
+            if grouping::is_grouping_call(expr) {
+                if !grouped {
+                    return Err(grouping::grouping_without_sets());
+                }
+                let args = self.grouping_arguments(expr, keys)?;
+                outputs.push(Output {
+                    name: alias.unwrap_or_else(|| default_name(expr)),
+                    source: OutputSource::Grouping(args),
+                });
+                continue;
+            }
             let source = match self.aggregate(expr)? {
                 Some(agg) => {
                     let idx = push_aggregate(&mut aggregates, agg);

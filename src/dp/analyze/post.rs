@@ -33,6 +33,8 @@ pub(super) struct Staging<'k> {
     /// For an outer query over an aggregate subquery: the subquery's alias and its output
     /// names, the only columns the outer query may name (no aggregates there).
     pub(super) outer: Option<(&'k str, &'k [String])>,
+    /// The query's grouping sets, if any (`GROUPING(…)` is allowed only with them).
+    pub(super) sets: Option<&'k [Vec<usize>]>,
     /// Aggregates, in the order of their `a<i>` columns.
     pub(super) aggregates: Vec<Aggregate>,
     /// The analyst's expression of each aggregate.
@@ -284,6 +286,15 @@ impl Analyzer<'_> {
                 }
                 _ => {}
             }
+        }
+        // GROUPING(…): a function of the released row's grouping set (columns `g<i>`).
+        if st.outer.is_none() && grouping::is_grouping_call(e) {
+            if st.sets.is_none() {
+                return Err(grouping::grouping_without_sets());
+            }
+            let args = self.grouping_arguments(e, st.keys)?;
+            *e = grouping::released_grouping(&args);
+            return Ok(());
         }
         // An aggregate: released through a mechanism.
         if let Expr::Function(f) = &*e {
@@ -599,9 +610,11 @@ impl Analyzer<'_> {
         select: &ast::Select,
         keys: &[GroupKey],
         key_originals: &[Expr],
+        sets: Option<&[Vec<usize>]>,
     ) -> Result<Staged> {
         let mut st = Staging {
             keys,
+            sets,
             outer: None,
             aggregates: Vec::new(),
             originals: Vec::new(),
@@ -656,7 +669,7 @@ impl Analyzer<'_> {
                 limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
             });
         }
-        let measures = measures_statement(query, key_originals, &st.originals);
+        let measures = measures_statement(query, key_originals, &st.originals, sets)?;
         Ok((
             st.aggregates,
             outputs,
@@ -726,22 +739,51 @@ impl Analyzer<'_> {
 /// The analyst's statement with the group keys and the aggregates as its select list, grouped by
 /// the same keys, without HAVING, ORDER BY or LIMIT: what the shadow catalog describes to type
 /// the released relation (never run).
-fn measures_statement(query: &ast::Query, keys: &[Expr], aggregates: &[Expr]) -> ast::Query {
+///
+/// With grouping sets, the select list ends with `GROUPING(key)` for each key (the `g<i>`
+/// columns), and GROUP BY is the equivalent `GROUPING SETS` clause over the keys.
+fn measures_statement(
+    query: &ast::Query,
+    keys: &[Expr],
+    aggregates: &[Expr],
+    sets: Option<&[Vec<usize>]>,
+) -> Result<ast::Query> {
     let mut q = query.clone();
     q.order_by = None;
     q.limit_clause = None;
+    let mut groupings = Vec::new();
+    if sets.is_some() {
+        for k in keys {
+            let text = format!("GROUPING({k})");
+            let e = sqlparser::parser::Parser::new(&sqlparser::dialect::PostgreSqlDialect {})
+                .try_with_sql(&text)
+                .and_then(|mut p| p.parse_expr())
+                .map_err(|e| Error::internal(format!("GROUPING of a key does not parse: {e}")))?;
+            groupings.push(e);
+        }
+    }
     if let SetExpr::Select(s) = q.body.as_mut() {
         s.projection = keys
             .iter()
             .chain(aggregates)
+            .chain(&groupings)
             .map(|e| SelectItem::UnnamedExpr(e.clone()))
             .collect();
         s.having = None;
-        if !keys.is_empty() {
-            s.group_by = GroupByExpr::Expressions(keys.to_vec(), Vec::new());
+        match sets {
+            Some(sets) => {
+                s.group_by = GroupByExpr::Expressions(
+                    vec![grouping::grouping_sets_expr(sets, keys)],
+                    Vec::new(),
+                );
+            }
+            None if !keys.is_empty() => {
+                s.group_by = GroupByExpr::Expressions(keys.to_vec(), Vec::new());
+            }
+            None => {}
         }
     }
-    q
+    Ok(q)
 }
 
 /// The outer query of `SELECT … FROM (<aggregate query>) AS s …` (how Metabase wraps every
@@ -853,6 +895,7 @@ fn outer_plan(
     };
     let mut st = Staging {
         keys: &[],
+        sets: None,
         outer: Some((alias_name.as_str(), &names)),
         aggregates: Vec::new(),
         originals: Vec::new(),

@@ -10,7 +10,9 @@
 //!   `listed[…]` (public values) or `table schema.table.column` (read from a public table).
 //! - `aggs`: `kind(argument)[lower,upper]`; `count_units` is `COUNT(DISTINCT <unit>)`, `qNNN` a
 //!   quantile in thousandths (MIN and MAX are q10 and q990).
-//! - `out`: `name=kI` (group key I) or `name=aJ` (aggregate J); HAVING and ORDER BY use the same
+//! - `sets`: with ROLLUP / CUBE / GROUPING SETS, each grouping set's key indices.
+//! - `out`: `name=kI` (group key I), `name=aJ` (aggregate J) or `name=g[I, …]` (GROUPING of
+//!   keys I, …); HAVING and ORDER BY use the same
 //!   indices. `params`: `$n:inferred type/declared SQL type`. `unique`: unit-path keys the plan
 //!   relies on being unique upstream.
 //!
@@ -285,15 +287,19 @@ fn summary(plan: &Plan) -> String {
     }
     let keys: Vec<String> = plan.keys.iter().map(key_text).collect();
     s += &format!(" keys=[{}]", keys.join(", "));
+    if let Some(sets) = &plan.grouping_sets {
+        s += &format!(" sets={sets:?}");
+    }
     let aggs: Vec<String> = plan.aggregates.iter().map(aggregate_text).collect();
     s += &format!(" aggs=[{}]", aggs.join(", "));
     let outs: Vec<String> = plan
         .outputs
         .iter()
-        .map(|o| match o.source {
+        .map(|o| match &o.source {
             OutputSource::Key(i) => format!("{}=k{i}", o.name),
             OutputSource::Aggregate(i) => format!("{}=a{i}", o.name),
             OutputSource::Computed(i) => format!("{}=c{i}", o.name),
+            OutputSource::Grouping(args) => format!("{}=g{args:?}", o.name),
         })
         .collect();
     s += &format!(" out=[{}]", outs.join(", "));
@@ -819,11 +825,43 @@ fn refusals_privacy() {
             ("sum bounds too large", "SELECT SUM(income * income * income) FROM demo.people", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("cast text to int", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis::int > 3", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("extract to int fails on infinity", "SELECT EXTRACT(YEAR FROM visit_date)::int AS y, COUNT(*) FROM demo.visits GROUP BY 1", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("date_part to bigint fails on infinity", "SELECT date_part('year', visit_date)::bigint AS y, COUNT(*) FROM demo.visits GROUP BY 1", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("date to timestamp overflows", "SELECT COUNT(*) FROM demo.visits WHERE visit_date::timestamp > TIMESTAMP '2024-01-01'", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("cast to narrow type", "SELECT COUNT(*) FROM demo.visits WHERE CAST(person_id AS smallint) > 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("numeric overflow by literals", "SELECT COUNT(*) FROM demo.people WHERE income * 1e100000 * 1e100000 > 0", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("for update", "SELECT COUNT(*) FROM demo.visits FOR UPDATE", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("select into", "SELECT COUNT(*) INTO stolen FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
+        ],
+    );
+}
+
+#[test]
+fn grouping_sets() {
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            ("rollup", "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex, region)",
+             Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X], region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] sets=[[0, 1], [0], []] aggs=[count(*)] out=[sex=k0, region=k1, count=a0]")),
+            ("cube", "SELECT sex, region, COUNT(*), GROUPING(sex, region) FROM demo.people GROUP BY CUBE (sex, region)",
+             Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X], region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] sets=[[0, 1], [0], [1], []] aggs=[count(*)] out=[sex=k0, region=k1, count=a0, grouping=g[0, 1]]")),
+            ("grouping sets with empty and duplicate", "SELECT region, COUNT(*) FROM demo.people GROUP BY GROUPING SETS ((region), (), (region))",
+             Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] sets=[[0], [], [0]] aggs=[count(*)] out=[region=k0, count=a0]")),
+            ("mixed plain and rollup", "SELECT sex, region, diagnosis, COUNT(*) FROM demo.people JOIN demo.visits USING (person_id) GROUP BY sex, ROLLUP (region, diagnosis)",
+             Accepted("unit=person_id caps=(g5,r10) tables=[demo.people:private, demo.visits:private] on=[person_id = t1.person_id] keys=[sex:text:listed[F, M, X], region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE], t1.diagnosis:text:private] sets=[[0, 1, 2], [0, 1], [0]] aggs=[count(*)] out=[sex=k0, region=k1, diagnosis=k2, count=a0]")),
+            ("rollup of two rollups", "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex), ROLLUP (region)",
+             Accepted("unit=person_id caps=(g1,r1) keys=[sex:text:listed[F, M, X], region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] sets=[[0, 1], [0], [1], []] aggs=[count(*)] out=[sex=k0, region=k1, count=a0]")),
+            ("grouping in case is post-processing", "SELECT CASE WHEN GROUPING(region) = 1 THEN 'all' ELSE region END AS r, COUNT(*) FROM demo.people GROUP BY ROLLUP (region)",
+             Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] sets=[[0], []] aggs=[count(*)] out=[r=c0, count=a0] post=[SELECT CASE WHEN (\"__dp_released\".\"g0\") = 1 THEN 'all' ELSE \"__dp_released\".\"k0\" END AS \"r\", \"__dp_released\".\"a0\" AS \"count\" FROM \"__dp_released\"]")),
+            ("group by name is the input column before the alias", "SELECT CASE WHEN GROUPING(region) = 1 THEN 'all' ELSE region END AS region, COUNT(*) FROM demo.people GROUP BY ROLLUP (region) ORDER BY 1",
+             Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] sets=[[0], []] aggs=[count(*)] out=[region=c0, count=a0] post=[SELECT CASE WHEN (\"__dp_released\".\"g0\") = 1 THEN 'all' ELSE \"__dp_released\".\"k0\" END AS \"region\", \"__dp_released\".\"a0\" AS \"count\" FROM \"__dp_released\" ORDER BY 1]")),
+            ("group by alias of an expression", "SELECT upper(region) AS r, COUNT(*) FROM demo.people GROUP BY r",
+             Accepted("unit=person_id caps=(g1,r1) keys=[pg_catalog.upper(region):text:private] aggs=[count(*)] out=[r=k0, count=a0]")),
+            ("grouping of a non-key", "SELECT region, GROUPING(sex), COUNT(*) FROM demo.people GROUP BY ROLLUP (region)", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("grouping without sets", "SELECT region, GROUPING(region), COUNT(*) FROM demo.people GROUP BY region", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("nested rollup", "SELECT region, COUNT(*) FROM demo.people GROUP BY GROUPING SETS (ROLLUP (region))", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("cube too large", "SELECT COUNT(*) FROM demo.visits GROUP BY CUBE (clinic, diagnosis, visit_date, cost > 10, cost > 20)", Refused(S::PROGRAM_LIMIT_EXCEEDED)),
+            ("rollup of unit", "SELECT COUNT(*) FROM demo.visits GROUP BY ROLLUP (person_id)", Refused(S::INSUFFICIENT_PRIVILEGE)),
         ],
     );
 }
@@ -849,7 +887,6 @@ fn refusals_unsupported() {
             ("select distinct", "SELECT DISTINCT diagnosis FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("quantile filter", "SELECT MEDIAN(cost) FILTER (WHERE cost > 10) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("filter with window", "SELECT COUNT(*) FILTER (WHERE cost > 10) OVER () FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
-            ("rollup", "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex, region)", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("nested aggregate", "SELECT SUM(COUNT(*)) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("aggregate in where", "SELECT COUNT(*) FROM demo.visits WHERE COUNT(*) > 1", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("sum distinct", "SELECT SUM(DISTINCT cost) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
@@ -987,5 +1024,44 @@ fn semijoin_refusals_hint_a_supported_form() {
             "{sql}: {e} (hint: {hint})"
         );
         assert!(!hint.contains(RESERVED_PREFIX) && !e.to_string().contains(RESERVED_PREFIX), "{sql}");
+    }
+}
+
+/// Refused grouping forms and key casts say what to write instead (issue 15): nested grouping
+/// constructs show the supported GROUPING SETS / ROLLUP forms, GROUPING without grouping sets
+/// shows ROLLUP, and a failing cast of EXTRACT / date_part or date_bin shows the key that works.
+#[test]
+fn grouping_and_key_refusals_hint_a_supported_form() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    for (sql, code, shown) in [
+        (
+            "SELECT region, COUNT(*) FROM demo.people GROUP BY GROUPING SETS ((region), ROLLUP (sex))",
+            SqlState::FEATURE_NOT_SUPPORTED,
+            "GROUPING SETS ((a, b), (a), ())",
+        ),
+        (
+            "SELECT region, GROUPING(region), COUNT(*) FROM demo.people GROUP BY region",
+            SqlState::FEATURE_NOT_SUPPORTED,
+            "ROLLUP",
+        ),
+        (
+            "SELECT EXTRACT(YEAR FROM visit_date)::int AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            "EXTRACT(YEAR FROM visit_date) without the cast",
+        ),
+        (
+            "SELECT date_bin('1 week', visit_date, DATE '2024-01-01') AS w, COUNT(*) FROM demo.visits GROUP BY 1",
+            SqlState::UNDEFINED_FUNCTION,
+            "date_trunc('week'",
+        ),
+    ] {
+        let e = analyze_sql(sql, &ctx).expect_err(sql);
+        assert_eq!(e.sqlstate(), code, "{sql}: {e}");
+        let hint = e.hint().unwrap_or_default();
+        assert!(hint.contains(shown), "{sql}: {e} (hint: {hint})");
     }
 }

@@ -97,8 +97,9 @@ impl NoisyMeasures {
     /// not reused.
     pub fn from_payload(payload: &[u8], plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
         let measures = decode(payload)?;
-        (measures.keys == plan.keys.len() && measures.measures == rewrite.measures.len())
-            .then_some(measures)
+        // With grouping sets each group also carries its set's index, as a last key text.
+        let keys = plan.keys.len() + usize::from(plan.grouping_sets.is_some());
+        (measures.keys == keys && measures.measures == rewrite.measures.len()).then_some(measures)
     }
 }
 
@@ -115,7 +116,9 @@ fn decode(payload: &[u8]) -> Option<NoisyMeasures> {
     let n = usize::try_from(u64_of(&mut b)?).ok()?;
     // Widths within what a plan can have (three measures at most per aggregate), so that a
     // damaged payload cannot ask for a huge allocation.
-    if keys > limits::GROUP_KEYS_PER_QUERY_MAX || measures > 3 * limits::AGGREGATES_PER_QUERY_MAX {
+    if keys > limits::GROUP_KEYS_PER_QUERY_MAX + 1
+        || measures > 3 * limits::AGGREGATES_PER_QUERY_MAX
+    {
         return None;
     }
     let mut groups = Vec::with_capacity(n.min(limits::MEASURES_STORED_GROUPS_MAX));
@@ -221,6 +224,34 @@ pub fn measures_key(
         ),
         None => "no selection".into(),
     });
+    // With grouping sets, each set's own mechanisms (the fields above are the first set's).
+    parts.push(format!("grouping sets {:?}", plan.grouping_sets));
+    for (s, m) in mechanisms.sets.iter().enumerate() {
+        parts.push(format!(
+            "set {s} epsilon {:e} delta {:e} shares {} per share {:e}",
+            m.budget.epsilon, m.budget.delta, m.shares, m.epsilon_per_measure
+        ));
+        for (j, n) in m.noises.iter().enumerate() {
+            parts.push(format!(
+                "set {s} noise {:?} scale {:e} grid {:?} sensitivity {:e}",
+                n.kind(),
+                n.scale(),
+                n.grid_exponent(),
+                m.sensitivities.get(j).copied().unwrap_or(f64::NAN)
+            ));
+        }
+        parts.push(match &m.selection {
+            Some(sel) => format!(
+                "set {s} selection scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+                sel.scale(),
+                sel.threshold(),
+                sel.delta(),
+                sel.max_groups_per_unit(),
+                m.selection_measure
+            ),
+            None => format!("set {s} no selection"),
+        });
+    }
     parts.push(format!("domain {}", domain.len()));
     for part in domain {
         parts.push(format!("part {:?}", part.keys));

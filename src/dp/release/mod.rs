@@ -30,6 +30,7 @@ use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
 
+mod grouping;
 pub mod measures;
 pub mod post;
 pub mod rows;
@@ -71,6 +72,10 @@ pub struct Mechanisms {
     pub budget: Budget,
     /// `pgdp.max_error` when it chose `budget.epsilon` ([`budget_for_error`]).
     pub max_error: Option<f64>,
+    /// With grouping sets, the mechanisms of each set's release, in the plan's order (the
+    /// fields above are then the first set's, but `cost`, `shares` and `budget` the whole
+    /// query's); empty otherwise.
+    pub sets: Vec<Mechanisms>,
 }
 
 /// Relative margin on the charged ρ of the Gaussian measures: the per-measure ρ is a float
@@ -136,6 +141,9 @@ pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Opti
 
 /// Chooses every mechanism of the query and its cost. Refuses before anything runs.
 pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
+    if plan.grouping_sets().is_some() {
+        return grouping::mechanisms(plan, rewrite, budget);
+    }
     let needs_selection = !plan.keys_public();
     let groups = plan.max_groups_per_unit;
     let selection_measure = selection_measure(plan, rewrite, budget);
@@ -255,6 +263,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         sensitivities,
         budget,
         max_error: None,
+        sets: Vec::new(),
     })
 }
 
@@ -266,6 +275,7 @@ fn worst_error_bound(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> f64 {
     };
     m.noises
         .iter()
+        .chain(m.sets.iter().flat_map(|s| s.noises.iter()))
         .map(|n| n.error_bound(0.05).unwrap_or(f64::INFINITY))
         .fold(0.0, f64::max)
 }
@@ -384,6 +394,11 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
         for (i, agg) in plan.aggregates.iter().enumerate() {
             out.push(OutColumn::new(format!("a{i}"), agg.result));
         }
+        if plan.grouping_sets.is_some() {
+            for i in 0..plan.keys.len() {
+                out.push(OutColumn::new(format!("g{i}"), CellType::Int4));
+            }
+        }
         return out;
     }
     for o in &plan.outputs {
@@ -401,6 +416,9 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
                         CellType::Float8,
                     ));
                 }
+            }
+            crate::dp::plan::OutputSource::Grouping(_) => {
+                out.push(OutColumn::new(o.name.clone(), CellType::Int4))
             }
             crate::dp::plan::OutputSource::Computed(_) => {}
         }
@@ -468,6 +486,9 @@ pub fn measure<R: Rng + CryptoRng + ?Sized>(
     public_domains: &PublicDomains,
     rng: &mut R,
 ) -> Result<NoisyMeasures> {
+    if plan.grouping_sets.is_some() {
+        return grouping::measure(plan, rewrite, mechanisms, rows, public_domains, rng);
+    }
     let k = plan.keys.len();
     let m = rewrite.measures.len();
     let expected = k + m + 1;
@@ -576,6 +597,10 @@ pub fn measure<R: Rng + CryptoRng + ?Sized>(
     })
 }
 
+/// A released row before its output columns are laid out: keys, aggregates, their error bounds
+/// and the index of its grouping set (0 without grouping sets).
+type OutRow = (Vec<Cell>, Vec<Cell>, Vec<Cell>, usize);
+
 /// Everything after the noise, a function of the noisy measures alone (post-processing, free):
 /// the analyst's aggregates derived from them (AVG from a noisy sum and count, clamping,
 /// rounding), the `_error95` columns, HAVING, ORDER BY, OFFSET and LIMIT. For a plan with
@@ -589,19 +614,37 @@ pub fn finish(
     measures: &NoisyMeasures,
     accuracy: bool,
 ) -> Result<Released> {
-    if measures.keys != plan.keys.len()
+    let sets = plan.grouping_sets.as_deref();
+    if measures.keys != plan.keys.len() + usize::from(sets.is_some())
         || measures.measures != rewrite.measures.len()
         || mechanisms.noises.len() != rewrite.measures.len()
+        || mechanisms.sets.len() != sets.map_or(0, |s| s.len())
     {
         return Err(Error::internal("noisy measures of another shape"));
     }
-    let bounds95: Vec<f64> = mechanisms
-        .noises
-        .iter()
-        .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
-        .collect();
+    let bounds_of = |m: &Mechanisms| -> Vec<f64> {
+        m.noises
+            .iter()
+            .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
+            .collect()
+    };
+    // Per grouping set (one entry without grouping sets): its 95% bounds.
+    let bounds95: Vec<Vec<f64>> = if mechanisms.sets.is_empty() {
+        vec![bounds_of(mechanisms)]
+    } else {
+        mechanisms.sets.iter().map(bounds_of).collect()
+    };
     let mut out_rows = Vec::new();
-    for (keys, noisy) in &measures.groups {
+    for (all_keys, noisy) in &measures.groups {
+        // With grouping sets, the last key text is the group's set.
+        let (keys, set) = match sets {
+            Some(sets) => (
+                &all_keys[..plan.keys.len()],
+                grouping::set_of(all_keys, sets.len())?,
+            ),
+            None => (&all_keys[..], 0),
+        };
+        let bounds95 = &bounds95[set];
         let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
         for (i, agg) in plan.aggregates.iter().enumerate() {
             aggregate_values.push(derive(
@@ -624,12 +667,12 @@ pub fn finish(
         }
         let errors: Vec<Cell> = if accuracy {
             (0..plan.aggregates.len())
-                .map(|i| error_bound_cell(plan, rewrite, i, &bounds95, noisy))
+                .map(|i| error_bound_cell(plan, rewrite, i, bounds95, noisy))
                 .collect()
         } else {
             Vec::new()
         };
-        out_rows.push((key_cells, aggregate_values, errors));
+        out_rows.push((key_cells, aggregate_values, errors, set));
     }
 
     // ORDER BY on released values (keys order by default, for stable output).
@@ -649,11 +692,10 @@ pub fn finish(
                 return ord;
             }
         }
-        Ordering::Equal
+        a.3.cmp(&b.3)
     });
     let start = usize::try_from(plan.offset).unwrap_or(usize::MAX);
-    let mut rows_iter: Vec<(Vec<Cell>, Vec<Cell>, Vec<Cell>)> =
-        out_rows.into_iter().skip(start).collect();
+    let mut rows_iter: Vec<OutRow> = out_rows.into_iter().skip(start).collect();
     if let Some(l) = plan.limit {
         rows_iter.truncate(usize::try_from(l).unwrap_or(usize::MAX));
     }
@@ -661,10 +703,24 @@ pub fn finish(
     rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
 
     let mut rows_out = Vec::with_capacity(rows_iter.len());
-    for (key_cells, aggregate_values, errors) in rows_iter {
+    let set_keys = |set: usize| -> &[usize] { sets.and_then(|s| s.get(set)).map_or(&[], |s| s) };
+    for (key_cells, aggregate_values, errors, set) in rows_iter {
         if plan.post.is_some() {
-            // The released relation of the post-processing: keys, then aggregates.
-            rows_out.push(key_cells.into_iter().chain(aggregate_values).collect());
+            // The released relation of the post-processing: keys, then aggregates, then with
+            // grouping sets whether each key is rolled up (GROUPING of that key).
+            let groupings: Vec<Cell> = match sets {
+                Some(_) => (0..plan.keys.len())
+                    .map(|k| Cell::Int(grouping::grouping_value(&[k], set_keys(set))))
+                    .collect(),
+                None => Vec::new(),
+            };
+            rows_out.push(
+                key_cells
+                    .into_iter()
+                    .chain(aggregate_values)
+                    .chain(groupings)
+                    .collect(),
+            );
             continue;
         }
         let mut row = Vec::new();
@@ -676,6 +732,9 @@ pub fn finish(
                     if accuracy {
                         row.push(errors.get(i).cloned().unwrap_or(Cell::Null));
                     }
+                }
+                crate::dp::plan::OutputSource::Grouping(ref args) => {
+                    row.push(Cell::Int(grouping::grouping_value(args, set_keys(set))))
                 }
                 crate::dp::plan::OutputSource::Computed(_) => {
                     return Err(Error::internal("a computed output without post-processing"))
@@ -981,13 +1040,21 @@ pub fn explain(
             plan.max_groups_per_unit,
             plan.max_rows_per_unit
         ),
-        format!(
-            "cost: {} (mechanism {}; epsilon split over {} share(s) of {:.6})",
-            mechanisms.cost,
-            budget.mechanism.name(),
-            mechanisms.shares,
-            mechanisms.epsilon_per_measure
-        ),
+        match plan.grouping_sets.as_deref() {
+            Some(sets) => format!(
+                "cost: {} (mechanism {}; the sum of the costs of {} grouping set(s), below)",
+                mechanisms.cost,
+                budget.mechanism.name(),
+                sets.len()
+            ),
+            None => format!(
+                "cost: {} (mechanism {}; epsilon split over {} share(s) of {:.6})",
+                mechanisms.cost,
+                budget.mechanism.name(),
+                mechanisms.shares,
+                mechanisms.epsilon_per_measure
+            ),
+        },
     ];
     if let Some(target) = mechanisms.max_error {
         lines.push(format!(
@@ -997,7 +1064,13 @@ pub fn explain(
     if let Some(note) = capped_statistic(plan) {
         lines.push(format!("estimates: {note}"));
     }
+    if plan.grouping_sets.is_some() {
+        lines.extend(grouping::explain_sets(plan, rewrite, mechanisms).unwrap_or_default());
+    }
     for (j, m) in rewrite.measures.iter().enumerate() {
+        if plan.grouping_sets.is_some() {
+            break;
+        }
         let n = &mechanisms.noises[j];
         let b95 = n
             .error_bound(0.05)
@@ -1024,6 +1097,7 @@ pub fn explain(
             s.threshold(),
             s.delta()
         )),
+        _ if plan.grouping_sets.is_some() => {}
         (None, _) if !plan.keys.is_empty() => lines.push("  group keys: public domains, every value released (missing ones with noisy zeros)".into()),
         (None, _) => {}
     }
@@ -1043,6 +1117,9 @@ pub fn explain(
                 .enumerate()
                 .map(|(i, a)| format!("a{i} = {}", analyst_text(plan, a.text.as_str()))),
         );
+        if plan.grouping_sets.is_some() {
+            legend.extend((0..plan.keys.len()).map(|i| format!("g{i} = GROUPING(k{i})")));
+        }
         lines.push(format!(
             "  post-processing by PostgreSQL over the released rows ({}), no charge:",
             legend.join(", ")

@@ -225,3 +225,141 @@ fn groups_dropped_by_partition_selection_are_not_kept() {
         "another shape of measures is not reused"
     );
 }
+
+/// Grouping sets (issue 15): every set is its own release with an equal share of ε, the charge
+/// is their sum (the query's ε), the rows of every set come back (rolled-up keys NULL, GROUPING
+/// from the set), and a set with private keys releases only what its own selection keeps.
+#[test]
+fn grouping_sets_release_every_set_and_charge_their_sum() {
+    let policy = policy();
+    let sql = "SELECT sex, COUNT(*), GROUPING(sex) AS g FROM demo.people GROUP BY GROUPING SETS ((sex), (), (sex))";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    assert_eq!(mechanisms.sets.len(), 3);
+    for set in &mechanisms.sets {
+        assert!((set.budget.epsilon - 1.0 / 3.0).abs() < 1e-15);
+        // A count of people has sensitivity 1: the scale of a third of ε is 3.
+        assert!(
+            (set.noises[0].scale() - 3.0).abs() < 1e-9,
+            "{}",
+            set.noises[0].scale()
+        );
+    }
+    assert_eq!(mechanisms.cost.epsilon.to_string(), "1");
+    assert_eq!(mechanisms.cost.delta.to_string(), "0");
+    // Upstream rows: set index, the key (NULL outside the set), the count, the units.
+    let row = |set: &str, key: Option<&str>, n: &str| {
+        vec![
+            Some(set.to_string()),
+            key.map(str::to_string),
+            Some(n.to_string()),
+            Some(n.to_string()),
+        ]
+    };
+    let rows = PrivateRows::new(vec![
+        row("0", Some("F"), "50000"),
+        row("0", Some("M"), "49000"),
+        row("1", None, "99000"),
+        row("2", Some("F"), "50000"),
+        row("2", Some("M"), "49000"),
+    ]);
+    let released = release(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &listed_domain(&plan),
+        false,
+        &mut seeded(7),
+    )
+    .expect("releases");
+    // The public list of sex (F, M, X) twice, and the total; sorted by key, NULLs last, then set.
+    let keys: Vec<(Cell, Cell)> = released
+        .rows()
+        .iter()
+        .map(|r| (r[0].clone(), r[2].clone()))
+        .collect();
+    let text = |s: &str| Cell::Text(s.into());
+    assert_eq!(
+        keys,
+        [
+            (text("F"), Cell::Int(0)),
+            (text("F"), Cell::Int(0)),
+            (text("M"), Cell::Int(0)),
+            (text("M"), Cell::Int(0)),
+            (text("X"), Cell::Int(0)),
+            (text("X"), Cell::Int(0)),
+            (Cell::Null, Cell::Int(1)),
+        ]
+    );
+    // Duplicate sets are separate releases: their noise differs (with this seed).
+    assert_ne!(released.rows()[0][1], released.rows()[1][1]);
+    let Cell::Int(total) = released.rows()[6][1] else {
+        panic!("a count");
+    };
+    assert!((total - 99000).abs() < 200, "{total}");
+}
+
+#[test]
+fn grouping_sets_with_private_keys_select_each_set() {
+    let policy = policy();
+    let sql =
+        "SELECT diagnosis, COUNT(DISTINCT person_id) FROM demo.visits GROUP BY ROLLUP (diagnosis)";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    assert!(mechanisms.sets[0].selection.is_some());
+    assert!(mechanisms.sets[1].selection.is_none());
+    // Only the set that selects spends δ: half of it.
+    assert_eq!(mechanisms.cost.epsilon.to_string(), "1");
+    let delta = mechanisms.cost.delta.to_f64();
+    assert!((delta - 5e-6).abs() < 1e-15, "{delta}");
+    let row = |set: &str, key: Option<&str>, n: &str| {
+        let mut r = vec![Some(set.to_string()), key.map(str::to_string)];
+        r.extend(rewrite.measures.iter().map(|_| Some(n.to_string())));
+        r.push(Some(n.to_string()));
+        r
+    };
+    // One group of a single person, one large group, and the total.
+    let rows = PrivateRows::new(vec![
+        row("0", Some("Z99"), "1"),
+        row("0", Some("J06"), "30000"),
+        row("1", None, "30001"),
+    ]);
+    let released = release(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &Vec::new(),
+        false,
+        &mut seeded(3),
+    )
+    .expect("releases");
+    let keys: Vec<Cell> = released.rows().iter().map(|r| r[0].clone()).collect();
+    assert_eq!(keys, [Cell::Text("J06".into()), Cell::Null]);
+}
+
+/// Grouping sets with Gaussian noise: each set's measures are ρ-zCDP at its share, and the
+/// charge is the sum of the sets' ρ (and of the δ of their selections).
+#[test]
+fn grouping_sets_with_gaussian_noise_charge_the_sum_of_the_sets() {
+    let policy = policy();
+    let gaussian = Budget {
+        mechanism: Mechanism::Gaussian,
+        ..LAPLACE
+    };
+    let sql = "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY ROLLUP (diagnosis)";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, gaussian);
+    assert_eq!(mechanisms.sets.len(), 2);
+    let sum = mechanisms
+        .sets
+        .iter()
+        .fold(crate::budget::Cost::ZERO, |s, m| s + m.cost);
+    assert!(!mechanisms.cost.rho.is_zero());
+    assert_eq!(mechanisms.cost.rho, sum.rho);
+    assert!(mechanisms.cost.epsilon <= sum.epsilon);
+    assert!(mechanisms.sets[0].selection.is_some() && mechanisms.sets[1].selection.is_none());
+    assert!(!explain(&plan, &rewrite, &mechanisms, gaussian)
+        .iter()
+        .filter(|l| l.contains("grouping set "))
+        .count()
+        .eq(&0));
+}

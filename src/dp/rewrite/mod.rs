@@ -45,8 +45,11 @@ use crate::dp::plan::{AggregateKind, Canonical, Plan, Semijoin};
 use crate::dp::sql::{from_clause, sql, Name, Number, Sql};
 
 pub mod domain;
+mod grouping;
+mod partitionwise;
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
+pub use partitionwise::partitionwise;
 
 /// The contribution-bounded SQL of one DP query, as [`rewrite`] built it from a [`Plan`]: the
 /// only SQL over private tables that pgdp runs on the upstream. Only this module can make one
@@ -55,28 +58,39 @@ use crate::policy::{Bounds, ColumnType};
 ///
 /// ```compile_fail
 /// // Analyst text (or any string) cannot pass as upstream SQL.
-/// let sql = pgdp::dp::rewrite::UpstreamSql("SELECT * FROM demo.people".to_string());
+/// let sql = pgdp::dp::rewrite::UpstreamSql { text: "SELECT * FROM demo.people".to_string(), partitionwise: false };
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamSql(String);
+pub struct UpstreamSql {
+    text: String,
+    /// In the partitionwise shape ([`partitionwise`]): the upstream plans it with partitionwise
+    /// aggregation and joins on.
+    partitionwise: bool,
+}
 
 impl UpstreamSql {
     /// The SQL text, to send or to show in EXPLAIN.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// Whether the statement is in the partitionwise shape, to be run with
+    /// `enable_partitionwise_aggregate` and `enable_partitionwise_join` on.
+    pub fn partitionwise(&self) -> bool {
+        self.partitionwise
     }
 }
 
 impl std::ops::Deref for UpstreamSql {
     type Target = str;
     fn deref(&self) -> &str {
-        &self.0
+        &self.text
     }
 }
 
 impl std::fmt::Display for UpstreamSql {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -426,13 +440,32 @@ pub fn rewrite(plan: &Plan, parameters: &[Option<String>], secret: &str) -> Resu
     rewrite_shaped(plan, parameters, secret, Shape::Fast)
 }
 
-/// Produces the upstream SQL for a plan with bound parameter values, in the given shape.
+/// Produces the upstream SQL for a plan with bound parameter values, in the given shape. With
+/// grouping sets, one statement computes every set's statistics ([`grouping::statement`]).
 pub fn rewrite_shaped(
     plan: &Plan,
     parameters: &[Option<String>],
     secret: &str,
     shape: Shape,
 ) -> Result<Rewrite> {
+    let (statement, arguments, measures, aggregate_measures) = match plan.grouping_sets() {
+        Some(_) => grouping::statement(plan, parameters, secret, shape)?,
+        None => statement(plan, parameters, secret, shape)?,
+    };
+    finish(statement, arguments, measures, aggregate_measures)
+}
+
+/// A statement before rendering, with the arguments and measures it computes and, per
+/// aggregate, its measures.
+type Built = (Sql, Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>);
+
+/// The statement of one grouping (the four stages), unrendered.
+fn statement(
+    plan: &Plan,
+    parameters: &[Option<String>],
+    secret: &str,
+    shape: Shape,
+) -> Result<Built> {
     let (arguments, measures, aggregate_measures) = measures(plan);
     let rows_cap = plan.max_rows_per_unit;
     let groups_cap = plan.max_groups_per_unit;
@@ -559,7 +592,7 @@ pub fn rewrite_shaped(
         if !keys.is_empty() {
             statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
         }
-        return finish(statement, arguments, measures, aggregate_measures);
+        return Ok((statement, arguments, measures, aggregate_measures));
     };
     let source = if ranked_sql.is_some() {
         sql!("__dp_ranked WHERE __dp_rank <= {}", groups_cap)
@@ -601,8 +634,7 @@ pub fn rewrite_shaped(
     if !keys.is_empty() {
         statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
     }
-
-    finish(statement, arguments, measures, aggregate_measures)
+    Ok((statement, arguments, measures, aggregate_measures))
 }
 
 /// Renders the statement, checks it is one statement, and returns the rewrite.
@@ -615,7 +647,10 @@ fn finish(
     let text = statement.into_string();
     check_one_statement(&text)?;
     Ok(Rewrite {
-        sql: UpstreamSql(text),
+        sql: UpstreamSql {
+            text,
+            partitionwise: false,
+        },
         arguments,
         measures,
         aggregate_measures,

@@ -1,0 +1,460 @@
+//! Budget leases in the ledger: reserving a slice (`budget::lease`) in one durable commit,
+//! charging queries against it in memory, and returning its unused part.
+//!
+//! Invariants:
+//! - A slice's reservation is part of the analyst's and the dataset's durable totals from the
+//!   commit that reserves it until the commit that closes it, which replaces it by what was
+//!   used. Both commits take the analyst's row lock and then the dataset's, like a group commit,
+//!   and are durable (`synchronous_commit = on`) before anything is charged under the slice.
+//! - A charge under a slice is made in memory ([`crate::budget::Slice::take`]) while this
+//!   process holds the analyst's slot lock, so the queries of one process never charge one
+//!   reservation twice; the audit row follows through the journal.
+//! - A slice is closed at most once: the close updates its `pgdp.lease` row only while it is
+//!   open (`closed_at IS NULL`) and subtracts only then, so a retried close after a broken
+//!   connection cannot return the same part twice. After any failure of a transaction that
+//!   closes a slice, this process forgets the slice (it may or may not be closed): nothing is
+//!   charged under it again, and if its close did not commit, its reservation stays counted in
+//!   full, as after a crash.
+//! - A process that dies holding a slice leaves its row open: its whole reservation stays
+//!   spent. No other process closes it (it cannot know what was released under it).
+
+use std::time::Instant;
+
+use super::journal::{epoch_seconds, LeasedCharge};
+use super::*;
+use crate::budget::lease::{slice_size, Slice};
+use crate::limits::SLICE_IDLE_RETURN_MS;
+
+/// A slice this process holds for one analyst.
+pub(super) struct Held {
+    /// What was reserved and not used yet.
+    pub(super) slice: Slice,
+    id: i64,
+    /// The policy limits the slice was reserved under: a reload that changes them closes it.
+    limit: Limit,
+    dataset_limit: Option<Limit>,
+    /// The analyst's limit with the grants read at reservation, for the balance shown.
+    granted: Limit,
+    /// The analyst's totals at reservation without this slice's reservation.
+    others: Spent,
+    next_seq: i64,
+    last_charge: Instant,
+}
+
+/// The slices of this process, one slot per analyst, and the connection their commits use.
+pub(super) struct LeaseBook {
+    config: Dsn,
+    schema_ready: Arc<AtomicBool>,
+    slots: std::sync::Mutex<HashMap<String, Arc<Mutex<Option<Held>>>>>,
+    conn: Mutex<Option<Conn>>,
+    /// Who holds the slices (recorded with each).
+    holder: String,
+    /// Most charges per slice; 1 turns leases off.
+    pub(super) slice_max: std::sync::atomic::AtomicU64,
+    watching: AtomicBool,
+}
+
+/// What a reservation transaction did.
+enum Reserved {
+    Held(Box<Held>),
+    Refused(Box<Refusal>),
+}
+
+/// Reserves a slice: a row in `pgdp.lease`.
+const INSERT_LEASE: &str = "INSERT INTO pgdp.lease (analyst, holder, queries, epsilon, delta, rho, renyi)
+     VALUES ($1, $2, $3, $4::text::numeric, $5::text::numeric, $6::text::numeric, $7::text::numeric[])
+     RETURNING id";
+
+/// Closes a slice with what was used, only if it is still open; returns its id if it was.
+const CLOSE_LEASE: &str = "UPDATE pgdp.lease SET closed_at = now(), charges = $2,
+        used_epsilon = $3::text::numeric, used_delta = $4::text::numeric,
+        used_rho = $5::text::numeric, used_renyi = $6::text::numeric[]
+     WHERE id = $1 AND closed_at IS NULL RETURNING id";
+
+/// Writes an analyst's totals and the dataset's (both locked before); `$6` charges are added
+/// to both counts.
+const SET_TOTALS: &str = "WITH analyst AS (
+        UPDATE pgdp.analyst_spent SET epsilon = $2::text::numeric, delta = $3::text::numeric,
+            rho = $4::text::numeric, renyi = $5::text::numeric[], charges = charges + $6,
+            updated_at = now()
+        WHERE analyst = $1)
+     UPDATE pgdp.dataset_spent SET epsilon = $7::text::numeric, delta = $8::text::numeric,
+         rho = $9::text::numeric, renyi = $10::text::numeric[], charges = charges + $6,
+         updated_at = now()
+     WHERE id";
+
+impl LeaseBook {
+    pub(super) fn new(config: Dsn, schema_ready: Arc<AtomicBool>) -> LeaseBook {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        LeaseBook {
+            config,
+            schema_ready,
+            slots: std::sync::Mutex::new(HashMap::new()),
+            conn: Mutex::new(None),
+            holder: format!("pid {} on {}", std::process::id(), host),
+            slice_max: std::sync::atomic::AtomicU64::new(crate::limits::SLICE_QUERIES_DEFAULT),
+            watching: AtomicBool::new(false),
+        }
+    }
+
+    fn slot(&self, analyst: &str) -> Arc<Mutex<Option<Held>>> {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(slots.entry(analyst.to_string()).or_default())
+    }
+
+    fn attempts<'a>(&'a self, slot: MutexGuard<'a, Option<Conn>>) -> Attempts<'a> {
+        Attempts {
+            config: &self.config,
+            schema_ready: &self.schema_ready,
+            slot,
+            retried: false,
+        }
+    }
+
+    /// The analyst's slot, if this process ever held a slice for them: lock it to read the
+    /// ledger's totals and this process's unused reservation consistently.
+    pub(super) fn existing_slot(&self, analyst: &str) -> Option<Arc<Mutex<Option<Held>>>> {
+        let slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slots.get(analyst).cloned()
+    }
+
+    /// Charges `cost` under the analyst's slice, reserving a new one (and closing the old) when
+    /// it does not cover the cost or the limits changed. See [`Ledger::charge_leased`].
+    #[allow(clippy::too_many_arguments)] // the charge's plain parts, as Ledger::charge_reading
+    pub(super) async fn charge(
+        self: &Arc<Self>,
+        journal: &Arc<journal::Journal>,
+        analyst: &str,
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        cost: &Cost,
+        fingerprint: &str,
+        mechanism: &str,
+        tables: &[String],
+    ) -> Result<Receipt> {
+        let slot = self.slot(analyst);
+        let mut held = slot.lock().await;
+        let same_limits = |h: &Held| h.limit == *limit && h.dataset_limit == dataset_limit.copied();
+        let covered = match held.as_mut() {
+            Some(h) if same_limits(h) => h.slice.take(cost),
+            _ => false,
+        };
+        if !covered {
+            let old = held.take();
+            match self
+                .reserve(analyst, old.as_ref(), limit, dataset_limit, cost)
+                .await
+            {
+                Ok(Reserved::Held(mut new)) => {
+                    if !new.slice.take(cost) {
+                        // A slice is reserved for at least one charge of this very cost.
+                        return Err(Error::LedgerUnavailable);
+                    }
+                    *held = Some(*new);
+                    self.watch();
+                }
+                Ok(Reserved::Refused(refusal)) => return Err(Error::from(*refusal)),
+                // The old slice may have been closed: never charge under it again.
+                Err(e) => return Err(e),
+            }
+        }
+        let h = held.as_mut().ok_or(Error::LedgerUnavailable)?;
+        h.last_charge = Instant::now();
+        let seq = h.next_seq;
+        h.next_seq += 1;
+        let spent = h
+            .others
+            .checked_add_spent(&h.slice.used)
+            .ok_or(Error::LedgerUnavailable)?;
+        let receipt = Receipt {
+            id: ChargeId::Leased { lease: h.id, seq },
+            balance: Balance::new(&h.granted, spent),
+        };
+        journal.charge(LeasedCharge {
+            lease: h.id,
+            seq,
+            analyst: analyst.to_string(),
+            at: epoch_seconds(),
+            fingerprint: fingerprint.to_string(),
+            mechanism: mechanism.to_string(),
+            cost: *cost,
+            tables: tables.to_vec(),
+            outcome: "charged".to_string(),
+        });
+        Ok(receipt)
+    }
+
+    /// One transaction (retried once on a broken connection): lock the analyst's row and the
+    /// dataset's, close `old` if given, and reserve a slice for `cost` if one fits.
+    async fn reserve(
+        &self,
+        analyst: &str,
+        old: Option<&Held>,
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        cost: &Cost,
+    ) -> Result<Reserved> {
+        let slice_max = self.slice_max.load(Ordering::Relaxed);
+        let mut attempts = self.attempts(self.conn.lock().await);
+        loop {
+            let conn = attempts.client().await?;
+            let result = reserve_once(
+                conn,
+                &self.holder,
+                analyst,
+                old,
+                limit,
+                dataset_limit,
+                cost,
+                slice_max,
+            )
+            .await;
+            if let Some(done) = attempts.settle(result) {
+                return done;
+            }
+        }
+    }
+
+    /// Closes `held` (one transaction, retried once on a broken connection).
+    async fn close(&self, analyst: &str, held: &Held) -> Result<()> {
+        let mut attempts = self.attempts(self.conn.lock().await);
+        loop {
+            let conn = attempts.client().await?;
+            let result = close_once(conn, analyst, held).await;
+            if let Some(done) = attempts.settle(result) {
+                return done;
+            }
+        }
+    }
+
+    /// Closes every slice idle for `idle` or more (all of them for a zero `idle`) and returns
+    /// how many were closed. A slice being charged is left alone.
+    pub(super) async fn close_idle(&self, idle: Duration) -> usize {
+        let slots: Vec<(String, Arc<Mutex<Option<Held>>>)> = {
+            let slots = self
+                .slots
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            slots
+                .iter()
+                .map(|(analyst, slot)| (analyst.clone(), Arc::clone(slot)))
+                .collect()
+        };
+        let mut closed = 0;
+        for (analyst, slot) in slots {
+            let Ok(mut held) = slot.try_lock() else {
+                continue;
+            };
+            if held.as_ref().is_none_or(|h| h.last_charge.elapsed() < idle) {
+                continue;
+            }
+            // Forgotten whatever the outcome (module docs).
+            if let Some(h) = held.take() {
+                match self.close(&analyst, &h).await {
+                    Ok(()) => closed += 1,
+                    Err(_) => warn!(
+                        lease = h.id,
+                        "could not return a budget slice; its whole reservation stays spent"
+                    ),
+                }
+            }
+        }
+        closed
+    }
+
+    /// Starts the task that returns idle slices, once.
+    fn watch(self: &Arc<Self>) {
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let book = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let idle = Duration::from_millis(SLICE_IDLE_RETURN_MS);
+            loop {
+                tokio::time::sleep(idle / 2).await;
+                let Some(book) = book.upgrade() else {
+                    return;
+                };
+                book.close_idle(idle).await;
+            }
+        });
+    }
+}
+
+/// Writes the analyst's and the dataset's totals, adding `charges` to both counts.
+async fn set_totals(
+    tx: &tokio_postgres::Transaction<'_>,
+    analyst: &str,
+    spent: &Spent,
+    dataset: &Spent,
+    charges: i64,
+) -> Result<(), Fault> {
+    let text = |x: Fixed| x.to_numeric_text();
+    tx.execute(
+        SET_TOTALS,
+        &[
+            &analyst,
+            &text(spent.epsilon),
+            &text(spent.delta),
+            &text(spent.rho),
+            &renyi_literal(&spent.renyi),
+            &charges,
+            &text(dataset.epsilon),
+            &text(dataset.delta),
+            &text(dataset.rho),
+            &renyi_literal(&dataset.renyi),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Within `tx` (which holds both locks): closes `held` if its row is still open, returning its
+/// unused part to `spent` and `dataset`; returns the charges it made (0 if it was closed
+/// already).
+async fn close_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    held: &Held,
+    spent: &mut Spent,
+    dataset: &mut Spent,
+) -> Result<i64, Fault> {
+    let used = &held.slice.used;
+    let charges = i64::try_from(held.slice.charges).unwrap_or(i64::MAX);
+    let text = |x: Fixed| x.to_numeric_text();
+    let was_open = tx
+        .query_opt(
+            CLOSE_LEASE,
+            &[
+                &held.id,
+                &charges,
+                &text(used.epsilon),
+                &text(used.delta),
+                &text(used.rho),
+                &renyi_literal(&used.renyi),
+            ],
+        )
+        .await?
+        .is_some();
+    if !was_open {
+        return Ok(0);
+    }
+    let unused = held.slice.unused();
+    *spent = spent.checked_sub_spent(&unused).ok_or(Fault::Corrupt(
+        "an open slice is not part of the analyst's totals",
+    ))?;
+    *dataset = dataset.checked_sub_spent(&unused).ok_or(Fault::Corrupt(
+        "an open slice is not part of the dataset's totals",
+    ))?;
+    Ok(charges)
+}
+
+/// One attempt at closing `held`.
+async fn close_once(conn: &mut Conn, analyst: &str, held: &Held) -> Result<(), Fault> {
+    let tx = conn.client.transaction().await?;
+    let row = tx.query_one(LOCK_ANALYSTS, &[&vec![analyst]]).await?;
+    let mut spent = spent_from_row(&row, 1)?;
+    let mut dataset = spent_from_row(&tx.query_one(LOCK_DATASET, &[]).await?, 0)?;
+    let charges = close_in(&tx, held, &mut spent, &mut dataset).await?;
+    set_totals(&tx, analyst, &spent, &dataset, charges).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// One attempt at a reservation (see [`LeaseBook::reserve`]).
+#[allow(clippy::too_many_arguments)]
+async fn reserve_once(
+    conn: &mut Conn,
+    holder: &str,
+    analyst: &str,
+    old: Option<&Held>,
+    limit: &Limit,
+    dataset_limit: Option<&Limit>,
+    cost: &Cost,
+    slice_max: u64,
+) -> Result<Reserved, Fault> {
+    let tx = conn.client.transaction().await?;
+    let row = tx.query_one(LOCK_ANALYSTS, &[&vec![analyst]]).await?;
+    let mut spent = spent_from_row(&row, 1)?;
+    let granted = limit.granted(&grants_from_row(&row, 5)?);
+    let mut dataset = spent_from_row(&tx.query_one(LOCK_DATASET, &[]).await?, 0)?;
+    let charges = match old {
+        Some(old) => close_in(&tx, old, &mut spent, &mut dataset).await?,
+        None => 0,
+    };
+    let k = slice_size(
+        &granted,
+        &spent,
+        dataset_limit.map(|l| (l, &dataset)),
+        cost,
+        slice_max,
+    );
+    let slice = if k == 0 { None } else { Slice::of(cost, k) };
+    let Some(slice) = slice else {
+        let dataset_refusal = || {
+            let limit = dataset_limit?;
+            admit(limit, &dataset, cost).err().map(|refusal| Refusal {
+                scope: Scope::Dataset,
+                ..refusal
+            })
+        };
+        let refusal = match admit(&granted, &spent, cost) {
+            Err(refusal) => refusal,
+            Ok(_) => match dataset_refusal() {
+                Some(refusal) => refusal,
+                // Admitted one by one but no slice fits: only on overflow.
+                None => return Err(Fault::Corrupt("no slice fits a cost the rule admits")),
+            },
+        };
+        if old.is_some() {
+            set_totals(&tx, analyst, &spent, &dataset, charges).await?;
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        return Ok(Reserved::Refused(Box::new(refusal)));
+    };
+    let reserved = slice.reserved;
+    let others = spent;
+    let spent = spent
+        .checked_add_spent(&reserved)
+        .ok_or(Fault::Corrupt("a total overflows"))?;
+    let dataset = dataset
+        .checked_add_spent(&reserved)
+        .ok_or(Fault::Corrupt("a total overflows"))?;
+    let text = |x: Fixed| x.to_numeric_text();
+    let id: i64 = tx
+        .query_one(
+            INSERT_LEASE,
+            &[
+                &analyst,
+                &holder,
+                &i64::try_from(k).unwrap_or(i64::MAX),
+                &text(reserved.epsilon),
+                &text(reserved.delta),
+                &text(reserved.rho),
+                &renyi_literal(&reserved.renyi),
+            ],
+        )
+        .await?
+        .try_get(0)?;
+    set_totals(&tx, analyst, &spent, &dataset, charges).await?;
+    tx.commit().await?;
+    Ok(Reserved::Held(Box::new(Held {
+        id,
+        slice,
+        limit: *limit,
+        dataset_limit: dataset_limit.copied(),
+        granted,
+        others,
+        next_seq: 0,
+        last_charge: Instant::now(),
+    })))
+}

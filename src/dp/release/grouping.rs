@@ -1,0 +1,244 @@
+//! The release of a plan with grouping sets (`ROLLUP`, `CUBE`, `GROUPING SETS`): one release per
+//! grouping set, each with its own mechanisms, concatenated before post-processing.
+//!
+//! Invariants:
+//! - Each grouping set is a release of its own ([`crate::dp::plan::Plan::grouping_set`]): its
+//!   groups leave through its own partition selection, or its own public domain when every key
+//!   of the query is public; its measures get their own noise. A privacy unit contributes to a
+//!   group of every set, so the sets are not disjoint: the query's ε and δ are split equally
+//!   over the sets, and the charge is the sequential composition (the sum) of every set's cost,
+//!   duplicate sets included. The total is what a plain query at the same ε and δ would be
+//!   charged, never less than what the sets spend.
+//! - No coarser set is derived from a finer one: each is measured, noised and charged.
+//! - The released groups of set `s` carry `s` as an extra, last key text (what tells a rolled-up
+//!   NULL from a NULL key value, and what `GROUPING(…)` reads); it depends on the query alone.
+
+use std::collections::BTreeSet;
+
+use rand::{CryptoRng, Rng};
+
+use crate::dp::plan::Plan;
+use crate::dp::rewrite::Rewrite;
+use crate::error::{Error, Result};
+
+use super::{fixed_ceil, Budget, Mechanisms, NoisyMeasures, PrivateRows, PublicDomains};
+
+/// The plan of grouping set `s`, or an internal error.
+pub(super) fn set_plan(plan: &Plan, s: usize) -> Result<Plan> {
+    plan.grouping_set(s)
+        .ok_or_else(|| Error::internal("a grouping set out of range"))
+}
+
+/// The privacy parameters of each set: an equal share of the query's ε and δ.
+fn set_budget(budget: Budget, sets: usize) -> Budget {
+    let n = sets.max(1) as f64;
+    Budget {
+        epsilon: budget.epsilon / n,
+        delta: budget.delta / n,
+        mechanism: budget.mechanism,
+    }
+}
+
+/// The mechanisms of every set, and their composition: the returned [`Mechanisms`] holds the
+/// sets' in [`Mechanisms::sets`], the sum of their costs, and the query's budget; its own
+/// noises are the first set's (each set's are in its entry).
+pub(super) fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
+    let sets = plan
+        .grouping_sets()
+        .ok_or_else(|| Error::internal("grouping mechanisms of a plan without grouping sets"))?;
+    let share = set_budget(budget, sets.len());
+    let mut each = Vec::with_capacity(sets.len());
+    for s in 0..sets.len() {
+        each.push(super::mechanisms(&set_plan(plan, s)?, rewrite, share)?);
+    }
+    let mut cost = each
+        .iter()
+        .fold(crate::budget::Cost::ZERO, |sum, m| sum + m.cost);
+    // The shares are f64 quotients of the query's ε and δ, each rounded up, so their sum is the
+    // query's own ε (and δ, when every set selects) up to a few units of 10⁻¹⁸ either way. With
+    // Laplace noise every set spends its whole share as pure ε, so the sets together spend the
+    // query's ε, charged as a plain query's split over its measures is: the query's ε rounded
+    // up. Likewise δ when every set spends its share of it.
+    let (epsilon, delta) = (fixed_ceil(budget.epsilon)?, fixed_ceil(budget.delta)?);
+    if budget.mechanism == crate::policy::Mechanism::Laplace {
+        cost.epsilon = epsilon;
+    } else {
+        cost.epsilon = cost.epsilon.min(epsilon);
+    }
+    if each.iter().all(|m| m.selection.is_some()) {
+        cost.delta = delta;
+    } else {
+        cost.delta = cost.delta.min(delta);
+    }
+    let first = each
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::internal("a plan with no grouping set"))?;
+    Ok(Mechanisms {
+        cost,
+        shares: each.iter().map(|m| m.shares).sum(),
+        budget,
+        sets: each,
+        ..first
+    })
+}
+
+/// The public domain of set `set`: each part of the query's domain restricted to the set's keys
+/// (indices into the set), its combinations projected and deduplicated; parts with no key in the
+/// set are left out.
+fn set_domains(domains: &PublicDomains, set: &[usize]) -> PublicDomains {
+    let mut out = PublicDomains::new();
+    for (keys, combinations) in domains {
+        let kept: Vec<(usize, usize)> = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(p, k)| set.iter().position(|x| x == k).map(|q| (p, q)))
+            .collect();
+        if kept.is_empty() {
+            continue;
+        }
+        let mut seen = BTreeSet::new();
+        let mut projected = Vec::new();
+        for row in combinations {
+            let values: Vec<Option<String>> = kept
+                .iter()
+                .map(|&(p, _)| row.get(p).cloned().flatten())
+                .collect();
+            if seen.insert(values.clone()) {
+                projected.push(values);
+            }
+        }
+        out.push((kept.iter().map(|&(_, q)| q).collect(), projected));
+    }
+    out
+}
+
+/// [`super::measure`] of every set over its own rows of the upstream's (those whose first column
+/// is its index), each with its own mechanisms; the groups of all sets, set by set, each with
+/// every key of the query (NULL where not in its set) and its set's index last.
+pub(super) fn measure<R: Rng + CryptoRng + ?Sized>(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    rows: &PrivateRows,
+    public_domains: &PublicDomains,
+    rng: &mut R,
+) -> Result<NoisyMeasures> {
+    let sets = plan
+        .grouping_sets()
+        .ok_or_else(|| Error::internal("grouping release of a plan without grouping sets"))?;
+    if mechanisms.sets.len() != sets.len() {
+        return Err(Error::internal("mechanisms of other grouping sets"));
+    }
+    let k = plan.keys.len();
+    let m = rewrite.measures.len();
+    let expected = 1 + k + m + 1;
+    if rows.rows.iter().any(|r| r.len() != expected) {
+        return Err(Error::internal(
+            "upstream returned an unexpected number of columns",
+        ));
+    }
+    let mut groups = Vec::new();
+    for (s, set) in sets.iter().enumerate() {
+        let index = s.to_string();
+        let own = PrivateRows {
+            rows: rows
+                .rows
+                .iter()
+                .filter(|r| r[0].as_deref() == Some(index.as_str()))
+                .map(|r| {
+                    set.iter()
+                        .map(|&key| r[1 + key].clone())
+                        .chain(r[1 + k..].iter().cloned())
+                        .collect()
+                })
+                .collect(),
+        };
+        let released = super::measure(
+            &set_plan(plan, s)?,
+            rewrite,
+            &mechanisms.sets[s],
+            &own,
+            &set_domains(public_domains, set),
+            rng,
+        )?;
+        for (keys, noisy) in released.groups {
+            let mut full = vec![None; k];
+            for (p, &key) in set.iter().enumerate() {
+                full[key] = keys.get(p).cloned().flatten();
+            }
+            full.push(Some(index.clone()));
+            groups.push((full, noisy));
+        }
+    }
+    Ok(NoisyMeasures {
+        keys: k + 1,
+        measures: m,
+        groups,
+    })
+}
+
+/// The grouping set of a released group of a plan with grouping sets (its last key text).
+pub(super) fn set_of(keys: &[Option<String>], sets: usize) -> Result<usize> {
+    keys.last()
+        .cloned()
+        .flatten()
+        .and_then(|t| t.parse::<usize>().ok())
+        .filter(|&s| s < sets)
+        .ok_or_else(|| Error::internal("a released group without its grouping set"))
+}
+
+/// `GROUPING(args)` of a row of grouping set `set`: bit `n-1-p` set where key `args[p]` is not in
+/// the set.
+pub(super) fn grouping_value(args: &[usize], set: &[usize]) -> i64 {
+    let n = args.len();
+    args.iter()
+        .enumerate()
+        .filter(|(_, k)| !set.contains(k))
+        .map(|(p, _)| 1i64 << (n - 1 - p))
+        .sum()
+}
+
+/// EXPLAIN's lines for the grouping sets: each set's keys, its cost and its mechanisms (the lines
+/// [`super::explain`] gives that set's plan alone, indented).
+pub(super) fn explain_sets(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+) -> Result<Vec<String>> {
+    let sets = plan
+        .grouping_sets()
+        .ok_or_else(|| Error::internal("grouping explain of a plan without grouping sets"))?;
+    let mut lines = vec![format!(
+        "grouping sets: {} release(s), one per set, each with an equal share of epsilon and delta (epsilon {:.6}, delta {:e}); a privacy unit is in a group of every set, so their costs add up (sequential composition), duplicate sets included",
+        sets.len(),
+        mechanisms.sets.first().map(|m| m.budget.epsilon).unwrap_or(0.0),
+        mechanisms.sets.first().map(|m| m.budget.delta).unwrap_or(0.0),
+    )];
+    for (s, set) in sets.iter().enumerate() {
+        let sub = set_plan(plan, s)?;
+        let m = mechanisms
+            .sets
+            .get(s)
+            .ok_or_else(|| Error::internal("mechanisms of other grouping sets"))?;
+        let keys: Vec<String> = set
+            .iter()
+            .map(|&k| super::analyst_text(plan, plan.keys[k].expr.as_str()))
+            .collect();
+        lines.push(format!(
+            "  grouping set {} ({}): cost {}",
+            s + 1,
+            keys.join(", "),
+            m.cost
+        ));
+        let own = super::explain(&sub, rewrite, m, m.budget);
+        lines.extend(
+            own.into_iter()
+                .skip(2)
+                .take_while(|l| l != "upstream SQL:")
+                .filter(|l| !l.starts_with("estimates:"))
+                .map(|l| format!("  {l}")),
+        );
+    }
+    Ok(lines)
+}

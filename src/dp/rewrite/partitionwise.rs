@@ -1,0 +1,274 @@
+//! The partitionwise shape: the same statement as the single-server rewrite, written so that
+//! PostgreSQL can run the per-unit work on each partition of a table partitioned by its privacy
+//! unit, and so on each `postgres_fdw` shard (docs/scale-out.md).
+//!
+//! With `enable_partitionwise_aggregate` on, a `GROUP BY` that contains the partition key is
+//! planned per partition, and `postgres_fdw` sends it to the shard holding the partition. The
+//! rewrite's stage 2 (`__dp_per_unit`) groups by the unit, and `postgres_fdw` pushes such an
+//! aggregate down when it can ship every expression in it. Three things in the single-server
+//! text stop per-unit work from being pushed down, and [`partitionwise`] changes only those:
+//!
+//! 1. `__dp_rows` read by several stages (stage 2 and the stages of a distinct count or a
+//!    quantile) is materialised by PostgreSQL: every row of the private table is then fetched
+//!    to the coordinator and grouped there. Marked `NOT MATERIALIZED`, each reference is planned
+//!    on its own, and the grouped ones are pushed down.
+//! 2. The distinct values of a unit, `SELECT DISTINCT unit, keys, value FROM __dp_rows …`:
+//!    `postgres_fdw` pushes `GROUP BY` but not `DISTINCT`, so it becomes the `GROUP BY` of the
+//!    same columns (the same rows: a `DISTINCT` over plain columns is a `GROUP BY` of all of them,
+//!    NULLs compared as equal in both).
+//! 3. The clamp of stage 1, `CASE WHEN (x) IS NULL THEN NULL ELSE LEAST(GREATEST(v, lo), hi)
+//!    END` with `v = CAST(x AS NUMERIC)`: `postgres_fdw` ships no `LEAST` or `GREATEST`, and an
+//!    aggregate over an expression it cannot ship is computed on the coordinator, over every row.
+//!    It becomes `CASE WHEN (x) IS NULL THEN NULL WHEN v < lo THEN lo WHEN v > hi THEN hi ELSE v
+//!    END`: for a non-NULL `v` the same value (numeric order is total, NaN above every number in
+//!    both), and NULL for NULL as before. Only this guarded form is changed: a bare `LEAST` or
+//!    `GREATEST` ignores NULLs where the `CASE` would not.
+//!
+//! Invariants:
+//! - The statement computes the same rows as the one it was made from: the changes above
+//!   are equivalences of SQL, and nothing else in the text changes (tests compare the rows of
+//!   both on PostgreSQL, on one server and on shards). PostgreSQL inlines a `NOT MATERIALIZED`
+//!   CTE only if it has no volatile function, so every reference still reads the same rows.
+//! - The ranking window (stage 3) and stage 4 stay on the coordinator: `postgres_fdw` pushes no
+//!   window function, so the rows that cross from the shards are one per unit and group.
+
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{
+    self, CteAsMaterialized, Distinct, GroupByExpr, SelectItem, SetExpr, Statement, TableFactor,
+    VisitMut, VisitorMut,
+};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+use super::{check_one_statement, Rewrite, UpstreamSql};
+use crate::error::{Error, Result};
+
+/// The CTE holding stage 1.
+const ROWS: &str = "__dp_rows";
+
+/// `rewrite` in the partitionwise shape (see the module documentation), marked to run with
+/// partitionwise aggregation and joins on. The measures and arguments are unchanged.
+pub fn partitionwise(rewrite: Rewrite) -> Result<Rewrite> {
+    let text = reshape(rewrite.sql.as_str())?;
+    check_one_statement(&text)?;
+    Ok(Rewrite {
+        sql: UpstreamSql {
+            text,
+            partitionwise: true,
+        },
+        ..rewrite
+    })
+}
+
+/// The text of the partitionwise shape of the rewrite `sql`.
+fn reshape(sql: &str) -> Result<String> {
+    let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+        .map_err(|e| Error::internal(format!("a rewrite does not parse again: {e}")))?;
+    let [Statement::Query(query)] = statements.as_mut_slice() else {
+        return Err(Error::internal("a rewrite is not one query"));
+    };
+    let mut readers = 0;
+    let _ = ast::visit_relations(&**query, |name| {
+        if is_rows(name) {
+            readers += 1;
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    if readers > 1 {
+        if let Some(with) = &mut query.with {
+            for cte in &mut with.cte_tables {
+                if cte.alias.name.value == ROWS {
+                    cte.materialized = Some(CteAsMaterialized::NotMaterialized);
+                }
+            }
+        }
+    }
+    let _ = query.visit(&mut DistinctAsGroupBy);
+    let mut clamps = ClampAsCase { error: None };
+    let _ = query.visit(&mut clamps);
+    if let Some(e) = clamps.error {
+        return Err(e);
+    }
+    Ok(query.to_string())
+}
+
+fn is_rows(name: &ast::ObjectName) -> bool {
+    matches!(
+        name.0.as_slice(),
+        [part] if part.as_ident().is_some_and(|i| i.value == ROWS)
+    )
+}
+
+/// Turns `SELECT DISTINCT <columns> FROM __dp_rows …` (plain columns, no GROUP BY) into
+/// `SELECT <columns> FROM __dp_rows … GROUP BY <columns>`.
+struct DistinctAsGroupBy;
+
+impl VisitorMut for DistinctAsGroupBy {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &mut ast::Query) -> ControlFlow<()> {
+        let SetExpr::Select(select) = query.body.as_mut() else {
+            return ControlFlow::Continue(());
+        };
+        let reads_rows = matches!(
+            select.from.as_slice(),
+            [ast::TableWithJoins { relation: TableFactor::Table { name, .. }, joins }]
+                if joins.is_empty() && is_rows(name)
+        );
+        let no_grouping = matches!(&select.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+        if !reads_rows || !no_grouping || select.distinct != Some(Distinct::Distinct) {
+            return ControlFlow::Continue(());
+        }
+        let columns: Option<Vec<ast::Expr>> = select
+            .projection
+            .iter()
+            .map(|item| match item {
+                SelectItem::UnnamedExpr(e @ ast::Expr::Identifier(_)) => Some(e.clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(columns) = columns {
+            select.distinct = None;
+            select.group_by = GroupByExpr::Expressions(columns, Vec::new());
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Turns the guarded clamp `CASE WHEN (x) IS NULL THEN NULL ELSE LEAST(GREATEST(v, lo), hi)
+/// END` (`v` a cast to numeric) into `CASE WHEN (x) IS NULL THEN NULL WHEN v < lo THEN lo WHEN
+/// v > hi THEN hi ELSE v END`.
+struct ClampAsCase {
+    error: Option<Error>,
+}
+
+/// The arguments of a plain call of function `name` (no DISTINCT, ORDER BY, FILTER or OVER).
+fn call<'a>(expr: &'a ast::Expr, name: &str) -> Option<Vec<&'a ast::Expr>> {
+    let ast::Expr::Function(f) = expr else {
+        return None;
+    };
+    let plain = f.over.is_none() && f.filter.is_none() && f.within_group.is_empty();
+    if !plain || !f.name.to_string().eq_ignore_ascii_case(name) {
+        return None;
+    }
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+        return None;
+    }
+    list.args
+        .iter()
+        .map(|a| match a {
+            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The parts `(guard, v, lo, hi)` of a guarded clamp.
+fn clamp_parts(expr: &ast::Expr) -> Option<(&ast::Expr, &ast::Expr, &ast::Expr, &ast::Expr)> {
+    let ast::Expr::Case {
+        operand: None,
+        conditions,
+        else_result: Some(otherwise),
+        ..
+    } = expr
+    else {
+        return None;
+    };
+    let [when] = conditions.as_slice() else {
+        return None;
+    };
+    let null_result = matches!(&when.result, ast::Expr::Value(v) if v.value == ast::Value::Null);
+    if !matches!(when.condition, ast::Expr::IsNull(_)) || !null_result {
+        return None;
+    }
+    let [greatest, hi] = call(otherwise, "LEAST")?.try_into().ok()?;
+    let [v, lo] = call(greatest, "GREATEST")?.try_into().ok()?;
+    let numeric = matches!(
+        v,
+        ast::Expr::Cast {
+            data_type: ast::DataType::Numeric(_),
+            ..
+        }
+    );
+    numeric.then_some((&when.condition, v, lo, hi))
+}
+
+impl VisitorMut for ClampAsCase {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut ast::Expr) -> ControlFlow<()> {
+        let Some((guard, v, lo, hi)) = clamp_parts(expr) else {
+            return ControlFlow::Continue(());
+        };
+        let text = format!(
+            "CASE WHEN {guard} THEN NULL WHEN {v} < {lo} THEN {lo} WHEN {v} > {hi} THEN {hi} ELSE {v} END"
+        );
+        let parsed = Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&text)
+            .and_then(|mut p| p.parse_expr());
+        match parsed {
+            Ok(case) => {
+                *expr = case;
+                ControlFlow::Continue(())
+            }
+            Err(e) => {
+                self.error = Some(Error::internal(format!(
+                    "a clamp does not parse as CASE: {e}"
+                )));
+                ControlFlow::Break(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_distinct_count_reads_its_rows_unmaterialised_and_groups_instead_of_distinct() {
+        let sql = "WITH __dp_rows AS (SELECT \"__dp_t0\".\"person_id\" AS __dp_unit, \"__dp_t0\".\"diagnosis\" AS __dp_a0 FROM \"demo\".\"visits\" AS \"__dp_t0\"), __dp_per_unit AS (SELECT __dp_unit, COUNT(__dp_a0) AS __dp_n0 FROM __dp_rows GROUP BY __dp_unit), __dp_v0 AS (SELECT __dp_unit AS __dp_vu, __dp_a0 AS __dp_v, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || CAST(__dp_a0 AS TEXT), 1)) AS __dp_vrank FROM (SELECT DISTINCT __dp_unit, __dp_a0 FROM __dp_rows WHERE __dp_a0 IS NOT NULL) AS __dp_distinct0), __dp_d0 AS (SELECT COUNT(DISTINCT __dp_v) AS __dp_c FROM __dp_v0 WHERE __dp_vrank <= 10) SELECT COALESCE((SELECT __dp_c FROM __dp_d0), 0), COUNT(*) FROM __dp_per_unit";
+        let expected = sql
+            .replace(
+                "WITH __dp_rows AS (",
+                "WITH __dp_rows AS NOT MATERIALIZED (",
+            )
+            .replace(
+                "(SELECT DISTINCT __dp_unit, __dp_a0 FROM __dp_rows WHERE __dp_a0 IS NOT NULL)",
+                "(SELECT __dp_unit, __dp_a0 FROM __dp_rows WHERE __dp_a0 IS NOT NULL GROUP BY __dp_unit, __dp_a0)",
+            );
+        assert_eq!(reshape(sql).expect("reshaped"), expected);
+    }
+
+    #[test]
+    fn a_guarded_clamp_becomes_a_case_and_other_least_calls_stay() {
+        let sql = "WITH __dp_rows AS (SELECT \"__dp_t0\".\"person_id\" AS __dp_unit, CASE WHEN (\"__dp_t0\".\"cost\") IS NULL THEN NULL ELSE LEAST(GREATEST(CAST(\"__dp_t0\".\"cost\" AS NUMERIC), 0), 2000) END AS __dp_a0 FROM \"demo\".\"visits\" AS \"__dp_t0\"), __dp_per_unit AS (SELECT __dp_unit, COUNT(__dp_a0) AS __dp_n0, SUM(__dp_a0) AS __dp_s0 FROM __dp_rows GROUP BY __dp_unit) SELECT SUM(CASE WHEN __dp_n0 <= 10 THEN __dp_s0 ELSE LEAST(GREATEST(__dp_s0 * (CAST(10 AS NUMERIC) / __dp_n0), 0), 20000) END), COUNT(*) FROM __dp_per_unit";
+        let expected = sql.replace(
+            "CASE WHEN (\"__dp_t0\".\"cost\") IS NULL THEN NULL ELSE LEAST(GREATEST(CAST(\"__dp_t0\".\"cost\" AS NUMERIC), 0), 2000) END",
+            "CASE WHEN (\"__dp_t0\".\"cost\") IS NULL THEN NULL WHEN CAST(\"__dp_t0\".\"cost\" AS NUMERIC) < 0 THEN 0 WHEN CAST(\"__dp_t0\".\"cost\" AS NUMERIC) > 2000 THEN 2000 ELSE CAST(\"__dp_t0\".\"cost\" AS NUMERIC) END",
+        );
+        assert_ne!(expected, sql);
+        assert_eq!(reshape(sql).expect("reshaped"), expected);
+    }
+
+    #[test]
+    fn a_rewrite_reading_its_rows_once_is_unchanged() {
+        let sql = "WITH __dp_rows AS (SELECT \"__dp_t0\".\"person_id\" AS __dp_unit, \"__dp_t0\".\"region\" AS __dp_k0 FROM \"demo\".\"people\" AS \"__dp_t0\"), __dp_per_unit AS (SELECT __dp_unit, __dp_k0, COUNT(*) AS __dp_r0 FROM __dp_rows GROUP BY __dp_unit, __dp_k0), __dp_ranked AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || COALESCE(CAST(__dp_k0 AS TEXT), '<null>'), 1)) AS __dp_rank FROM __dp_per_unit) SELECT CAST(__dp_k0 AS TEXT), SUM(LEAST(__dp_r0, 1)), COUNT(*) FROM __dp_ranked WHERE __dp_rank <= 1 GROUP BY __dp_k0";
+        assert_eq!(reshape(sql).expect("reshaped"), sql);
+    }
+
+    #[test]
+    fn a_distinct_over_other_tables_or_expressions_is_left_alone() {
+        for sql in [
+            "SELECT DISTINCT a FROM t",
+            "WITH __dp_rows AS (SELECT 1 AS a) SELECT DISTINCT a + 1 FROM __dp_rows",
+            "WITH __dp_rows AS (SELECT 1 AS a) SELECT DISTINCT ON (a) a FROM __dp_rows",
+        ] {
+            assert_eq!(reshape(sql).expect("reshaped"), sql);
+        }
+    }
+}

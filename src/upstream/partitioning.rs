@@ -1,0 +1,268 @@
+//! How the upstream partitions the private tables: looked up in the upstream's catalog on first
+//! need, remembered for the life of the process, and turned into the [`Placement`] of a query.
+//!
+//! A private table hash-partitioned by its privacy unit, its partitions `postgres_fdw` foreign
+//! tables on several servers, is PostgreSQL's own sharding by unit (docs/scale-out.md). The
+//! rewrite's per-unit stage groups by the unit, so with partitionwise aggregation PostgreSQL runs
+//! it on every shard; [`Placement::ByUnit`] asks for that shape
+//! ([`crate::dp::rewrite::partitionwise`]).
+//!
+//! Invariants:
+//! - Partitioning never changes the result of a statement, only where its work runs: both
+//!   shapes are correct on every partitioning, so what is learnt here chooses between two
+//!   equivalent statements and never weakens a privacy argument. A table partitioned by anything
+//!   other than its unit (another column, an expression, several columns) gets the single-server
+//!   shape, in which no stage relies on where rows are ([`Placement::NotByUnit`]).
+//! - The lookup reads the catalog only ([`PARTITION_KEY_SQL`]), never a row of any table; a
+//!   failed lookup leaves the single-server shape and is tried again on the next query.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+use super::Upstream;
+
+/// For table `$1` (a quoted qualified name): one row if it is a partitioned table, with the name
+/// of its partition key column when the key is exactly one column (NULL for an expression or
+/// several columns), and the key's definition (`HASH (person_id)`); no row if it is not
+/// partitioned or does not exist. Reads the catalog only.
+pub const PARTITION_KEY_SQL: &str = "SELECT CASE WHEN p.partnatts = 1 AND p.partattrs[0] <> 0 \
+     THEN a.attname::text END, pg_catalog.pg_get_partkeydef(p.partrelid) \
+     FROM pg_catalog.pg_partitioned_table p LEFT JOIN pg_catalog.pg_attribute a \
+     ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] \
+     WHERE p.partrelid = pg_catalog.to_regclass($1)";
+
+/// How the upstream partitions one table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionKey {
+    /// Not a partitioned table.
+    None,
+    /// Partitioned by exactly this column.
+    Column(String),
+    /// Partitioned by an expression or by several columns (the key's definition, for the log).
+    Other(String),
+}
+
+/// Where the per-unit work of a query can run, from the partitioning of the private tables it
+/// reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// No private table of the query is partitioned (or its partitioning is not known yet): the
+    /// single-server shape.
+    Unpartitioned,
+    /// Every partitioned private table of the query is partitioned by its privacy unit: the
+    /// partitionwise shape, which lets PostgreSQL group each partition (each shard) by the unit.
+    ByUnit {
+        /// The tables partitioned by their unit.
+        tables: Vec<String>,
+    },
+    /// A private table of the query is partitioned by something other than its unit (or it has
+    /// no unit column): the single-server shape, which is correct on any partitioning.
+    NotByUnit {
+        /// The first such table.
+        table: String,
+    },
+}
+
+impl Placement {
+    /// One line for EXPLAIN, if the placement is worth a line. Names tables only: the partition
+    /// key of a table partitioned otherwise may be a column the policy does not declare.
+    pub fn explain(&self) -> Option<String> {
+        match self {
+            Placement::Unpartitioned => None,
+            Placement::ByUnit { tables } => Some(format!(
+                "upstream: {} partitioned by the privacy unit: the per-unit stages run partitionwise (enable_partitionwise_aggregate and enable_partitionwise_join set for this statement)",
+                tables.join(", ")
+            )),
+            Placement::NotByUnit { table } => Some(format!(
+                "upstream: {table} is partitioned, but not by its privacy unit: the single-server shape"
+            )),
+        }
+    }
+}
+
+/// What pgdp knows about the partitioning of the policy's private tables on the upstream.
+#[derive(Debug, Default)]
+pub struct Partitioning {
+    known: Mutex<BTreeMap<String, PartitionKey>>,
+}
+
+impl Partitioning {
+    /// The placement of a query reading `tables`: each a policy table with its unit column (None
+    /// for a table whose unit is reached through a unit path). Tables not looked up yet count as
+    /// unpartitioned.
+    pub fn placement(&self, tables: &[(String, Option<String>)]) -> Placement {
+        let Ok(known) = self.known.lock() else {
+            return Placement::Unpartitioned;
+        };
+        let mut by_unit = Vec::new();
+        for (table, unit) in tables {
+            match (known.get(table), unit) {
+                (None | Some(PartitionKey::None), _) => {}
+                (Some(PartitionKey::Column(column)), Some(unit)) if column == unit => {
+                    by_unit.push(table.clone());
+                }
+                (Some(_), _) => {
+                    return Placement::NotByUnit {
+                        table: table.clone(),
+                    }
+                }
+            }
+        }
+        if by_unit.is_empty() {
+            Placement::Unpartitioned
+        } else {
+            Placement::ByUnit { tables: by_unit }
+        }
+    }
+
+    /// The tables among `tables` not looked up yet.
+    pub fn unknown(&self, tables: &[(String, Option<String>)]) -> Vec<String> {
+        let Ok(known) = self.known.lock() else {
+            return Vec::new();
+        };
+        tables
+            .iter()
+            .filter(|(t, _)| !known.contains_key(t))
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// Records what the upstream catalog says about one table.
+    pub fn record(&self, table: String, key: PartitionKey) {
+        if let Ok(mut known) = self.known.lock() {
+            known.insert(table, key);
+        }
+    }
+}
+
+impl Upstream {
+    /// Looks up on the upstream catalog how each of `tables` (qualified policy names) is
+    /// partitioned ([`PARTITION_KEY_SQL`]) and records it in `known`. Reads no rows of any table.
+    /// A table partitioned by something other than one column is logged, once per process.
+    /// 57P03 while the upstream cannot be reached.
+    pub async fn learn_partitioning(&self, known: &Partitioning, tables: &[String]) -> Result<()> {
+        if tables.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.get().await?;
+        for table in tables {
+            let (schema, name) = table
+                .split_once('.')
+                .ok_or_else(|| Error::internal("unqualified table name"))?;
+            let qualified = format!(
+                "\"{}\".\"{}\"",
+                schema.replace('"', "\"\""),
+                name.replace('"', "\"\"")
+            );
+            let rows = conn.client().query(PARTITION_KEY_SQL, &[&qualified]).await;
+            let key = match rows {
+                Ok(rows) => match rows.first() {
+                    None => PartitionKey::None,
+                    Some(row) => {
+                        let column: Option<String> = row.try_get(0).unwrap_or(None);
+                        let definition: String = row.try_get(1).unwrap_or_default();
+                        match column {
+                            Some(column) => PartitionKey::Column(column),
+                            None => PartitionKey::Other(definition),
+                        }
+                    }
+                },
+                Err(e) => {
+                    conn.discard();
+                    tracing::warn!(error = %e, "partition key lookup");
+                    return Err(Error::UpstreamUnavailable);
+                }
+            };
+            match &key {
+                PartitionKey::None => {}
+                PartitionKey::Column(column) => {
+                    tracing::info!(%table, %column, "upstream table is partitioned")
+                }
+                PartitionKey::Other(definition) => {
+                    tracing::warn!(%table, %definition, "upstream table is partitioned by an expression or several columns: queries of it keep the single-server shape")
+                }
+            }
+            known.record(table.clone(), key);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tables(list: &[(&str, Option<&str>)]) -> Vec<(String, Option<String>)> {
+        list.iter()
+            .map(|(t, u)| (t.to_string(), u.map(str::to_string)))
+            .collect()
+    }
+
+    #[test]
+    fn a_table_partitioned_by_its_unit_is_placed_by_unit() {
+        let known = Partitioning::default();
+        known.record(
+            "demo.visits".into(),
+            PartitionKey::Column("person_id".into()),
+        );
+        known.record("demo.regions".into(), PartitionKey::None);
+        let query = tables(&[("demo.visits", Some("person_id")), ("demo.regions", None)]);
+        assert_eq!(
+            known.placement(&query),
+            Placement::ByUnit {
+                tables: vec!["demo.visits".into()]
+            }
+        );
+        assert!(known.unknown(&query).is_empty());
+    }
+
+    #[test]
+    fn any_other_partitioning_keeps_the_single_server_shape() {
+        let known = Partitioning::default();
+        known.record(
+            "demo.people".into(),
+            PartitionKey::Column("person_id".into()),
+        );
+        known.record(
+            "demo.visits".into(),
+            PartitionKey::Column("visit_id".into()),
+        );
+        known.record(
+            "demo.other".into(),
+            PartitionKey::Other("HASH (a, b)".into()),
+        );
+        known.record(
+            "demo.prescriptions".into(),
+            PartitionKey::Column("visit_id".into()),
+        );
+        for query in [
+            tables(&[
+                ("demo.people", Some("person_id")),
+                ("demo.visits", Some("person_id")),
+            ]),
+            tables(&[("demo.other", Some("a"))]),
+            // A table with a unit path has no unit column to be partitioned by.
+            tables(&[("demo.prescriptions", None)]),
+        ] {
+            assert!(
+                matches!(known.placement(&query), Placement::NotByUnit { .. }),
+                "{query:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_and_unpartitioned_tables_keep_the_single_server_shape() {
+        let known = Partitioning::default();
+        known.record("demo.people".into(), PartitionKey::None);
+        let query = tables(&[
+            ("demo.people", Some("person_id")),
+            ("demo.visits", Some("person_id")),
+        ]);
+        assert_eq!(known.placement(&query), Placement::Unpartitioned);
+        assert_eq!(known.unknown(&query), vec!["demo.visits".to_string()]);
+        assert_eq!(Placement::Unpartitioned.explain(), None);
+    }
+}

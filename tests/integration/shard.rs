@@ -1,0 +1,470 @@
+//! A PostgreSQL sharded by privacy unit: a coordinator whose `demo.people` and `demo.visits` are
+//! hash-partitioned by `person_id` over `postgres_fdw` foreign tables on two shards
+//! ([`pgdp::tools::shards`]), every server a throwaway cluster started from the installed
+//! binaries, the data copied from the demo dataset (scale 1) of the test upstream ("one server").
+//!
+//! - [`the_coordinator_gives_the_answers_of_one_server`]: pgdp's upstream SQL (one server's
+//!   shape, and the partitionwise shape) gives the same rows on the coordinator as on one
+//!   server, for COUNT, SUM, AVG, a join, a distinct count and grouped queries with partition
+//!   selection; and two pgdp with the same secret and noise seed, one over each, release the
+//!   same noisy answers.
+//! - [`the_per_unit_stage_runs_on_every_shard`]: through pgdp's EXPLAIN the statement is in the
+//!   partitionwise shape, and PostgreSQL's `EXPLAIN VERBOSE` of it on the coordinator sends every
+//!   shard a remote SQL that groups by the unit (asynchronous foreign scans); without pgdp's
+//!   `SET LOCAL`s the shards send their rows ungrouped.
+//! - [`a_shard_that_is_down_refuses_and_keeps_the_charge`]: with one shard stopped a DP query is
+//!   refused with 57P03 and no rows, its charge stands, and answers come back with the shard.
+//! - [`a_table_partitioned_by_another_column_keeps_the_single_server_shape`]: on one server,
+//!   a table partitioned by `visit_id` gets the single-server shape, one partitioned by the unit
+//!   the partitionwise shape, and both answer as the unpartitioned table does.
+//!
+//! The sharded deployment is built once per test process and shared under a lock (the fault
+//! test stops a shard), so these tests run one at a time.
+
+use std::collections::BTreeMap;
+
+use pgdp::dp::analyze::{self, Context};
+use pgdp::dp::rewrite::{self, Rewrite};
+use pgdp::policy::Policy;
+use pgdp::server::{self, Config, Options, Running};
+use pgdp::session::classify::{self, Statement};
+use pgdp::tools::shards::Shards;
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::harness::{self, TestDb};
+use crate::support::{
+    code, policy_with_budget, Session, ANALYST, DATABASE as POLICY_DATABASE, PASSWORD,
+};
+
+/// Shards of the shared deployment.
+const SHARDS: usize = 2;
+
+/// The group-choice secret of every pgdp here, so that two of them choose the same groups.
+const SECRET: &str = "shard-tests-group-choice-secret";
+
+/// The queries compared on one server and on the coordinator.
+const QUERIES: &[&str] = &[
+    "SELECT COUNT(*) FROM demo.visits",
+    "SELECT SUM(cost) FROM demo.visits",
+    "SELECT AVG(income) FROM demo.people",
+    "SELECT region, COUNT(*), AVG(income) FROM demo.people GROUP BY region",
+    "SELECT diagnosis, COUNT(*), SUM(cost) FROM demo.visits GROUP BY diagnosis",
+    "SELECT clinic, COUNT(DISTINCT person_id) AS patients, AVG(cost) FROM demo.visits WHERE cost > 50 GROUP BY clinic",
+    "SELECT COUNT(DISTINCT diagnosis) FROM demo.visits",
+    "SELECT p.education, COUNT(*) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id GROUP BY p.education",
+];
+
+static DEPLOYMENT: OnceCell<Mutex<Shards>> = OnceCell::const_new();
+
+/// The shared deployment, locked for the caller's test.
+async fn deployment() -> MutexGuard<'static, Shards> {
+    DEPLOYMENT
+        .get_or_init(|| async {
+            let source = harness::demo_database(1).await;
+            let client = harness::connect(source.dsn()).await;
+            let shards = Shards::start_demo(&client, SHARDS)
+                .await
+                .unwrap_or_else(|e| panic!("the sharded deployment: {e}"));
+            shards
+                .stop_when_process_exits()
+                .unwrap_or_else(|e| panic!("cannot arrange the shards' clean-up: {e}"));
+            Mutex::new(shards)
+        })
+        .await
+        .lock()
+        .await
+}
+
+fn policy() -> Policy {
+    let mut policy = policy_with_budget(1000, 2);
+    policy.secret = Some(SECRET.into());
+    policy
+}
+
+/// The single-server rewrite of `sql` under the demo policy, and its partitionwise shape.
+fn compile(sql: &str) -> (Rewrite, Rewrite) {
+    let policy = policy();
+    let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let [Statement::Query(query)] = statements.as_slice() else {
+        panic!("{sql}: not one query");
+    };
+    let ctx = Context {
+        policy: &policy,
+        search_path: vec!["demo".into()],
+    };
+    let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let single = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let partitionwise =
+        rewrite::partitionwise(single.clone()).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    assert!(partitionwise.sql.partitionwise() && !single.sql.partitionwise());
+    (single, partitionwise)
+}
+
+/// The rows of `sql` (text, sorted), run in a transaction with `settings` first.
+async fn rows(client: &Client, settings: &str, sql: &str) -> Vec<Vec<Option<String>>> {
+    let batch = format!("BEGIN READ ONLY; {settings} {sql}; COMMIT");
+    let messages = client
+        .simple_query(&batch)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let mut rows: Vec<Vec<Option<String>>> = messages
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| row.get(i).map(str::to_string))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+const PARTITIONWISE: &str =
+    "SET LOCAL enable_partitionwise_aggregate = on; SET LOCAL enable_partitionwise_join = on;";
+
+/// pgdp over `upstream` with the shared secret, a noise seed and a fresh ledger.
+async fn pgdp(upstream: String, ledger: &TestDb) -> Running {
+    server::start_with(
+        Config {
+            policy: policy(),
+            upstream,
+            ledger: Some(ledger.dsn().to_string()),
+            listen: "127.0.0.1:0".into(),
+            noise_seed: Some([23; 32]),
+        },
+        Options::default(),
+    )
+    .await
+    .expect("pgdp starts")
+}
+
+async fn open(running: &Running) -> Session {
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={ANALYST} password={PASSWORD} dbname={POLICY_DATABASE} sslmode=disable",
+        running.addr.port()
+    );
+    Session::open(&dsn).await.expect("connect to pgdp")
+}
+
+/// EXPLAIN through pgdp: its lines.
+async fn explain(session: &Session, sql: &str) -> Vec<String> {
+    session
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .unwrap_or_else(|e| panic!("EXPLAIN {sql}: {e}"))
+        .into_iter()
+        .filter_map(|row| row.into_iter().next().flatten())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_gives_the_answers_of_one_server() {
+    let shards = deployment().await;
+    let single = harness::demo_database(1).await;
+    let on_single = harness::connect(single.dsn()).await;
+    let on_coordinator = harness::connect(&shards.dsn()).await;
+
+    // The exact pre-noise rows, in both shapes.
+    for sql in QUERIES {
+        let (one, partitionwise) = compile(sql);
+        let expected = rows(&on_single, "", &one.sql).await;
+        assert!(!expected.is_empty(), "{sql}");
+        assert_eq!(
+            rows(&on_coordinator, "", &one.sql).await,
+            expected,
+            "single-server shape on the coordinator: {sql}"
+        );
+        assert_eq!(
+            rows(&on_coordinator, PARTITIONWISE, &partitionwise.sql).await,
+            expected,
+            "partitionwise shape on the coordinator: {sql}"
+        );
+        assert_eq!(
+            rows(&on_single, PARTITIONWISE, &partitionwise.sql).await,
+            expected,
+            "partitionwise shape on one server: {sql}"
+        );
+    }
+
+    // End to end: the same secret and noise seed give the same released rows.
+    let ledgers = [
+        harness::fresh_database("shard_ledger").await,
+        harness::fresh_database("shard_ledger").await,
+    ];
+    let over_single = pgdp(single.dsn().to_string(), &ledgers[0]).await;
+    let over_shards = pgdp(shards.dsn(), &ledgers[1]).await;
+    let (a, b) = (open(&over_single).await, open(&over_shards).await);
+    for sql in QUERIES {
+        let from_single = a
+            .simple_rows(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let from_shards = b
+            .simple_rows(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert!(!from_single.is_empty(), "{sql}");
+        assert_eq!(from_single, from_shards, "{sql}");
+    }
+    assert_eq!(a.budget().await, b.budget().await);
+    drop((a, b, over_single, over_shards));
+    for ledger in ledgers {
+        ledger.drop_db().await;
+    }
+}
+
+/// The foreign scans of an `EXPLAIN (VERBOSE)` plan: per foreign relation named in it, its
+/// remote SQL.
+fn remote_sql(plan: &[String]) -> BTreeMap<String, String> {
+    let mut found = BTreeMap::new();
+    let mut relation = None;
+    for line in plan {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("Relations: ") {
+            relation = Some(rest.to_string());
+        } else if let Some(rest) = line.strip_prefix("->  Async Foreign Scan on ") {
+            relation = Some(rest.to_string());
+        } else if let Some(sql) = line.strip_prefix("Remote SQL: ") {
+            found.insert(relation.take().unwrap_or_default(), sql.to_string());
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_unit_stage_runs_on_every_shard() {
+    let shards = deployment().await;
+    let ledger = harness::fresh_database("shard_ledger").await;
+    let running = pgdp(shards.dsn(), &ledger).await;
+    let session = open(&running).await;
+    let coordinator = harness::connect(&shards.dsn()).await;
+
+    for sql in [
+        "SELECT diagnosis, COUNT(*), SUM(cost) FROM demo.visits GROUP BY diagnosis",
+        "SELECT COUNT(DISTINCT diagnosis) FROM demo.visits",
+        "SELECT p.education, COUNT(*) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id GROUP BY p.education",
+    ] {
+        let lines = explain(&session, sql).await;
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("upstream: ") && l.contains("partitioned by the privacy unit")),
+            "{sql}: {lines:#?}"
+        );
+        let (one, partitionwise) = compile(sql);
+        let text = lines.join(" ");
+        let distinct = sql.contains("DISTINCT diagnosis");
+        assert_eq!(text.contains("NOT MATERIALIZED"), distinct, "{sql}: {text}");
+
+        let plan = |settings: &'static str, statement: String| {
+            let coordinator = &coordinator;
+            async move {
+                let rows = coordinator
+                    .simple_query(&format!(
+                        "BEGIN; {settings} EXPLAIN (VERBOSE, COSTS OFF) {statement}; ROLLBACK"
+                    ))
+                    .await
+                    .unwrap_or_else(|e| panic!("EXPLAIN: {e}"));
+                rows.into_iter()
+                    .filter_map(|m| match m {
+                        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                        _ => None,
+                    })
+                    .collect::<Vec<String>>()
+            }
+        };
+        let pushed = plan(PARTITIONWISE, partitionwise.sql.to_string()).await;
+        let remote = remote_sql(&pushed);
+        for shard in 0..SHARDS {
+            let grouped_by_unit = remote.iter().any(|(relation, sql)| {
+                relation.contains(&format!("visits_shard_{shard}"))
+                    && sql.contains("person_id")
+                    && sql.contains(" GROUP BY ")
+            });
+            assert!(grouped_by_unit, "{sql}, shard {shard}: {pushed:#?}");
+        }
+        assert!(
+            pushed.iter().any(|l| l.contains("Async Foreign Scan")),
+            "{sql}: {pushed:#?}"
+        );
+        // Without the settings pgdp adds, every shard sends its rows ungrouped.
+        let unpushed = plan("", one.sql.to_string()).await;
+        assert!(
+            remote_sql(&unpushed)
+                .values()
+                .all(|remote| !remote.contains(" GROUP BY ")),
+            "{sql}: {unpushed:#?}"
+        );
+    }
+    drop((session, running));
+    ledger.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_is_down_refuses_and_keeps_the_charge() {
+    let shards = deployment().await;
+    let ledger = harness::fresh_database("shard_ledger").await;
+    let running = pgdp(shards.dsn(), &ledger).await;
+    let session = open(&running).await;
+    let sql = "SELECT COUNT(*) FROM demo.people";
+    let truth = 100_000.0;
+    let count = |rows: Vec<Vec<Option<String>>>| -> f64 {
+        rows[0][0]
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("a count")
+    };
+    let before = count(session.simple_rows(sql).await.expect("answered"));
+    // ε = 1, one row per person: Laplace of scale 1; P(|noise| > 30) = e^-30.
+    assert!((before - truth).abs() < 30.0, "{before}");
+    let spent = session.budget().await.epsilon_spent;
+
+    shards.shards()[1].stop().await.expect("stop shard 1");
+    let refused = session
+        .simple_rows("SELECT COUNT(*) FROM demo.people WHERE age > 30")
+        .await
+        .expect_err("refused while a shard is down");
+    assert_eq!(code(&refused), &SqlState::CANNOT_CONNECT_NOW, "{refused:?}");
+    let message = refused
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(!message.contains("shard"), "no upstream text: {message}");
+    // Charged before the upstream ran, and kept.
+    let after = session.budget().await.epsilon_spent;
+    assert!((after - spent - 1.0).abs() < 1e-9, "{spent} -> {after}");
+
+    shards.shards()[1].resume().await.expect("resume shard 1");
+    let again = count(
+        session
+            .simple_rows("SELECT COUNT(*) FROM demo.people WHERE age >= 0")
+            .await
+            .expect("answered with the shard back"),
+    );
+    assert!((again - truth).abs() < 30.0, "{again}");
+    drop((session, running));
+    ledger.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_partitioned_by_another_column_keeps_the_single_server_shape() {
+    // Three databases on one server, each with s.visits holding the same rows: unpartitioned,
+    // partitioned by visit_id, partitioned by person_id (the unit).
+    let layouts = [
+        ("plain", ""),
+        ("by_visit", "PARTITION BY HASH (visit_id)"),
+        ("by_person", "PARTITION BY HASH (person_id)"),
+    ];
+    let mut databases = Vec::new();
+    for (name, partitioning) in layouts {
+        let db = harness::fresh_database(&format!("shard_{name}")).await;
+        let client = db.client().await;
+        let mut ddl = format!(
+            "CREATE SCHEMA s; CREATE TABLE s.visits (visit_id bigint NOT NULL, person_id bigint NOT NULL, \
+             diagnosis text, cost numeric(10,2)) {partitioning};"
+        );
+        if !partitioning.is_empty() {
+            for i in 0..3 {
+                ddl.push_str(&format!(
+                    "CREATE TABLE s.visits_{i} PARTITION OF s.visits FOR VALUES WITH (MODULUS 3, REMAINDER {i});"
+                ));
+            }
+        }
+        ddl.push_str(
+            "INSERT INTO s.visits SELECT g, g % 4000, 'D' || (g % 37), (g % 500)::numeric \
+             FROM generate_series(1, 60000) g; ANALYZE s.visits;",
+        );
+        client.batch_execute(&ddl).await.expect("load s.visits");
+        databases.push(db);
+    }
+    let verifier = crate::support::demo_policy_text()
+        .lines()
+        .find(|l| l.trim_start().starts_with("scram_verifier:"))
+        .expect("the demo analyst's verifier")
+        .to_string();
+    let text = format!(
+        "database: {POLICY_DATABASE}\n\
+         defaults: {{ epsilon: 1.0, delta: 1.0e-7, mechanism: laplace }}\n\
+         analysts:\n  {ANALYST}:\n{verifier}\n    budget: {{ epsilon: 100, delta: 1.0e-5 }}\n\
+         tables:\n  s.visits:\n    kind: private\n    privacy_unit: person_id\n\
+         \x20   max_groups_per_unit: 3\n    max_rows_per_unit: 5\n    columns:\n\
+         \x20     visit_id: {{ type: bigint }}\n      person_id: {{ type: bigint }}\n\
+         \x20     diagnosis: {{ type: text, groupable: true }}\n\
+         \x20     cost: {{ type: numeric, lower: 0, upper: 400 }}\n"
+    );
+    let mut policy = pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy: {e}"));
+    policy.secret = Some(SECRET.into());
+
+    let queries = [
+        "SELECT diagnosis, COUNT(*), AVG(cost) FROM s.visits GROUP BY diagnosis",
+        "SELECT COUNT(DISTINCT diagnosis), SUM(cost) FROM s.visits",
+    ];
+    let mut answers = Vec::new();
+    let mut shapes = Vec::new();
+    for db in &databases {
+        let ledger = harness::fresh_database("shard_ledger").await;
+        let running = server::start_with(
+            Config {
+                policy: policy.clone(),
+                upstream: db.dsn().to_string(),
+                ledger: Some(ledger.dsn().to_string()),
+                listen: "127.0.0.1:0".into(),
+                noise_seed: Some([29; 32]),
+            },
+            Options::default(),
+        )
+        .await
+        .expect("pgdp starts");
+        let session = open(&running).await;
+        let mut explained = Vec::new();
+        let mut answered = Vec::new();
+        for sql in queries {
+            explained.push(explain(&session, sql).await);
+            answered.push(
+                session
+                    .simple_rows(sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}")),
+            );
+        }
+        shapes.push(explained);
+        answers.push(answered);
+        drop((session, running));
+        ledger.drop_db().await;
+    }
+    let note = |lines: &[String]| -> Option<String> {
+        lines.iter().find(|l| l.starts_with("upstream: ")).cloned()
+    };
+    let sql_lines = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| !l.starts_with("upstream: "))
+            .cloned()
+            .collect()
+    };
+    for (q, sql) in queries.iter().enumerate() {
+        let (plain, by_visit, by_person) = (&shapes[0][q], &shapes[1][q], &shapes[2][q]);
+        assert_eq!(note(plain), None, "{sql}");
+        assert!(
+            note(by_visit).is_some_and(|n| n.contains("not by its privacy unit")),
+            "{sql}: {by_visit:#?}"
+        );
+        // The same statement as on the unpartitioned table.
+        assert_eq!(sql_lines(by_visit), sql_lines(plain), "{sql}");
+        assert!(
+            note(by_person).is_some_and(|n| n.contains("partitioned by the privacy unit")),
+            "{sql}: {by_person:#?}"
+        );
+        // And the same answers on all three.
+        assert_eq!(answers[1][q], answers[0][q], "{sql}");
+        assert_eq!(answers[2][q], answers[0][q], "{sql}");
+    }
+    for db in databases {
+        db.drop_db().await;
+    }
+}
