@@ -65,6 +65,39 @@ fn tables_read(plan: &Plan, policy: &crate::policy::Policy) -> Vec<String> {
 }
 
 /// EXPLAIN shows the upstream SQL, but never the secret that keys the choice of groups.
+/// The statement the shadow catalog describes for a DP query's column types: the query itself,
+/// with each output alias of its top-level SELECT that occurs nowhere else in the text replaced
+/// by a positional one (`pgdp_c0`, …). A column's type does not depend on its alias, so the types
+/// are the query's; statements that differ only in such aliases (a tool numbering its columns
+/// per query) share one entry of the shadow's cache. An alias that occurs elsewhere (ORDER BY n,
+/// GROUP BY n, inside a literal or another name) is kept, as is every alias when the text
+/// already holds `pgdp_c`.
+fn described_statement(query: &ast::Query) -> String {
+    let text = query.to_string();
+    let lower = text.to_lowercase();
+    if lower.contains("pgdp_c") {
+        return text;
+    }
+    let mut renamed = query.clone();
+    let ast::SetExpr::Select(select) = renamed.body.as_mut() else {
+        return text;
+    };
+    let mut changed = false;
+    for (i, item) in select.projection.iter_mut().enumerate() {
+        if let ast::SelectItem::ExprWithAlias { alias, .. } = item {
+            if lower.matches(&alias.value.to_lowercase()).count() == 1 {
+                *alias = ast::Ident::new(format!("pgdp_c{i}"));
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        renamed.to_string()
+    } else {
+        text
+    }
+}
+
 fn redact_secret(line: &str, secret: &str) -> String {
     if secret.is_empty() {
         return line.to_string();
@@ -206,7 +239,7 @@ impl Session {
         let Some(post) = plan.post() else {
             let described = match &shared.shadow {
                 Some(shadow) => shadow
-                    .result_types(&query.to_string(), &search_path)
+                    .result_types(&described_statement(query), &search_path)
                     .await
                     .unwrap_or_default(),
                 None => Vec::new(),
@@ -670,4 +703,44 @@ pub(super) fn repeats_text(
         "about"
     };
     format!("room for {about} {k} more queries like this one")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::described_statement;
+
+    fn described(sql: &str) -> String {
+        let query = match super::super::classify::parse(sql).unwrap().pop().unwrap() {
+            sqlparser::ast::Statement::Query(q) => q,
+            other => panic!("not a query: {other}"),
+        };
+        described_statement(&query)
+    }
+
+    #[test]
+    fn aliases_named_nowhere_else_are_positional() {
+        let a = described("SELECT COUNT(*) AS total_1, SUM(x) AS s_1 FROM t");
+        let b = described("SELECT COUNT(*) AS total_2, SUM(x) AS \"S_2\" FROM t");
+        assert_eq!(a, b);
+        assert_eq!(a, "SELECT COUNT(*) AS pgdp_c0, SUM(x) AS pgdp_c1 FROM t");
+    }
+
+    #[test]
+    fn aliases_used_elsewhere_are_kept() {
+        // ORDER BY and GROUP BY may name an output column: renaming it would change the meaning.
+        assert_eq!(
+            described("SELECT region AS r, COUNT(*) AS total FROM t GROUP BY r ORDER BY total"),
+            "SELECT region AS r, COUNT(*) AS total FROM t GROUP BY r ORDER BY total"
+        );
+        // An alias that is also a substring elsewhere (here of a column name) is kept.
+        assert_eq!(
+            described("SELECT SUM(income) AS inc FROM t"),
+            "SELECT SUM(income) AS inc FROM t"
+        );
+        // Text that already holds the positional names is left alone.
+        assert_eq!(
+            described("SELECT COUNT(*) AS total, 1 AS pgdp_c0 FROM t"),
+            "SELECT COUNT(*) AS total, 1 AS pgdp_c0 FROM t"
+        );
+    }
 }

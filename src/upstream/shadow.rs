@@ -466,7 +466,10 @@ impl Built {
             .collect())
     }
 
-    /// [`Shadow::result_types`] on this shadow database.
+    /// [`Shadow::result_types`] on this shadow database, in one round trip: the transaction's
+    /// setup, the Parse/Describe and the ROLLBACK are pipelined (tokio-postgres sends requests
+    /// in the order their futures are first polled, and `join!` polls them in order). A failed
+    /// setup makes the Parse fail in the aborted transaction, and the ROLLBACK ends it either way.
     async fn result_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
         let mut conn = self.backend.get().await.ok()?;
         let setup = format!(
@@ -474,11 +477,16 @@ impl Built {
             limits::CATALOG_STATEMENT_TIMEOUT_MS,
             path_list(search_path)
         );
-        let described = match conn.client().batch_execute(&setup).await {
-            Ok(()) => conn.client().prepare(sql).await,
-            Err(e) => Err(e),
-        };
-        settle(&mut conn).await;
+        let client = conn.client();
+        let (set, prepared, rolled_back) = tokio::join!(
+            client.batch_execute(&setup),
+            client.prepare(sql),
+            client.simple_query("ROLLBACK"),
+        );
+        if rolled_back.is_err() {
+            conn.discard();
+        }
+        let described = set.and(prepared);
         match described {
             Ok(statement) => Some(
                 statement
