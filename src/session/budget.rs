@@ -12,7 +12,9 @@ use super::{ClientRows, Session, Shared};
 /// Columns of `SHOW pgdp.budget`: the balance, then how many more queries like this session's
 /// last charged one the analyst's budget admits (NULL before the session's first charge), then
 /// when a renewing budget's window ends (`2026-11-25 00:00 UTC`; NULL for a budget that never
-/// renews): for a renewing budget the balance is the current window's.
+/// renews): for a renewing budget the balance is the current window's. `SHOW pgdp.budget` and
+/// `SELECT *` include `renews_at` only for a renewing budget, so a budget without a `period`
+/// shows the seven columns it always showed; it can still be selected by name.
 pub(super) fn budget_columns() -> Vec<OutColumn> {
     let mut columns: Vec<OutColumn> = [
         "epsilon_total",
@@ -40,17 +42,29 @@ pub enum BudgetColumns<'s> {
 }
 
 impl BudgetColumns<'_> {
-    /// The names of the columns asked for, in order; 42703 for an unknown one.
+    /// The names of the columns asked for, in order, for a budget that does not renew; 42703
+    /// for an unknown one.
     pub fn names(&self) -> Result<Vec<String>> {
+        self.names_for(false)
+    }
+
+    /// The names of the columns asked for, in order: `*` and `SHOW` include `renews_at` only
+    /// when the budget `renews`; 42703 for an unknown one.
+    pub fn names_for(&self, renews: bool) -> Result<Vec<String>> {
         let all: Vec<String> = budget_columns().into_iter().map(|c| c.name).collect();
+        let shown: Vec<String> = all
+            .iter()
+            .filter(|name| renews || name.as_str() != "renews_at")
+            .cloned()
+            .collect();
         let BudgetColumns::Listed(items) = self else {
-            return Ok(all);
+            return Ok(shown);
         };
         let mut names = Vec::new();
         for item in *items {
             match item {
                 SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
-                    names.extend(all.iter().cloned());
+                    names.extend(shown.iter().cloned());
                 }
                 SelectItem::UnnamedExpr(Expr::Identifier(i)) => {
                     let name = i.value.to_ascii_lowercase();
@@ -107,7 +121,7 @@ impl Session {
         .collect::<Vec<_>>();
         let mut out_columns = Vec::new();
         let mut row = Vec::new();
-        for name in columns.names()? {
+        for name in columns.names_for(self.analyst.budget.period.is_some())? {
             let i = all
                 .iter()
                 .position(|c| c.name == name)
