@@ -114,6 +114,12 @@ impl Window {
     pub fn until(&self) -> String {
         format!("{} 00:00 UTC", date_text(self.end_us))
     }
+
+    /// When the window ends in UTC ISO 8601, as `pgdp budget` prints times:
+    /// `2026-11-25T00:00:00Z`.
+    pub fn end_iso8601(&self) -> String {
+        format!("{}T00:00:00Z", date_text(self.end_us))
+    }
 }
 
 /// `this day (until 2026-11-25 00:00 UTC)`: what NOTICEs and `SHOW pgdp.budget` say of the
@@ -151,6 +157,7 @@ mod tests {
         assert_eq!(w.end_us, at("2026-11-25", 0, 0, 0));
         assert_eq!(w.to_string(), "this day (until 2026-11-25 00:00 UTC)");
         assert_eq!(w.start_literal(), "2026-11-24 00:00:00+00");
+        assert_eq!(w.end_iso8601(), "2026-11-25T00:00:00Z");
         // The last microsecond of a day is in it; the next one is not.
         let last = at("2026-11-25", 0, 0, 0) - 1;
         assert!(w.contains(last));

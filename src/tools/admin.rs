@@ -534,18 +534,16 @@ fn show(
         "epsilon_remaining",
         "delta_remaining",
         "last_charge",
-        "window",
+        "renews_at",
     ];
-    // The current window of a renewing budget (its spent columns are the window's), else `-`.
+    // When the current window of a renewing budget ends (its spent columns are the window's),
+    // else `-`.
     let window_of = |name: &str| {
         windows
             .iter()
             .find(|(n, _)| n == name)
             .and_then(|(_, w)| w.as_ref())
-            .map_or_else(
-                || "-".to_string(),
-                |w| format!("{} until {}", w.period.name(), w.until()),
-            )
+            .map_or_else(|| "-".to_string(), |w| w.end_iso8601())
     };
     let mut rows = Vec::new();
     for name in names {
