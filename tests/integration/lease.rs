@@ -375,12 +375,25 @@ async fn a_slice_reserved_before_midnight_is_not_spent_after_it() {
         day_windows(&db, "ed").await,
         [(midnight - DAY_US, fx("3")), (midnight, fx("25"))]
     );
+    // A reset in the new day keeps the open slice's reservation counted in its window and
+    // leaves the old day alone.
+    let admin = ledger(&db, 1).await;
+    admin.set_test_clock_offset(offset + 20_000_000);
+    admin.reset("ed", "test", "tester").await.expect("reset");
+    assert_eq!(
+        day_windows(&db, "ed").await,
+        [(midnight - DAY_US, fx("3")), (midnight, fx("25"))]
+    );
     holder.return_slices(Duration::from_secs(5)).await;
     assert_eq!(
         day_windows(&db, "ed").await,
         [(midnight - DAY_US, fx("3")), (midnight, fx("1"))]
     );
-    assert_eq!(durable_epsilon(&db, "ed").await, fx("4"));
+    assert_eq!(
+        durable_epsilon(&db, "ed").await,
+        fx("1"),
+        "reset, then the slice's one charge"
+    );
     assert_eq!(audit_rows(&db, "ed", 4).await, fx("4"));
 
     // A budget of 2 per day, spent to the end on both sides of midnight.
