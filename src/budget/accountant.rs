@@ -79,6 +79,8 @@ use std::fmt;
 use std::ops::Add;
 
 use super::fixed::Fixed;
+use super::window::Window;
+use crate::policy::Period;
 use crate::Error;
 
 /// Bisection steps for the optimal Rényi order; f64 bisection stops improving long before.
@@ -255,12 +257,25 @@ pub struct Limit {
     pub epsilon: Fixed,
     /// Total δ.
     pub delta: Fixed,
+    /// The window the limit covers: each calendar window of the period (`budget::window`) on its
+    /// own, or `None` for the whole history. The rule of the module docs is the same either way;
+    /// the ledger chooses which totals it is applied to.
+    pub period: Option<Period>,
 }
 
 impl Limit {
-    /// A limit of (ε, δ).
+    /// A limit of (ε, δ) over the whole history.
     pub const fn new(epsilon: Fixed, delta: Fixed) -> Limit {
-        Limit { epsilon, delta }
+        Limit {
+            epsilon,
+            delta,
+            period: None,
+        }
+    }
+
+    /// This limit, renewed every window of `period` (`None`: never).
+    pub const fn per(self, period: Option<Period>) -> Limit {
+        Limit { period, ..self }
     }
 
     /// This limit raised by `grants` (`pgdp budget grant`): ε and δ each add, saturating at
@@ -273,6 +288,7 @@ impl Limit {
         Limit {
             epsilon: self.epsilon.saturating_add(grants.epsilon),
             delta: self.delta.saturating_add(grants.delta),
+            period: self.period,
         }
     }
 
@@ -493,6 +509,8 @@ pub struct Refusal {
     pub limit: Limit,
     /// What was left before the request.
     pub remaining: Remaining,
+    /// For a renewing limit: the window whose totals refused it (the ledger fills it in).
+    pub window: Option<Window>,
 }
 
 /// Digits shown for remaining amounts in messages (rounded down, never overstating).
@@ -537,13 +555,16 @@ impl fmt::Display for Refusal {
                         self.remaining.rho.floor_significant(MESSAGE_DIGITS)
                     )?;
                 }
-                Ok(())
             }
             Scope::Dataset => write!(
                 f,
                 ", more than is left of the dataset-wide budget of ε={}, δ={} shared by all analysts",
                 self.limit.epsilon, self.limit.delta,
-            ),
+            )?,
+        }
+        match &self.window {
+            Some(window) => write!(f, " {window}; the budget renews then"),
+            None => Ok(()),
         }
     }
 }
@@ -691,6 +712,7 @@ pub fn admit(limit: &Limit, spent: &Spent, cost: &Cost) -> Result<Spent, Refusal
             requested: *cost,
             limit: *limit,
             remaining: remaining(limit, spent),
+            window: None,
         }),
     }
 }

@@ -25,6 +25,7 @@ pub mod accountant;
 pub mod fixed;
 pub mod lease;
 pub mod ledger;
+pub mod window;
 
 pub use accountant::{
     admit, guarantee, remaining, repeats, within, zcdp_to_epsilon, Cost, Guarantee, Limit, Refusal,
@@ -33,6 +34,7 @@ pub use accountant::{
 pub use fixed::{Fixed, FixedError};
 pub use lease::{slice_size, Slice};
 pub use ledger::{Balance, ChargeId, Ledger, Receipt};
+pub use window::Window;
 
 /// The SHA-256 (hex, lowercase) of `parts`, each prefixed with its length as 8 big-endian bytes,
 /// so that different part lists never share an encoding (`["ab", "c"]` ≠ `["a", "bc"]`). Used for

@@ -19,7 +19,7 @@
 //! - every declared bound is finite, `lower < upper`, `|bound| ≤ COLUMN_BOUND_ABS_MAX`, and only
 //!   numeric columns carry bounds;
 //! - every budget has ε > 0 finite and δ in [0, 1); per-query caps are positive and no larger than
-//!   the analyst's total;
+//!   the analyst's total; a budget's `period`, when given, is `day`, `week` or `month`;
 //! - analyst names, table names and column names are unique (case-sensitive, as PostgreSQL
 //!   stores unquoted names folded to lower case, names are lower-cased at load).
 //!
@@ -118,6 +118,44 @@ pub struct BudgetSpec {
     pub delta: f64,
     /// Largest ε one query may spend.
     pub epsilon_per_query_max: Option<f64>,
+    /// When the budget renews (`period`); `None`: never, the limit covers the whole history.
+    pub period: Option<Period>,
+}
+
+/// How often a budget renews: the calendar window (in UTC) that one (ε, δ) limit covers.
+///
+/// Windows are fixed in advance and do not depend on data: a day starts at 00:00 UTC, a week
+/// on Monday at 00:00 UTC (ISO 8601 weeks), a month on its 1st at 00:00 UTC. The arithmetic is
+/// `budget::window`; the guarantee per window is in docs/privacy.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Period {
+    /// A calendar day in UTC.
+    Day,
+    /// An ISO 8601 week (Monday to Sunday) in UTC.
+    Week,
+    /// A calendar month in UTC.
+    Month,
+}
+
+impl Period {
+    /// The name used in YAML, the ledger (`pgdp.*_window_spent.period`) and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
+        }
+    }
+
+    /// Parses the YAML spelling (`day`, `week`, `month`; case and surrounding blanks ignored).
+    pub fn parse(text: &str) -> Option<Period> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "day" => Some(Period::Day),
+            "week" => Some(Period::Week),
+            "month" => Some(Period::Month),
+            _ => None,
+        }
+    }
 }
 
 /// An analyst who may connect.
@@ -385,8 +423,10 @@ impl Policy {
         ));
         if let Some(b) = &self.dataset_budget {
             out.push_str(&format!(
-                "dataset budget: epsilon {}, delta {}\n",
-                b.epsilon, b.delta
+                "dataset budget: epsilon {}, delta {}{}\n",
+                b.epsilon,
+                b.delta,
+                renewal(b.period)
             ));
         }
         if let Some(schedule) = &self.release_schedule {
@@ -400,8 +440,12 @@ impl Policy {
                 .map(|c| format!(", at most {c} per query"))
                 .unwrap_or_default();
             out.push_str(&format!(
-                "  {}: epsilon {}, delta {}{}\n",
-                a.name, a.budget.epsilon, a.budget.delta, cap
+                "  {}: epsilon {}, delta {}{}{}\n",
+                a.name,
+                a.budget.epsilon,
+                a.budget.delta,
+                cap,
+                renewal(a.budget.period)
             ));
         }
         out.push_str(&format!("{} table(s):\n", self.tables.len()));
@@ -422,6 +466,24 @@ impl Policy {
             ));
         }
         out
+    }
+}
+
+/// `, per day (renews 00:00 UTC)` for a renewing budget, empty otherwise (for summaries).
+fn renewal(period: Option<Period>) -> String {
+    period.map_or(String::new(), |p| {
+        format!(", per {} (renews {})", p.name(), p.renewal_moment())
+    })
+}
+
+impl Period {
+    /// When windows of this period start, in words.
+    pub fn renewal_moment(self) -> &'static str {
+        match self {
+            Period::Day => "daily at 00:00 UTC",
+            Period::Week => "Mondays at 00:00 UTC",
+            Period::Month => "on the 1st at 00:00 UTC",
+        }
     }
 }
 

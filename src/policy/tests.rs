@@ -300,3 +300,52 @@ fn release_schedule_is_read_and_checked_at_its_path() {
     let e = errors(&with("{ floor_ms: 100, ratio: 2, jitter: 1 }"));
     assert!(e[0].contains("jitter"), "{e:?}");
 }
+
+#[test]
+fn budgets_renew_per_day_week_or_month() {
+    let text = minimal("")
+        .replace(
+            "epsilon: 1, delta: 1.0e-6 }",
+            "epsilon: 1, delta: 1.0e-6, period: Week }",
+        )
+        .replace(
+            "database: db",
+            "database: db\nbudget: { epsilon: 5, period: month }",
+        );
+    let p = parse(&text).expect("valid");
+    assert_eq!(p.analysts["alice"].budget.period, Some(Period::Week));
+    let dataset = p.dataset_budget.clone().expect("a dataset budget");
+    assert_eq!(dataset.period, Some(Period::Month));
+    assert!(p
+        .summary()
+        .contains("per week (renews Mondays at 00:00 UTC)"));
+    // No period: the budget never renews, as before.
+    let plain = parse(&minimal("")).expect("valid");
+    assert_eq!(plain.analysts["alice"].budget.period, None);
+}
+
+#[test]
+fn a_malformed_period_is_named_by_its_path() {
+    for bad in ["hourly", "'1 day'", "7", "[day]", "''"] {
+        let text = minimal("").replace(
+            "epsilon: 1, delta: 1.0e-6 }",
+            &format!("epsilon: 1, delta: 1.0e-6, period: {bad} }}"),
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{bad}: {e:?}");
+        assert!(
+            e[0].starts_with("analysts.alice.budget.period: must be day, week or month"),
+            "{bad}: {e:?}"
+        );
+    }
+    let text = minimal("").replace(
+        "database: db",
+        "database: db\nbudget: { epsilon: 5, period: fortnight }",
+    );
+    let e = errors(&text);
+    assert!(
+        e.iter()
+            .any(|m| m.starts_with("budget.period:") && m.contains("'fortnight'")),
+        "{e:?}"
+    );
+}

@@ -44,6 +44,9 @@ pub(super) struct RawBudget {
     delta: f64,
     #[serde(default)]
     epsilon_per_query_max: Option<f64>,
+    /// Read as any YAML value so that a malformed one gets a path-named error, not serde's.
+    #[serde(default)]
+    period: Option<serde_norway::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,10 +136,25 @@ pub(super) fn validate_budget(p: &mut Problems, path: &str, raw: &RawBudget) -> 
             );
         }
     }
+    let period = raw.period.as_ref().and_then(|value| {
+        let text = value_text(value);
+        let period = text.as_deref().and_then(Period::parse);
+        if period.is_none() {
+            p.add(
+                &format!("{path}.period"),
+                format!(
+                    "must be day, week or month (or left out: the budget never renews), got {}",
+                    text.map_or("a value that is not text".to_string(), |t| format!("'{t}'"))
+                ),
+            );
+        }
+        period
+    });
     BudgetSpec {
         epsilon: raw.epsilon,
         delta: raw.delta,
         epsilon_per_query_max: raw.epsilon_per_query_max,
+        period,
     }
 }
 

@@ -10,7 +10,11 @@ use super::dp::limit_of;
 use super::{ClientRows, Session, Shared};
 
 /// Columns of `SHOW pgdp.budget`: the balance, then how many more queries like this session's
-/// last charged one the analyst's budget admits (NULL before the session's first charge).
+/// last charged one the analyst's budget admits (NULL before the session's first charge), then
+/// when a renewing budget's window ends (`2026-11-25 00:00 UTC`; NULL for a budget that never
+/// renews): for a renewing budget the balance is the current window's. `SHOW pgdp.budget` and
+/// `SELECT *` include `renews_at` only for a renewing budget, so a budget without a `period`
+/// shows the seven columns it always showed; it can still be selected by name.
 pub(super) fn budget_columns() -> Vec<OutColumn> {
     let mut columns: Vec<OutColumn> = [
         "epsilon_total",
@@ -24,6 +28,7 @@ pub(super) fn budget_columns() -> Vec<OutColumn> {
     .map(|n| OutColumn::new(*n, CellType::Float8))
     .collect();
     columns.push(OutColumn::new("queries_like_last", CellType::Int8));
+    columns.push(OutColumn::new("renews_at", CellType::Text));
     columns
 }
 
@@ -37,17 +42,29 @@ pub enum BudgetColumns<'s> {
 }
 
 impl BudgetColumns<'_> {
-    /// The names of the columns asked for, in order; 42703 for an unknown one.
+    /// The names of the columns asked for, in order, for a budget that does not renew; 42703
+    /// for an unknown one.
     pub fn names(&self) -> Result<Vec<String>> {
+        self.names_for(false)
+    }
+
+    /// The names of the columns asked for, in order: `*` and `SHOW` include `renews_at` only
+    /// when the budget `renews`; 42703 for an unknown one.
+    pub fn names_for(&self, renews: bool) -> Result<Vec<String>> {
         let all: Vec<String> = budget_columns().into_iter().map(|c| c.name).collect();
+        let shown: Vec<String> = all
+            .iter()
+            .filter(|name| renews || name.as_str() != "renews_at")
+            .cloned()
+            .collect();
         let BudgetColumns::Listed(items) = self else {
-            return Ok(all);
+            return Ok(shown);
         };
         let mut names = Vec::new();
         for item in *items {
             match item {
                 SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
-                    names.extend(all.iter().cloned());
+                    names.extend(shown.iter().cloned());
                 }
                 SelectItem::UnnamedExpr(Expr::Identifier(i)) => {
                     let name = i.value.to_ascii_lowercase();
@@ -59,7 +76,7 @@ impl BudgetColumns<'_> {
                 _ => {
                     return Err(Error::unsupported(
                         "expressions on pgdp.budget",
-                        "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining, queries_like_last.",
+                        "Select its columns by name: epsilon_total, epsilon_spent, epsilon_remaining, delta_total, delta_spent, delta_remaining, queries_like_last, renews_at.",
                     ))
                 }
             }
@@ -76,7 +93,10 @@ impl Session {
         columns: BudgetColumns<'_>,
     ) -> Result<ClientRows> {
         let limit = limit_of(&self.analyst.budget)?;
-        let b = shared.ledger.balance(&self.analyst.name, &limit).await?;
+        let (b, window) = shared
+            .ledger
+            .balance_with_window(&self.analyst.name, &limit)
+            .await?;
         let all = budget_columns();
         // ε spent is what the accountant proves for the history (Σ ε for pure ε alone, else the
         // best order's conversion); δ spent and remaining are partition selection's share.
@@ -97,10 +117,11 @@ impl Session {
         .map(|v| Cell::Float(v.to_f64()))
         .into_iter()
         .chain([like_last])
+        .chain([window.map_or(Cell::Null, |w| Cell::Text(w.until()))])
         .collect::<Vec<_>>();
         let mut out_columns = Vec::new();
         let mut row = Vec::new();
-        for name in columns.names()? {
+        for name in columns.names_for(self.analyst.budget.period.is_some())? {
             let i = all
                 .iter()
                 .position(|c| c.name == name)

@@ -22,11 +22,12 @@ use crate::upstream::Placement;
 
 use super::{ClientRows, Notice, Session, Shared};
 
-/// A policy budget as exact ledger limits (rounded down: never in the analyst's favour).
+/// A policy budget as exact ledger limits (rounded down: never in the analyst's favour), per
+/// window of its `period` when it renews.
 pub fn limit_of(spec: &BudgetSpec) -> Result<Limit> {
     let e = Fixed::from_f64_floor(spec.epsilon).map_err(|_| Error::internal("budget epsilon"))?;
     let d = Fixed::from_f64_floor(spec.delta).map_err(|_| Error::internal("budget delta"))?;
-    Ok(Limit::new(e, d))
+    Ok(Limit::new(e, d).per(spec.period))
 }
 
 /// The policy tables `plan` reads, sorted, each once, for the audit log (`pgdp audit`): the
@@ -372,11 +373,11 @@ impl Session {
             let columns = self.answer_shape(shared, query, &plan).await?.columns;
             if let Some(replayed) = Released::replayed(columns, &payload) {
                 let limit = limit_of(&self.analyst.budget)?;
-                let balance = ledger.balance(&analyst, &limit).await?;
+                let (balance, window) = ledger.balance_with_window(&analyst, &limit).await?;
                 let mut notices = vec![Notice {
                     message: format!(
                         "pgdp: identical query answered again from the replay cache; charged nothing; {}",
-                        remaining_text(&balance, false)
+                        remaining_text(&balance, window, false)
                     ),
                 }];
                 if let Some(note) = release::capped_statistic(&plan) {
@@ -447,6 +448,7 @@ impl Session {
         shared.metrics.stage(Stage::Ledger, started.elapsed());
         let charge_id = receipt.id();
         let balance = *receipt.balance();
+        let window = receipt.window();
         shared.metrics.charged(&analyst, &mechanisms.cost, &balance);
         self.last_cost = Some(mechanisms.cost);
         self.charges += 1;
@@ -519,7 +521,11 @@ impl Session {
         // Written by the ledger's journal after the answer has left.
         ledger.record_release(charge_id, &analyst, &entries);
         self.served = Some(Served::AnsweredDp);
-        let notices = answer_notices(charge_notice(&mechanisms.cost, &balance), &plan, &released);
+        let notices = answer_notices(
+            charge_notice(&mechanisms.cost, &balance, window),
+            &plan,
+            &released,
+        );
         Ok(ClientRows::released(released, notices))
     }
 
@@ -580,10 +586,13 @@ impl Session {
             _ => released.retyped(shape.columns),
         };
         let limit = limit_of(&self.analyst.budget)?;
-        let balance = shared.ledger.balance(&self.analyst.name, &limit).await?;
+        let (balance, window) = shared
+            .ledger
+            .balance_with_window(&self.analyst.name, &limit)
+            .await?;
         let first = format!(
             "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
-            remaining_text(&balance, false)
+            remaining_text(&balance, window, false)
         );
         let notices = answer_notices(first, plan, &released);
         Ok(ClientRows::released(released, notices))
@@ -637,14 +646,18 @@ pub(super) fn explain_columns() -> Vec<OutColumn> {
 
 /// The NOTICE of a charged answer: what it cost and what is left, in the words of
 /// `budget::accountant` (ε, δ, and ρ when the query spent zCDP ρ).
-fn charge_notice(cost: &crate::budget::Cost, balance: &crate::budget::Balance) -> String {
+fn charge_notice(
+    cost: &crate::budget::Cost,
+    balance: &crate::budget::Balance,
+    window: Option<crate::budget::Window>,
+) -> String {
     let mut charged = format!("epsilon={}, delta={}", cost.epsilon, cost.delta);
     if !cost.rho.is_zero() {
         charged.push_str(&format!(", rho={} (zCDP)", cost.rho));
     }
     format!(
         "pgdp: charged {charged}; {}; {}",
-        remaining_text(balance, !cost.rho.is_zero()),
+        remaining_text(balance, window, !cost.rho.is_zero()),
         repeats_text(&balance.limit, &balance.spent, cost)
     )
 }
@@ -673,11 +686,17 @@ fn answer_notices(first: String, plan: &Plan, released: &Released) -> Vec<Notice
 /// left).
 const REMAINING_DIGITS: u32 = 6;
 
-/// "remaining epsilon=… of …, delta=… of …", with ρ when `with_rho` or ρ was spent.
-fn remaining_text(balance: &crate::budget::Balance, with_rho: bool) -> String {
+/// "remaining epsilon=… of …, delta=… of …", with ρ when `with_rho` or ρ was spent; for a
+/// renewing budget "remaining this day (until 2026-11-25 00:00 UTC): epsilon=…".
+fn remaining_text(
+    balance: &crate::budget::Balance,
+    window: Option<crate::budget::Window>,
+    with_rho: bool,
+) -> String {
     let left_of = |x: crate::budget::Fixed| x.floor_significant(REMAINING_DIGITS);
+    let window = window.map_or(String::new(), |w| format!("{w}: "));
     let mut left = format!(
-        "remaining epsilon={} of {}, delta={} of {}",
+        "remaining {window}epsilon={} of {}, delta={} of {}",
         left_of(balance.remaining.epsilon),
         balance.limit.epsilon,
         left_of(balance.remaining.delta),

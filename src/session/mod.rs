@@ -494,7 +494,7 @@ pub async fn describe(
         Route::Budget(columns) => {
             let all = budget::budget_columns();
             columns
-                .names()?
+                .names_for(session.analyst.budget.period.is_some())?
                 .iter()
                 .filter_map(|n| all.iter().find(|c| c.name == *n).cloned())
                 .collect()

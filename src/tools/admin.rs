@@ -384,8 +384,35 @@ pub async fn run(invocation: &Invocation, made_by: &str) -> Result<String, Admin
                 Some(a) => vec![a.clone()],
                 None => policy.analysts.keys().cloned().collect(),
             };
-            let accounts = ledger.accounts(&names).await?;
-            show(&policy, &names, &accounts.analysts, &accounts.dataset)
+            let mut accounts = ledger.accounts(&names).await?;
+            // A renewing budget is shown with its current window's totals.
+            let mut windows = Vec::new();
+            for name in &names {
+                let limit = policy_limit(&policy, name)?;
+                if limit.period.is_some() {
+                    let (balance, window) = ledger.balance_with_window(name, &limit).await?;
+                    if let Some(account) = accounts.analysts.iter_mut().find(|a| &a.analyst == name)
+                    {
+                        account.spent = balance.spent;
+                    }
+                    windows.push((name.clone(), window));
+                }
+            }
+            if let Some(spec) = &policy.dataset_budget {
+                let limit = crate::session::limit_of(spec)?;
+                if limit.period.is_some() {
+                    let (balance, window) = ledger.dataset_balance_with_window(&limit).await?;
+                    accounts.dataset.spent = balance.spent;
+                    windows.push(("(dataset)".to_string(), window));
+                }
+            }
+            show(
+                &policy,
+                &names,
+                &accounts.analysts,
+                &accounts.dataset,
+                &windows,
+            )
         }
         Command::Grant {
             analyst,
@@ -491,6 +518,7 @@ fn show(
     names: &[String],
     accounts: &[Account],
     dataset: &Account,
+    windows: &[(String, Option<crate::budget::Window>)],
 ) -> Result<String, AdminError> {
     let header = [
         "analyst",
@@ -506,7 +534,17 @@ fn show(
         "epsilon_remaining",
         "delta_remaining",
         "last_charge",
+        "renews_at",
     ];
+    // When the current window of a renewing budget ends (its spent columns are the window's),
+    // else `-`.
+    let window_of = |name: &str| {
+        windows
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, w)| w.as_ref())
+            .map_or_else(|| "-".to_string(), |w| w.end_iso8601())
+    };
     let mut rows = Vec::new();
     for name in names {
         let policy_limit = policy_limit(policy, name)?;
@@ -516,23 +554,17 @@ fn show(
             .cloned()
             .unwrap_or_else(|| Account::empty(name));
         let limit = policy_limit.granted(&account.granted);
-        rows.push(account_row(
-            name,
-            Some(policy_limit),
-            &account,
-            Some(&limit),
-        ));
+        let mut row = account_row(name, Some(policy_limit), &account, Some(&limit));
+        row.push(window_of(name));
+        rows.push(row);
     }
     let dataset_limit = match &policy.dataset_budget {
         Some(spec) => Some(crate::session::limit_of(spec)?),
         None => None,
     };
-    rows.push(account_row(
-        "(dataset)",
-        dataset_limit,
-        dataset,
-        dataset_limit.as_ref(),
-    ));
+    let mut row = account_row("(dataset)", dataset_limit, dataset, dataset_limit.as_ref());
+    row.push(window_of("(dataset)"));
+    rows.push(row);
     let mut out = table(&header, &rows);
     if dataset_limit.is_none() {
         out.push_str("(the policy sets no dataset budget: the dataset row only counts)\n");

@@ -31,12 +31,22 @@ struct PolicyFile {
 
 impl PolicyFile {
     fn with_epsilon(epsilon: u32) -> PolicyFile {
+        PolicyFile::with_budget(epsilon, "")
+    }
+
+    /// As [`PolicyFile::with_epsilon`], with `extra` (e.g. `period: day`) added to the budget.
+    fn with_budget(epsilon: u32, extra: &str) -> PolicyFile {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
+        let extra = if extra.is_empty() {
+            String::new()
+        } else {
+            format!("      {extra}\n")
+        };
         let text = demo_policy_text()
             .replace(
                 "      epsilon: 10\n",
-                &format!("      epsilon: {epsilon}\n"),
+                &format!("      epsilon: {epsilon}\n{extra}"),
             )
             .replace(
                 "      epsilon_per_query_max: 2\n",
@@ -583,4 +593,58 @@ async fn help_lists_the_admin_commands() {
     for line in pgdp::tools::admin::USAGE.lines() {
         assert!(text.contains(line), "--help lacks {line:?}");
     }
+}
+
+/// `pgdp budget show` of a renewing budget (issue 16 part 4) shows the current window's totals
+/// and when it ends; once the day is over (simulated by moving the day's ledger row one day
+/// back) the window is fresh, while `pgdp budget history` keeps the old day's charge.
+#[tokio::test]
+async fn budget_show_gives_a_renewing_budget_its_current_window() {
+    let file = PolicyFile::with_budget(2, "period: day");
+    let proxy = Proxy::with_policy(file.policy(), 73).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 1").await.expect("SET");
+    s.query(&count_query(1), &[]).await.expect("first query");
+    settled(proxy.ledger_dsn()).await;
+    let shown = pgdp(&["budget", "show"], &file.path, proxy.ledger_dsn()).await;
+    assert_success(&shown, "show");
+    let row = show_row(&stdout(&shown), ANALYST);
+    assert_eq!(row["epsilon_spent"], "1");
+    assert_eq!(row["epsilon_remaining"], "1");
+    assert!(row["renews_at"].ends_with("T00:00:00Z"), "{row:?}");
+    assert_eq!(show_row(&stdout(&shown), "(dataset)")["renews_at"], "-");
+
+    let client = harness::connect(proxy.ledger_dsn()).await;
+    let moved = client
+        .execute(
+            "UPDATE pgdp.analyst_window_spent
+             SET window_start = window_start - interval '1 day',
+                 window_end = window_end - interval '1 day'",
+            &[],
+        )
+        .await
+        .expect("move the window");
+    assert_eq!(moved, 1);
+    let shown = pgdp(&["budget", "show"], &file.path, proxy.ledger_dsn()).await;
+    assert_success(&shown, "show");
+    let row = show_row(&stdout(&shown), ANALYST);
+    assert_eq!(row["epsilon_spent"], "0");
+    assert_eq!(row["epsilon_remaining"], "2");
+    let history = pgdp(
+        &["budget", "history", ANALYST],
+        &file.path,
+        proxy.ledger_dsn(),
+    )
+    .await;
+    assert_success(&history, "history");
+    assert_eq!(
+        stdout(&history)
+            .lines()
+            .filter(|l| l.contains(" charge "))
+            .count(),
+        1,
+        "{}",
+        stdout(&history)
+    );
+    proxy.stop().await;
 }

@@ -977,3 +977,92 @@ async fn post_processing_variants_reuse_the_released_noisy_measures() {
     assert_eq!(s.budget().await.epsilon_spent, 3.5);
     proxy.stop().await;
 }
+
+/// Renewing budgets through the wire (issue 16 part 4): with `period: day` and ε = 2 per day,
+/// two queries at ε = 1 use up the day and a third is refused (53400); the NOTICE and
+/// `SHOW pgdp.budget` name the window. When the day is over (simulated by moving the day's
+/// ledger rows one day back, which is what they are once midnight has passed) the next query is
+/// admitted in a fresh window, while the previous window stays at its limit.
+#[tokio::test]
+async fn a_daily_budget_admits_again_in_a_new_day_and_keeps_the_old_one_at_its_limit() {
+    let text = demo_policy_text()
+        .replace(
+            "      epsilon: 10\n",
+            "      epsilon: 2\n      period: day\n",
+        )
+        .replace(
+            "      epsilon_per_query_max: 2\n",
+            "      epsilon_per_query_max: 1\n",
+        );
+    let policy = pgdp::policy::parse(&text).expect("a daily budget");
+    let proxy = Proxy::with_policy(policy, 61).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 1").await.expect("SET");
+    for i in 0..2 {
+        s.query(&distinct_query(i), &[])
+            .await
+            .expect("within the day");
+    }
+    let notices = s.take_notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("remaining this day (until ")
+                && n.contains(" 00:00 UTC): epsilon=0 of 2")),
+        "{notices:?}"
+    );
+    let refused = s.query(&distinct_query(2), &[]).await;
+    assert_code(
+        refused,
+        &SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+        "the day is used up",
+    );
+    let renews_at: Option<String> = s
+        .query_one("SELECT renews_at FROM pgdp.budget", &[])
+        .await
+        .expect("renews_at")
+        .get(0);
+    let renews_at = renews_at.expect("a renewing budget says when");
+    assert!(renews_at.ends_with(" 00:00 UTC"), "{renews_at}");
+    assert_eq!(s.budget().await.epsilon_remaining, 0.0);
+
+    // Midnight passes: the day's rows become yesterday's.
+    let ledger = crate::harness::connect(proxy.ledger_dsn()).await;
+    let moved = ledger
+        .execute(
+            "UPDATE pgdp.analyst_window_spent
+             SET window_start = window_start - interval '1 day',
+                 window_end = window_end - interval '1 day'",
+            &[],
+        )
+        .await
+        .expect("move the window");
+    assert_eq!(moved, 1);
+    assert_eq!(s.budget().await.epsilon_remaining, 2.0, "a fresh window");
+    s.query(&distinct_query(3), &[])
+        .await
+        .expect("admitted in the new day");
+    let b = s.budget().await;
+    assert_eq!((b.epsilon_spent, b.epsilon_remaining), (1.0, 1.0));
+    // ε per window (charges made under a budget slice are counted when it closes).
+    let windows: Vec<String> = ledger
+        .query(
+            "SELECT epsilon::text FROM pgdp.analyst_window_spent ORDER BY window_start",
+            &[],
+        )
+        .await
+        .expect("the windows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        windows,
+        ["2", "1"],
+        "the previous window stays at its limit"
+    );
+    let row = s
+        .query_one("SHOW pgdp.budget", &[])
+        .await
+        .expect("SHOW pgdp.budget");
+    assert_eq!(row.columns().len(), 8, "a renewing budget shows renews_at");
+}

@@ -299,3 +299,166 @@ async fn leases_off_charges_each_query_on_its_own() {
     drop(client);
     db.drop_db().await;
 }
+
+/// Microseconds in a day.
+const DAY_US: i64 = 86_400_000_000;
+
+/// Puts `ledgers`' clocks 10 seconds before the next midnight UTC (by the ledger server's
+/// clock); returns that midnight and the offset (microseconds).
+async fn before_midnight(db: &TestDb, ledgers: &[&Ledger]) -> (i64, i64) {
+    let now: i64 = db
+        .client()
+        .await
+        .query_one("SELECT (extract(epoch FROM now()) * 1000000)::int8", &[])
+        .await
+        .expect("the server's clock")
+        .get(0);
+    let midnight = (now.div_euclid(DAY_US) + 1) * DAY_US;
+    let offset = midnight - 10_000_000 - now;
+    for ledger in ledgers {
+        ledger.set_test_clock_offset(offset);
+    }
+    (midnight, offset)
+}
+
+/// (window start, ε) of the analyst's daily windows, oldest first.
+async fn day_windows(db: &TestDb, analyst: &str) -> Vec<(i64, Fixed)> {
+    db.client()
+        .await
+        .query(
+            "SELECT (extract(epoch FROM window_start) * 1000000)::int8, epsilon::text
+             FROM pgdp.analyst_window_spent WHERE analyst = $1 AND period = 'day'
+             ORDER BY window_start",
+            &[&analyst],
+        )
+        .await
+        .expect("read the windows")
+        .iter()
+        .map(|r| (r.get(0), fx(&r.get::<_, String>(1))))
+        .collect()
+}
+
+/// Renewing budgets under leases (issue 16 part 4): a slice reserved in the last seconds of a
+/// day is never charged under after midnight. The first charge after midnight closes it, its
+/// unused part going back to the old day, and reserves a new slice in the new day; the old
+/// day's window ends with exactly what was charged in it. Near exhaustion at the boundary, no
+/// day's window goes past its limit.
+#[tokio::test]
+async fn a_slice_reserved_before_midnight_is_not_spent_after_it() {
+    use pgdp::policy::Period;
+    let db = harness::fresh_database("lease_renew").await;
+    let holder = ledger(&db, 64).await;
+    let (midnight, offset) = before_midnight(&db, &[&holder]).await;
+    let daily = Limit::new(fx("100"), Fixed::ZERO).per(Some(Period::Day));
+    let cost = Cost::pure(fx("1"));
+    for i in 0..3 {
+        holder
+            .charge_leased("ed", &daily, None, &cost, &format!("q{i}"), "laplace", &[])
+            .await
+            .expect("charged");
+    }
+    // One slice of 25 reserved in the old day.
+    assert_eq!(
+        day_windows(&db, "ed").await,
+        [(midnight - DAY_US, fx("25"))]
+    );
+
+    holder.set_test_clock_offset(offset + 20_000_000);
+    let receipt = holder
+        .charge_leased("ed", &daily, None, &cost, "after", "laplace", &[])
+        .await
+        .expect("charged in the new day");
+    assert_eq!(receipt.window().map(|w| w.start_us), Some(midnight));
+    assert_eq!(receipt.balance().spent.epsilon, fx("1"));
+    // The old slice closed with its 3 charges; the new day holds a new reservation.
+    assert_eq!(
+        day_windows(&db, "ed").await,
+        [(midnight - DAY_US, fx("3")), (midnight, fx("25"))]
+    );
+    // A reset in the new day keeps the open slice's reservation counted in its window and
+    // leaves the old day alone.
+    let admin = ledger(&db, 1).await;
+    admin.set_test_clock_offset(offset + 20_000_000);
+    admin.reset("ed", "test", "tester").await.expect("reset");
+    assert_eq!(
+        day_windows(&db, "ed").await,
+        [(midnight - DAY_US, fx("3")), (midnight, fx("25"))]
+    );
+    holder.return_slices(Duration::from_secs(5)).await;
+    assert_eq!(
+        day_windows(&db, "ed").await,
+        [(midnight - DAY_US, fx("3")), (midnight, fx("1"))]
+    );
+    assert_eq!(
+        durable_epsilon(&db, "ed").await,
+        fx("1"),
+        "reset, then the slice's one charge"
+    );
+    assert_eq!(audit_rows(&db, "ed", 4).await, fx("4"));
+
+    // A budget of 2 per day, spent to the end on both sides of midnight.
+    let tight = Limit::new(fx("2"), Fixed::ZERO).per(Some(Period::Day));
+    holder.set_test_clock_offset(offset);
+    let mut admitted = 0;
+    for i in 0..3 {
+        let result = holder
+            .charge_leased("fy", &tight, None, &cost, &format!("a{i}"), "laplace", &[])
+            .await;
+        if i < 2 {
+            result.expect("within the old day's budget");
+            admitted += 1;
+        } else {
+            assert!(is_exhausted(&result), "{result:?}");
+        }
+    }
+    holder.set_test_clock_offset(offset + 20_000_000);
+    for i in 0..3 {
+        let result = holder
+            .charge_leased("fy", &tight, None, &cost, &format!("b{i}"), "laplace", &[])
+            .await;
+        if i < 2 {
+            result.expect("within the new day's budget");
+            admitted += 1;
+        } else {
+            assert!(is_exhausted(&result), "{result:?}");
+        }
+    }
+    assert_eq!(admitted, 4);
+    holder.return_slices(Duration::from_secs(5)).await;
+    assert_eq!(
+        day_windows(&db, "fy").await,
+        [(midnight - DAY_US, fx("2")), (midnight, fx("2"))]
+    );
+    db.drop_db().await;
+}
+
+/// A process that dies holding a slice reserved before midnight leaves it spent in the old
+/// day: another process charging after midnight neither sees nor returns it, and the old day's
+/// window keeps the whole reservation.
+#[tokio::test]
+async fn a_slice_left_open_by_a_crash_stays_spent_in_its_day() {
+    use pgdp::policy::Period;
+    let db = harness::fresh_database("lease_renew_crash").await;
+    let crashed = ledger(&db, 64).await;
+    let survivor = ledger(&db, 64).await;
+    let (midnight, offset) = before_midnight(&db, &[&crashed, &survivor]).await;
+    let daily = Limit::new(fx("100"), Fixed::ZERO).per(Some(Period::Day));
+    let cost = Cost::pure(fx("1"));
+    crashed
+        .charge_leased("gu", &daily, None, &cost, "q", "laplace", &[])
+        .await
+        .expect("charged");
+    // Dies: its slice is never returned.
+    drop(crashed);
+    survivor.set_test_clock_offset(offset + 20_000_000);
+    survivor
+        .charge_leased("gu", &daily, None, &cost, "q2", "laplace", &[])
+        .await
+        .expect("charged in the new day");
+    survivor.return_slices(Duration::from_secs(5)).await;
+    assert_eq!(
+        day_windows(&db, "gu").await,
+        [(midnight - DAY_US, fx("25")), (midnight, fx("1"))]
+    );
+    db.drop_db().await;
+}

@@ -685,7 +685,7 @@ async fn a_version_1_ledger_is_migrated_and_bounded_by_its_sums() {
         .unwrap()
         .get(0);
     assert_eq!(
-        version, "4",
+        version, "5",
         "migrated through version 2 to the current one"
     );
     let charge = ledger
@@ -752,7 +752,7 @@ async fn a_version_2_ledger_is_migrated_and_keeps_working() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, "4");
+    assert_eq!(version, "5");
     let old = ledger.balance("old", &limit).await.unwrap();
     assert_eq!(old.spent.epsilon, fx("1"));
     assert_eq!(old.limit, limit, "no grants after the migration");
@@ -885,4 +885,262 @@ async fn charges_racing_a_grant_never_exceed_policy_plus_grants() {
         .unwrap()
         .get(0);
     assert_eq!(tables, odd);
+}
+
+/// Microseconds in a day.
+const DAY_US: i64 = 86_400_000_000;
+
+/// The ledger server's clock now, in microseconds since the Unix epoch.
+async fn server_now_us(db: &harness::TestDb) -> i64 {
+    db.client()
+        .await
+        .query_one("SELECT (extract(epoch FROM now()) * 1000000)::int8", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A clock offset that puts `ledger`'s clock 10 seconds before the next midnight UTC; returns
+/// that midnight (microseconds since the Unix epoch).
+async fn ten_seconds_before_midnight(db: &harness::TestDb, ledger: &Ledger) -> (i64, i64) {
+    let now = server_now_us(db).await;
+    let midnight = (now.div_euclid(DAY_US) + 1) * DAY_US;
+    let offset = midnight - 10_000_000 - now;
+    ledger.set_test_clock_offset(offset);
+    (midnight, offset)
+}
+
+/// (window start in µs, ε, charges) of every window row of `analyst` (the dataset's for
+/// `None`), oldest first.
+async fn window_rows(db: &harness::TestDb, analyst: Option<&str>) -> Vec<(i64, Fixed, i64)> {
+    let client = db.client().await;
+    let rows = match analyst {
+        Some(a) => client
+            .query(
+                "SELECT (extract(epoch FROM window_start) * 1000000)::int8, epsilon::text, charges
+                 FROM pgdp.analyst_window_spent WHERE analyst = $1 ORDER BY window_start",
+                &[&a],
+            )
+            .await
+            .unwrap(),
+        None => client
+            .query(
+                "SELECT (extract(epoch FROM window_start) * 1000000)::int8, epsilon::text, charges
+                 FROM pgdp.dataset_window_spent ORDER BY window_start",
+                &[],
+            )
+            .await
+            .unwrap(),
+    };
+    rows.iter()
+        .map(|r| (r.get(0), fx(&r.get::<_, String>(1)), r.get(2)))
+        .collect()
+}
+
+/// Renewing budgets (issue 16 part 4), the analyst's: a budget of ε = 1 per day admits ε = 1
+/// in the last seconds of a day, refuses more, and admits again right after midnight UTC; the
+/// old day's window keeps its totals at the limit, the whole history counts both, a reset
+/// zeroes only the current window, and a budget without a period is not renewed.
+#[tokio::test]
+async fn a_daily_budget_renews_at_midnight_utc_and_keeps_the_old_window() {
+    use pgdp::policy::Period;
+    let db = harness::fresh_database("ledger_renew").await;
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let daily = Limit::new(fx("1"), fx("0.00001")).per(Some(Period::Day));
+    let forever = Limit::new(fx("1"), fx("0.00001"));
+    let half = Cost::pure(fx("0.5"));
+    let (midnight, offset) = ten_seconds_before_midnight(&db, &ledger).await;
+
+    for (i, analyst) in ["alice", "alice", "bob", "bob"].into_iter().enumerate() {
+        let limit = if analyst == "alice" { &daily } else { &forever };
+        let charge = ledger
+            .charge(analyst, limit, None, &half, &format!("q{i}"), "laplace")
+            .await
+            .unwrap();
+        if analyst == "alice" {
+            let window = charge.window().expect("a renewing budget has a window");
+            assert_eq!(
+                (window.start_us, window.end_us),
+                (midnight - DAY_US, midnight)
+            );
+        } else {
+            assert_eq!(charge.window(), None);
+        }
+    }
+    for (analyst, limit) in [("alice", &daily), ("bob", &forever)] {
+        let refused = ledger
+            .charge(analyst, limit, None, &half, "again", "laplace")
+            .await;
+        assert!(is_exhausted(&refused), "{analyst}: {refused:?}");
+    }
+
+    // Twenty seconds later it is the next day: alice's budget renews, bob's does not.
+    ledger.set_test_clock_offset(offset + 20_000_000);
+    let (before, window) = ledger.balance_with_window("alice", &daily).await.unwrap();
+    assert_eq!(before.spent, Spent::ZERO);
+    assert_eq!(window.map(|w| w.start_us), Some(midnight));
+    let charge = ledger
+        .charge("alice", &daily, None, &half, "next day", "laplace")
+        .await
+        .unwrap();
+    assert_eq!(charge.balance().spent.epsilon, fx("0.5"));
+    assert_eq!(charge.balance().remaining.epsilon, fx("0.5"));
+    assert!(is_exhausted(
+        &ledger
+            .charge("bob", &forever, None, &half, "next day", "laplace")
+            .await
+    ));
+    assert_eq!(
+        window_rows(&db, Some("alice")).await,
+        [(midnight - DAY_US, fx("1"), 2), (midnight, fx("0.5"), 1)],
+        "the old window stays at its limit"
+    );
+    assert!(window_rows(&db, Some("bob")).await.is_empty());
+    // The whole history is kept: ε = 1.5 for alice, in the totals and the audit log.
+    let whole = ledger.balance("alice", &forever).await.unwrap();
+    assert_eq!(whole.spent.epsilon, fx("1.5"));
+    let client = db.client().await;
+    let logged: String = client
+        .query_one(
+            "SELECT sum(epsilon)::text FROM pgdp.charge_log WHERE analyst = 'alice'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(fx(&logged), fx("1.5"));
+
+    // A reset zeroes the current window and leaves the old one alone.
+    ledger.reset("alice", "renewal test", "test").await.unwrap();
+    assert_eq!(
+        ledger.balance("alice", &daily).await.unwrap().spent,
+        Spent::ZERO
+    );
+    assert_eq!(
+        window_rows(&db, Some("alice")).await,
+        [(midnight - DAY_US, fx("1"), 2), (midnight, fx("0"), 0)]
+    );
+}
+
+/// Renewing budgets, the dataset's: a dataset cap of ε = 1 per day shared by analysts with
+/// budgets that never renew refuses a third analyst before midnight (scope dataset) and admits
+/// it after; the old day's dataset window stays at the cap.
+#[tokio::test]
+async fn a_daily_dataset_cap_renews_at_midnight_utc() {
+    use pgdp::policy::Period;
+    let db = harness::fresh_database("ledger_renew_dataset").await;
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let each = Limit::new(fx("5"), fx("0.00001"));
+    let dataset = Limit::new(fx("1"), fx("0.00001")).per(Some(Period::Day));
+    let half = Cost::pure(fx("0.5"));
+    let (midnight, offset) = ten_seconds_before_midnight(&db, &ledger).await;
+    for analyst in ["alice", "bob"] {
+        ledger
+            .charge(analyst, &each, Some(&dataset), &half, analyst, "laplace")
+            .await
+            .unwrap();
+    }
+    let refused = ledger
+        .charge("carol", &each, Some(&dataset), &half, "carol", "laplace")
+        .await;
+    assert!(is_exhausted(&refused), "{refused:?}");
+    let (day_balance, window) = ledger.dataset_balance_with_window(&dataset).await.unwrap();
+    assert_eq!(day_balance.spent.epsilon, fx("1"));
+    assert_eq!(window.map(|w| w.end_us), Some(midnight));
+
+    ledger.set_test_clock_offset(offset + 20_000_000);
+    assert_eq!(
+        ledger.dataset_balance(&dataset).await.unwrap().spent,
+        Spent::ZERO
+    );
+    let carol = ledger
+        .charge("carol", &each, Some(&dataset), &half, "carol", "laplace")
+        .await
+        .unwrap();
+    // carol's own budget never renews: her balance is of the whole history.
+    assert_eq!(carol.window(), None);
+    assert_eq!(carol.balance().spent.epsilon, fx("0.5"));
+    assert_eq!(
+        window_rows(&db, None).await,
+        [(midnight - DAY_US, fx("1"), 2), (midnight, fx("0.5"), 1)]
+    );
+    // The dataset's whole history counts everything.
+    let whole = ledger
+        .dataset_balance(&Limit::new(fx("100"), Fixed::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(whole.spent.epsilon, fx("1.5"));
+}
+
+/// A ledger of schema version 4 (as pgdp wrote it before renewing budgets: no window tables, no
+/// window columns on `pgdp.lease`) is migrated in place to version 5 on first use and keeps its
+/// totals; budgets without a period read exactly as before and renewing ones work at once.
+#[tokio::test]
+async fn a_version_4_ledger_is_migrated_and_keeps_its_totals() {
+    use pgdp::policy::Period;
+    let db = harness::fresh_database("ledger_v4").await;
+    let client = db.client().await;
+    {
+        // A version-4 ledger: today's tables without what version 5 added.
+        let creator = Ledger::connect(db.dsn()).await.unwrap();
+        drop(creator);
+        client
+            .batch_execute(
+                "DROP TABLE pgdp.analyst_window_spent, pgdp.dataset_window_spent;
+                 ALTER TABLE pgdp.lease DROP COLUMN window_period, DROP COLUMN window_start,
+                     DROP COLUMN dataset_window_period, DROP COLUMN dataset_window_start;
+                 UPDATE pgdp.meta SET value = '4' WHERE key = 'schema_version';
+                 INSERT INTO pgdp.analyst_spent (analyst, epsilon, delta, rho, renyi, charges)
+                 VALUES ('old', 0.75, 0, 0, NULL, 3);
+                 UPDATE pgdp.dataset_spent SET epsilon = 0.75, charges = 3;",
+            )
+            .await
+            .unwrap();
+    }
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let version: String = client
+        .query_one(
+            "SELECT value FROM pgdp.meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "5");
+    let limit = Limit::new(fx("1"), Fixed::ZERO);
+    let old = ledger.balance("old", &limit).await.unwrap();
+    assert_eq!(
+        old.spent,
+        Spent::from_sums(fx("0.75"), Fixed::ZERO, Fixed::ZERO)
+    );
+    let dataset = ledger.dataset_balance(&limit).await.unwrap();
+    assert_eq!(dataset.spent.epsilon, fx("0.75"));
+    // Without a period nothing changed: 0.5 more does not fit.
+    assert!(is_exhausted(
+        &ledger
+            .charge("old", &limit, None, &Cost::pure(fx("0.5")), "f", "laplace")
+            .await
+    ));
+    // The same analyst under a daily budget starts a fresh window at once.
+    let daily = limit.per(Some(Period::Day));
+    let charge = ledger
+        .charge("old", &daily, None, &Cost::pure(fx("0.5")), "f", "laplace")
+        .await
+        .unwrap();
+    assert_eq!(charge.balance().spent.epsilon, fx("0.5"));
+    assert_eq!(
+        ledger.balance("old", &limit).await.unwrap().spent.epsilon,
+        fx("1.25"),
+        "the whole history keeps the migrated totals"
+    );
+    let columns: i64 = client
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_schema = 'pgdp' AND table_name = 'lease' AND column_name LIKE '%window%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(columns, 4);
 }

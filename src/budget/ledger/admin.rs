@@ -14,7 +14,10 @@
 //!   totals and the charge count) except for the reservations of the analyst's open budget
 //!   slices, which stay counted until their holders close them and never touches the charge log, the grants, the replay
 //!   cache or the dataset's totals; the admin log row keeps the totals it zeroed, so the whole
-//!   history stays auditable.
+//!   history stays auditable. For a renewing budget it also zeroes the analyst's current
+//!   windows (those holding the ledger's clock), again except for the open slices reserved in
+//!   them, and leaves past windows as they were: a renewal is the same reset, made by the clock
+//!   at a window's start.
 //! - Reading (accounts, events) takes no lock and changes nothing.
 //! - Times are read as UTC ISO 8601 text from PostgreSQL (`…T…Z`, microseconds), so no clock or
 //!   time zone of the machine running the command enters the output.
@@ -181,9 +184,21 @@ const ZERO_TOTALS: &str = "UPDATE pgdp.analyst_spent
         renyi = $5::text::numeric[], charges = 0, updated_at = now()
     WHERE analyst = $1";
 
-/// The reservations of the analyst's open budget slices (read under the analyst's row lock).
-const OPEN_SLICES: &str = "SELECT epsilon::text, delta::text, rho::text, renyi::text
+/// The reservations of the analyst's open budget slices (read under the analyst's row lock),
+/// with the window each was reserved in (NULL: the budget did not renew).
+const OPEN_SLICES: &str =
+    "SELECT epsilon::text, delta::text, rho::text, renyi::text, window_period,
+        (extract(epoch FROM window_start) * 1000000)::int8
     FROM pgdp.lease WHERE analyst = $1 AND closed_at IS NULL";
+
+/// Zeroes the analyst's windows that hold the instant `$2` (microseconds since the Unix epoch);
+/// `$3` is the zero per-order array.
+const ZERO_CURRENT_WINDOWS: &str = "UPDATE pgdp.analyst_window_spent
+    SET epsilon = 0, delta = 0, rho = 0, renyi = $3::text::numeric[], charges = 0, updated_at = now()
+    WHERE analyst = $1
+      AND window_start <= timestamptz 'epoch' + $2::int8 * interval '1 microsecond'
+      AND window_end > timestamptz 'epoch' + $2::int8 * interval '1 microsecond'
+    RETURNING period";
 
 /// Appends one row to the admin log and returns it as read back.
 fn insert_admin_sql() -> String {
@@ -232,7 +247,7 @@ impl Ledger {
         let mut attempts = self.attempts().await;
         loop {
             let conn = attempts.client().await?;
-            let result = reset_once(conn, analyst, reason, made_by).await;
+            let result = reset_once(conn, analyst, reason, made_by, self.clock.offset_us()).await;
             if let Some(done) = attempts.settle(result) {
                 return done;
             }
@@ -477,17 +492,52 @@ async fn reset_once(
     analyst: &str,
     reason: &str,
     made_by: &str,
+    clock_offset_us: i64,
 ) -> Result<AdminRecord, Fault> {
     let tx = conn.client.transaction().await?;
     let (spent, _) = lock_for_admin(&tx, analyst).await?;
+    let now = super::window::ledger_now(&tx, clock_offset_us).await?;
     // Open slices stay counted: a process may still charge under them, and closing one takes
-    // its unused part off these totals.
+    // its unused part off these totals (and off its window's, for a renewing budget).
     let mut reserved = Spent::ZERO;
+    let mut in_windows: Vec<(Window, Spent)> = Vec::new();
     for row in tx.query(OPEN_SLICES, &[&analyst]).await? {
+        let slice = spent_from_row(&row, 0)?;
         reserved = reserved
-            .checked_add_spent(&spent_from_row(&row, 0)?)
+            .checked_add_spent(&slice)
             .ok_or(Fault::Corrupt("open slices overflow"))?;
+        let period: Option<String> = row.try_get(4)?;
+        let start: Option<i64> = row.try_get(5)?;
+        let (Some(period), Some(start)) = (period, start) else {
+            continue;
+        };
+        let period = crate::policy::Period::parse(&period)
+            .ok_or(Fault::Corrupt("a slice's window has an unknown period"))?;
+        let current = Window::containing(period, now);
+        if current.start_us != start {
+            continue; // reserved in a past window, which the reset leaves alone
+        }
+        match in_windows.iter_mut().find(|(w, _)| *w == current) {
+            Some((_, sum)) => {
+                *sum = sum
+                    .checked_add_spent(&slice)
+                    .ok_or(Fault::Corrupt("open slices overflow"))?
+            }
+            None => in_windows.push((current, slice)),
+        }
     }
+    tx.query(
+        ZERO_CURRENT_WINDOWS,
+        &[&analyst, &now, &renyi_literal(&Spent::ZERO.renyi)],
+    )
+    .await?;
+    let mut windows = super::window::WindowTotals::default();
+    for (window, sum) in &in_windows {
+        let key = super::window::WindowKey::analyst(analyst, *window);
+        windows.get(&tx, &key).await?;
+        windows.set(&key, *sum, 0)?;
+    }
+    windows.store(&tx).await?;
     let text = |x: Fixed| x.to_numeric_text();
     tx.execute(
         ZERO_TOTALS,

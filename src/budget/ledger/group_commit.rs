@@ -2,6 +2,7 @@
 //! transaction, each in arrival order against the totals the ones before it left, with one
 //! durable commit ([`crate::limits::CHARGES_PER_COMMIT_MAX`] at most).
 
+use super::window::{ledger_now, WindowKey, WindowTotals};
 use super::*;
 
 /// One [`Ledger::charge`] request, owned so that the committer task can hold it.
@@ -30,6 +31,8 @@ pub(super) struct ChargeQueue {
     pub(super) state: std::sync::Mutex<QueueState>,
     /// The committer's connection (one committer at a time, so never contended).
     pub(super) conn: Mutex<Option<Conn>>,
+    /// The ledger's clock (its offset, for tests).
+    pub(super) clock: Arc<super::window::Clock>,
 }
 
 #[derive(Default)]
@@ -88,7 +91,7 @@ impl ChargeQueue {
         };
         let outcomes = loop {
             let result = match attempts.client().await {
-                Ok(conn) => charge_batch(conn, requests).await,
+                Ok(conn) => charge_batch(conn, requests, self.clock.offset_us()).await,
                 Err(_) => break Err(()),
             };
             if let Some(done) = attempts.settle(result) {
@@ -148,14 +151,17 @@ pub(super) const RECORD_CHARGES: &str = "WITH analyst AS (
      ORDER BY l.n
      RETURNING id";
 
-/// One group commit, one attempt: BEGIN, lock the analysts' rows, lock the dataset row (only when
-/// a request has a dataset cap), admit each request in order, one statement writing totals and
-/// audit rows, COMMIT (the one durable flush of the batch). Returns each request's charge or
+/// One group commit, one attempt: BEGIN, lock the analysts' rows, lock the dataset row, read the
+/// ledger's clock (only when a request's limit renews), admit each request in order (against
+/// the current window's totals for a renewing limit, read under the parent row's lock), one
+/// statement writing totals and audit rows and one per window total, COMMIT (the one durable
+/// flush of the batch). Returns each request's charge or
 /// refusal, in order; a database failure fails the whole batch, which then charged nothing
 /// (except in the ambiguous case of the module docs).
 pub(super) async fn charge_batch(
     conn: &mut Conn,
     requests: &[ChargeRequest],
+    clock_offset_us: i64,
 ) -> Result<Vec<Result<Receipt, Box<Refusal>>>, Fault> {
     let lock_analysts = conn.statement(LOCK_ANALYSTS).await?;
     let lock_dataset = conn.statement(LOCK_DATASET).await?;
@@ -175,6 +181,16 @@ pub(super) async fn charge_batch(
     // Locked second, by every transaction, so lock order is the same everywhere. Always read:
     // the per-order totals cannot be added in place by SQL.
     let mut dataset = spent_from_row(&tx.query_one(&lock_dataset, &[]).await?, 0)?;
+    // The one instant that places every charge of the batch in its windows.
+    let renews = requests
+        .iter()
+        .any(|r| r.limit.period.is_some() || r.dataset_limit.is_some_and(|l| l.period.is_some()));
+    let now = if renews {
+        ledger_now(&tx, clock_offset_us).await?
+    } else {
+        0
+    };
+    let mut windows = WindowTotals::default();
 
     // Admit in arrival order, each against the totals the ones before it left.
     let mut outcomes = Vec::with_capacity(requests.len());
@@ -186,29 +202,61 @@ pub(super) async fn charge_batch(
         let limit = granted
             .get(&request.analyst)
             .map_or(request.limit, |g| request.limit.granted(g));
-        let after = match admit(&limit, &current, &request.cost) {
+        // A renewing limit is checked against its current window, else the whole history.
+        let window = limit
+            .period
+            .map(|p| WindowKey::analyst(&request.analyst, Window::containing(p, now)));
+        let admitted_on = match &window {
+            Some(key) => windows.get(&tx, key).await?,
+            None => current,
+        };
+        let after = match admit(&limit, &admitted_on, &request.cost) {
             Ok(after) => after,
             Err(refusal) => {
-                outcomes.push(Err(Box::new(refusal)));
+                outcomes.push(Err(Box::new(Refusal {
+                    window: window.map(|k| k.window),
+                    ..refusal
+                })));
                 continue;
             }
         };
-        let dataset_after = match &request.dataset_limit {
-            Some(dataset_limit) => admit(dataset_limit, &dataset, &request.cost),
-            None => Ok(dataset + request.cost),
+        let dataset_window = request
+            .dataset_limit
+            .and_then(|l| l.period)
+            .map(|p| WindowKey::dataset(Window::containing(p, now)));
+        let dataset_admitted_on = match &dataset_window {
+            Some(key) => windows.get(&tx, key).await?,
+            None => dataset,
         };
-        match dataset_after {
-            Ok(dataset_after) => dataset = dataset_after,
-            Err(refusal) => {
+        let dataset_after = match &request.dataset_limit {
+            Some(dataset_limit) => admit(dataset_limit, &dataset_admitted_on, &request.cost),
+            None => Ok(dataset_admitted_on + request.cost),
+        };
+        match (dataset_after, &dataset_window) {
+            (Ok(dataset_after), None) => dataset = dataset_after,
+            (Ok(window_after), Some(key)) => {
+                windows.set(key, window_after, 1)?;
+                dataset = dataset + request.cost;
+            }
+            (Err(refusal), _) => {
                 outcomes.push(Err(Box::new(Refusal {
                     scope: Scope::Dataset,
+                    window: dataset_window.map(|k| k.window),
                     ..refusal
                 })));
                 continue;
             }
         }
-        spent.insert(request.analyst.clone(), after);
-        outcomes.push(Ok((limit, after)));
+        match &window {
+            Some(key) => {
+                windows.set(key, after, 1)?;
+                spent.insert(request.analyst.clone(), current + request.cost);
+            }
+            None => {
+                spent.insert(request.analyst.clone(), after);
+            }
+        }
+        outcomes.push(Ok((limit, after, window.map(|k| k.window))));
     }
     let admitted: Vec<&ChargeRequest> = requests
         .iter()
@@ -221,6 +269,7 @@ pub(super) async fn charge_batch(
         Vec::new()
     } else {
         let ids = record_charges(&tx, &record, &admitted, &spent, &dataset).await?;
+        windows.store(&tx).await?;
         tx.commit().await?;
         ids
     };
@@ -228,10 +277,11 @@ pub(super) async fn charge_batch(
     Ok(outcomes
         .into_iter()
         .map(|outcome| {
-            outcome.map(|(limit, after)| Receipt {
+            outcome.map(|(limit, after, window)| Receipt {
                 // One id per admitted request (checked by record_charges).
                 id: ChargeId::Logged(ids.next().unwrap_or_default()),
                 balance: Balance::new(&limit, after),
+                window,
             })
         })
         .collect())

@@ -17,10 +17,20 @@
 //!   full, as after a crash.
 //! - A process that dies holding a slice leaves its row open: its whole reservation stays
 //!   spent. No other process closes it (it cannot know what was released under it).
+//! - Renewing budgets: a slice is reserved in the current windows of the analyst's and the
+//!   dataset's limits (admitted against, and added to, those windows' totals as well as the
+//!   whole-history totals) and is charged under only while [`Held::in_windows`] holds: this
+//!   process's estimate of the ledger's clock, which is never behind the ledger's (it starts
+//!   from the ledger's `now()` read in the reserving transaction and adds the time elapsed since
+//!   before that transaction began), is still inside them. The first charge after that closes
+//!   the slice, returning its unused part to the windows it was reserved in, and reserves a new
+//!   slice in the new windows, in one transaction. So a charge under a slice always falls in
+//!   the slice's windows, and no window's totals exceed its limit.
 
 use std::time::Instant;
 
 use super::journal::{epoch_seconds, LeasedCharge};
+use super::window::{ledger_now, Clock, WindowKey, WindowTotals};
 use super::*;
 use crate::budget::lease::{slice_size, Slice};
 use crate::limits::SLICE_IDLE_RETURN_MS;
@@ -39,6 +49,52 @@ pub(super) struct Held {
     others: Spent,
     next_seq: i64,
     last_charge: Instant,
+    /// The windows the slice was reserved in (`None`: that limit does not renew).
+    pub(super) windows: SliceWindows,
+    /// The ledger's clock (offset included) read in the reserving transaction, the offset then,
+    /// and an instant taken before that transaction began.
+    reserved_at_us: i64,
+    reserved_offset_us: i64,
+    reserved_before: Instant,
+}
+
+/// The windows of renewing limits a slice belongs to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct SliceWindows {
+    pub(super) analyst: Option<Window>,
+    pub(super) dataset: Option<Window>,
+}
+
+impl SliceWindows {
+    /// The windows holding `now` for `limit` and `dataset_limit` (`None` where they do not
+    /// renew).
+    fn at(now: i64, limit: &Limit, dataset_limit: Option<&Limit>) -> SliceWindows {
+        SliceWindows {
+            analyst: limit.period.map(|p| Window::containing(p, now)),
+            dataset: dataset_limit
+                .and_then(|l| l.period)
+                .map(|p| Window::containing(p, now)),
+        }
+    }
+}
+
+impl Held {
+    /// Whether this process's estimate of the ledger's clock is still inside every window of
+    /// the slice. The estimate is the ledger's `now()` read while reserving plus the time
+    /// elapsed since an instant taken before that transaction began (so it is never behind the
+    /// ledger's clock), plus any change of the test clock offset since.
+    pub(super) fn in_windows(&self, offset_us: i64) -> bool {
+        let windows = [self.windows.analyst, self.windows.dataset];
+        if windows.iter().all(Option::is_none) {
+            return true;
+        }
+        let elapsed = i64::try_from(self.reserved_before.elapsed().as_micros()).unwrap_or(i64::MAX);
+        let estimate = self
+            .reserved_at_us
+            .saturating_add(elapsed)
+            .saturating_add(offset_us.saturating_sub(self.reserved_offset_us));
+        windows.iter().flatten().all(|w| w.contains(estimate))
+    }
 }
 
 /// The slices of this process, one slot per analyst, and the connection their commits use.
@@ -52,6 +108,8 @@ pub(super) struct LeaseBook {
     /// Most charges per slice; 1 turns leases off.
     pub(super) slice_max: std::sync::atomic::AtomicU64,
     watching: AtomicBool,
+    /// The ledger's clock (its offset, for tests).
+    clock: Arc<Clock>,
 }
 
 /// What a reservation transaction did.
@@ -61,8 +119,10 @@ enum Reserved {
 }
 
 /// Reserves a slice: a row in `pgdp.lease`.
-const INSERT_LEASE: &str = "INSERT INTO pgdp.lease (analyst, holder, queries, epsilon, delta, rho, renyi)
-     VALUES ($1, $2, $3, $4::text::numeric, $5::text::numeric, $6::text::numeric, $7::text::numeric[])
+const INSERT_LEASE: &str = "INSERT INTO pgdp.lease (analyst, holder, queries, epsilon, delta, rho, renyi,
+        window_period, window_start, dataset_window_period, dataset_window_start)
+     VALUES ($1, $2, $3, $4::text::numeric, $5::text::numeric, $6::text::numeric, $7::text::numeric[],
+        $8, $9::text::timestamptz, $10, $11::text::timestamptz)
      RETURNING id";
 
 /// Closes a slice with what was used, only if it is still open; returns its id if it was.
@@ -84,7 +144,7 @@ const SET_TOTALS: &str = "WITH analyst AS (
      WHERE id";
 
 impl LeaseBook {
-    pub(super) fn new(config: Dsn, schema_ready: Arc<AtomicBool>) -> LeaseBook {
+    pub(super) fn new(config: Dsn, schema_ready: Arc<AtomicBool>, clock: Arc<Clock>) -> LeaseBook {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_default();
@@ -96,6 +156,7 @@ impl LeaseBook {
             holder: format!("pid {} on {}", std::process::id(), host),
             slice_max: std::sync::atomic::AtomicU64::new(crate::limits::SLICE_QUERIES_DEFAULT),
             watching: AtomicBool::new(false),
+            clock,
         }
     }
 
@@ -143,8 +204,9 @@ impl LeaseBook {
         let slot = self.slot(analyst);
         let mut held = slot.lock().await;
         let same_limits = |h: &Held| h.limit == *limit && h.dataset_limit == dataset_limit.copied();
+        let offset = self.clock.offset_us();
         let covered = match held.as_mut() {
-            Some(h) if same_limits(h) => h.slice.take(cost),
+            Some(h) if same_limits(h) && h.in_windows(offset) => h.slice.take(cost),
             _ => false,
         };
         if !covered {
@@ -177,6 +239,7 @@ impl LeaseBook {
         let receipt = Receipt {
             id: ChargeId::Leased { lease: h.id, seq },
             balance: Balance::new(&h.granted, spent),
+            window: h.windows.analyst,
         };
         journal.charge(LeasedCharge {
             lease: h.id,
@@ -211,10 +274,13 @@ impl LeaseBook {
                 &self.holder,
                 analyst,
                 old,
-                limit,
-                dataset_limit,
-                cost,
+                Request {
+                    limit,
+                    dataset_limit,
+                    cost,
+                },
                 slice_max,
+                self.clock.offset_us(),
             )
             .await;
             if let Some(done) = attempts.settle(result) {
@@ -318,13 +384,15 @@ async fn set_totals(
 }
 
 /// Within `tx` (which holds both locks): closes `held` if its row is still open, returning its
-/// unused part to `spent` and `dataset`; returns the charges it made (0 if it was closed
-/// already).
+/// unused part to `spent` and `dataset` and to the windows it was reserved in (in `windows`);
+/// returns the charges it made (0 if it was closed already).
 async fn close_in(
     tx: &tokio_postgres::Transaction<'_>,
+    analyst: &str,
     held: &Held,
     spent: &mut Spent,
     dataset: &mut Spent,
+    windows: &mut WindowTotals,
 ) -> Result<i64, Fault> {
     let used = &held.slice.used;
     let charges = i64::try_from(held.slice.charges).unwrap_or(i64::MAX);
@@ -353,6 +421,17 @@ async fn close_in(
     *dataset = dataset.checked_sub_spent(&unused).ok_or(Fault::Corrupt(
         "an open slice is not part of the dataset's totals",
     ))?;
+    let keys = [
+        held.windows.analyst.map(|w| WindowKey::analyst(analyst, w)),
+        held.windows.dataset.map(WindowKey::dataset),
+    ];
+    for key in keys.iter().flatten() {
+        let total = windows.get(tx, key).await?;
+        let total = total.checked_sub_spent(&unused).ok_or(Fault::Corrupt(
+            "an open slice is not part of its window's totals",
+        ))?;
+        windows.set(key, total, charges)?;
+    }
     Ok(charges)
 }
 
@@ -362,37 +441,75 @@ async fn close_once(conn: &mut Conn, analyst: &str, held: &Held) -> Result<(), F
     let row = tx.query_one(LOCK_ANALYSTS, &[&vec![analyst]]).await?;
     let mut spent = spent_from_row(&row, 1)?;
     let mut dataset = spent_from_row(&tx.query_one(LOCK_DATASET, &[]).await?, 0)?;
-    let charges = close_in(&tx, held, &mut spent, &mut dataset).await?;
+    let mut windows = WindowTotals::default();
+    let charges = close_in(&tx, analyst, held, &mut spent, &mut dataset, &mut windows).await?;
     set_totals(&tx, analyst, &spent, &dataset, charges).await?;
+    windows.store(&tx).await?;
     tx.commit().await?;
     Ok(())
 }
 
+/// What a reservation is for: the limits and the cost of the charge that asks for it.
+struct Request<'a> {
+    limit: &'a Limit,
+    dataset_limit: Option<&'a Limit>,
+    cost: &'a Cost,
+}
+
 /// One attempt at a reservation (see [`LeaseBook::reserve`]).
-#[allow(clippy::too_many_arguments)]
 async fn reserve_once(
     conn: &mut Conn,
     holder: &str,
     analyst: &str,
     old: Option<&Held>,
-    limit: &Limit,
-    dataset_limit: Option<&Limit>,
-    cost: &Cost,
+    request: Request<'_>,
     slice_max: u64,
+    clock_offset_us: i64,
 ) -> Result<Reserved, Fault> {
+    let Request {
+        limit,
+        dataset_limit,
+        cost,
+    } = request;
+    // Taken before the transaction begins, so the clock estimate of [`Held::in_windows`] is
+    // never behind the ledger's.
+    let reserved_before = Instant::now();
     let tx = conn.client.transaction().await?;
     let row = tx.query_one(LOCK_ANALYSTS, &[&vec![analyst]]).await?;
     let mut spent = spent_from_row(&row, 1)?;
     let granted = limit.granted(&grants_from_row(&row, 5)?);
     let mut dataset = spent_from_row(&tx.query_one(LOCK_DATASET, &[]).await?, 0)?;
+    let renews = limit.period.is_some()
+        || dataset_limit.is_some_and(|l| l.period.is_some())
+        || old.is_some_and(|h| h.windows != SliceWindows::default());
+    let now = if renews {
+        ledger_now(&tx, clock_offset_us).await?
+    } else {
+        0
+    };
+    let mut windows = WindowTotals::default();
     let charges = match old {
-        Some(old) => close_in(&tx, old, &mut spent, &mut dataset).await?,
+        Some(old) => close_in(&tx, analyst, old, &mut spent, &mut dataset, &mut windows).await?,
         None => 0,
+    };
+    // The totals the rule applies to: the current windows' for renewing limits.
+    let slice_windows = SliceWindows::at(now, limit, dataset_limit);
+    let analyst_key = slice_windows
+        .analyst
+        .map(|w| WindowKey::analyst(analyst, w));
+    let dataset_key = slice_windows.dataset.map(WindowKey::dataset);
+    let admitted_on = match &analyst_key {
+        Some(key) => windows.get(&tx, key).await?,
+        None => spent,
+    };
+    let dataset_admitted_on = match &dataset_key {
+        Some(key) => windows.get(&tx, key).await?,
+        None => dataset,
     };
     let k = slice_size(
         &granted,
-        &spent,
-        dataset_limit.map(|l| (l, &dataset)),
+        &admitted_on,
+        dataset_limit.map(|l| (l, &dataset_admitted_on)),
         cost,
         slice_max,
     );
@@ -400,13 +517,19 @@ async fn reserve_once(
     let Some(slice) = slice else {
         let dataset_refusal = || {
             let limit = dataset_limit?;
-            admit(limit, &dataset, cost).err().map(|refusal| Refusal {
-                scope: Scope::Dataset,
-                ..refusal
-            })
+            admit(limit, &dataset_admitted_on, cost)
+                .err()
+                .map(|refusal| Refusal {
+                    scope: Scope::Dataset,
+                    window: slice_windows.dataset,
+                    ..refusal
+                })
         };
-        let refusal = match admit(&granted, &spent, cost) {
-            Err(refusal) => refusal,
+        let refusal = match admit(&granted, &admitted_on, cost) {
+            Err(refusal) => Refusal {
+                window: slice_windows.analyst,
+                ..refusal
+            },
             Ok(_) => match dataset_refusal() {
                 Some(refusal) => refusal,
                 // Admitted one by one but no slice fits: only on overflow.
@@ -415,6 +538,7 @@ async fn reserve_once(
         };
         if old.is_some() {
             set_totals(&tx, analyst, &spent, &dataset, charges).await?;
+            windows.store(&tx).await?;
             tx.commit().await?;
         } else {
             tx.rollback().await?;
@@ -422,14 +546,25 @@ async fn reserve_once(
         return Ok(Reserved::Refused(Box::new(refusal)));
     };
     let reserved = slice.reserved;
-    let others = spent;
-    let spent = spent
-        .checked_add_spent(&reserved)
-        .ok_or(Fault::Corrupt("a total overflows"))?;
-    let dataset = dataset
-        .checked_add_spent(&reserved)
-        .ok_or(Fault::Corrupt("a total overflows"))?;
+    let others = admitted_on;
+    let overflow = || Fault::Corrupt("a total overflows");
+    let spent = spent.checked_add_spent(&reserved).ok_or_else(overflow)?;
+    let dataset = dataset.checked_add_spent(&reserved).ok_or_else(overflow)?;
+    if let Some(key) = &analyst_key {
+        let total = admitted_on
+            .checked_add_spent(&reserved)
+            .ok_or_else(overflow)?;
+        windows.set(key, total, 0)?;
+    }
+    if let Some(key) = &dataset_key {
+        let total = dataset_admitted_on
+            .checked_add_spent(&reserved)
+            .ok_or_else(overflow)?;
+        windows.set(key, total, 0)?;
+    }
     let text = |x: Fixed| x.to_numeric_text();
+    let period = |w: Option<Window>| w.map(|w| w.period.name());
+    let start = |w: Option<Window>| w.map(|w| w.start_literal());
     let id: i64 = tx
         .query_one(
             INSERT_LEASE,
@@ -441,11 +576,16 @@ async fn reserve_once(
                 &text(reserved.delta),
                 &text(reserved.rho),
                 &renyi_literal(&reserved.renyi),
+                &period(slice_windows.analyst),
+                &start(slice_windows.analyst),
+                &period(slice_windows.dataset),
+                &start(slice_windows.dataset),
             ],
         )
         .await?
         .try_get(0)?;
     set_totals(&tx, analyst, &spent, &dataset, charges).await?;
+    windows.store(&tx).await?;
     tx.commit().await?;
     Ok(Reserved::Held(Box::new(Held {
         id,
@@ -456,5 +596,9 @@ async fn reserve_once(
         others,
         next_seq: 0,
         last_charge: Instant::now(),
+        windows: slice_windows,
+        reserved_at_us: now,
+        reserved_offset_us: clock_offset_us,
+        reserved_before,
     })))
 }

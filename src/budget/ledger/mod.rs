@@ -35,7 +35,7 @@
 //!
 //! # Tables (schema `pgdp`)
 //! ```sql
-//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 4
+//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 5
 //! CREATE TABLE pgdp.analyst_spent (        -- one row per analyst, created on first charge
 //!     analyst    text PRIMARY KEY,
 //!     epsilon    numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),  -- Σ pure ε
@@ -68,7 +68,17 @@
 //!     granted_at timestamptz NOT NULL DEFAULT now(), queries bigint NOT NULL,  -- k reserved
 //!     epsilon, delta, rho numeric NOT NULL, renyi numeric[] NOT NULL,  -- the reservation
 //!     closed_at timestamptz,               -- NULL: open (after a crash: forever, all spent)
-//!     charges bigint, used_epsilon, used_delta, used_rho numeric, used_renyi numeric[]);
+//!     charges bigint, used_epsilon, used_delta, used_rho numeric, used_renyi numeric[],
+//!     window_period text, window_start timestamptz,  -- the analyst's window (NULL: no period)
+//!     dataset_window_period text, dataset_window_start timestamptz);  -- the dataset's
+//! CREATE TABLE pgdp.analyst_window_spent (  -- renewing budgets (`period`): one row per window
+//!     analyst text, period text,           -- 'day' | 'week' | 'month'
+//!     window_start, window_end timestamptz,  -- [start, end) in UTC (`budget::window`)
+//!     epsilon, delta, rho, renyi, charges, updated_at,  -- as in analyst_spent, for the window
+//!     PRIMARY KEY (analyst, period, window_start));
+//! CREATE TABLE pgdp.dataset_window_spent (  -- the dataset's windows, as above
+//!     period, window_start, window_end, epsilon, delta, rho, renyi, charges, updated_at,
+//!     PRIMARY KEY (period, window_start));
 //! CREATE TABLE pgdp.admin_log (            -- one row per grant or reset (`admin`)
 //!     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz NOT NULL DEFAULT now(),
 //!     action text NOT NULL,                -- 'grant' | 'reset'
@@ -85,8 +95,19 @@
 //! The exact DDL is [`SCHEMA_DDL`]; the first connection a [`Ledger`] opens runs it under a
 //! transaction-scoped advisory lock when any table is missing, so processes starting together do
 //! not race. A role without CREATE rights can use a ledger whose tables a DBA created beforehand.
-//! A ledger of schema version 1, 2 or 3 is migrated in place under the same lock, one version
-//! at a time ([`MIGRATE_1_TO_2`], [`MIGRATE_2_TO_3`], [`MIGRATE_3_TO_4`]).
+//! A ledger of schema version 1, 2, 3 or 4 is migrated in place under the same lock, one version
+//! at a time ([`MIGRATE_1_TO_2`], [`MIGRATE_2_TO_3`], [`MIGRATE_3_TO_4`], [`MIGRATE_4_TO_5`]).
+//!
+//! # Renewing budgets
+//! A [`Limit`] with a `period` covers each calendar window of it ([`crate::budget::window`]):
+//! a charge is admitted against the totals of the window that holds the ledger's clock in its
+//! transaction (`now()`, the same for every process), read and written under the analyst's and
+//! the dataset's row locks like every total ([`window`]). The whole-history totals are updated
+//! as always. A budget slice belongs to the windows it was reserved in: this process charges
+//! under it only while its estimate of the ledger's clock (never behind the ledger's) is still
+//! inside them, and the first charge after closes it, returning its unused part to those
+//! windows, and reserves a new slice in the new ones. A slice left open by a crash stays
+//! spent in its windows.
 //!
 //! Grants and resets ([`admin`]) change an analyst's row in transactions that take the same
 //! locks in the same order as a group commit; a charge reads the analyst's grants with its
@@ -105,6 +126,7 @@ mod admin;
 mod group_commit;
 mod journal;
 mod lease;
+mod window;
 pub use admin::{
     Account, Accounts, AdminAction, AdminRecord, AuditEvent, AuditFilter, GrantRequest,
 };
@@ -124,12 +146,13 @@ use tracing::warn;
 
 use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Renyi, Scope, Spent};
 use super::fixed::Fixed;
+use super::window::Window;
 use crate::dsn::Dsn;
 use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
 use crate::{Error, Result};
 
 /// Version of the tables below, stored in `pgdp.meta`.
-const SCHEMA_VERSION: &str = "4";
+const SCHEMA_VERSION: &str = "5";
 
 /// Key of the advisory lock that serialises schema creation (ASCII "pgdpledg").
 const SCHEMA_LOCK_KEY: i64 = 0x7067_6470_6c65_6467;
@@ -145,7 +168,7 @@ CREATE TABLE IF NOT EXISTS pgdp.meta (
     key text PRIMARY KEY,
     value text NOT NULL
 );
-INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '4') ON CONFLICT DO NOTHING;
+INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '5') ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
     analyst text PRIMARY KEY,
     epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
@@ -204,6 +227,35 @@ CREATE TABLE IF NOT EXISTS pgdp.lease (
     used_renyi numeric[]
 );
 CREATE INDEX IF NOT EXISTS lease_open_idx ON pgdp.lease (analyst) WHERE closed_at IS NULL;
+ALTER TABLE pgdp.lease ADD COLUMN IF NOT EXISTS window_period text,
+    ADD COLUMN IF NOT EXISTS window_start timestamptz,
+    ADD COLUMN IF NOT EXISTS dataset_window_period text,
+    ADD COLUMN IF NOT EXISTS dataset_window_start timestamptz;
+CREATE TABLE IF NOT EXISTS pgdp.analyst_window_spent (
+    analyst text NOT NULL,
+    period text NOT NULL CHECK (period IN ('day', 'week', 'month')),
+    window_start timestamptz NOT NULL,
+    window_end timestamptz NOT NULL CHECK (window_end > window_start),
+    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
+    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
+    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    renyi numeric[],
+    charges bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (analyst, period, window_start)
+);
+CREATE TABLE IF NOT EXISTS pgdp.dataset_window_spent (
+    period text NOT NULL CHECK (period IN ('day', 'week', 'month')),
+    window_start timestamptz NOT NULL,
+    window_end timestamptz NOT NULL CHECK (window_end > window_start),
+    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
+    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
+    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
+    renyi numeric[],
+    charges bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (period, window_start)
+);
 CREATE TABLE IF NOT EXISTS pgdp.replay_cache (
     analyst text NOT NULL,
     key text NOT NULL,
@@ -232,7 +284,8 @@ CREATE INDEX IF NOT EXISTS admin_log_analyst_idx ON pgdp.admin_log (analyst, at)
 pub struct Balance {
     /// The limit the balance was computed against.
     pub limit: Limit,
-    /// Everything charged so far.
+    /// Everything charged so far (in the current window, for a renewing limit: see
+    /// [`Ledger::balance_with_window`] and [`Receipt::window`]).
     pub spent: Spent,
     /// What is left of the limit (see [`remaining`]).
     pub remaining: Remaining,
@@ -270,6 +323,7 @@ impl Balance {
 pub struct Receipt {
     id: ChargeId,
     balance: Balance,
+    window: Option<Window>,
 }
 
 /// Which audit row a charge has (or will have: a charge under a lease gets its row from the
@@ -318,6 +372,11 @@ impl Receipt {
     pub fn balance(&self) -> &Balance {
         &self.balance
     }
+
+    /// For a renewing limit, the window the charge was admitted in (and the balance is of).
+    pub fn window(&self) -> Option<Window> {
+        self.window
+    }
 }
 
 /// The shared, durable privacy ledger. Cheap to share behind an `Arc`; each call takes one of a
@@ -334,6 +393,8 @@ pub struct Ledger {
     journal: Arc<journal::Journal>,
     /// This process's budget slices.
     leases: Arc<lease::LeaseBook>,
+    /// The ledger's clock offset (tests only; see [`Ledger::set_test_clock_offset`]).
+    clock: Arc<window::Clock>,
 }
 
 impl fmt::Debug for Ledger {
@@ -441,12 +502,14 @@ impl Ledger {
             settings.connect_timeout(Duration::from_millis(UPSTREAM_CONNECT_TIMEOUT_MS));
         }
         let schema_ready = Arc::new(AtomicBool::new(false));
+        let clock = Arc::new(window::Clock::default());
         Ok(Ledger {
             charges: Arc::new(ChargeQueue {
                 config: config.clone(),
                 schema_ready: Arc::clone(&schema_ready),
                 state: std::sync::Mutex::new(QueueState::default()),
                 conn: Mutex::new(None),
+                clock: Arc::clone(&clock),
             }),
             journal: Arc::new(journal::Journal::new(
                 config.clone(),
@@ -455,7 +518,9 @@ impl Ledger {
             leases: Arc::new(lease::LeaseBook::new(
                 config.clone(),
                 Arc::clone(&schema_ready),
+                Arc::clone(&clock),
             )),
+            clock,
             config,
             slots: (0..crate::limits::LEDGER_CONNECTIONS)
                 .map(|_| Mutex::new(None))
@@ -639,6 +704,15 @@ impl Ledger {
             .await
     }
 
+    /// Tests only: moves this process's view of the ledger's clock by `offset_us` microseconds
+    /// (0, the default, is the ledger's own `now()`), so that tests can cross the window
+    /// boundaries of renewing budgets without waiting a day. No command-line option or policy
+    /// key reaches it; production never calls it.
+    #[doc(hidden)]
+    pub fn set_test_clock_offset(&self, offset_us: i64) {
+        self.clock.offset_us.store(offset_us, Ordering::Relaxed);
+    }
+
     /// Sets the most charges one slice reserves (`--lease-queries`); 1 turns leases off.
     pub fn set_lease_queries(&self, queries: u64) {
         self.leases
@@ -731,6 +805,16 @@ impl Ledger {
     /// in a budget slice and has not used is not counted; what other processes hold is, until
     /// they return it.
     pub async fn balance(&self, analyst: &str, limit: &Limit) -> Result<Balance> {
+        Ok(self.balance_with_window(analyst, limit).await?.0)
+    }
+
+    /// [`Ledger::balance`], and for a renewing `limit` the current window, which the balance
+    /// is of (the ledger's clock decides which window is current).
+    pub async fn balance_with_window(
+        &self,
+        analyst: &str,
+        limit: &Limit,
+    ) -> Result<(Balance, Option<Window>)> {
         const SQL: &str = "SELECT epsilon::text, delta::text, rho::text, renyi::text,
                 granted_epsilon::text, granted_delta::text
             FROM pgdp.analyst_spent WHERE analyst = $1";
@@ -750,22 +834,47 @@ impl Ledger {
                 Some(row) => Ok((spent_from_row(&row, 0)?, grants_from_row(&row, 4)?)),
                 None => Ok((Spent::ZERO, Limit::default())),
             });
+            // A renewing limit: the totals of the current window instead.
+            let offset = self.clock.offset_us();
+            let read = match (read, limit.period) {
+                (Ok((_, grants)), Some(period)) => {
+                    async {
+                        let now = window::ledger_now(&conn.client, offset).await?;
+                        let current = Window::containing(period, now);
+                        let key = window::WindowKey::analyst(analyst, current);
+                        let spent = window::read_window(&conn.client, &key).await?;
+                        Ok::<_, Fault>((spent, grants, Some(current)))
+                    }
+                    .await
+                }
+                (read, _) => read.map(|(spent, grants)| (spent, grants, None)),
+            };
             if let Some(done) = attempts.settle(read) {
-                let (spent, grants) = done?;
+                let (spent, grants, current) = done?;
                 // This process's own unused reservation is not spent. The slot was locked
-                // before the read, so the totals include the slice iff it is held.
+                // before the read, so the totals include the slice iff it is held (and, for a
+                // renewing limit, the slice's window is this one).
                 let unused = held
                     .as_ref()
                     .and_then(|h| h.as_ref())
+                    .filter(|h| h.windows.analyst == current)
                     .map_or(Spent::ZERO, |h| h.slice.unused());
                 let spent = spent.checked_sub_spent(&unused).unwrap_or(spent);
-                return Ok(Balance::new(&limit.granted(&grants), spent));
+                return Ok((Balance::new(&limit.granted(&grants), spent), current));
             }
         }
     }
 
     /// The dataset-wide balance (all analysts together) against `limit`.
     pub async fn dataset_balance(&self, limit: &Limit) -> Result<Balance> {
+        Ok(self.dataset_balance_with_window(limit).await?.0)
+    }
+
+    /// [`Ledger::dataset_balance`], and for a renewing `limit` the current window.
+    pub async fn dataset_balance_with_window(
+        &self,
+        limit: &Limit,
+    ) -> Result<(Balance, Option<Window>)> {
         const SQL: &str =
             "SELECT epsilon::text, delta::text, rho::text, renyi::text FROM pgdp.dataset_spent WHERE id";
         let mut attempts = self.attempts().await;
@@ -779,8 +888,25 @@ impl Ledger {
                 row.as_ref()
                     .map_or(Ok(Spent::ZERO), |row| spent_from_row(row, 0))
             });
+            // A renewing limit: the totals of the current window instead.
+            let offset = self.clock.offset_us();
+            let spent = match (spent, limit.period) {
+                (Ok(_), Some(period)) => {
+                    async {
+                        let now = window::ledger_now(&conn.client, offset).await?;
+                        let current = Window::containing(period, now);
+                        let key = window::WindowKey::dataset(current);
+                        Ok::<_, Fault>((
+                            window::read_window(&conn.client, &key).await?,
+                            Some(current),
+                        ))
+                    }
+                    .await
+                }
+                (spent, _) => spent.map(|spent| (spent, None)),
+            };
             if let Some(done) = attempts.settle(spent) {
-                return done.map(|spent| Balance::new(limit, spent));
+                return done.map(|(spent, current)| (Balance::new(limit, spent), current));
             }
         }
     }
@@ -996,7 +1122,9 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
                 AND to_regclass('pgdp.charge_log') IS NOT NULL
                 AND to_regclass('pgdp.replay_cache') IS NOT NULL
                 AND to_regclass('pgdp.admin_log') IS NOT NULL
-                AND to_regclass('pgdp.lease') IS NOT NULL",
+                AND to_regclass('pgdp.lease') IS NOT NULL
+                AND to_regclass('pgdp.analyst_window_spent') IS NOT NULL
+                AND to_regclass('pgdp.dataset_window_spent') IS NOT NULL",
             &[],
         )
         .await?
@@ -1025,6 +1153,10 @@ async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
     if version.as_deref() == Some("3") {
         tx.batch_execute(MIGRATE_3_TO_4).await?;
         version = Some("4".to_string());
+    }
+    if version.as_deref() == Some("4") {
+        tx.batch_execute(MIGRATE_4_TO_5).await?;
+        version = Some("5".to_string());
     }
     if version.as_deref() != Some(SCHEMA_VERSION) {
         return Err(Fault::Corrupt(
@@ -1065,6 +1197,21 @@ UPDATE pgdp.meta SET value = '3' WHERE key = 'schema_version';
 /// creates both; this only records the version. A version-3 pgdp refuses the migrated ledger.
 const MIGRATE_3_TO_4: &str = "
 UPDATE pgdp.meta SET value = '4' WHERE key = 'schema_version';
+";
+
+/// Migrates a ledger of schema version 4 to version 5, under the schema lock: the per-window
+/// totals of renewing budgets (`pgdp.analyst_window_spent`, `pgdp.dataset_window_spent`) and
+/// the window each budget slice was reserved in (`pgdp.lease.window_*`, NULL for slices of
+/// budgets that do not renew, which all version-4 slices are). [`SCHEMA_DDL`], which runs first
+/// because the window tables are missing, creates them; the existing totals are not touched, so
+/// budgets without a `period` go on exactly as before. A version-4 pgdp refuses the migrated
+/// ledger.
+const MIGRATE_4_TO_5: &str = "
+ALTER TABLE pgdp.lease ADD COLUMN IF NOT EXISTS window_period text,
+    ADD COLUMN IF NOT EXISTS window_start timestamptz,
+    ADD COLUMN IF NOT EXISTS dataset_window_period text,
+    ADD COLUMN IF NOT EXISTS dataset_window_start timestamptz;
+UPDATE pgdp.meta SET value = '5' WHERE key = 'schema_version';
 ";
 
 /// Stores a released answer unless one is there (first writer wins).
