@@ -144,6 +144,12 @@ pub const SLICE_QUERIES_MAX: u64 = 4_096;
 /// 2n fit), and what several processes hold unused stays a small part of what is left.
 pub const SLICE_SHARE_DIVISOR: u64 = 4;
 
+/// A slice of at least this many queries has the next one reserved ahead, in the background,
+/// once half of it is used, so that queries rarely wait for a durable reservation. Smaller
+/// slices (near exhaustion, where they shrink) are reserved in the query's own path only, so a
+/// process never holds more than it needs when little is left.
+pub const SLICE_AHEAD_QUERIES_MIN: u64 = 8;
+
 /// A slice nobody charged for this long is closed and its unused part returned to the budget,
 /// so that another process (or the same one after a policy change) can use it.
 pub const SLICE_IDLE_RETURN_MS: u64 = 1_000;

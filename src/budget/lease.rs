@@ -55,6 +55,13 @@ impl Slice {
         }
     }
 
+    /// Whether [`Slice::take`] would charge `cost` (nothing changes).
+    pub fn covers(&self, cost: &Cost) -> bool {
+        self.used
+            .checked_add(cost)
+            .is_some_and(|used| self.reserved.covers(&used))
+    }
+
     /// What was reserved and not used: returned to the totals when the slice closes, counted as
     /// spent when the process dies first.
     pub fn unused(&self) -> Spent {

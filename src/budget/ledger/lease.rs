@@ -26,6 +26,11 @@
 //!   the slice, returning its unused part to the windows it was reserved in, and reserves a new
 //!   slice in the new windows, in one transaction. So a charge under a slice always falls in
 //!   the slice's windows, and no window's totals exceed its limit.
+//! - Reserving ahead: once half of a slice of at least [`SLICE_AHEAD_QUERIES_MIN`] queries is
+//!   used, the next slice is reserved by a background task (the same transaction, closing
+//!   nothing) and kept beside it; when the current slice no longer covers a cost, the one ahead
+//!   takes over and the old one is closed in the background. Both are open, hence counted in
+//!   full, until closed, so the theorem of docs/privacy.md §8 covers them as any two slices.
 
 use std::time::Instant;
 
@@ -33,7 +38,7 @@ use super::journal::{epoch_seconds, LeasedCharge};
 use super::window::{ledger_now, Clock, WindowKey, WindowTotals};
 use super::*;
 use crate::budget::lease::{slice_size, Slice};
-use crate::limits::SLICE_IDLE_RETURN_MS;
+use crate::limits::{SLICE_AHEAD_QUERIES_MIN, SLICE_IDLE_RETURN_MS};
 
 /// A slice this process holds for one analyst.
 pub(super) struct Held {
@@ -56,6 +61,12 @@ pub(super) struct Held {
     reserved_at_us: i64,
     reserved_offset_us: i64,
     reserved_before: Instant,
+    /// How many charges of the opening cost the slice reserved.
+    queries: u64,
+    /// The next slice, reserved ahead (module docs).
+    ahead: Option<Box<Held>>,
+    /// Whether a reservation ahead is under way for this analyst.
+    fetching: bool,
 }
 
 /// The windows of renewing limits a slice belongs to.
@@ -95,6 +106,25 @@ impl Held {
             .saturating_add(offset_us.saturating_sub(self.reserved_offset_us));
         windows.iter().flatten().all(|w| w.contains(estimate))
     }
+
+    /// This slice and the one reserved ahead of it, if any.
+    fn parts(&self) -> Vec<&Held> {
+        let mut parts = vec![self];
+        parts.extend(self.ahead.as_deref());
+        parts
+    }
+
+    /// What this process holds reserved and unused for the analyst (this slice and the one
+    /// ahead) in the analyst's window `current` (`None`: the limit does not renew).
+    pub(super) fn unused_in(&self, current: Option<Window>) -> Spent {
+        self.parts()
+            .iter()
+            .filter(|h| h.windows.analyst == current)
+            .try_fold(Spent::ZERO, |total, h| {
+                total.checked_add_spent(&h.slice.unused())
+            })
+            .unwrap_or(Spent::ZERO)
+    }
 }
 
 /// The slices of this process, one slot per analyst, and the connection their commits use.
@@ -110,6 +140,11 @@ pub(super) struct LeaseBook {
     watching: AtomicBool,
     /// The ledger's clock (its offset, for tests).
     clock: Arc<Clock>,
+    /// Reservations ahead under way (a clean shutdown waits for them, then closes their slices).
+    pub(super) fetching: std::sync::atomic::AtomicUsize,
+    /// Woken when a reservation ahead has ended (a query that needs it waits for it rather
+    /// than reserving a second slice in its own path).
+    fetched: tokio::sync::Notify,
 }
 
 /// What a reservation transaction did.
@@ -157,6 +192,8 @@ impl LeaseBook {
             slice_max: std::sync::atomic::AtomicU64::new(crate::limits::SLICE_QUERIES_DEFAULT),
             watching: AtomicBool::new(false),
             clock,
+            fetching: std::sync::atomic::AtomicUsize::new(0),
+            fetched: tokio::sync::Notify::new(),
         }
     }
 
@@ -203,16 +240,50 @@ impl LeaseBook {
     ) -> Result<Receipt> {
         let slot = self.slot(analyst);
         let mut held = slot.lock().await;
+        // A slice being reserved ahead is waited for when the current one is used up, so that
+        // slices arrive in order and the balances shown stay exact.
+        while held
+            .as_ref()
+            .is_some_and(|h| h.fetching && h.ahead.is_none() && !h.slice.covers(cost))
+        {
+            let fetched = self.fetched.notified();
+            tokio::pin!(fetched);
+            // Registered before the slot is unlocked: the end of the reservation, which needs
+            // the slot, cannot be missed.
+            fetched.as_mut().enable();
+            drop(held);
+            fetched.await;
+            held = slot.lock().await;
+        }
         let same_limits = |h: &Held| h.limit == *limit && h.dataset_limit == dataset_limit.copied();
         let offset = self.clock.offset_us();
-        let covered = match held.as_mut() {
+        let mut covered = match held.as_mut() {
             Some(h) if same_limits(h) && h.in_windows(offset) => h.slice.take(cost),
             _ => false,
         };
+        // The slice reserved ahead takes over; the old one is closed in the background.
+        if let Some(h) = held.as_mut().filter(|h| !covered && same_limits(h)) {
+            if let Some(mut next) = h.ahead.take() {
+                if same_limits(&next) && next.in_windows(offset) && next.slice.take(cost) {
+                    // Once the old slice is closed, what it did not use is not spent.
+                    next.others = next
+                        .others
+                        .checked_sub_spent(&h.slice.unused())
+                        .unwrap_or(next.others);
+                    next.fetching = h.fetching;
+                    let old = std::mem::replace(h, *next);
+                    self.close_later(analyst, old);
+                    covered = true;
+                } else {
+                    h.ahead = Some(next);
+                }
+            }
+        }
         if !covered {
             let old = held.take();
+            let olds = old.as_ref().map(Held::parts).unwrap_or_default();
             match self
-                .reserve(analyst, old.as_ref(), limit, dataset_limit, cost)
+                .reserve(analyst, &olds, limit, dataset_limit, cost)
                 .await
             {
                 Ok(Reserved::Held(mut new)) => {
@@ -230,6 +301,20 @@ impl LeaseBook {
         }
         let h = held.as_mut().ok_or(Error::LedgerUnavailable)?;
         h.last_charge = Instant::now();
+        if !h.fetching
+            && h.ahead.is_none()
+            && h.queries >= SLICE_AHEAD_QUERIES_MIN
+            && h.slice.charges.saturating_mul(2) >= h.queries
+        {
+            h.fetching = true;
+            self.reserve_ahead(
+                Arc::clone(&slot),
+                analyst,
+                *limit,
+                dataset_limit.copied(),
+                *cost,
+            );
+        }
         let seq = h.next_seq;
         h.next_seq += 1;
         let spent = h
@@ -260,7 +345,7 @@ impl LeaseBook {
     async fn reserve(
         &self,
         analyst: &str,
-        old: Option<&Held>,
+        old: &[&Held],
         limit: &Limit,
         dataset_limit: Option<&Limit>,
         cost: &Cost,
@@ -289,14 +374,91 @@ impl LeaseBook {
         }
     }
 
-    /// Closes `held` (one transaction, retried once on a broken connection).
+    /// Closes `held` and the slice reserved ahead of it (one transaction, retried once on a
+    /// broken connection).
     async fn close(&self, analyst: &str, held: &Held) -> Result<()> {
+        let parts = held.parts();
         let mut attempts = self.attempts(self.conn.lock().await);
         loop {
             let conn = attempts.client().await?;
-            let result = close_once(conn, analyst, held).await;
+            let result = close_once(conn, analyst, &parts).await;
             if let Some(done) = attempts.settle(result) {
                 return done;
+            }
+        }
+    }
+
+    /// Closes `old` in the background (it is forgotten already: nothing is charged under it).
+    fn close_later(self: &Arc<Self>, analyst: &str, old: Held) {
+        let book = Arc::clone(self);
+        let analyst = analyst.to_string();
+        tokio::spawn(async move {
+            if book.close(&analyst, &old).await.is_err() {
+                warn!(
+                    lease = old.id,
+                    "could not return a budget slice; its whole reservation stays spent"
+                );
+            }
+        });
+    }
+
+    /// Reserves the analyst's next slice in the background (module docs) and keeps it beside
+    /// the current one; when the current one is gone by then, the new one becomes current, and
+    /// when one is already kept ahead (or the limits changed), the new one is closed at once.
+    /// Refused or failed: nothing is kept, and the query that needs it reserves in its own path.
+    fn reserve_ahead(
+        self: &Arc<Self>,
+        slot: Arc<Mutex<Option<Held>>>,
+        analyst: &str,
+        limit: Limit,
+        dataset_limit: Option<Limit>,
+        cost: Cost,
+    ) {
+        let book = Arc::clone(self);
+        let analyst = analyst.to_string();
+        book.fetching.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            book.install_ahead(slot, &analyst, &limit, dataset_limit.as_ref(), &cost)
+                .await;
+            book.fetching.fetch_sub(1, Ordering::AcqRel);
+            book.fetched.notify_waiters();
+        });
+    }
+
+    /// The work of [`LeaseBook::reserve_ahead`].
+    async fn install_ahead(
+        &self,
+        slot: Arc<Mutex<Option<Held>>>,
+        analyst: &str,
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        cost: &Cost,
+    ) {
+        let reserved = self.reserve(analyst, &[], limit, dataset_limit, cost).await;
+        let mut held = slot.lock().await;
+        if let Some(h) = held.as_mut() {
+            h.fetching = false;
+        }
+        let new = match reserved {
+            Ok(Reserved::Held(new)) => new,
+            Ok(Reserved::Refused(_)) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not reserve a budget slice ahead");
+                return;
+            }
+        };
+        let same_limits = |h: &Held| h.limit == new.limit && h.dataset_limit == new.dataset_limit;
+        match held.as_mut() {
+            Some(h) if h.ahead.is_none() && same_limits(h) => h.ahead = Some(new),
+            None => *held = Some(*new),
+            Some(_) => {
+                drop(held);
+                if self.close(analyst, &new).await.is_err() {
+                    warn!(
+                        lease = new.id,
+                        "could not return a budget slice; its whole reservation stays spent"
+                    );
+                }
             }
         }
     }
@@ -435,14 +597,18 @@ async fn close_in(
     Ok(charges)
 }
 
-/// One attempt at closing `held`.
-async fn close_once(conn: &mut Conn, analyst: &str, held: &Held) -> Result<(), Fault> {
+/// One attempt at closing the slices `held` of one analyst.
+async fn close_once(conn: &mut Conn, analyst: &str, held: &[&Held]) -> Result<(), Fault> {
     let tx = conn.client.transaction().await?;
     let row = tx.query_one(LOCK_ANALYSTS, &[&vec![analyst]]).await?;
     let mut spent = spent_from_row(&row, 1)?;
     let mut dataset = spent_from_row(&tx.query_one(LOCK_DATASET, &[]).await?, 0)?;
     let mut windows = WindowTotals::default();
-    let charges = close_in(&tx, analyst, held, &mut spent, &mut dataset, &mut windows).await?;
+    let mut charges = 0i64;
+    for h in held {
+        let closed = close_in(&tx, analyst, h, &mut spent, &mut dataset, &mut windows).await?;
+        charges = charges.saturating_add(closed);
+    }
     set_totals(&tx, analyst, &spent, &dataset, charges).await?;
     windows.store(&tx).await?;
     tx.commit().await?;
@@ -461,7 +627,7 @@ async fn reserve_once(
     conn: &mut Conn,
     holder: &str,
     analyst: &str,
-    old: Option<&Held>,
+    old: &[&Held],
     request: Request<'_>,
     slice_max: u64,
     clock_offset_us: i64,
@@ -481,17 +647,18 @@ async fn reserve_once(
     let mut dataset = spent_from_row(&tx.query_one(LOCK_DATASET, &[]).await?, 0)?;
     let renews = limit.period.is_some()
         || dataset_limit.is_some_and(|l| l.period.is_some())
-        || old.is_some_and(|h| h.windows != SliceWindows::default());
+        || old.iter().any(|h| h.windows != SliceWindows::default());
     let now = if renews {
         ledger_now(&tx, clock_offset_us).await?
     } else {
         0
     };
     let mut windows = WindowTotals::default();
-    let charges = match old {
-        Some(old) => close_in(&tx, analyst, old, &mut spent, &mut dataset, &mut windows).await?,
-        None => 0,
-    };
+    let mut charges = 0i64;
+    for h in old {
+        let closed = close_in(&tx, analyst, h, &mut spent, &mut dataset, &mut windows).await?;
+        charges = charges.saturating_add(closed);
+    }
     // The totals the rule applies to: the current windows' for renewing limits.
     let slice_windows = SliceWindows::at(now, limit, dataset_limit);
     let analyst_key = slice_windows
@@ -536,7 +703,7 @@ async fn reserve_once(
                 None => return Err(Fault::Corrupt("no slice fits a cost the rule admits")),
             },
         };
-        if old.is_some() {
+        if !old.is_empty() {
             set_totals(&tx, analyst, &spent, &dataset, charges).await?;
             windows.store(&tx).await?;
             tx.commit().await?;
@@ -600,5 +767,8 @@ async fn reserve_once(
         reserved_at_us: now,
         reserved_offset_us: clock_offset_us,
         reserved_before,
+        queries: k,
+        ahead: None,
+        fetching: false,
     })))
 }

@@ -724,8 +724,14 @@ impl Ledger {
     /// waits (at most `wait`) for the journal to write what it holds. For a clean shutdown;
     /// returns how many slices were closed.
     pub async fn return_slices(&self, wait: Duration) -> usize {
-        let closed = self.leases.close_idle(Duration::ZERO).await;
         let deadline = tokio::time::Instant::now() + wait;
+        // A slice being reserved ahead is closed with the others once it has arrived.
+        while self.leases.fetching.load(Ordering::Acquire) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let closed = self.leases.close_idle(Duration::ZERO).await;
         while !self.journal.is_idle() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -857,8 +863,7 @@ impl Ledger {
                 let unused = held
                     .as_ref()
                     .and_then(|h| h.as_ref())
-                    .filter(|h| h.windows.analyst == current)
-                    .map_or(Spent::ZERO, |h| h.slice.unused());
+                    .map_or(Spent::ZERO, |h| h.unused_in(current));
                 let spent = spent.checked_sub_spent(&unused).unwrap_or(spent);
                 return Ok((Balance::new(&limit.granted(&grants), spent), current));
             }
