@@ -27,6 +27,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use pgdp::dp::analyze::{self, Context, Plan, PublicKeys};
+use pgdp::dp::mechanism::MechanismKind;
 use pgdp::dp::release::{self, Budget, Mechanisms};
 use pgdp::dp::rewrite::{self, Rewrite};
 use pgdp::policy::{self, Mechanism, Policy};
@@ -75,6 +76,9 @@ struct Case {
     notes: Vec<String>,
     sql: String,
     params: Vec<Option<String>>,
+    /// `gaussian` when the case is released with Gaussian noise (`-- mechanism: gaussian`);
+    /// `None` for the default [`BUDGET`] (Laplace).
+    mechanism: Option<String>,
     /// The case states the correct outcome, which the code does not produce yet.
     expect_bug: Option<String>,
     expected: Expected,
@@ -162,6 +166,7 @@ fn parse_case_file(path: &Path) -> CaseFile {
                 notes: Vec::new(),
                 sql: String::new(),
                 params: Vec::new(),
+                mechanism: None,
                 expect_bug: None,
                 expected: Expected::Refused {
                     code: String::new(),
@@ -181,6 +186,7 @@ fn parse_case_file(path: &Path) -> CaseFile {
                 case.sql.push_str(&value);
             }
             "param" => case.params.push((value != "NULL").then_some(value.clone())),
+            "mechanism" => case.mechanism = Some(value),
             "expect_bug" => case.expect_bug = Some(value),
             "expect" => expect = Some(value),
             "release" => release.push(value),
@@ -228,6 +234,9 @@ fn render_case_file(file: &CaseFile) -> String {
         let _ = writeln!(out, "-- sql: {}", case.sql);
         for p in &case.params {
             let _ = writeln!(out, "-- param: {}", p.as_deref().unwrap_or("NULL"));
+        }
+        if let Some(m) = &case.mechanism {
+            let _ = writeln!(out, "-- mechanism: {m}");
         }
         if let Some(b) = &case.expect_bug {
             let _ = writeln!(out, "-- expect_bug: {b}");
@@ -278,6 +287,27 @@ struct Compiled {
 }
 
 fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Compiled, pgdp::Error> {
+    compile_with(policy, sql, params, BUDGET)
+}
+
+/// The budget of a case: [`BUDGET`], with Gaussian noise when the case says so.
+fn case_budget(case: &Case) -> Budget {
+    match case.mechanism.as_deref() {
+        None => BUDGET,
+        Some("gaussian") => Budget {
+            mechanism: Mechanism::Gaussian,
+            ..BUDGET
+        },
+        Some(other) => panic!("{}: unknown mechanism {other:?}", case.at()),
+    }
+}
+
+fn compile_with(
+    policy: &Policy,
+    sql: &str,
+    params: &[Option<String>],
+    budget: Budget,
+) -> Result<Compiled, pgdp::Error> {
     let statements = classify::classify(sql)?;
     let query = match statements.as_slice() {
         [Statement::Query(q)] => q,
@@ -289,7 +319,7 @@ fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Comp
     };
     let plan = analyze::analyze(query, &ctx)?;
     let rewrite = rewrite::rewrite(&plan, params, SECRET)?;
-    let mechanisms = release::mechanisms(&plan, &rewrite, BUDGET)?;
+    let mechanisms = release::mechanisms(&plan, &rewrite, budget)?;
     Ok(Compiled {
         plan,
         rewrite,
@@ -300,8 +330,14 @@ fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Comp
 /// The release description of an accepted case: one line per fact, stable across runs.
 fn describe(c: &Compiled) -> Vec<String> {
     let (plan, rw, m) = (&c.plan, &c.rewrite, &c.mechanisms);
+    // ρ is shown only where there is some (Gaussian cases), so Laplace lines stay as they were.
+    let rho = if m.cost.rho.is_zero() {
+        String::new()
+    } else {
+        format!(" rho={}", m.cost.rho)
+    };
     let mut lines = vec![format!(
-        "cost epsilon={} delta={}; {} group(s) x {} row(s) per unit",
+        "cost epsilon={} delta={}{rho}; {} group(s) x {} row(s) per unit",
         m.cost.epsilon,
         m.cost.delta,
         plan.max_groups_per_unit(),
@@ -383,9 +419,10 @@ fn describe(c: &Compiled) -> Vec<String> {
         ));
     }
     if let Some(s) = &m.selection {
-        let by = match m.selection_measure {
-            Some(j) => format!("released m{j}"),
-            None => "own count of units".to_string(),
+        let by = match (m.selection_measure, s.kind()) {
+            (Some(j), MechanismKind::Laplace) => format!("released m{j}"),
+            (Some(j), MechanismKind::Gaussian) => format!("released m{j} (Gaussian threshold)"),
+            (None, _) => "own count of units".to_string(),
         };
         lines.push(format!(
             "partition selection by {by}: scale {}, threshold {}, delta {}",
@@ -415,7 +452,7 @@ fn describe(c: &Compiled) -> Vec<String> {
 
 /// What the code does with a case, in the corpus's terms.
 fn outcome(policy: &Policy, case: &Case) -> (Expected, Option<Compiled>) {
-    match compile(policy, &case.sql, &case.params) {
+    match compile_with(policy, &case.sql, &case.params, case_budget(case)) {
         Ok(c) => (
             Expected::Accepted {
                 sql: c.rewrite.sql.to_string(),

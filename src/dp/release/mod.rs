@@ -121,12 +121,14 @@ fn rho_for(epsilon: f64, delta: f64) -> Result<f64> {
 }
 
 /// The measure whose noisy count can decide partition selection itself, so that selection takes
-/// no share of ε: with Laplace noise, a count to which each privacy unit adds at most 1 per
-/// group (`COUNT(DISTINCT <unit>)`, or `COUNT(*)`/`COUNT(col)` when the policy caps rows at one
-/// per unit), whose per-group values then have the sensitivity and the one-unit-group bound
-/// that [`PartitionSelection::keeps_released`] needs. The first such measure.
-pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Option<usize> {
-    if plan.keys_public() || budget.mechanism != Mechanism::Laplace {
+/// no share of ε: a count to which each privacy unit adds at most 1 per group
+/// (`COUNT(DISTINCT <unit>)`, or `COUNT(*)`/`COUNT(col)` when the policy caps rows at one per
+/// unit), whose per-group values then have the sensitivity and the one-unit-group bound that
+/// [`PartitionSelection::keeps_released`] needs. With Laplace noise the count is thresholded as
+/// a Laplace count; with Gaussian noise by Gaussian thresholding
+/// ([`PartitionSelection::gaussian_threshold`]). The first such measure.
+pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, _budget: Budget) -> Option<usize> {
+    if plan.keys_public() {
         return None;
     }
     rewrite.measures.iter().position(|m| {
@@ -206,22 +208,26 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         };
         noises.push(noise);
     }
-    let selection = if needs_selection {
-        Some(PartitionSelection::new(
+    let selection = match (needs_selection, selection_measure, gaussian_rho) {
+        (false, _, _) => None,
+        // Gaussian thresholding of the released count: the threshold is set for that count's σ.
+        (true, Some(j), Some(_)) => Some(PartitionSelection::gaussian_threshold(
+            noises[j].scale(),
+            budget.delta,
+            groups,
+        )?),
+        (true, _, _) => Some(PartitionSelection::new(
             epsilon_share,
             budget.delta,
             groups,
-        )?)
-    } else {
-        None
+        )?),
     };
-    // Thresholding a released count is valid only with that count's own noise at exactly the
-    // selection's scale (k/ε share, as a count of sensitivity 1 in k groups gets).
+    // Thresholding a released count is valid only with that count's own noise, of the
+    // selection's kind, on the integers, at exactly the selection's scale (k/ε share, as a count
+    // of sensitivity 1 in k groups gets, for Laplace; the count's σ for Gaussian).
     if let (Some(j), Some(s)) = (selection_measure, &selection) {
         let noise = &noises[j];
-        if noise.kind() != crate::dp::mechanism::MechanismKind::Laplace
-            || noise.scale() != s.scale()
-            || noise.grid_exponent().is_some()
+        if noise.kind() != s.kind() || noise.scale() != s.scale() || noise.grid_exponent().is_some()
         {
             return Err(Error::internal(
                 "the selection measure's noise differs from partition selection's",
@@ -247,9 +253,20 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             let measures = Cost::zcdp(fixed_ceil(
                 rho * rewrite.measures.len() as f64 * (1.0 + RHO_SUM_MARGIN),
             )?);
-            match &selection {
-                Some(_) => measures + Cost::approx(fixed_ceil(epsilon_share)?, selection_delta),
-                None => measures,
+            match (&selection, selection_measure) {
+                // Gaussian thresholding: the count is charged in ρ with the measures; the
+                // selection adds its δ only (δ-approximate zCDP).
+                (Some(_), Some(_)) => {
+                    measures
+                        + Cost {
+                            delta: selection_delta,
+                            ..Cost::ZERO
+                        }
+                }
+                (Some(_), None) => {
+                    measures + Cost::approx(fixed_ceil(epsilon_share)?, selection_delta)
+                }
+                (None, _) => measures,
             }
         }
     };
@@ -515,8 +532,8 @@ pub fn measure<R: Rng + CryptoRng + ?Sized>(
         vec![(Vec::new(), None)]
     } else if let Some(selection) = &mechanisms.selection {
         match mechanisms.selection_measure {
-            // Laplace thresholding of the released count: drawn once per candidate group, and
-            // that same draw is what a kept group releases.
+            // Thresholding of the released count (Laplace or Gaussian): drawn once per candidate
+            // group, and that same draw is what a kept group releases.
             Some(j) => {
                 let mut kept = Vec::new();
                 for (keys, (stats, _)) in &groups {
@@ -1086,9 +1103,13 @@ pub fn explain(
     }
     match (&mechanisms.selection, mechanisms.selection_measure) {
         (Some(s), Some(j)) => lines.push(format!(
-            "  partition selection: keep a group iff its released {} reaches {} (Laplace thresholding of the released count: no epsilon of its own; delta {})",
+            "  partition selection: keep a group iff its released {} reaches {} ({} thresholding of the released count: no epsilon of its own; delta {})",
             analyst_text(plan, &rewrite.measures[j].label(&rewrite.arguments)),
             s.threshold(),
+            match s.kind() {
+                crate::dp::mechanism::MechanismKind::Laplace => "Laplace",
+                crate::dp::mechanism::MechanismKind::Gaussian => "Gaussian",
+            },
             s.delta()
         )),
         (Some(s), None) => lines.push(format!(

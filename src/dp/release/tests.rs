@@ -363,3 +363,65 @@ fn grouping_sets_with_gaussian_noise_charge_the_sum_of_the_sets() {
         .count()
         .eq(&0));
 }
+
+#[test]
+fn a_gaussian_count_of_units_is_thresholded_without_an_epsilon_share() {
+    let policy = policy();
+    let gaussian = Budget {
+        epsilon: 1.0,
+        delta: 1e-7,
+        mechanism: Mechanism::Gaussian,
+    };
+    let sql = "SELECT diagnosis, COUNT(DISTINCT person_id) FROM demo.visits GROUP BY diagnosis";
+    let (plan, rewrite, mechanisms, key) = prepared(&policy, sql, gaussian);
+    let selection = mechanisms.selection.as_ref().expect("selection");
+    assert_eq!(mechanisms.selection_measure, Some(0));
+    assert_eq!(
+        selection.kind(),
+        crate::dp::mechanism::MechanismKind::Gaussian
+    );
+    assert_eq!(selection.scale(), mechanisms.noises[0].scale());
+    assert_eq!(mechanisms.shares, 1);
+    // Charged ρ and δ only: no pure ε.
+    assert!(mechanisms.cost.epsilon.is_zero() && !mechanisms.cost.rho.is_zero());
+    assert_eq!(
+        mechanisms.cost.delta,
+        crate::budget::Fixed::from_f64_ceil(1e-7).expect("δ")
+    );
+    // Its measures are not those of the Laplace release.
+    let (_, _, _, laplace_key) = prepared(
+        &policy,
+        sql,
+        Budget {
+            delta: 1e-7,
+            ..LAPLACE
+        },
+    );
+    assert_ne!(key, laplace_key);
+    // A group with one unit is kept only if its noisy count reaches the threshold; every kept
+    // group's released count is the noisy count that decided.
+    let rows = upstream(&rewrite, &[("A00", 1), ("B00", 5000)]);
+    let released = measure(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &Vec::new(),
+        &mut seeded(7),
+    )
+    .expect("measures");
+    for (_, noisy) in &released.groups {
+        assert!(noisy[0] >= selection.threshold() as f64);
+    }
+    assert!(released
+        .groups
+        .iter()
+        .any(|(k, _)| k[0].as_deref() == Some("B00")));
+    let lines = explain(&plan, &rewrite, &mechanisms, gaussian);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Gaussian thresholding of the released count")),
+        "{lines:?}"
+    );
+}
