@@ -639,18 +639,26 @@ pub fn finish(
     {
         return Err(Error::internal("noisy measures of another shape"));
     }
-    let bounds_of = |m: &Mechanisms| -> Vec<f64> {
+    let bounds_of = |m: &Mechanisms, alpha: f64| -> Vec<f64> {
         m.noises
             .iter()
-            .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
+            .map(|n| n.error_bound(alpha).unwrap_or(f64::NAN))
             .collect()
     };
-    // Per grouping set (one entry without grouping sets): its 95% bounds.
-    let bounds95: Vec<Vec<f64>> = if mechanisms.sets.is_empty() {
-        vec![bounds_of(mechanisms)]
-    } else {
-        mechanisms.sets.iter().map(bounds_of).collect()
+    // Per grouping set (one entry without grouping sets): its 95% bounds, and its 97.5% bounds
+    // for aggregates derived from two measures.
+    let bounds_at = |alpha: f64| -> Vec<Vec<f64>> {
+        if mechanisms.sets.is_empty() {
+            vec![bounds_of(mechanisms, alpha)]
+        } else {
+            mechanisms
+                .sets
+                .iter()
+                .map(|m| bounds_of(m, alpha))
+                .collect()
+        }
     };
+    let (bounds95, bounds975) = (bounds_at(0.05), bounds_at(0.025));
     let mut out_rows = Vec::new();
     for (all_keys, noisy) in &measures.groups {
         // With grouping sets, the last key text is the group's set.
@@ -661,7 +669,7 @@ pub fn finish(
             ),
             None => (&all_keys[..], 0),
         };
-        let bounds95 = &bounds95[set];
+        let bounds = (bounds95[set].as_slice(), bounds975[set].as_slice());
         let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
         for (i, agg) in plan.aggregates.iter().enumerate() {
             aggregate_values.push(derive(
@@ -684,7 +692,7 @@ pub fn finish(
         }
         let errors: Vec<Cell> = if accuracy {
             (0..plan.aggregates.len())
-                .map(|i| error_bound_cell(plan, rewrite, i, bounds95, noisy))
+                .map(|i| error_bound_cell(plan, rewrite, i, bounds, noisy))
                 .collect()
         } else {
             Vec::new()
@@ -773,7 +781,7 @@ fn error_bound_cell(
     plan: &Plan,
     rewrite: &Rewrite,
     i: usize,
-    bounds95: &[f64],
+    (bounds95, bounds975): (&[f64], &[f64]),
     noisy: &[f64],
 ) -> Cell {
     let ms = &rewrite.aggregate_measures[i];
@@ -789,7 +797,14 @@ fn error_bound_cell(
         | AggregateKind::CountValues
         | AggregateKind::CountUnits
         | AggregateKind::CountDistinct
-        | AggregateKind::Sum => finite(bounds95[ms[0]]),
+        | AggregateKind::Sum => match (ms.as_slice(), plan.aggregates[i].bounds) {
+            // A derived sum: each part's bound at α/2 (a union bound keeps 95 %).
+            ([n, c], Some(b)) => {
+                let mid = ((b.lower + b.upper) / 2.0).abs();
+                finite(bounds975[*c] + mid * bounds975[*n])
+            }
+            _ => finite(bounds95[ms[0]]),
+        },
         AggregateKind::Avg => {
             let n = noisy[ms[0]].round().max(1.0);
             let h = plan.aggregates[i]
@@ -825,7 +840,12 @@ fn derive(
         | AggregateKind::CountDistinct => count(noisy[ms[0]]),
         AggregateKind::Quantile { .. } => real(noisy[ms[0]]),
         AggregateKind::Sum => {
-            let mut s = noisy[ms[0]];
+            // Derived from the count and centered sum of AVG's measures when the query has
+            // both (rewrite::measures): sum = centered sum + midpoint × count.
+            let mut s = match (ms, bounds) {
+                ([n, c], Some(b)) => noisy[*c] + (b.lower + b.upper) / 2.0 * noisy[*n],
+                _ => noisy[ms[0]],
+            };
             if let Some(b) = bounds {
                 if b.lower >= 0.0 {
                     s = s.max(0.0);
@@ -1100,6 +1120,14 @@ pub fn explain(
             mechanisms.sensitivities[j],
             n.scale()
         ));
+    }
+    for (i, agg) in plan.aggregates.iter().enumerate() {
+        if agg.kind == AggregateKind::Sum && rewrite.aggregate_measures[i].len() == 2 {
+            lines.push(format!(
+                "  {} = centered sum + midpoint x count: derived from the measures above, no noise or epsilon of its own",
+                analyst_text(plan, agg.text.as_str())
+            ));
+        }
     }
     match (&mechanisms.selection, mechanisms.selection_measure) {
         (Some(s), Some(j)) => lines.push(format!(

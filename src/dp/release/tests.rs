@@ -365,6 +365,38 @@ fn grouping_sets_with_gaussian_noise_charge_the_sum_of_the_sets() {
 }
 
 #[test]
+fn a_sum_with_avg_of_the_same_column_is_derived_from_its_measures() {
+    let policy = policy();
+    let sql = "SELECT SUM(income), AVG(income) FROM demo.people";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    // Two measures (count, centred sum), two shares: the sum has no noise of its own.
+    assert_eq!(rewrite.measures.len(), 2);
+    assert_eq!(mechanisms.shares, 2);
+    assert_eq!(rewrite.aggregate_measures[0], rewrite.aggregate_measures[1]);
+    // Noisy count 10, noisy centred sum −50,000 (income bounds [0, 250000], midpoint 125,000):
+    // SUM = −50,000 + 125,000 × 10, AVG = 125,000 − 5,000.
+    let measures = NoisyMeasures {
+        keys: 0,
+        measures: 2,
+        groups: vec![(Vec::new(), vec![10.0, -50_000.0])],
+    };
+    let released = finish(&plan, &rewrite, &mechanisms, &measures, true).expect("finishes");
+    let row = &released.rows[0];
+    assert_eq!(row[0], Cell::Float(1_200_000.0));
+    assert_eq!(row[2], Cell::Float(120_000.0));
+    // The sum's 95 % bound adds the parts' 97.5 % bounds.
+    let b = |j: usize| mechanisms.noises[j].error_bound(0.025).expect("bound");
+    assert_eq!(row[1], Cell::Float(b(1) + 125_000.0 * b(0)));
+    let lines = explain(&plan, &rewrite, &mechanisms, LAPLACE);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("= centered sum + midpoint x count")),
+        "{lines:?}"
+    );
+}
+
+#[test]
 fn a_gaussian_count_of_units_is_thresholded_without_an_epsilon_share() {
     let policy = policy();
     let gaussian = Budget {
