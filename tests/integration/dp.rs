@@ -312,6 +312,49 @@ async fn a_released_count_of_units_decides_partition_selection() {
     proxy.stop().await;
 }
 
+/// `SET pgdp.mechanism = 'auto'`: EXPLAIN names the mechanism pgdp chose and why, the cost line
+/// and the charge use it, and a bad value is still refused with 22023 and nothing charged.
+#[tokio::test]
+async fn auto_mechanism_is_chosen_per_query_and_shown_in_explain() {
+    let proxy = rich_proxy(25).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.mechanism = 'auto'")
+        .await
+        .expect("SET auto");
+    let explain = |sql: &'static str| {
+        let s = &s;
+        async move {
+            s.simple_rows(&format!("EXPLAIN {sql}"))
+                .await
+                .expect("EXPLAIN")
+        }
+    };
+    let people = explain("SELECT COUNT(*) FROM demo.people").await;
+    assert!(explain_line(&people, "mechanism chosen by pgdp").contains("auto): laplace"));
+    assert!(explain_line(&people, "cost:").contains("mechanism laplace"));
+    let visits = explain(
+        "SELECT clinic, COUNT(*), AVG(cost), STDDEV(cost) FROM demo.visits GROUP BY clinic",
+    )
+    .await;
+    assert!(explain_line(&visits, "mechanism chosen by pgdp").contains("auto): gaussian"));
+    assert!(explain_line(&visits, "cost:").contains("mechanism gaussian"));
+    let rows = s
+        .query("SELECT COUNT(*) FROM demo.people", &[])
+        .await
+        .expect("DP query under auto");
+    let n: i64 = rows[0].get(0);
+    assert!((99_000..=101_000).contains(&n), "{n}");
+    let err = s
+        .batch_execute("SET pgdp.mechanism = 'cauchy'")
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE)
+    );
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn joined_sum_by_sex_releases_every_public_value() {
     let proxy = rich_proxy(23).await;

@@ -76,6 +76,67 @@ pub struct Mechanisms {
     /// fields above are then the first set's, but `cost`, `shares` and `budget` the whole
     /// query's); empty otherwise.
     pub sets: Vec<Mechanisms>,
+    /// Under `pgdp.mechanism = 'auto'`, why `budget.mechanism` was chosen (for EXPLAIN);
+    /// `None` when the analyst or the policy named the mechanism.
+    pub choice: Option<MechanismChoice>,
+}
+
+/// How [`mechanisms`] chose the noise under [`Mechanism::Auto`]: the geometric mean over the
+/// query's measures of each candidate's stated 95 % error bound (`None` where that mechanism
+/// cannot release the query, e.g. Gaussian with δ = 0 or a quantile).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MechanismChoice {
+    /// The geometric mean of the Laplace bounds.
+    pub laplace: Option<f64>,
+    /// The geometric mean of the Gaussian bounds.
+    pub gaussian: Option<f64>,
+}
+
+/// The geometric mean of the stated 95 % error bounds of every measure of `m` (of every set's,
+/// with grouping sets): the measures have different units (counts, sums of money), so each
+/// counts by its ratio, not by its size.
+fn mean_error_bound(m: &Mechanisms) -> f64 {
+    let noises: Vec<&Noise> = if m.sets.is_empty() {
+        m.noises.iter().collect()
+    } else {
+        m.sets.iter().flat_map(|s| s.noises.iter()).collect()
+    };
+    if noises.is_empty() {
+        return f64::INFINITY;
+    }
+    let log_sum: f64 = noises
+        .iter()
+        .map(|n| n.error_bound(0.05).unwrap_or(f64::INFINITY).max(0.5).ln())
+        .sum();
+    (log_sum / noises.len() as f64).exp()
+}
+
+/// [`Mechanism::Auto`]: the mechanisms of the query under Laplace and under Gaussian noise at
+/// the same (ε, δ), and the one whose measures have the smaller geometric mean of stated 95 %
+/// error bounds (Laplace on a tie, or when Gaussian cannot release the query). Both candidates
+/// are valid mechanisms at the session's (ε, δ) and the choice depends on the plan and the
+/// budget only, never on the data, so choosing costs nothing; the charge is the chosen one's.
+fn choose_mechanism(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
+    let with = |mechanism| Budget {
+        mechanism,
+        ..budget
+    };
+    let laplace = mechanisms(plan, rewrite, with(Mechanism::Laplace));
+    let gaussian = mechanisms(plan, rewrite, with(Mechanism::Gaussian)).ok();
+    let choice = MechanismChoice {
+        laplace: laplace.as_ref().ok().map(mean_error_bound),
+        gaussian: gaussian.as_ref().map(mean_error_bound),
+    };
+    let chosen = match (laplace, gaussian) {
+        (Ok(l), Some(g)) if mean_error_bound(&g) < mean_error_bound(&l) => g,
+        (Ok(l), _) => l,
+        (Err(_), Some(g)) => g,
+        (Err(e), None) => return Err(e),
+    };
+    Ok(Mechanisms {
+        choice: Some(choice),
+        ..chosen
+    })
 }
 
 /// Relative margin on the charged ρ of the Gaussian measures: the per-measure ρ is a float
@@ -143,6 +204,9 @@ pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, _budget: Budget) -> Opt
 
 /// Chooses every mechanism of the query and its cost. Refuses before anything runs.
 pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
+    if budget.mechanism == Mechanism::Auto {
+        return choose_mechanism(plan, rewrite, budget);
+    }
     if plan.grouping_sets().is_some() {
         return grouping::mechanisms(plan, rewrite, budget);
     }
@@ -183,6 +247,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             Some(rho_for(eps_measures, budget.delta)? / rewrite.measures.len() as f64)
         }
         Mechanism::Laplace => None,
+        Mechanism::Auto => return Err(Error::internal("an unresolved automatic mechanism")),
     };
     for m in &rewrite.measures {
         let c = m.contribution(&rewrite.arguments, plan.max_rows_per_unit);
@@ -281,6 +346,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         budget,
         max_error: None,
         sets: Vec::new(),
+        choice: None,
     })
 }
 
@@ -1093,6 +1159,15 @@ pub fn explain(
             ),
         },
     ];
+    if let Some(choice) = mechanisms.choice {
+        let mean = |m: Option<f64>| m.map_or("not possible".to_string(), |b| format!("{b:.4}"));
+        lines.push(format!(
+            "mechanism chosen by pgdp (pgdp.mechanism = auto): {}, the smaller geometric mean of the measures' 95% error bounds (laplace {}, gaussian {})",
+            budget.mechanism.name(),
+            mean(choice.laplace),
+            mean(choice.gaussian)
+        ));
+    }
     if let Some(target) = mechanisms.max_error {
         lines.push(format!(
             "epsilon chosen for pgdp.max_error = {target}: the smallest (to three digits) at which every measure's 95% error bound is at most {target}"

@@ -457,3 +457,53 @@ fn a_gaussian_count_of_units_is_thresholded_without_an_epsilon_share() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn auto_takes_the_mechanism_with_the_smaller_stated_errors() {
+    let policy = policy();
+    let auto = Budget {
+        mechanism: Mechanism::Auto,
+        ..LAPLACE
+    };
+    let mean = |m: &Mechanisms| {
+        let logs: f64 = m
+            .noises
+            .iter()
+            .map(|n| n.error_bound(0.05).expect("bound").ln())
+            .sum();
+        (logs / m.noises.len() as f64).exp()
+    };
+    // One count per person: Laplace's bound (±3) is well below Gaussian's.
+    let (_, _, people, _) = prepared(&policy, "SELECT COUNT(*) FROM demo.people", auto);
+    assert_eq!(people.budget.mechanism, Mechanism::Laplace);
+    // Four measures of visits per clinic, five clinics per person: L2 sensitivity grows as √5
+    // and the Gaussian split as √4, so Gaussian states smaller errors.
+    let sql = "SELECT clinic, COUNT(*), AVG(cost), STDDEV(cost) FROM demo.visits GROUP BY clinic";
+    let (plan, rewrite, chosen, _) = prepared(&policy, sql, auto);
+    assert_eq!(chosen.budget.mechanism, Mechanism::Gaussian);
+    let (_, _, laplace, _) = prepared(&policy, sql, LAPLACE);
+    let gaussian_budget = Budget {
+        mechanism: Mechanism::Gaussian,
+        ..LAPLACE
+    };
+    let (_, _, gaussian, _) = prepared(&policy, sql, gaussian_budget);
+    assert!(mean(&gaussian) < mean(&laplace));
+    // The chosen mechanisms are exactly the Gaussian ones: same noises and charge.
+    assert_eq!(chosen.noises, gaussian.noises);
+    assert_eq!(chosen.cost, gaussian.cost);
+    let choice = chosen.choice.expect("a recorded choice");
+    assert_eq!(choice.gaussian, Some(mean(&gaussian)));
+    let lines = explain(&plan, &rewrite, &chosen, chosen.budget);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("mechanism chosen by pgdp (pgdp.mechanism = auto): gaussian")),
+        "{lines:?}"
+    );
+    // A quantile cannot be Gaussian: auto takes Laplace.
+    let (_, _, median, _) = prepared(&policy, "SELECT MEDIAN(age) FROM demo.people", auto);
+    assert_eq!(median.budget.mechanism, Mechanism::Laplace);
+    assert_eq!(median.choice.expect("choice").gaussian, None);
+    // An explicit mechanism is never second-guessed.
+    assert!(laplace.choice.is_none());
+}
