@@ -143,6 +143,7 @@ pub fn run(policy: &Policy, secret: &str, command: &str, out: &Path) -> Res<()> 
             match setting.mechanism {
                 Mechanism::Laplace => format!("Laplace ε={}", setting.epsilon),
                 Mechanism::Gaussian => format!("Gaussian ε={}", setting.epsilon),
+                Mechanism::Auto => format!("auto ε={}", setting.epsilon),
             },
             setting.delta,
             costs.len()

@@ -245,6 +245,7 @@ impl Setting {
         match self.mechanism {
             Mechanism::Laplace => format!("Laplace ε={}", self.epsilon),
             Mechanism::Gaussian => format!("Gaussian ε={} δ={:e}", self.epsilon, self.delta),
+            Mechanism::Auto => format!("auto ε={} δ={:e}", self.epsilon, self.delta),
         }
     }
 
@@ -274,6 +275,12 @@ fn settings_full() -> Vec<Setting> {
             epsilon: 1.0,
             delta: 1e-5,
             mechanism: Mechanism::Gaussian,
+        },
+        // pgdp chooses Laplace or Gaussian per query (`SET pgdp.mechanism = 'auto'`).
+        Setting {
+            epsilon: 1.0,
+            delta: 1e-5,
+            mechanism: Mechanism::Auto,
         },
     ]
 }

@@ -88,6 +88,10 @@ pub enum Mechanism {
     Laplace,
     /// Discrete Gaussian noise, ρ-zCDP, L2 sensitivity.
     Gaussian,
+    /// Not chosen by the analyst: pgdp takes, per query, whichever of Laplace and Gaussian gives
+    /// the smaller stated 95 % error bounds for the query's measures at the session's (ε, δ)
+    /// (`dp::release::mechanisms`); a function of the policy and the query only.
+    Auto,
 }
 
 impl Mechanism {
@@ -96,6 +100,7 @@ impl Mechanism {
         match self {
             Mechanism::Laplace => "laplace",
             Mechanism::Gaussian => "gaussian",
+            Mechanism::Auto => "auto",
         }
     }
 
@@ -104,6 +109,7 @@ impl Mechanism {
         match text.trim().to_ascii_lowercase().as_str() {
             "laplace" => Some(Mechanism::Laplace),
             "gaussian" => Some(Mechanism::Gaussian),
+            "auto" => Some(Mechanism::Auto),
             _ => None,
         }
     }

@@ -438,7 +438,7 @@ pub(super) fn validate(
         Some(m) => Mechanism::parse(m).unwrap_or_else(|| {
             p.add(
                 "defaults.mechanism",
-                format!("unknown mechanism {m:?}; use laplace or gaussian"),
+                format!("unknown mechanism {m:?}; use laplace, gaussian or auto"),
             );
             Mechanism::Laplace
         }),

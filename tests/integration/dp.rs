@@ -212,7 +212,7 @@ fn explain_line(explain: &[Vec<Option<String>>], prefix: &str) -> String {
 }
 
 /// A grouped count of privacy units decides partition selection with its own released noisy
-/// count (Laplace thresholding): selection takes no share of ε, the count gets all of it, every
+/// count (Laplace thresholding, and Gaussian thresholding under Gaussian noise): selection takes no share of ε, the count gets all of it, every
 /// released count reaches the threshold, and single-person codes stay hidden (each passes with
 /// probability at most δ/5 = 2·10⁻⁸; about 1,500 such codes: < 10⁻⁴ for the run).
 #[tokio::test]
@@ -269,7 +269,9 @@ async fn a_released_count_of_units_decides_partition_selection() {
         .await
         .expect("EXPLAIN");
     assert!(explain_line(&people, "partition selection:").contains("its released count(*)"));
-    // Gaussian noise cannot decide a Laplace threshold: a count of units of its own again.
+    // Gaussian noise: the released Gaussian count decides against a Gaussian threshold, with no
+    // ε share of its own (the cost is ρ and δ only); every released count reaches it and
+    // single-person codes stay hidden (each passes with probability at most δ/5 = 2·10⁻⁸).
     s.batch_execute("SET pgdp.mechanism = 'gaussian'")
         .await
         .expect("SET");
@@ -277,7 +279,79 @@ async fn a_released_count_of_units_decides_partition_selection() {
         .simple_rows(&format!("EXPLAIN {sql}"))
         .await
         .expect("EXPLAIN");
-    assert!(explain_line(&gaussian, "partition selection:").contains("noisy count of units"));
+    let selection = explain_line(&gaussian, "partition selection:");
+    assert!(
+        selection.contains("Gaussian thresholding of the released count"),
+        "{selection}"
+    );
+    assert!(
+        explain_line(&gaussian, "cost:").contains("epsilon split over 1 share(s)"),
+        "{gaussian:?}"
+    );
+    let threshold: i64 = selection
+        .split("reaches ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a threshold");
+    let rows = s.query(sql, &[]).await.expect("DP query");
+    assert!(rows.len() >= 20, "{} groups", rows.len());
+    for r in &rows {
+        let people: i64 = r.get(1);
+        assert!(people >= threshold, "{people} < {threshold}");
+    }
+    let released: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let held_by_one = held_by_one_person(&released).await;
+    assert!(held_by_one.is_empty(), "released: {held_by_one:?}");
+    // A count of visits is not a count of units: a Laplace count of units of its own again.
+    let visits = s
+        .simple_rows("EXPLAIN SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis")
+        .await
+        .expect("EXPLAIN");
+    assert!(explain_line(&visits, "partition selection:").contains("noisy count of units"));
+    proxy.stop().await;
+}
+
+/// `SET pgdp.mechanism = 'auto'`: EXPLAIN names the mechanism pgdp chose and why, the cost line
+/// and the charge use it, and a bad value is still refused with 22023 and nothing charged.
+#[tokio::test]
+async fn auto_mechanism_is_chosen_per_query_and_shown_in_explain() {
+    let proxy = rich_proxy(25).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.mechanism = 'auto'")
+        .await
+        .expect("SET auto");
+    let explain = |sql: &'static str| {
+        let s = &s;
+        async move {
+            s.simple_rows(&format!("EXPLAIN {sql}"))
+                .await
+                .expect("EXPLAIN")
+        }
+    };
+    let people = explain("SELECT COUNT(*) FROM demo.people").await;
+    assert!(explain_line(&people, "mechanism chosen by pgdp").contains("auto): laplace"));
+    assert!(explain_line(&people, "cost:").contains("mechanism laplace"));
+    let visits = explain(
+        "SELECT clinic, COUNT(*), AVG(cost), STDDEV(cost) FROM demo.visits GROUP BY clinic",
+    )
+    .await;
+    assert!(explain_line(&visits, "mechanism chosen by pgdp").contains("auto): gaussian"));
+    assert!(explain_line(&visits, "cost:").contains("mechanism gaussian"));
+    let rows = s
+        .query("SELECT COUNT(*) FROM demo.people", &[])
+        .await
+        .expect("DP query under auto");
+    let n: i64 = rows[0].get(0);
+    assert!((99_000..=101_000).contains(&n), "{n}");
+    let err = s
+        .batch_execute("SET pgdp.mechanism = 'cauchy'")
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE)
+    );
     proxy.stop().await;
 }
 

@@ -27,6 +27,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use pgdp::dp::analyze::{self, Context, Plan, PublicKeys};
+use pgdp::dp::mechanism::MechanismKind;
 use pgdp::dp::release::{self, Budget, Mechanisms};
 use pgdp::dp::rewrite::{self, Rewrite};
 use pgdp::policy::{self, Mechanism, Policy};
@@ -75,6 +76,9 @@ struct Case {
     notes: Vec<String>,
     sql: String,
     params: Vec<Option<String>>,
+    /// `gaussian` when the case is released with Gaussian noise (`-- mechanism: gaussian`);
+    /// `None` for the default [`BUDGET`] (Laplace).
+    mechanism: Option<String>,
     /// The case states the correct outcome, which the code does not produce yet.
     expect_bug: Option<String>,
     expected: Expected,
@@ -162,6 +166,7 @@ fn parse_case_file(path: &Path) -> CaseFile {
                 notes: Vec::new(),
                 sql: String::new(),
                 params: Vec::new(),
+                mechanism: None,
                 expect_bug: None,
                 expected: Expected::Refused {
                     code: String::new(),
@@ -181,6 +186,7 @@ fn parse_case_file(path: &Path) -> CaseFile {
                 case.sql.push_str(&value);
             }
             "param" => case.params.push((value != "NULL").then_some(value.clone())),
+            "mechanism" => case.mechanism = Some(value),
             "expect_bug" => case.expect_bug = Some(value),
             "expect" => expect = Some(value),
             "release" => release.push(value),
@@ -228,6 +234,9 @@ fn render_case_file(file: &CaseFile) -> String {
         let _ = writeln!(out, "-- sql: {}", case.sql);
         for p in &case.params {
             let _ = writeln!(out, "-- param: {}", p.as_deref().unwrap_or("NULL"));
+        }
+        if let Some(m) = &case.mechanism {
+            let _ = writeln!(out, "-- mechanism: {m}");
         }
         if let Some(b) = &case.expect_bug {
             let _ = writeln!(out, "-- expect_bug: {b}");
@@ -278,6 +287,27 @@ struct Compiled {
 }
 
 fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Compiled, pgdp::Error> {
+    compile_with(policy, sql, params, BUDGET)
+}
+
+/// The budget of a case: [`BUDGET`], with Gaussian noise when the case says so.
+fn case_budget(case: &Case) -> Budget {
+    match case.mechanism.as_deref() {
+        None => BUDGET,
+        Some("gaussian") => Budget {
+            mechanism: Mechanism::Gaussian,
+            ..BUDGET
+        },
+        Some(other) => panic!("{}: unknown mechanism {other:?}", case.at()),
+    }
+}
+
+fn compile_with(
+    policy: &Policy,
+    sql: &str,
+    params: &[Option<String>],
+    budget: Budget,
+) -> Result<Compiled, pgdp::Error> {
     let statements = classify::classify(sql)?;
     let query = match statements.as_slice() {
         [Statement::Query(q)] => q,
@@ -289,7 +319,7 @@ fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Comp
     };
     let plan = analyze::analyze(query, &ctx)?;
     let rewrite = rewrite::rewrite(&plan, params, SECRET)?;
-    let mechanisms = release::mechanisms(&plan, &rewrite, BUDGET)?;
+    let mechanisms = release::mechanisms(&plan, &rewrite, budget)?;
     Ok(Compiled {
         plan,
         rewrite,
@@ -300,8 +330,14 @@ fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Comp
 /// The release description of an accepted case: one line per fact, stable across runs.
 fn describe(c: &Compiled) -> Vec<String> {
     let (plan, rw, m) = (&c.plan, &c.rewrite, &c.mechanisms);
+    // ρ is shown only where there is some (Gaussian cases), so Laplace lines stay as they were.
+    let rho = if m.cost.rho.is_zero() {
+        String::new()
+    } else {
+        format!(" rho={}", m.cost.rho)
+    };
     let mut lines = vec![format!(
-        "cost epsilon={} delta={}; {} group(s) x {} row(s) per unit",
+        "cost epsilon={} delta={}{rho}; {} group(s) x {} row(s) per unit",
         m.cost.epsilon,
         m.cost.delta,
         plan.max_groups_per_unit(),
@@ -383,9 +419,10 @@ fn describe(c: &Compiled) -> Vec<String> {
         ));
     }
     if let Some(s) = &m.selection {
-        let by = match m.selection_measure {
-            Some(j) => format!("released m{j}"),
-            None => "own count of units".to_string(),
+        let by = match (m.selection_measure, s.kind()) {
+            (Some(j), MechanismKind::Laplace) => format!("released m{j}"),
+            (Some(j), MechanismKind::Gaussian) => format!("released m{j} (Gaussian threshold)"),
+            (None, _) => "own count of units".to_string(),
         };
         lines.push(format!(
             "partition selection by {by}: scale {}, threshold {}, delta {}",
@@ -415,7 +452,7 @@ fn describe(c: &Compiled) -> Vec<String> {
 
 /// What the code does with a case, in the corpus's terms.
 fn outcome(policy: &Policy, case: &Case) -> (Expected, Option<Compiled>) {
-    match compile(policy, &case.sql, &case.params) {
+    match compile_with(policy, &case.sql, &case.params, case_budget(case)) {
         Ok(c) => (
             Expected::Accepted {
                 sql: c.rewrite.sql.to_string(),
@@ -890,12 +927,6 @@ async fn units_without_values_add_nothing_to_sums() {
     let policy = demo_policy();
     let db = harness::demo_database(1).await;
     let client = db.client().await;
-    let c = compile(
-        &policy,
-        "SELECT AVG(CASE WHEN sex = 'F' THEN income END), SUM(CASE WHEN sex = 'F' THEN income END) FROM demo.people",
-        &[],
-    )
-    .expect("accepted");
     let truth = text_rows(
         &client,
         "SELECT SUM(LEAST(GREATEST(income, 0), 250000) - 125000), SUM(LEAST(GREATEST(income, 0), 250000)) FROM demo.people WHERE sex = 'F'",
@@ -904,32 +935,38 @@ async fn units_without_values_add_nothing_to_sums() {
     .expect("runs");
     let number =
         |t: &Option<String>| -> f64 { t.as_deref().expect("a value").parse().expect("numeric") };
-    let mut unique = c.plan.clone();
-    unique.assume_unique_unit(|_| true);
-    for shape in [rewrite::Shape::Reference, rewrite::Shape::Fast] {
-        for plan in [&c.plan, &unique] {
-            let rw = rewrite::rewrite_shaped(plan, &[], SECRET, shape).expect("rewrites");
-            let rows = text_rows(&client, &rw.sql).await.expect("runs");
-            let centred = rw
-                .measures
-                .iter()
-                .position(|m| matches!(m, rewrite::Measure::SumCentered(_)))
-                .expect("a centred sum");
-            let sum = rw
-                .measures
-                .iter()
-                .position(|m| matches!(m, rewrite::Measure::Sum(_)))
-                .expect("a sum");
-            assert_eq!(
-                number(&rows[0][centred]),
-                number(&truth[0][0]),
-                "{shape:?}: centred sum"
-            );
-            assert_eq!(
-                number(&rows[0][sum]),
-                number(&truth[0][1]),
-                "{shape:?}: sum"
-            );
+    // With AVG the sum is derived from the count and the centred sum (sum = centred + 125000 ×
+    // count); alone it is a measure of its own. Both must leave out units without values.
+    for sql in [
+        "SELECT AVG(CASE WHEN sex = 'F' THEN income END), SUM(CASE WHEN sex = 'F' THEN income END) FROM demo.people",
+        "SELECT SUM(CASE WHEN sex = 'F' THEN income END) FROM demo.people",
+    ] {
+        let c = compile(&policy, sql, &[]).expect("accepted");
+        let mut unique = c.plan.clone();
+        unique.assume_unique_unit(|_| true);
+        for shape in [rewrite::Shape::Reference, rewrite::Shape::Fast] {
+            for plan in [&c.plan, &unique] {
+                let rw = rewrite::rewrite_shaped(plan, &[], SECRET, shape).expect("rewrites");
+                let rows = text_rows(&client, &rw.sql).await.expect("runs");
+                let at = |f: fn(&rewrite::Measure) -> bool| rw.measures.iter().position(f);
+                let centred = at(|m| matches!(m, rewrite::Measure::SumCentered(_)));
+                let count = at(|m| matches!(m, rewrite::Measure::Values(_)));
+                let sum = match at(|m| matches!(m, rewrite::Measure::Sum(_))) {
+                    Some(j) => number(&rows[0][j]),
+                    None => {
+                        let (c, n) = (centred.expect("a centred sum"), count.expect("a count"));
+                        number(&rows[0][c]) + 125000.0 * number(&rows[0][n])
+                    }
+                };
+                if let Some(c) = centred {
+                    assert_eq!(
+                        number(&rows[0][c]),
+                        number(&truth[0][0]),
+                        "{shape:?}: centred sum"
+                    );
+                }
+                assert_eq!(sum, number(&truth[0][1]), "{shape:?}: sum of {sql}");
+            }
         }
     }
 }

@@ -2,18 +2,23 @@
 //! released at all.
 //!
 //! Invariants:
-//! - A group is kept iff its exact count of distinct privacy units plus discrete Laplace noise of
-//!   scale `k/ε` reaches the threshold `T`; nothing else about the group is consulted.
-//! - `T` is chosen from the exact discrete Laplace tail so that a group with a single unit is kept
-//!   with probability at most `δ/k`; it is computed in `f64` with an upward margin only.
+//! - A group is kept iff a noisy count to which each privacy unit adds at most 1 (its exact count
+//!   of distinct privacy units, or a released count of that kind) reaches the threshold `T`;
+//!   nothing else about the group is consulted.
+//! - The noise is discrete Laplace of scale `k/ε` ([`PartitionSelection::new`]) or, for Gaussian
+//!   thresholding of a released Gaussian count, discrete Gaussian of that count's `σ`
+//!   ([`PartitionSelection::gaussian_threshold`]).
+//! - `T` is chosen from an upper bound on the noise's tail so that a group with a single unit is
+//!   kept with probability at most `δ/k`; it is computed in `f64` with an upward margin only.
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
 use rand::{CryptoRng, Rng};
 
 use super::exact::{f64_at_least, next_down, rational_from_f64};
+use super::noise::MechanismKind;
 use super::noise::FLOAT_MARGIN;
-use super::sample::sample_discrete_laplace;
+use super::sample::{sample_discrete_gaussian, sample_discrete_laplace};
 use super::{invalid, positive_scale, validate_budget};
 use crate::Result;
 
@@ -40,6 +45,9 @@ use crate::Result;
 /// groups at the same `(ε, δ)` and could replace this one later.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PartitionSelection {
+    /// The noise the threshold is set for: Laplace (its own count, or a released Laplace count)
+    /// or Gaussian (a released Gaussian count only).
+    kind: MechanismKind,
     epsilon: f64,
     delta: f64,
     max_groups_per_unit: u64,
@@ -74,21 +82,10 @@ impl PartitionSelection {
         let groups = BigRational::from_integer(BigInt::from(max_groups_per_unit));
         let scale = positive_scale(f64_at_least(&(&groups / &epsilon_exact)))?;
         let scale_exact = rational_from_f64(scale).expect("invariant: the scale is finite");
-
-        // δ' = δ/k rounded down, checked exactly: k·δ' ≤ δ.
-        let delta_exact = rational_from_f64(delta).expect("invariant: delta is finite");
-        let mut delta_per_group = delta / max_groups_per_unit as f64;
-        while delta_per_group >= f64::MIN_POSITIVE
-            && rational_from_f64(delta_per_group).expect("invariant: finite") * &groups
-                > delta_exact
-        {
-            delta_per_group = next_down(delta_per_group);
-        }
-        if delta_per_group < f64::MIN_POSITIVE {
-            return Err(invalid("delta divided by max_groups_per_unit is too small"));
-        }
+        let delta_per_group = delta_per_group(delta, max_groups_per_unit)?;
         let threshold = laplace_threshold(scale, delta_per_group);
         Ok(PartitionSelection {
+            kind: MechanismKind::Laplace,
             epsilon,
             delta,
             max_groups_per_unit,
@@ -99,18 +96,82 @@ impl PartitionSelection {
         })
     }
 
+    /// Gaussian thresholding of a released count: the selection that keeps a group iff a count
+    /// released with discrete Gaussian noise of parameter `sigma` reaches `T`, spending `delta`
+    /// beyond that count's own zCDP cost, when each privacy unit adds at most 1 to the count of
+    /// each of at most `max_groups_per_unit` groups.
+    ///
+    /// # Privacy
+    /// Threshold: `T = 1 + m`, with `m ≥ 1` the smallest integer such that the upper bound
+    /// `P(Z ≥ m) ≤ e^(−m²/2σ²)·(1 + σ²/m)/(σ√(2π))` on the discrete Gaussian's tail is at most
+    /// `δ' = δ/k` (rounded down). The bound: for `x ≥ m > 0` the weights `e^(−x²/2σ²)` decrease,
+    /// so their sum over `x ≥ m` is at most the first weight plus `∫_m^∞ e^(−x²/2σ²) dx`, which
+    /// the Mills ratio bounds by `(σ²/m)·e^(−m²/2σ²)`; the normalising sum over all integers is
+    /// at least `σ√(2π)` (Poisson summation; Canonne, Kamath & Steinke 2020, Fact 18).
+    ///
+    /// Cost: the released counts are a Gaussian mechanism, `ρ`-zCDP as charged for the
+    /// measure. Adding one unit creates at most `k` groups, each with a count of at most 1, each
+    /// kept with probability at most `δ'`; outside that event (probability `≤ kδ' ≤ δ`, and the
+    /// new groups' noise is independent of the others') the kept groups and values are
+    /// post-processing of the `ρ`-zCDP vector of counts of the groups that exist without the
+    /// unit. So the whole is `δ`-approximately `ρ`-zCDP (Bun & Steinke 2016, Definition 1.8),
+    /// charged as `ρ` plus `δ` apart, with no `ε` of its own. This is Gaussian thresholding as
+    /// in Google's differential-privacy library ("Gaussian partition selection") and Wilson et
+    /// al., "Differentially Private SQL with Bounded User Contribution" (PoPETs 2020), with the
+    /// threshold derived from the discrete tail as [`PartitionSelection::new`] derives Laplace's.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidMechanism`] if `sigma` is not a positive normal `f64`, `δ` is not
+    /// strictly between 0 and 1 (or `δ/k` is below the smallest normal `f64`), or
+    /// `max_groups_per_unit` is zero.
+    pub fn gaussian_threshold(
+        sigma: f64,
+        delta: f64,
+        max_groups_per_unit: u64,
+    ) -> Result<PartitionSelection> {
+        let scale = positive_scale(Some(sigma))?;
+        if !(delta > 0.0 && delta < 1.0) {
+            return Err(invalid(
+                "delta for partition selection must be strictly between 0 and 1",
+            ));
+        }
+        if max_groups_per_unit == 0 {
+            return Err(invalid("max_groups_per_unit must be at least 1"));
+        }
+        let scale_exact = rational_from_f64(scale).expect("invariant: the scale is finite");
+        let delta_per_group = delta_per_group(delta, max_groups_per_unit)?;
+        let threshold = gaussian_threshold(scale, delta_per_group);
+        Ok(PartitionSelection {
+            kind: MechanismKind::Gaussian,
+            epsilon: 0.0,
+            delta,
+            max_groups_per_unit,
+            scale,
+            scale_exact,
+            delta_per_group,
+            threshold,
+        })
+    }
+
+    /// The noise the threshold is set for.
+    pub fn kind(&self) -> MechanismKind {
+        self.kind
+    }
+
     /// The threshold `T` on the noisy distinct-unit count (for EXPLAIN): a group is kept iff
     /// `units + noise ≥ T`.
     pub fn threshold(&self) -> i128 {
         self.threshold
     }
 
-    /// The scale `k/ε` of the discrete Laplace noise on the distinct-unit count.
+    /// The scale of the noise on the count: `k/ε` (Laplace) or the released count's `σ`
+    /// (Gaussian).
     pub fn scale(&self) -> f64 {
         self.scale
     }
 
-    /// The `ε` this selection spends.
+    /// The `ε` this selection spends (0 for Gaussian thresholding, whose count is charged in
+    /// `ρ` as a measure).
     pub fn epsilon(&self) -> f64 {
         self.epsilon
     }
@@ -135,18 +196,28 @@ impl PartitionSelection {
     ///
     /// # Privacy
     /// See [`PartitionSelection`]. The decision must be the only use of `units`; counts released
-    /// for kept groups need their own mechanism and budget.
+    /// for kept groups need their own mechanism and budget. For a Gaussian threshold the noise is
+    /// discrete Gaussian of `σ` = [`PartitionSelection::scale`], which costs
+    /// `k/(2σ²)`-zCDP plus `δ` ([`PartitionSelection::gaussian_threshold`]); pgdp uses that form
+    /// only through [`PartitionSelection::keeps_released`].
     pub fn keep<R: Rng + CryptoRng + ?Sized>(&self, rng: &mut R, units: u64) -> bool {
-        let noisy = BigInt::from(units) + sample_discrete_laplace(rng, &self.scale_exact);
+        let noise = match self.kind {
+            MechanismKind::Laplace => sample_discrete_laplace(rng, &self.scale_exact),
+            MechanismKind::Gaussian => sample_discrete_gaussian(rng, &self.scale_exact),
+        };
+        let noisy = BigInt::from(units) + noise;
         noisy >= BigInt::from(self.threshold)
     }
 }
 
 impl PartitionSelection {
     /// Whether to release a group whose count was released as `noisy` by the measure's own
-    /// discrete Laplace noise (Laplace thresholding of a released count).
+    /// noise: discrete Laplace (Laplace thresholding of a released count) or, for a selection
+    /// built by [`PartitionSelection::gaussian_threshold`], discrete Gaussian.
     ///
     /// # Privacy
+    /// Gaussian: see [`PartitionSelection::gaussian_threshold`]; the count's noise must be
+    /// discrete Gaussian with exactly this selection's `σ`. Laplace:
     /// Valid only when the released count is one to which each privacy unit adds at most 1 in
     /// each of at most `k` groups (so a group that exists only because of one unit has a count
     /// of at most 1), and its noise is discrete Laplace with exactly this selection's scale:
@@ -159,6 +230,62 @@ impl PartitionSelection {
     pub fn keeps_released(&self, noisy: i128) -> bool {
         noisy >= self.threshold
     }
+}
+
+/// `δ' = δ/k` rounded down, checked exactly: `k·δ' ≤ δ`.
+fn delta_per_group(delta: f64, max_groups_per_unit: u64) -> Result<f64> {
+    let groups = BigRational::from_integer(BigInt::from(max_groups_per_unit));
+    let delta_exact = rational_from_f64(delta).expect("invariant: delta is finite");
+    let mut delta_per_group = delta / max_groups_per_unit as f64;
+    while delta_per_group >= f64::MIN_POSITIVE
+        && rational_from_f64(delta_per_group).expect("invariant: finite") * &groups > delta_exact
+    {
+        delta_per_group = next_down(delta_per_group);
+    }
+    if delta_per_group < f64::MIN_POSITIVE {
+        return Err(invalid("delta divided by max_groups_per_unit is too small"));
+    }
+    Ok(delta_per_group)
+}
+
+/// `ln` of the upper bound `e^(−m²/2σ²)·(1 + σ²/m)/(σ√(2π))` on `P(Z ≥ m)` for the discrete
+/// Gaussian `Z` of parameter `σ` and `m > 0` (see [`PartitionSelection::gaussian_threshold`]).
+fn ln_gaussian_tail_bound(sigma: f64, m: f64) -> f64 {
+    let ln_sqrt_two_pi = 0.5 * std::f64::consts::TAU.ln();
+    -(m / sigma) * (m / sigma) / 2.0 + (sigma * sigma / m).ln_1p() - sigma.ln() - ln_sqrt_two_pi
+}
+
+/// `1 + m`, `m ≥ 1` the smallest integer at which [`ln_gaussian_tail_bound`] is at most
+/// `ln δ'`. The bound decreases in `m`, so bisection finds it; the comparison keeps a margin of
+/// a relative `1e-12` of the terms plus `1e-9`, which more than covers the rounding of `ln`
+/// and the products, so `m` is never too small.
+fn gaussian_threshold(sigma: f64, delta_per_group: f64) -> i128 {
+    let target = delta_per_group.ln();
+    let fits = |m: f64| {
+        let bound = ln_gaussian_tail_bound(sigma, m);
+        let margin = FLOAT_MARGIN * (bound.abs() + target.abs()) + 1e-9;
+        bound + margin <= target
+    };
+    // Integers held exactly in f64 (below 2^52): `lo` never fits (0 is not a valid m), `hi`
+    // always does.
+    let mut hi = 1.0f64;
+    while !fits(hi) {
+        hi *= 2.0;
+        if hi > 4_503_599_627_370_496.0 {
+            // Unreachable with a normal σ and δ'; keeps nothing rather than loop.
+            return i128::MAX;
+        }
+    }
+    let mut lo = 0.0f64;
+    while hi - lo > 1.0 {
+        let mid = ((lo + hi) / 2.0).floor();
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    (hi as i128).saturating_add(1)
 }
 
 /// `1 + m`, `m` the smallest integer `≥ 0` with `q^m/(1+q) ≤ delta_per_group`, `q = e^(−1/b)`.
@@ -268,5 +395,75 @@ mod tests {
             lo <= exact_rate && exact_rate <= hi,
             "{dropped}/{n} vs {exact_rate}"
         );
+    }
+
+    /// `P(Z ≥ m)` for the discrete Gaussian with parameter `sigma`, by summing its weights over
+    /// a window holding all but a negligible part of its mass.
+    fn gaussian_upper_tail(sigma: f64, m: i128) -> f64 {
+        let w = (40.0 * sigma) as i128 + 50;
+        let weight = |x: i128| (-((x * x) as f64) / (2.0 * sigma * sigma)).exp();
+        let total: f64 = (-w..=w).map(weight).sum();
+        (m..=w).map(weight).sum::<f64>() / total
+    }
+
+    #[test]
+    fn gaussian_threshold_bounds_a_single_unit_and_is_within_one_of_the_smallest() {
+        for (sigma, delta, k) in [
+            (2.0, 0.01, 1),
+            (4.8, 1e-5, 1),
+            (5.4, 1e-7, 5),
+            (0.5, 0.01, 1),
+            (30.0, 1e-6, 3),
+            (1.0, 0.3, 1),
+        ] {
+            let selection = PartitionSelection::gaussian_threshold(sigma, delta, k).expect("valid");
+            assert_eq!(selection.kind(), MechanismKind::Gaussian);
+            assert_eq!((selection.scale(), selection.epsilon()), (sigma, 0.0));
+            let delta_per_group = selection.delta_per_group();
+            assert!(delta_per_group * k as f64 <= delta);
+            let t = selection.threshold();
+            // A group with one unit is kept iff 1 + Z ≥ T.
+            assert!(
+                gaussian_upper_tail(sigma, t - 1) <= delta_per_group,
+                "{sigma} {delta} {k}: T = {t}"
+            );
+            // The tail bound costs at most one step against the exact smallest threshold.
+            assert!(
+                gaussian_upper_tail(sigma, t - 3) > delta_per_group,
+                "{sigma} {delta} {k}: T = {t} is loose"
+            );
+        }
+        for refused in [
+            PartitionSelection::gaussian_threshold(0.0, 0.01, 1),
+            PartitionSelection::gaussian_threshold(f64::NAN, 0.01, 1),
+            PartitionSelection::gaussian_threshold(1.0, 0.0, 1),
+            PartitionSelection::gaussian_threshold(1.0, 1.0, 1),
+            PartitionSelection::gaussian_threshold(1.0, 0.01, 0),
+        ] {
+            assert!(refused.is_err());
+        }
+    }
+
+    #[test]
+    fn a_single_unit_is_rarely_kept_by_a_gaussian_threshold() {
+        // σ = 1, δ = 0.3 (T = 3, exact rate 0.05856) and σ = 2, δ = 0.01 (T = 7, exact rate
+        // 0.002728), N = 2·10⁵ each: the two-sided Wilson interval at α = 1e-6 must contain the
+        // exact rate, and its upper end must stay below δ'.
+        for (sigma, delta, seed) in [(1.0, 0.3, 41u64), (2.0, 0.01, 42)] {
+            let selection = PartitionSelection::gaussian_threshold(sigma, delta, 1).expect("valid");
+            let exact_rate = gaussian_upper_tail(sigma, selection.threshold() - 1);
+            let mut rng = seeded(seed);
+            let n = 200_000u64;
+            let kept = (0..n).filter(|_| selection.keep(&mut rng, 1)).count() as u64;
+            let (lo, hi) = wilson_interval(kept, n, Z_TWO_SIDED_1E6);
+            assert!(
+                lo <= exact_rate && exact_rate <= hi,
+                "σ = {sigma}: {kept}/{n} vs {exact_rate}"
+            );
+            assert!(hi <= selection.delta_per_group(), "σ = {sigma}: {kept}/{n}");
+            // The released-count form decides the same way on the same noisy value.
+            let t = selection.threshold();
+            assert!(selection.keeps_released(t) && !selection.keeps_released(t - 1));
+        }
     }
 }

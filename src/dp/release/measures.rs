@@ -215,7 +215,8 @@ pub fn measures_key(
     ));
     parts.push(match &mechanisms.selection {
         Some(s) => format!(
-            "selection scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+            "selection {:?} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+            s.kind(),
             s.scale(),
             s.threshold(),
             s.delta(),
@@ -242,7 +243,8 @@ pub fn measures_key(
         }
         parts.push(match &m.selection {
             Some(sel) => format!(
-                "set {s} selection scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+                "set {s} selection {:?} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+                sel.kind(),
                 sel.scale(),
                 sel.threshold(),
                 sel.delta(),

@@ -76,6 +76,67 @@ pub struct Mechanisms {
     /// fields above are then the first set's, but `cost`, `shares` and `budget` the whole
     /// query's); empty otherwise.
     pub sets: Vec<Mechanisms>,
+    /// Under `pgdp.mechanism = 'auto'`, why `budget.mechanism` was chosen (for EXPLAIN);
+    /// `None` when the analyst or the policy named the mechanism.
+    pub choice: Option<MechanismChoice>,
+}
+
+/// How [`mechanisms`] chose the noise under [`Mechanism::Auto`]: the geometric mean over the
+/// query's measures of each candidate's stated 95 % error bound (`None` where that mechanism
+/// cannot release the query, e.g. Gaussian with δ = 0 or a quantile).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MechanismChoice {
+    /// The geometric mean of the Laplace bounds.
+    pub laplace: Option<f64>,
+    /// The geometric mean of the Gaussian bounds.
+    pub gaussian: Option<f64>,
+}
+
+/// The geometric mean of the stated 95 % error bounds of every measure of `m` (of every set's,
+/// with grouping sets): the measures have different units (counts, sums of money), so each
+/// counts by its ratio, not by its size.
+fn mean_error_bound(m: &Mechanisms) -> f64 {
+    let noises: Vec<&Noise> = if m.sets.is_empty() {
+        m.noises.iter().collect()
+    } else {
+        m.sets.iter().flat_map(|s| s.noises.iter()).collect()
+    };
+    if noises.is_empty() {
+        return f64::INFINITY;
+    }
+    let log_sum: f64 = noises
+        .iter()
+        .map(|n| n.error_bound(0.05).unwrap_or(f64::INFINITY).max(0.5).ln())
+        .sum();
+    (log_sum / noises.len() as f64).exp()
+}
+
+/// [`Mechanism::Auto`]: the mechanisms of the query under Laplace and under Gaussian noise at
+/// the same (ε, δ), and the one whose measures have the smaller geometric mean of stated 95 %
+/// error bounds (Laplace on a tie, or when Gaussian cannot release the query). Both candidates
+/// are valid mechanisms at the session's (ε, δ) and the choice depends on the plan and the
+/// budget only, never on the data, so choosing costs nothing; the charge is the chosen one's.
+fn choose_mechanism(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
+    let with = |mechanism| Budget {
+        mechanism,
+        ..budget
+    };
+    let laplace = mechanisms(plan, rewrite, with(Mechanism::Laplace));
+    let gaussian = mechanisms(plan, rewrite, with(Mechanism::Gaussian)).ok();
+    let choice = MechanismChoice {
+        laplace: laplace.as_ref().ok().map(mean_error_bound),
+        gaussian: gaussian.as_ref().map(mean_error_bound),
+    };
+    let chosen = match (laplace, gaussian) {
+        (Ok(l), Some(g)) if mean_error_bound(&g) < mean_error_bound(&l) => g,
+        (Ok(l), _) => l,
+        (Err(_), Some(g)) => g,
+        (Err(e), None) => return Err(e),
+    };
+    Ok(Mechanisms {
+        choice: Some(choice),
+        ..chosen
+    })
 }
 
 /// Relative margin on the charged ρ of the Gaussian measures: the per-measure ρ is a float
@@ -121,12 +182,14 @@ fn rho_for(epsilon: f64, delta: f64) -> Result<f64> {
 }
 
 /// The measure whose noisy count can decide partition selection itself, so that selection takes
-/// no share of ε: with Laplace noise, a count to which each privacy unit adds at most 1 per
-/// group (`COUNT(DISTINCT <unit>)`, or `COUNT(*)`/`COUNT(col)` when the policy caps rows at one
-/// per unit), whose per-group values then have the sensitivity and the one-unit-group bound
-/// that [`PartitionSelection::keeps_released`] needs. The first such measure.
-pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Option<usize> {
-    if plan.keys_public() || budget.mechanism != Mechanism::Laplace {
+/// no share of ε: a count to which each privacy unit adds at most 1 per group
+/// (`COUNT(DISTINCT <unit>)`, or `COUNT(*)`/`COUNT(col)` when the policy caps rows at one per
+/// unit), whose per-group values then have the sensitivity and the one-unit-group bound that
+/// [`PartitionSelection::keeps_released`] needs. With Laplace noise the count is thresholded as
+/// a Laplace count; with Gaussian noise by Gaussian thresholding
+/// ([`PartitionSelection::gaussian_threshold`]). The first such measure.
+pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, _budget: Budget) -> Option<usize> {
+    if plan.keys_public() {
         return None;
     }
     rewrite.measures.iter().position(|m| {
@@ -141,6 +204,9 @@ pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Opti
 
 /// Chooses every mechanism of the query and its cost. Refuses before anything runs.
 pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mechanisms> {
+    if budget.mechanism == Mechanism::Auto {
+        return choose_mechanism(plan, rewrite, budget);
+    }
     if plan.grouping_sets().is_some() {
         return grouping::mechanisms(plan, rewrite, budget);
     }
@@ -181,6 +247,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             Some(rho_for(eps_measures, budget.delta)? / rewrite.measures.len() as f64)
         }
         Mechanism::Laplace => None,
+        Mechanism::Auto => return Err(Error::internal("an unresolved automatic mechanism")),
     };
     for m in &rewrite.measures {
         let c = m.contribution(&rewrite.arguments, plan.max_rows_per_unit);
@@ -206,22 +273,26 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         };
         noises.push(noise);
     }
-    let selection = if needs_selection {
-        Some(PartitionSelection::new(
+    let selection = match (needs_selection, selection_measure, gaussian_rho) {
+        (false, _, _) => None,
+        // Gaussian thresholding of the released count: the threshold is set for that count's σ.
+        (true, Some(j), Some(_)) => Some(PartitionSelection::gaussian_threshold(
+            noises[j].scale(),
+            budget.delta,
+            groups,
+        )?),
+        (true, _, _) => Some(PartitionSelection::new(
             epsilon_share,
             budget.delta,
             groups,
-        )?)
-    } else {
-        None
+        )?),
     };
-    // Thresholding a released count is valid only with that count's own noise at exactly the
-    // selection's scale (k/ε share, as a count of sensitivity 1 in k groups gets).
+    // Thresholding a released count is valid only with that count's own noise, of the
+    // selection's kind, on the integers, at exactly the selection's scale (k/ε share, as a count
+    // of sensitivity 1 in k groups gets, for Laplace; the count's σ for Gaussian).
     if let (Some(j), Some(s)) = (selection_measure, &selection) {
         let noise = &noises[j];
-        if noise.kind() != crate::dp::mechanism::MechanismKind::Laplace
-            || noise.scale() != s.scale()
-            || noise.grid_exponent().is_some()
+        if noise.kind() != s.kind() || noise.scale() != s.scale() || noise.grid_exponent().is_some()
         {
             return Err(Error::internal(
                 "the selection measure's noise differs from partition selection's",
@@ -247,9 +318,20 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             let measures = Cost::zcdp(fixed_ceil(
                 rho * rewrite.measures.len() as f64 * (1.0 + RHO_SUM_MARGIN),
             )?);
-            match &selection {
-                Some(_) => measures + Cost::approx(fixed_ceil(epsilon_share)?, selection_delta),
-                None => measures,
+            match (&selection, selection_measure) {
+                // Gaussian thresholding: the count is charged in ρ with the measures; the
+                // selection adds its δ only (δ-approximate zCDP).
+                (Some(_), Some(_)) => {
+                    measures
+                        + Cost {
+                            delta: selection_delta,
+                            ..Cost::ZERO
+                        }
+                }
+                (Some(_), None) => {
+                    measures + Cost::approx(fixed_ceil(epsilon_share)?, selection_delta)
+                }
+                (None, _) => measures,
             }
         }
     };
@@ -264,6 +346,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         budget,
         max_error: None,
         sets: Vec::new(),
+        choice: None,
     })
 }
 
@@ -515,8 +598,8 @@ pub fn measure<R: Rng + CryptoRng + ?Sized>(
         vec![(Vec::new(), None)]
     } else if let Some(selection) = &mechanisms.selection {
         match mechanisms.selection_measure {
-            // Laplace thresholding of the released count: drawn once per candidate group, and
-            // that same draw is what a kept group releases.
+            // Thresholding of the released count (Laplace or Gaussian): drawn once per candidate
+            // group, and that same draw is what a kept group releases.
             Some(j) => {
                 let mut kept = Vec::new();
                 for (keys, (stats, _)) in &groups {
@@ -622,18 +705,26 @@ pub fn finish(
     {
         return Err(Error::internal("noisy measures of another shape"));
     }
-    let bounds_of = |m: &Mechanisms| -> Vec<f64> {
+    let bounds_of = |m: &Mechanisms, alpha: f64| -> Vec<f64> {
         m.noises
             .iter()
-            .map(|n| n.error_bound(0.05).unwrap_or(f64::NAN))
+            .map(|n| n.error_bound(alpha).unwrap_or(f64::NAN))
             .collect()
     };
-    // Per grouping set (one entry without grouping sets): its 95% bounds.
-    let bounds95: Vec<Vec<f64>> = if mechanisms.sets.is_empty() {
-        vec![bounds_of(mechanisms)]
-    } else {
-        mechanisms.sets.iter().map(bounds_of).collect()
+    // Per grouping set (one entry without grouping sets): its 95% bounds, and its 97.5% bounds
+    // for aggregates derived from two measures.
+    let bounds_at = |alpha: f64| -> Vec<Vec<f64>> {
+        if mechanisms.sets.is_empty() {
+            vec![bounds_of(mechanisms, alpha)]
+        } else {
+            mechanisms
+                .sets
+                .iter()
+                .map(|m| bounds_of(m, alpha))
+                .collect()
+        }
     };
+    let (bounds95, bounds975) = (bounds_at(0.05), bounds_at(0.025));
     let mut out_rows = Vec::new();
     for (all_keys, noisy) in &measures.groups {
         // With grouping sets, the last key text is the group's set.
@@ -644,7 +735,7 @@ pub fn finish(
             ),
             None => (&all_keys[..], 0),
         };
-        let bounds95 = &bounds95[set];
+        let bounds = (bounds95[set].as_slice(), bounds975[set].as_slice());
         let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
         for (i, agg) in plan.aggregates.iter().enumerate() {
             aggregate_values.push(derive(
@@ -667,7 +758,7 @@ pub fn finish(
         }
         let errors: Vec<Cell> = if accuracy {
             (0..plan.aggregates.len())
-                .map(|i| error_bound_cell(plan, rewrite, i, bounds95, noisy))
+                .map(|i| error_bound_cell(plan, rewrite, i, bounds, noisy))
                 .collect()
         } else {
             Vec::new()
@@ -756,7 +847,7 @@ fn error_bound_cell(
     plan: &Plan,
     rewrite: &Rewrite,
     i: usize,
-    bounds95: &[f64],
+    (bounds95, bounds975): (&[f64], &[f64]),
     noisy: &[f64],
 ) -> Cell {
     let ms = &rewrite.aggregate_measures[i];
@@ -772,7 +863,14 @@ fn error_bound_cell(
         | AggregateKind::CountValues
         | AggregateKind::CountUnits
         | AggregateKind::CountDistinct
-        | AggregateKind::Sum => finite(bounds95[ms[0]]),
+        | AggregateKind::Sum => match (ms.as_slice(), plan.aggregates[i].bounds) {
+            // A derived sum: each part's bound at α/2 (a union bound keeps 95 %).
+            ([n, c], Some(b)) => {
+                let mid = ((b.lower + b.upper) / 2.0).abs();
+                finite(bounds975[*c] + mid * bounds975[*n])
+            }
+            _ => finite(bounds95[ms[0]]),
+        },
         AggregateKind::Avg => {
             let n = noisy[ms[0]].round().max(1.0);
             let h = plan.aggregates[i]
@@ -808,7 +906,12 @@ fn derive(
         | AggregateKind::CountDistinct => count(noisy[ms[0]]),
         AggregateKind::Quantile { .. } => real(noisy[ms[0]]),
         AggregateKind::Sum => {
-            let mut s = noisy[ms[0]];
+            // Derived from the count and centered sum of AVG's measures when the query has
+            // both (rewrite::measures): sum = centered sum + midpoint × count.
+            let mut s = match (ms, bounds) {
+                ([n, c], Some(b)) => noisy[*c] + (b.lower + b.upper) / 2.0 * noisy[*n],
+                _ => noisy[ms[0]],
+            };
             if let Some(b) = bounds {
                 if b.lower >= 0.0 {
                     s = s.max(0.0);
@@ -1056,6 +1159,15 @@ pub fn explain(
             ),
         },
     ];
+    if let Some(choice) = mechanisms.choice {
+        let mean = |m: Option<f64>| m.map_or("not possible".to_string(), |b| format!("{b:.4}"));
+        lines.push(format!(
+            "mechanism chosen by pgdp (pgdp.mechanism = auto): {}, the smaller geometric mean of the measures' 95% error bounds (laplace {}, gaussian {})",
+            budget.mechanism.name(),
+            mean(choice.laplace),
+            mean(choice.gaussian)
+        ));
+    }
     if let Some(target) = mechanisms.max_error {
         lines.push(format!(
             "epsilon chosen for pgdp.max_error = {target}: the smallest (to three digits) at which every measure's 95% error bound is at most {target}"
@@ -1084,11 +1196,23 @@ pub fn explain(
             n.scale()
         ));
     }
+    for (i, agg) in plan.aggregates.iter().enumerate() {
+        if agg.kind == AggregateKind::Sum && rewrite.aggregate_measures[i].len() == 2 {
+            lines.push(format!(
+                "  {} = centered sum + midpoint x count: derived from the measures above, no noise or epsilon of its own",
+                analyst_text(plan, agg.text.as_str())
+            ));
+        }
+    }
     match (&mechanisms.selection, mechanisms.selection_measure) {
         (Some(s), Some(j)) => lines.push(format!(
-            "  partition selection: keep a group iff its released {} reaches {} (Laplace thresholding of the released count: no epsilon of its own; delta {})",
+            "  partition selection: keep a group iff its released {} reaches {} ({} thresholding of the released count: no epsilon of its own; delta {})",
             analyst_text(plan, &rewrite.measures[j].label(&rewrite.arguments)),
             s.threshold(),
+            match s.kind() {
+                crate::dp::mechanism::MechanismKind::Laplace => "Laplace",
+                crate::dp::mechanism::MechanismKind::Gaussian => "Gaussian",
+            },
             s.delta()
         )),
         (Some(s), None) => lines.push(format!(

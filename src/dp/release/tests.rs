@@ -363,3 +363,147 @@ fn grouping_sets_with_gaussian_noise_charge_the_sum_of_the_sets() {
         .count()
         .eq(&0));
 }
+
+#[test]
+fn a_sum_with_avg_of_the_same_column_is_derived_from_its_measures() {
+    let policy = policy();
+    let sql = "SELECT SUM(income), AVG(income) FROM demo.people";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    // Two measures (count, centred sum), two shares: the sum has no noise of its own.
+    assert_eq!(rewrite.measures.len(), 2);
+    assert_eq!(mechanisms.shares, 2);
+    assert_eq!(rewrite.aggregate_measures[0], rewrite.aggregate_measures[1]);
+    // Noisy count 10, noisy centred sum −50,000 (income bounds [0, 250000], midpoint 125,000):
+    // SUM = −50,000 + 125,000 × 10, AVG = 125,000 − 5,000.
+    let measures = NoisyMeasures {
+        keys: 0,
+        measures: 2,
+        groups: vec![(Vec::new(), vec![10.0, -50_000.0])],
+    };
+    let released = finish(&plan, &rewrite, &mechanisms, &measures, true).expect("finishes");
+    let row = &released.rows[0];
+    assert_eq!(row[0], Cell::Float(1_200_000.0));
+    assert_eq!(row[2], Cell::Float(120_000.0));
+    // The sum's 95 % bound adds the parts' 97.5 % bounds.
+    let b = |j: usize| mechanisms.noises[j].error_bound(0.025).expect("bound");
+    assert_eq!(row[1], Cell::Float(b(1) + 125_000.0 * b(0)));
+    let lines = explain(&plan, &rewrite, &mechanisms, LAPLACE);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("= centered sum + midpoint x count")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn a_gaussian_count_of_units_is_thresholded_without_an_epsilon_share() {
+    let policy = policy();
+    let gaussian = Budget {
+        epsilon: 1.0,
+        delta: 1e-7,
+        mechanism: Mechanism::Gaussian,
+    };
+    let sql = "SELECT diagnosis, COUNT(DISTINCT person_id) FROM demo.visits GROUP BY diagnosis";
+    let (plan, rewrite, mechanisms, key) = prepared(&policy, sql, gaussian);
+    let selection = mechanisms.selection.as_ref().expect("selection");
+    assert_eq!(mechanisms.selection_measure, Some(0));
+    assert_eq!(
+        selection.kind(),
+        crate::dp::mechanism::MechanismKind::Gaussian
+    );
+    assert_eq!(selection.scale(), mechanisms.noises[0].scale());
+    assert_eq!(mechanisms.shares, 1);
+    // Charged ρ and δ only: no pure ε.
+    assert!(mechanisms.cost.epsilon.is_zero() && !mechanisms.cost.rho.is_zero());
+    assert_eq!(
+        mechanisms.cost.delta,
+        crate::budget::Fixed::from_f64_ceil(1e-7).expect("δ")
+    );
+    // Its measures are not those of the Laplace release.
+    let (_, _, _, laplace_key) = prepared(
+        &policy,
+        sql,
+        Budget {
+            delta: 1e-7,
+            ..LAPLACE
+        },
+    );
+    assert_ne!(key, laplace_key);
+    // A group with one unit is kept only if its noisy count reaches the threshold; every kept
+    // group's released count is the noisy count that decided.
+    let rows = upstream(&rewrite, &[("A00", 1), ("B00", 5000)]);
+    let released = measure(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &Vec::new(),
+        &mut seeded(7),
+    )
+    .expect("measures");
+    for (_, noisy) in &released.groups {
+        assert!(noisy[0] >= selection.threshold() as f64);
+    }
+    assert!(released
+        .groups
+        .iter()
+        .any(|(k, _)| k[0].as_deref() == Some("B00")));
+    let lines = explain(&plan, &rewrite, &mechanisms, gaussian);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Gaussian thresholding of the released count")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn auto_takes_the_mechanism_with_the_smaller_stated_errors() {
+    let policy = policy();
+    let auto = Budget {
+        mechanism: Mechanism::Auto,
+        ..LAPLACE
+    };
+    let mean = |m: &Mechanisms| {
+        let logs: f64 = m
+            .noises
+            .iter()
+            .map(|n| n.error_bound(0.05).expect("bound").ln())
+            .sum();
+        (logs / m.noises.len() as f64).exp()
+    };
+    // One count per person: Laplace's bound (±3) is well below Gaussian's.
+    let (_, _, people, _) = prepared(&policy, "SELECT COUNT(*) FROM demo.people", auto);
+    assert_eq!(people.budget.mechanism, Mechanism::Laplace);
+    // Four measures of visits per clinic, five clinics per person: L2 sensitivity grows as √5
+    // and the Gaussian split as √4, so Gaussian states smaller errors.
+    let sql = "SELECT clinic, COUNT(*), AVG(cost), STDDEV(cost) FROM demo.visits GROUP BY clinic";
+    let (plan, rewrite, chosen, _) = prepared(&policy, sql, auto);
+    assert_eq!(chosen.budget.mechanism, Mechanism::Gaussian);
+    let (_, _, laplace, _) = prepared(&policy, sql, LAPLACE);
+    let gaussian_budget = Budget {
+        mechanism: Mechanism::Gaussian,
+        ..LAPLACE
+    };
+    let (_, _, gaussian, _) = prepared(&policy, sql, gaussian_budget);
+    assert!(mean(&gaussian) < mean(&laplace));
+    // The chosen mechanisms are exactly the Gaussian ones: same noises and charge.
+    assert_eq!(chosen.noises, gaussian.noises);
+    assert_eq!(chosen.cost, gaussian.cost);
+    let choice = chosen.choice.expect("a recorded choice");
+    assert_eq!(choice.gaussian, Some(mean(&gaussian)));
+    let lines = explain(&plan, &rewrite, &chosen, chosen.budget);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("mechanism chosen by pgdp (pgdp.mechanism = auto): gaussian")),
+        "{lines:?}"
+    );
+    // A quantile cannot be Gaussian: auto takes Laplace.
+    let (_, _, median, _) = prepared(&policy, "SELECT MEDIAN(age) FROM demo.people", auto);
+    assert_eq!(median.budget.mechanism, Mechanism::Laplace);
+    assert_eq!(median.choice.expect("choice").gaussian, None);
+    // An explicit mechanism is never second-guessed.
+    assert!(laplace.choice.is_none());
+}

@@ -242,6 +242,24 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
     let mut arguments: Vec<Argument> = Vec::new();
     let mut measures = Vec::new();
     let mut per_aggregate = Vec::new();
+    // Arguments (with their bounds) whose count and centered sum some aggregate releases
+    // anyway.
+    let centered: Vec<(&Option<Canonical>, Option<Bounds>)> = plan
+        .aggregates
+        .iter()
+        .filter(|a| {
+            a.argument.is_some()
+                && matches!(
+                    a.kind,
+                    AggregateKind::Avg
+                        | AggregateKind::VarSamp
+                        | AggregateKind::VarPop
+                        | AggregateKind::StddevSamp
+                        | AggregateKind::StddevPop
+                )
+        })
+        .map(|a| (&a.argument, a.bounds))
+        .collect();
     for agg in &plan.aggregates {
         // One argument per expression: COUNT(x) and AVG(x) share the count of x.
         let arg = agg.argument.as_ref().map(|text| {
@@ -265,6 +283,14 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
             (AggregateKind::CountRows, _) => vec![Measure::Rows],
             (AggregateKind::CountUnits, _) => vec![Measure::Units],
             (AggregateKind::CountValues, Some(a)) => vec![Measure::Values(a)],
+            // Minimal measures: where the query also has the count and centered sum of the
+            // same argument (AVG, VARIANCE, STDDEV), the sum is derived from them by
+            // post-processing (sum = centered sum + midpoint × count), not noised apart.
+            (AggregateKind::Sum, Some(a))
+                if agg.bounds.is_some() && centered.contains(&(&agg.argument, agg.bounds)) =>
+            {
+                vec![Measure::Values(a), Measure::SumCentered(a)]
+            }
             (AggregateKind::Sum, Some(a)) => vec![Measure::Sum(a)],
             (AggregateKind::Avg, Some(a)) => vec![Measure::Values(a), Measure::SumCentered(a)],
             (
