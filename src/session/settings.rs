@@ -354,7 +354,7 @@ impl Settings {
                     Mechanism::parse(value).ok_or_else(|| {
                         invalid(
                             &name,
-                            "must be laplace or gaussian",
+                            "must be laplace, gaussian or auto",
                             "Use SET pgdp.mechanism = 'laplace'.",
                         )
                     })?
