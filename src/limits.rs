@@ -165,11 +165,6 @@ pub const JOURNAL_PENDING_MAX: usize = 10_000;
 /// How long the journal waits before trying again after the ledger failed a lazy commit.
 pub const JOURNAL_RETRY_MS: u64 = 1_000;
 
-/// How long the journal gathers entries before each lazy commit, so that even one client's
-/// queries in a row share commits (about one per this many milliseconds, not one per query).
-/// Only audit detail and replay entries wait: every answer is covered before it leaves.
-pub const JOURNAL_GATHER_MS: u64 = 10;
-
 /// Prepared statements one connection may hold.
 pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
 

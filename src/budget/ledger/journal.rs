@@ -9,8 +9,8 @@
 //!   what was reserved, all of it counted as spent) and replay entries (a repeated query then
 //!   costs again), never budget.
 //! - One flusher task at a time takes everything pending into one transaction committed with
-//!   `synchronous_commit = off`: it gathers entries for [`JOURNAL_GATHER_MS`] first, and entries
-//!   that arrive during a flush share the next one. A failed flush puts its entries back and tries again after
+//!   `synchronous_commit = off`: a lone entry is written at once, and entries that arrive during
+//!   a flush share the next one. A failed flush puts its entries back and tries again after
 //!   [`JOURNAL_RETRY_MS`]; while the ledger is down the journal keeps at most
 //!   [`JOURNAL_PENDING_MAX`] entries, dropping the oldest replay entries first, never an audit
 //!   row or an outcome.
@@ -21,7 +21,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::*;
-use crate::limits::{JOURNAL_GATHER_MS, JOURNAL_PENDING_MAX, JOURNAL_RETRY_MS};
+use crate::limits::{JOURNAL_PENDING_MAX, JOURNAL_RETRY_MS};
 
 /// The audit row of a charge made under a lease, written by the journal.
 pub(super) struct LeasedCharge {
@@ -218,7 +218,6 @@ impl Journal {
     /// The flusher: writes what is queued, batch after batch, until nothing is.
     async fn flush_all(self: Arc<Self>) {
         loop {
-            tokio::time::sleep(Duration::from_millis(JOURNAL_GATHER_MS)).await;
             let batch = {
                 let mut state = self.state();
                 let mut batch = Batch {
