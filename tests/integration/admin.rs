@@ -284,6 +284,21 @@ async fn a_reset_lets_the_analyst_query_again_and_the_log_keeps_the_old_charges(
         .expect("the query after the reset");
 
     let client = harness::connect(proxy.ledger_dsn()).await;
+    // Audit rows of leased charges come from the journal, just after the answers.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client
+        .query_one(
+            "SELECT count(*) FROM pgdp.charge_log WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("count audit rows")
+        .get::<_, i64>(0)
+        < 2
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let row = client
         .query_one(
             "SELECT (SELECT count(*) FROM pgdp.charge_log WHERE analyst = $1),
