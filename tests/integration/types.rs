@@ -46,6 +46,10 @@ const QUERIES: &[&str] = &[
     "SELECT sex, region, clinic, COUNT(*) FROM demo.people JOIN demo.visits USING (person_id) GROUP BY sex, ROLLUP (region, clinic)",
     "SELECT CASE WHEN GROUPING(region) = 1 THEN 'all' ELSE region END AS region, ROUND(AVG(income), 2) AS mean FROM demo.people GROUP BY ROLLUP (region) ORDER BY 1",
     "SELECT date_trunc('month', visit_date) AS month, clinic, COUNT(*) FROM demo.visits GROUP BY ROLLUP (1, 2)",
+    // Integer casts of EXTRACT keys: grouped by the EXTRACT, the released keys cast (int4, int2).
+    "SELECT EXTRACT(YEAR FROM visit_date)::int AS y, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
+    "SELECT CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) AS \"visit_date\", count(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ORDER BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ASC",
+    "SELECT date_part('dow', visit_date)::smallint AS weekday, AVG(cost) FROM demo.visits GROUP BY date_part('dow', visit_date)::smallint",
 ];
 
 /// A value's bytes as sent, whatever its type.

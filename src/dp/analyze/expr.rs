@@ -329,7 +329,7 @@ impl<'a> Analyzer<'a> {
                         _ => false,
                     };
                     let hint = if of_date_field {
-                        "EXTRACT and date_part give ±Infinity for infinite dates, which the cast refuses (an error that would reveal data); group by EXTRACT(YEAR FROM visit_date) without the cast (numeric, as PostgreSQL types it), or by date_trunc('year', visit_date)."
+                        "EXTRACT and date_part give ±Infinity for infinite dates, which the cast refuses (an error that would reveal data). As a GROUP BY key the cast is allowed (GROUP BY EXTRACT(YEAR FROM visit_date)::int): pgdp groups by the EXTRACT and casts the released keys. Elsewhere compare EXTRACT(YEAR FROM visit_date) without the cast."
                     } else {
                         "Casts that can fail would reveal data through errors; compare with a literal of the column's own type instead."
                     };
@@ -556,4 +556,81 @@ impl<'a> Analyzer<'a> {
         };
         Ok(Info::derived(ty, &refs, bounds))
     }
+}
+
+/// The date field of `EXTRACT(field FROM …)` or `date_part('field', …)`, lower case; `None` for
+/// any other expression.
+fn extracted_field(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Nested(inner) => extracted_field(inner),
+        Expr::Extract { field, .. } => Some(field.to_string().to_ascii_lowercase()),
+        Expr::Function(f) if function_name(&f.name).is_ok_and(|n| n == "date_part") => {
+            let FunctionArguments::List(list) = &f.args else {
+                return None;
+            };
+            match list.args.first() {
+                Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(v)))) => {
+                    crate::literal::string_value(&v.value).map(|s| s.to_ascii_lowercase())
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// A group key `CAST(EXTRACT(field FROM d) AS integer)` (or `::int2`, `::int8`, `date_part`)
+/// whose field is a whole number for every finite date and timestamp: the `EXTRACT` under the
+/// cast, else `None`.
+///
+/// Grouping by that `EXTRACT` makes the same groups (an integer cast is one-to-one on whole
+/// numbers), and unlike the cast it cannot fail (`EXTRACT` of an infinite date is `Infinity`,
+/// which no integer holds). So pgdp groups by the `EXTRACT` upstream and applies the cast to
+/// the released keys afterwards, on the shadow catalog: an error there (a released `Infinity`
+/// key) depends on released values only, as PostgreSQL's own error would.
+pub(super) fn integer_cast_of_whole_field(e: &Expr) -> Option<Expr> {
+    let Expr::Cast {
+        expr,
+        data_type,
+        format: None,
+        ..
+    } = e
+    else {
+        return None;
+    };
+    use ast::DataType as D;
+    let to_integer = matches!(
+        data_type,
+        D::Int(_)
+            | D::Integer(_)
+            | D::SmallInt(_)
+            | D::BigInt(_)
+            | D::Int2(_)
+            | D::Int4(_)
+            | D::Int8(_)
+    );
+    // Whole numbers for every finite date and timestamp (second, epoch and julian have
+    // fractions for timestamps, milliseconds and microseconds too large a range to matter).
+    let whole = extracted_field(expr).is_some_and(|f| {
+        matches!(
+            f.as_str(),
+            "year"
+                | "isoyear"
+                | "month"
+                | "quarter"
+                | "week"
+                | "day"
+                | "dow"
+                | "isodow"
+                | "doy"
+                | "hour"
+                | "minute"
+                | "decade"
+                | "century"
+        )
+    });
+    (to_integer && whole).then(|| match expr.as_ref() {
+        Expr::Nested(inner) => inner.as_ref().clone(),
+        other => other.clone(),
+    })
 }

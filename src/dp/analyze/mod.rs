@@ -177,7 +177,10 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
                 resolve_group_reference(g, &select.projection)
             }
         };
-        let mut e = resolved(g)?;
+        // `EXTRACT(…)::int`: grouped by the EXTRACT, cast after the release (same groups).
+        let written = resolved(g)?;
+        let original = expr::integer_cast_of_whole_field(&written).unwrap_or(written);
+        let mut e = original.clone();
         let info = a.expr(&mut e, Role::Key)?;
         if !info.groupable {
             return Err(Error::forbidden(
@@ -191,7 +194,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             continue;
         }
         element_key.push(keys.len());
-        key_originals.push(resolved(g)?);
+        key_originals.push(original);
         keys.push(GroupKey {
             expr: text,
             ty: info.ty.unwrap_or(ColumnType::Text),
