@@ -65,7 +65,13 @@ pub fn route(statement: &Statement) -> Result<Route<'_>> {
 /// The route of a query: constants, then the budget view, then the catalog, else DP.
 fn route_query(query: &ast::Query) -> Result<Route<'_>> {
     if let Some(items) = constant_select(query) {
-        return Ok(Route::Constant(items));
+        // What pgdp's own evaluator does not cover (`current_setting('server_version_num')::int
+        // / 100`, as Grafana asks) is a catalog query with no relation: checked against the
+        // allow-lists and run on the data-free shadow catalog, settings bound by pgdp.
+        if items.iter().all(evaluated_by_pgdp) {
+            return Ok(Route::Constant(items));
+        }
+        return Ok(Route::Catalog(query));
     }
     if let Some(columns) = budget_view(query)? {
         return Ok(Route::Budget(columns));
@@ -111,6 +117,51 @@ fn budget_view(query: &ast::Query) -> Result<Option<BudgetColumns<'_>>> {
     // Expressions are refused when routed, as before any other step.
     columns.names()?;
     Ok(Some(columns))
+}
+
+/// Whether pgdp's own evaluator of FROM-less SELECTs ([`super::Session::evaluate_constant`])
+/// answers `item`: literals, casts, and the session lookups it knows, over such arguments.
+fn evaluated_by_pgdp(item: &SelectItem) -> bool {
+    fn expr(e: &ast::Expr) -> bool {
+        match e {
+            ast::Expr::Value(_) | ast::Expr::Identifier(_) => true,
+            ast::Expr::Nested(inner) => expr(inner),
+            ast::Expr::Cast { expr: inner, .. } => expr(inner),
+            ast::Expr::Function(f) => {
+                let name = f
+                    .name
+                    .0
+                    .last()
+                    .map(|p| p.to_string().to_ascii_lowercase())
+                    .unwrap_or_default();
+                let known = matches!(
+                    name.as_str(),
+                    "version"
+                        | "current_database"
+                        | "current_schema"
+                        | "current_user"
+                        | "session_user"
+                        | "user"
+                        | "pg_backend_pid"
+                        | "current_schemas"
+                        | "current_setting"
+                );
+                let arguments = match &f.args {
+                    ast::FunctionArguments::None => true,
+                    ast::FunctionArguments::List(list) => list.args.iter().all(|a| {
+                        matches!(a, ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) if expr(e))
+                    }),
+                    ast::FunctionArguments::Subquery(_) => false,
+                };
+                known && arguments
+            }
+            _ => false,
+        }
+    }
+    match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => expr(e),
+        _ => true,
+    }
 }
 
 /// The select items of a `SELECT <items>` with no FROM, WHERE, GROUP BY or other clauses.
@@ -178,6 +229,11 @@ mod tests {
             ("SELECT * FROM pgdp.budget WHERE true", Err("0A000")),
             ("SELECT 1", Ok("constant")),
             ("SELECT version(), current_schema()", Ok("constant")),
+            (
+                "SELECT current_setting('server_version_num')::int/100 as version",
+                Ok("catalog"),
+            ),
+            ("SELECT 1 + 1", Ok("catalog")),
             ("SELECT relname FROM pg_catalog.pg_class", Ok("catalog")),
             (
                 "SELECT table_name FROM information_schema.tables",

@@ -126,6 +126,10 @@ pub const ALLOWED_RELATIONS: &[&str] = &[
     "unnest",
     "pg_get_keywords",
     "generate_subscripts",
+    // A one-row function in FROM: Grafana's table and column pickers split the search_path
+    // with it (`FROM generate_series(…) AS i, string_to_array(current_setting('search_path'),
+    // ',') s`).
+    "string_to_array",
 ];
 
 /// Functions a catalog query may call: catalog formatting and visibility, privilege checks on
@@ -268,6 +272,7 @@ pub const ALLOWED_FUNCTIONS: &[&str] = &[
     "pg_partition_root",
     "pg_get_indexdef",
     "string_to_array",
+    "parse_ident",
     "pg_column_is_updatable",
     "pg_relation_is_updatable",
     // Pure JSON constructors: SQLAlchemy's `get_columns` builds identity and collation details
@@ -563,6 +568,11 @@ mod tests {
         assert_eq!(verdict("SELECT pg_catalog.pg_attribute.attname, CASE WHEN (pg_catalog.pg_attribute.attidentity != '') THEN (SELECT json_build_object('always', pg_catalog.pg_attribute.attidentity = 'a', 'start', pg_catalog.pg_sequence.seqstart) FROM pg_catalog.pg_sequence WHERE pg_catalog.pg_sequence.seqrelid = CAST(CAST(pg_catalog.pg_get_serial_sequence(CAST(CAST(pg_catalog.pg_attribute.attrelid AS REGCLASS) AS TEXT), pg_catalog.pg_attribute.attname) AS REGCLASS) AS OID)) ELSE NULL END AS identity_options FROM pg_catalog.pg_class LEFT OUTER JOIN pg_catalog.pg_attribute ON pg_catalog.pg_class.oid = pg_catalog.pg_attribute.attrelid"), "ok");
         // Metabase's table-privileges sync (abridged).
         assert_eq!(verdict("SELECT pg_catalog.has_any_column_privilege(current_user, '\"demo\".\"people\"', 'select') FROM pg_catalog.pg_tables t WHERE pg_catalog.has_schema_privilege(current_user, t.schemaname, 'usage')"), "ok");
+        // Grafana's column picker (public/app/plugins/datasource/grafana-postgresql-datasource/
+        // postgresMetaQuery.ts, getSchema with its search_path constraint), settings bound.
+        let grafana = query("SELECT quote_ident(column_name) AS \"column\", data_type AS \"type\" FROM information_schema.columns WHERE CASE WHEN array_length(parse_ident('demo.visits'),1) = 2 THEN quote_ident(table_schema) = (parse_ident('demo.visits'))[1] AND quote_ident(table_name) = (parse_ident('demo.visits'))[2] ELSE quote_ident(table_name) = 'demo.visits' AND quote_ident(table_schema) IN (SELECT CASE WHEN trim(s[i]) = '\"$user\"' THEN user ELSE trim(s[i]) END FROM generate_series(array_lower(string_to_array(current_setting('search_path'),','),1), array_upper(string_to_array(current_setting('search_path'),','),1)) as i, string_to_array(current_setting('search_path'),',') s) END");
+        assert!(is_catalog_query(&grafana));
+        check(&grafana, &[], &|_| Ok("\"$user\", public".into())).expect("Grafana's getSchema");
     }
 
     #[test]

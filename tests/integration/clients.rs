@@ -404,6 +404,28 @@ async fn psycopg3_server_and_client_binding_and_error_classes() {
     proxy.stop().await;
 }
 
+/// A Grafana-like session: the SQL of Grafana's PostgreSQL data source (its pickers and its
+/// panel macros, cited in grafana_session.py) through psycopg 3.
+#[tokio::test]
+async fn grafana_like_session_pickers_time_series_and_table_panels() {
+    if !python_ready() {
+        return;
+    }
+    let proxy = start_proxy(30).await;
+    let checks = [
+        "version_probes",
+        "pickers",
+        "time_series",
+        "time_series_by_metric",
+        "table_panel",
+        "raw_rows_refused",
+    ];
+    run_python(&proxy, "grafana_session.py", &checks)
+        .await
+        .assert_ok(&checks);
+    proxy.stop().await;
+}
+
 async fn sqlalchemy_checks(seed: u8, dialect: &str) {
     if !python_ready() {
         return;
