@@ -352,4 +352,34 @@ mod tests {
         set.mark_down(0);
         assert_eq!(set.in_turn(), vec![2]);
     }
+
+    #[test]
+    fn the_shadow_reads_only_serving_standbys_that_replayed_past_its_build() {
+        let servers = (0..3)
+            .map(|i| Upstream::new(&format!("host=127.0.0.1 port={} user=u", 5600 + i)))
+            .collect::<crate::Result<Vec<_>>>()
+            .expect("valid DSNs");
+        let set = Standbys::new(servers, 1_000);
+        let view = set.view();
+        for i in 0..3 {
+            view.set_replayed(i, 500);
+        }
+        assert!(view.serving_past(100).is_empty(), "unchecked: none");
+        set.set(0, Health::Serving { lag_ms: Some(3) });
+        set.set(1, Health::Serving { lag_ms: None });
+        set.set(2, Health::Lagging { lag_ms: 5_000 });
+        view.set_replayed(1, 99);
+        assert_eq!(
+            view.serving_past(100),
+            vec![0],
+            "1 has not replayed it, 2 lags"
+        );
+        assert_eq!(view.serving_past(500), vec![0]);
+        assert!(
+            view.serving_past(501).is_empty(),
+            "nobody holds a newer build yet"
+        );
+        view.mark_down(0);
+        assert!(view.serving_past(100).is_empty());
+    }
 }
