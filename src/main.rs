@@ -31,9 +31,9 @@ OPTIONS:
     --require-tls                     refuse clients that do not negotiate TLS (FATAL 28000, as
                                       PostgreSQL with hostssl-only pg_hba.conf); needs --tls-cert
     --pid-file FILE                   serve: write the process id there; reload: signal that process
-    --replica DSN                     a streaming replica of the upstream (repeatable): DP and
-                                      public-table queries go to healthy replicas in turn, the
-                                      upstream is the fallback
+    --replica DSN                     a streaming replica of the upstream (repeatable): DP,
+                                      public-table and shadow-catalog queries go to healthy
+                                      replicas in turn, the upstream is the fallback
     --replica-lag-max-ms MS           a replica further behind than this serves nothing (5000)
     --metrics ADDR                    serve GET /metrics (Prometheus) and GET /health over HTTP
                                       on ADDR, e.g. 127.0.0.1:9187; for operators only

@@ -53,7 +53,8 @@ pub struct Options {
     /// Connection limits (the defaults of `limits.rs` unless a test lowers them).
     pub limits: crate::frontend::ConnectionLimits,
     /// DSNs of streaming replicas of the upstream that serve DP and public-table queries in
-    /// turn while healthy ([`crate::upstream::standby`]); the upstream is the fallback.
+    /// turn while healthy ([`crate::upstream::standby`]), and the shadow catalog's reads once
+    /// they have replayed its build ([`crate::upstream::shadow`]); the upstream is the fallback.
     pub replicas: Vec<String>,
     /// The largest replay lag at which a replica still serves, in ms;
     /// [`crate::limits::STANDBY_LAG_MAX_MS`] when `None`.
@@ -259,8 +260,7 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
             .unwrap_or(crate::limits::SLICE_QUERIES_DEFAULT)
             .min(crate::limits::SLICE_QUERIES_MAX),
     );
-    let shadow = crate::upstream::Shadow::new(&config.upstream, &config.policy)
-        .map_err(|_| StartError::Upstream)?;
+    let shadow = crate::upstream::Shadow::new(&backend, &config.policy);
     match backend.server_version().await {
         Ok(_) => {
             if let Err(e) = shadow.ensure().await {

@@ -19,9 +19,10 @@
 //! - A connection is returned to the pool only after a statement completed on it and no cancel
 //!   was sent for it: a late `CancelRequest` can therefore only reach a connection nobody uses.
 //! - Read replicas ([`standby`]), when configured, run DP and public-table queries in turn while
-//!   healthy; the primary runs everything else and is the fallback. A DP statement whose
-//!   standby connection dies is run once more on the primary (only the released answer leaves
-//!   pgdp, so running it twice reveals nothing).
+//!   healthy, and the shadow catalog's reads once they have replayed its build ([`shadow`]);
+//!   the primary runs everything else and is the fallback. A DP statement whose standby
+//!   connection dies is run once more on the primary (only the released answer leaves pgdp, so
+//!   running it twice reveals nothing).
 //! - An unreachable upstream is never fatal: every call connects anew when the pool has no live
 //!   connection, so pgdp serves again as soon as the upstream is back. The shadow catalog is
 //!   built on first use if it could not be built at start ([`Shadow::ensure`]).
@@ -106,6 +107,9 @@ pub struct Upstream {
     statement_timeout_ms: AtomicU64,
     /// Streaming replicas serving reads ([`Upstream::get_for_read`]); none for a standby itself.
     standbys: Option<standby::Standbys>,
+    /// The health endpoint's own connection ([`Upstream::ping`]), outside the pool, so a check
+    /// never waits for a pooled connection while every one is busy.
+    probe: tokio::sync::Mutex<Option<Client>>,
 }
 
 /// A pooled connection; returned to the pool when dropped unless marked broken.
@@ -266,6 +270,7 @@ impl Upstream {
             server_version: Mutex::new(None),
             statement_timeout_ms: AtomicU64::new(limits::STATEMENT_TIMEOUT_MS),
             standbys: None,
+            probe: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -306,6 +311,17 @@ impl Upstream {
             (0..set.servers.len())
                 .map(|i| (set.servers[i].dsn.hosts(), set.health(i)))
                 .collect()
+        })
+    }
+
+    /// The standbys' DSNs and what the watcher finds out about them, for the shadow catalog,
+    /// which reads its own database on the same servers; `None` without standbys.
+    fn standby_servers(&self) -> Option<(Arc<standby::View>, Vec<Dsn>)> {
+        self.standbys.as_ref().map(|set| {
+            (
+                set.view(),
+                set.servers.iter().map(|s| s.dsn.clone()).collect(),
+            )
         })
     }
 
@@ -413,16 +429,21 @@ impl Upstream {
             .ok_or(Error::UpstreamUnavailable)
     }
 
-    /// Whether the upstream answers: `SELECT 1` on a pooled connection (one is opened if none
-    /// is idle), for the health endpoint. A fixed statement that reads no table; its connection
-    /// is kept only if it answered.
+    /// Whether the upstream answers: `SELECT 1` on the health check's own connection (opened
+    /// when it has none), for the health endpoint. Not a pooled connection: a check must not
+    /// wait behind the queries holding the pool's permits, nor take one from them. A fixed
+    /// statement that reads no table; checks run one at a time, and the connection is kept
+    /// only if it answered.
     pub async fn ping(&self) -> Result<()> {
-        let mut pooled = self.get().await?;
-        // Until it has answered, a dropped ping (its timeout) must not return the connection.
-        pooled.discard();
-        match pooled.client().simple_query("SELECT 1").await {
+        let mut probe = self.probe.lock().await;
+        // Taken out until it has answered: a dropped ping (its timeout) closes it.
+        let client = match probe.take() {
+            Some(client) if !client.is_closed() => client,
+            _ => self.connect().await?,
+        };
+        match client.simple_query("SELECT 1").await {
             Ok(_) => {
-                pooled.broken = false;
+                *probe = Some(client);
                 Ok(())
             }
             Err(e) => {

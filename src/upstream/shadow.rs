@@ -7,7 +7,15 @@
 //!   ([`super::catalog::CatalogSql`]), read-only, with a short timeout.
 //! - An unreachable upstream is never fatal: the catalog is built on first use if it could not be
 //!   built at start ([`Shadow::ensure`]).
+//! - The build (CREATE DATABASE, DDL) runs on the primary; with read replicas, its reads
+//!   (catalog queries, descriptions, post-processing) go to a replica in turn, with the primary
+//!   as the fallback. A replica serves them only while it serves DP queries ([`super::standby`])
+//!   and had replayed, at its last check, past the primary's WAL position read after the build
+//!   committed, so it holds this build's DDL and never an older one. A read whose replica
+//!   connection fails (or that a recovery conflict cancels) runs once more on the primary; the
+//!   shadow holds no rows, so running it twice reveals nothing.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +25,8 @@ use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 
 use super::catalog::CatalogSql;
-use super::{collect_rows, TextRows, Upstream};
+use super::standby::{self, View};
+use super::{collect_rows, is_connection_error, Dsn, TextRows, Upstream};
 
 /// The answer of a catalog query on the shadow catalog: columns with their type OIDs, and text
 /// rows. Only [`Shadow::run`] makes one, so rows sent as catalog rows come from the shadow
@@ -49,7 +58,7 @@ impl CatalogRows {
 /// upstream answers, else on the first catalog query after it is back.
 #[derive(Debug)]
 pub struct Shadow {
-    upstream_dsn: String,
+    upstream: Source,
     policy: crate::policy::Policy,
     built: tokio::sync::OnceCell<Built>,
     /// When the last build failed, and how: builds are retried at most once per
@@ -66,10 +75,76 @@ pub struct Shadow {
 /// Described result types, keyed by the session's search path and the statement's text.
 type ResultTypes = std::collections::HashMap<(Vec<String>, String), Option<Vec<u32>>>;
 
+/// Where the shadow catalog lives: the primary's DSN (where it is built), and the read
+/// replicas with the watcher's findings about them.
+#[derive(Debug, Clone)]
+struct Source {
+    primary: Dsn,
+    standbys: Option<(Arc<View>, Vec<Dsn>)>,
+}
+
 /// A built shadow catalog.
 #[derive(Debug)]
 struct Built {
+    /// The shadow database on the primary.
     backend: Upstream,
+    /// Its copies on the read replicas, if any.
+    replicas: Option<Replicas>,
+}
+
+/// The shadow database on the read replicas, and how far each must have replayed to hold the
+/// build.
+#[derive(Debug)]
+struct Replicas {
+    view: Arc<View>,
+    /// In the order of the standbys ([`View`]'s indexes).
+    servers: Vec<Upstream>,
+    /// The primary's `pg_current_wal_lsn()` read after the build committed.
+    built_lsn: u64,
+    /// Where the next read starts looking (round robin).
+    next: AtomicUsize,
+}
+
+/// Why a read of the shadow on one server did not answer.
+enum Failure {
+    /// The server was lost (the connection failed or could not be had; `down`), or a recovery
+    /// conflict on a replica cancelled the statement: worth one more try on the primary. The
+    /// error is the one to return if this was the primary.
+    Lost { error: Error, down: bool },
+    /// The statement failed on a working server: the same on any server.
+    Failed(Error),
+}
+
+impl Failure {
+    /// `error` as a failure: `otherwise` unless it means the server was lost.
+    fn of(error: &tokio_postgres::Error, otherwise: Error) -> Failure {
+        if is_connection_error(error) {
+            Failure::Lost {
+                error: otherwise,
+                down: true,
+            }
+        } else if error.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE)
+        {
+            // A hot standby cancels a query in the way of replaying WAL with 40001.
+            Failure::Lost {
+                error: otherwise,
+                down: false,
+            }
+        } else {
+            Failure::Failed(otherwise)
+        }
+    }
+
+    /// A pooled connection could not be had.
+    fn unreachable(error: Error) -> Failure {
+        Failure::Lost { error, down: true }
+    }
+
+    fn into_error(self) -> Error {
+        match self {
+            Failure::Lost { error, .. } | Failure::Failed(error) => error,
+        }
+    }
 }
 
 fn quote_ident(name: &str) -> String {
@@ -77,18 +152,20 @@ fn quote_ident(name: &str) -> String {
 }
 
 impl Shadow {
-    /// The shadow catalog of `policy` next to the upstream database, not built yet. Fails only if
-    /// the DSN is invalid.
-    pub fn new(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Shadow> {
-        Upstream::new(upstream_dsn)?;
-        Ok(Shadow {
-            upstream_dsn: upstream_dsn.to_string(),
+    /// The shadow catalog of `policy` next to the `upstream` database (built on the primary,
+    /// read on its standbys while they have replayed the build), not built yet.
+    pub fn new(upstream: &Upstream, policy: &crate::policy::Policy) -> Shadow {
+        Shadow {
+            upstream: Source {
+                primary: upstream.dsn.clone(),
+                standbys: upstream.standby_servers(),
+            },
             policy: policy.clone(),
             result_types: Mutex::default(),
             built: tokio::sync::OnceCell::new(),
             failed: Mutex::new(None),
             running: Mutex::new(std::collections::HashMap::new()),
-        })
+        }
     }
 
     /// The shadow catalog of another policy (after a reload) next to the same upstream database,
@@ -96,7 +173,7 @@ impl Shadow {
     /// from the build it holds.
     pub fn for_policy(&self, policy: &crate::policy::Policy) -> Shadow {
         Shadow {
-            upstream_dsn: self.upstream_dsn.clone(),
+            upstream: self.upstream.clone(),
             policy: policy.clone(),
             result_types: Mutex::default(),
             built: tokio::sync::OnceCell::new(),
@@ -123,7 +200,7 @@ impl Shadow {
         }
         let result = self
             .built
-            .get_or_try_init(|| build(&self.upstream_dsn, &self.policy))
+            .get_or_try_init(|| build(&self.upstream, &self.policy))
             .await;
         // Only a build that failed on a reachable upstream is worth not retrying at once; while
         // the upstream is down, an attempt costs one refused connection.
@@ -138,12 +215,12 @@ impl Shadow {
 
 /// Creates (if needed) and rebuilds the shadow catalog of `policy` next to the upstream database.
 /// Needs CREATEDB on the upstream role the first time.
-async fn build(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Built> {
-    let built = build_once(upstream_dsn, policy).await;
+async fn build(upstream: &Source, policy: &crate::policy::Policy) -> Result<Built> {
+    let built = build_once(upstream, policy).await;
     match built {
         Err(Error::UpstreamUnavailable) => {
             // Tell "down" from "up but refusing": only the former is worth waiting for.
-            let probe = Upstream::new(upstream_dsn)?;
+            let probe = Upstream::with_dsn(upstream.primary.clone(), 1);
             let reachable = probe.get().await.is_ok();
             Err(if reachable {
                 no_shadow()
@@ -244,8 +321,8 @@ impl Shadow {
     }
 }
 
-async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Result<Built> {
-    let upstream = Upstream::new(upstream_dsn)?;
+async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<Built> {
+    let upstream = Upstream::with_dsn(source.primary.clone(), limits::UPSTREAM_POOL_SIZE);
     let dbname = format!("{}_pgdp_catalog", upstream.dbname().unwrap_or("postgres"));
     let conn = upstream.get().await?;
     let fail = |what: &'static str| {
@@ -391,7 +468,7 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
         "pgdp shadow catalog {}",
         crate::budget::fingerprint(&[SHADOW_BUILD_VERSION, &ddl])
     );
-    {
+    let built_lsn = {
         let mut shadow = backend.get().await?;
         let rebuilt = rebuild_unless_marked(shadow.client(), &ddl, &mark).await;
         match rebuilt {
@@ -412,9 +489,38 @@ async fn build_once(upstream_dsn: &str, policy: &crate::policy::Policy) -> Resul
                 return Err(fail("build")(e));
             }
         }
-    }
+        // Read after the build committed (or after finding another process's build committed):
+        // a replica that has replayed this far holds the build.
+        match shadow
+            .client()
+            .query_one("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])
+            .await
+        {
+            Ok(row) => standby::parse_lsn(row.get::<_, &str>(0)),
+            Err(e) => {
+                tracing::warn!(error = %e, "shadow catalog: cannot read the primary's WAL position; its reads stay on the primary");
+                None
+            }
+        }
+    };
+    let replicas = match (&source.standbys, built_lsn) {
+        (Some((view, dsns)), Some(built_lsn)) => Some(Replicas {
+            view: view.clone(),
+            servers: dsns
+                .iter()
+                .map(|dsn| {
+                    let mut dsn = dsn.clone();
+                    dsn.config_mut().dbname(&dbname);
+                    Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE)
+                })
+                .collect(),
+            built_lsn,
+            next: AtomicUsize::new(0),
+        }),
+        _ => None,
+    };
     tracing::info!(database = %dbname, tables = policy.tables.len(), "shadow catalog ready");
-    Ok(Built { backend })
+    Ok(Built { backend, replicas })
 }
 
 /// Bumped when the shape of the shadow catalog's DDL changes meaning without changing its text.
@@ -429,7 +535,10 @@ async fn rebuild_unless_marked(
 ) -> std::result::Result<bool, tokio_postgres::Error> {
     client
         .batch_execute(
-            "BEGIN; SET LOCAL client_min_messages = warning; SELECT pg_advisory_xact_lock(7367626470);",
+            // The commit is flushed before it returns (whatever the role's setting), so the WAL
+            // position read after it covers the build ([`build_once`]).
+            "BEGIN; SET LOCAL client_min_messages = warning; SET LOCAL synchronous_commit = on; \
+             SELECT pg_advisory_xact_lock(7367626470);",
         )
         .await?;
     let current: Option<String> = client
@@ -449,97 +558,190 @@ async fn rebuild_unless_marked(
 }
 
 impl Built {
-    /// The result columns of a catalog query, without running it.
-    async fn describe(&self, sql: &str) -> Result<Vec<OutColumn>> {
-        let conn = self.backend.get().await?;
-        let statement = conn.client().prepare(sql).await.map_err(|e| {
-            tracing::info!(error = %e, "catalog query does not prepare");
-            Error::unsupported(
-                "this catalog query",
-                "pgdp's shadow catalog could not answer it.",
-            )
-        })?;
-        Ok(statement
-            .columns()
-            .iter()
-            .map(|c| OutColumn::new(c.name(), CellType::Raw(c.type_().oid())))
-            .collect())
+    /// A replica to read on, in turn among those that serve and hold this build: its index and
+    /// its shadow database's pool.
+    fn replica(&self) -> Option<(usize, &Upstream)> {
+        let replicas = self.replicas.as_ref()?;
+        let holding = replicas.view.serving_past(replicas.built_lsn);
+        if holding.is_empty() {
+            return None;
+        }
+        let index = holding[replicas.next.fetch_add(1, Ordering::Relaxed) % holding.len()];
+        Some((index, replicas.servers.get(index)?))
     }
 
-    /// [`Shadow::result_types`] on this shadow database, in one round trip: the transaction's
-    /// setup, the Parse/Describe and the ROLLBACK are pipelined (tokio-postgres sends requests
-    /// in the order their futures are first polled, and `join!` polls them in order). A failed
-    /// setup makes the Parse fail in the aborted transaction, and the ROLLBACK ends it either way.
-    async fn result_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
-        let mut conn = self.backend.get().await.ok()?;
-        let setup = format!(
-            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {}",
-            limits::CATALOG_STATEMENT_TIMEOUT_MS,
-            path_list(search_path)
-        );
-        let client = conn.client();
-        let (set, prepared, rolled_back) = tokio::join!(
-            client.batch_execute(&setup),
-            client.prepare(sql),
-            client.simple_query("ROLLBACK"),
-        );
-        if rolled_back.is_err() {
-            conn.discard();
-        }
-        let described = set.and(prepared);
-        match described {
-            Ok(statement) => Some(
-                statement
-                    .columns()
-                    .iter()
-                    .map(|c| c.type_().oid())
-                    .collect(),
-            ),
-            Err(e) => {
-                tracing::debug!(error = %e, "the shadow catalog does not describe a DP statement");
+    /// The outcome of a read on replica `index`: `Some` to return, `None` when the replica was
+    /// lost and the read should run once more on the primary (the replica then serves nothing,
+    /// DP queries included, until the watcher finds it back if its connection failed).
+    fn settled<T>(
+        &self,
+        index: usize,
+        replica: &Upstream,
+        attempt: Attempt<T>,
+    ) -> Option<Result<T>> {
+        match attempt {
+            Ok(answer) => Some(Ok(answer)),
+            Err(Failure::Failed(error)) => Some(Err(error)),
+            Err(Failure::Lost { down, .. }) => {
+                tracing::info!(
+                    standby = %replica.dsn.hosts(),
+                    down,
+                    "shadow catalog read lost its replica: once more on the primary"
+                );
+                if let (true, Some(replicas)) = (down, &self.replicas) {
+                    replicas.view.mark_down(index);
+                }
                 None
             }
         }
+    }
+}
+
+/// Runs `$read(server, …)` on a replica that holds the build (in turn), else on the primary; a
+/// read that loses its replica runs once more on the primary ([`Built::settled`]).
+macro_rules! read {
+    ($built:expr, $read:ident($($arg:expr),*)) => {{
+        let built: &Built = $built;
+        let mut done = None;
+        if let Some((index, replica)) = built.replica() {
+            done = built.settled(index, replica, $read(replica, $($arg),*).await);
+        }
+        match done {
+            Some(done) => done,
+            None => $read(&built.backend, $($arg),*)
+                .await
+                .map_err(Failure::into_error),
+        }
+    }};
+}
+
+impl Built {
+    /// The result columns of a catalog query, without running it.
+    async fn describe(&self, sql: &str) -> Result<Vec<OutColumn>> {
+        read!(self, describe_on(sql))
+    }
+
+    /// [`Shadow::result_types`] on this shadow catalog.
+    async fn result_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
+        read!(self, result_types_on(sql, search_path)).ok()
     }
 
     /// Runs a checked catalog query on the shadow database: its columns and text rows.
     /// `search_path` is the session's, already validated against the policy's schemas.
     async fn run(&self, sql: &str, search_path: &[String]) -> Result<(Vec<OutColumn>, TextRows)> {
-        let columns = self.describe(sql).await?;
-        let mut conn = self.backend.get().await?;
-        let batch = format!(
-            "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {}; {sql}; COMMIT",
-            limits::CATALOG_STATEMENT_TIMEOUT_MS,
-            path_list(search_path)
-        );
-        match conn.client().simple_query(&batch).await {
-            Ok(messages) => Ok((columns, collect_rows(&messages)?)),
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {
-                settle(&mut conn).await;
-                tracing::info!(error = %e, "catalog query timed out");
-                Err(Error::Canceled {
-                    reason: format!(
-                        "the {} ms timeout of catalog queries",
-                        limits::CATALOG_STATEMENT_TIMEOUT_MS
-                    ),
-                })
-            }
-            Err(e) => {
-                settle(&mut conn).await;
-                tracing::info!(error = %e, "catalog query failed");
-                // The shadow holds no data, so its error text is safe to summarise by code.
-                Err(Error::unsupported(
-                    "this catalog query",
-                    "pgdp's shadow catalog could not answer it.",
-                ))
-            }
+        read!(self, run_on(sql, search_path))
+    }
+
+    /// [`Shadow::post_columns`] on this shadow catalog.
+    async fn post_columns(&self, sql: &str) -> Result<Vec<(String, u32, String)>> {
+        read!(self, post_columns_on(sql))
+    }
+
+    /// [`Shadow::evaluate`] on this shadow catalog.
+    async fn evaluate(&self, sql: &str) -> Result<TextRows> {
+        read!(self, evaluate_on(sql))
+    }
+}
+
+/// The answer of a read of the shadow database on one server.
+type Attempt<T> = std::result::Result<T, Failure>;
+
+/// The refusal of a catalog query the shadow cannot answer.
+fn unanswerable() -> Error {
+    Error::unsupported(
+        "this catalog query",
+        "pgdp's shadow catalog could not answer it.",
+    )
+}
+
+/// [`Built::describe`] on `server`'s shadow database.
+async fn describe_on(server: &Upstream, sql: &str) -> Attempt<Vec<OutColumn>> {
+    let conn = server.get().await.map_err(Failure::unreachable)?;
+    let statement = conn.client().prepare(sql).await.map_err(|e| {
+        tracing::info!(error = %e, "catalog query does not prepare");
+        Failure::of(&e, unanswerable())
+    })?;
+    Ok(statement
+        .columns()
+        .iter()
+        .map(|c| OutColumn::new(c.name(), CellType::Raw(c.type_().oid())))
+        .collect())
+}
+
+/// [`Shadow::result_types`] on `server`'s shadow database, in one round trip: the transaction's
+/// setup, the Parse/Describe and the ROLLBACK are pipelined (tokio-postgres sends requests in
+/// the order their futures are first polled, and `join!` polls them in order). A failed setup
+/// makes the Parse fail in the aborted transaction, and the ROLLBACK ends it either way.
+async fn result_types_on(
+    server: &Upstream,
+    sql: &str,
+    search_path: &[String],
+) -> Attempt<Vec<u32>> {
+    let mut conn = server.get().await.map_err(Failure::unreachable)?;
+    let setup = format!(
+        "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {}",
+        limits::CATALOG_STATEMENT_TIMEOUT_MS,
+        path_list(search_path)
+    );
+    let client = conn.client();
+    let (set, prepared, rolled_back) = tokio::join!(
+        client.batch_execute(&setup),
+        client.prepare(sql),
+        client.simple_query("ROLLBACK"),
+    );
+    if rolled_back.is_err() {
+        conn.discard();
+    }
+    match set.and(prepared) {
+        Ok(statement) => Ok(statement
+            .columns()
+            .iter()
+            .map(|c| c.type_().oid())
+            .collect()),
+        Err(e) => {
+            tracing::debug!(error = %e, "the shadow catalog does not describe a DP statement");
+            Err(Failure::of(&e, unanswerable()))
+        }
+    }
+}
+
+/// [`Built::run`] on `server`'s shadow database.
+async fn run_on(
+    server: &Upstream,
+    sql: &str,
+    search_path: &[String],
+) -> Attempt<(Vec<OutColumn>, TextRows)> {
+    let columns = describe_on(server, sql).await?;
+    let mut conn = server.get().await.map_err(Failure::unreachable)?;
+    let batch = format!(
+        "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {}; {sql}; COMMIT",
+        limits::CATALOG_STATEMENT_TIMEOUT_MS,
+        path_list(search_path)
+    );
+    match conn.client().simple_query(&batch).await {
+        Ok(messages) => Ok((columns, collect_rows(&messages).map_err(Failure::Failed)?)),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {
+            settle(&mut conn).await;
+            tracing::info!(error = %e, "catalog query timed out");
+            Err(Failure::Failed(Error::Canceled {
+                reason: format!(
+                    "the {} ms timeout of catalog queries",
+                    limits::CATALOG_STATEMENT_TIMEOUT_MS
+                ),
+            }))
+        }
+        Err(e) => {
+            settle(&mut conn).await;
+            tracing::info!(error = %e, "catalog query failed");
+            // The shadow holds no data, so its error text is safe to summarise by code.
+            Err(Failure::of(&e, unanswerable()))
         }
     }
 }
 
 /// PostgreSQL's error for post-processing SQL: its SQLSTATE and message (the shadow holds no
 /// rows, and the SQL reads only released values and literals).
-fn post_error(e: tokio_postgres::Error) -> Error {
+fn post_error(e: &tokio_postgres::Error) -> Error {
     match e.as_db_error() {
         // Function names are qualified with pg_catalog in that SQL; the analyst wrote them bare.
         Some(db) => Error::PostProcessing {
@@ -563,39 +765,37 @@ fn post_setup() -> String {
     )
 }
 
-impl Built {
-    /// [`Shadow::post_columns`] on this shadow database.
-    async fn post_columns(&self, sql: &str) -> Result<Vec<(String, u32, String)>> {
-        let mut conn = self.backend.get().await?;
-        let prepared = match conn.client().batch_execute(&post_setup()).await {
-            Ok(()) => conn.client().prepare(sql).await,
-            Err(e) => Err(e),
-        };
-        settle(&mut conn).await;
-        let statement = prepared.map_err(post_error)?;
-        Ok(statement
-            .columns()
-            .iter()
-            .map(|c| {
-                (
-                    c.name().to_string(),
-                    c.type_().oid(),
-                    c.type_().name().to_string(),
-                )
-            })
-            .collect())
-    }
+/// [`Built::post_columns`] on `server`'s shadow database.
+async fn post_columns_on(server: &Upstream, sql: &str) -> Attempt<Vec<(String, u32, String)>> {
+    let mut conn = server.get().await.map_err(Failure::unreachable)?;
+    let prepared = match conn.client().batch_execute(&post_setup()).await {
+        Ok(()) => conn.client().prepare(sql).await,
+        Err(e) => Err(e),
+    };
+    settle(&mut conn).await;
+    let statement = prepared.map_err(|e| Failure::of(&e, post_error(&e)))?;
+    Ok(statement
+        .columns()
+        .iter()
+        .map(|c| {
+            (
+                c.name().to_string(),
+                c.type_().oid(),
+                c.type_().name().to_string(),
+            )
+        })
+        .collect())
+}
 
-    /// [`Shadow::evaluate`] on this shadow database.
-    async fn evaluate(&self, sql: &str) -> Result<TextRows> {
-        let mut conn = self.backend.get().await?;
-        let batch = format!("{}; {sql}; COMMIT", post_setup());
-        match conn.client().simple_query(&batch).await {
-            Ok(messages) => collect_rows(&messages),
-            Err(e) => {
-                settle(&mut conn).await;
-                Err(post_error(e))
-            }
+/// [`Built::evaluate`] on `server`'s shadow database.
+async fn evaluate_on(server: &Upstream, sql: &str) -> Attempt<TextRows> {
+    let mut conn = server.get().await.map_err(Failure::unreachable)?;
+    let batch = format!("{}; {sql}; COMMIT", post_setup());
+    match conn.client().simple_query(&batch).await {
+        Ok(messages) => collect_rows(&messages).map_err(Failure::Failed),
+        Err(e) => {
+            settle(&mut conn).await;
+            Err(Failure::of(&e, post_error(&e)))
         }
     }
 }

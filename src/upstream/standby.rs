@@ -16,11 +16,15 @@
 //!   now − t for the latest such t. While the primary cannot be read, nothing new is committed
 //!   there, and standbys that answer are used whatever their last lag.
 //! - A promoted standby (no longer in recovery) serves with lag 0: it is a primary itself.
+//! - The shadow catalog reads its database on a standby only while the standby serves and had
+//!   replayed, at its last check, past the primary's WAL position recorded after the shadow's
+//!   build ([`View::serving_past`]); a promoted standby counts as having replayed nothing,
+//!   since builds on the primary no longer reach it.
 //! - The watcher holds only a weak reference: it stops when the upstream is dropped.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, Weak};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
@@ -32,7 +36,8 @@ use crate::limits;
 #[derive(Debug)]
 pub(super) struct Standbys {
     pub(super) servers: Vec<Upstream>,
-    health: Vec<Mutex<Health>>,
+    /// What the watcher found out, shared with the shadow catalog ([`super::shadow`]).
+    view: Arc<View>,
     /// Where the next query starts looking (round robin).
     next: AtomicUsize,
     /// The largest replay lag at which a standby still serves.
@@ -53,33 +58,21 @@ pub enum Health {
     Down,
 }
 
-impl Standbys {
-    pub(super) fn new(servers: Vec<Upstream>, lag_max_ms: u64) -> Standbys {
-        let health = servers
-            .iter()
-            .map(|_| Mutex::new(Health::Unknown))
-            .collect();
-        Standbys {
-            servers,
-            health,
-            next: AtomicUsize::new(0),
-            lag_max_ms,
-        }
-    }
+/// What the watcher last found out about each standby (by index, in the order of
+/// [`Standbys::servers`]): its health and how far it has replayed the primary's WAL. Shared
+/// with the shadow catalog, whose reads go to the same servers' copy of the shadow database.
+#[derive(Debug)]
+pub struct View {
+    hosts: Vec<String>,
+    health: Vec<Mutex<Health>>,
+    /// The replay LSN each standby reported at its last successful check; 0 before the first,
+    /// and for a promoted standby (its WAL is no longer the primary's, so it has replayed
+    /// nothing written on the primary since).
+    replayed: Vec<AtomicU64>,
+    lag_max_ms: u64,
+}
 
-    /// The standbys that may serve now, in round-robin order.
-    /// (The rotation is over the serving ones, so each gets an equal share.)
-    pub(super) fn in_turn(&self) -> Vec<usize> {
-        let mut serving: Vec<usize> = (0..self.servers.len())
-            .filter(|&i| matches!(self.health(i), Health::Serving { .. }))
-            .collect();
-        if !serving.is_empty() {
-            let start = self.next.fetch_add(1, Ordering::Relaxed) % serving.len();
-            serving.rotate_left(start);
-        }
-        serving
-    }
-
+impl View {
     pub(super) fn health(&self, i: usize) -> Health {
         self.health.get(i).map_or(Health::Down, |h| {
             *h.lock().unwrap_or_else(|e| e.into_inner())
@@ -91,7 +84,7 @@ impl Standbys {
             return;
         };
         let mut health = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let host = self.servers[i].dsn.hosts();
+        let host = self.hosts.get(i).map_or("?", String::as_str);
         match (*health, new) {
             (Health::Serving { .. }, Health::Serving { .. }) => {}
             (_, Health::Serving { lag_ms }) => {
@@ -110,6 +103,76 @@ impl Standbys {
     /// A connection to standby `i` failed: it serves nothing until a check finds it back.
     pub(super) fn mark_down(&self, i: usize) {
         self.set(i, Health::Down);
+    }
+
+    /// The standbys that serve now and had replayed the primary's WAL up to `lsn` at their last
+    /// check, in index order. (Replay only moves forward, so an older reading is a lower bound.)
+    pub(super) fn serving_past(&self, lsn: u64) -> Vec<usize> {
+        (0..self.health.len())
+            .filter(|&i| matches!(self.health(i), Health::Serving { .. }))
+            .filter(|&i| {
+                self.replayed
+                    .get(i)
+                    .is_some_and(|r| r.load(Ordering::Acquire) >= lsn)
+            })
+            .collect()
+    }
+
+    fn set_replayed(&self, i: usize, lsn: u64) {
+        if let Some(slot) = self.replayed.get(i) {
+            slot.store(lsn, Ordering::Release);
+        }
+    }
+}
+
+impl Standbys {
+    pub(super) fn new(servers: Vec<Upstream>, lag_max_ms: u64) -> Standbys {
+        let view = View {
+            hosts: servers.iter().map(|s| s.dsn.hosts()).collect(),
+            health: servers
+                .iter()
+                .map(|_| Mutex::new(Health::Unknown))
+                .collect(),
+            replayed: servers.iter().map(|_| AtomicU64::new(0)).collect(),
+            lag_max_ms,
+        };
+        Standbys {
+            servers,
+            view: Arc::new(view),
+            next: AtomicUsize::new(0),
+            lag_max_ms,
+        }
+    }
+
+    /// The watcher's findings, to share.
+    pub(super) fn view(&self) -> Arc<View> {
+        self.view.clone()
+    }
+
+    /// The standbys that may serve now, in round-robin order.
+    /// (The rotation is over the serving ones, so each gets an equal share.)
+    pub(super) fn in_turn(&self) -> Vec<usize> {
+        let mut serving: Vec<usize> = (0..self.servers.len())
+            .filter(|&i| matches!(self.health(i), Health::Serving { .. }))
+            .collect();
+        if !serving.is_empty() {
+            let start = self.next.fetch_add(1, Ordering::Relaxed) % serving.len();
+            serving.rotate_left(start);
+        }
+        serving
+    }
+
+    pub(super) fn health(&self, i: usize) -> Health {
+        self.view.health(i)
+    }
+
+    fn set(&self, i: usize, new: Health) {
+        self.view.set(i, new);
+    }
+
+    /// A connection to standby `i` failed: it serves nothing until a check finds it back.
+    pub(super) fn mark_down(&self, i: usize) {
+        self.view.mark_down(i);
     }
 }
 
@@ -145,7 +208,7 @@ impl Samples {
 }
 
 /// `X/Y`, PostgreSQL's text form of an LSN, as a number.
-fn parse_lsn(text: &str) -> Option<u64> {
+pub(super) fn parse_lsn(text: &str) -> Option<u64> {
     let (high, low) = text.split_once('/')?;
     let high = u64::from_str_radix(high, 16).ok()?;
     let low = u64::from_str_radix(low, 16).ok()?;
@@ -190,16 +253,22 @@ pub(super) async fn watch(upstream: Weak<Upstream>) {
             .await;
             let health = match state {
                 None | Some(None) => Health::Down,
-                Some(Some(v)) if v == "primary" => Health::Serving { lag_ms: Some(0) },
+                Some(Some(v)) if v == "primary" => {
+                    set.view.set_replayed(i, 0);
+                    Health::Serving { lag_ms: Some(0) }
+                }
                 Some(Some(v)) => match parse_lsn(&v) {
                     None => Health::Down,
-                    Some(replayed) => match samples.lag_ms(replayed, Instant::now()) {
-                        None => Health::Serving { lag_ms: None },
-                        Some(lag_ms) if lag_ms <= set.lag_max_ms => Health::Serving {
-                            lag_ms: Some(lag_ms),
-                        },
-                        Some(lag_ms) => Health::Lagging { lag_ms },
-                    },
+                    Some(replayed) => {
+                        set.view.set_replayed(i, replayed);
+                        match samples.lag_ms(replayed, Instant::now()) {
+                            None => Health::Serving { lag_ms: None },
+                            Some(lag_ms) if lag_ms <= set.lag_max_ms => Health::Serving {
+                                lag_ms: Some(lag_ms),
+                            },
+                            Some(lag_ms) => Health::Lagging { lag_ms },
+                        }
+                    }
                 },
             };
             set.set(i, health);
@@ -282,5 +351,35 @@ mod tests {
         assert_ne!(first[0], second[0], "round robin");
         set.mark_down(0);
         assert_eq!(set.in_turn(), vec![2]);
+    }
+
+    #[test]
+    fn the_shadow_reads_only_serving_standbys_that_replayed_past_its_build() {
+        let servers = (0..3)
+            .map(|i| Upstream::new(&format!("host=127.0.0.1 port={} user=u", 5600 + i)))
+            .collect::<crate::Result<Vec<_>>>()
+            .expect("valid DSNs");
+        let set = Standbys::new(servers, 1_000);
+        let view = set.view();
+        for i in 0..3 {
+            view.set_replayed(i, 500);
+        }
+        assert!(view.serving_past(100).is_empty(), "unchecked: none");
+        set.set(0, Health::Serving { lag_ms: Some(3) });
+        set.set(1, Health::Serving { lag_ms: None });
+        set.set(2, Health::Lagging { lag_ms: 5_000 });
+        view.set_replayed(1, 99);
+        assert_eq!(
+            view.serving_past(100),
+            vec![0],
+            "1 has not replayed it, 2 lags"
+        );
+        assert_eq!(view.serving_past(500), vec![0]);
+        assert!(
+            view.serving_past(501).is_empty(),
+            "nobody holds a newer build yet"
+        );
+        view.mark_down(0);
+        assert!(view.serving_past(100).is_empty());
     }
 }

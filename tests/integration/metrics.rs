@@ -2,7 +2,7 @@
 //! histograms move with the statements run through the wire (a DP query, its replay, a refusal,
 //! a catalog query, a failed login), every sample line is well formed, no label carries a value
 //! of the data; `/health` answers 200, and 503 naming the ledger when the ledger cannot be
-//! reached; other paths are 404, and a client that sends nothing stalls no one else.
+//! reached, and 200 while every pooled upstream connection is busy; other paths are 404, and a client that sends nothing stalls no one else.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -446,6 +446,22 @@ async fn health_is_200_and_other_paths_are_404() {
         started.elapsed() < Duration::from_millis(pgdp::limits::METRICS_IO_TIMEOUT_MS),
         "a scrape waited for a silent client"
     );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn health_does_not_wait_for_a_pooled_connection_when_every_one_is_busy() {
+    let proxy = proxy_with_metrics(44).await;
+    let upstream = proxy.shared().upstream.clone();
+    // Every permit of the upstream pool taken, as by that many queries running at once.
+    let mut busy = Vec::new();
+    for _ in 0..pgdp::limits::UPSTREAM_POOL_SIZE {
+        busy.push(upstream.get().await.expect("a pooled connection"));
+    }
+    let health = get(proxy.metrics_addr(), "/health").await;
+    assert_eq!(health.status, 200, "{}", health.body);
+    assert!(health.body.contains("upstream: ok"), "{}", health.body);
+    drop(busy);
     proxy.stop().await;
 }
 

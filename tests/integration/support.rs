@@ -120,6 +120,11 @@ impl Proxy {
         self.running.as_ref().expect("server running").addr.port()
     }
 
+    /// The shared state of the running server.
+    pub fn shared(&self) -> std::sync::Arc<pgdp::session::Shared> {
+        self.running.as_ref().expect("server running").shared()
+    }
+
     /// The address of the metrics endpoint (started with `Options::metrics`).
     pub fn metrics_addr(&self) -> std::net::SocketAddr {
         self.running
