@@ -34,6 +34,10 @@ pub struct TableRef {
     /// built for it, with `$n` placeholders until the rewrite binds them. `None` for a policy
     /// table.
     pub source: Option<Box<ast::Query>>,
+    /// The right side of a `LEFT JOIN` (a public table): its columns are NULL in the rows that
+    /// have no match, so they have no public domain of their own (the NULL group is released,
+    /// or not, by partition selection like any data-dependent group).
+    pub nullable: bool,
 }
 
 /// A column of a table in FROM, named through the table's generated alias: printed as the
@@ -108,13 +112,20 @@ impl PartialEq<String> for Canonical {
 }
 
 /// A join's condition: equalities between columns of the tables before it and of the joined
-/// table (`ON a.x = b.y AND …`, `USING (…)`, a unit path's key).
+/// table (`ON a.x = b.y AND …`, `USING (…)`, a unit path's key), and whether it is a
+/// `LEFT JOIN` (only of a public table: every row before it is kept, so each privacy unit's
+/// rows are what they are without the join, and the caps bound them as for an inner join).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JoinOn(pub Vec<(ColumnRef, ColumnRef)>);
+pub struct JoinOn {
+    /// The equalities, ANDed.
+    pub on: Vec<(ColumnRef, ColumnRef)>,
+    /// `LEFT JOIN` rather than `JOIN`.
+    pub left: bool,
+}
 
 impl std::fmt::Display for JoinOn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, (l, r)) in self.0.iter().enumerate() {
+        for (i, (l, r)) in self.on.iter().enumerate() {
             if i > 0 {
                 f.write_str(" AND ")?;
             }

@@ -250,7 +250,8 @@ pub fn from_clause(
             let on = joins
                 .get(i - 1)
                 .ok_or_else(|| Error::internal("missing join condition"))?;
-            from.push(sql!(" JOIN {} ON {}", relation, on));
+            let join = if on.left { " LEFT JOIN " } else { " JOIN " };
+            from.push(sql!("{}{} ON {}", Sql::text(join), relation, on));
         }
     }
     Ok(from)

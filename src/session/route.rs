@@ -68,7 +68,9 @@ fn route_query(query: &ast::Query) -> Result<Route<'_>> {
         // What pgdp's own evaluator does not cover (`current_setting('server_version_num')::int
         // / 100`, as Grafana asks) is a catalog query with no relation: checked against the
         // allow-lists and run on the data-free shadow catalog, settings bound by pgdp.
-        if items.iter().all(evaluated_by_pgdp) {
+        // Sizes stay refused there: on their own they would be the shadow's (empty) sizes,
+        // answered as if they were the tables'.
+        if items.iter().all(evaluated_by_pgdp) || calls_size_function(query) {
             return Ok(Route::Constant(items));
         }
         return Ok(Route::Catalog(query));
@@ -164,6 +166,22 @@ fn evaluated_by_pgdp(item: &SelectItem) -> bool {
     }
 }
 
+/// Whether `query` calls a function that reports the size of a relation or a database.
+fn calls_size_function(query: &ast::Query) -> bool {
+    ast::visit_expressions(query, |e| match e {
+        ast::Expr::Function(f)
+            if f.name
+                .0
+                .last()
+                .is_some_and(|p| p.to_string().to_ascii_lowercase().contains("_size")) =>
+        {
+            std::ops::ControlFlow::Break(())
+        }
+        _ => std::ops::ControlFlow::Continue(()),
+    })
+    .is_break()
+}
+
 /// The select items of a `SELECT <items>` with no FROM, WHERE, GROUP BY or other clauses.
 pub fn constant_select(query: &ast::Query) -> Option<&[SelectItem]> {
     if query.with.is_some()
@@ -234,6 +252,7 @@ mod tests {
                 Ok("catalog"),
             ),
             ("SELECT 1 + 1", Ok("catalog")),
+            ("SELECT pg_relation_size('demo.people')", Ok("constant")),
             ("SELECT relname FROM pg_catalog.pg_class", Ok("catalog")),
             (
                 "SELECT table_name FROM information_schema.tables",

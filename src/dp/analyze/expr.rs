@@ -18,7 +18,10 @@ impl<'a> Analyzer<'a> {
                     "Aggregate it per unit (e.g. MAX(age), LEAST(COUNT(*), 20)), or join the table in the outer query on the privacy unit.",
                 ));
             }
-            let public = if let Some(values) = &column.public_values {
+            let public = if r.nullable {
+                // NULL where a LEFT JOIN found no match: not among the declared values.
+                PublicKeys::No
+            } else if let Some(values) = &column.public_values {
                 PublicKeys::Listed(values.iter().cloned().map(Some).collect())
             } else if !r.private {
                 PublicKeys::Table {

@@ -85,6 +85,7 @@ impl<'a> Analyzer<'a> {
                         alias: self.fresh_alias(),
                         private: true,
                         source: Some(Box::new(query)),
+                        nullable: false,
                     };
                     self.tables.push((r, Cow::Owned(owned), visible));
                     return Ok(self.tables.len() - 1);
@@ -94,6 +95,7 @@ impl<'a> Analyzer<'a> {
                     alias: self.fresh_alias(),
                     private: matches!(table.kind, TableKind::Private(_)),
                     source: None,
+                    nullable: false,
                 };
                 self.tables.push((r, Cow::Borrowed(table), visible));
                 Ok(self.tables.len() - 1)
@@ -251,16 +253,30 @@ impl<'a> Analyzer<'a> {
         self.add_table(&twj.relation)?;
         let mut conditions = Vec::new();
         for join in &twj.joins {
-            let constraint = match &join.join_operator {
-                JoinOperator::Join(c) | JoinOperator::Inner(c) => c,
+            let (constraint, left) = match &join.join_operator {
+                JoinOperator::Join(c) | JoinOperator::Inner(c) => (c, false),
+                JoinOperator::Left(c) | JoinOperator::LeftOuter(c) => (c, true),
                 _ => {
                     return Err(Error::unsupported(
-                        "outer, cross, semi and anti joins",
-                        "Use an inner JOIN on the privacy unit, or with a public table.",
+                        "right, full, cross, semi and anti joins",
+                        "Use an inner JOIN on the privacy unit, or an inner or LEFT JOIN of a public table.",
                     ))
                 }
             };
             let right = self.add_table(&join.relation)?;
+            if left {
+                // Only a public policy table may be the optional side: a LEFT JOIN of private
+                // rows would keep rows without a privacy unit, and a subquery's rows are not
+                // known to be public.
+                let (r, _, visible) = &self.tables[right];
+                if r.private || r.source.is_some() {
+                    return Err(Error::unsupported(
+                        format!("a LEFT JOIN of {visible}"),
+                        "LEFT JOIN only a public table (FROM demo.people p LEFT JOIN demo.regions r ON r.region = p.region); join private tables with an inner JOIN on the privacy unit.",
+                    ));
+                }
+                self.tables[right].0.nullable = true;
+            }
             let condition = match constraint {
                 JoinConstraint::Using(names) => {
                     let mut parts = Vec::new();
@@ -305,7 +321,7 @@ impl<'a> Analyzer<'a> {
                     )
                 })
                 .collect();
-            conditions.push(JoinOn(on));
+            conditions.push(JoinOn { on, left });
         }
         Ok(conditions)
     }

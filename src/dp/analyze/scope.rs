@@ -116,6 +116,7 @@ impl<'a> Analyzer<'a> {
             alias: self.fresh_alias(),
             private: true,
             source: Some(Box::new(query)),
+            nullable: false,
         };
         self.tables.push((r, Cow::Owned(table), visible));
         Ok(self.tables.len() - 1)
