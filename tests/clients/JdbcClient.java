@@ -193,6 +193,131 @@ public final class JdbcClient {
         }
     }
 
+    // ---------------------------------------------------------------------------------------
+    // A Metabase-like session. The SQL is what Metabase's PostgreSQL driver generates
+    // (metabase/metabase, src/metabase/driver/postgres.clj: db-default-timezone's `show
+    // timezone;`, get-tables-sql, describe-fields-sql, and the honeysql forms of MBQL questions:
+    // date-trunc of a date column cast back to date, extract-integer buckets, implicit LEFT JOINs
+    // of lookup tables, the default row limit 1048575 and the `-- Metabase::` remark), sent the
+    // way Metabase sends it: pgjdbc prepared statements with `?` parameters.
+
+    private static final String METABASE_REMARK =
+            "-- Metabase:: userID: 1 queryType: MBQL queryHash: 4c0e7e2e9f6d\n";
+
+    private static String metabaseSync() throws Exception {
+        try (Connection c = connect(new Properties())) {
+            try (PreparedStatement ps = c.prepareStatement("show timezone;");
+                    ResultSet rs = ps.executeQuery()) {
+                check(rs.next() && rs.getString(1) != null, "no timezone");
+            }
+            List<String> tables = new ArrayList<>();
+            try (PreparedStatement ps = c.prepareStatement(
+                    "SELECT \"n\".\"nspname\" AS \"schema\", \"c\".\"relname\" AS \"name\", CASE \"c\".\"relkind\" WHEN 'r' THEN 'TABLE' WHEN 'p' THEN 'PARTITIONED TABLE' WHEN 'v' THEN 'VIEW' WHEN 'f' THEN 'FOREIGN TABLE' WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE NULL END AS \"type\", \"d\".\"description\" AS \"description\", \"stat\".\"n_live_tup\" AS \"estimated_row_count\" FROM \"pg_catalog\".\"pg_class\" AS \"c\" INNER JOIN \"pg_catalog\".\"pg_namespace\" AS \"n\" ON \"c\".\"relnamespace\" = \"n\".\"oid\" LEFT JOIN \"pg_catalog\".\"pg_description\" AS \"d\" ON (\"c\".\"oid\" = \"d\".\"objoid\") AND (\"d\".\"objsubid\" = 0) AND (\"d\".\"classoid\" = 'pg_class'::regclass) LEFT JOIN \"pg_stat_user_tables\" AS \"stat\" ON (\"n\".\"nspname\" = \"stat\".\"schemaname\") AND (\"c\".\"relname\" = \"stat\".\"relname\") WHERE (\"c\".\"relnamespace\" = \"n\".\"oid\") AND (\"n\".\"nspname\" !~ '^pg_') AND (\"n\".\"nspname\" <> 'information_schema') AND c.relkind in ('r', 'p', 'v', 'f', 'm') AND (\"n\".\"nspname\" IN (?)) ORDER BY \"type\" ASC, \"schema\" ASC, \"name\" ASC")) {
+                ps.setString(1, "demo");
+                try (ResultSet rs = ps.executeQuery()) {
+                    while (rs.next()) {
+                        tables.add(rs.getString("name"));
+                        // The shadow catalog holds no rows: no estimate reveals a table's size.
+                        check(rs.getLong("estimated_row_count") == 0, "estimate " + rs.getLong("estimated_row_count"));
+                    }
+                }
+            }
+            check(tables.equals(Arrays.asList("people", "prescriptions", "regions", "visits")), tables.toString());
+            Map<String, String> types = new LinkedHashMap<>();
+            try (PreparedStatement ps = c.prepareStatement(
+                    "SELECT \"c\".\"column_name\" AS \"name\", CASE WHEN \"c\".\"udt_schema\" IN ('public', 'pg_catalog') THEN FORMAT('%s', \"c\".\"udt_name\") ELSE FORMAT('\"%s\".\"%s\"', \"c\".\"udt_schema\", \"c\".\"udt_name\") END AS \"database-type\", \"c\".\"ordinal_position\" - 1 AS \"database-position\", \"c\".\"table_schema\" AS \"table-schema\", \"c\".\"table_name\" AS \"table-name\", \"pk\".\"column_name\" IS NOT NULL AS \"pk?\", COL_DESCRIPTION(CAST(CAST(FORMAT('%I.%I', CAST(\"c\".\"table_schema\" AS TEXT), CAST(\"c\".\"table_name\" AS TEXT)) AS REGCLASS) AS OID), \"c\".\"ordinal_position\") AS \"field-comment\" FROM \"information_schema\".\"columns\" AS \"c\" LEFT JOIN (SELECT \"tc\".\"table_schema\", \"tc\".\"table_name\", \"kc\".\"column_name\" FROM \"information_schema\".\"table_constraints\" AS \"tc\" INNER JOIN \"information_schema\".\"key_column_usage\" AS \"kc\" ON (\"tc\".\"constraint_name\" = \"kc\".\"constraint_name\") AND (\"tc\".\"table_schema\" = \"kc\".\"table_schema\") AND (\"tc\".\"table_name\" = \"kc\".\"table_name\") WHERE \"tc\".\"constraint_type\" = 'PRIMARY KEY') AS \"pk\" ON (\"c\".\"table_schema\" = \"pk\".\"table_schema\") AND (\"c\".\"table_name\" = \"pk\".\"table_name\") AND (\"c\".\"column_name\" = \"pk\".\"column_name\") WHERE c.table_schema !~ '^information_schema|catalog_history|pg_' AND (\"c\".\"table_schema\" IN (?)) ORDER BY \"table-schema\" ASC, \"table-name\" ASC, \"database-position\" ASC")) {
+                ps.setString(1, "demo");
+                try (ResultSet rs = ps.executeQuery()) {
+                    while (rs.next()) {
+                        types.put(rs.getString("table-name") + "." + rs.getString("name"), rs.getString("database-type"));
+                    }
+                }
+            }
+            check("date".equals(types.get("visits.visit_date")), types.toString());
+            check("numeric".equals(types.get("people.income")), types.toString());
+            check("int4".equals(types.get("people.age")), types.toString());
+            return "tables=" + tables.size() + " fields=" + types.size();
+        }
+    }
+
+    private static String metabaseQuestions() throws Exception {
+        try (Connection c = connect(new Properties())) {
+            StringBuilder detail = new StringBuilder();
+            // Count by a category, with Metabase's row limit.
+            try (PreparedStatement ps = c.prepareStatement(METABASE_REMARK
+                    + "SELECT \"demo\".\"people\".\"region\" AS \"region\", COUNT(*) AS \"count\" FROM \"demo\".\"people\" WHERE \"demo\".\"people\".\"age\" >= ? GROUP BY \"demo\".\"people\".\"region\" ORDER BY \"demo\".\"people\".\"region\" ASC LIMIT 1048575")) {
+                ps.setInt(1, 18);
+                try (ResultSet rs = ps.executeQuery()) {
+                    check(rs.getMetaData().getColumnType(2) == Types.BIGINT, rs.getMetaData().getColumnTypeName(2));
+                    List<String> regions = new ArrayList<>();
+                    while (rs.next()) {
+                        regions.add(rs.getString(1));
+                        check(rs.getLong(2) >= 0, "count " + rs.getLong(2));
+                    }
+                    check(regions.equals(REGIONS), regions.toString());
+                }
+            }
+            // Visits by month: date_trunc of a date column, cast back to date.
+            try (PreparedStatement ps = c.prepareStatement(METABASE_REMARK
+                    + "SELECT CAST(DATE_TRUNC('month', \"demo\".\"visits\".\"visit_date\") AS date) AS \"visit_date\", COUNT(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY CAST(DATE_TRUNC('month', \"demo\".\"visits\".\"visit_date\") AS date) ORDER BY CAST(DATE_TRUNC('month', \"demo\".\"visits\".\"visit_date\") AS date) ASC LIMIT 1048575");
+                    ResultSet rs = ps.executeQuery()) {
+                check(rs.getMetaData().getColumnType(1) == Types.DATE, rs.getMetaData().getColumnTypeName(1));
+                int months = 0;
+                String previous = "";
+                while (rs.next()) {
+                    String month = rs.getDate(1).toString();
+                    check(month.endsWith("-01") && month.compareTo(previous) > 0, month + " after " + previous);
+                    previous = month;
+                    months++;
+                }
+                check(months >= 20 && months <= 24, "months " + months);
+                detail.append("months=").append(months);
+            }
+            // Month of year: extract-integer, an int4 column.
+            try (PreparedStatement ps = c.prepareStatement(METABASE_REMARK
+                    + "SELECT CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) AS \"visit_date\", AVG(\"demo\".\"visits\".\"cost\") AS \"avg\" FROM \"demo\".\"visits\" GROUP BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ORDER BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ASC LIMIT 1048575");
+                    ResultSet rs = ps.executeQuery()) {
+                check(rs.getMetaData().getColumnType(1) == Types.INTEGER, rs.getMetaData().getColumnTypeName(1));
+                check(rs.getMetaData().getColumnType(2) == Types.NUMERIC, rs.getMetaData().getColumnTypeName(2));
+                List<Integer> months = new ArrayList<>();
+                while (rs.next()) {
+                    months.add(rs.getInt(1));
+                    BigDecimal avg = rs.getBigDecimal(2);
+                    check(avg.compareTo(BigDecimal.ZERO) >= 0 && avg.compareTo(new BigDecimal(2000)) <= 0, "avg " + avg);
+                }
+                List<Integer> all = new ArrayList<>();
+                for (int m = 1; m <= 12; m++) {
+                    all.add(m);
+                }
+                check(months.equals(all), months.toString());
+            }
+            // An implicit join of a lookup table: Metabase writes LEFT JOIN.
+            try (PreparedStatement ps = c.prepareStatement(METABASE_REMARK
+                    + "SELECT \"Regions\".\"name\" AS \"Regions__name\", AVG(\"demo\".\"people\".\"income\") AS \"avg\" FROM \"demo\".\"people\" LEFT JOIN \"demo\".\"regions\" AS \"Regions\" ON \"demo\".\"people\".\"region\" = \"Regions\".\"region\" GROUP BY \"Regions\".\"name\" ORDER BY \"Regions\".\"name\" ASC LIMIT 1048575");
+                    ResultSet rs = ps.executeQuery()) {
+                check("Regions__name".equals(rs.getMetaData().getColumnLabel(1)), rs.getMetaData().getColumnLabel(1));
+                int names = 0;
+                while (rs.next()) {
+                    check(rs.getString(1) != null, "a NULL region name");
+                    names++;
+                }
+                check(names == 10, "names " + names);
+                detail.append(" names=").append(names);
+            }
+            // A native question, wrapped as Metabase wraps it.
+            try (PreparedStatement ps = c.prepareStatement(
+                    "SELECT \"source\".* FROM (SELECT sex, COUNT(*) AS n FROM demo.people GROUP BY sex) AS \"source\" LIMIT 2000");
+                    ResultSet rs = ps.executeQuery()) {
+                int rows = 0;
+                while (rs.next()) {
+                    rows++;
+                }
+                check(rows == 3, "rows " + rows);
+            }
+            return detail.toString();
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         Map<String, Callable<String>> checks = new LinkedHashMap<>();
         checks.put("connect", JdbcClient::connectCheck);
@@ -201,6 +326,8 @@ public final class JdbcClient {
         checks.put("fetch_size_autocommit_off", JdbcClient::fetchSize);
         checks.put("refusal", JdbcClient::refusal);
         checks.put("result_types", JdbcClient::resultTypes);
+        checks.put("metabase_sync", JdbcClient::metabaseSync);
+        checks.put("metabase_questions", JdbcClient::metabaseQuestions);
         List<String> wanted = args.length > 0 ? Arrays.asList(args) : new ArrayList<>(checks.keySet());
         boolean failed = false;
         for (String name : wanted) {

@@ -573,6 +573,19 @@ async fn pgjdbc_metadata_and_prepared_statement_twice() {
     proxy.stop().await;
 }
 
+/// A Metabase-like session through pgjdbc: its sync's catalog SQL and its MBQL questions
+/// (cited in JdbcClient.java), each answered with PostgreSQL's column types.
+#[tokio::test]
+async fn metabase_like_session_sync_and_questions() {
+    let Some(classes) = compile_jdbc_client().await else {
+        return;
+    };
+    let proxy = start_proxy(31).await;
+    let checks = ["metabase_sync", "metabase_questions"];
+    run_jdbc(&proxy, &classes, &checks).await.assert_ok(&checks);
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn pgjdbc_fetch_size_with_autocommit_off() {
     let Some(classes) = compile_jdbc_client().await else {
