@@ -81,7 +81,7 @@ impl PartitionSelection {
         }
         let groups = BigRational::from_integer(BigInt::from(max_groups_per_unit));
         let scale = positive_scale(f64_at_least(&(&groups / &epsilon_exact)))?;
-        let scale_exact = rational_from_f64(scale).expect("invariant: the scale is finite");
+        let scale_exact = finite_exact(scale)?;
         let delta_per_group = delta_per_group(delta, max_groups_per_unit)?;
         let threshold = laplace_threshold(scale, delta_per_group);
         Ok(PartitionSelection {
@@ -138,7 +138,7 @@ impl PartitionSelection {
         if max_groups_per_unit == 0 {
             return Err(invalid("max_groups_per_unit must be at least 1"));
         }
-        let scale_exact = rational_from_f64(scale).expect("invariant: the scale is finite");
+        let scale_exact = finite_exact(scale)?;
         let delta_per_group = delta_per_group(delta, max_groups_per_unit)?;
         let threshold = gaussian_threshold(scale, delta_per_group);
         Ok(PartitionSelection {
@@ -232,13 +232,20 @@ impl PartitionSelection {
     }
 }
 
+/// The exact value of a finite `f64` (the callers have checked that it is finite; an internal
+/// error, not a panic, if not).
+fn finite_exact(x: f64) -> Result<BigRational> {
+    rational_from_f64(x)
+        .ok_or_else(|| crate::error::Error::internal("a non-finite value in partition selection"))
+}
+
 /// `δ' = δ/k` rounded down, checked exactly: `k·δ' ≤ δ`.
 fn delta_per_group(delta: f64, max_groups_per_unit: u64) -> Result<f64> {
     let groups = BigRational::from_integer(BigInt::from(max_groups_per_unit));
-    let delta_exact = rational_from_f64(delta).expect("invariant: delta is finite");
+    let delta_exact = finite_exact(delta)?;
     let mut delta_per_group = delta / max_groups_per_unit as f64;
     while delta_per_group >= f64::MIN_POSITIVE
-        && rational_from_f64(delta_per_group).expect("invariant: finite") * &groups > delta_exact
+        && finite_exact(delta_per_group)? * &groups > delta_exact
     {
         delta_per_group = next_down(delta_per_group);
     }
