@@ -102,6 +102,9 @@ pub fn coarser(
 /// Released groups: key texts and noisy values.
 type Groups = Vec<(Vec<Option<String>>, Vec<f64>)>;
 
+/// Per group, the 95 % and the 97.5 % error bound of each measure.
+type Bounds = Vec<(Vec<f64>, Vec<f64>)>;
+
 /// The groups of the grouping by `keys` (positions in the key texts of `cells`), each the sum
 /// of the `cells` that project onto it, in key order; with, per group, how many cells it adds
 /// and the 95 % and 97.5 % error bounds of each measure for a sum of that many draws of its
@@ -111,7 +114,7 @@ pub(super) fn add_up(
     cells: &[(Vec<Option<String>>, Vec<f64>)],
     keys: &[usize],
     noises: &[Noise],
-) -> Result<(Groups, Vec<u64>, Vec<(Vec<f64>, Vec<f64>)>)> {
+) -> Result<(Groups, Vec<u64>, Bounds)> {
     let m = noises.len();
     let mut sums: BTreeMap<Vec<Option<String>>, (Vec<f64>, u64)> = BTreeMap::new();
     if keys.is_empty() {
