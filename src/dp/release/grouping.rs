@@ -212,6 +212,36 @@ pub(super) fn measure<R: Rng + CryptoRng + ?Sized>(
     })
 }
 
+/// An upper bound, from the plan alone, on how many cells of the finest set `f` one derived
+/// group adds: the product, over the finest set's keys a set leaves out, of each key's listed
+/// values, the most over the sets. A key read from a public table counts as
+/// [`crate::limits::PUBLIC_KEY_COMBINATIONS_MAX`] values (its domain is read later), as does the
+/// whole product (a larger domain is refused). For `pgdp.max_error`, which must not understate
+/// the error of a total.
+pub(super) fn cells_max(plan: &Plan, f: usize) -> u64 {
+    let cap = crate::limits::PUBLIC_KEY_COMBINATIONS_MAX as u64;
+    let (Some(sets), Some(finest)) = (
+        plan.grouping_sets(),
+        plan.grouping_sets().and_then(|s| s.get(f)),
+    ) else {
+        return 1;
+    };
+    sets.iter()
+        .map(|set| {
+            finest
+                .iter()
+                .filter(|k| !set.contains(k))
+                .map(|&k| match plan.keys.get(k).map(|key| &key.public) {
+                    Some(crate::dp::plan::PublicKeys::Listed(values)) => values.len().max(1) as u64,
+                    _ => cap,
+                })
+                .fold(1u64, |n, size| n.saturating_mul(size))
+                .min(cap)
+        })
+        .max()
+        .unwrap_or(1)
+}
+
 /// [`measure`] when every set is derived from set `f` (module docs): set `f` measured over its
 /// rows at the whole budget, then every set's groups added up from its cells, each with every
 /// key of the query (NULL where not in its set) and its set's index last.

@@ -358,10 +358,12 @@ fn worst_error_bound(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> f64 {
     let Ok(m) = mechanisms(plan, rewrite, budget) else {
         return f64::INFINITY;
     };
+    // Derived grouping sets: a total adds many cells, each with its noise.
+    let cells = grouping::derived_set(plan, rewrite).map_or(1, |f| grouping::cells_max(plan, f));
     m.noises
         .iter()
         .chain(m.sets.iter().flat_map(|s| s.noises.iter()))
-        .map(|n| n.error_bound(0.05).unwrap_or(f64::INFINITY))
+        .map(|n| n.sum_error_bound(cells, 0.05).unwrap_or(f64::INFINITY))
         .fold(0.0, f64::max)
 }
 

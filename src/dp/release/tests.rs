@@ -749,3 +749,17 @@ fn a_coarser_grouping_is_derived_under_the_key_of_the_coarser_query() {
 fn derived_key_of(key: &str) -> String {
     derived_key(key)
 }
+
+/// `pgdp.max_error` on a derived ROLLUP: the ε chosen makes the stated error of the total (a
+/// sum of 30 cells) meet the target, not only a cell's.
+#[test]
+fn max_error_of_a_derived_rollup_covers_its_total() {
+    let policy = policy();
+    let sql = "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex, region)";
+    let (plan, rewrite, _, _) = prepared(&policy, sql, LAPLACE);
+    assert_eq!(grouping::cells_max(&plan, 0), 30);
+    let budget = budget_for_error(&plan, &rewrite, LAPLACE, 50.0, 10.0).expect("an epsilon");
+    let m = mechanisms(&plan, &rewrite, budget).expect("mechanisms");
+    let total = m.noises[0].sum_error_bound(30, 0.05).expect("bound");
+    assert!(total <= 50.0, "{total}");
+}
