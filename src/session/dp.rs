@@ -1,5 +1,6 @@
-//! A DP query through the session: plan, replay, reuse of released noisy measures, public
-//! domains, charge, upstream, release; and EXPLAIN, which plans without running or charging.
+//! A DP query through the session: plan, replay, reuse of released noisy measures, derivation
+//! of a coarser grouping from a finer release over public keys, public domains, charge,
+//! upstream, release; and EXPLAIN, which plans without running or charging.
 //!
 //! The order of [`Session::dp_query`] is the privacy argument, and the types hold it: the
 //! upstream runs only a rewrite's [`crate::dp::rewrite::UpstreamSql`] and only with the
@@ -293,7 +294,7 @@ impl Session {
         })
     }
 
-    /// Runs a DP query: replay, reuse, public domains, charge, upstream, release.
+    /// Runs a DP query: replay, reuse, derivation, public domains, charge, upstream, release.
     pub(super) async fn dp_query(
         &mut self,
         shared: &Shared,
@@ -597,7 +598,8 @@ impl Session {
     }
 
     /// A DP query answered from noisy measures an earlier release of the same analyst stored
-    /// under the same [`release::measures_key`]: [`release::finish`] and the post-processing by
+    /// under the same [`release::measures_key`], or the sums of a finer release's cells stored
+    /// under its [`release::derived_key`]: [`release::finish`] and the post-processing by
     /// PostgreSQL run again over them, for this query's HAVING, ORDER BY, LIMIT, expressions
     /// and names. Post-processing of released values: nothing is charged, nothing reaches the
     /// upstream.

@@ -6,9 +6,14 @@
 //! and costs nothing (docs/privacy.md, "The replay cache and reuse of noisy measures").
 //!
 //! Invariants (each enforced by the types):
-//! - A [`NoisyMeasures`] is made only by [`super::measure`], which draws the noise, or read back
-//!   by [`NoisyMeasures::from_payload`] from a payload [`NoisyMeasures::payload`] wrote for an
-//!   earlier release of the same analyst. Its fields are private to [`crate::dp::release`].
+//! - A [`NoisyMeasures`] is made only by [`super::measure`], which draws the noise, by
+//!   [`super::derive`], which adds up the cells of one [`super::measure`] drew (then it carries a
+//!   [`Derivation`]: how many cells each group adds and the error bounds of those sums), or read
+//!   back by [`NoisyMeasures::from_payload`] from a payload [`NoisyMeasures::payload`] wrote for
+//!   an earlier release of the same analyst. Its fields are private to [`crate::dp::release`].
+//! - Measures derived from an earlier, finer release are stored only under a
+//!   [`derived_key`], never under a [`measures_key`] (the session checks
+//!   [`NoisyMeasures::derived_from`] on both paths).
 //! - It holds only released groups: a candidate group that partition selection dropped has no
 //!   entry (the noisy count that decided against it was never released, so it is never stored).
 //! - [`measures_key`] covers everything the noisy values depend on (the upstream SQL with its
