@@ -245,6 +245,11 @@ pub const MEASURES_STORED_GROUPS_MAX: usize = GROUPS_RELEASED_MAX;
 /// safe direction).
 pub const COARSER_GROUPINGS_KEYS_MAX: usize = 4;
 
+/// Most groups, over all the coarser groupings of one release, whose sums the ledger keeps
+/// (`dp::release::derive::coarser_releases`, the coarsest first), so that the sums stored
+/// beside a release are no larger than one stored release.
+pub const COARSER_STORED_GROUPS_MAX: usize = MEASURES_STORED_GROUPS_MAX;
+
 /// Largest HTTP request head the metrics endpoint reads (`--metrics`); a longer one gets 431.
 pub const METRICS_REQUEST_BYTES_MAX: usize = 8 * 1024;
 

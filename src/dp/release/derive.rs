@@ -163,8 +163,9 @@ pub(super) fn add_up(
 /// [`super::measures_key`]: its plan ([`Plan::coarser`]), its rewrite with `parameters` and
 /// `secret` (in the partitionwise shape when `partitionwise`, as the session places it), its
 /// mechanisms at the same budget and its public domain) and the sums of `measures`' cells. A
-/// grouping whose own rewrite has other measures, or that fails to plan, is left out: a later
-/// query of it is then charged (the safe direction). Pure: no I/O.
+/// grouping whose own rewrite has other measures, or that fails to plan, is left out, and so are
+/// those past [`limits::COARSER_STORED_GROUPS_MAX`] groups in all (the coarsest are kept
+/// first): a later query of them is then charged (the safe direction). Pure: no I/O.
 pub fn coarser_releases(
     plan: &Plan,
     rewrite: &Rewrite,
@@ -202,8 +203,19 @@ pub fn coarser_releases(
         ));
         Ok(Some((key, derived)))
     };
-    coarser_groupings(plan, rewrite)
-        .iter()
-        .filter_map(|keys| entry(keys).ok().flatten())
-        .collect()
+    // The coarsest first, and no more groups in all than one stored release may have.
+    let mut groupings = coarser_groupings(plan, rewrite);
+    groupings.sort_by_key(Vec::len);
+    let mut stored = 0usize;
+    let mut entries = Vec::new();
+    for keys in groupings {
+        if let Ok(Some((key, derived))) = entry(&keys) {
+            if stored + derived.len() > limits::COARSER_STORED_GROUPS_MAX {
+                continue;
+            }
+            stored += derived.len();
+            entries.push((key, derived));
+        }
+    }
+    entries
 }
