@@ -238,6 +238,18 @@ pub const RELEASE_SCHEDULE_POINTS_MAX: usize = 64;
 /// few megabytes.
 pub const MEASURES_STORED_GROUPS_MAX: usize = GROUPS_RELEASED_MAX;
 
+/// Most group keys of a release whose coarser groupings the ledger keeps for reuse
+/// (`dp::release::derive`): a release over public keys stores the sums of its cells for each
+/// proper subset of its keys, `2^keys − 1` entries beside its own, so at most 15. A release with
+/// more keys is answered and kept, but no coarser query is derived from it (it is charged: the
+/// safe direction).
+pub const COARSER_GROUPINGS_KEYS_MAX: usize = 4;
+
+/// Most groups, over all the coarser groupings of one release, whose sums the ledger keeps
+/// (`dp::release::derive::coarser_releases`, the coarsest first), so that the sums stored
+/// beside a release are no larger than one stored release.
+pub const COARSER_STORED_GROUPS_MAX: usize = MEASURES_STORED_GROUPS_MAX;
+
 /// Largest HTTP request head the metrics endpoint reads (`--metrics`); a longer one gets 431.
 pub const METRICS_REQUEST_BYTES_MAX: usize = 8 * 1024;
 
@@ -274,6 +286,7 @@ const _: () = assert!(
 );
 const _: () = assert!(HISTORY_ROWS_DEFAULT >= 1 && HISTORY_ROWS_DEFAULT <= AUDIT_ROWS_MAX);
 const _: () = assert!(PUBLIC_KEY_COMBINATIONS_MAX <= GROUPS_RELEASED_MAX);
+const _: () = assert!(COARSER_GROUPINGS_KEYS_MAX <= GROUP_KEYS_PER_QUERY_MAX);
 const _: () = assert!(
     MEASURES_STORED_GROUPS_MAX >= PUBLIC_KEY_COMBINATIONS_MAX,
     "a release over a whole public domain can be kept for reuse"

@@ -508,6 +508,22 @@ impl Plan {
         &self.keys
     }
 
+    /// The plan of the same query grouped by `keys` only (indices into this plan's keys, in
+    /// its order), with no post-processing: the coarser grouping a release of this plan can be
+    /// added up into ([`crate::dp::release::derive`]). Built like [`Plan::grouping_set`], so it
+    /// is the plan the analysis gives the coarser query itself (its HAVING, ORDER BY, LIMIT and
+    /// expressions aside). `None` with grouping sets, or for a key out of range.
+    pub fn coarser(&self, keys: &[usize]) -> Option<Plan> {
+        if self.grouping_sets.is_some() {
+            return None;
+        }
+        Plan {
+            grouping_sets: Some(vec![keys.to_vec()]),
+            ..self.clone()
+        }
+        .grouping_set(0)
+    }
+
     /// The grouping sets of `ROLLUP`, `CUBE` or `GROUPING SETS` (see [`Plan::grouping_set`]).
     pub fn grouping_sets(&self) -> Option<&[Vec<usize>]> {
         self.grouping_sets.as_deref()
@@ -637,6 +653,22 @@ impl Plan {
         matches!(self.unit, Unit::Row { .. })
             && matches!(self.tables.as_slice(), [t] if t.private && t.source.is_none())
             && self.joins.is_empty()
+    }
+
+    /// With grouping sets over public keys only, the first set that holds the keys of every
+    /// other set: the finest, whose cells every other set's groups are sums of (each cell of a
+    /// public domain is released, so a coarser group is exactly the union of the finer cells
+    /// that project onto it). `None` without grouping sets, with a private key, or when no set
+    /// holds all the others (`GROUPING SETS ((a), (b))`).
+    pub fn finest_grouping_set(&self) -> Option<usize> {
+        let sets = self.grouping_sets.as_ref()?;
+        if !self.keys_public() {
+            return None;
+        }
+        sets.iter().position(|set| {
+            sets.iter()
+                .all(|other| other.iter().all(|k| set.contains(k)))
+        })
     }
 
     /// Whether every key's domain is public, so no partition selection is needed.

@@ -1,5 +1,6 @@
-//! A DP query through the session: plan, replay, reuse of released noisy measures, public
-//! domains, charge, upstream, release; and EXPLAIN, which plans without running or charging.
+//! A DP query through the session: plan, replay, reuse of released noisy measures, derivation
+//! of a coarser grouping from a finer release over public keys, public domains, charge,
+//! upstream, release; and EXPLAIN, which plans without running or charging.
 //!
 //! The order of [`Session::dp_query`] is the privacy argument, and the types hold it: the
 //! upstream runs only a rewrite's [`crate::dp::rewrite::UpstreamSql`] and only with the
@@ -293,7 +294,7 @@ impl Session {
         })
     }
 
-    /// Runs a DP query: replay, reuse, public domains, charge, upstream, release.
+    /// Runs a DP query: replay, reuse, derivation, public domains, charge, upstream, release.
     pub(super) async fn dp_query(
         &mut self,
         shared: &Shared,
@@ -301,7 +302,8 @@ impl Session {
         params: &[Option<String>],
     ) -> Result<ClientRows> {
         let secret = shared.secret().await?;
-        let (plan, rewrite, mechanisms) = self.plan_dp(shared, query, params, secret).await?;
+        let (plan, rewrite, mechanisms, placement) =
+            self.plan_dp_placed(shared, query, params, secret).await?;
         // A row of a table with a unit path has one unit only if each key of the path is unique.
         shared
             .upstream
@@ -346,24 +348,29 @@ impl Session {
             };
             release::measures_key(&plan, &rewrite, &mechanisms, params, &domain)
         };
-        // Both looked up at once, in one ledger round trip.
+        // The key of measures derived for this grouping from a finer release of the analyst's
+        // (issue 16 part 3), when this query could be answered so.
+        let derived_key = derivable(&plan, &rewrite).then(|| release::derived_key(&measures_key));
+        // All looked up at once, in one ledger round trip.
         let started = std::time::Instant::now();
         // A ledger that cannot be read is a miss: the query is then charged like a new one
         // (under a budget slice reserved before the ledger went down, if one covers it), which
         // costs the analyst at most a second charge and never releases anything uncharged.
+        let mut keys: Vec<&str> = vec![&key, &measures_key];
+        keys.extend(derived_key.as_deref());
         let looked_up = ledger
-            .replay_lookup(
-                &analyst,
-                &[&key, &measures_key],
-                shared.policy.replay_lifetime,
-            )
+            .replay_lookup(&analyst, &keys, shared.policy.replay_lifetime)
             .await;
         if looked_up.is_err() {
             shared.metrics.ledger_failed();
         }
         let mut found = looked_up.unwrap_or_default().into_iter();
         shared.metrics.stage(Stage::Ledger, started.elapsed());
-        let (replay, stored) = (found.next().flatten(), found.next().flatten());
+        let (replay, stored, derived) = (
+            found.next().flatten(),
+            found.next().flatten(),
+            found.next().flatten(),
+        );
 
         // 1. Replay: the same query again gets the same noisy answer, free.
         shared
@@ -397,6 +404,20 @@ impl Session {
             .replay_lookup(Lookup::Measures, stored.is_some());
         if let Some(payload) = stored {
             if let Some(measures) = release::NoisyMeasures::from_payload(&payload, &plan, &rewrite)
+                .filter(|m| m.derived_from().is_none())
+            {
+                self.served = Some(Served::Reused);
+                return self
+                    .reuse(shared, query, &plan, &rewrite, &mechanisms, &measures)
+                    .await;
+            }
+        }
+
+        // 1c. Derivation: the sums of the cells of a finer release of this analyst over public
+        // keys (release::derive), free.
+        if let Some(payload) = derived {
+            if let Some(measures) = release::NoisyMeasures::from_payload(&payload, &plan, &rewrite)
+                .filter(|m| m.derived_from().is_some())
             {
                 self.served = Some(Served::Reused);
                 return self
@@ -518,6 +539,25 @@ impl Session {
         if measures.storable() {
             entries.push((&measures_key, &measured));
         }
+        // The coarser groupings this release answers (release::derive), each under the key the
+        // coarser query itself will look up.
+        let coarser: Vec<(String, Vec<u8>)> = if measures.storable() {
+            release::derive::coarser_releases(
+                &plan,
+                &rewrite,
+                &mechanisms,
+                &measures,
+                params,
+                secret,
+                matches!(placement, Placement::ByUnit { .. }),
+            )
+            .into_iter()
+            .map(|(k, m)| (k, m.payload()))
+            .collect()
+        } else {
+            Vec::new()
+        };
+        entries.extend(coarser.iter().map(|(k, p)| (k.as_str(), p.as_slice())));
         // Written by the ledger's journal after the answer has left.
         ledger.record_release(charge_id, &analyst, &entries);
         self.served = Some(Served::AnsweredDp);
@@ -558,7 +598,8 @@ impl Session {
     }
 
     /// A DP query answered from noisy measures an earlier release of the same analyst stored
-    /// under the same [`release::measures_key`]: [`release::finish`] and the post-processing by
+    /// under the same [`release::measures_key`], or the sums of a finer release's cells stored
+    /// under its [`release::derived_key`]: [`release::finish`] and the post-processing by
     /// PostgreSQL run again over them, for this query's HAVING, ORDER BY, LIMIT, expressions
     /// and names. Post-processing of released values: nothing is charged, nothing reaches the
     /// upstream.
@@ -590,10 +631,17 @@ impl Session {
             .ledger
             .balance_with_window(&self.analyst.name, &limit)
             .await?;
-        let first = format!(
-            "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
-            remaining_text(&balance, window, false)
-        );
+        let first = match measures.derived_from() {
+            None => format!(
+                "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
+                remaining_text(&balance, window, false)
+            ),
+            Some(from) => format!(
+                "pgdp: derived from the noisy measures released for an earlier query grouped by ({from}) (same tables, filters, bounds and noise): each group is the sum of up to {} of its cells, so its noise is the sum of that many independent noises (variances add; SET pgdp.accuracy = on shows each bound); charged nothing; {}",
+                measures.cells_max(),
+                remaining_text(&balance, window, false)
+            ),
+        };
         let notices = answer_notices(first, plan, &released);
         Ok(ClientRows::released(released, notices))
     }
@@ -630,6 +678,16 @@ impl Session {
         }
         Ok(ClientRows::computed(explain_columns(), lines))
     }
+}
+
+/// Whether `plan` could be answered by adding up the cells of a finer release
+/// ([`release::derive`]): no grouping sets, public keys, fewer than
+/// [`crate::limits::COARSER_GROUPINGS_KEYS_MAX`] of them, additive measures.
+fn derivable(plan: &Plan, rewrite: &Rewrite) -> bool {
+    plan.grouping_sets().is_none()
+        && plan.keys_public()
+        && plan.keys().len() < crate::limits::COARSER_GROUPINGS_KEYS_MAX
+        && release::derive::additive(rewrite)
 }
 
 /// The answer's columns, and for a plan with post-processing the PostgreSQL types of the

@@ -978,6 +978,214 @@ async fn post_processing_variants_reuse_the_released_noisy_measures() {
     proxy.stop().await;
 }
 
+/// The NOTICE of an answer derived from a finer release's noisy measures (issue 16 part 3).
+fn derived_notice(notices: &[String]) -> Option<&String> {
+    notices.iter().find(|n| {
+        n.starts_with("pgdp: derived from the noisy measures released for an earlier query")
+    })
+}
+
+/// The integer in a text cell.
+fn int_of(cell: &Option<String>) -> i64 {
+    cell.as_deref()
+        .expect("a value")
+        .parse()
+        .expect("an integer")
+}
+
+/// Issue 16 part 3: after a release grouped by public keys (sex, region), a query grouped by a
+/// subset of them (region, sex, or none) with the same tables, filters, bounds and noise is
+/// answered with the sums of the finer noisy cells, charged nothing, with a NOTICE naming the
+/// finer grouping; its stated error is that of a sum of cells. A coarser query with another
+/// filter, another ε or a measure that does not add up is charged, and so is another analyst's.
+#[tokio::test]
+async fn a_coarser_grouping_is_derived_from_a_finer_release_for_free() {
+    let text = demo_policy_text().replacen(
+        "analysts:\n  # Password \"analyst\"",
+        "analysts:\n  other:\n    scram_verifier: \"SCRAM-SHA-256$4096:cGdkcC1kZW1vLXNhbHQtMQ==$lInLWt8gswE0sagso62TdobVlP/4N1mG//OTC1uOjxU=:Cs+4xOdBEHF3GmuzWiAu/lrFp8VOJ+dfMKys15hYAlg=\"\n    budget: { epsilon: 10, delta: 1.0e-5, epsilon_per_query_max: 2 }\n  # Password \"analyst\"",
+        1,
+    );
+    let policy = pgdp::policy::parse(&text).expect("a second analyst");
+    let proxy = Proxy::with_policy(policy, 43).await;
+    let s = proxy.connect().await;
+    let fine = s
+        .simple_rows("SELECT sex, region, COUNT(*) FROM demo.people GROUP BY sex, region")
+        .await
+        .expect("finer release");
+    assert_eq!(fine.len(), 30, "every listed (sex, region)");
+    assert!(s
+        .take_notices()
+        .iter()
+        .any(|n| n.starts_with("pgdp: charged epsilon=1,")));
+    let after = s.budget().await;
+    assert_eq!(after.epsilon_spent, 1.0);
+    let free = |label: &'static str| {
+        let s = &s;
+        async move {
+            let notices = s.take_notices();
+            let notice = derived_notice(&notices).unwrap_or_else(|| panic!("{label}: {notices:?}"));
+            assert!(
+                notice.contains("grouped by (people.sex, people.region)"),
+                "{label}: {notice}"
+            );
+            assert!(
+                notice.ends_with(
+                    "charged nothing; remaining epsilon=9 of 10, delta=0.000005 of 0.00001"
+                ),
+                "{label}: {notice}"
+            );
+            assert!(
+                !notices.iter().any(|n| n.starts_with("pgdp: charged")),
+                "{label}"
+            );
+            assert_eq!(s.budget().await, after, "{label} is free");
+        }
+    };
+    let sum_where = |keep: &dyn Fn(&Vec<Option<String>>) -> bool| -> i64 {
+        fine.iter().filter(|r| keep(r)).map(|r| int_of(&r[2])).sum()
+    };
+
+    // By region (another order, an alias, ORDER BY): each region the sum of its three cells.
+    let by_region = s
+        .simple_rows(
+            "SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region ORDER BY n DESC",
+        )
+        .await
+        .expect("by region");
+    free("by region").await;
+    assert_eq!(by_region.len(), 10);
+    for row in &by_region {
+        assert_eq!(int_of(&row[1]), sum_where(&|r| r[1] == row[0]), "{row:?}");
+    }
+    // By sex, and the grand total.
+    let by_sex = s
+        .simple_rows("SELECT sex, COUNT(*) FROM demo.people GROUP BY sex")
+        .await
+        .expect("by sex");
+    free("by sex").await;
+    assert_eq!(by_sex.len(), 3);
+    for row in &by_sex {
+        assert_eq!(int_of(&row[1]), sum_where(&|r| r[0] == row[0]), "{row:?}");
+    }
+    let total = s
+        .simple_rows("SELECT COUNT(*) FROM demo.people")
+        .await
+        .expect("total");
+    free("total").await;
+    assert_eq!(int_of(&total[0][0]), sum_where(&|_| true));
+
+    // The stated error of a sum of ten cells is larger than that of one cell.
+    s.batch_execute("SET pgdp.accuracy = on")
+        .await
+        .expect("SET");
+    let derived = s
+        .simple_rows("SELECT sex, COUNT(*) FROM demo.people GROUP BY sex")
+        .await
+        .expect("by sex, with accuracy");
+    free("accuracy").await;
+    let cells = s
+        .simple_rows("SELECT sex, region, COUNT(*) FROM demo.people GROUP BY sex, region")
+        .await
+        .expect("the cells, with accuracy");
+    let error_of = |row: &Vec<Option<String>>| -> f64 {
+        row.last()
+            .cloned()
+            .flatten()
+            .expect("an error bound")
+            .parse()
+            .expect("a number")
+    };
+    assert!(error_of(&derived[0]) > error_of(&cells[0]));
+    s.batch_execute("SET pgdp.accuracy = off")
+        .await
+        .expect("SET");
+    s.take_notices();
+
+    // What is not derived is charged: another filter, another ε, a distinct count.
+    let charged = |label: &'static str, before: f64, by: f64| {
+        let s = &s;
+        async move {
+            let notices = s.take_notices();
+            assert!(derived_notice(&notices).is_none(), "{label}: {notices:?}");
+            assert!(
+                notices.iter().any(|n| n.starts_with("pgdp: charged")),
+                "{label}: {notices:?}"
+            );
+            assert_eq!(s.budget().await.epsilon_spent, before + by, "{label}");
+        }
+    };
+    s.simple_rows("SELECT region, COUNT(*) FROM demo.people WHERE age > 30 GROUP BY region")
+        .await
+        .expect("another filter");
+    charged("another filter", 1.0, 1.0).await;
+    s.batch_execute("SET pgdp.epsilon = 0.5")
+        .await
+        .expect("SET");
+    s.simple_rows("SELECT region, COUNT(*) FROM demo.people GROUP BY region")
+        .await
+        .expect("another epsilon");
+    charged("another epsilon", 2.0, 0.5).await;
+    s.batch_execute("RESET pgdp.epsilon").await.expect("RESET");
+    s.simple_rows(
+        "SELECT sex, region, COUNT(DISTINCT person_id) FROM demo.people GROUP BY sex, region",
+    )
+    .await
+    .expect("finer distinct count");
+    charged("finer distinct count", 2.5, 1.0).await;
+    s.simple_rows("SELECT region, COUNT(DISTINCT person_id) FROM demo.people GROUP BY region")
+        .await
+        .expect("coarser distinct count");
+    charged("a distinct count does not add up", 3.5, 1.0).await;
+
+    // Another analyst's release is not this one's: charged.
+    let other = Session::open(&proxy.dsn().replace("user=analyst ", "user=other "))
+        .await
+        .expect("the other analyst");
+    other
+        .simple_rows("SELECT region, COUNT(*) FROM demo.people GROUP BY region")
+        .await
+        .expect("other analyst");
+    let notices = other.take_notices();
+    assert!(derived_notice(&notices).is_none(), "{notices:?}");
+    assert_eq!(other.budget().await.epsilon_spent, 1.0);
+    proxy.stop().await;
+}
+
+/// Issue 15: a ROLLUP over public keys is one release of its finest set, charged once, and every
+/// subtotal and the total equal the sums of their parts.
+#[tokio::test]
+async fn rollup_subtotals_are_the_sums_of_their_parts() {
+    let proxy = Proxy::with_policy(demo_policy(), 44).await;
+    let s = proxy.connect().await;
+    let rows = s
+        .simple_rows(
+            "SELECT sex, region, COUNT(*), GROUPING(sex, region) AS g FROM demo.people GROUP BY ROLLUP (sex, region)",
+        )
+        .await
+        .expect("rollup");
+    assert_eq!(rows.len(), 34);
+    assert!(s
+        .take_notices()
+        .iter()
+        .any(|n| n.starts_with("pgdp: charged epsilon=1,")));
+    assert_eq!(s.budget().await.epsilon_spent, 1.0);
+    let level = |r: &Vec<Option<String>>| int_of(&r[3]);
+    let cells: Vec<&Vec<Option<String>>> = rows.iter().filter(|r| level(r) == 0).collect();
+    assert_eq!(cells.len(), 30);
+    for sub in rows.iter().filter(|r| level(r) == 1) {
+        let parts: i64 = cells
+            .iter()
+            .filter(|c| c[0] == sub[0])
+            .map(|c| int_of(&c[2]))
+            .sum();
+        assert_eq!(int_of(&sub[2]), parts, "{sub:?}");
+    }
+    let total = rows.iter().find(|r| level(r) == 3).expect("the total");
+    let all: i64 = cells.iter().map(|c| int_of(&c[2])).sum();
+    assert_eq!(int_of(&total[2]), all);
+    proxy.stop().await;
+}
+
 /// Renewing budgets through the wire (issue 16 part 4): with `period: day` and ε = 2 per day,
 /// two queries at ε = 1 use up the day and a third is refused (53400); the NOTICE and
 /// `SHOW pgdp.budget` name the window. When the day is over (simulated by moving the day's

@@ -389,7 +389,9 @@ fn describe(c: &Compiled) -> Vec<String> {
         };
         lines.push(format!("key{i} {} ({:?}): {domain}", k.expr, k.ty));
     }
-    // With grouping sets, each set's own release (the lines above are the first set's).
+    // With grouping sets, each set's own release (the lines above are the first set's), or,
+    // when the sets are derived from the finest, which set is released.
+    let derived = pgdp::dp::release::derived_grouping_set(plan, rw);
     for (s, (set, sm)) in plan
         .grouping_sets()
         .unwrap_or_default()
@@ -403,6 +405,10 @@ fn describe(c: &Compiled) -> Vec<String> {
             .zip(&sm.sensitivities)
             .map(|(n, d)| format!("{d}/{:.6}", n.scale()))
             .collect();
+        if let Some(f) = derived.filter(|&f| f != s) {
+            lines.push(format!("set{s} keys {set:?}: sums of the cells of set{f}"));
+            continue;
+        }
         let selection = match &sm.selection {
             Some(sel) => format!(
                 "selection threshold {} delta {}",

@@ -418,8 +418,8 @@ async fn sigkill_during_the_upstream_query_keeps_the_charge() {
 
 /// Issue 20 (several pgdp processes behind one address): the replay cache and the stored noisy
 /// measures live in the shared ledger, so a query answered by one process is answered again by
-/// the other with the same noisy rows, and a post-processing variant from the same measures, both
-/// free; both processes report the same balance.
+/// the other with the same noisy rows, a post-processing variant from the same measures and the
+/// total derived from its cells, all free; both processes report the same balance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
     let ledger = harness::fresh_database("replicas_replay").await;
@@ -441,7 +441,7 @@ async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
     let spent = on_a.budget().await.epsilon_spent;
     assert!(spent > 0.0);
 
-    // A's journal writes the release (the answer and its noisy measures) after the answer has
+    // A's journal writes the release (the answer, its noisy measures and their sums) after the answer has
     // left; other processes see it from then on.
     let log = ledger.client().await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -450,7 +450,7 @@ async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
         .await
         .expect("count replay entries")
         .get::<_, i64>(0)
-        < 2
+        < 3
     {
         assert!(
             Instant::now() < deadline,
@@ -483,6 +483,34 @@ async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
             .iter()
             .any(|n| n.contains("answered from the noisy measures")),
         "B says it reused the measures"
+    );
+    // The total is derived from A's cells (issue 16 part 3), on B too: the sum of A's counts.
+    let total = on_b
+        .simple_rows("SELECT COUNT(*) FROM demo.people")
+        .await
+        .expect("derived on B");
+    let sum: i64 = first
+        .iter()
+        .map(|r| {
+            r[1].as_deref()
+                .expect("a count")
+                .parse::<i64>()
+                .expect("an integer")
+        })
+        .sum();
+    assert_eq!(
+        total[0][0]
+            .as_deref()
+            .expect("a count")
+            .parse::<i64>()
+            .expect("an integer"),
+        sum
+    );
+    assert!(
+        on_b.take_notices()
+            .iter()
+            .any(|n| n.contains("derived from the noisy measures")),
+        "B says it derived the total"
     );
     // A's unused slice counts on B until A returns it (idle for limits::SLICE_IDLE_RETURN_MS).
     wait_until_no_open_slices(&ledger.client().await).await;

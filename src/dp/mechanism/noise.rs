@@ -353,6 +353,97 @@ impl Noise {
     }
 }
 
+impl Noise {
+    /// A bound `t` on the error of a sum of `cells` independent draws of this noise (the error
+    /// of a cell derived by adding `cells` released cells, `dp::release::derive`): the sum
+    /// exceeds `t` in absolute value with probability at most `alpha`. One cell is
+    /// [`Noise::error_bound`]. Laplace: the sum of discrete Laplace draws is not Laplace; its
+    /// tail is bounded by Chernoff's inequality with the exact moment generating function of
+    /// the discrete Laplace, `P(S ≥ t) ≤ min_λ e^(−λt)·M(λ)^cells`, or by the union bound
+    /// `cells × ` each draw's bound at `alpha / cells`, whichever is smaller. Gaussian: variances
+    /// add, so the bound is that of one Gaussian with `σ·√cells`, stated the way
+    /// [`Noise::error_bound`] states one (tested against the exact convolution). On a grid each
+    /// cell also adds its rounding, so the sum adds `cells` half steps.
+    ///
+    /// # Privacy
+    /// A function of public parameters only: it reads no data and costs nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMechanism`] unless `0 < alpha < 1` and `cells ≥ 1`.
+    pub fn sum_error_bound(&self, cells: u64, alpha: f64) -> Result<f64> {
+        if cells == 0 {
+            return Err(invalid("a sum needs at least one cell"));
+        }
+        if cells == 1 {
+            return self.error_bound(alpha);
+        }
+        if !(alpha > 0.0 && alpha < 1.0) {
+            return Err(invalid("alpha must be strictly between 0 and 1"));
+        }
+        let unit_scale = match &self.grid {
+            None => self.scale,
+            Some(grid) => rational_to_f64(&grid.unit_scale, Rounding::AwayFromZero),
+        };
+        let m = cells as f64;
+        let steps = match self.kind {
+            MechanismKind::Laplace => {
+                let union = m * laplace_half_width(unit_scale, alpha / m);
+                laplace_sum_half_width(unit_scale, m, alpha).min(union)
+            }
+            MechanismKind::Gaussian => gaussian_half_width(unit_scale * m.sqrt(), alpha),
+        };
+        Ok(match &self.grid {
+            None => steps,
+            Some(grid) => {
+                let step = |x: f64| grid_to_f64(&BigInt::from(1u8), grid.exponent) * x;
+                step(steps) + step(0.5 * m)
+            }
+        })
+    }
+}
+
+/// The smallest integer `t ≥ 0` (in noise steps) whose Chernoff bound on the two-sided tail of
+/// a sum of `m` independent discrete Laplace draws of scale `b`,
+/// `2·min_λ exp(−λt + m·ln M(λ))` with `M(λ) = (1−q)²/((1−q·e^λ)(1−q·e^(−λ)))`, `q = e^(−1/b)`,
+/// `0 < λ < 1/b`, is at most `alpha`. The exponent is convex in λ, minimised by golden-section
+/// search; `t` by bisection. Rounded up with `FLOAT_MARGIN`.
+fn laplace_sum_half_width(b: f64, m: f64, alpha: f64) -> f64 {
+    let q = (-1.0 / b).exp();
+    let log_mgf = |l: f64| {
+        2.0 * (-(-1.0 / b).exp_m1()).ln() - (-(q * l.exp())).ln_1p() - (-(q * (-l).exp())).ln_1p()
+    };
+    let log_tail = |t: f64| -> f64 {
+        let f = |l: f64| -l * t + m * log_mgf(l);
+        let (mut lo, mut hi) = (0.0, 1.0 / b);
+        let g = (5f64.sqrt() - 1.0) / 2.0;
+        for _ in 0..200 {
+            let a = hi - g * (hi - lo);
+            let c = lo + g * (hi - lo);
+            if f(a) < f(c) {
+                hi = c;
+            } else {
+                lo = a;
+            }
+        }
+        2f64.ln() + f((lo + hi) / 2.0).min(0.0)
+    };
+    let target = alpha.ln();
+    let mut hi = b.max(1.0);
+    while log_tail(hi) > target {
+        hi *= 2.0;
+    }
+    let mut lo = 0.0;
+    for _ in 0..200 {
+        let mid = (lo + hi) / 2.0;
+        if log_tail(mid) > target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (hi * (1.0 + FLOAT_MARGIN)).ceil()
+}
+
 fn validate_cells(cells_per_unit: u64) -> Result<BigInt> {
     if cells_per_unit == 0 {
         return Err(invalid("cells per privacy unit must be at least 1"));
@@ -653,6 +744,79 @@ mod tests {
     /// `P(|Z| > t)` by summing the pmf over the tail (no closed form involved).
     fn tail_beyond(pmf: &dyn Fn(i64) -> f64, t: i64, width: i64) -> f64 {
         (t + 1..=width).map(|x| pmf(x) + pmf(-x)).sum()
+    }
+
+    /// The pmf of a sum of `m` independent draws of `pmf` on `[-width, width]`, by convolution.
+    fn convolved(pmf: &dyn Fn(i64) -> f64, m: usize, width: i64) -> Vec<f64> {
+        let one: Vec<f64> = (-width..=width).map(pmf).collect();
+        let mut sum = vec![1.0];
+        for _ in 0..m {
+            let mut next = vec![0.0; sum.len() + one.len() - 1];
+            for (i, a) in sum.iter().enumerate() {
+                for (j, b) in one.iter().enumerate() {
+                    next[i + j] += a * b;
+                }
+            }
+            sum = next;
+        }
+        sum
+    }
+
+    #[test]
+    fn sum_error_bounds_cover_the_exact_tails_of_the_convolution() {
+        for scale in [0.7, 2.0, 6.5] {
+            let width = (scale * 40.0) as i64 + 20;
+            for m in [2usize, 3, 7] {
+                let laplace = Noise::laplace(scale, 1.0).expect("valid");
+                let gaussian = Noise::gaussian(scale, 0.5).expect("valid"); // σ = scale
+                for (noise, pmf) in [
+                    (
+                        &laplace,
+                        Box::new(discrete_laplace_pmf(scale)) as Box<dyn Fn(i64) -> f64>,
+                    ),
+                    (&gaussian, Box::new(discrete_gaussian_pmf(scale))),
+                ] {
+                    let sum = convolved(pmf.as_ref(), m, width);
+                    let centre = (sum.len() / 2) as i64;
+                    for alpha in [0.05, 0.025, 0.01] {
+                        let t = noise.sum_error_bound(m as u64, alpha).expect("valid");
+                        let tail: f64 = sum
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| (*i as i64 - centre).abs() > t as i64)
+                            .map(|(_, p)| p)
+                            .sum();
+                        assert!(
+                            tail <= alpha,
+                            "{:?} scale {scale} m {m} α {alpha}: t {t} tail {tail}",
+                            noise.kind()
+                        );
+                        // At least one draw's bound, at most the union bound.
+                        let one = noise.error_bound(alpha).expect("valid");
+                        let union = m as f64 * noise.error_bound(alpha / m as f64).expect("valid");
+                        assert!(t >= one && t <= union, "{t} vs {one}, {union}");
+                    }
+                }
+            }
+        }
+        // Variances add: the Gaussian bound grows as √m.
+        let g = Noise::gaussian(10.0, 0.5).expect("valid");
+        let b4 = g.sum_error_bound(4, 0.05).expect("valid");
+        assert!(
+            (b4 - 2.0 * 10.0 * normal_upper_quantile(0.025)).abs() <= 1.0,
+            "{b4}"
+        );
+        // One cell is the plain bound; no cell is refused.
+        let l = Noise::laplace(1.0, 1.0).expect("valid");
+        assert_eq!(l.sum_error_bound(1, 0.05).ok(), l.error_bound(0.05).ok());
+        assert!(l.sum_error_bound(0, 0.05).is_err());
+        assert!(l.sum_error_bound(3, 0.0).is_err());
+        // Laplace: for many cells Chernoff beats the union bound, by far.
+        let many = l.sum_error_bound(10_000, 0.05).expect("valid");
+        assert!(many < 10_000.0 * l.error_bound(0.05 / 10_000.0).expect("valid") / 10.0);
+        // Reals: the rounding of each cell adds half a step.
+        let r = Noise::laplace_real(1.0, 1.0, 1).expect("valid");
+        assert!(r.sum_error_bound(5, 0.05).expect("valid") > r.error_bound(0.05).expect("valid"));
     }
 
     #[test]

@@ -6,9 +6,14 @@
 //! and costs nothing (docs/privacy.md, "The replay cache and reuse of noisy measures").
 //!
 //! Invariants (each enforced by the types):
-//! - A [`NoisyMeasures`] is made only by [`super::measure`], which draws the noise, or read back
-//!   by [`NoisyMeasures::from_payload`] from a payload [`NoisyMeasures::payload`] wrote for an
-//!   earlier release of the same analyst. Its fields are private to [`crate::dp::release`].
+//! - A [`NoisyMeasures`] is made only by [`super::measure`], which draws the noise, by
+//!   [`super::derive`], which adds up the cells of one [`super::measure`] drew (then it carries a
+//!   [`Derivation`]: how many cells each group adds and the error bounds of those sums), or read
+//!   back by [`NoisyMeasures::from_payload`] from a payload [`NoisyMeasures::payload`] wrote for
+//!   an earlier release of the same analyst. Its fields are private to [`crate::dp::release`].
+//! - Measures derived from an earlier, finer release are stored only under a
+//!   [`derived_key`], never under a [`measures_key`] (the session checks
+//!   [`NoisyMeasures::derived_from`] on both paths).
 //! - It holds only released groups: a candidate group that partition selection dropped has no
 //!   entry (the noisy count that decided against it was never released, so it is never stored).
 //! - [`measures_key`] covers everything the noisy values depend on (the upstream SQL with its
@@ -43,10 +48,32 @@ pub struct NoisyMeasures {
     pub(super) measures: usize,
     /// Released groups, in key order: key texts, noisy measure values.
     pub(super) groups: Vec<(Vec<Option<String>>, Vec<f64>)>,
+    /// Set when these measures were not drawn for their grouping but added up from the cells
+    /// of a finer release ([`super::derive`]).
+    pub(super) derivation: Option<Derivation>,
+}
+
+/// How derived noisy measures were computed from a finer release: each group is the sum of
+/// some of its cells, so each value's noise is the sum of that many independent noises.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Derivation {
+    /// The finer release's group keys, as the analyst wrote them (for the NOTICE), when it was
+    /// an earlier query's; `None` when the finer grouping is a grouping set of the same query,
+    /// measured in the same release ([`super::grouping`]).
+    pub(super) from: Option<String>,
+    /// Per group (in the order of [`NoisyMeasures::groups`]): how many finer cells it adds.
+    pub(super) cells: Vec<u64>,
+    /// Per group: the 95 % and the 97.5 % error bound of each measure, those of a sum of
+    /// `cells` of the finer release's noises ([`crate::dp::mechanism::Noise::sum_error_bound`]).
+    pub(super) bounds: Vec<(Vec<f64>, Vec<f64>)>,
 }
 
 /// First bytes of a payload of noisy measures (and its format's version).
 const MAGIC: &[u8] = b"pgdp-noisy-measures-1";
+
+/// First bytes of a payload of derived noisy measures (and its format's version): the finer
+/// grouping's text, then a payload of noisy measures, then each group's cells and bounds.
+const MAGIC_DERIVED: &[u8] = b"pgdp-derived-measures-1";
 
 impl NoisyMeasures {
     /// How many groups were released.
@@ -59,6 +86,20 @@ impl NoisyMeasures {
         self.groups.is_empty()
     }
 
+    /// The finer grouping (its keys as the analyst wrote them) these measures were added up
+    /// from, when they were derived.
+    pub fn derived_from(&self) -> Option<&str> {
+        self.derivation.as_ref().and_then(|d| d.from.as_deref())
+    }
+
+    /// The most finer cells one derived group adds (1 when not derived).
+    pub fn cells_max(&self) -> u64 {
+        self.derivation
+            .as_ref()
+            .and_then(|d| d.cells.iter().copied().max())
+            .unwrap_or(1)
+    }
+
     /// Whether the ledger keeps these measures for reuse: at most
     /// [`limits::MEASURES_STORED_GROUPS_MAX`] groups (a larger release is answered, not kept, and
     /// a query that could have reused it is charged).
@@ -69,6 +110,32 @@ impl NoisyMeasures {
     /// The measures as a payload for the ledger (a tagged, length-prefixed format; the values
     /// as the bits of their `f64`, so they read back exactly).
     pub fn payload(&self) -> Vec<u8> {
+        let plain = self.plain_payload();
+        let Some(d) = &self.derivation else {
+            return plain;
+        };
+        let mut out = Vec::from(MAGIC_DERIVED);
+        match &d.from {
+            None => out.push(b'N'),
+            Some(from) => {
+                out.push(b'T');
+                out.extend_from_slice(&(from.len() as u64).to_be_bytes());
+                out.extend_from_slice(from.as_bytes());
+            }
+        }
+        out.extend_from_slice(&(plain.len() as u64).to_be_bytes());
+        out.extend_from_slice(&plain);
+        for (cells, (b95, b975)) in d.cells.iter().zip(&d.bounds) {
+            out.extend_from_slice(&cells.to_be_bytes());
+            for value in b95.iter().chain(b975) {
+                out.extend_from_slice(&value.to_bits().to_be_bytes());
+            }
+        }
+        out
+    }
+
+    /// The payload of the groups and values alone (format [`MAGIC`]).
+    fn plain_payload(&self) -> Vec<u8> {
         let mut out = Vec::from(MAGIC);
         for n in [self.keys, self.measures, self.groups.len()] {
             out.extend_from_slice(&(n as u64).to_be_bytes());
@@ -103,13 +170,58 @@ impl NoisyMeasures {
     }
 }
 
+fn u64_of(b: &mut &[u8]) -> Option<u64> {
+    let (head, rest) = b.split_at_checked(8)?;
+    *b = rest;
+    Some(u64::from_be_bytes(head.try_into().ok()?))
+}
+
 /// The inverse of [`NoisyMeasures::payload`]; `None` for a payload it did not write.
 fn decode(payload: &[u8]) -> Option<NoisyMeasures> {
-    fn u64_of(b: &mut &[u8]) -> Option<u64> {
-        let (head, rest) = b.split_at_checked(8)?;
-        *b = rest;
-        Some(u64::from_be_bytes(head.try_into().ok()?))
+    let Some(mut b) = payload.strip_prefix(MAGIC_DERIVED) else {
+        return decode_plain(payload);
+    };
+    let (tag, rest) = b.split_first()?;
+    b = rest;
+    let from = match tag {
+        b'N' => None,
+        b'T' => {
+            let len = usize::try_from(u64_of(&mut b)?).ok()?;
+            let (from, rest) = b.split_at_checked(len)?;
+            b = rest;
+            Some(String::from_utf8(from.to_vec()).ok()?)
+        }
+        _ => return None,
+    };
+    let len = usize::try_from(u64_of(&mut b)?).ok()?;
+    let (plain, rest) = b.split_at_checked(len)?;
+    b = rest;
+    let mut measures = decode_plain(plain)?;
+    let n = measures.groups.len();
+    let mut cells = Vec::with_capacity(n);
+    let mut bounds = Vec::with_capacity(n);
+    for _ in 0..n {
+        cells.push(u64_of(&mut b)?);
+        let mut values = Vec::with_capacity(2 * measures.measures);
+        for _ in 0..2 * measures.measures {
+            values.push(f64::from_bits(u64_of(&mut b)?));
+        }
+        let b975 = values.split_off(measures.measures);
+        bounds.push((values, b975));
     }
+    if !b.is_empty() {
+        return None;
+    }
+    measures.derivation = Some(Derivation {
+        from,
+        cells,
+        bounds,
+    });
+    Some(measures)
+}
+
+/// [`decode`] of a payload of format [`MAGIC`].
+fn decode_plain(payload: &[u8]) -> Option<NoisyMeasures> {
     let mut b = payload.strip_prefix(MAGIC)?;
     let keys = usize::try_from(u64_of(&mut b)?).ok()?;
     let measures = usize::try_from(u64_of(&mut b)?).ok()?;
@@ -152,7 +264,20 @@ fn decode(payload: &[u8]) -> Option<NoisyMeasures> {
         keys,
         measures,
         groups,
+        derivation: None,
     })
+}
+
+/// The ledger key under which measures derived for a query's grouping from a finer release
+/// are kept ([`super::derive`]): its [`measures_key`] in a namespace of its own, so a derived
+/// entry never stands for drawn measures.
+pub fn derived_key(measures_key: &str) -> String {
+    format!(
+        "derived:{}",
+        measures_key
+            .strip_prefix("measures:")
+            .unwrap_or(measures_key)
+    )
 }
 
 /// The ledger key of the noisy measures a query's release draws: a fingerprint of everything
@@ -303,6 +428,7 @@ mod tests {
                     vec![0.0, -0.0, 7.25],
                 ),
             ],
+            derivation: None,
         }
     }
 
@@ -319,8 +445,24 @@ mod tests {
             keys: 0,
             measures: 1,
             groups: Vec::new(),
+            derivation: None,
         };
         assert_eq!(decode(&empty.payload()), Some(empty));
+        let mut derived = sample();
+        derived.derivation = Some(Derivation {
+            from: Some("sex, region".into()),
+            cells: vec![10, 3],
+            bounds: vec![
+                (vec![1.0, 2.0, 3.0], vec![1.5, 2.5, 3.5]),
+                (vec![4.0, 5.0, 6.0], vec![4.5, 5.5, 6.5]),
+            ],
+        });
+        let back = decode(&derived.payload()).expect("decodes");
+        assert_eq!(back, derived);
+        assert_eq!(back.derived_from(), Some("sex, region"));
+        assert_eq!(back.cells_max(), 10);
+        let payload = derived.payload();
+        assert_eq!(decode(&payload[..payload.len() - 1]), None);
     }
 
     #[test]

@@ -30,12 +30,14 @@ use crate::limits;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
 
+pub mod derive;
 mod grouping;
 pub mod measures;
 pub mod post;
 pub mod rows;
 
-pub use measures::{measures_key, NoisyMeasures};
+pub use grouping::derived_set as derived_grouping_set;
+pub use measures::{derived_key, measures_key, NoisyMeasures};
 pub use rows::{PrivateRows, Released, TextRows};
 
 /// Privacy parameters of one query (from the session settings).
@@ -356,10 +358,12 @@ fn worst_error_bound(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> f64 {
     let Ok(m) = mechanisms(plan, rewrite, budget) else {
         return f64::INFINITY;
     };
+    // Derived grouping sets: a total adds many cells, each with its noise.
+    let cells = grouping::derived_set(plan, rewrite).map_or(1, |f| grouping::cells_max(plan, f));
     m.noises
         .iter()
         .chain(m.sets.iter().flat_map(|s| s.noises.iter()))
-        .map(|n| n.error_bound(0.05).unwrap_or(f64::INFINITY))
+        .map(|n| n.sum_error_bound(cells, 0.05).unwrap_or(f64::INFINITY))
         .fold(0.0, f64::max)
 }
 
@@ -677,6 +681,7 @@ pub fn measure<R: Rng + CryptoRng + ?Sized>(
         keys: k,
         measures: m,
         groups: released,
+        derivation: None,
     })
 }
 
@@ -725,8 +730,18 @@ pub fn finish(
         }
     };
     let (bounds95, bounds975) = (bounds_at(0.05), bounds_at(0.025));
+    // Derived measures state, group by group, the error of the sums they are (derive).
+    if let Some(d) = &measures.derivation {
+        let m = rewrite.measures.len();
+        if d.cells.len() != measures.groups.len()
+            || d.bounds.len() != measures.groups.len()
+            || d.bounds.iter().any(|(a, b)| a.len() != m || b.len() != m)
+        {
+            return Err(Error::internal("derived measures of another shape"));
+        }
+    }
     let mut out_rows = Vec::new();
-    for (all_keys, noisy) in &measures.groups {
+    for (g, (all_keys, noisy)) in measures.groups.iter().enumerate() {
         // With grouping sets, the last key text is the group's set.
         let (keys, set) = match sets {
             Some(sets) => (
@@ -735,7 +750,10 @@ pub fn finish(
             ),
             None => (&all_keys[..], 0),
         };
-        let bounds = (bounds95[set].as_slice(), bounds975[set].as_slice());
+        let bounds = match &measures.derivation {
+            Some(d) => (d.bounds[g].0.as_slice(), d.bounds[g].1.as_slice()),
+            None => (bounds95[set].as_slice(), bounds975[set].as_slice()),
+        };
         let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
         for (i, agg) in plan.aggregates.iter().enumerate() {
             aggregate_values.push(derive(
@@ -1144,6 +1162,12 @@ pub fn explain(
             plan.max_rows_per_unit
         ),
         match plan.grouping_sets.as_deref() {
+            Some(sets) if grouping::derived_set(plan, rewrite).is_some() => format!(
+                "cost: {} (mechanism {}; one release, {} grouping set(s) derived from it, below)",
+                mechanisms.cost,
+                budget.mechanism.name(),
+                sets.len()
+            ),
             Some(sets) => format!(
                 "cost: {} (mechanism {}; the sum of the costs of {} grouping set(s), below)",
                 mechanisms.cost,

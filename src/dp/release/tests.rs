@@ -226,13 +226,14 @@ fn groups_dropped_by_partition_selection_are_not_kept() {
     );
 }
 
-/// Grouping sets (issue 15): every set is its own release with an equal share of ε, the charge
+/// Grouping sets (issue 15) that are not derived: every set is its own release with an equal share of ε, the charge
 /// is their sum (the query's ε), the rows of every set come back (rolled-up keys NULL, GROUPING
 /// from the set), and a set with private keys releases only what its own selection keeps.
 #[test]
 fn grouping_sets_release_every_set_and_charge_their_sum() {
     let policy = policy();
-    let sql = "SELECT sex, COUNT(*), GROUPING(sex) AS g FROM demo.people GROUP BY GROUPING SETS ((sex), (), (sex))";
+    // A distinct count does not add up over cells, so the sets are not derived from the finest.
+    let sql = "SELECT sex, COUNT(DISTINCT person_id), GROUPING(sex) AS g FROM demo.people GROUP BY GROUPING SETS ((sex), (), (sex))";
     let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
     assert_eq!(mechanisms.sets.len(), 3);
     for set in &mechanisms.sets {
@@ -379,6 +380,7 @@ fn a_sum_with_avg_of_the_same_column_is_derived_from_its_measures() {
         keys: 0,
         measures: 2,
         groups: vec![(Vec::new(), vec![10.0, -50_000.0])],
+        derivation: None,
     };
     let released = finish(&plan, &rewrite, &mechanisms, &measures, true).expect("finishes");
     let row = &released.rows[0];
@@ -506,4 +508,258 @@ fn auto_takes_the_mechanism_with_the_smaller_stated_errors() {
     assert_eq!(median.choice.expect("choice").gaussian, None);
     // An explicit mechanism is never second-guessed.
     assert!(laplace.choice.is_none());
+}
+
+/// Upstream rows of the finest set (index `set`) of a plan with grouping sets: the set index,
+/// each key's text, every measure `value`, then the units.
+fn finest_rows(rewrite: &Rewrite, set: &str, groups: &[(&[&str], i64)]) -> PrivateRows {
+    PrivateRows::new(
+        groups
+            .iter()
+            .map(|(keys, value)| {
+                let mut row = vec![Some(set.to_string())];
+                row.extend(keys.iter().map(|k| Some(k.to_string())));
+                row.extend(rewrite.measures.iter().map(|_| Some(value.to_string())));
+                row.push(Some(value.to_string()));
+                row
+            })
+            .collect(),
+    )
+}
+
+/// Issue 15: ROLLUP over public keys with measures that add up is one release, of the finest
+/// set at the whole ε, and every subtotal and the total are sums of its cells, with the error
+/// of such sums.
+#[test]
+fn rollup_over_public_keys_derives_subtotals_from_the_finest_set() {
+    let policy = policy();
+    let sql =
+        "SELECT sex, region, COUNT(*), SUM(income) FROM demo.people GROUP BY ROLLUP (sex, region)";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    assert_eq!(grouping::derived_set(&plan, &rewrite), Some(0));
+    // Charged once, the whole ε; the upstream reads the finest set's branch alone.
+    assert_eq!(mechanisms.cost.epsilon.to_string(), "1");
+    assert!(!rewrite.sql.as_str().contains("UNION ALL"));
+    assert!(rewrite.sql.as_str().starts_with("SELECT 0 AS __dp_set"));
+    // Every set reads the finest set's noises, at the whole ε: a count of scale 1/ε share.
+    assert_eq!(mechanisms.sets.len(), 3);
+    for m in &mechanisms.sets {
+        assert_eq!(m.noises, mechanisms.sets[0].noises);
+    }
+    let rows = finest_rows(
+        &rewrite,
+        "0",
+        &[
+            (&["F", "CE"], 1000),
+            (&["F", "EA"], 2000),
+            (&["M", "CE"], 500),
+        ],
+    );
+    let measures = measure(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &listed_domain(&plan),
+        &mut seeded(5),
+    )
+    .expect("measure");
+    // 3 × 10 cells, 3 subtotals, 1 total.
+    assert_eq!(measures.len(), 34);
+    let set_of = |g: &(Vec<Option<String>>, Vec<f64>)| g.0[2].clone().expect("set");
+    let cells: Vec<_> = measures
+        .groups
+        .iter()
+        .filter(|g| set_of(g) == "0")
+        .collect();
+    let m = rewrite.measures.len();
+    for (g, group) in measures.groups.iter().enumerate() {
+        let parts: Vec<_> = match set_of(group).as_str() {
+            "0" => continue,
+            "1" => cells.iter().filter(|c| c.0[0] == group.0[0]).collect(),
+            _ => cells.iter().collect(),
+        };
+        for j in 0..m {
+            let sum: f64 = parts.iter().map(|c| c.1[j]).sum();
+            assert_eq!(group.1[j], sum, "group {:?} measure {j}", group.0);
+        }
+        let d = measures.derivation.as_ref().expect("derived");
+        assert_eq!(d.cells[g], parts.len() as u64);
+        let n = &mechanisms.sets[0].noises[0];
+        assert_eq!(
+            d.bounds[g].0[0],
+            n.sum_error_bound(parts.len() as u64, 0.05).expect("bound")
+        );
+    }
+    // The total of the counts is the sum of the subtotals too, and the answer shows it.
+    let released = finish(&plan, &rewrite, &mechanisms, &measures, true).expect("finish");
+    let count_of = |r: &Vec<Cell>| match r[2] {
+        Cell::Int(i) => i,
+        ref other => panic!("{other:?}"),
+    };
+    let subtotals: Vec<&Vec<Cell>> = released
+        .rows()
+        .iter()
+        .filter(|r| r[0] != Cell::Null && r[1] == Cell::Null)
+        .collect();
+    assert_eq!(subtotals.len(), 3);
+    let total = released
+        .rows()
+        .iter()
+        .find(|r| r[0] == Cell::Null)
+        .expect("the total");
+    let unclamped: f64 = cells.iter().map(|c| c.1[0]).sum();
+    assert_eq!(count_of(total), unclamped.round().max(0.0) as i64);
+    // The total's stated error is that of a sum of 30 noises.
+    assert_eq!(
+        total[3],
+        Cell::Float(
+            mechanisms.sets[0].noises[0]
+                .sum_error_bound(30, 0.05)
+                .expect("bound")
+        )
+    );
+    let lines = explain(&plan, &rewrite, &mechanisms, LAPLACE);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("grouping set 3 (): sums of the cells of grouping set 1")),
+        "{lines:?}"
+    );
+    // With a private key, or a measure that does not add up, each set is its own release.
+    for sql in [
+        "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY ROLLUP (diagnosis)",
+        "SELECT sex, COUNT(DISTINCT person_id) FROM demo.people GROUP BY ROLLUP (sex)",
+        "SELECT sex, MEDIAN(age) FROM demo.people GROUP BY ROLLUP (sex)",
+        "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY GROUPING SETS ((sex), (region))",
+    ] {
+        let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+        assert_eq!(grouping::derived_set(&plan, &rewrite), None, "{sql}");
+        assert!(rewrite.sql.as_str().contains("UNION ALL"), "{sql}");
+        assert!(mechanisms.sets.len() >= 2);
+    }
+}
+
+/// Issue 16 part 3: a release over public keys stores, for each coarser grouping, the sums of
+/// its cells under exactly the key the coarser query computes; queries that differ in filter,
+/// bounds, ε or keys compute other keys; measures that do not add up are not derived.
+#[test]
+fn a_coarser_grouping_is_derived_under_the_key_of_the_coarser_query() {
+    let policy = policy();
+    let fine = "SELECT sex, region, COUNT(*), AVG(income) FROM demo.people WHERE age > 30 GROUP BY sex, region";
+    let (plan, rewrite, mechanisms, fine_key) = prepared(&policy, fine, LAPLACE);
+    assert_eq!(
+        derive::coarser_groupings(&plan, &rewrite),
+        vec![vec![], vec![0], vec![1]]
+    );
+    let rows = PrivateRows::new(
+        [("F", "CE", 10), ("F", "EA", 20), ("M", "CE", 5)]
+            .iter()
+            .map(|(a, b, v)| {
+                let mut row = vec![Some(a.to_string()), Some(b.to_string())];
+                row.extend(rewrite.measures.iter().map(|_| Some(v.to_string())));
+                row.push(Some(v.to_string()));
+                row
+            })
+            .collect(),
+    );
+    let measures = measure(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &listed_domain(&plan),
+        &mut seeded(9),
+    )
+    .expect("measure");
+    let entries =
+        derive::coarser_releases(&plan, &rewrite, &mechanisms, &measures, &[], SECRET, false);
+    assert_eq!(entries.len(), 3);
+    // Another select list and post-processing, the same aggregates in the same order (the
+    // order of the measures is part of the key, as for reuse).
+    let coarse = "SELECT COUNT(*) AS n, region, AVG(income) AS mean FROM demo.people WHERE age > 30 GROUP BY region HAVING COUNT(*) > 3 ORDER BY 3";
+    let (cplan, crewrite, cmechanisms, ckey) = prepared(&policy, coarse, LAPLACE);
+    let derived_key = derived_key(&ckey);
+    assert_ne!(derived_key, ckey);
+    let (_, derived) = entries
+        .iter()
+        .find(|(k, _)| *k == derived_key)
+        .expect("the coarser query's key");
+    assert_eq!(derived.derived_from(), Some("people.sex, people.region"));
+    assert_eq!(derived.cells_max(), 3);
+    // Each region is the sum of its three cells (F, M, X), measure by measure.
+    assert_eq!(derived.len(), 10);
+    for (keys, values) in &derived.groups {
+        let parts: Vec<&Vec<f64>> = measures
+            .groups
+            .iter()
+            .filter(|(k, _)| k[1] == keys[0])
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(parts.len(), 3);
+        for (j, v) in values.iter().enumerate() {
+            assert_eq!(*v, parts.iter().map(|p| p[j]).sum::<f64>());
+        }
+    }
+    // The coarser query finishes them like its own, with the error of sums of 3 noises.
+    let released = finish(&cplan, &crewrite, &cmechanisms, derived, true).expect("finish");
+    assert!(!released.rows().is_empty());
+    let payload = derived.payload();
+    assert_eq!(
+        NoisyMeasures::from_payload(&payload, &cplan, &crewrite).as_ref(),
+        Some(derived)
+    );
+    // The grand total too.
+    let (_, _, _, total_key) = prepared(
+        &policy,
+        "SELECT COUNT(*), AVG(income) FROM demo.people WHERE age > 30",
+        LAPLACE,
+    );
+    assert!(entries
+        .iter()
+        .any(|(k, _)| *k == derived_key_of(&total_key)));
+    // Other filters, bounds, ε or keys: other keys.
+    let other = |sql: &str, budget: Budget| derived_key_of(&prepared(&policy, sql, budget).3);
+    let keys: Vec<&String> = entries.iter().map(|(k, _)| k).collect();
+    for (sql, budget) in [
+        ("SELECT region, COUNT(*), AVG(income) FROM demo.people WHERE age > 31 GROUP BY region", LAPLACE),
+        ("SELECT region, COUNT(*), AVG(LEAST(income, 1000)) FROM demo.people WHERE age > 30 GROUP BY region", LAPLACE),
+        ("SELECT region, COUNT(*), AVG(income) FROM demo.people WHERE age > 30 GROUP BY region", Budget { epsilon: 0.5, ..LAPLACE }),
+        ("SELECT region, COUNT(*) FROM demo.people WHERE age > 30 GROUP BY region", LAPLACE),
+        ("SELECT education, COUNT(*), AVG(income) FROM demo.people WHERE age > 30 GROUP BY education", LAPLACE),
+    ] {
+        assert!(!keys.contains(&&other(sql, budget)), "{sql}");
+    }
+    assert!(!keys.contains(&&derived_key_of(&fine_key)));
+    // Measures that do not add up, private keys and grouping sets store nothing.
+    for sql in [
+        "SELECT sex, region, COUNT(DISTINCT person_id) FROM demo.people GROUP BY sex, region",
+        "SELECT sex, region, MEDIAN(age) FROM demo.people GROUP BY sex, region",
+        "SELECT diagnosis, clinic, COUNT(*) FROM demo.visits GROUP BY diagnosis, clinic",
+        "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex, region)",
+    ] {
+        let (plan, rewrite, _, _) = prepared(&policy, sql, LAPLACE);
+        assert!(
+            derive::coarser_groupings(&plan, &rewrite).is_empty(),
+            "{sql}"
+        );
+    }
+}
+
+fn derived_key_of(key: &str) -> String {
+    derived_key(key)
+}
+
+/// `pgdp.max_error` on a derived ROLLUP: the ε chosen makes the stated error of the total (a
+/// sum of 30 cells) meet the target, not only a cell's.
+#[test]
+fn max_error_of_a_derived_rollup_covers_its_total() {
+    let policy = policy();
+    let sql = "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY ROLLUP (sex, region)";
+    let (plan, rewrite, _, _) = prepared(&policy, sql, LAPLACE);
+    assert_eq!(grouping::cells_max(&plan, 0), 30);
+    let budget = budget_for_error(&plan, &rewrite, LAPLACE, 50.0, 10.0).expect("an epsilon");
+    let m = mechanisms(&plan, &rewrite, budget).expect("mechanisms");
+    let total = m.noises[0].sum_error_bound(30, 0.05).expect("bound");
+    assert!(total <= 50.0, "{total}");
 }

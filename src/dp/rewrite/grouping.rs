@@ -5,6 +5,11 @@
 //! Columns: `__dp_set` (the set's index), one text column per key of the query (NULL for the keys
 //! not in the set), then the measures and the number of units, as in a plain rewrite.
 //!
+//! When every key is public, one set holds every other's keys and every measure adds up
+//! ([`Plan::finest_grouping_set`], [`super::Measure::is_additive`]), the statement is that
+//! finest set's branch alone: the release derives every other set from its cells
+//! (`release::grouping`).
+//!
 //! Invariants:
 //! - Each branch bounds contributions exactly as a query grouped by that set alone: its own
 //!   stage 3 keeps at most `max_groups_per_unit` groups of the set per unit (one for the empty
@@ -29,9 +34,21 @@ pub(super) fn statement(
         .grouping_sets()
         .ok_or_else(|| Error::internal("grouping statement of a plan without grouping sets"))?;
     let k = plan.keys().len();
+    // When every set is derived from the finest (release::grouping), its branch alone.
+    let mut measured: Vec<usize> = (0..sets.len()).collect();
+    if let Some(f) = plan.finest_grouping_set() {
+        let sub = plan
+            .grouping_set(f)
+            .ok_or_else(|| Error::internal("a grouping set out of range"))?;
+        let (_, _, measures, _) = super::statement(&sub, parameters, secret, shape)?;
+        if measures.iter().all(|m| m.is_additive()) {
+            measured = vec![f];
+        }
+    }
     let mut branches = Vec::new();
     let mut shared: Option<Built> = None;
-    for (s, set) in sets.iter().enumerate() {
+    for s in measured {
+        let set = &sets[s];
         let sub = plan
             .grouping_set(s)
             .ok_or_else(|| Error::internal("a grouping set out of range"))?;

@@ -154,6 +154,21 @@ impl Argument {
 }
 
 impl Measure {
+    /// Whether this statistic adds up over disjoint cells of the same rows, so that a coarser
+    /// group's value is the sum of its finer cells': counts of rows or values, sums, centred
+    /// sums and sums of squares. Not distinct counts (a unit or value in two cells is one in
+    /// their union) nor quantile histograms released as one chosen bucket.
+    pub fn is_additive(&self) -> bool {
+        match self {
+            Measure::Rows
+            | Measure::Values(_)
+            | Measure::Sum(_)
+            | Measure::SumCentered(_)
+            | Measure::SumSquaresCentered(_) => true,
+            Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => false,
+        }
+    }
+
     /// The most one privacy unit can add to or remove from this statistic in one group.
     pub fn contribution(&self, arguments: &[Argument], max_rows_per_unit: u64) -> f64 {
         let c = max_rows_per_unit as f64;
