@@ -173,20 +173,7 @@ pub(super) fn measure<R: Rng + CryptoRng + ?Sized>(
     }
     let mut groups = Vec::new();
     for (s, set) in sets.iter().enumerate() {
-        let index = s.to_string();
-        let own = PrivateRows {
-            rows: rows
-                .rows
-                .iter()
-                .filter(|r| r[0].as_deref() == Some(index.as_str()))
-                .map(|r| {
-                    set.iter()
-                        .map(|&key| r[1 + key].clone())
-                        .chain(r[1 + k..].iter().cloned())
-                        .collect()
-                })
-                .collect(),
-        };
+        let own = set_rows(rows, s, set, k);
         let released = super::measure(
             &set_plan(plan, s)?,
             rewrite,
@@ -200,7 +187,7 @@ pub(super) fn measure<R: Rng + CryptoRng + ?Sized>(
             for (p, &key) in set.iter().enumerate() {
                 full[key] = keys.get(p).cloned().flatten();
             }
-            full.push(Some(index.clone()));
+            full.push(Some(s.to_string()));
             groups.push((full, noisy));
         }
     }
@@ -265,21 +252,7 @@ fn measure_derived<R: Rng + CryptoRng + ?Sized>(
         .get(f)
         .ok_or_else(|| Error::internal("mechanisms of other grouping sets"))?;
     let k = plan.keys.len();
-    let index = f.to_string();
-    let own = PrivateRows {
-        rows: rows
-            .rows
-            .iter()
-            .filter(|r| r[0].as_deref() == Some(index.as_str()))
-            .map(|r| {
-                finest_keys
-                    .iter()
-                    .map(|&key| r[1 + key].clone())
-                    .chain(r[1 + k..].iter().cloned())
-                    .collect()
-            })
-            .collect(),
-    };
+    let own = set_rows(rows, f, finest_keys, k);
     if own.rows.len() != rows.rows.len() {
         return Err(Error::internal(
             "rows of a grouping set that is not measured",
@@ -431,4 +404,24 @@ pub(super) fn explain_sets(
         );
     }
     Ok(lines)
+}
+
+/// The rows of grouping set `s` (those whose `__dp_set` is `s`), as a query grouped by `set`
+/// alone reads them: the set's keys, then the measures and the number of units (`k` is the
+/// number of the query's keys).
+fn set_rows(rows: &PrivateRows, s: usize, set: &[usize], k: usize) -> PrivateRows {
+    let index = s.to_string();
+    PrivateRows {
+        rows: rows
+            .rows
+            .iter()
+            .filter(|r| r[0].as_deref() == Some(index.as_str()))
+            .map(|r| {
+                set.iter()
+                    .map(|&key| r[1 + key].clone())
+                    .chain(r[1 + k..].iter().cloned())
+                    .collect()
+            })
+            .collect(),
+    }
 }
