@@ -362,14 +362,12 @@ pub(super) fn explain_sets(
                 }
             ));
         }
-        let own = super::explain(&set_plan(plan, f)?, rewrite, m, m.budget);
-        lines.extend(
-            own.into_iter()
-                .skip(2)
-                .take_while(|l| l != "upstream SQL:")
-                .filter(|l| !l.starts_with("estimates:"))
-                .map(|l| format!("  {l}")),
-        );
+        lines.extend(set_lines(super::explain(
+            &set_plan(plan, f)?,
+            rewrite,
+            m,
+            m.budget,
+        )));
         return Ok(lines);
     }
     let mut lines = vec![format!(
@@ -394,16 +392,19 @@ pub(super) fn explain_sets(
             keys.join(", "),
             m.cost
         ));
-        let own = super::explain(&sub, rewrite, m, m.budget);
-        lines.extend(
-            own.into_iter()
-                .skip(2)
-                .take_while(|l| l != "upstream SQL:")
-                .filter(|l| !l.starts_with("estimates:"))
-                .map(|l| format!("  {l}")),
-        );
+        lines.extend(set_lines(super::explain(&sub, rewrite, m, m.budget)));
     }
     Ok(lines)
+}
+
+/// A grouping set's own EXPLAIN lines, indented under the query's: its measures and selection,
+/// without the header, the estimates note and the upstream SQL (the query shows those once).
+fn set_lines(own: Vec<String>) -> impl Iterator<Item = String> {
+    own.into_iter()
+        .skip(2)
+        .take_while(|l| l != "upstream SQL:")
+        .filter(|l| !l.starts_with("estimates:"))
+        .map(|l| format!("  {l}"))
 }
 
 /// The rows of grouping set `s` (those whose `__dp_set` is `s`), as a query grouped by `set`
