@@ -14,6 +14,7 @@
 //! - `clients`: the real clients (pgjdbc, psqlODBC, psycopg 2 and 3, SQLAlchemy, node-postgres,
 //!   psql) in `tests/clients/`;
 //! - `golden`: the rewrite corpus in `tests/cases/`;
+//! - `datetime_ranges`: the SQL pgdp sends over dates and timestamps at the ends of their ranges;
 //! - `dp_property`: neighbouring databases and the empirical sensitivity of the rewrites;
 //! - `fuzz_smoke`: the fuzz targets of `fuzz/` over their seeds and bounded mutations;
 //! - `ledger`: the privacy ledger against a real PostgreSQL;
@@ -47,6 +48,7 @@ mod attacks;
 mod auth;
 mod budget;
 mod clients;
+mod datetime_ranges;
 mod dp;
 mod dp_property;
 mod faults;

@@ -350,6 +350,16 @@ impl<'a> Analyzer<'a> {
                     return Err(unsupported_here("EXTRACT from a non-date value"));
                 }
                 let field_name = field.to_string().to_ascii_lowercase();
+                // A date has no time of day: PostgreSQL fails on EXTRACT(hour FROM d) for a date
+                // d, but only when a row reaches it, which would reveal that one exists.
+                if matches!(field_name.as_str(), "hour" | "minute" | "second")
+                    && i.ty != Some(ColumnType::Timestamp)
+                {
+                    return Err(Error::unsupported(
+                        format!("EXTRACT({field_name} …) of a date"),
+                        "A date has no time of day. Extract it from a timestamp column, or use a field of the date such as day, dow or doy.",
+                    ));
+                }
                 let bounds = match field_name.as_str() {
                     "month" => Some((1.0, 12.0)),
                     "day" => Some((1.0, 31.0)),
@@ -500,6 +510,26 @@ impl<'a> Analyzer<'a> {
                 (args.first_mut(), infos.first())
             {
                 *e = as_numeric(e.clone(), info);
+            }
+        }
+        if matches!(name.as_str(), "date_trunc" | "date_part") {
+            // Near the ends of the date and timestamp ranges both fail on some values: the
+            // argument is made total (see `datetime_range_guard`).
+            // date_part's field truncates nothing: only its conversion of a date can fail.
+            let unit = match args.first() {
+                _ if name == "date_part" => Some(String::new()),
+                Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(v)))) => {
+                    crate::literal::string_value(&v.value).map(|s| s.to_ascii_lowercase())
+                }
+                _ => None,
+            };
+            let temporal = infos.get(1).is_some_and(|i| {
+                !i.constant && matches!(i.ty, Some(ColumnType::Date | ColumnType::Timestamp))
+            });
+            if let (Some(unit), true, Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(x)))) =
+                (unit, temporal, args.get_mut(1))
+            {
+                *x = datetime_range_guard(&unit, x.clone());
             }
         }
         let refs: Vec<&Info> = infos.iter().collect();

@@ -301,3 +301,64 @@ pub(super) fn check_temporal_text(text: &str, ty: ColumnType) -> Result<()> {
         })
     }
 }
+
+/// The first date or timestamp at which `date_trunc(unit, …)` stays inside PostgreSQL's
+/// timestamp range (which starts at 4714-11-24 BC): the start of the first period of `unit`
+/// that begins inside it. Earlier values truncate to a period start before the range, and
+/// PostgreSQL fails with "timestamp out of range". Compared with the argument, the literal is
+/// read in the session's time zone, as the truncation is. Below a week, and for a week, the first
+/// days are given up as well: in a time zone east of UTC their local midnight or Monday lies
+/// before the range.
+fn datetime_lower_safe(unit: &str) -> &'static str {
+    match unit {
+        "millennium" => "4000-01-01 BC",
+        "century" => "4700-01-01 BC",
+        "decade" => "4711-01-01 BC",
+        "year" | "quarter" => "4713-01-01 BC",
+        "month" | "week" => "4714-12-01 BC",
+        // Finer units, and date_part's fields (which only convert a date to a timestamp).
+        _ => "4714-11-25 BC",
+    }
+}
+
+/// Values after this fail: a date after it has no timestamp ("date out of range for
+/// timestamp"), which date_trunc and date_part of a date convert to first. Timestamps on the
+/// last day are given up too: in a time zone east of UTC their local time lies past the range.
+const DATETIME_UPPER_SAFE: &str = "294276-12-31";
+
+/// `CASE WHEN x > upper THEN 'infinity' WHEN x < lower THEN '-infinity' ELSE x END`: the date
+/// or timestamp argument of `date_trunc(unit, x)` or `date_part(field, x)` made total.
+///
+/// PostgreSQL fails on finite values near the ends of its ranges (a date after 294276 AD has no
+/// timestamp; the decade of 4712 BC starts before the first timestamp), and such an error would
+/// tell the analyst that some row holds such a value. PostgreSQL's own answer for values beyond
+/// every bound is ±infinity (`date_trunc('month', 'infinity'::date)` is `infinity`), so values
+/// where it would fail are truncated as ±infinity instead. Every other value is answered as
+/// PostgreSQL answers it, ±infinity and NULL included, except within the first week and the
+/// last day of the timestamp range (see [`datetime_lower_safe`], [`DATETIME_UPPER_SAFE`]).
+/// The untyped literals take the argument's type (date, timestamp or timestamptz), so the
+/// function resolves exactly as before.
+pub(super) fn datetime_range_guard(unit: &str, x: Expr) -> Expr {
+    let text = |s: &str| Expr::value(Value::SingleQuotedString(s.to_string()));
+    let compare = |op: ast::BinaryOperator, bound: &str| Expr::BinaryOp {
+        left: Box::new(Expr::Nested(Box::new(x.clone()))),
+        op,
+        right: Box::new(text(bound)),
+    };
+    Expr::Case {
+        case_token: ast::helpers::attached_token::AttachedToken::empty(),
+        end_token: ast::helpers::attached_token::AttachedToken::empty(),
+        operand: None,
+        conditions: vec![
+            ast::CaseWhen {
+                condition: compare(ast::BinaryOperator::Gt, DATETIME_UPPER_SAFE),
+                result: text("infinity"),
+            },
+            ast::CaseWhen {
+                condition: compare(ast::BinaryOperator::Lt, datetime_lower_safe(unit)),
+                result: text("-infinity"),
+            },
+        ],
+        else_result: Some(Box::new(Expr::Nested(Box::new(x)))),
+    }
+}

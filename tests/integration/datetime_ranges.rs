@@ -1,0 +1,235 @@
+//! Dates and timestamps at the ends of PostgreSQL's ranges: the SQL pgdp sends never fails on
+//! them, and everywhere PostgreSQL itself answers, it answers the same.
+//!
+//! Regression: `date_trunc('month', d)` of a date after 294276 AD, `date_trunc('millennium', d)`
+//! of a date before 4000 BC and `date_part('year', d)` of such dates fail with "out of range",
+//! only when a row holds such a value. An analyst could learn from the error alone that a person
+//! (`WHERE person_id = 5`) has one. pgdp guards the argument (`datetime_range_guard`); these
+//! tests run its rewritten SQL on a real PostgreSQL over a table of edge values, in several
+//! session time zones.
+
+use pgdp::dp::analyze::{self, Context};
+use pgdp::dp::rewrite;
+use pgdp::policy::{self, Policy};
+use pgdp::session::classify::{self, Statement};
+use tokio_postgres::SimpleQueryMessage;
+
+use crate::harness;
+
+const SECRET: &str = "datetime-ranges-secret";
+
+const POLICY: &str = r#"
+database: edges
+analysts:
+  a:
+    scram_verifier: "SCRAM-SHA-256$4096:cGdkcC1kZW1vLXNhbHQtMQ==$lInLWt8gswE0sagso62TdobVlP/4N1mG//OTC1uOjxU=:Cs+4xOdBEHF3GmuzWiAu/lrFp8VOJ+dfMKys15hYAlg="
+    budget: { epsilon: 10, delta: 1.0e-5 }
+tables:
+  edge.events:
+    kind: private
+    privacy_unit: person_id
+    max_groups_per_unit: 100
+    max_rows_per_unit: 100
+    columns:
+      person_id: { type: bigint }
+      d:         { type: date, groupable: true }
+      ts:        { type: timestamp, groupable: true }
+      tz:        { type: timestamptz, groupable: true }
+"#;
+
+/// Dates near both ends of the date and timestamp ranges, ±infinity, NULL and ordinary ones.
+const DATES: &[&str] = &[
+    "4714-11-24 BC",
+    "4714-11-30 BC",
+    "4714-12-05 BC",
+    "4713-01-01 BC",
+    "4713-06-01 BC",
+    "4712-06-01 BC",
+    "4711-01-01 BC",
+    "4705-06-01 BC",
+    "4700-01-01 BC",
+    "4650-06-01 BC",
+    "4001-06-01 BC",
+    "4000-01-01 BC",
+    "3999-06-01 BC",
+    "0001-01-01 BC",
+    "0001-01-01",
+    "2024-02-29",
+    "294276-11-30",
+    "294276-12-31",
+    "294277-01-01",
+    "300000-01-01",
+    "5874897-12-31",
+    "infinity",
+    "-infinity",
+];
+
+/// The dates of [`DATES`] where pgdp answers ±infinity and PostgreSQL may answer (in some time
+/// zones): the first week and the last day of the timestamp range.
+const TOLERATED: &[&str] = &["4714-11-24 BC", "4714-11-30 BC", "294276-12-31"];
+
+/// The dates of [`DATES`] after the last timestamp.
+const BEYOND_TIMESTAMPS: &[&str] = &["294277-01-01", "300000-01-01", "5874897-12-31"];
+
+const UNITS: &[&str] = &[
+    "microseconds",
+    "milliseconds",
+    "second",
+    "minute",
+    "hour",
+    "day",
+    "week",
+    "month",
+    "quarter",
+    "year",
+    "decade",
+    "century",
+    "millennium",
+];
+
+/// Zones with the largest offsets either way, and UTC.
+const ZONES: &[&str] = &[
+    "UTC",
+    "Pacific/Kiritimati",
+    "Pacific/Niue",
+    "America/Los_Angeles",
+];
+
+fn policy() -> Policy {
+    policy::parse(POLICY).unwrap_or_else(|e| panic!("edge policy: {e}"))
+}
+
+/// The upstream SQL pgdp sends for `sql`.
+fn rewritten(policy: &Policy, sql: &str) -> String {
+    let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let [Statement::Query(query)] = statements.as_slice() else {
+        panic!("{sql}: not one query");
+    };
+    let ctx = Context {
+        policy,
+        search_path: vec!["edge".into()],
+    };
+    let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let rw = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rw.sql.to_string()
+}
+
+/// The first column of every row of `sql`, or the error's message.
+async fn keys(client: &tokio_postgres::Client, sql: &str) -> Result<Vec<Option<String>>, String> {
+    let messages = client.simple_query(sql).await.map_err(|e| {
+        e.as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_else(|| e.to_string())
+    })?;
+    let mut out: Vec<Option<String>> = messages
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_string)),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+#[tokio::test]
+async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_postgresql_answers() {
+    let db = harness::fresh_database("datetime_ranges").await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE SCHEMA edge;
+             CREATE TABLE edge.events (person_id bigint, d date, ts timestamp, tz timestamptz);",
+        )
+        .await
+        .expect("create the edge table");
+    // One person per value; the timestamps at midnight and just before the next midnight.
+    for (i, d) in DATES.iter().enumerate() {
+        for (j, time) in ["00:00:00", "23:59:59"].iter().enumerate() {
+            let person = (i * 2 + j) as i64;
+            // Dates past the timestamp range have no timestamp: those rows keep only the date.
+            let ts = if d.contains("infinity") {
+                format!("TIMESTAMP '{d}'")
+            } else if BEYOND_TIMESTAMPS.contains(d) {
+                "NULL".to_string()
+            } else {
+                format!("TIMESTAMP '{}'", with_time(d, time))
+            };
+            client
+                .batch_execute(&format!(
+                    "SET TimeZone = 'UTC'; INSERT INTO edge.events VALUES ({person}, DATE '{d}', {ts}, {ts})"
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("insert {d}: {e}"));
+        }
+    }
+    client
+        .batch_execute("INSERT INTO edge.events VALUES (999, NULL, NULL, NULL)")
+        .await
+        .expect("insert NULLs");
+
+    let policy = policy();
+    let mut answered = 0;
+    for zone in ZONES {
+        client
+            .batch_execute(&format!("SET TimeZone = '{zone}'"))
+            .await
+            .expect("set the zone");
+        for column in ["d", "ts", "tz"] {
+            let mut expressions: Vec<(String, Option<&str>)> = UNITS
+                .iter()
+                .map(|u| (format!("date_trunc('{u}', {column})"), Some(*u)))
+                .collect();
+            expressions.push((format!("date_part('year', {column})"), None));
+            expressions.push((format!("date_part('dow', {column})"), None));
+            for (expression, _) in &expressions {
+                let sql = rewritten(
+                    &policy,
+                    &format!("SELECT {expression} AS k, COUNT(*) FROM edge.events GROUP BY 1"),
+                );
+                let through_pgdp = keys(&client, &sql).await.unwrap_or_else(|e| {
+                    panic!("{zone}: {expression}: the rewritten SQL failed ({e}): {sql}")
+                });
+                // PostgreSQL's own answer over the rows it can answer for: every such key must
+                // be among pgdp's, with the same text.
+                let mut plain = Vec::new();
+                let rows = client
+                    .query("SELECT person_id FROM edge.events", &[])
+                    .await
+                    .expect("people");
+                for row in rows {
+                    let person: i64 = row.get(0);
+                    if person == 999 {
+                        continue;
+                    }
+                    let one = format!(
+                        "SELECT CAST({expression} AS TEXT) FROM edge.events WHERE person_id = {person}"
+                    );
+                    if let Ok(k) = keys(&client, &one).await {
+                        plain.extend(k.into_iter().map(|k| (person as usize, k)));
+                        answered += 1;
+                    }
+                }
+                for (person, key) in plain {
+                    if TOLERATED.contains(&DATES[person / 2]) {
+                        continue;
+                    }
+                    assert!(
+                        through_pgdp.contains(&key),
+                        "{zone}: {expression}: PostgreSQL gives {key:?}, pgdp's SQL gives {through_pgdp:?}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(answered > 0, "PostgreSQL answered for some rows");
+    db.drop_db().await;
+}
+
+/// `date '2024-02-29'` with a time of day.
+fn with_time(date: &str, time: &str) -> String {
+    match date.strip_suffix(" BC") {
+        Some(d) => format!("{d} {time} BC"),
+        None => format!("{date} {time}"),
+    }
+}
