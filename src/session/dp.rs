@@ -336,6 +336,7 @@ impl Session {
                 ""
             },
         ]);
+        let key = in_zone(key, &self.settings.time_zone);
         let ledger = &shared.ledger;
         let analyst = self.analyst.name.clone();
 
@@ -346,7 +347,10 @@ impl Session {
             } else {
                 Vec::new()
             };
-            release::measures_key(&plan, &rewrite, &mechanisms, params, &domain)
+            in_zone(
+                release::measures_key(&plan, &rewrite, &mechanisms, params, &domain),
+                &self.settings.time_zone,
+            )
         };
         // The key of measures derived for this grouping from a finer release of the analyst's
         // (issue 16 part 3), when this query could be answered so.
@@ -477,7 +481,12 @@ impl Session {
         // 4. The upstream, which takes the receipt; a failure keeps the charge.
         let started = std::time::Instant::now();
         let rows = match connection
-            .run_release_query(&rewrite.sql, receipt, &self.cancel)
+            .run_release_query(
+                &rewrite.sql,
+                &self.settings.time_zone,
+                receipt,
+                &self.cancel,
+            )
             .await
         {
             Ok(rows) => rows,
@@ -504,9 +513,11 @@ impl Session {
         let released = match (&shape.inputs, &shared.shadow) {
             (Some(inputs), Some(shadow)) => {
                 let who = analyst.clone();
+                let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
                 let evaluated = released
-                    .post_processed(&plan, inputs, shape.columns, |sql| async move {
-                        shadow.evaluate(&who, &sql).await
+                    .post_processed(&plan, inputs, shape.columns, |sql| {
+                        let sql = format!("{zone}{sql}");
+                        async move { shadow.evaluate(&who, &sql).await }
                     })
                     .await;
                 match evaluated {
@@ -552,7 +563,7 @@ impl Session {
                 matches!(placement, Placement::ByUnit { .. }),
             )
             .into_iter()
-            .map(|(k, m)| (k, m.payload()))
+            .map(|(k, m)| (in_zone(k, &self.settings.time_zone), m.payload()))
             .collect()
         } else {
             Vec::new()
@@ -618,9 +629,11 @@ impl Session {
         let released = match (&shape.inputs, &shared.shadow) {
             (Some(inputs), Some(shadow)) => {
                 let who = self.analyst.name.clone();
+                let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
                 released
-                    .post_processed(plan, inputs, shape.columns, |sql| async move {
-                        shadow.evaluate(&who, &sql).await
+                    .post_processed(plan, inputs, shape.columns, |sql| {
+                        let sql = format!("{zone}{sql}");
+                        async move { shadow.evaluate(&who, &sql).await }
                     })
                     .await?
             }
@@ -683,6 +696,19 @@ impl Session {
 /// Whether `plan` could be answered by adding up the cells of a finer release
 /// ([`release::derive`]): no grouping sets, public keys, fewer than
 /// [`crate::limits::COARSER_GROUPINGS_KEYS_MAX`] of them, additive measures.
+/// A replay or measures key of an answer computed in the session's `time_zone`: PostgreSQL
+/// computes `date_trunc` of a date or a `timestamptz`, and prints a `timestamptz`, in the
+/// session's zone, so an answer computed in another zone is another answer. Keys of the
+/// default zone (UTC) are unchanged, so entries stored before zones were part of the key
+/// still match.
+fn in_zone(key: String, time_zone: &str) -> String {
+    if time_zone == "UTC" {
+        key
+    } else {
+        format!("{key}@TimeZone={time_zone}")
+    }
+}
+
 fn derivable(plan: &Plan, rewrite: &Rewrite) -> bool {
     plan.grouping_sets().is_none()
         && plan.keys_public()

@@ -289,7 +289,17 @@ impl Session {
         params: &[Option<String>],
     ) -> Result<Outcome> {
         match route(statement)? {
-            Route::Session => self.session_statement(shared, statement),
+            Route::Session => {
+                let zone_before = self.settings.time_zone.clone();
+                let outcome = self.session_statement(shared, statement)?;
+                if self.settings.time_zone != zone_before {
+                    if let Err(e) = self.check_time_zone(shared).await {
+                        self.settings.time_zone = zone_before;
+                        return Err(e);
+                    }
+                }
+                Ok(outcome)
+            }
             Route::Cursor => match statement {
                 Statement::DeclareCursor { name, hold, query } => {
                     self.declare_cursor(shared, name, *hold, query, params)
@@ -471,6 +481,31 @@ impl Session {
 
 /// The schema of a statement's result, known before running it (for Describe): `None` for a
 /// statement without rows. Follows the same [`route`] as [`Session::run`].
+impl Session {
+    /// A time zone PostgreSQL does not know would fail every DP query of the session upstream,
+    /// after its charge (each runs under the session's zone): it is refused here, as PostgreSQL
+    /// refuses it, by setting it on the shadow catalog.
+    async fn check_time_zone(&self, shared: &Shared) -> Result<()> {
+        let Some(shadow) = &shared.shadow else {
+            return Ok(());
+        };
+        let sql = format!(
+            "{}SELECT 1",
+            crate::upstream::time_zone_setting(&self.settings.time_zone)?
+        );
+        match shadow.evaluate(&self.analyst.name, &sql).await {
+            Ok(_) => Ok(()),
+            Err(Error::PostProcessing { .. }) => Err(Error::InvalidParameter {
+                name: "TimeZone".into(),
+                reason: "is not a time zone PostgreSQL knows".into(),
+                hint: "Use a name from pg_timezone_names, e.g. SET TimeZone = 'Europe/Paris'."
+                    .into(),
+            }),
+            Err(other) => Err(other),
+        }
+    }
+}
+
 pub async fn describe(
     shared: &Shared,
     session: &Session,

@@ -37,7 +37,7 @@
 //! #               cost: &Cost, cancel: &Cancel) -> pgdp::Result<release::PrivateRows> {
 //! let connection = upstream.get().await?;
 //! let receipt = ledger.charge("alice", limit, None, cost, "fingerprint", "laplace").await?;
-//! let rows = connection.run_release_query(&rewrite.sql, receipt, cancel).await?;
+//! let rows = connection.run_release_query(&rewrite.sql, "UTC", receipt, cancel).await?;
 //! # Ok(rows) }
 //! ```
 //!
@@ -46,7 +46,7 @@
 //! # use pgdp::dp::rewrite::Rewrite;
 //! # use pgdp::upstream::{Cancel, Upstream};
 //! # async fn run(upstream: &Upstream, rewrite: &Rewrite, cancel: &Cancel) -> pgdp::Result<()> {
-//! let rows = upstream.get().await?.run_release_query(&rewrite.sql, cancel).await?;
+//! let rows = upstream.get().await?.run_release_query(&rewrite.sql, "UTC", cancel).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -56,7 +56,7 @@
 //! # use pgdp::upstream::{Cancel, Upstream};
 //! # async fn run(upstream: &Upstream, receipt: Receipt, cancel: &Cancel) -> pgdp::Result<()> {
 //! let rows = upstream.get().await?
-//!     .run_release_query("SELECT income FROM demo.people", receipt, cancel).await?;
+//!     .run_release_query("SELECT income FROM demo.people", "UTC", receipt, cancel).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -126,22 +126,24 @@ impl Pooled<'_> {
     /// Runs a DP query's rewritten SQL, charged by `receipt`, in a read-only transaction with
     /// pgdp's statement timeout, and returns its rows for the release alone to read. `cancel` can
     /// stop it from another task (a CancelRequest, the client going away). The receipt is
-    /// consumed: a failure after this point keeps the charge.
+    /// consumed: a failure after this point keeps the charge. `time_zone` is the analyst's
+    /// session `TimeZone`, under which PostgreSQL computes the same SQL (`date_trunc` of a date
+    /// or a `timestamptz`, the text of a `timestamptz` key); [`time_zone_setting`] checks it.
     pub async fn run_release_query(
         self,
         sql: &UpstreamSql,
+        time_zone: &str,
         receipt: Receipt,
         cancel: &Cancel,
     ) -> Result<PrivateRows> {
         tracing::debug!(charge = %receipt.id(), "running a charged DP query upstream");
         // A rewrite in the partitionwise shape reads tables partitioned by their unit: the
         // planner may then aggregate (and join) per partition, on the shards that hold them.
-        let settings = if sql.partitionwise() {
-            PARTITIONWISE_SETTINGS
-        } else {
-            ""
-        };
-        self.run_read_only(sql.as_str(), settings, cancel)
+        let mut settings = time_zone_setting(time_zone)?;
+        if sql.partitionwise() {
+            settings.push_str(PARTITIONWISE_SETTINGS);
+        }
+        self.run_read_only(sql.as_str(), &settings, cancel)
             .await
             .map(PrivateRows::new)
     }
@@ -466,6 +468,23 @@ impl Upstream {
             .run_read_only(sql.as_str(), "", cancel)
             .await
     }
+}
+
+/// `SET LOCAL TimeZone = '…'; ` for a session's time zone. The name is checked again here (the
+/// session accepts only letters, digits and `/_+-:`, at most 64 of them), so nothing but a
+/// zone name can reach the SQL text.
+pub fn time_zone_setting(time_zone: &str) -> Result<String> {
+    let plain = !time_zone.is_empty()
+        && time_zone.len() <= 64
+        && time_zone
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/_+-:".contains(c));
+    if !plain {
+        return Err(Error::internal(
+            "a session time zone that is not a plain name",
+        ));
+    }
+    Ok(format!("SET LOCAL TimeZone = '{time_zone}'; "))
 }
 
 /// The settings of a DP statement in the partitionwise shape (each `SET LOCAL …; `): PostgreSQL

@@ -930,3 +930,64 @@ async fn semijoin_answers_are_near_the_truth_and_charged_once() {
     }
     proxy.stop().await;
 }
+
+/// Regression: DP queries ran in the upstream's own time zone whatever the analyst had SET, so
+/// `date_trunc('month', d)` of a date gave other months (UTC midnights) than PostgreSQL gives the
+/// same session, printed with `+00`. Now they run under the session's `TimeZone`; a zone
+/// PostgreSQL does not know is refused at SET (22023) instead of failing every query later,
+/// after its charge; and the replay cache keeps an answer per zone.
+#[tokio::test]
+async fn dp_answers_follow_the_sessions_time_zone() {
+    let proxy = rich_proxy(37).await;
+    let s = proxy.connect().await;
+    let query = "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits \
+                 WHERE visit_date < DATE '2023-04-01' GROUP BY 1 ORDER BY 1";
+    let keys = |rows: Vec<Vec<Option<String>>>| -> Vec<String> {
+        rows.into_iter()
+            .map(|r| r[0].clone().expect("a month"))
+            .collect()
+    };
+    let upstream = upstream_client().await;
+    for zone in ["America/New_York", "Asia/Tokyo", "UTC"] {
+        s.batch_execute(&format!("SET TimeZone = '{zone}'"))
+            .await
+            .expect("a known zone");
+        let released = keys(s.simple_rows(query).await.expect("DP query"));
+        upstream
+            .batch_execute(&format!("SET TimeZone = '{zone}'"))
+            .await
+            .expect("zone upstream");
+        let truth: Vec<String> = upstream
+            .simple_query(
+                "SELECT date_trunc('month', visit_date) FROM demo.visits \
+                 WHERE visit_date < DATE '2023-04-01' GROUP BY 1 ORDER BY 1",
+            )
+            .await
+            .expect("truth")
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        // Each month of the first quarter has thousands of visits: partition selection keeps
+        // all three at ε = 1 whatever the noise.
+        assert_eq!(released, truth, "{zone}");
+    }
+    let before = s.budget().await;
+    let error = s
+        .batch_execute("SET TimeZone = 'Mars/Olympus_Mons'")
+        .await
+        .expect_err("an unknown zone");
+    assert_eq!(
+        crate::support::code(&error),
+        &tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE
+    );
+    assert_eq!(s.show("TimeZone").await, "UTC", "the zone is unchanged");
+    s.simple_rows(query).await.expect("the session goes on");
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        before.epsilon_spent,
+        "UTC's answer again, from the replay cache"
+    );
+}
