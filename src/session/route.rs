@@ -8,6 +8,8 @@
 //! refused if it is anything but an aggregate pgdp can bound). Nothing reaches the upstream
 //! unanalysed. Pure; no I/O.
 
+use std::ops::ControlFlow;
+
 use sqlparser::ast::{self, SelectItem, SetExpr};
 
 use crate::error::{Error, Result};
@@ -78,10 +80,18 @@ fn route_query(query: &ast::Query) -> Result<Route<'_>> {
     if let Some(columns) = budget_view(query)? {
         return Ok(Route::Budget(columns));
     }
-    if is_catalog_query(query) {
+    // A query over VALUES lists and nothing else (psql's \gdesc describes a result as
+    // `SELECT name, format_type(tp, tpm) FROM (VALUES …) s(name, tp, tpm)`) reads no data:
+    // the shadow catalog answers it like a FROM-less one.
+    if is_catalog_query(query) || (reads_no_relation(query) && !calls_size_function(query)) {
         return Ok(Route::Catalog(query));
     }
     Ok(Route::Dp(query))
+}
+
+/// Whether `query` names no table, view, CTE or table function anywhere.
+fn reads_no_relation(query: &ast::Query) -> bool {
+    ast::visit_relations(query, |_| ControlFlow::Break(())).is_continue()
 }
 
 /// `SELECT <columns> FROM pgdp.budget`: the analyst's own budget as a one-row virtual table.
@@ -246,6 +256,13 @@ mod tests {
             ),
             ("SELECT * FROM pgdp.budget WHERE true", Err("0A000")),
             ("SELECT 1", Ok("constant")),
+            // psql's \gdesc: VALUES and nothing else read no data.
+            (
+                "SELECT name AS \"Column\", pg_catalog.format_type(tp, tpm) AS \"Type\" FROM (VALUES ('m', '25'::pg_catalog.oid, -1)) s(name, tp, tpm)",
+                Ok("catalog"),
+            ),
+            ("SELECT * FROM (VALUES (1)) v WHERE v.column1 IN (SELECT person_id FROM demo.people)", Ok("dp")),
+            ("WITH v AS (VALUES (1)) SELECT * FROM v", Ok("dp")),
             ("SELECT version(), current_schema()", Ok("constant")),
             (
                 "SELECT current_setting('server_version_num')::int/100 as version",

@@ -448,7 +448,7 @@ impl<'a> Analyzer<'a> {
         let Some(spec) = total_function(&name) else {
             return Err(Error::UnknownFunction {
                 name: f.name.to_string(),
-                hint: "pgdp allows only functions that never fail and do not depend on time or randomness: lower, upper, length, abs, round, floor, ceil, coalesce, nullif, greatest, least, date_trunc, date_part, trim.".into(),
+                hint: "pgdp allows only functions that never fail and do not depend on time or randomness: lower, upper, length, abs, round, floor, ceil, coalesce, nullif, greatest, least, date_trunc, date_part, to_char of dates, trim.".into(),
             });
         };
         let args = match &mut f.args {
@@ -510,6 +510,20 @@ impl<'a> Analyzer<'a> {
                 (args.first_mut(), infos.first())
             {
                 *e = as_numeric(e.clone(), info);
+            }
+        }
+        if name == "to_char" {
+            if let (Some(x), Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(format)))) =
+                (infos.first(), args.get(1))
+            {
+                check_to_char(x, format)?;
+            }
+            if let (Some(x), Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(e)))) =
+                (infos.first(), args.get_mut(0))
+            {
+                if !x.constant {
+                    *e = datetime_range_guard("", e.clone());
+                }
             }
         }
         if matches!(name.as_str(), "date_trunc" | "date_part") {

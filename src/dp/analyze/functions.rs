@@ -236,6 +236,8 @@ pub(super) fn total_function(name: &str) -> Option<FunctionSpec> {
         "nullif" => spec(2, 2, &[], Result_::Same(0)),
         "date_trunc" => spec(2, 2, &[0], Result_::Fixed(T::Timestamp)),
         "date_part" => spec(2, 2, &[0], Result_::Fixed(T::Numeric)),
+        // Of a date or timestamp only, with a plain format (`check_to_char`).
+        "to_char" => spec(2, 2, &[1], Result_::Fixed(T::Text)),
         _ => return None,
     })
 }
@@ -360,5 +362,36 @@ pub(super) fn datetime_range_guard(unit: &str, x: Expr) -> Expr {
             },
         ],
         else_result: Some(Box::new(Expr::Nested(Box::new(x)))),
+    }
+}
+
+/// `to_char(x, format)` is total for a date or timestamp `x` (guarded at the ends of the range
+/// like date_trunc's argument: a date after 294276 AD fails to convert; ±infinity gives NULL)
+/// and a literal format of template patterns and plain separators: its length bounds the work,
+/// and quoted text or backslashes, which could hide anything, are refused.
+pub(super) fn check_to_char(x: &Info, format: &Expr) -> Result<()> {
+    if !matches!(x.ty, Some(ColumnType::Date | ColumnType::Timestamp)) {
+        return Err(Error::unsupported(
+            "to_char of anything but a date or timestamp",
+            "Format numbers in the outer query over the released values, e.g. SELECT to_char(n, '999,999') FROM (SELECT COUNT(*) AS n FROM demo.visits) t.",
+        ));
+    }
+    let text = match format {
+        Expr::Value(v) => crate::literal::string_value(&v.value),
+        _ => None,
+    };
+    let plain = text.is_some_and(|t| {
+        !t.is_empty()
+            && t.len() <= 64
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || " -/:.,_".contains(c))
+    });
+    if plain {
+        Ok(())
+    } else {
+        Err(Error::unsupported(
+            "this to_char format",
+            "Use a literal format of at most 64 template patterns and separators (letters, digits, space and - / : . , _), e.g. to_char(visit_date, 'YYYY-MM').",
+        ))
     }
 }
