@@ -48,6 +48,8 @@ const QUERIES: &[&str] = &[
     "SELECT date_trunc('month', visit_date) AS month, clinic, COUNT(*) FROM demo.visits GROUP BY ROLLUP (1, 2)",
     // Integer casts of EXTRACT keys: grouped by the EXTRACT, the released keys cast (int4, int2).
     "SELECT EXTRACT(YEAR FROM visit_date)::int AS y, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
+    "SELECT date_bin('7 days', visit_date, DATE '2023-01-02') AS week, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
+    "SELECT date_bin(INTERVAL '1 day', visit_date, TIMESTAMP '2023-01-01 06:00') AS day, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
     "SELECT to_char(visit_date, 'YYYY-MM') AS month, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
     "SELECT CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) AS \"visit_date\", count(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ORDER BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ASC",
     "SELECT date_part('dow', visit_date)::smallint AS weekday, AVG(cost) FROM demo.visits GROUP BY date_part('dow', visit_date)::smallint",

@@ -438,12 +438,7 @@ impl<'a> Analyzer<'a> {
             ));
         }
         if name == "date_bin" {
-            // date_bin fails on valid timestamps: near the ends of the timestamp range a bin's
-            // start leaves the range, and with an early origin the difference overflows.
-            return Err(Error::UnknownFunction {
-                name: f.name.to_string(),
-                hint: "date_bin can fail on some timestamps (a bin may start outside the timestamp range), which would reveal data through errors; group by date_trunc('week', …) (or 'day', 'hour', 'month') instead.".into(),
-            });
+            return self.date_bin(f, role);
         }
         let Some(spec) = total_function(&name) else {
             return Err(Error::UnknownFunction {
@@ -602,6 +597,56 @@ impl<'a> Analyzer<'a> {
             ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name.clone())])
         };
         Ok(Info::derived(ty, &refs, bounds))
+    }
+
+    /// `date_bin(stride, source, origin)` with a literal stride and origin (checked in
+    /// `date_bin_stride`, `check_date_bin_origin`) and its source guarded (`date_bin_guard`):
+    /// PostgreSQL fails on some sources near the ends of the range, which would reveal them.
+    fn date_bin(&mut self, f: &mut ast::Function, role: Role) -> Result<Info> {
+        let FunctionArguments::List(list) = &mut f.args else {
+            return Err(Error::UnknownFunction {
+                name: "date_bin".into(),
+                hint: String::new(),
+            });
+        };
+        if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+            return Err(Error::unsupported(
+                "DISTINCT or clauses in function arguments",
+                "",
+            ));
+        }
+        let mut exprs: Vec<&mut Expr> = Vec::new();
+        for a in list.args.iter_mut() {
+            match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => exprs.push(e),
+                _ => {
+                    return Err(Error::unsupported(
+                        "named or wildcard function arguments",
+                        "",
+                    ))
+                }
+            }
+        }
+        let [stride, source, origin] = exprs.as_mut_slice() else {
+            return Err(Error::UnknownFunction {
+                name: format!("date_bin with {} argument(s)", list.args.len()),
+                hint: "date_bin takes a stride, a date or timestamp and an origin.".into(),
+            });
+        };
+        **stride = date_bin_stride(stride)?;
+        check_date_bin_origin(origin)?;
+        let info = self.expr(source, role)?;
+        if !matches!(info.ty, Some(ColumnType::Date | ColumnType::Timestamp)) {
+            return Err(Error::unsupported(
+                "date_bin of anything but a date or timestamp",
+                "Bin a date or timestamp column, e.g. date_bin('7 days', visit_date, DATE '2024-01-01').",
+            ));
+        }
+        if !info.constant {
+            **source = date_bin_guard(source.clone());
+        }
+        f.name = ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new("date_bin")]);
+        Ok(Info::derived(Some(ColumnType::Timestamp), &[&info], None))
     }
 }
 

@@ -236,6 +236,8 @@ pub(super) fn total_function(name: &str) -> Option<FunctionSpec> {
         "nullif" => spec(2, 2, &[], Result_::Same(0)),
         "date_trunc" => spec(2, 2, &[0], Result_::Fixed(T::Timestamp)),
         "date_part" => spec(2, 2, &[0], Result_::Fixed(T::Numeric)),
+        // Analysed on its own (`Analyzer::date_bin`): literal stride and origin, guarded source.
+        "date_bin" => spec(3, 3, &[0, 2], Result_::Fixed(T::Timestamp)),
         // Of a date or timestamp only, with a plain format (`check_to_char`).
         "to_char" => spec(2, 2, &[1], Result_::Fixed(T::Text)),
         _ => return None,
@@ -341,6 +343,11 @@ const DATETIME_UPPER_SAFE: &str = "294276-12-31";
 /// The untyped literals take the argument's type (date, timestamp or timestamptz), so the
 /// function resolves exactly as before.
 pub(super) fn datetime_range_guard(unit: &str, x: Expr) -> Expr {
+    datetime_guard(x, datetime_lower_safe(unit), DATETIME_UPPER_SAFE)
+}
+
+/// `CASE WHEN x > upper THEN 'infinity' WHEN x < lower THEN '-infinity' ELSE x END`.
+fn datetime_guard(x: Expr, lower: &str, upper: &str) -> Expr {
     let text = |s: &str| Expr::value(Value::SingleQuotedString(s.to_string()));
     let compare = |op: ast::BinaryOperator, bound: &str| Expr::BinaryOp {
         left: Box::new(Expr::Nested(Box::new(x.clone()))),
@@ -353,11 +360,11 @@ pub(super) fn datetime_range_guard(unit: &str, x: Expr) -> Expr {
         operand: None,
         conditions: vec![
             ast::CaseWhen {
-                condition: compare(ast::BinaryOperator::Gt, DATETIME_UPPER_SAFE),
+                condition: compare(ast::BinaryOperator::Gt, upper),
                 result: text("infinity"),
             },
             ast::CaseWhen {
-                condition: compare(ast::BinaryOperator::Lt, datetime_lower_safe(unit)),
+                condition: compare(ast::BinaryOperator::Lt, lower),
                 result: text("-infinity"),
             },
         ],
@@ -394,4 +401,90 @@ pub(super) fn check_to_char(x: &Info, format: &Expr) -> Result<()> {
             "Use a literal format of at most 64 template patterns and separators (letters, digits, space and - / : . , _), e.g. to_char(visit_date, 'YYYY-MM').",
         ))
     }
+}
+
+/// The longest `date_bin` stride pgdp accepts, in seconds: 100 years of days. With the source
+/// within [`DATE_BIN_SOURCE`] and the origin in the years 1 to 9999, a bin's start then stays
+/// inside the timestamp range and `source - origin` inside an interval's microseconds.
+const DATE_BIN_STRIDE_MAX_S: u64 = 36_500 * 86_400;
+
+/// The sources `date_bin` bins as PostgreSQL does; earlier and later ones bin as ±infinity.
+/// PostgreSQL fails past them for some origins ("interval out of range" when `source - origin`
+/// overflows, "timestamp out of range" when a bin starts before the range).
+pub(super) const DATE_BIN_SOURCE: (&str, &str) = ("4000-01-01 BC", "200000-01-01");
+
+/// `date_bin(stride, source, origin)`'s stride as the text pgdp sends (`'<n> seconds'`, untyped:
+/// both `date_bin`s take an interval there), from a literal `'<n> <unit>'` or `INTERVAL '…'`
+/// of weeks, days, hours, minutes or seconds. PostgreSQL refuses months and years in a stride,
+/// and a stride of zero; pgdp also refuses strides over 100 years.
+pub(super) fn date_bin_stride(e: &Expr) -> Result<Expr> {
+    let text = match e {
+        Expr::Value(v) => crate::literal::string_value(&v.value).map(str::to_string),
+        Expr::Interval(i)
+            if i.leading_field.is_none()
+                && i.last_field.is_none()
+                && i.leading_precision.is_none()
+                && i.fractional_seconds_precision.is_none() =>
+        {
+            match i.value.as_ref() {
+                Expr::Value(v) => crate::literal::string_value(&v.value).map(str::to_string),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let seconds = text.as_deref().and_then(|t| {
+        let mut words = t.split_whitespace();
+        let (n, unit) = (words.next()?, words.next()?);
+        if words.next().is_some() {
+            return None;
+        }
+        let n: u64 = n.parse().ok()?;
+        let per: u64 = match unit.to_ascii_lowercase().as_str() {
+            "week" | "weeks" => 7 * 86_400,
+            "day" | "days" => 86_400,
+            "hour" | "hours" => 3_600,
+            "minute" | "minutes" | "min" | "mins" => 60,
+            "second" | "seconds" | "sec" | "secs" => 1,
+            _ => return None,
+        };
+        n.checked_mul(per)
+            .filter(|s| (1..=DATE_BIN_STRIDE_MAX_S).contains(s))
+    });
+    match seconds {
+        Some(s) => Ok(Expr::value(Value::SingleQuotedString(format!("{s} seconds")))),
+        None => Err(Error::unsupported(
+            "this date_bin stride",
+            "Use a literal stride of whole weeks, days, hours, minutes or seconds, at most 100 years, e.g. date_bin('7 days', visit_date, DATE '2024-01-01'); for months use date_trunc('month', …).",
+        )),
+    }
+}
+
+/// `date_bin`'s origin must be a literal date or timestamp in the years 1 to 9999 (see
+/// [`DATE_BIN_STRIDE_MAX_S`]); it is sent as written, so the function resolves as PostgreSQL
+/// resolves the analyst's call.
+pub(super) fn check_date_bin_origin(e: &Expr) -> Result<()> {
+    let text = match e {
+        Expr::Value(v) => crate::literal::string_value(&v.value),
+        Expr::TypedString(ts) => crate::literal::string_value(&ts.value.value),
+        _ => None,
+    };
+    let plain = text.is_some_and(|t| {
+        let t = t.trim();
+        let date = t.get(..10).and_then(crate::datetime::Date::parse);
+        date.is_some() && (t.len() == 10 || crate::datetime::is_timestamp_text(t))
+    });
+    if plain {
+        Ok(())
+    } else {
+        Err(Error::unsupported(
+            "this date_bin origin",
+            "Use a literal date or timestamp in the years 1 to 9999 as the origin, e.g. DATE '2024-01-01'.",
+        ))
+    }
+}
+
+/// The source of `date_bin` made total: see [`DATE_BIN_SOURCE`].
+pub(super) fn date_bin_guard(x: Expr) -> Expr {
+    datetime_guard(x, DATE_BIN_SOURCE.0, DATE_BIN_SOURCE.1)
 }

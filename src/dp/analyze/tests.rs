@@ -405,6 +405,12 @@ fn accepted_shapes() {
             // Regression: EXTRACT(hour FROM d) of a date fails upstream only when a row reaches it.
             ("hour of a date", "SELECT COUNT(*) FROM demo.visits WHERE person_id = 5 AND EXTRACT(hour FROM visit_date) = 0", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
             ("minute of a date key", "SELECT EXTRACT(minute FROM visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("date_bin weekly", "SELECT date_bin(INTERVAL '1 week', visit_date, DATE '2023-01-02') AS w, COUNT(*) FROM demo.visits GROUP BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[pg_catalog.date_bin('604800 seconds', CASE WHEN (visit_date) > '200000-01-01' THEN 'infinity' WHEN (visit_date) < '4000-01-01 BC' THEN '-infinity' ELSE (visit_date) END, DATE '2023-01-02'):timestamp:private] aggs=[count(*)] out=[w=k0, count=a0]")),
+            ("date_bin zero stride", "SELECT date_bin('0 days', visit_date, DATE '2023-01-02') AS w, COUNT(*) FROM demo.visits GROUP BY 1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("date_bin long stride", "SELECT date_bin('36501 days', visit_date, DATE '2023-01-02') AS w, COUNT(*) FROM demo.visits GROUP BY 1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("date_bin far origin", "SELECT date_bin('1 day', visit_date, '20000-01-01') AS w, COUNT(*) FROM demo.visits GROUP BY 1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("to_char month", "SELECT to_char(visit_date, 'YYYY-MM') AS m, COUNT(*) FROM demo.visits GROUP BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[pg_catalog.to_char(CASE WHEN (visit_date) > '294276-12-31' THEN 'infinity' WHEN (visit_date) < '4714-11-25 BC' THEN '-infinity' ELSE (visit_date) END, 'YYYY-MM'):text:private] aggs=[count(*)] out=[m=k0, count=a0]")),
+            ("to_char backslash format", "SELECT to_char(visit_date, 'YYYY\\MM') AS m, COUNT(*) FROM demo.visits GROUP BY 1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
             ("count filter", "SELECT COUNT(*) FILTER (WHERE cost > 10) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(CASE WHEN cost > 10 THEN 1 END)] out=[count=a0]")),
             ("sum filter", "SELECT clinic, SUM(cost) FILTER (WHERE diagnosis = 'J06') AS j06 FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[sum(CASE WHEN diagnosis = 'J06' THEN cost END)[0,2000]] out=[clinic=k0, j06=a0]")),
             ("count distinct filter", "SELECT COUNT(DISTINCT diagnosis) FILTER (WHERE cost > 10) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(CASE WHEN cost > 10 THEN diagnosis END)] out=[count=a0]")),
@@ -1063,9 +1069,9 @@ fn grouping_and_key_refusals_hint_a_supported_form() {
             "GROUP BY EXTRACT(YEAR FROM visit_date)::int",
         ),
         (
-            "SELECT date_bin('1 week', visit_date, DATE '2024-01-01') AS w, COUNT(*) FROM demo.visits GROUP BY 1",
-            SqlState::UNDEFINED_FUNCTION,
-            "date_trunc('week'",
+            "SELECT date_bin('1 month', visit_date, DATE '2024-01-01') AS w, COUNT(*) FROM demo.visits GROUP BY 1",
+            SqlState::FEATURE_NOT_SUPPORTED,
+            "date_trunc('month'",
         ),
     ] {
         let e = analyze_sql(sql, &ctx).expect_err(sql);
