@@ -440,7 +440,10 @@ impl Session {
                 let rows = match part.sql() {
                     Some(sql) => {
                         let started = std::time::Instant::now();
-                        let rows = shared.upstream.run_public_query(sql, &self.cancel).await?;
+                        let rows = shared
+                            .upstream
+                            .run_public_query(sql, &self.settings.time_zone, &self.cancel)
+                            .await?;
                         shared.metrics.stage(Stage::Upstream, started.elapsed());
                         Some(rows)
                     }

@@ -461,11 +461,18 @@ impl Upstream {
     }
 
     /// Runs SQL over a public table (no private data, so no charge), returning its text rows,
-    /// with the transaction discipline of [`Pooled::run_release_query`].
-    pub async fn run_public_query(&self, sql: &PublicSql, cancel: &Cancel) -> Result<TextRows> {
+    /// with the transaction discipline of [`Pooled::run_release_query`], under the same
+    /// `time_zone` as the DP query it completes (its keys' text must match that query's).
+    pub async fn run_public_query(
+        &self,
+        sql: &PublicSql,
+        time_zone: &str,
+        cancel: &Cancel,
+    ) -> Result<TextRows> {
+        let settings = time_zone_setting(time_zone)?;
         self.get_for_read()
             .await?
-            .run_read_only(sql.as_str(), "", cancel)
+            .run_read_only(sql.as_str(), &settings, cancel)
             .await
     }
 }
