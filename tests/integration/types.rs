@@ -51,6 +51,7 @@ const QUERIES: &[&str] = &[
     "SELECT date_bin('7 days', visit_date, DATE '2023-01-02') AS week, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
     "SELECT date_bin(INTERVAL '1 day', visit_date, TIMESTAMP '2023-01-01 06:00') AS day, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
     "SELECT (CAST(extract(dow from \"demo\".\"visits\".\"visit_date\") AS integer) + 1) AS \"visit_date\", count(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY (CAST(extract(dow from \"demo\".\"visits\".\"visit_date\") AS integer) + 1) ORDER BY (CAST(extract(dow from \"demo\".\"visits\".\"visit_date\") AS integer) + 1) ASC",
+    "SELECT extract(year from CAST(\"demo\".\"visits\".\"visit_date\" AS timestamp)) AS \"visit_date\", count(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY extract(year from CAST(\"demo\".\"visits\".\"visit_date\" AS timestamp)) ORDER BY extract(year from CAST(\"demo\".\"visits\".\"visit_date\" AS timestamp)) ASC",
     "SELECT to_char(visit_date, 'YYYY-MM') AS month, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
     "SELECT CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) AS \"visit_date\", count(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ORDER BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ASC",
     "SELECT date_part('dow', visit_date)::smallint AS weekday, AVG(cost) FROM demo.visits GROUP BY date_part('dow', visit_date)::smallint",

@@ -316,7 +316,20 @@ impl<'a> Analyzer<'a> {
                 // every timestamp, ±infinity included, has a date. Numbers to narrower integers
                 // are not total even within bounds: numeric NaN and ±Infinity (EXTRACT of an
                 // infinite date) fail to convert.
+                // A date to `timestamp` (without time zone) fails only after 294276 AD, which
+                // the guard sends to 'infinity' (PostgreSQL's value beyond every bound), so the
+                // cast is total and exact everywhere PostgreSQL answers.
+                let date_to_timestamp = !i.constant
+                    && i.ty == Some(ColumnType::Date)
+                    && matches!(
+                        data_type,
+                        D::Timestamp(None, ast::TimezoneInfo::None | ast::TimezoneInfo::WithoutTimeZone)
+                    );
+                if date_to_timestamp {
+                    **expr = date_to_timestamp_guard(expr.as_ref().clone());
+                }
                 let total = i.constant
+                    || date_to_timestamp
                     || target == ColumnType::Text
                     || (i.ty == Some(target) && widest == Some(target))
                     || (i.ty == Some(ColumnType::Integer)

@@ -488,3 +488,10 @@ pub(super) fn check_date_bin_origin(e: &Expr) -> Result<()> {
 pub(super) fn date_bin_guard(x: Expr) -> Expr {
     datetime_guard(x, DATE_BIN_SOURCE.0, DATE_BIN_SOURCE.1)
 }
+
+/// The date `x` of `CAST(x AS timestamp)` made total: dates after 294276 AD have no timestamp
+/// ("date out of range for timestamp") and are sent as 'infinity'; every other date, and
+/// ±infinity, converts as before (the first date is also the first timestamp).
+pub(super) fn date_to_timestamp_guard(x: Expr) -> Expr {
+    datetime_guard(x, "4714-11-24 BC", DATETIME_UPPER_SAFE)
+}
