@@ -68,25 +68,14 @@ const DATES: &[&str] = &[
 /// zones): the first week and the last day of the timestamp range.
 const TOLERATED: &[&str] = &["4714-11-24 BC", "4714-11-30 BC", "294276-12-31"];
 
-/// The dates of [`DATES`] that `date_bin` bins as ±infinity (before 4000 BC, after 200000 AD),
-/// where PostgreSQL answers for some origins and strides and fails for others.
-const DATE_BIN_TOLERATED: &[&str] = &[
-    "4714-11-24 BC",
-    "4714-11-30 BC",
-    "4714-12-05 BC",
-    "4713-01-01 BC",
-    "4713-06-01 BC",
-    "4712-06-01 BC",
-    "4711-01-01 BC",
-    "4705-06-01 BC",
-    "4700-01-01 BC",
-    "4650-06-01 BC",
-    "4001-06-01 BC",
-    // On the bound: in a time zone far from UTC its UTC midnight lies before the bound's.
-    "4000-01-01 BC",
-    "294276-11-30",
-    "294276-12-31",
-];
+/// Whether `date_bin` bins a date of [`DATES`] as ±infinity while PostgreSQL answers for some
+/// origins and strides: before 4000 BC, after 200000 AD, and on the bound 4000-01-01 BC itself
+/// (in a time zone far from UTC its UTC midnight lies before the bound's).
+fn date_bin_tolerated(date: &str) -> bool {
+    let bound = DATES.iter().position(|d| *d == "4000-01-01 BC");
+    let at = DATES.iter().position(|d| *d == date);
+    matches!((at, bound), (Some(i), Some(b)) if i <= b) || date.starts_with("294276-")
+}
 
 /// The dates of [`DATES`] after the last timestamp.
 const BEYOND_TIMESTAMPS: &[&str] = &["294277-01-01", "300000-01-01", "5874897-12-31"];
@@ -241,12 +230,13 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
                     }
                 }
                 for (person, key) in plain {
+                    let date = DATES[person / 2];
                     let tolerated = if expression.starts_with("date_bin") {
-                        DATE_BIN_TOLERATED
+                        date_bin_tolerated(date)
                     } else {
-                        TOLERATED
+                        TOLERATED.contains(&date)
                     };
-                    if tolerated.contains(&DATES[person / 2]) {
+                    if tolerated {
                         continue;
                     }
                     assert!(
