@@ -13,6 +13,13 @@ pub const PARSER_DEPTH_MAX: usize = 64;
 /// Most statements in one simple-query message.
 pub const STATEMENTS_PER_MESSAGE_MAX: usize = 32;
 
+/// Largest literal frame offset, `lag` / `lead` offset and `nth_value` position of a window
+/// partitioned by the privacy unit (`analyze::window`).
+pub const WINDOW_FRAME_OFFSET_MAX: u64 = 100_000;
+
+/// Most buckets of `ntile(n)` over a window partitioned by the privacy unit.
+pub const NTILE_BUCKETS_MAX: u64 = 100_000;
+
 /// Most aggregates in one DP query.
 pub const AGGREGATES_PER_QUERY_MAX: usize = 16;
 

@@ -139,6 +139,15 @@ impl<'a> Analyzer<'a> {
                         check_temporal_literal(right, l.ty)?;
                         Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None))
                     }
+                    B::Minus if l.ty == Some(ColumnType::Date) && r.ty == Some(ColumnType::Date) => {
+                        // date - date: the days between them, an integer (see the guard).
+                        check_temporal_literal(left, r.ty)?;
+                        check_temporal_literal(right, l.ty)?;
+                        let guarded = date_difference_guard(left.as_ref().clone(), right.as_ref().clone());
+                        *e = Expr::Nested(Box::new(guarded));
+                        let declared = Some("integer".to_string());
+                        Ok(Info { declared, ..Info::derived(Some(ColumnType::Integer), &[&l, &r], None) })
+                    }
                     B::Plus | B::Minus | B::Multiply => {
                         let numeric = |i: &Info| i.ty.is_none_or(|t| t.is_numeric());
                         if !(numeric(&l) && numeric(&r)) {
@@ -432,6 +441,10 @@ impl<'a> Analyzer<'a> {
 
     pub(super) fn function(&mut self, f: &mut ast::Function, role: Role) -> Result<Info> {
         if f.over.is_some() {
+            if self.windows_allowed {
+                let name = function_name(&f.name)?;
+                return self.unit_window(f, &name);
+            }
             return Err(window_refusal());
         }
         if f.filter.is_some() || !f.within_group.is_empty() || f.null_treatment.is_some() {

@@ -180,14 +180,35 @@ pub(super) fn aggregate_kind(name: &str) -> Option<AggregateKind> {
 }
 
 pub(super) fn contains_aggregate(e: &Expr) -> bool {
-    let mut found = false;
-    let _ = ast::visit_expressions(e, |x| {
-        if let Expr::Function(f) = x {
-            if function_name(&f.name)
+    contains_function(e, |f| {
+        function_name(&f.name)
+            .ok()
+            .and_then(|n| aggregate_kind(&n))
+            .is_some()
+    })
+}
+
+/// Whether `e` calls an aggregate as an aggregate (not over a window).
+pub(super) fn contains_plain_aggregate(e: &Expr) -> bool {
+    contains_function(e, |f| {
+        f.over.is_none()
+            && function_name(&f.name)
                 .ok()
                 .and_then(|n| aggregate_kind(&n))
                 .is_some()
-            {
+    })
+}
+
+/// Whether `e` calls a window function.
+pub(super) fn contains_window(e: &Expr) -> bool {
+    contains_function(e, |f| f.over.is_some())
+}
+
+fn contains_function(e: &Expr, test: impl Fn(&ast::Function) -> bool) -> bool {
+    let mut found = false;
+    let _ = ast::visit_expressions(e, |x| {
+        if let Expr::Function(f) = x {
+            if test(f) {
                 found = true;
             }
         }
@@ -369,6 +390,32 @@ fn datetime_guard(x: Expr, lower: &str, upper: &str) -> Expr {
             },
         ],
         else_result: Some(Box::new(Expr::Nested(Box::new(x)))),
+    }
+}
+
+/// `a - b` of two dates made total: PostgreSQL answers the number of days (an integer; the
+/// widest difference, 2147483455, fits) except when either date is ±infinity, where it fails
+/// ("cannot subtract infinite dates"), an error that would reveal the data. The guard answers
+/// NULL there, and exactly PostgreSQL's difference everywhere else.
+pub(super) fn date_difference_guard(a: Expr, b: Expr) -> Expr {
+    let finite = |x: &Expr| Expr::Function(function_call("pg_catalog.isfinite", vec![x.clone()]));
+    Expr::Case {
+        case_token: ast::helpers::attached_token::AttachedToken::empty(),
+        end_token: ast::helpers::attached_token::AttachedToken::empty(),
+        operand: None,
+        conditions: vec![ast::CaseWhen {
+            condition: Expr::BinaryOp {
+                left: Box::new(finite(&a)),
+                op: ast::BinaryOperator::And,
+                right: Box::new(finite(&b)),
+            },
+            result: Expr::BinaryOp {
+                left: Box::new(Expr::Nested(Box::new(a))),
+                op: ast::BinaryOperator::Minus,
+                right: Box::new(Expr::Nested(Box::new(b))),
+            },
+        }],
+        else_result: None,
     }
 }
 

@@ -34,6 +34,7 @@ mod grouping;
 mod post;
 mod scope;
 mod semijoin;
+mod window;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -125,6 +126,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         next_alias: 0,
         view_hints: BTreeMap::new(),
         unique_keys: Vec::new(),
+        windows_allowed: false,
     };
     let joins = a.resolve_from(&select.from)?;
 
@@ -365,10 +367,7 @@ fn push_aggregate(aggregates: &mut Vec<Aggregate>, agg: Aggregate) -> usize {
 }
 
 fn window_refusal() -> Error {
-    Error::unsupported(
-        "window functions",
-        "Use GROUP BY with aggregates; window functions would release per-row values.",
-    )
+    Error::unsupported("window functions here", window::WINDOW_HINT)
 }
 
 fn reserved_refusal() -> Error {
@@ -583,6 +582,9 @@ struct Analyzer<'a> {
     view_hints: BTreeMap<String, String>,
     /// Keys of unit paths read so far, which must be unique upstream ([`Plan::unique_keys`]).
     unique_keys: Vec<(String, String)>,
+    /// Whether a window partitioned by the privacy unit may appear here: only while a select
+    /// item of a row-level view is analysed (`window` module docs).
+    windows_allowed: bool,
 }
 
 fn ident_lower(i: &Ident) -> String {

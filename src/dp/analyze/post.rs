@@ -78,26 +78,6 @@ fn has_column_reference(e: &Expr) -> bool {
     found
 }
 
-/// Whether `e` calls an aggregate (not as a window function).
-fn has_aggregate_call(e: &Expr) -> bool {
-    let mut found = false;
-    let _ = ast::visit_expressions(e, |x| {
-        found |= matches!(x, Expr::Function(f) if f.over.is_none()
-            && function_name(&f.name).ok().and_then(|n| aggregate_kind(&n)).is_some());
-        std::ops::ControlFlow::<()>::Continue(())
-    });
-    found
-}
-
-fn has_window(e: &Expr) -> bool {
-    let mut found = false;
-    let _ = ast::visit_expressions(e, |x| {
-        found |= matches!(x, Expr::Function(f) if f.over.is_some());
-        std::ops::ControlFlow::<()>::Continue(())
-    });
-    found
-}
-
 /// Whether a select item must go through [`PostProcessing`]: it is neither a bare aggregate
 /// nor free of aggregates and windows (a key or a refusal).
 pub(super) fn needs_post_processing(e: &Expr) -> bool {
@@ -107,7 +87,7 @@ pub(super) fn needs_post_processing(e: &Expr) -> bool {
     };
     let is_aggregate = matches!(bare, Expr::Function(f) if f.over.is_none()
         && function_name(&f.name).ok().and_then(|n| aggregate_kind(&n)).is_some());
-    !is_aggregate && (contains_aggregate(e) || has_window(e))
+    !is_aggregate && (contains_aggregate(e) || contains_window(e))
 }
 
 /// Pure built-in scalar functions allowed over released values: immutable, no side effects,
@@ -310,7 +290,10 @@ impl Analyzer<'_> {
             }
         }
         // A group key (or an expression that reads a table's column and is none).
-        if st.outer.is_none() && !contains_aggregate(e) && !has_window(e) && has_column_reference(e)
+        if st.outer.is_none()
+            && !contains_aggregate(e)
+            && !contains_window(e)
+            && has_column_reference(e)
         {
             let mut c = e.clone();
             if self.expr(&mut c, Role::Key).is_ok() {
@@ -514,7 +497,7 @@ impl Analyzer<'_> {
         // would release per-row values.
         if windowed && st.outer.is_none() && st.keys.is_empty() && {
             let call = Expr::Function(f.clone());
-            !has_aggregate_call(&call)
+            !contains_plain_aggregate(&call)
         } {
             return Err(window_refusal());
         }
@@ -892,6 +875,7 @@ fn outer_plan(
         next_alias: 0,
         view_hints: BTreeMap::new(),
         unique_keys: Vec::new(),
+        windows_allowed: false,
     };
     let mut st = Staging {
         keys: &[],

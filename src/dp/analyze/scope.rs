@@ -170,7 +170,7 @@ impl<'a> Analyzer<'a> {
             || select.having.is_some()
             || select.projection.iter().any(|item| match item {
                 SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
-                    contains_aggregate(e)
+                    contains_plain_aggregate(e)
                 }
                 _ => false,
             });
@@ -280,7 +280,11 @@ impl<'a> Analyzer<'a> {
                     continue;
                 }
             }
-            let info = self.expr(&mut e, role)?;
+            // A window partitioned by the unit keeps each row a row of one unit (`window`).
+            self.windows_allowed = !per_unit;
+            let info = self.expr(&mut e, role);
+            self.windows_allowed = false;
+            let info = info?;
             let bounds = info
                 .bounds
                 .filter(|(l, u)| l.is_finite() && u.is_finite())
@@ -290,6 +294,11 @@ impl<'a> Analyzer<'a> {
                 self.view_hints.insert(
                     format!("{visible}.{name}"),
                     "Clamp the per-unit value with stated bounds in the subquery, e.g. LEAST(COUNT(*), 20) or LEAST(GREATEST(SUM(cost), 0), 5000).".into(),
+                );
+            } else if bounds.is_none() && ty.is_numeric() && contains_window(expr) {
+                self.view_hints.insert(
+                    format!("{visible}.{name}"),
+                    "Clamp the window value with stated bounds in the subquery, e.g. LEAST(ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date), 10), or LEAST(SUM(cost) OVER (PARTITION BY person_id), 5000).".into(),
                 );
             }
             let public_values = match &info.public {
