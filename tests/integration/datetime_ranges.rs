@@ -2,7 +2,7 @@
 //! them, and everywhere PostgreSQL itself answers, it answers the same.
 //!
 //! Regression: `date_trunc('month', d)` of a date after 294276 AD, `date_trunc('millennium', d)`
-//! of a date before 4000 BC `date_part('year', d)`, `to_char(d, …)` and `CAST(d AS timestamp)` of such dates fail with "out of range",
+//! of a date before 4000 BC `date_part('year', d)`, `to_char(d, …)` and `CAST(d AS timestamp)` of such dates fail with "out of range", and `d - DATE '…'` of an infinite date with "cannot subtract infinite dates",
 //! only when a row holds such a value. An analyst could learn from the error alone that a person
 //! (`WHERE person_id = 5`) has one. pgdp guards the argument (`datetime_range_guard`); these
 //! tests run its rewritten SQL on a real PostgreSQL over a table of edge values, in several
@@ -195,6 +195,9 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
             if column == "d" {
                 expressions.push(("CAST(d AS timestamp)".to_string(), None));
                 expressions.push(("extract(dow from CAST(d AS timestamp))".to_string(), None));
+                // date - date fails on ±infinity ("cannot subtract infinite dates").
+                expressions.push(("d - DATE '2000-01-01'".to_string(), None));
+                expressions.push(("DATE '2000-01-01' - d".to_string(), None));
             }
             for origin in ["DATE '0001-01-01'", "TIMESTAMP '9999-12-31 23:00'"] {
                 for stride in ["'1 second'", "'7 days'", "'36500 days'"] {

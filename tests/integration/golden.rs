@@ -592,7 +592,9 @@ fn check_emitted_sql(policy: &Policy, c: &Compiled) -> Result<(), String> {
                     [schema, n] => {
                         schema == "pg_catalog"
                             && (analyze::is_total_function(n)
-                                || UNIT_AGGREGATES.contains(&n.as_str()))
+                                || UNIT_AGGREGATES.contains(&n.as_str())
+                                || analyze::is_window_function(n)
+                                || analyze::GUARD_FUNCTIONS.contains(&n.as_str()))
                             && !SPECIAL_FORMS.contains(&n.as_str())
                     }
                     _ => false,

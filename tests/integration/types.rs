@@ -55,6 +55,11 @@ const QUERIES: &[&str] = &[
     "SELECT to_char(visit_date, 'YYYY-MM') AS month, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
     "SELECT CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) AS \"visit_date\", count(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ORDER BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ASC",
     "SELECT date_part('dow', visit_date)::smallint AS weekday, AVG(cost) FROM demo.visits GROUP BY date_part('dow', visit_date)::smallint",
+    // Windows partitioned by the privacy unit in a view: row_number is int8, ntile int4, lag
+    // keeps its argument's type, a date difference is int4 (SUM int8, MAX int4, AVG numeric).
+    "WITH v AS (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date) AS visit_no FROM demo.visits) SELECT visit_no, COUNT(*) FROM v WHERE visit_no <= 3 GROUP BY visit_no",
+    "SELECT q, COUNT(*), AVG(prev), MAX(prev) FROM (SELECT person_id, ntile(4) OVER (PARTITION BY person_id ORDER BY cost) AS q, lag(cost, 1, 0) OVER (PARTITION BY person_id ORDER BY visit_date) AS prev FROM demo.visits) t GROUP BY q",
+    "WITH v AS (SELECT person_id, LEAST(GREATEST(visit_date - MIN(visit_date) OVER (PARTITION BY person_id), 0), 3650) AS days FROM demo.visits) SELECT SUM(days), MAX(days), AVG(days) FROM v",
 ];
 
 /// A value's bytes as sent, whatever its type.

@@ -393,6 +393,9 @@ fn datetime_guard(x: Expr, lower: &str, upper: &str) -> Expr {
     }
 }
 
+/// Functions pgdp's guards emit (`pg_catalog`-qualified) that analysts do not call themselves.
+pub const GUARD_FUNCTIONS: [&str; 1] = ["isfinite"];
+
 /// `a - b` of two dates made total: PostgreSQL answers the number of days (an integer; the
 /// widest difference, 2147483455, fits) except when either date is ±infinity, where it fails
 /// ("cannot subtract infinite dates"), an error that would reveal the data. The guard answers

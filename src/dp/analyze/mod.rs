@@ -54,7 +54,8 @@ pub use crate::dp::plan::*;
 
 use functions::*;
 
-pub use functions::is_total_function;
+pub use functions::{is_total_function, GUARD_FUNCTIONS};
+pub use window::is_window_function;
 
 // ---------------------------------------------------------------------------------------------
 // Entry point

@@ -71,6 +71,12 @@ fn window_function(name: &str) -> Option<WindowFunction> {
     })
 }
 
+/// Whether pgdp answers `name` as a window function partitioned by the privacy unit (emitted
+/// `pg_catalog`-qualified).
+pub fn is_window_function(name: &str) -> bool {
+    window_function(name).is_some()
+}
+
 /// A plain unsigned integer literal in `lower ..= upper`, or a refusal naming `what`.
 fn literal_count(e: &Expr, what: &str, lower: u64, upper: u64) -> Result<u64> {
     let value = match e {
