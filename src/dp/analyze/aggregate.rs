@@ -82,6 +82,7 @@ impl<'a> Analyzer<'a> {
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
             _ => return Err(Error::unsupported("named aggregate arguments", "")),
         };
+        let written = arg_expr.to_string();
         let mut arg_expr = arg_expr;
         let info = self.expr(&mut arg_expr, Role::Argument)?;
         let canonical_argument = Canonical::of(&arg_expr);
@@ -128,7 +129,7 @@ impl<'a> Analyzer<'a> {
                 message: format!("function {name} needs a numeric argument"),
             });
         }
-        let bounds = self.checked_bounds(&info, &text, &name)?;
+        let bounds = self.checked_bounds(&info, &text, &written, &name)?;
         let family = if kind == AggregateKind::Sum {
             Aggregation::Sum
         } else {
@@ -301,6 +302,7 @@ impl<'a> Analyzer<'a> {
                 (ob.expr.clone(), permille)
             }
         };
+        let written = arg.to_string();
         let mut arg = arg;
         let info = self.expr(&mut arg, Role::Argument)?;
         let canonical_argument = Canonical::of(&arg);
@@ -311,7 +313,7 @@ impl<'a> Analyzer<'a> {
                 "DP quantiles are computed over numeric columns with declared bounds; for dates, aggregate EXTRACT(year FROM d) or similar.",
             ));
         }
-        let bounds = self.checked_bounds(&info, &text, name)?;
+        let bounds = self.checked_bounds(&info, &text, &written, name)?;
         let family = if matches!(name, "min" | "max" | "percentile_disc") {
             Aggregation::Discrete
         } else {
@@ -326,8 +328,21 @@ impl<'a> Analyzer<'a> {
         })
     }
 
-    /// The finite bounds of an aggregate argument, or a refusal that says how to get them.
-    pub(super) fn checked_bounds(&self, info: &Info, text: &str, name: &str) -> Result<Bounds> {
+    /// The finite bounds of an aggregate argument, or a refusal that says how to get them;
+    /// messages name a column as `shown` (qualified by the analyst's table name) and any other
+    /// argument as the analyst wrote it (its analysed form may carry guards).
+    pub(super) fn checked_bounds(
+        &self,
+        info: &Info,
+        text: &str,
+        written: &str,
+        name: &str,
+    ) -> Result<Bounds> {
+        let written = if info.column.is_some() {
+            self.shown(text)
+        } else {
+            crate::literal::for_display(written)
+        };
         let finite = info.bounds.filter(|(l, u)| l.is_finite() && u.is_finite());
         let Some((lower, upper)) = finite else {
             let hint = match &info.column {
@@ -335,20 +350,16 @@ impl<'a> Analyzer<'a> {
                     Some(h) => h.clone(),
                     None => format!("Declare bounds for column {c} in the policy (lower and upper)."),
                 },
-                None if info.bounds.is_some() => "Clamp the expression with stated bounds, e.g. LEAST(GREATEST(x, 0), 100), or use columns with declared bounds.".into(),
-                None => "Use a column with declared bounds (lower/upper in the policy), or arithmetic of such columns with literals.".into(),
+                None => format!("Clamp the expression with stated bounds, e.g. {name}(LEAST(GREATEST({written}, 0), 100)), or use columns with declared bounds (lower/upper in the policy) and arithmetic of them with literals."),
             };
             return Err(Error::forbidden(
-                format!(
-                    "the bounds of {} are not known, so {name} cannot be released",
-                    self.shown(text)
-                ),
+                format!("the bounds of {written} are not known, so {name} cannot be released"),
                 hint,
             ));
         };
         if lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
             return Err(Error::forbidden(
-                format!("the derived bounds of {} are too large", self.shown(text)),
+                format!("the derived bounds of {} are too large", written),
                 format!(
                     "Derived bounds must lie within ±{}.",
                     limits::COLUMN_BOUND_ABS_MAX

@@ -295,10 +295,19 @@ impl<'a> Analyzer<'a> {
                     format!("{visible}.{name}"),
                     "Clamp the per-unit value with stated bounds in the subquery, e.g. LEAST(COUNT(*), 20) or LEAST(GREATEST(SUM(cost), 0), 5000).".into(),
                 );
+            } else if bounds.is_none()
+                && ty.is_numeric()
+                && info.column.is_none()
+                && !contains_window(expr)
+            {
+                self.view_hints.insert(
+                    format!("{visible}.{name}"),
+                    format!("Clamp the value with stated bounds in the subquery, e.g. LEAST(GREATEST(<expression>, 0), 100) AS {name}."),
+                );
             } else if bounds.is_none() && ty.is_numeric() && contains_window(expr) {
                 self.view_hints.insert(
                     format!("{visible}.{name}"),
-                    "Clamp the window value with stated bounds in the subquery, e.g. LEAST(ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date), 10), or LEAST(SUM(cost) OVER (PARTITION BY person_id), 5000).".into(),
+                    "Clamp the window value with stated bounds in the subquery, e.g. LEAST(ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date), 10), LEAST(GREATEST(visit_date - MIN(visit_date) OVER (PARTITION BY person_id), 0), 3650) or LEAST(SUM(cost) OVER (PARTITION BY person_id), 5000).".into(),
                 );
             }
             let public_values = match &info.public {
