@@ -268,7 +268,13 @@ pub enum PublicKeys {
     No,
     /// The values are known without reading data: the policy lists them, or the key is a CASE
     /// whose results are literals (NULL included when a row can match no branch).
-    Listed(Vec<Option<String>>),
+    Listed {
+        /// The values (NULL as `None`).
+        values: Vec<Option<String>>,
+        /// Whether every row's key is one of them: a CASE of literals, or a policy column
+        /// declared `exhaustive`. Only then may a total over the key add up its cells.
+        exhaustive: bool,
+    },
     /// A column of a public table in FROM: the values are read from that table. Keys of one
     /// table (one alias) take the combinations of values its rows hold, not the cross product.
     Table {
@@ -658,17 +664,38 @@ impl Plan {
     /// With grouping sets over public keys only, the first set that holds the keys of every
     /// other set: the finest, whose cells every other set's groups are sums of (each cell of a
     /// public domain is released, so a coarser group is exactly the union of the finer cells
-    /// that project onto it). `None` without grouping sets, with a private key, or when no set
-    /// holds all the others (`GROUPING SETS ((a), (b))`).
+    /// that project onto it). `None` without grouping sets, with a private key, when no set
+    /// holds all the others (`GROUPING SETS ((a), (b))`), or when a key some set leaves out is
+    /// not [`Plan::key_exhaustive`]: a row whose key is outside the released cells would then be
+    /// missing from the totals over it, which PostgreSQL counts.
     pub fn finest_grouping_set(&self) -> Option<usize> {
         let sets = self.grouping_sets.as_ref()?;
         if !self.keys_public() {
             return None;
         }
-        sets.iter().position(|set| {
+        let f = sets.iter().position(|set| {
             sets.iter()
                 .all(|other| other.iter().all(|k| set.contains(k)))
-        })
+        })?;
+        let dropped_exhaustive = sets.iter().all(|set| {
+            sets[f]
+                .iter()
+                .filter(|k| !set.contains(k))
+                .all(|&k| self.key_exhaustive(k))
+        });
+        dropped_exhaustive.then_some(f)
+    }
+
+    /// Whether every row's value of key `k` is in its public domain, so the released cells
+    /// partition the rows by it: a CASE of literals or a policy column declared `exhaustive`
+    /// (listed), or a column of a public table (its domain is the values the table's rows hold,
+    /// NULL included). Never for a key without a public domain.
+    pub fn key_exhaustive(&self, k: usize) -> bool {
+        match self.keys.get(k).map(|key| &key.public) {
+            Some(PublicKeys::Listed { exhaustive, .. }) => *exhaustive,
+            Some(PublicKeys::Table { .. }) => true,
+            Some(PublicKeys::No) | None => false,
+        }
     }
 
     /// Whether every key's domain is public, so no partition selection is needed.

@@ -323,6 +323,11 @@ pub struct Column {
     pub groupable: bool,
     /// Values of the column that are public knowledge; every one is released, present or not.
     pub public_values: Option<Vec<String>>,
+    /// The policy's assertion (`exhaustive: true`) that every row holds one of `public_values`
+    /// and none is NULL (enforce it upstream with NOT NULL and a CHECK constraint). Only then
+    /// are totals over this key added up from the released cells (grouping sets, coarser
+    /// groupings): a row outside the values would be in no cell, and missing from such a total.
+    pub exhaustive: bool,
 }
 
 /// The declared range of a numeric column. Values outside are clamped before aggregation.

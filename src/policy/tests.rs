@@ -249,6 +249,37 @@ fn unit_path_chains_through_tables_with_paths_up_to_the_limit() {
     assert_eq!(path.unit, "uid");
 }
 
+/// `exhaustive` states that the listed values are every value: it needs the list, and it is
+/// off unless written.
+#[test]
+fn exhaustive_needs_public_values_and_is_off_by_default() {
+    let p = parse(&minimal("")).expect("valid");
+    assert!(
+        !p.table("s.t")
+            .and_then(|t| t.column("k"))
+            .expect("k")
+            .exhaustive
+    );
+    let text = minimal("").replace(
+        "public_values: [a, b]",
+        "public_values: [a, b], exhaustive: true",
+    );
+    let p = parse(&text).expect("valid");
+    assert!(
+        p.table("s.t")
+            .and_then(|t| t.column("k"))
+            .expect("k")
+            .exhaustive
+    );
+    let text = minimal("").replace("upper: 10 }", "upper: 10, exhaustive: true }");
+    let e = errors(&text);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("tables.s.t.columns.x: exhaustive: true needs public_values"),
+        "{e:?}"
+    );
+}
+
 #[test]
 fn demo_policy_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");

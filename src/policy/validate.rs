@@ -95,6 +95,8 @@ pub(super) struct RawColumn {
     groupable: Option<bool>,
     #[serde(default)]
     public_values: Option<Vec<serde_norway::Value>>,
+    #[serde(default)]
+    exhaustive: Option<bool>,
 }
 
 /// Collects problems with their paths.
@@ -613,6 +615,13 @@ pub(super) fn validate(
             if public_values.is_some() && !groupable {
                 p.add(&cpath, "public_values need groupable: true");
             }
+            let exhaustive = c.exhaustive.unwrap_or(false);
+            if exhaustive && public_values.is_none() {
+                p.add(
+                    &cpath,
+                    "exhaustive: true needs public_values (it says every row holds one of them)",
+                );
+            }
             columns.push(Column {
                 name: cname,
                 ty,
@@ -620,6 +629,7 @@ pub(super) fn validate(
                 bounds,
                 groupable,
                 public_values,
+                exhaustive,
             });
         }
 

@@ -53,9 +53,10 @@ pub const DATABASE: &str = "pgdp_demo";
 /// The schema holding the dataset.
 pub const SCHEMA: &str = "demo";
 
-/// Version of the generator. Bump it whenever the generated rows change, so that stored datasets
-/// are reloaded instead of reused.
-pub const VERSION: u32 = 2;
+/// Version of the generator. Bump it whenever the generated rows or the schema change, so that
+/// stored datasets are reloaded instead of reused (3: the columns the policy declares
+/// `exhaustive` are NOT NULL with a CHECK of their values).
+pub const VERSION: u32 = 3;
 
 /// Largest accepted scale (10 million people, about 100 million visits).
 pub const SCALE_MAX: u32 = 100;
@@ -533,6 +534,8 @@ fn weighted_case(raw: &str, choices: &[(&str, i64)]) -> String {
 pub(crate) fn schema_sql() -> String {
     let sexes = SEXES.map(quote_literal).join(", ");
     let levels = EDUCATION_LEVELS.map(quote_literal).join(", ");
+    let regions = REGIONS.map(|r| quote_literal(r.code)).join(", ");
+    let drugs = DRUGS.map(quote_literal).join(", ");
     format!(
         "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;
 CREATE SCHEMA {SCHEMA};
@@ -544,9 +547,9 @@ CREATE TABLE {SCHEMA}.regions (
 CREATE TABLE {SCHEMA}.people (
     person_id bigint NOT NULL,
     age int CHECK (age BETWEEN 0 AND 100),
-    sex text CHECK (sex IN ({sexes})),
-    region text,
-    education text CHECK (education IN ({levels})),
+    sex text NOT NULL CHECK (sex IN ({sexes})),
+    region text NOT NULL CHECK (region IN ({regions})),
+    education text NOT NULL CHECK (education IN ({levels})),
     income numeric(12,2) CHECK (income >= 0)
 );
 CREATE TABLE {SCHEMA}.visits (
@@ -560,7 +563,7 @@ CREATE TABLE {SCHEMA}.visits (
 CREATE TABLE {SCHEMA}.prescriptions (
     prescription_id bigint NOT NULL,
     visit_id bigint,
-    drug text,
+    drug text NOT NULL CHECK (drug IN ({drugs})),
     quantity int CHECK (quantity > 0),
     prescribed_on date
 );

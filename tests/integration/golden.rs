@@ -384,7 +384,11 @@ fn describe(c: &Compiled) -> Vec<String> {
     for (i, k) in plan.keys().iter().enumerate() {
         let domain = match &k.public {
             PublicKeys::No => "selected".to_string(),
-            PublicKeys::Listed(v) => format!("public list of {}", v.len()),
+            PublicKeys::Listed { values, exhaustive } => format!(
+                "public list of {}{}",
+                values.len(),
+                if *exhaustive { ", exhaustive" } else { "" }
+            ),
             PublicKeys::Table { table, column, .. } => format!("public table {table}.{column}"),
         };
         lines.push(format!("key{i} {} ({:?}): {domain}", k.expr, k.ty));

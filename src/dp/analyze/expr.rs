@@ -22,7 +22,10 @@ impl<'a> Analyzer<'a> {
                 // NULL where a LEFT JOIN found no match: not among the declared values.
                 PublicKeys::No
             } else if let Some(values) = &column.public_values {
-                PublicKeys::Listed(values.iter().cloned().map(Some).collect())
+                PublicKeys::Listed {
+                    values: values.iter().cloned().map(Some).collect(),
+                    exhaustive: column.exhaustive,
+                }
             } else if !r.private {
                 PublicKeys::Table {
                     table: r.table.clone(),
@@ -291,7 +294,8 @@ impl<'a> Analyzer<'a> {
                     if else_result.is_none() && !domain.contains(&None) {
                         domain.push(None);
                     }
-                    info.public = PublicKeys::Listed(domain);
+                    // Every row gets one of the results: the domain is exhaustive.
+                    info.public = PublicKeys::Listed { values: domain, exhaustive: true };
                     // Public domain: as safe as one filtered query per literal, except that a
                     // CASE on the privacy unit stays refused as a key (policy intent).
                     info.groupable = !info.uses_unit;

@@ -202,6 +202,7 @@ impl<'a> Analyzer<'a> {
             bounds: None,
             groupable: false,
             public_values: None,
+            exhaustive: false,
         });
         owned.kind = TableKind::Private(PrivateTable {
             privacy_unit: Some(path.unit.clone()),

@@ -275,6 +275,7 @@ impl<'a> Analyzer<'a> {
                         bounds: None,
                         groupable: false,
                         public_values: None,
+                        exhaustive: false,
                     });
                     items.push((text, name));
                     continue;
@@ -310,12 +311,17 @@ impl<'a> Analyzer<'a> {
                     "Clamp the window value with stated bounds in the subquery, e.g. LEAST(ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date), 10), LEAST(GREATEST(visit_date - MIN(visit_date) OVER (PARTITION BY person_id), 0), 3650) or LEAST(SUM(cost) OVER (PARTITION BY person_id), 5000).".into(),
                 );
             }
-            let public_values = match &info.public {
+            let (public_values, exhaustive) = match &info.public {
                 // A column of a derived table keeps the non-NULL values (a NULL group of the
-                // outer query is then not released).
-                PublicKeys::Listed(v) => Some(v.iter().flatten().cloned().collect()),
-                _ if per_unit => integer_domain(ty, bounds),
-                _ => None,
+                // outer query is then not released, so the column is exhaustive only when NULL
+                // was not among them).
+                PublicKeys::Listed { values, exhaustive } => (
+                    Some(values.iter().flatten().cloned().collect()),
+                    *exhaustive && !values.contains(&None),
+                ),
+                // Rows beyond a declared bound fall outside the domain.
+                _ if per_unit => (integer_domain(ty, bounds), false),
+                _ => (None, false),
             };
             columns.push(Column {
                 name: name.clone(),
@@ -332,6 +338,7 @@ impl<'a> Analyzer<'a> {
                 bounds,
                 groupable: info.groupable || per_unit,
                 public_values,
+                exhaustive,
             });
             items.push((e.to_string(), name));
         }
@@ -347,6 +354,7 @@ impl<'a> Analyzer<'a> {
                     bounds: None,
                     groupable: false,
                     public_values: None,
+                    exhaustive: false,
                 });
                 hidden
             }

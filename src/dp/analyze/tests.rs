@@ -183,7 +183,7 @@ fn aggregate_text(a: &Aggregate) -> String {
 fn key_text(k: &GroupKey) -> String {
     let domain = match &k.public {
         PublicKeys::No => "private".to_string(),
-        PublicKeys::Listed(values) => {
+        PublicKeys::Listed { values, .. } => {
             let values: Vec<&str> = values
                 .iter()
                 .map(|v| v.as_deref().unwrap_or("NULL"))

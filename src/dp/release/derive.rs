@@ -19,8 +19,9 @@
 //! - The stated error of a derived value is that of a sum of `m` independent noises, `m` the
 //!   finer cells it adds ([`crate::dp::mechanism::Noise::sum_error_bound`]): variances add.
 //! - A derived value is the sum of the finer release's cells, so it carries that release's
-//!   contribution bounds (each unit in at most `max_groups_per_unit` finer cells) and counts
-//!   only rows whose dropped keys lie in their declared domain; docs/privacy.md says so.
+//!   contribution bounds (each unit in at most `max_groups_per_unit` finer cells). A key is
+//!   dropped only when it is exhaustive ([`Plan::key_exhaustive`]): every row's value is in its
+//!   domain, so the finer cells hold every row the coarser query counts.
 
 use std::collections::BTreeMap;
 
@@ -42,7 +43,8 @@ pub fn additive(rewrite: &Rewrite) -> bool {
 }
 
 /// The coarser groupings a release of `plan` can answer: every proper subset of its keys (in
-/// the plan's key order, the empty one included), when its keys are all public, it has no
+/// the plan's key order, the empty one included) that leaves out only exhaustive keys
+/// ([`Plan::key_exhaustive`]), when its keys are all public, it has no
 /// grouping sets, at most [`limits::COARSER_GROUPINGS_KEYS_MAX`] keys and only [`additive`]
 /// measures; none otherwise.
 pub fn coarser_groupings(plan: &Plan, rewrite: &Rewrite) -> Vec<Vec<usize>> {
@@ -55,7 +57,10 @@ pub fn coarser_groupings(plan: &Plan, rewrite: &Rewrite) -> Vec<Vec<usize>> {
     {
         return Vec::new();
     }
+    // A key left out must be exhaustive (Plan::key_exhaustive): otherwise a row whose value is
+    // outside its domain is in no finer cell, and missing from the coarser group.
     (0..(1usize << k) - 1)
+        .filter(|mask| (0..k).all(|i| mask & (1 << i) != 0 || plan.key_exhaustive(i)))
         .map(|mask| (0..k).filter(|i| mask & (1 << i) != 0).collect())
         .collect()
 }

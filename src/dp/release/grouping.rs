@@ -219,7 +219,9 @@ pub(super) fn cells_max(plan: &Plan, f: usize) -> u64 {
                 .iter()
                 .filter(|k| !set.contains(k))
                 .map(|&k| match plan.keys.get(k).map(|key| &key.public) {
-                    Some(crate::dp::plan::PublicKeys::Listed(values)) => values.len().max(1) as u64,
+                    Some(crate::dp::plan::PublicKeys::Listed { values, .. }) => {
+                        values.len().max(1) as u64
+                    }
                     _ => cap,
                 })
                 .fold(1u64, |n, size| n.saturating_mul(size))

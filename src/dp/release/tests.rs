@@ -763,3 +763,44 @@ fn max_error_of_a_derived_rollup_covers_its_total() {
     let total = m.noises[0].sum_error_bound(30, 0.05).expect("bound");
     assert!(total <= 50.0, "{total}");
 }
+
+/// A total over a key is added up from released cells only when every row's value of that key
+/// is a cell's (the key is exhaustive): with `public_values` alone, a row with a NULL or an
+/// unlisted region would be in no cell and missing from the derived total, which PostgreSQL's
+/// total counts. Such a ROLLUP is released set by set, and no coarser grouping drops the key.
+#[test]
+fn a_key_that_is_not_exhaustive_is_never_dropped_from_a_derived_total() {
+    let mut policy = policy();
+    let people = policy.tables.get_mut("demo.people").expect("demo.people");
+    for c in people.columns.iter_mut().filter(|c| c.name == "region") {
+        c.exhaustive = false;
+    }
+    let sql =
+        "SELECT sex, region, COUNT(*), SUM(income) FROM demo.people GROUP BY ROLLUP (sex, region)";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    assert!(!plan.key_exhaustive(1), "region is listed, not exhaustive");
+    assert!(plan.key_exhaustive(0), "sex stays exhaustive");
+    assert_eq!(grouping::derived_set(&plan, &rewrite), None);
+    assert!(
+        rewrite.sql.as_str().contains("UNION ALL"),
+        "one branch per set"
+    );
+    assert_eq!(mechanisms.sets.len(), 3);
+
+    // A plain grouping by both keys derives only the coarser grouping that keeps region.
+    let (plan, rewrite, _, _) = prepared(
+        &policy,
+        "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY sex, region",
+        LAPLACE,
+    );
+    assert_eq!(derive::coarser_groupings(&plan, &rewrite), vec![vec![1]]);
+
+    // A CASE of literals is exhaustive by construction: its total is derived.
+    let (plan, rewrite, _, _) = prepared(
+        &policy,
+        "SELECT CASE WHEN age < 40 THEN 'young' ELSE 'old' END AS band, sex, COUNT(*) FROM demo.people GROUP BY ROLLUP (1, 2)",
+        LAPLACE,
+    );
+    assert!(plan.key_exhaustive(0) && plan.key_exhaustive(1));
+    assert_eq!(grouping::derived_set(&plan, &rewrite), Some(0));
+}

@@ -131,7 +131,7 @@ pub fn public_domain(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<P
                     None => tables.push((alias.as_str(), vec![i])),
                 }
             }
-            PublicKeys::Listed(values) => {
+            PublicKeys::Listed { values, .. } => {
                 let column = plain_column(key.expr.as_str());
                 let applicable: Vec<&Expr> = match &column {
                     Some((alias, column)) => conjuncts
