@@ -302,6 +302,61 @@ mod tests {
         );
     }
 
+    /// Every 0A000 refusal says how to write the question so that pgdp answers it (issue 15):
+    /// no call of [`Error::unsupported`] in the crate passes an empty hint. A source check in
+    /// the manner of rust-analyzer's tidy tests, since the sites are too many to reach one by
+    /// one from SQL (the analyser's tests reach the common ones).
+    #[test]
+    fn every_unsupported_refusal_carries_a_hint() {
+        fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("readable source directory") {
+                let path = entry.expect("directory entry").path();
+                if path.is_dir() {
+                    rust_files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        rust_files(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        // Split so that this test's own text holds no call.
+        const NEEDLE: &str = concat!("Error::", "unsupported(");
+        let mut calls = 0;
+        let mut empty = Vec::new();
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("readable source file");
+            for (at, _) in text.match_indices(NEEDLE) {
+                // The call's text up to its closing parenthesis.
+                let start = at + NEEDLE.len();
+                let mut depth = 1;
+                let end = text[start..]
+                    .char_indices()
+                    .find_map(|(i, c)| {
+                        match c {
+                            '(' => depth += 1,
+                            ')' => depth -= 1,
+                            _ => {}
+                        }
+                        (depth == 0).then_some(start + i)
+                    })
+                    .expect("a closed call");
+                let call: String = text[start..end].split_whitespace().collect();
+                calls += 1;
+                let call = call.trim_end_matches(',');
+                if call.ends_with(",\"\"") || call.ends_with(",String::new()") {
+                    let line = text[..at].matches('\n').count() + 1;
+                    empty.push(format!("{}:{line}", path.display()));
+                }
+            }
+        }
+        assert!(calls > 100, "only {calls} calls found: the scan is broken");
+        assert!(empty.is_empty(), "0A000 refusals without a hint: {empty:?}");
+    }
+
     #[test]
     fn connection_refusals_use_postgres_codes_and_text() {
         assert_eq!(Error::AuthenticationThrottled.sqlstate().code(), "53300");

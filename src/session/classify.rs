@@ -338,7 +338,10 @@ pub fn classify_statement(statement: Ast) -> Result<Statement> {
         }
         Ast::StartTransaction { statements, exception, .. } => {
             if !statements.is_empty() || exception.is_some() {
-                return Err(Error::unsupported("procedural BEGIN … END blocks", ""));
+                return Err(Error::unsupported(
+                    "procedural BEGIN … END blocks",
+                    "Send the statements one at a time, inside BEGIN; … COMMIT; if you need a transaction.",
+                ));
             }
             Ok(Statement::Begin)
         }
@@ -417,7 +420,10 @@ pub fn classify_statement(statement: Ast) -> Result<Statement> {
         )),
         Ast::Declare { stmts } => classify_declare(stmts),
         Ast::Fetch { name, direction, into: None, .. } => classify_fetch(&name, &direction),
-        Ast::Fetch { .. } => Err(Error::unsupported("FETCH … INTO", "")),
+        Ast::Fetch { .. } => Err(Error::unsupported(
+            "FETCH … INTO",
+            "Fetch the rows to the client: FETCH 100 FROM my_cursor.",
+        )),
         Ast::Close { cursor } => match cursor {
             ast::CloseCursor::All => Ok(Statement::CloseCursor { name: None }),
             ast::CloseCursor::Specific { name } => Ok(Statement::CloseCursor {
@@ -497,7 +503,10 @@ fn classify_set(set: ast::Set) -> Result<Statement> {
             name: "transaction".into(),
             value: String::new(),
         }),
-        other => Err(Error::unsupported(format!("the statement {other}"), "")),
+        other => Err(Error::unsupported(
+            format!("the statement {other}"),
+            "Set a session parameter with SET name = value (SET pgdp.epsilon = 0.5, SET TimeZone = 'UTC').",
+        )),
     }
 }
 

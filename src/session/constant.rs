@@ -32,7 +32,12 @@ impl Session {
         let (expr, alias) = match item {
             SelectItem::UnnamedExpr(e) => (e, None),
             SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
-            _ => return Err(Error::unsupported("* without FROM", "")),
+            _ => {
+                return Err(Error::unsupported(
+                    "* without FROM",
+                    "List the expressions, e.g. SELECT 1 AS one, now() AS at.",
+                ))
+            }
         };
         let (default_name, cell) = self.constant_value(shared, expr)?;
         let ty = constant_type(expr, &cell);

@@ -53,7 +53,10 @@ impl<'a> Analyzer<'a> {
             });
         };
         if !list.clauses.is_empty() {
-            return Err(Error::unsupported("ORDER BY / LIMIT inside aggregates", ""));
+            return Err(Error::unsupported(
+                "ORDER BY / LIMIT inside aggregates",
+                AGGREGATE_ORDER_HINT,
+            ));
         }
         let distinct = matches!(
             list.duplicate_treatment,
@@ -80,7 +83,12 @@ impl<'a> Analyzer<'a> {
                 }));
             }
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
-            _ => return Err(Error::unsupported("named aggregate arguments", "")),
+            _ => {
+                return Err(Error::unsupported(
+                    "named aggregate arguments",
+                    "Pass the argument by position, e.g. SUM(cost).",
+                ))
+            }
         };
         let written = arg_expr.to_string();
         let mut arg_expr = arg_expr;
@@ -158,7 +166,10 @@ impl<'a> Analyzer<'a> {
             });
         };
         if !list.clauses.is_empty() {
-            return Err(Error::unsupported("ORDER BY / LIMIT inside aggregates", ""));
+            return Err(Error::unsupported(
+                "ORDER BY / LIMIT inside aggregates",
+                AGGREGATE_ORDER_HINT,
+            ));
         }
         let distinct = match list.duplicate_treatment {
             None | Some(ast::DuplicateTreatment::All) => false,
@@ -248,7 +259,7 @@ impl<'a> Analyzer<'a> {
         if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
             return Err(Error::unsupported(
                 format!("DISTINCT or ORDER BY inside {name}"),
-                "",
+                "A quantile's argument goes alone in the parentheses: MEDIAN(cost), MIN(age), or PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY cost).",
             ));
         }
         let one_arg = || match list.args.as_slice() {
@@ -425,7 +436,7 @@ impl<'a> Analyzer<'a> {
                             // Sorted by PostgreSQL over the released rows instead.
                             OutputSource::Grouping(_) => Err(Error::unsupported(
                                 "ORDER BY a GROUPING(…) column in pgdp's own evaluator",
-                                "",
+                                "Sort by the GROUPING(…) expression itself, e.g. ORDER BY GROUPING(region), region.",
                             )),
                         };
                     }
@@ -438,7 +449,7 @@ impl<'a> Analyzer<'a> {
                 Value::Null => Ok(Post::Null),
                 _ => Err(Error::unsupported(
                     format!("the literal {v} in HAVING / ORDER BY"),
-                    "",
+                    "Use numbers, quoted strings or NULL, e.g. HAVING COUNT(*) > 100.",
                 )),
             },
             Expr::Identifier(id) if by_output(&id.value).is_some() => {
@@ -482,7 +493,7 @@ impl<'a> Analyzer<'a> {
                     other => {
                         return Err(Error::unsupported(
                             format!("the operator {other} in HAVING / ORDER BY"),
-                            "",
+                            "Use + - * / with comparisons, AND, OR and NOT, e.g. HAVING SUM(cost) / COUNT(*) > 100, or wrap the query: SELECT * FROM (<query>) s WHERE …",
                         ))
                     }
                 };
@@ -544,7 +555,12 @@ fn filter_as_case(f: &ast::Function, condition: &Expr) -> Result<Expr> {
     let value = match arg {
         FunctionArg::Unnamed(FunctionArgExpr::Wildcard) => "1".to_string(),
         FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.to_string(),
-        _ => return Err(Error::unsupported("named aggregate arguments", "")),
+        _ => {
+            return Err(Error::unsupported(
+                "named aggregate arguments",
+                "Pass the argument by position, e.g. SUM(cost).",
+            ))
+        }
     };
     if !list.clauses.is_empty() || !f.within_group.is_empty() || f.over.is_some() {
         return Err(Error::unsupported(

@@ -481,7 +481,7 @@ impl<'a> Analyzer<'a> {
                 if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
                     return Err(Error::unsupported(
                         "DISTINCT or clauses in function arguments",
-                        "",
+                        "Call the function on plain arguments, e.g. round(cost, 0); for distinct values use COUNT(DISTINCT col).",
                     ));
                 }
                 &mut list.args
@@ -492,7 +492,10 @@ impl<'a> Analyzer<'a> {
                     hint: String::new(),
                 })
             }
-            FunctionArguments::Subquery(_) => return Err(Error::unsupported("subqueries", "")),
+            FunctionArguments::Subquery(_) => return Err(Error::unsupported(
+                    "subqueries as function arguments",
+                    "Compute the value in a CTE or a subquery in FROM and pass its column, e.g. WITH v AS (SELECT person_id, cost FROM demo.visits WHERE …) SELECT SUM(cost) FROM v.",
+                )),
         };
         if args.len() < spec.min_args || args.len() > spec.max_args {
             return Err(Error::UnknownFunction {
@@ -505,7 +508,7 @@ impl<'a> Analyzer<'a> {
             let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = a else {
                 return Err(Error::unsupported(
                     "named or wildcard function arguments",
-                    "",
+                    "Pass the arguments by position, e.g. round(cost, 0).",
                 ));
             };
             let info = self.expr(e, role)?;
@@ -642,7 +645,7 @@ impl<'a> Analyzer<'a> {
         if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
             return Err(Error::unsupported(
                 "DISTINCT or clauses in function arguments",
-                "",
+                "Call date_bin on plain arguments: date_bin('7 days', visit_date, TIMESTAMP '2024-01-01').",
             ));
         }
         let mut exprs: Vec<&mut Expr> = Vec::new();
@@ -652,7 +655,7 @@ impl<'a> Analyzer<'a> {
                 _ => {
                     return Err(Error::unsupported(
                         "named or wildcard function arguments",
-                        "",
+                        "Pass date_bin's arguments by position: date_bin('7 days', visit_date, TIMESTAMP '2024-01-01').",
                     ))
                 }
             }

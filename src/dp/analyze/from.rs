@@ -17,7 +17,10 @@ impl<'a> Analyzer<'a> {
                 ..
             } => {
                 if args.is_some() {
-                    return Err(Error::unsupported("table functions", ""));
+                    return Err(Error::unsupported(
+                        "table functions",
+                        "Read the tables the policy lists by name: functions in FROM (generate_series, unnest, …) are not available over data; for a series of dates or numbers, group by a key such as date_trunc('month', visit_date).",
+                    ));
                 }
                 if let [part] = name.0.as_slice() {
                     let cte_name = part
@@ -35,7 +38,10 @@ impl<'a> Analyzer<'a> {
                     if let Some(q) = cte {
                         let visible = match alias {
                             Some(a) if !a.columns.is_empty() => {
-                                return Err(Error::unsupported("column aliases on tables", ""))
+                                return Err(Error::unsupported(
+                                    "column aliases on tables",
+                                    COLUMN_ALIASES_HINT,
+                                ))
                             }
                             Some(a) => ident_lower(&a.name),
                             None => cte_name.clone(),
@@ -52,7 +58,10 @@ impl<'a> Analyzer<'a> {
                     || sample.is_some()
                     || !index_hints.is_empty()
                 {
-                    return Err(Error::unsupported("table hints, samples and versions", ""));
+                    return Err(Error::unsupported(
+                        "table hints, samples and versions",
+                        "Name the table alone (FROM demo.visits): pgdp reads every row under the policy's caps, so TABLESAMPLE, index hints, partitions and versions have no place.",
+                    ));
                 }
                 let table = self.find_table(name)?;
                 if self.tables.len() >= JOINED_TABLES_MAX {
@@ -64,7 +73,10 @@ impl<'a> Analyzer<'a> {
                 let visible = match alias {
                     Some(a) => {
                         if !a.columns.is_empty() {
-                            return Err(Error::unsupported("column aliases on tables", ""));
+                            return Err(Error::unsupported(
+                                "column aliases on tables",
+                                COLUMN_ALIASES_HINT,
+                            ));
                         }
                         ident_lower(&a.name)
                     }
@@ -243,7 +255,10 @@ impl<'a> Analyzer<'a> {
     pub(super) fn resolve_from(&mut self, from: &[ast::TableWithJoins]) -> Result<Vec<JoinOn>> {
         let [twj] = from else {
             return Err(if from.is_empty() {
-                Error::unsupported("queries without FROM over data", "")
+                Error::unsupported(
+                    "queries without FROM over data",
+                    "Aggregate in the query's own FROM, e.g. SELECT COUNT(*) FROM demo.people instead of SELECT (SELECT COUNT(*) FROM demo.people).",
+                )
             } else {
                 Error::unsupported(
                     "comma-separated FROM lists",
@@ -516,7 +531,10 @@ impl<'a> Analyzer<'a> {
             Some(u) => Ok(Unit::Column(ColumnRef::new(&first.0.alias, &u))),
             None => {
                 if private.len() > 1 {
-                    return Err(Error::unsupported("joins of row-level private tables", ""));
+                    return Err(Error::unsupported(
+                        "joins of row-level private tables",
+                        "Query each row-level private table on its own, joined to public tables only; a join of private tables needs a privacy unit column in both (privacy_unit in the policy).",
+                    ));
                 }
                 Ok(Unit::Row {
                     alias: first.0.alias.clone(),

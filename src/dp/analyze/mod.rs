@@ -115,7 +115,10 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         return Err(window_refusal());
     }
     if select.top.is_some() || select.prewhere.is_some() || !select.lateral_views.is_empty() {
-        return Err(Error::unsupported("this SELECT clause", ""));
+        return Err(Error::unsupported(
+            "TOP, PREWHERE and LATERAL VIEW",
+            "Write PostgreSQL SQL: LIMIT n instead of TOP n, WHERE instead of PREWHERE, a join instead of LATERAL VIEW.",
+        ));
     }
 
     let mut a = Analyzer {
@@ -367,6 +370,21 @@ fn push_aggregate(aggregates: &mut Vec<Aggregate>, agg: Aggregate) -> usize {
     }
 }
 
+/// Hint of ClickHouse's `WITH FILL`, which sqlparser accepts in ORDER BY.
+const WITH_FILL_HINT: &str =
+    "WITH FILL is not PostgreSQL SQL: sort with ASC or DESC and NULLS FIRST or NULLS LAST; keys with a public list already include every value.";
+
+/// Hint of `ORDER BY ALL`.
+const ORDER_BY_ALL_HINT: &str = "List the columns to sort by, e.g. ORDER BY 1, 2.";
+
+/// Hint of `AS t (a, b)` on a table in FROM.
+const COLUMN_ALIASES_HINT: &str =
+    "Name the columns in the select list instead: FROM demo.visits AS v, then v.cost AS amount.";
+
+/// Hint of ORDER BY or LIMIT inside an aggregate's parentheses.
+const AGGREGATE_ORDER_HINT: &str =
+    "Drop the ORDER BY inside the aggregate: the aggregates pgdp releases (COUNT, SUM, AVG, VARIANCE, STDDEV, quantiles) do not depend on the order of their rows; sort the released rows with ORDER BY at the end of the query.";
+
 fn window_refusal() -> Error {
     Error::unsupported("window functions here", window::WINDOW_HINT)
 }
@@ -476,7 +494,10 @@ fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
             limit_by,
         }) => {
             if !limit_by.is_empty() {
-                return Err(Error::unsupported("LIMIT BY", ""));
+                return Err(Error::unsupported(
+                    "LIMIT BY",
+                    "LIMIT BY is not PostgreSQL SQL: rank within each group with a window in an outer query, e.g. SELECT * FROM (SELECT k, n, ROW_NUMBER() OVER (PARTITION BY k ORDER BY n DESC) AS r FROM (<your query>) s) t WHERE r <= 3.",
+                ));
             }
             let l = match limit {
                 Some(e) => {
@@ -683,11 +704,13 @@ impl Analyzer<'_> {
         if let Some(ob) = &query.order_by {
             let exprs = match &ob.kind {
                 ast::OrderByKind::Expressions(e) => e,
-                ast::OrderByKind::All(_) => return Err(Error::unsupported("ORDER BY ALL", "")),
+                ast::OrderByKind::All(_) => {
+                    return Err(Error::unsupported("ORDER BY ALL", ORDER_BY_ALL_HINT))
+                }
             };
             for o in exprs {
                 if o.with_fill.is_some() {
-                    return Err(Error::unsupported("WITH FILL", ""));
+                    return Err(Error::unsupported("WITH FILL", WITH_FILL_HINT));
                 }
                 let value = self.post(&o.expr, keys, &mut aggregates, &outputs, true)?;
                 let ascending = match &o.options.sort {
@@ -717,7 +740,7 @@ fn select_item(item: &SelectItem) -> Result<(&Expr, Option<String>)> {
         SelectItem::ExprWithAlias { expr, alias } => Ok((expr, Some(ident_lower(alias)))),
         SelectItem::ExprWithAliases { .. } => Err(Error::unsupported(
             "multiple aliases for one select item",
-            "",
+            "Give the item one alias: expr AS name.",
         )),
         SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => Err(Error::forbidden(
             "SELECT * is not allowed on private tables",

@@ -563,7 +563,7 @@ impl Analyzer<'_> {
             }
             for o in &mut spec.order_by {
                 if o.with_fill.is_some() {
-                    return Err(Error::unsupported("WITH FILL", ""));
+                    return Err(Error::unsupported("WITH FILL", WITH_FILL_HINT));
                 }
                 if matches!(o.options.sort, Some(ast::OrderBySort::Using(_))) {
                     return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."));
@@ -678,12 +678,12 @@ impl Analyzer<'_> {
         let mut sql = String::new();
         if let Some(ob) = &query.order_by {
             let ast::OrderByKind::Expressions(exprs) = &ob.kind else {
-                return Err(Error::unsupported("ORDER BY ALL", ""));
+                return Err(Error::unsupported("ORDER BY ALL", ORDER_BY_ALL_HINT));
             };
             let mut sorted = Vec::new();
             for o in exprs {
                 if o.with_fill.is_some() {
-                    return Err(Error::unsupported("WITH FILL", ""));
+                    return Err(Error::unsupported("WITH FILL", WITH_FILL_HINT));
                 }
                 if matches!(o.options.sort, Some(ast::OrderBySort::Using(_))) {
                     return Err(Error::unsupported("ORDER BY … USING", "Use ASC or DESC."));
@@ -925,7 +925,7 @@ fn outer_plan(
             _ => {
                 return Err(Error::unsupported(
                     "this select item on the rows of an aggregate subquery",
-                    "",
+                    "Select the subquery's columns by name, with AS for new names, or \"source\".* of the whole subquery.",
                 ))
             }
         }

@@ -105,7 +105,10 @@ impl<'a> Analyzer<'a> {
             || select.prewhere.is_some()
             || !select.lateral_views.is_empty()
         {
-            return Err(Error::unsupported("this clause in a subquery", ""));
+            return Err(Error::unsupported(
+                "INTO, QUALIFY, WINDOW, TOP, PREWHERE or LATERAL VIEW in a subquery",
+                "Write the subquery as SELECT … FROM … WHERE … [GROUP BY the privacy unit [HAVING …]]; for a window, write OVER (PARTITION BY the privacy unit …) in the select list.",
+            ));
         }
         let saved = std::mem::take(&mut self.tables);
         let built = self.view_body(select, &visible);
@@ -248,7 +251,7 @@ impl<'a> Analyzer<'a> {
                 SelectItem::ExprWithAliases { .. } => {
                     return Err(Error::unsupported(
                         "multiple aliases for one select item",
-                        "",
+                        "Give the item one alias: expr AS name.",
                     ))
                 }
             };

@@ -384,7 +384,7 @@ impl<'a> Analyzer<'a> {
                 SelectItem::ExprWithAliases { .. } => {
                     return Err(Error::unsupported(
                         "multiple aliases for one select item",
-                        "",
+                        "Give the item one alias: expr AS name.",
                     ))
                 }
             };
@@ -554,7 +554,10 @@ fn subquery_select<'q>(q: &'q ast::Query, unit: &str) -> Result<&'q ast::Select>
         || q.format_clause.is_some()
         || !q.pipe_operators.is_empty()
     {
-        return Err(Error::unsupported("this clause in a subquery", ""));
+        return Err(Error::unsupported(
+            "this clause in a semijoin's subquery",
+            example(unit),
+        ));
     }
     let SetExpr::Select(select) = q.body.as_ref() else {
         return Err(Error::unsupported(
@@ -586,7 +589,10 @@ fn subquery_select<'q>(q: &'q ast::Query, unit: &str) -> Result<&'q ast::Select>
         || !select.sort_by.is_empty()
         || select.exclude.is_some()
     {
-        return Err(Error::unsupported("this clause in a subquery", ""));
+        return Err(Error::unsupported(
+            "this clause in a semijoin's subquery",
+            example(unit),
+        ));
     }
     Ok(select)
 }

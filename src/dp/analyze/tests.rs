@@ -1112,3 +1112,36 @@ fn grouping_and_key_refusals_hint_a_supported_form() {
         assert!(hint.contains(shown), "{sql}: {e} (hint: {hint})");
     }
 }
+
+/// Refusals of unsupported syntax show a way to write the question that pgdp answers (issue
+/// 15): every 0A000 here carries a hint, and no hint names a generated identifier.
+#[test]
+fn unsupported_forms_hint_a_supported_form() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    for sql in [
+        "SELECT COUNT(*) FROM generate_series(1, 10)",
+        "SELECT COUNT(*) FROM demo.people AS p (a, b)",
+        "SELECT COUNT(*) FROM demo.people TABLESAMPLE SYSTEM (10)",
+        "SELECT (SELECT COUNT(*) FROM demo.people)",
+        "SELECT SUM(age ORDER BY age) FROM demo.people",
+        "SELECT MEDIAN(DISTINCT age) FROM demo.people",
+        "SELECT COUNT(*) FROM demo.people, demo.regions",
+        "SELECT round(age, places => 0), COUNT(*) FROM demo.people GROUP BY 1",
+        "SELECT SUM(DISTINCT age) FROM demo.people",
+        "SELECT DISTINCT sex FROM demo.people",
+        "SELECT COUNT(*) FROM (SELECT DISTINCT person_id FROM demo.visits) t",
+        "WITH RECURSIVE r AS (SELECT 1 AS n) SELECT COUNT(*) FROM demo.people",
+        "SELECT sex, COUNT(*) FROM demo.people GROUP BY sex HAVING COUNT(*) > ANY (SELECT 1)",
+        "SELECT COUNT(*) FROM demo.people WHERE person_id NOT IN (SELECT person_id FROM demo.visits)",
+    ] {
+        let e = analyze_sql(sql, &ctx).expect_err(sql);
+        assert_eq!(e.sqlstate(), SqlState::FEATURE_NOT_SUPPORTED, "{sql}: {e}");
+        let hint = e.hint().unwrap_or_default();
+        assert!(hint.len() > 10, "{sql}: {e} has no hint");
+        assert!(!hint.contains(RESERVED_PREFIX), "{sql}: {hint}");
+    }
+}

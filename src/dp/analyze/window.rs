@@ -225,7 +225,10 @@ impl<'a> Analyzer<'a> {
         let (args, star) = match &mut f.args {
             FunctionArguments::None => (Vec::new(), false),
             FunctionArguments::Subquery(_) => {
-                return Err(Error::unsupported("subqueries in a window function", ""))
+                return Err(Error::unsupported(
+                    "subqueries in a window function",
+                    "Compute the value in a CTE first and apply the window to its column, e.g. WITH v AS (SELECT person_id, visit_date FROM demo.visits) SELECT … ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date) … FROM v.",
+                ))
             }
             FunctionArguments::List(list) => {
                 if !list.clauses.is_empty()
@@ -250,7 +253,7 @@ impl<'a> Analyzer<'a> {
                         _ => {
                             return Err(Error::unsupported(
                                 "named or wildcard arguments of a window function",
-                                "",
+                                "Pass the window function's arguments by position, e.g. LAG(visit_date, 1) OVER (PARTITION BY person_id ORDER BY visit_date); COUNT(*) is the one wildcard.",
                             ))
                         }
                     }
