@@ -27,8 +27,14 @@ async fn set_epsilon(s: &Session, epsilon: f64) {
 /// One query of the catalogue.
 #[derive(Debug)]
 enum Entry {
-    /// Must run and return these `name type` columns.
-    Runs { sql: String, columns: Vec<String> },
+    /// Must run, return these `name type` columns and charge `charge`: the cost its NOTICE
+    /// states (`epsilon=…, delta=…`, with `, rho=…` under zCDP), or `nothing` for an answer
+    /// reused from an earlier release of the catalogue.
+    Runs {
+        sql: String,
+        columns: Vec<String>,
+        charge: Option<String>,
+    },
     /// Must be refused with this SQLSTATE; `instead` must run.
     Refused {
         sql: String,
@@ -37,7 +43,8 @@ enum Entry {
     },
 }
 
-/// Extracts the catalogue: each ```sql block followed by `Columns: `…`` or `Refused: `…``.
+/// Extracts the catalogue: each ```sql block followed by `Columns: `…`` (and, in the same
+/// paragraph, `Charge: `…``) or `Refused: `…``.
 fn catalogue() -> Vec<Entry> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/queries.md");
     let text = std::fs::read_to_string(&path).expect("docs/queries.md");
@@ -72,9 +79,22 @@ fn catalogue() -> Vec<Entry> {
         let next = after(*end);
         if next.starts_with("Columns:") {
             let columns = quoted(&next).split(", ").map(str::to_string).collect();
+            // The charge is stated in the paragraph that starts with the columns.
+            let paragraph: String = lines[*end..]
+                .iter()
+                .skip_while(|l| l.trim().is_empty())
+                .take_while(|l| !l.trim().is_empty())
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" ");
+            let charge = paragraph
+                .split_once("Charge: `")
+                .and_then(|(_, rest)| rest.split_once('`'))
+                .map(|(c, _)| c.to_string());
             entries.push(Entry::Runs {
                 sql: sql.clone(),
                 columns,
+                charge,
             });
             k += 1;
         } else if next.starts_with("Refused:") {
@@ -103,9 +123,16 @@ async fn catalogue_of_analyst_queries_runs_end_to_end() {
     let proxy = rich_proxy(81).await;
     let s = proxy.connect().await;
     let direct = upstream_client().await;
+    let mut charges_wrong = Vec::new();
+    let mut not_described = 0;
     for entry in &entries {
         match entry {
-            Entry::Runs { sql, columns } => {
+            Entry::Runs {
+                sql,
+                columns,
+                charge,
+            } => {
+                s.take_notices();
                 let stmt = s
                     .prepare(sql)
                     .await
@@ -121,15 +148,30 @@ async fn catalogue_of_analyst_queries_runs_end_to_end() {
                     .collect();
                 assert_eq!(&got, columns, "{sql}: columns");
                 assert!(!rows.is_empty(), "{sql}: no rows released");
-                // Where PostgreSQL can describe the same SQL (not MEDIAN, not the person_id a
-                // unit path adds), pgdp's columns are PostgreSQL's.
-                if let Ok(expected) = direct.prepare(sql).await {
-                    let expected: Vec<String> = expected
-                        .columns()
-                        .iter()
-                        .map(|c| format!("{} {}", c.name(), c.type_().name()))
-                        .collect();
-                    assert_eq!(got, expected, "{sql}: PostgreSQL's columns");
+                let charged = stated_charge(&s.take_notices());
+                if charge.as_ref() != Some(&charged) {
+                    charges_wrong.push(format!(
+                        "{sql}\n    documented {charge:?}, charged `{charged}`"
+                    ));
+                }
+                // pgdp's columns are PostgreSQL's for the same SQL, wherever PostgreSQL can
+                // describe it: all but pgdp's own forms (MEDIAN, the person_id a unit path adds).
+                match direct.prepare(sql).await {
+                    Ok(expected) => {
+                        let expected: Vec<String> = expected
+                            .columns()
+                            .iter()
+                            .map(|c| format!("{} {}", c.name(), c.type_().name()))
+                            .collect();
+                        assert_eq!(got, expected, "{sql}: PostgreSQL's columns");
+                    }
+                    Err(e) => {
+                        assert!(
+                            pgdp_own_form(sql),
+                            "{sql}: PostgreSQL cannot describe it ({e:?}), so its types are not checked"
+                        );
+                        not_described += 1;
+                    }
                 }
             }
             Entry::Refused { sql, code, instead } => {
@@ -149,6 +191,35 @@ async fn catalogue_of_analyst_queries_runs_end_to_end() {
             }
         }
     }
+    assert!(
+        not_described <= 6,
+        "{not_described} queries PostgreSQL cannot describe: their types go unchecked"
+    );
+    assert!(
+        charges_wrong.is_empty(),
+        "docs/queries.md states other charges (Charge: `…`) than pgdp's NOTICEs:\n{}",
+        charges_wrong.join("\n")
+    );
+}
+
+/// SQL that only pgdp answers, so PostgreSQL cannot describe it: MEDIAN (pgdp's aggregate) and
+/// the person_id of demo.prescriptions (derived through its unit path; not a column upstream).
+fn pgdp_own_form(sql: &str) -> bool {
+    sql.contains("MEDIAN(") || (sql.contains("demo.prescriptions") && sql.contains("person_id"))
+}
+
+/// The cost a DP answer's NOTICEs state: `epsilon=…, delta=…[, rho=…]` of `pgdp: charged …;`,
+/// or `nothing` for an answer replayed, reused or derived from an earlier release.
+fn stated_charge(notices: &[String]) -> String {
+    for n in notices {
+        if let Some(rest) = n.strip_prefix("pgdp: charged ") {
+            return rest.split(';').next().unwrap_or_default().to_string();
+        }
+        if n.contains("charged nothing") {
+            return "nothing".to_string();
+        }
+    }
+    format!("no charge stated in {notices:?}")
 }
 
 #[tokio::test]

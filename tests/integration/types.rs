@@ -55,6 +55,11 @@ const QUERIES: &[&str] = &[
     "SELECT to_char(visit_date, 'YYYY-MM') AS month, COUNT(*) FROM demo.visits GROUP BY 1 ORDER BY 1",
     "SELECT CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) AS \"visit_date\", count(*) AS \"count\" FROM \"demo\".\"visits\" GROUP BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ORDER BY CAST(extract(month from \"demo\".\"visits\".\"visit_date\") AS integer) ASC",
     "SELECT date_part('dow', visit_date)::smallint AS weekday, AVG(cost) FROM demo.visits GROUP BY date_part('dow', visit_date)::smallint",
+    // date_trunc of a timestamp is a timestamp (of a date, timestamptz); date_part is float8; a
+    // public table's int4 column stays int4 as a key.
+    "SELECT date_trunc('month', CAST(visit_date AS timestamp)) AS month, COUNT(*) FROM demo.visits GROUP BY 1",
+    "SELECT date_part('year', visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+    "SELECT r.population, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY 1",
     // Windows partitioned by the privacy unit in a view: row_number is int8, ntile int4, lag
     // keeps its argument's type, a date difference is int4 (SUM int8, MAX int4, AVG numeric).
     "WITH v AS (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date) AS visit_no FROM demo.visits) SELECT visit_no, COUNT(*) FROM v WHERE visit_no <= 3 GROUP BY visit_no",
