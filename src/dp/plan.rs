@@ -486,6 +486,10 @@ pub struct Plan {
     /// paths it reads through (docs/privacy.md, "Tables with a unit path"). The caller verifies
     /// them on the upstream catalog before running the plan and refuses it otherwise.
     pub(in crate::dp) unique_keys: Vec<(String, String)>,
+    /// Per-unit values of subqueries grouped by the privacy unit that the analyst left without
+    /// an upper bound (a whole `COUNT(…)` or `SUM(x)`), bounded by the policy's row cap and
+    /// clamped to it upstream, as `view.column = LEAST(…)` (the answer's NOTICE lists them).
+    pub(in crate::dp) unit_caps: Vec<String>,
 }
 
 impl Plan {
@@ -497,6 +501,11 @@ impl Plan {
     /// The privacy unit.
     pub fn unit(&self) -> &Unit {
         &self.unit
+    }
+
+    /// Per-unit values bounded by the policy's row cap (see the field).
+    pub fn unit_caps(&self) -> &[String] {
+        &self.unit_caps
     }
 
     /// Most groups a unit contributes to.

@@ -130,6 +130,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         next_alias: 0,
         view_hints: BTreeMap::new(),
         unique_keys: Vec::new(),
+        unit_caps: Vec::new(),
         windows_allowed: false,
     };
     let joins = a.resolve_from(&select.from)?;
@@ -305,6 +306,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         parameters,
         unit_unique: false,
         unique_keys: a.unique_keys,
+        unit_caps: a.unit_caps,
     })
 }
 
@@ -604,6 +606,8 @@ struct Analyzer<'a> {
     view_hints: BTreeMap<String, String>,
     /// Keys of unit paths read so far, which must be unique upstream ([`Plan::unique_keys`]).
     unique_keys: Vec<(String, String)>,
+    /// Per-unit values bounded by the policy's row cap ([`Plan::unit_caps`]).
+    unit_caps: Vec<String>,
     /// Whether a window partitioned by the privacy unit may appear here: only while a select
     /// item of a row-level view is analysed (`window` module docs).
     windows_allowed: bool,

@@ -875,6 +875,7 @@ fn outer_plan(
         next_alias: 0,
         view_hints: BTreeMap::new(),
         unique_keys: Vec::new(),
+        unit_caps: Vec::new(),
         windows_allowed: false,
     };
     let mut st = Staging {

@@ -288,7 +288,14 @@ impl<'a> Analyzer<'a> {
             self.windows_allowed = !per_unit;
             let info = self.expr(&mut e, role);
             self.windows_allowed = false;
-            let info = info?;
+            let mut info = info?;
+            if per_unit {
+                if let Some((capped, bounds, shown)) = self.row_capped(expr, &e, &info)? {
+                    self.unit_caps.push(format!("{visible}.{name} = {shown}"));
+                    e = capped;
+                    info.bounds = Some(bounds);
+                }
+            }
             let bounds = info
                 .bounds
                 .filter(|(l, u)| l.is_finite() && u.is_finite())
@@ -427,6 +434,101 @@ impl<'a> Analyzer<'a> {
             columns,
         };
         Ok((query, table))
+    }
+
+    /// A select item of a subquery grouped by the privacy unit that is a whole `COUNT(…)`, or
+    /// `SUM(x)` of a bounded `x`, with no stated upper bound: bounded by the policy's row cap `C`
+    /// (the most rows of a unit a plain aggregate over these tables counts in a group, the
+    /// largest `max_rows_per_unit` of the private tables in the subquery's FROM), and clamped
+    /// to it in the SQL: `LEAST(COUNT(*), C)`, `LEAST(GREATEST(SUM(x), C·min(lo, 0)),
+    /// C·max(hi, 0))` (the range of a sum of at most `C` values in `[lo, hi]`, so a unit with
+    /// at most `C` rows keeps its exact sum). The clamp, not the data, makes the bound hold, so
+    /// the outer aggregate's sensitivity follows from it as from the analyst's own `LEAST`; the
+    /// answer's NOTICE names each clamp ([`Plan::unit_caps`]). `None` for anything else (whose
+    /// missing bound is refused with a hint that shows the clamp).
+    fn row_capped(
+        &mut self,
+        written: &Expr,
+        analysed: &Expr,
+        info: &Info,
+    ) -> Result<Option<(Expr, (f64, f64), String)>> {
+        if info
+            .bounds
+            .is_some_and(|(l, u)| l.is_finite() && u.is_finite())
+        {
+            return Ok(None);
+        }
+        let Expr::Function(f) = written else {
+            return Ok(None);
+        };
+        let name = function_name(&f.name)?;
+        if f.over.is_some() || !matches!(name.as_str(), "count" | "sum") {
+            return Ok(None);
+        }
+        let rows_max = self
+            .tables
+            .iter()
+            .filter_map(|t| t.1.private())
+            .map(|p| p.max_rows_per_unit)
+            .max()
+            .unwrap_or(1) as f64;
+        let ty = info.ty;
+        let e = analysed;
+        let (lo, hi) = if name == "count" {
+            (0.0, rows_max)
+        } else {
+            let FunctionArguments::List(list) = &f.args else {
+                return Ok(None);
+            };
+            let [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] = list.args.as_slice() else {
+                return Ok(None);
+            };
+            // The argument as written, analysed again on its own for its bounds (the item's
+            // analysis gave the sum's, which are unbounded).
+            let mut arg = arg.clone();
+            let Some((l, u)) = self.expr(&mut arg, Role::Argument)?.bounds else {
+                return Ok(None);
+            };
+            if !(l.is_finite() && u.is_finite()) {
+                return Ok(None);
+            }
+            let (l, u) = (rows_max * l.min(0.0), rows_max * u.max(0.0));
+            // A sum of integers is an integer: clamping into the integers of the range is the
+            // same clamp, and keeps the column's integer type.
+            if ty == Some(ColumnType::Integer) {
+                (l.ceil(), u.floor())
+            } else {
+                (l, u)
+            }
+        };
+        let literal = |v: f64| {
+            if v.fract() == 0.0 && v.abs() < 1e15 {
+                format!("{}", v as i64)
+            } else {
+                format!("{v}")
+            }
+        };
+        // The SQL clamps the analysed item; the NOTICE shows the clamp of the item as written.
+        let clamp = |item: &Expr| {
+            if name == "count" {
+                format!("LEAST({item}, {})", literal(hi))
+            } else {
+                format!("LEAST(GREATEST({item}, {}), {})", literal(lo), literal(hi))
+            }
+        };
+        // GREATEST and LEAST ignore NULL: a unit whose values are all NULL keeps its NULL sum
+        // (PostgreSQL's SUM), instead of taking the lower end of the range.
+        let text = if name == "count" {
+            clamp(e)
+        } else {
+            format!("CASE WHEN {e} IS NULL THEN NULL ELSE {} END", clamp(e))
+        };
+        let dialect = sqlparser::dialect::PostgreSqlDialect {};
+        let capped = sqlparser::parser::Parser::new(&dialect)
+            .try_with_sql(&text)
+            .and_then(|mut p| p.parse_expr())
+            .map_err(|e| Error::internal(format!("row-capped item does not parse: {e}")))?;
+        Ok(Some((capped, (lo, hi), clamp(written))))
     }
 
     /// The declared columns of FROM table `idx`, as columns of a row-level subquery.

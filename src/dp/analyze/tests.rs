@@ -634,7 +634,13 @@ fn subqueries() {
             ("per-unit having", "SELECT COUNT(*) FROM (SELECT person_id FROM demo.visits GROUP BY person_id HAVING COUNT(*) > 5) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[count(*)] out=[count=a0]")),
             ("per-unit joined", "SELECT p.sex, AVG(t.spend) FROM (SELECT person_id, LEAST(SUM(cost), 10000) AS spend FROM demo.visits GROUP BY person_id) t JOIN demo.people p USING (person_id) GROUP BY p.sex", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub, demo.people:private] on=[t1.person_id = t2.person_id] keys=[t2.sex:text:listed[F, M, X]] aggs=[avg(t1.spend)[0,10000]] out=[sex=k0, avg=a0]")),
             ("per-unit over unit path", "WITH pp AS (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.prescriptions GROUP BY person_id) SELECT n, COUNT(*) FROM pp GROUP BY n", Accepted("unit=t3.person_id caps=(g1,r1) tables=[pp:sub] keys=[t3.n:integer:listed[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]] aggs=[count(*)] out=[n=k0, count=a0] unique=[demo.visits.visit_id]")),
-            ("per-unit unbounded count", "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            // A whole per-unit COUNT or SUM left without a bound takes the policy's row cap
+            // (visits: 10 rows per unit; prescriptions: 20), clamped upstream.
+            ("per-unit count bounded by the row cap", "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.n)[0,10]] out=[avg=a0]")),
+            ("per-unit sum bounded by the row cap", "SELECT AVG(s) FROM (SELECT person_id, SUM(cost) AS s FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.s)[0,20000]] out=[avg=a0]")),
+            ("per-unit integer sum bounded by the row cap", "SELECT s, COUNT(*) FROM (SELECT person_id, SUM(quantity) AS s FROM demo.prescriptions GROUP BY person_id) t GROUP BY s", Accepted("unit=t3.person_id caps=(g1,r1) tables=[t:sub] keys=[t3.s:integer:private] aggs=[count(*)] out=[s=k0, count=a0] unique=[demo.visits.visit_id]")),
+            ("per-unit sum of an unbounded column", "SELECT AVG(s) FROM (SELECT person_id, SUM(visit_id) AS s FROM demo.visits GROUP BY person_id) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("per-unit count in an expression", "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) * 2 AS n FROM demo.visits GROUP BY person_id) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
             ("per-unit grouped by other", "SELECT AVG(n) FROM (SELECT clinic, LEAST(COUNT(*), 10) AS n FROM demo.visits GROUP BY clinic) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
             ("per-unit bare column", "SELECT AVG(n) FROM (SELECT person_id, clinic, LEAST(COUNT(*), 10) AS n FROM demo.visits GROUP BY person_id) t", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
             // Windows partitioned by the privacy unit in a row-level view (analyze::window).
@@ -1025,11 +1031,11 @@ fn refusals_name_what_the_analyst_wrote() {
     };
     for (sql, shown) in [
         (
-            "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t",
+            "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) * 2 AS n FROM demo.visits GROUP BY person_id) t",
             "the bounds of t.\"n\" are not known",
         ),
         (
-            "SELECT SUM(per_person.n) FROM (SELECT person_id, SUM(cost) AS n FROM demo.visits GROUP BY person_id) AS per_person",
+            "SELECT SUM(per_person.n) FROM (SELECT person_id, MAX(visit_date) - MIN(visit_date) AS n FROM demo.visits GROUP BY person_id) AS per_person",
             "the bounds of per_person.\"n\" are not known",
         ),
     ] {

@@ -1081,9 +1081,26 @@ pub fn evaluate(p: &Post, keys: &[Cell], aggregates: &[Cell]) -> Cell {
 /// What the aggregates of a capped query estimate, when the policy's contribution caps can leave
 /// rows out: each privacy unit counts with at most `max_rows_per_unit` rows in each of at most
 /// `max_groups_per_unit` groups, so a COUNT or SUM is the capped total, below the table's where
-/// units have more rows. `None` when the caps cannot bind (one row and one group per unit) or the
-/// query has no COUNT or SUM of rows. Policy facts only: nothing here depends on the data.
+/// units have more rows; and the per-unit values of subqueries that the policy's row cap bounds
+/// ([`Plan::unit_caps`]). `None` when the caps cannot bind (one row and one group per unit, no
+/// such per-unit value) or the query has no COUNT or SUM of rows. Policy facts only: nothing
+/// here depends on the data.
 pub fn capped_statistic(plan: &Plan) -> Option<String> {
+    let rows = rows_capped_statistic(plan);
+    let units = (!plan.unit_caps.is_empty()).then(|| {
+        format!(
+            "per-unit values left without a bound are bounded by the policy's cap on rows per unit: {} (write LEAST(…) in the subquery to choose another bound)",
+            plan.unit_caps.join(", ")
+        )
+    });
+    match (rows, units) {
+        (Some(r), Some(u)) => Some(format!("{r}; {u}")),
+        (r, u) => r.or(u),
+    }
+}
+
+/// The capped-statistic note of the plan's own caps on rows and groups per unit.
+fn rows_capped_statistic(plan: &Plan) -> Option<String> {
     let rows_capped = plan.max_rows_per_unit > 1;
     let groups_capped = plan.max_groups_per_unit > 1 && !plan.keys.is_empty();
     let sums_rows = plan.aggregates.iter().any(|a| {

@@ -804,3 +804,28 @@ fn a_key_that_is_not_exhaustive_is_never_dropped_from_a_derived_total() {
     assert!(plan.key_exhaustive(0) && plan.key_exhaustive(1));
     assert_eq!(grouping::derived_set(&plan, &rewrite), Some(0));
 }
+
+/// A per-person COUNT or SUM that takes the policy's row cap is named in the capped-statistic
+/// note (NOTICE and EXPLAIN), as the analyst wrote it; a bound the analyst wrote is not.
+#[test]
+fn per_unit_values_bounded_by_the_row_cap_are_named() {
+    let policy = policy();
+    let (plan, ..) = prepared(
+        &policy,
+        "SELECT AVG(n), AVG(s) FROM (SELECT person_id, COUNT(*) AS n, SUM(cost) AS s FROM demo.visits GROUP BY person_id) t",
+        LAPLACE,
+    );
+    let note = capped_statistic(&plan).expect("a capped-statistic note");
+    assert!(note.contains("t.n = LEAST(COUNT(*), 10)"), "{note}");
+    assert!(
+        note.contains("t.s = LEAST(GREATEST(SUM(cost), 0), 20000)"),
+        "{note}"
+    );
+    assert!(!note.contains(crate::dp::plan::RESERVED_PREFIX), "{note}");
+    let (plan, ..) = prepared(
+        &policy,
+        "SELECT AVG(n) FROM (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id) t",
+        LAPLACE,
+    );
+    assert_eq!(capped_statistic(&plan), None);
+}
