@@ -290,10 +290,11 @@ impl<'a> Analyzer<'a> {
             self.windows_allowed = false;
             let mut info = info?;
             if per_unit {
-                if let Some((capped, bounds, shown)) = self.row_capped(expr, &e, &info)? {
-                    self.unit_caps.push(format!("{visible}.{name} = {shown}"));
-                    e = capped;
-                    info.bounds = Some(bounds);
+                if let Some(capped) = self.row_capped(expr, &e, &info)? {
+                    self.unit_caps
+                        .push(format!("{visible}.{name} = {}", capped.shown));
+                    e = capped.item;
+                    info.bounds = Some(capped.bounds);
                 }
             }
             let bounds = info
@@ -451,7 +452,7 @@ impl<'a> Analyzer<'a> {
         written: &Expr,
         analysed: &Expr,
         info: &Info,
-    ) -> Result<Option<(Expr, (f64, f64), String)>> {
+    ) -> Result<Option<RowCapped>> {
         if info
             .bounds
             .is_some_and(|(l, u)| l.is_finite() && u.is_finite())
@@ -528,7 +529,11 @@ impl<'a> Analyzer<'a> {
             .try_with_sql(&text)
             .and_then(|mut p| p.parse_expr())
             .map_err(|e| Error::internal(format!("row-capped item does not parse: {e}")))?;
-        Ok(Some((capped, (lo, hi), clamp(written))))
+        Ok(Some(RowCapped {
+            item: capped,
+            bounds: (lo, hi),
+            shown: clamp(written),
+        }))
     }
 
     /// The declared columns of FROM table `idx`, as columns of a row-level subquery.
@@ -551,4 +556,14 @@ impl<'a> Analyzer<'a> {
             columns.push(c);
         }
     }
+}
+
+/// A per-unit item bounded by the policy's row cap ([`Analyzer::row_capped`]).
+struct RowCapped {
+    /// The clamped item, sent upstream.
+    item: Expr,
+    /// Its bounds.
+    bounds: (f64, f64),
+    /// The clamp of the item as the analyst wrote it, for the NOTICE.
+    shown: String,
 }
