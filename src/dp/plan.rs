@@ -244,6 +244,10 @@ pub struct Aggregate {
     /// ([`crate::output::CellType::of_aggregate`]); the answer uses the type the shadow
     /// catalog describes where it can.
     pub result: crate::output::CellType,
+    /// Whether the true value is an integer whatever the data: a count, or a sum of an
+    /// integer-typed argument (released rounded to the nearest integer, as post-processing, also
+    /// where its type is `numeric`: `SUM` of a `bigint`).
+    pub integral: bool,
 }
 
 /// A GROUP BY key.

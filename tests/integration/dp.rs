@@ -285,7 +285,7 @@ async fn a_released_count_of_units_decides_partition_selection() {
         "{selection}"
     );
     assert!(
-        explain_line(&gaussian, "cost:").contains("epsilon split over 1 share(s)"),
+        explain_line(&gaussian, "cost:").contains("rho split equally over 1 share(s)"),
         "{gaussian:?}"
     );
     let threshold: i64 = selection

@@ -432,7 +432,10 @@ fn describe(c: &Compiled) -> Vec<String> {
         let by = match (m.selection_measure, s.kind()) {
             (Some(j), MechanismKind::Laplace) => format!("released m{j}"),
             (Some(j), MechanismKind::Gaussian) => format!("released m{j} (Gaussian threshold)"),
-            (None, _) => "own count of units".to_string(),
+            (None, MechanismKind::Laplace) => "own count of units".to_string(),
+            (None, MechanismKind::Gaussian) => {
+                "own count of units (Gaussian threshold)".to_string()
+            }
         };
         lines.push(format!(
             "partition selection by {by}: scale {}, threshold {}, delta {}",

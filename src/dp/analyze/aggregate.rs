@@ -80,6 +80,7 @@ impl<'a> Analyzer<'a> {
                     bounds: None,
                     text: "count(*)".into(),
                     result: CellType::Int8,
+                    integral: true,
                 }));
             }
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
@@ -106,6 +107,7 @@ impl<'a> Analyzer<'a> {
                     bounds: None,
                     text: "count(distinct unit)".into(),
                     result: CellType::Int8,
+                    integral: true,
                 }));
             }
             if kind == AggregateKind::CountRows {
@@ -116,6 +118,7 @@ impl<'a> Analyzer<'a> {
                     bounds: None,
                     text: format!("count(distinct {text})"),
                     result: CellType::Int8,
+                    integral: true,
                 }));
             }
             return Err(Error::unsupported(
@@ -130,6 +133,7 @@ impl<'a> Analyzer<'a> {
                 bounds: None,
                 text: format!("count({text})"),
                 result: CellType::Int8,
+                integral: true,
             }));
         }
         if !info.ty.is_none_or(|t| t.is_numeric()) {
@@ -149,6 +153,11 @@ impl<'a> Analyzer<'a> {
             bounds: Some(bounds),
             text: format!("{}({text})", kind.sql_name()),
             result: CellType::of_aggregate(family, argument_type(&info)),
+            integral: kind == AggregateKind::Sum
+                && matches!(
+                    argument_type(&info),
+                    Some(CellType::Int2 | CellType::Int4 | CellType::Int8)
+                ),
         }))
     }
 
@@ -336,6 +345,7 @@ impl<'a> Analyzer<'a> {
             bounds: Some(bounds),
             text: format!("quantile_{permille}({text})"),
             result: CellType::of_aggregate(family, argument_type(&info)),
+            integral: false,
         })
     }
 

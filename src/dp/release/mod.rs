@@ -242,12 +242,11 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     }
     let mut noises = Vec::new();
     let mut sensitivities = Vec::new();
-    // Gaussian: the measures together are ρ-zCDP with ρ converted from their ε share at δ.
+    // Gaussian: every share is a Gaussian part (the measures, and partition selection's own
+    // count of units when no released count decides it), ρ-zCDP together with ρ converted from
+    // the query's ε at δ and split equally over the shares.
     let gaussian_rho = match budget.mechanism {
-        Mechanism::Gaussian => {
-            let eps_measures = epsilon_share * rewrite.measures.len() as f64;
-            Some(rho_for(eps_measures, budget.delta)? / rewrite.measures.len() as f64)
-        }
+        Mechanism::Gaussian => Some(rho_for(budget.epsilon, budget.delta)? / shares as f64),
         Mechanism::Laplace => None,
         Mechanism::Auto => return Err(Error::internal("an unresolved automatic mechanism")),
     };
@@ -283,7 +282,14 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             budget.delta,
             groups,
         )?),
-        (true, _, _) => Some(PartitionSelection::new(
+        // Gaussian thresholding of a count of units of its own, drawn with the ρ share of a
+        // count of L2 sensitivity √k: no pure ε at all.
+        (true, None, Some(rho)) => Some(PartitionSelection::gaussian_threshold(
+            Noise::gaussian((groups as f64).sqrt(), rho)?.scale(),
+            budget.delta,
+            groups,
+        )?),
+        (true, _, None) => Some(PartitionSelection::new(
             epsilon_share,
             budget.delta,
             groups,
@@ -302,11 +308,11 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         }
     }
     // Charged by component (the accountant composes them, budget::accountant): each Laplace
-    // measure is a pure ε-DP part of its ε share; the Gaussian measures together are ρ-zCDP,
-    // their ρ recorded as such (the ε at δ above only calibrates their noise); partition
-    // selection is (ε share, δ)-DP, and with a selection measure that share is the measure's
-    // own (the count and its thresholding together). Rounded up, so the charge is never below
-    // what was spent.
+    // measure is a pure ε-DP part of its ε share, and Laplace partition selection is
+    // (ε share, δ)-DP, with a selection measure that share being the measure's own (the count
+    // and its thresholding together); the Gaussian parts together are ρ-zCDP, their ρ recorded
+    // as such (the ε at δ above only calibrates their noise), and Gaussian thresholding adds
+    // its δ. Rounded up, so the charge is never below what was spent.
     let selection_delta = match &selection {
         Some(_) => fixed_ceil(budget.delta)?,
         None => Fixed::ZERO,
@@ -316,25 +322,15 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             delta: selection_delta,
             ..Cost::pure_split(fixed_ceil(budget.epsilon)?, shares)
         },
+        // Gaussian thresholding (of a released count or of its own count of units): every
+        // count is charged in ρ with the measures, and the selection adds its δ only
+        // (δ-approximate zCDP).
         Some(rho) => {
-            let measures = Cost::zcdp(fixed_ceil(
-                rho * rewrite.measures.len() as f64 * (1.0 + RHO_SUM_MARGIN),
-            )?);
-            match (&selection, selection_measure) {
-                // Gaussian thresholding: the count is charged in ρ with the measures; the
-                // selection adds its δ only (δ-approximate zCDP).
-                (Some(_), Some(_)) => {
-                    measures
-                        + Cost {
-                            delta: selection_delta,
-                            ..Cost::ZERO
-                        }
+            Cost::zcdp(fixed_ceil(rho * shares as f64 * (1.0 + RHO_SUM_MARGIN))?)
+                + Cost {
+                    delta: selection_delta,
+                    ..Cost::ZERO
                 }
-                (Some(_), None) => {
-                    measures + Cost::approx(fixed_ceil(epsilon_share)?, selection_delta)
-                }
-                (None, _) => measures,
-            }
         }
     };
     Ok(Mechanisms {
@@ -756,13 +752,21 @@ pub fn finish(
         };
         let mut aggregate_values = Vec::with_capacity(plan.aggregates.len());
         for (i, agg) in plan.aggregates.iter().enumerate() {
-            aggregate_values.push(derive(
+            let value = derive(
                 agg.kind,
                 agg.bounds,
                 &rewrite.aggregate_measures[i],
                 noisy,
                 mechanisms,
-            ));
+            );
+            aggregate_values.push(match value {
+                // A sum of integers is an integer (post-processing; conform() does the same
+                // for integer result types).
+                Cell::Float(x) if agg.integral && agg.kind == AggregateKind::Sum => {
+                    Cell::Float(x.round())
+                }
+                other => other,
+            });
         }
         let key_cells: Vec<Cell> = keys
             .iter()
@@ -1191,6 +1195,12 @@ pub fn explain(
                 budget.mechanism.name(),
                 sets.len()
             ),
+            None if budget.mechanism == Mechanism::Gaussian => format!(
+                "cost: {} (mechanism {}; rho split equally over {} share(s))",
+                mechanisms.cost,
+                budget.mechanism.name(),
+                mechanisms.shares
+            ),
             None => format!(
                 "cost: {} (mechanism {}; epsilon split over {} share(s) of {:.6})",
                 mechanisms.cost,
@@ -1257,9 +1267,17 @@ pub fn explain(
             s.delta()
         )),
         (Some(s), None) => lines.push(format!(
-            "  partition selection: keep a group iff its noisy count of units (scale {:.4}) reaches {} (delta {})",
+            "  partition selection: keep a group iff its noisy count of units ({} scale {:.4}) reaches {} ({}delta {})",
+            match s.kind() {
+                crate::dp::mechanism::MechanismKind::Laplace => "Laplace",
+                crate::dp::mechanism::MechanismKind::Gaussian => "Gaussian thresholding,",
+            },
             s.scale(),
             s.threshold(),
+            match s.kind() {
+                crate::dp::mechanism::MechanismKind::Laplace => "its own epsilon share, ",
+                crate::dp::mechanism::MechanismKind::Gaussian => "its own rho share, ",
+            },
             s.delta()
         )),
         _ if plan.grouping_sets.is_some() => {}

@@ -460,6 +460,64 @@ fn a_gaussian_count_of_units_is_thresholded_without_an_epsilon_share() {
     );
 }
 
+/// With Gaussian noise and no released count of units, partition selection draws its own
+/// count of units as one more ρ share (Gaussian thresholding): the query is charged ρ and δ
+/// only, and the selection's σ is that of a count of L2 sensitivity √G at ρ/(m + 1).
+#[test]
+fn a_gaussian_selection_of_its_own_takes_a_rho_share_not_an_epsilon_share() {
+    let policy = policy();
+    let gaussian = Budget {
+        epsilon: 1.0,
+        delta: 1e-7,
+        mechanism: Mechanism::Gaussian,
+    };
+    let sql = "SELECT diagnosis, AVG(cost) FROM demo.visits GROUP BY diagnosis";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, gaussian);
+    let selection = mechanisms.selection.as_ref().expect("selection");
+    assert_eq!(mechanisms.selection_measure, None);
+    assert_eq!(
+        selection.kind(),
+        crate::dp::mechanism::MechanismKind::Gaussian
+    );
+    // AVG: a count and a centered sum, and the selection: three ρ shares.
+    assert_eq!(rewrite.measures.len(), 2);
+    assert_eq!(mechanisms.shares, 3);
+    assert!(mechanisms.cost.epsilon.is_zero() && !mechanisms.cost.rho.is_zero());
+    assert_eq!(
+        mechanisms.cost.delta,
+        crate::budget::Fixed::from_f64_ceil(1e-7).expect("δ")
+    );
+    // The released count (L2 sensitivity √G·C, C the row cap) and the selection's count of
+    // units (√G) have the same ρ share: their σ are in the ratio C.
+    let groups = plan.max_groups_per_unit as f64;
+    let rho_share = groups / (2.0 * selection.scale() * selection.scale());
+    let count = mechanisms.noises[0].scale();
+    let rows = plan.max_rows_per_unit as f64;
+    let count_rho = groups * rows * rows / (2.0 * count * count);
+    assert!(
+        (rho_share / count_rho - 1.0).abs() < 1e-6,
+        "{rho_share} {count_rho}"
+    );
+    // The three shares add up to the charged ρ (up to its rounding up).
+    let charged = mechanisms.cost.rho.to_f64();
+    assert!(3.0 * rho_share <= charged * (1.0 + 1e-9) && charged <= 3.0 * rho_share * 1.001);
+    // A one-unit group is kept with probability at most δ/G: below every threshold by far.
+    assert!(selection.threshold() > 10);
+    let lines = explain(&plan, &rewrite, &mechanisms, gaussian);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Gaussian thresholding,") && l.contains("its own rho share")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("rho split equally over 3 share(s)")),
+        "{lines:?}"
+    );
+}
+
 #[test]
 fn auto_takes_the_mechanism_with_the_smaller_stated_errors() {
     let policy = policy();
@@ -828,4 +886,39 @@ fn per_unit_values_bounded_by_the_row_cap_are_named() {
         LAPLACE,
     );
     assert_eq!(capped_statistic(&plan), None);
+}
+
+/// A sum of an integer-typed argument is a whole number whatever the data, so its noisy value is
+/// released rounded (post-processing), also where PostgreSQL's type for it is `numeric`
+/// (`SUM` of a `bigint`), where the type alone would not round it.
+#[test]
+fn a_sum_of_integers_is_released_as_a_whole_number() {
+    let policy = policy();
+    let sql = "SELECT region, SUM(age), AVG(age) FROM demo.people GROUP BY region";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    assert!(plan.aggregates[0].integral && !plan.aggregates[1].integral);
+    let rows = upstream(&rewrite, &[("CE", 400_000), ("EA", 300_000)]);
+    let released = release(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &listed_domain(&plan),
+        false,
+        &mut seeded(3),
+    )
+    .expect("release");
+    let mut fractional_means = 0;
+    for row in released.rows() {
+        match &row[1] {
+            Cell::Float(x) => assert_eq!(x.fract(), 0.0, "{row:?}"),
+            Cell::Int(_) => {}
+            other => panic!("a sum: {other:?}"),
+        }
+        if let Cell::Float(m) = row[2] {
+            fractional_means += usize::from(m.fract() != 0.0);
+        }
+    }
+    // The average of the same integers is not rounded.
+    assert!(fractional_means > 0);
 }
