@@ -253,6 +253,81 @@ async fn racing_processes_never_overspend() {
     assert_eq!(logged, AFFORDABLE as i64);
 }
 
+/// The race above under zCDP accounting (issue 16): Gaussian releases with Gaussian thresholding
+/// (ρ and δ) from 60 processes at once are admitted exactly as many times as the Rényi filter
+/// admits them one at a time, never more, and the durable totals are the exact sums.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_processes_never_overspend_in_zcdp() {
+    const TASKS: usize = 60;
+    let _exclusive = harness::exclusive().await;
+    let db = Arc::new(harness::fresh_database("ledger_zcdp_race").await);
+    let limit = Limit::new(fx("2"), fx("0.000001"));
+    // σ ≈ 11 for a count in one group: ρ = 1/(2σ²) ≈ 0.004, and the δ of its thresholding.
+    let cost = Cost::zcdp(fx("0.004"))
+        + Cost {
+            delta: fx("0.00000001"),
+            ..Cost::ZERO
+        };
+    let affordable = pgdp::budget::accountant::repeats(&limit, &Spent::ZERO, &cost) as usize;
+    // The filter, not δ, ends the run, well inside the race: 0.00000001 × 50 = δ/2.
+    assert!(
+        (5..TASKS - 5).contains(&affordable),
+        "{affordable} charges fit: the race would not be one"
+    );
+    // An independent lower bound: Bun & Steinke's conversion ε = ρ + 2√(ρ ln(1/δ')) at the
+    // half of δ the filter keeps for the conversion; the grid of orders is at least as tight.
+    let ln = (2.0f64 / 1e-6).ln();
+    let bs16 = (1..TASKS)
+        .take_while(|n| {
+            let rho = 0.004 * *n as f64;
+            rho + 2.0 * (rho * ln).sqrt() <= 2.0
+        })
+        .count();
+    assert!(affordable >= bs16, "{affordable} < {bs16}");
+    let expected = Spent::ZERO
+        .after_repeats(&cost, affordable as u64)
+        .expect("no overflow");
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let db = Arc::clone(&db);
+        tasks.push(tokio::spawn(async move {
+            let ledger = Ledger::connect(db.dsn()).await.expect("connect");
+            ledger
+                .charge("mallory", &limit, None, &cost, &format!("q{i}"), "gaussian")
+                .await
+        }));
+    }
+    let (mut admitted, mut exhausted) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(charge) => {
+                admitted += 1;
+                assert!(charge.balance().spent.rho <= expected.rho);
+            }
+            Err(error) => {
+                assert_eq!(error.sqlstate().code(), "53400", "{error:?}");
+                exhausted += 1;
+            }
+        }
+    }
+    assert_eq!((admitted, exhausted), (affordable, TASKS - affordable));
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let spent = ledger.balance("mallory", &limit).await.unwrap().spent;
+    assert_eq!(spent, expected);
+    assert!(pgdp::budget::admit(&limit, &spent, &cost).is_err());
+    let logged: i64 = db
+        .client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pgdp.charge_log WHERE mechanism = 'gaussian' AND rho > 0 AND epsilon = 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(logged, affordable as i64);
+}
+
 #[tokio::test]
 async fn dataset_cap_holds_across_analysts() {
     let db = harness::fresh_database("ledger").await;

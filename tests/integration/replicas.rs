@@ -170,7 +170,6 @@ fn distinct_query(i: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_on_one_ledger_never_overspend() {
-    const CONNECTIONS: usize = 40;
     const AFFORDABLE: usize = 9;
     // Two pgdp processes, each with full pools under 40 racing connections.
     let _exclusive = harness::exclusive().await;
@@ -180,8 +179,99 @@ async fn two_processes_on_one_ledger_never_overspend() {
         Replica::start(&text, &ledger),
         Replica::start(&text, &ledger)
     );
-    let dsns = [a.dsn(), b.dsn()];
+    let log = ledger.client().await;
+    let answered =
+        race_then_drain(&[a.dsn(), b.dsn()], "SET pgdp.mechanism = 'laplace'", &log).await;
+    assert_eq!(answered, AFFORDABLE, "exactly the affordable queries run");
+    // Both replicas report the same, exact balance.
+    for replica in [&a, &b] {
+        let budget = replica.connect().await.budget().await;
+        assert_eq!(budget.epsilon_spent, AFFORDABLE as f64);
+        assert_eq!(budget.epsilon_remaining, 0.0);
+    }
+    // The audit log has one row per admitted query (written by the journals after the
+    // answers), and its sum is the total.
+    let sum = audit_rows_when_complete(&log, AFFORDABLE, "epsilon").await;
+    assert_eq!(sum.parse::<f64>().expect("sum"), AFFORDABLE as f64);
+    a.kill().await;
+    b.kill().await;
+    ledger.drop_db().await;
+}
 
+/// The same race under zCDP accounting (issue 16): Gaussian queries, charged in ρ, from two
+/// processes on one ledger, admitted exactly as often as the Rényi filter admits them one at a
+/// time, never more; the durable ρ is the exact sum of the answered queries' charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_ledger_never_overspend_in_zcdp() {
+    use pgdp::budget::{accountant::repeats, Cost, Fixed, Limit, Spent};
+    let _exclusive = harness::exclusive().await;
+    let ledger = harness::fresh_database("replicas_race_zcdp").await;
+    let text = policy_text(3, 1);
+    let (a, b) = tokio::join!(
+        Replica::start(&text, &ledger),
+        Replica::start(&text, &ledger)
+    );
+    let gaussian = "SET pgdp.mechanism = 'gaussian'";
+    // The cost of one query, from EXPLAIN (which charges nothing): ρ only.
+    let probe = a.connect().await;
+    probe.batch_execute(gaussian).await.expect("SET");
+    let explained = probe
+        .simple_rows(&format!("EXPLAIN {}", distinct_query(0)))
+        .await
+        .expect("EXPLAIN");
+    let cost_line = explained
+        .iter()
+        .filter_map(|r| r.first().cloned().flatten())
+        .find(|l| l.trim_start().starts_with("cost:"))
+        .expect("a cost line");
+    let rho_text = cost_line
+        .split("rho=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no rho in {cost_line:?}"));
+    assert!(cost_line.contains("epsilon=0 delta=0"), "{cost_line}");
+    let rho = Fixed::from_decimal_str(rho_text).expect("rho");
+    let limit = Limit::new(
+        Fixed::from_decimal_str("3").expect("3"),
+        Fixed::from_decimal_str("0.00001").expect("δ"),
+    );
+    let affordable = repeats(&limit, &Spent::ZERO, &Cost::zcdp(rho)) as usize;
+    // Basic composition would fit 3 of these ε = 1 queries; the filter fits at least twice as many.
+    assert!((6..30).contains(&affordable), "{affordable}");
+    let log = ledger.client().await;
+    let answered = race_then_drain(&[a.dsn(), b.dsn()], gaussian, &log).await;
+    assert_eq!(answered, affordable, "exactly the affordable queries run");
+    let spent_rho: String = log
+        .query_one(
+            "SELECT rho::text FROM pgdp.analyst_spent WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("analyst totals")
+        .get(0);
+    let expected = Spent::ZERO
+        .after_repeats(&Cost::zcdp(rho), affordable as u64)
+        .expect("no overflow");
+    assert_eq!(
+        Fixed::from_numeric_text(&spent_rho).expect("rho"),
+        expected.rho
+    );
+    let sum = audit_rows_when_complete(&log, affordable, "rho").await;
+    assert_eq!(Fixed::from_numeric_text(&sum).expect("rho"), expected.rho);
+    a.kill().await;
+    b.kill().await;
+    ledger.drop_db().await;
+}
+
+/// 40 connections over the two processes race one query each (after `setup`); then, once idle
+/// slices are returned, one query at a time on either process until both refuse. Every refusal
+/// is 53200; returns how many queries were answered in all.
+async fn race_then_drain(
+    dsns: &[String; 2],
+    setup: &'static str,
+    log: &tokio_postgres::Client,
+) -> usize {
+    const CONNECTIONS: usize = 40;
     let start = Arc::new(tokio::sync::Barrier::new(CONNECTIONS));
     let mut tasks = Vec::new();
     for i in 0..CONNECTIONS {
@@ -189,6 +279,7 @@ async fn two_processes_on_one_ledger_never_overspend() {
         let start = start.clone();
         tasks.push(tokio::spawn(async move {
             let s = Session::open(&dsn).await.expect("connect");
+            s.batch_execute(setup).await.expect("SET");
             start.wait().await;
             s.query(&distinct_query(i), &[]).await.map(|_| ())
         }));
@@ -204,18 +295,18 @@ async fn two_processes_on_one_ledger_never_overspend() {
         }
     }
     // Budget leases: a slice one process holds unused refuses the other's queries until it is
-    // returned, so the race may answer fewer than affordable, never more.
-    assert!(answered <= AFFORDABLE, "{answered} answered: overspent");
+    // returned, so the race may answer fewer than affordable, never more (checked by the
+    // callers on the total).
     assert_eq!(refused, CONNECTIONS - answered);
     // Idle slices are returned within limits::SLICE_IDLE_RETURN_MS; then one by one, on
     // either process, to the exact last affordable query.
-    let log = ledger.client().await;
-    wait_until_no_open_slices(&log).await;
+    wait_until_no_open_slices(log).await;
     let mut i = CONNECTIONS;
     loop {
         let mut refused_on_both = true;
-        for dsn in &dsns {
+        for dsn in dsns {
             let s = Session::open(dsn).await.expect("connect");
+            s.batch_execute(setup).await.expect("SET");
             i += 1;
             match s.query(&distinct_query(i), &[]).await {
                 Ok(_) => {
@@ -228,40 +319,34 @@ async fn two_processes_on_one_ledger_never_overspend() {
         if refused_on_both {
             break;
         }
-        wait_until_no_open_slices(&log).await;
+        wait_until_no_open_slices(log).await;
     }
-    assert_eq!(answered, AFFORDABLE, "exactly the affordable queries run");
-    wait_until_no_open_slices(&log).await;
-    // Both replicas report the same, exact balance.
-    for replica in [&a, &b] {
-        let budget = replica.connect().await.budget().await;
-        assert_eq!(budget.epsilon_spent, AFFORDABLE as f64);
-        assert_eq!(budget.epsilon_remaining, 0.0);
-    }
-    // The audit log has one row per admitted query (written by the journals after the
-    // answers), and its sum is the total.
+    wait_until_no_open_slices(log).await;
+    answered
+}
+
+/// Waits (at most 10 s) until the audit log holds `rows` rows of the analyst (the journals write
+/// them after the answers); returns the sum of `column` as text.
+async fn audit_rows_when_complete(
+    log: &tokio_postgres::Client,
+    rows: usize,
+    column: &str,
+) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let row = log
             .query_one(
-                "SELECT count(*), coalesce(sum(epsilon), 0)::text FROM pgdp.charge_log WHERE analyst = $1",
+                &format!("SELECT count(*), coalesce(sum({column}), 0)::text FROM pgdp.charge_log WHERE analyst = $1"),
                 &[&ANALYST],
             )
             .await
             .expect("read the audit log");
-        if row.get::<_, i64>(0) == AFFORDABLE as i64 {
-            assert_eq!(
-                row.get::<_, String>(1).parse::<f64>().expect("sum"),
-                AFFORDABLE as f64
-            );
-            break;
+        if row.get::<_, i64>(0) == rows as i64 {
+            return row.get(1);
         }
         assert!(Instant::now() < deadline, "the audit rows never arrived");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    a.kill().await;
-    b.kill().await;
-    ledger.drop_db().await;
 }
 
 /// Waits (at most 10 s) until no budget slice is open in the ledger: processes return idle ones
@@ -412,6 +497,125 @@ async fn sigkill_during_the_upstream_query_keeps_the_charge() {
     assert_eq!(row.get::<_, String>(0).parse::<f64>().expect("ε"), 1.25);
     // The process died before it could record an outcome: the row still says it was charged.
     assert_eq!(row.get::<_, String>(1), "charged");
+    restarted.kill().await;
+    ledger.drop_db().await;
+}
+
+/// The SIGKILL above under zCDP accounting (issue 16): a Gaussian query's slice is reserved in ρ;
+/// after the kill the whole slice stays spent, and a new process admits exactly as many more
+/// queries as the Rényi filter allows after it, then refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_gaussian_query_keeps_its_rho_charged() {
+    use pgdp::budget::{accountant::repeats, Cost, Fixed, Limit, Spent};
+    let ledger = harness::fresh_database("replicas_kill_zcdp").await;
+    let text = policy_text(3, 1);
+    let replica = Replica::start(&text, &ledger).await;
+    let session = replica.connect().await;
+    let gaussian = "SET pgdp.mechanism = 'gaussian'";
+    session.batch_execute(gaussian).await.expect("SET");
+    // Held back on a lock as above (public region keys: nothing before the charge reads the
+    // table).
+    let demo = harness::demo_database(1).await;
+    let locker = demo.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE demo.people IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock demo.people");
+    let query = tokio::spawn(async move {
+        let result = session
+            .query(
+                "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+                &[],
+            )
+            .await;
+        (session, result)
+    });
+    let log = ledger.client().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let charged = loop {
+        let rows = log
+            .query(
+                "SELECT epsilon::text, rho::text FROM pgdp.charge_log WHERE analyst = $1",
+                &[&ANALYST],
+            )
+            .await
+            .expect("read the audit log");
+        if let Some(row) = rows.first() {
+            break (row.get::<_, String>(0), row.get::<_, String>(1));
+        }
+        assert!(Instant::now() < deadline, "the charge never appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!query.is_finished(), "the query must still be running");
+    replica.kill().await;
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    let (_session, result) = query.await.expect("query task");
+    assert!(result.is_err(), "a killed pgdp cannot have answered");
+
+    // The charge was ρ only; the slice reserved k of them in ρ and stays open.
+    assert_eq!(
+        Fixed::from_numeric_text(&charged.0).expect("ε"),
+        Fixed::ZERO
+    );
+    let cost = Cost::zcdp(Fixed::from_numeric_text(&charged.1).expect("ρ"));
+    assert!(!cost.rho.is_zero());
+    let slice = log
+        .query_one(
+            "SELECT queries, epsilon::text, rho::text, closed_at IS NULL FROM pgdp.lease WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("read the slice");
+    let k = slice.get::<_, i64>(0) as u64;
+    let reserved = Spent::ZERO.after_repeats(&cost, k).expect("no overflow");
+    assert!(k >= 1);
+    assert_eq!(
+        Fixed::from_numeric_text(&slice.get::<_, String>(1)).expect("ε"),
+        Fixed::ZERO
+    );
+    assert_eq!(
+        Fixed::from_numeric_text(&slice.get::<_, String>(2)).expect("ρ"),
+        reserved.rho
+    );
+    assert!(
+        slice.get::<_, bool>(3),
+        "the slice of a killed process stays open"
+    );
+    // The analyst's durable totals hold the whole slice.
+    let spent_rho: String = log
+        .query_one(
+            "SELECT rho::text FROM pgdp.analyst_spent WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("analyst totals")
+        .get(0);
+    assert_eq!(
+        Fixed::from_numeric_text(&spent_rho).expect("ρ"),
+        reserved.rho
+    );
+
+    // A new process spends exactly what the filter admits after the slice, then refuses.
+    let limit = Limit::new(
+        Fixed::from_decimal_str("3").expect("3"),
+        Fixed::from_decimal_str("0.00001").expect("δ"),
+    );
+    let rest = repeats(&limit, &reserved, &cost);
+    assert!(rest >= 3, "{rest}");
+    let restarted = Replica::start(&text, &ledger).await;
+    let session = restarted.connect().await;
+    session.batch_execute(gaussian).await.expect("SET");
+    for i in 0..rest as usize {
+        session
+            .query(&distinct_query(i), &[])
+            .await
+            .unwrap_or_else(|e| panic!("query {i} of the rest: {e:?}"));
+    }
+    let refused = session
+        .query(&distinct_query(rest as usize), &[])
+        .await
+        .expect_err("the budget is spent");
+    assert_eq!(code(&refused), &SqlState::CONFIGURATION_LIMIT_EXCEEDED);
     restarted.kill().await;
     ledger.drop_db().await;
 }
