@@ -115,10 +115,12 @@ fn fit_accountant(limit: &Limit, costs: &[QueryCost]) -> (usize, &'static str) {
 /// Whether every measure of the query is a count.
 fn counts_only(rewrite: &pgdp::dp::rewrite::Rewrite) -> bool {
     use pgdp::dp::rewrite::Measure;
-    rewrite
-        .measures
-        .iter()
-        .all(|m| matches!(m, Measure::Rows | Measure::Units | Measure::Values(_) | Measure::Distinct(_)))
+    rewrite.measures.iter().all(|m| {
+        matches!(
+            m,
+            Measure::Rows | Measure::Units | Measure::Values(_) | Measure::Distinct(_)
+        )
+    })
 }
 
 /// Computes the figures and writes their section into `out` (docs/utility.md).
@@ -225,9 +227,10 @@ pub fn run(policy: &Policy, secret: &str, command: &str, out: &Path) -> Res<()> 
             Fixed::from_f64_floor(10.0).map_err(|_| fail("ε"))?,
             Fixed::from_f64_floor(1e-6).map_err(|_| fail("δ"))?,
         );
-        let rho = Fixed::from_f64_ceil(1.0 / (2.0 * ISSUE_SIGMA * ISSUE_SIGMA))
-            .map_err(|_| fail("ρ"))?;
-        let at_issue_sigma = pgdp::budget::accountant::repeats(&limit, &Spent::ZERO, &Cost::zcdp(rho));
+        let rho =
+            Fixed::from_f64_ceil(1.0 / (2.0 * ISSUE_SIGMA * ISSUE_SIGMA)).map_err(|_| fail("ρ"))?;
+        let at_issue_sigma =
+            pgdp::budget::accountant::repeats(&limit, &Spent::ZERO, &Cost::zcdp(rho));
         let verdict = |r: f64| {
             if r >= 7.0 {
                 format!("met, {r:.1}×")
