@@ -338,3 +338,8 @@ const _: () = assert!(
     "a health check answers before its client's read times out"
 );
 const _: () = assert!(METRICS_CONNECTIONS_MAX >= 1 && METRICS_REQUEST_BYTES_MAX >= 1024);
+
+/// Most entries of the optimal partition selection's table of keep probabilities (one per count
+/// of units until it is certain, about `2·ln(1/δ')/ε'`): beyond it (a tiny ε per group), pgdp
+/// uses Laplace thresholding, which needs no table.
+pub const SELECTION_TABLE_MAX: usize = 100_000;

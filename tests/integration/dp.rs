@@ -263,7 +263,17 @@ async fn a_released_count_of_units_decides_partition_selection() {
         .await
         .expect("EXPLAIN");
     assert!(explain_line(&visits, "cost:").contains("split over 2 share(s)"));
-    assert!(explain_line(&visits, "partition selection:").contains("noisy count of units"));
+    // Its own count under Laplace noise: the optimal rule, kept half the time well below the
+    // 172 units a Laplace threshold would need.
+    let own = explain_line(&visits, "partition selection:");
+    assert!(own.contains("the optimal rule"), "{own}");
+    let half: i64 = own
+        .split("p(n) >= 1/2 from n = ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{own}"));
+    assert!((100..172).contains(&half), "{own}");
     let people = s
         .simple_rows("EXPLAIN SELECT age, COUNT(*) FROM demo.people GROUP BY age")
         .await
@@ -303,12 +313,18 @@ async fn a_released_count_of_units_decides_partition_selection() {
     let released: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
     let held_by_one = held_by_one_person(&released).await;
     assert!(held_by_one.is_empty(), "released: {held_by_one:?}");
-    // A count of visits is not a count of units: a Laplace count of units of its own again.
+    // A count of visits is not a count of units: a count of units of its own, Gaussian-
+    // thresholded with a rho share.
     let visits = s
         .simple_rows("EXPLAIN SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis")
         .await
         .expect("EXPLAIN");
-    assert!(explain_line(&visits, "partition selection:").contains("noisy count of units"));
+    let own = explain_line(&visits, "partition selection:");
+    assert!(
+        own.contains("noisy count of units (Gaussian thresholding")
+            && own.contains("its own rho share"),
+        "{own}"
+    );
     proxy.stop().await;
 }
 

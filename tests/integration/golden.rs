@@ -432,6 +432,10 @@ fn describe(c: &Compiled) -> Vec<String> {
         let by = match (m.selection_measure, s.kind()) {
             (Some(j), MechanismKind::Laplace) => format!("released m{j}"),
             (Some(j), MechanismKind::Gaussian) => format!("released m{j} (Gaussian threshold)"),
+            (None, MechanismKind::Laplace) if s.is_optimal_rule() => format!(
+                "own count of units (optimal rule, certain from {})",
+                s.certain_from().unwrap_or(0)
+            ),
             (None, MechanismKind::Laplace) => "own count of units".to_string(),
             (None, MechanismKind::Gaussian) => {
                 "own count of units (Gaussian threshold)".to_string()

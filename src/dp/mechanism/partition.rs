@@ -41,8 +41,9 @@ use crate::Result;
 /// Sources: Korolova, Kenthapadi, Mishra & Ntoulas 2009; Google's differential-privacy library
 /// ("Laplace partition selection"); Wilson et al., "Differentially Private SQL with Bounded User
 /// Contribution" (PoPETs 2020); Desfontaines, Voss, Gipson & Mandayam, "Differentially private
-/// partition selection" (PoPETs 2022, arXiv:2006.03684), whose optimal rule keeps somewhat more
-/// groups at the same `(ε, δ)` and could replace this one later.
+/// partition selection" (PoPETs 2022, arXiv:2006.03684), whose optimal rule
+/// ([`PartitionSelection::optimal`]) keeps somewhat more groups at the same `(ε, δ)` and is what
+/// pgdp uses for a count of units of its own; thresholding remains for a released count.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PartitionSelection {
     /// The noise the threshold is set for: Laplace (its own count, or a released Laplace count)
@@ -55,7 +56,14 @@ pub struct PartitionSelection {
     scale_exact: BigRational,
     delta_per_group: f64,
     threshold: i128,
+    /// For [`PartitionSelection::optimal`]: the probability of keeping a group with `n` units,
+    /// `π(n)` as a numerator over 2⁶⁴, for `n = 0, 1, …` up to the first `n` with `π(n) = 1`
+    /// (the last entry, which every larger `n` takes too). Empty for thresholding.
+    keep_probabilities: Vec<u128>,
 }
+
+/// 1 in the fixed point of [`PartitionSelection::optimal`]'s probabilities (64 fraction bits).
+const ONE: u128 = 1 << 64;
 
 impl PartitionSelection {
     /// Partition selection spending `(epsilon, delta)` when each privacy unit can add to at most
@@ -93,6 +101,7 @@ impl PartitionSelection {
             scale_exact,
             delta_per_group,
             threshold,
+            keep_probabilities: Vec::new(),
         })
     }
 
@@ -150,7 +159,124 @@ impl PartitionSelection {
             scale_exact,
             delta_per_group,
             threshold,
+            keep_probabilities: Vec::new(),
         })
+    }
+
+    /// The optimal selection rule for a count of units of its own (Desfontaines, Voss, Gipson &
+    /// Mandayam, PoPETs 2022, arXiv:2006.03684): keep a group with `n` distinct units with
+    /// probability `π(n)`, the largest that is `(ε', δ')`-DP between `n − 1` and `n` for every
+    /// `n`, with `ε' = ε/k` and `δ' = δ/k` per group. Keeps more groups than Laplace
+    /// thresholding at the same `(ε, δ)`: the count at which a group is kept half the time is
+    /// about `ln(1/2δ')/ε'` instead of about `ln(1/2δ')/ε' + k/ε·ln 2`. `None` when the table of
+    /// `π` would exceed [`crate::limits::SELECTION_TABLE_MAX`] entries (a tiny `ε'`): the caller
+    /// then uses [`PartitionSelection::new`].
+    ///
+    /// # Privacy
+    /// `π(0) = 0` and `π(n) = min(e^ε'·π(n−1) + δ', 1 − e^(−ε')·(1 − π(n−1) − δ'), 1)`: adding
+    /// one unit to a group of `n − 1` units keeps `P(kept | n) ≤ e^ε'·P(kept | n−1) + δ'` and
+    /// `P(dropped | n−1) ≤ e^ε'·P(dropped | n) + δ'`, and since `π` is non-decreasing the two
+    /// inequalities of the other direction hold too; a group that exists only because of the
+    /// unit (`n = 1`) is kept with probability `π(1) ≤ δ'`. The decisions of different groups
+    /// are independent and one unit changes at most `k` of them, so the kept set is
+    /// `(kε', kδ') ≤ (ε, δ)`-DP (basic composition). Computed exactly in fixed point with 64
+    /// fraction bits: `ε'` is `ε/k` rounded down, `e^ε'` is replaced by a lower bound and
+    /// `e^(−ε')` by an upper bound (each from `f64` with a relative margin of 2⁻⁴⁸, far above
+    /// the error of `exp`), every product rounded so that both terms only shrink, and `δ'` by
+    /// its value rounded down, so every inequality above holds for the probabilities actually
+    /// used. Each decision draws one uniform 64-bit integer `r` from the CSPRNG and keeps iff
+    /// `r < π(n)·2⁶⁴`: exactly Bernoulli(`π(n)`).
+    ///
+    /// # Errors
+    /// As [`PartitionSelection::new`].
+    pub fn optimal(
+        epsilon: f64,
+        delta: f64,
+        max_groups_per_unit: u64,
+    ) -> Result<Option<PartitionSelection>> {
+        let laplace = PartitionSelection::new(epsilon, delta, max_groups_per_unit)?;
+        let epsilon_per_group = next_down(epsilon / max_groups_per_unit as f64);
+        if !(epsilon_per_group.is_normal() && epsilon_per_group > 0.0) {
+            return Ok(None);
+        }
+        // The table reaches 1 after about 2·ln(1/δ')/ε' counts; decline at once when that is
+        // beyond the limit (the loop below checks the exact length too).
+        let expected = 2.0 * (1.0 / laplace.delta_per_group).ln() / epsilon_per_group;
+        if expected.is_nan() || expected >= crate::limits::SELECTION_TABLE_MAX as f64 {
+            return Ok(None);
+        }
+        let margin = f64::powi(2.0, -48);
+        // e^ε' from below, at least 1; e^(−ε') from above, at most 1.
+        let growth = ((epsilon_per_group.exp() * (1.0 - margin)) * ONE as f64).floor();
+        let shrink = ((-epsilon_per_group).exp() * (1.0 + margin) * ONE as f64).ceil();
+        if !(growth.is_finite() && growth < 2f64.powi(120) && shrink.is_finite()) {
+            return Ok(None);
+        }
+        let growth = (growth as u128).max(ONE);
+        let shrink = (shrink as u128).min(ONE);
+        // δ'·2⁶⁴ is exact in f64 (a power-of-two scaling); rounded down.
+        let delta_fixed = (laplace.delta_per_group * ONE as f64).floor() as u128;
+        if delta_fixed == 0 {
+            return Ok(None);
+        }
+        let mut probabilities = vec![0u128];
+        let mut p = 0u128;
+        while p < ONE {
+            if probabilities.len() > crate::limits::SELECTION_TABLE_MAX {
+                return Ok(None);
+            }
+            // floor(e^ε'·p) + δ': rounded down. An overflow means it is far above 1.
+            let grown = growth
+                .checked_mul(p)
+                .map_or(u128::MAX, |x| (x >> 64).saturating_add(delta_fixed));
+            // 1 − ceil(e^(−ε')·(1 − p − δ')): the product rounded up, so the term rounds down;
+            // when 1 − p − δ' ≤ 0 the bound is at least 1.
+            let rest = ONE.saturating_sub(p).saturating_sub(delta_fixed);
+            let kept = if rest == 0 {
+                ONE
+            } else {
+                // shrink ≤ 2⁶⁴ and rest < 2⁶⁴: the product fits in u128.
+                let product = shrink * rest;
+                let up = (product >> 64) + u128::from(product & (ONE - 1) != 0);
+                ONE.saturating_sub(up)
+            };
+            let next = grown.min(kept).min(ONE);
+            // π never decreases: both terms exceed p (e^ε' ≥ 1 and δ' > 0; e^(−ε') ≤ 1).
+            if next <= p {
+                return Err(crate::error::Error::internal(
+                    "the optimal partition selection's probabilities did not increase",
+                ));
+            }
+            probabilities.push(next);
+            p = next;
+        }
+        let half = probabilities
+            .iter()
+            .position(|&q| q >= ONE / 2)
+            .unwrap_or(probabilities.len() - 1);
+        Ok(Some(PartitionSelection {
+            threshold: half as i128,
+            keep_probabilities: probabilities,
+            ..laplace
+        }))
+    }
+
+    /// Whether this is [`PartitionSelection::optimal`]'s rule (a probability per count) rather
+    /// than a threshold on a noisy count.
+    pub fn is_optimal_rule(&self) -> bool {
+        !self.keep_probabilities.is_empty()
+    }
+
+    /// For the optimal rule: the smallest count of units that is always kept (`π(n) = 1`).
+    pub fn certain_from(&self) -> Option<usize> {
+        (!self.keep_probabilities.is_empty()).then(|| self.keep_probabilities.len() - 1)
+    }
+
+    /// For the optimal rule: `π(n)` as an `f64` (for tests and EXPLAIN).
+    pub fn keep_probability(&self, units: u64) -> Option<f64> {
+        let last = self.keep_probabilities.len().checked_sub(1)?;
+        let i = usize::try_from(units).map_or(last, |u| u.min(last));
+        Some(self.keep_probabilities[i] as f64 / ONE as f64)
     }
 
     /// The noise the threshold is set for.
@@ -159,7 +285,8 @@ impl PartitionSelection {
     }
 
     /// The threshold `T` on the noisy distinct-unit count (for EXPLAIN): a group is kept iff
-    /// `units + noise ≥ T`.
+    /// `units + noise ≥ T`. For the optimal rule, the smallest count kept at least half the
+    /// time.
     pub fn threshold(&self) -> i128 {
         self.threshold
     }
@@ -201,6 +328,11 @@ impl PartitionSelection {
     /// `k/(2σ²)`-zCDP plus `δ` ([`PartitionSelection::gaussian_threshold`]); pgdp uses that form
     /// only through [`PartitionSelection::keeps_released`].
     pub fn keep<R: Rng + CryptoRng + ?Sized>(&self, rng: &mut R, units: u64) -> bool {
+        if let Some(last) = self.keep_probabilities.len().checked_sub(1) {
+            let i = usize::try_from(units).map_or(last, |u| u.min(last));
+            let p = self.keep_probabilities[i];
+            return p >= ONE || u128::from(rng.next_u64()) < p;
+        }
         let noise = match self.kind {
             MechanismKind::Laplace => sample_discrete_laplace(rng, &self.scale_exact),
             MechanismKind::Gaussian => sample_discrete_gaussian(rng, &self.scale_exact),
@@ -472,5 +604,101 @@ mod tests {
             let t = selection.threshold();
             assert!(selection.keeps_released(t) && !selection.keeps_released(t - 1));
         }
+    }
+
+    /// The optimal rule's table satisfies, in independent f64 arithmetic with the true `e^ε'`,
+    /// the four (ε', δ') inequalities between every `n − 1` and `n`, starts at 0, gives a
+    /// one-unit group at most δ', ends at 1, and never decreases.
+    #[test]
+    fn optimal_rule_is_epsilon_delta_dp_between_neighbouring_counts() {
+        for (epsilon, delta, k) in [
+            (1.0, 1e-7, 1),
+            (1.0 / 3.0, 1e-7, 5),
+            (0.1, 1e-5, 1),
+            (2.0, 1e-9, 3),
+            (0.05, 1e-6, 10),
+        ] {
+            let s = PartitionSelection::optimal(epsilon, delta, k)
+                .expect("valid")
+                .expect("a table");
+            let eps = epsilon / k as f64;
+            let dp = delta / k as f64;
+            let last = s.certain_from().expect("a table") as u64;
+            let p = |n: u64| s.keep_probability(n).expect("a table");
+            assert_eq!(p(0), 0.0);
+            assert!(p(1) <= dp * (1.0 + 1e-12), "{}", p(1));
+            assert_eq!(p(last), 1.0);
+            assert_eq!(p(last + 1000), 1.0);
+            assert!(p(last - 1) < 1.0);
+            let slack = 1e-12;
+            for n in 1..=last {
+                let (a, b) = (p(n - 1), p(n));
+                assert!(b >= a, "n={n}");
+                assert!(b <= eps.exp() * a + dp + slack, "keep, n={n}");
+                assert!(1.0 - a <= eps.exp() * (1.0 - b) + dp + slack, "drop, n={n}");
+            }
+            // The optimum is reached up to the fixed point: each step is within 2⁻⁶⁰ of the
+            // larger of the two bounds' minimum.
+            for n in 1..last {
+                let a = p(n - 1);
+                let bound = (eps.exp() * a + dp).min(1.0 - (-eps).exp() * (1.0 - a - dp));
+                assert!(p(n) >= bound - 1e-9, "n={n}: {} < {bound}", p(n));
+            }
+        }
+    }
+
+    /// The optimal rule keeps groups from a smaller count than Laplace thresholding at the same
+    /// (ε, δ, k): its half-way count is below Laplace's threshold.
+    #[test]
+    fn optimal_rule_keeps_smaller_groups_than_laplace_thresholding() {
+        for (epsilon, delta, k) in [(1.0, 1e-7, 1), (1.0 / 3.0, 1e-7, 5), (0.5, 1e-7, 5)] {
+            let laplace = PartitionSelection::new(epsilon, delta, k).expect("valid");
+            let optimal = PartitionSelection::optimal(epsilon, delta, k)
+                .expect("valid")
+                .expect("a table");
+            assert!(
+                optimal.threshold() < laplace.threshold(),
+                "{} vs {}",
+                optimal.threshold(),
+                laplace.threshold()
+            );
+        }
+        // ε = 1/3 over 5 groups, δ = 10⁻⁷ (AVG by diagnosis on the demo): 258 for Laplace.
+        let optimal = PartitionSelection::optimal(1.0 / 3.0, 1e-7, 5)
+            .expect("valid")
+            .expect("a table");
+        assert!(optimal.threshold() < 230, "{}", optimal.threshold());
+    }
+
+    /// `keep` draws Bernoulli(π(n)): at the half-way count, and at the count where π is about
+    /// 0.1, the frequency over 200,000 draws lies in the Wilson interval at z for a two-sided
+    /// 10⁻⁶ false-positive rate; a count of 0 is never kept and a count past the table always.
+    #[test]
+    fn optimal_rule_keeps_with_its_stated_probability() {
+        let s = PartitionSelection::optimal(1.0 / 3.0, 1e-7, 5)
+            .expect("valid")
+            .expect("a table");
+        let mut rng = seeded(41);
+        let tenth = (0..)
+            .find(|&n| s.keep_probability(n).expect("a table") >= 0.1)
+            .expect("reaches 1");
+        for n in [s.threshold() as u64, tenth] {
+            let p = s.keep_probability(n).expect("a table");
+            let draws = 200_000u64;
+            let kept = (0..draws).filter(|_| s.keep(&mut rng, n)).count() as u64;
+            let (lo, hi) = wilson_interval(kept, draws, Z_TWO_SIDED_1E6);
+            assert!(lo <= p && p <= hi, "n={n}: p={p}, [{lo}, {hi}]");
+        }
+        assert!((0..1000).all(|_| !s.keep(&mut rng, 0)));
+        let certain = s.certain_from().expect("a table") as u64;
+        assert!((0..1000).all(|_| s.keep(&mut rng, certain + 5)));
+    }
+
+    /// A tiny ε per group would need an enormous table: the caller falls back to thresholding.
+    #[test]
+    fn optimal_rule_declines_a_table_too_long() {
+        assert!(PartitionSelection::optimal(1e-6, 1e-7, 1)
+            .expect("valid")
+            .is_none());
     }
 }

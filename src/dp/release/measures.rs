@@ -340,8 +340,9 @@ pub fn measures_key(
     ));
     parts.push(match &mechanisms.selection {
         Some(s) => format!(
-            "selection {:?} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+            "selection {:?}{} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
             s.kind(),
+            if s.is_optimal_rule() { " optimal" } else { "" },
             s.scale(),
             s.threshold(),
             s.delta(),
@@ -368,8 +369,9 @@ pub fn measures_key(
         }
         parts.push(match &m.selection {
             Some(sel) => format!(
-                "set {s} selection {:?} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+                "set {s} selection {:?}{} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
                 sel.kind(),
+                if sel.is_optimal_rule() { " optimal" } else { "" },
                 sel.scale(),
                 sel.threshold(),
                 sel.delta(),

@@ -289,11 +289,21 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             budget.delta,
             groups,
         )?),
-        (true, _, None) => Some(PartitionSelection::new(
+        // Laplace thresholding of the released count: its own noise decides.
+        (true, Some(_), None) => Some(PartitionSelection::new(
             epsilon_share,
             budget.delta,
             groups,
         )?),
+        // A count of units of its own under pure ε: the optimal rule (a probability of keeping
+        // per count, Desfontaines et al. 2022), Laplace thresholding when its table would be
+        // too long.
+        (true, None, None) => Some(
+            match PartitionSelection::optimal(epsilon_share, budget.delta, groups)? {
+                Some(optimal) => optimal,
+                None => PartitionSelection::new(epsilon_share, budget.delta, groups)?,
+            },
+        ),
     };
     // Thresholding a released count is valid only with that count's own noise, of the
     // selection's kind, on the integers, at exactly the selection's scale (k/ε share, as a count
@@ -1264,6 +1274,15 @@ pub fn explain(
                 crate::dp::mechanism::MechanismKind::Laplace => "Laplace",
                 crate::dp::mechanism::MechanismKind::Gaussian => "Gaussian",
             },
+            s.delta()
+        )),
+        (Some(s), None) if s.is_optimal_rule() => lines.push(format!(
+            "  partition selection: keep a group of n units with probability p(n), the optimal rule (Desfontaines et al. 2022) at epsilon {:.6} and delta {:.3e} per group: p(1) = {:.3e}, p(n) >= 1/2 from n = {}, p(n) = 1 from n = {} (its own epsilon share, delta {})",
+            s.epsilon() / s.max_groups_per_unit() as f64,
+            s.delta_per_group(),
+            s.keep_probability(1).unwrap_or(0.0),
+            s.threshold(),
+            s.certain_from().unwrap_or(0),
             s.delta()
         )),
         (Some(s), None) => lines.push(format!(
