@@ -370,20 +370,15 @@ async fn wait_until_no_open_slices(log: &tokio_postgres::Client) {
     }
 }
 
-/// SIGKILL in the middle of a budget slice: the process had reserved two queries' worth and
-/// used one; the whole reservation stays spent, the slice stays open in the ledger, and a new
-/// process spends exactly the rest, to the last query.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_during_the_upstream_query_keeps_the_charge() {
-    let ledger = harness::fresh_database("replicas_kill").await;
-    let text = policy_text(10, 2);
-    let replica = Replica::start(&text, &ledger).await;
-    let session = replica.connect().await;
-    session
-        .batch_execute("SET pgdp.epsilon = 1.25")
-        .await
-        .expect("SET");
-
+/// Sends the region count on `session` with demo.people locked, waits until its charge is in
+/// the ledger's audit log (the query is then past the charge and blocked on the lock upstream),
+/// SIGKILLs `replica`, unlocks, and checks that the client saw its connection die, never an
+/// answer.
+async fn kill_while_the_upstream_query_waits(
+    replica: Replica,
+    session: Session,
+    log: &tokio_postgres::Client,
+) {
     // Hold the upstream query back deterministically: an exclusive lock on a table of the demo
     // dataset makes the (already charged) upstream query wait. Nothing before the charge reads
     // demo.people (its region keys are public values from the policy). Other tests reading the
@@ -394,7 +389,6 @@ async fn sigkill_during_the_upstream_query_keeps_the_charge() {
         .batch_execute("BEGIN; LOCK TABLE demo.people IN ACCESS EXCLUSIVE MODE")
         .await
         .expect("lock demo.people");
-
     let query = tokio::spawn(async move {
         let result = session
             .query(
@@ -404,10 +398,6 @@ async fn sigkill_during_the_upstream_query_keeps_the_charge() {
             .await;
         (session, result)
     });
-
-    // Wait until the charge is committed in the ledger: the query is then past the charge and
-    // blocked on the lock upstream.
-    let log = ledger.client().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let row = log
@@ -426,10 +416,26 @@ async fn sigkill_during_the_upstream_query_keeps_the_charge() {
     assert!(!query.is_finished(), "the query must still be running");
     replica.kill().await;
     locker.batch_execute("ROLLBACK").await.expect("unlock");
-
-    // The client sees its connection die, never an answer.
     let (_session, result) = query.await.expect("query task");
     assert!(result.is_err(), "a killed pgdp cannot have answered");
+}
+
+/// SIGKILL in the middle of a budget slice: the process had reserved two queries' worth and
+/// used one; the whole reservation stays spent, the slice stays open in the ledger, and a new
+/// process spends exactly the rest, to the last query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_the_upstream_query_keeps_the_charge() {
+    let ledger = harness::fresh_database("replicas_kill").await;
+    let text = policy_text(10, 2);
+    let replica = Replica::start(&text, &ledger).await;
+    let session = replica.connect().await;
+    session
+        .batch_execute("SET pgdp.epsilon = 1.25")
+        .await
+        .expect("SET");
+
+    let log = ledger.client().await;
+    kill_while_the_upstream_query_waits(replica, session, &log).await;
 
     // A new process on the same ledger reports the charge: the slice covering it was committed
     // before the upstream saw the query, and nothing refunds it. 8 queries of 1.25 fitted, so
@@ -513,44 +519,16 @@ async fn sigkill_during_a_gaussian_query_keeps_its_rho_charged() {
     let session = replica.connect().await;
     let gaussian = "SET pgdp.mechanism = 'gaussian'";
     session.batch_execute(gaussian).await.expect("SET");
-    // Held back on a lock as above (public region keys: nothing before the charge reads the
-    // table).
-    let demo = harness::demo_database(1).await;
-    let locker = demo.client().await;
-    locker
-        .batch_execute("BEGIN; LOCK TABLE demo.people IN ACCESS EXCLUSIVE MODE")
-        .await
-        .expect("lock demo.people");
-    let query = tokio::spawn(async move {
-        let result = session
-            .query(
-                "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
-                &[],
-            )
-            .await;
-        (session, result)
-    });
     let log = ledger.client().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let charged = loop {
-        let rows = log
-            .query(
-                "SELECT epsilon::text, rho::text FROM pgdp.charge_log WHERE analyst = $1",
-                &[&ANALYST],
-            )
-            .await
-            .expect("read the audit log");
-        if let Some(row) = rows.first() {
-            break (row.get::<_, String>(0), row.get::<_, String>(1));
-        }
-        assert!(Instant::now() < deadline, "the charge never appeared");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(!query.is_finished(), "the query must still be running");
-    replica.kill().await;
-    locker.batch_execute("ROLLBACK").await.expect("unlock");
-    let (_session, result) = query.await.expect("query task");
-    assert!(result.is_err(), "a killed pgdp cannot have answered");
+    kill_while_the_upstream_query_waits(replica, session, &log).await;
+    let charged = log
+        .query_one(
+            "SELECT epsilon::text, rho::text FROM pgdp.charge_log WHERE analyst = $1",
+            &[&ANALYST],
+        )
+        .await
+        .expect("read the audit log");
+    let charged: (String, String) = (charged.get(0), charged.get(1));
 
     // The charge was ρ only; the slice reserved k of them in ρ and stays open.
     assert_eq!(
