@@ -59,6 +59,14 @@ impl ColumnRef {
         }
     }
 
+    /// The column whose canonical expression ([`ColumnRef::expr`]) is `text`, if it is one.
+    pub fn of_canonical(text: &Canonical) -> Option<ColumnRef> {
+        let (alias, column) = text.as_str().strip_prefix('"')?.split_once("\".\"")?;
+        let column = column.strip_suffix('"')?.replace("\"\"", "\"");
+        let candidate = ColumnRef::new(alias, &column);
+        (Canonical::of(&candidate.expr()) == *text).then_some(candidate)
+    }
+
     /// The canonical expression `"alias"."column"`.
     pub fn expr(&self) -> Expr {
         Expr::CompoundIdentifier(vec![
@@ -486,6 +494,12 @@ pub struct Plan {
     /// the session sets it from upstream catalog facts ([`Plan::unit_key`]). It only lets the
     /// rewrite skip work that is then the identity (docs/privacy.md, "Unique units").
     pub(in crate::dp) unit_unique: bool,
+    /// Aggregate arguments that are a column the upstream declares `NOT NULL`, of a table whose
+    /// rows no outer join extends with NULLs: their count of values is the count of rows, so
+    /// the rewrite releases one count for both (`COUNT(x)` and `COUNT(*)`, the count of an
+    /// `AVG(x)`). Analysis leaves it empty; the session sets it from upstream catalog facts
+    /// ([`Plan::assume_not_null`]). Either way the answer has the same sensitivity.
+    pub(in crate::dp) not_null: Vec<Canonical>,
     /// `(table, column)` pairs the plan relies on being unique upstream: the keys of the unit
     /// paths it reads through (docs/privacy.md, "Tables with a unit path"). The caller verifies
     /// them on the upstream catalog before running the plan and refuses it otherwise.
@@ -650,6 +664,46 @@ impl Plan {
         self.unit_unique
     }
 
+    /// The aggregate arguments that are a plain column of a policy table in FROM that is never
+    /// NULL-extended (not the right side of a `LEFT JOIN`, not a subquery), as
+    /// `(argument, (table, column))`: those whose count of values equals the count of rows
+    /// when the upstream declares the column `NOT NULL`.
+    pub fn column_arguments(&self) -> Vec<(Canonical, (String, String))> {
+        let mut found: Vec<(Canonical, (String, String))> = Vec::new();
+        for argument in self.aggregates.iter().filter_map(|a| a.argument.as_ref()) {
+            let Some(column) = ColumnRef::of_canonical(argument) else {
+                continue;
+            };
+            let table = self
+                .tables
+                .iter()
+                .find(|t| t.alias == column.alias && t.source.is_none() && !t.nullable);
+            if let Some(t) = table {
+                if !found.iter().any(|(a, _)| a == argument) {
+                    found.push((argument.clone(), (t.table.clone(), column.column)));
+                }
+            }
+        }
+        found
+    }
+
+    /// Records which of [`Plan::column_arguments`] `is_not_null` says the upstream declares
+    /// `NOT NULL` ([`Plan::not_null`]); the others keep a count of their own values, which is
+    /// always sound.
+    pub fn assume_not_null(&mut self, is_not_null: impl Fn(&(String, String)) -> bool) {
+        self.not_null = self
+            .column_arguments()
+            .into_iter()
+            .filter(|(_, column)| is_not_null(column))
+            .map(|(argument, _)| argument)
+            .collect();
+    }
+
+    /// Whether `argument` is known never to be NULL (see the field).
+    pub fn not_null(&self, argument: &Canonical) -> bool {
+        self.not_null.contains(argument)
+    }
+
     /// For a plan over one policy table without joins: the (table, column) whose uniqueness
     /// upstream makes every row its own unit, or `None` when the unit is the row itself (always
     /// unique) or the plan has joins or subqueries (never considered unique).
@@ -714,5 +768,39 @@ impl Plan {
     /// Whether every key's domain is public, so no partition selection is needed.
     pub fn keys_public(&self) -> bool {
         self.keys.iter().all(|k| k.public != PublicKeys::No)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_column_is_read_back_from_its_canonical_text_and_nothing_else_is() {
+        for (alias, column) in [
+            ("__dp_t0", "age"),
+            ("__dp_t12", "Mixed Case"),
+            ("__dp_t1", "a\"b"),
+        ] {
+            let c = ColumnRef::new(alias, column);
+            assert_eq!(ColumnRef::of_canonical(&Canonical::of(&c.expr())), Some(c));
+        }
+        let not_columns = [
+            "\"__dp_t0\".\"age\" + 1",
+            "\"__dp_t0\".\"age\".\"x\"",
+            "CASE WHEN \"__dp_t0\".\"a\" > 1 THEN \"__dp_t0\".\"b\" END",
+            "age",
+        ];
+        for text in not_columns {
+            let expr = sqlparser::parser::Parser::new(&sqlparser::dialect::PostgreSqlDialect {})
+                .try_with_sql(text)
+                .and_then(|mut p| p.parse_expr())
+                .expect("parses");
+            assert_eq!(
+                ColumnRef::of_canonical(&Canonical::of(&expr)),
+                None,
+                "{text}"
+            );
+        }
     }
 }

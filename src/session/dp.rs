@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{Lookup, Served, Stage};
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::BudgetSpec;
-use crate::upstream::Placement;
+use crate::upstream::{ColumnFact, Placement};
 
 use super::{ClientRows, Notice, Session, Shared};
 
@@ -120,7 +120,9 @@ impl Session {
         let started = std::time::Instant::now();
         let mut plan = analyze::analyze(query, &self.context(shared))?;
         shared.metrics.stage(Stage::Analyse, started.elapsed());
-        plan.assume_unique_unit(|key| shared.unique_keys.is_unique(key));
+        let facts = &shared.catalog_facts;
+        plan.assume_unique_unit(|key| facts.holds(ColumnFact::Unique, key));
+        plan.assume_not_null(|column| facts.holds(ColumnFact::NotNull, column));
         let started = std::time::Instant::now();
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
         shared.metrics.stage(Stage::Rewrite, started.elapsed());
@@ -190,8 +192,10 @@ impl Session {
 
     /// [`Session::prepare_dp`], after learning (once per process, from the upstream catalog)
     /// whether the plan's unit column is unique, so the rewrite can use the unique-unit form
-    /// (docs/privacy.md, "Unique units"). A failed lookup leaves the general form, which is
-    /// always sound.
+    /// (docs/privacy.md, "Unique units"), and which of its aggregate arguments are columns
+    /// declared `NOT NULL`, whose count of values is then the count of rows ("Facts pgdp reads
+    /// from the upstream catalog"). A failed lookup leaves the general form, which is always
+    /// sound.
     async fn plan_dp_for_one_server(
         &self,
         shared: &Shared,
@@ -200,20 +204,34 @@ impl Session {
         secret: &str,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let prepared = self.prepare_dp(shared, query, params, secret)?;
-        let Some(key) = prepared.0.unit_key() else {
-            return Ok(prepared);
-        };
-        let keys = [key];
-        if shared.unique_keys.unverified(&keys).is_empty() {
+        let facts = &shared.catalog_facts;
+        let unit_key: Vec<(String, String)> = prepared.0.unit_key().into_iter().collect();
+        let columns: Vec<(String, String)> = prepared
+            .0
+            .column_arguments()
+            .into_iter()
+            .map(|(_, column)| column)
+            .collect();
+        let unknown_unique = facts.unverified(ColumnFact::Unique, &unit_key);
+        let unknown_not_null = facts.unverified(ColumnFact::NotNull, &columns);
+        if unknown_unique.is_empty() && unknown_not_null.is_empty() {
             return Ok(prepared);
         }
-        match shared
-            .upstream
-            .learn_unique_keys(&shared.unique_keys, &keys)
+        let upstream = &shared.upstream;
+        let learnt = match upstream
+            .learn_column_facts(facts, ColumnFact::Unique, &unknown_unique)
             .await
         {
-            Ok(_) => self.prepare_dp(shared, query, params, secret),
-            Err(_) => Ok(prepared),
+            Ok(_) => upstream
+                .learn_column_facts(facts, ColumnFact::NotNull, &unknown_not_null)
+                .await
+                .is_ok(),
+            Err(_) => false,
+        };
+        if learnt {
+            self.prepare_dp(shared, query, params, secret)
+        } else {
+            Ok(prepared)
         }
     }
 
@@ -307,7 +325,7 @@ impl Session {
         // A row of a table with a unit path has one unit only if each key of the path is unique.
         shared
             .upstream
-            .verify_unique_keys(&shared.unique_keys, plan.unique_keys())
+            .verify_unique_keys(&shared.catalog_facts, plan.unique_keys())
             .await?;
         let budget = mechanisms.budget;
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by

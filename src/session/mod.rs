@@ -63,11 +63,12 @@ pub struct Shared {
     secret: tokio::sync::OnceCell<String>,
     /// The shadow catalog answering introspection, if it could be built.
     pub shadow: Option<crate::upstream::Shadow>,
-    /// Which keys of unit paths the upstream declares unique, learnt on first need (kept
-    /// across reloads: they are facts about the upstream, not the policy).
-    pub unique_keys: Arc<crate::upstream::UniqueKeys>,
+    /// What the upstream's catalog says about columns pgdp relies on (unique unit-path keys,
+    /// `NOT NULL` aggregate arguments), learnt on first need (kept across reloads: they are
+    /// facts about the upstream, not the policy).
+    pub catalog_facts: Arc<crate::upstream::CatalogFacts>,
     /// How the upstream partitions the private tables, learnt on first need (kept across
-    /// reloads, like `unique_keys`).
+    /// reloads, like `catalog_facts`).
     pub partitioning: Arc<crate::upstream::Partitioning>,
     /// How many reloads produced this state (0: the policy pgdp started with).
     pub generation: u64,
@@ -94,7 +95,7 @@ impl Shared {
             ledger: Arc::new(ledger),
             secret,
             shadow,
-            unique_keys: Arc::default(),
+            catalog_facts: Arc::default(),
             partitioning: Arc::default(),
             generation: 0,
             noise_seed: None,
@@ -102,7 +103,7 @@ impl Shared {
         })
     }
 
-    /// The state after a reload to `policy`: the same upstream, ledger, unique keys and
+    /// The state after a reload to `policy`: the same upstream, ledger, catalog facts and
     /// metrics, the new policy's shadow catalog and secret, and the next generation.
     pub(super) fn successor(
         &self,
@@ -115,7 +116,7 @@ impl Shared {
             upstream: self.upstream.clone(),
             ledger: self.ledger.clone(),
             shadow,
-            unique_keys: self.unique_keys.clone(),
+            catalog_facts: self.catalog_facts.clone(),
             partitioning: self.partitioning.clone(),
             metrics: self.metrics.clone(),
             generation: self.generation + 1,

@@ -6,7 +6,7 @@
 //!   [`Pooled::run_release_query`], which takes the [`UpstreamSql`] that the rewrite built and
 //!   the [`Receipt`] of its durable charge (by value: one charge, one run) and returns
 //!   [`PrivateRows`] that only the release can read; [`Upstream::run_public_query`], which takes
-//!   [`PublicSql`] over a public table; and the fixed catalog lookup of [`unique_keys`]. The
+//!   [`PublicSql`] over a public table; and the fixed catalog lookups of [`catalog_facts`]. The
 //!   pooled client itself is private to this module.
 //! - Each runs as one `READ ONLY` transaction with a `statement_timeout` of
 //!   [`limits::STATEMENT_TIMEOUT_MS`], reading at most [`limits::UPSTREAM_ROWS_MAX`] rows; a
@@ -86,15 +86,15 @@ use crate::limits;
 
 pub mod cancel;
 pub mod catalog;
+pub mod catalog_facts;
 pub mod partitioning;
 pub mod shadow;
 pub mod standby;
-pub mod unique_keys;
 
 pub use cancel::{Cancel, CancelReason};
+pub use catalog_facts::{CatalogFacts, ColumnFact};
 pub use partitioning::{Partitioning, Placement};
 pub use shadow::Shadow;
-pub use unique_keys::UniqueKeys;
 
 /// The upstream database.
 pub struct Upstream {

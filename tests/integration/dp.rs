@@ -211,6 +211,56 @@ fn explain_line(explain: &[Vec<Option<String>>], prefix: &str) -> String {
         .to_string()
 }
 
+/// A COUNT of a column the upstream declares `NOT NULL` is the count of rows: one release
+/// shared with COUNT(*), so the query has one share fewer (docs/privacy.md, "Facts pgdp reads
+/// from the upstream catalog"). `demo.people.sex` is NOT NULL; `age` is nullable and keeps a
+/// count of its own. Tolerance: three shares of ε = 1 give the counts scale b = 3; discrete
+/// Laplace noise exceeds 20·b with probability below 2·10⁻⁹ per value.
+#[tokio::test]
+async fn a_count_of_a_not_null_column_is_released_as_the_count_of_rows() {
+    let proxy = rich_proxy(41).await;
+    let s = proxy.connect().await;
+    let sql = "SELECT region, COUNT(*), COUNT(sex), COUNT(age), AVG(age) FROM demo.people GROUP BY region ORDER BY region";
+    let explain = s
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .expect("EXPLAIN");
+    assert!(
+        explain_line(&explain, "cost:").contains("split over 3 share(s)"),
+        "{explain:?}"
+    );
+    let derived = explain_line(&explain, "count(people.sex) = count(*)");
+    assert!(derived.contains("NOT NULL upstream"), "{derived}");
+    let lines: Vec<&str> = explain.iter().filter_map(|r| r[0].as_deref()).collect();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("count(people.age) = count(*)")),
+        "{lines:#?}"
+    );
+    let up = upstream_client().await;
+    let truth = up
+        .query(
+            "SELECT region, count(*) FROM demo.people GROUP BY region ORDER BY region",
+            &[],
+        )
+        .await
+        .expect("truth");
+    let rows = s.query(sql, &[]).await.expect("DP query");
+    assert_eq!(rows.len(), truth.len());
+    for (r, t) in rows.iter().zip(&truth) {
+        let (region, rows_count, sex_count): (String, i64, i64) = (r.get(0), r.get(1), r.get(2));
+        assert_eq!(region, t.get::<_, String>(0));
+        assert_eq!(rows_count, sex_count, "one noisy value for both: {region}");
+        let n: i64 = t.get(1);
+        assert!(
+            (rows_count - n).abs() <= 60,
+            "{region}: {rows_count} vs {n}"
+        );
+    }
+    proxy.stop().await;
+}
+
 /// A grouped count of privacy units decides partition selection with its own released noisy
 /// count (Laplace thresholding, and Gaussian thresholding under Gaussian noise): selection takes no share of ε, the count gets all of it, every
 /// released count reaches the threshold, and single-person codes stay hidden (each passes with

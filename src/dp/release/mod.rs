@@ -1257,6 +1257,24 @@ pub fn explain(
             n.scale()
         ));
     }
+    let mut not_null: Vec<&crate::dp::plan::Canonical> = Vec::new();
+    for (i, agg) in plan.aggregates.iter().enumerate() {
+        let Some(argument) = agg.argument.as_ref() else {
+            continue;
+        };
+        let counted_as_rows = rewrite.aggregate_measures[i]
+            .iter()
+            .any(|&j| rewrite.measures[j] == crate::dp::rewrite::Measure::Rows);
+        if plan.not_null(argument) && counted_as_rows && !not_null.contains(&argument) {
+            not_null.push(argument);
+        }
+    }
+    for argument in not_null {
+        lines.push(format!(
+            "  count({}) = count(*): the column is NOT NULL upstream, so its values are counted by the count of rows, with no noise or epsilon of its own",
+            analyst_text(plan, argument.as_str())
+        ));
+    }
     for (i, agg) in plan.aggregates.iter().enumerate() {
         if agg.kind == AggregateKind::Sum && rewrite.aggregate_measures[i].len() == 2 {
             lines.push(format!(

@@ -922,3 +922,86 @@ fn a_sum_of_integers_is_released_as_a_whole_number() {
     // The average of the same integers is not rounded.
     assert!(fractional_means > 0);
 }
+
+/// `(table, column)` is the demo's `people.age`, declared `NOT NULL` for these tests.
+fn age_not_null(column: &(String, String)) -> bool {
+    column.0 == "demo.people" && column.1 == "age"
+}
+
+#[test]
+fn a_count_of_a_not_null_column_is_the_count_of_rows() {
+    let policy = policy();
+    let sql = "SELECT region, COUNT(*), COUNT(age), AVG(age), COUNT(income) FROM demo.people GROUP BY region";
+    let (mut plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    // Without the catalog fact: rows, values of age, centred sum of age, values of income.
+    assert_eq!(rewrite.measures.len(), 4);
+    assert_eq!(mechanisms.shares, 4);
+    let columns: Vec<(String, String)> = plan
+        .column_arguments()
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect();
+    let expected = [("demo.people", "age"), ("demo.people", "income")]
+        .map(|(t, c)| (t.to_string(), c.to_string()));
+    assert_eq!(columns, expected);
+
+    plan.assume_not_null(age_not_null);
+    let rewrite = rewrite::rewrite(&plan, &[], SECRET).expect("rewrites");
+    let mechanisms = super::mechanisms(&plan, &rewrite, LAPLACE).expect("mechanisms");
+    // COUNT(age) and the count of AVG(age) are COUNT(*)'s measure; income keeps its own.
+    assert_eq!(
+        rewrite.measures,
+        [
+            rewrite::Measure::Rows,
+            rewrite::Measure::SumCentered(0),
+            rewrite::Measure::Values(1)
+        ]
+    );
+    assert_eq!(mechanisms.shares, 3);
+    assert_eq!(rewrite.aggregate_measures[0], rewrite.aggregate_measures[1]);
+    assert_eq!(
+        rewrite.aggregate_measures[2][0],
+        rewrite.aggregate_measures[0][0]
+    );
+    let lines = explain(&plan, &rewrite, &mechanisms, LAPLACE);
+    let derived: Vec<&String> = lines.iter().filter(|l| l.contains("= count(*)")).collect();
+    assert_eq!(derived.len(), 1, "{lines:#?}");
+    assert!(derived[0].contains("count(people.age)"), "{lines:#?}");
+    // The released COUNT(*) and COUNT(age) are one noisy value.
+    let rows = upstream(&rewrite, &[("CE", 400), ("EA", 300)]);
+    let released = release(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &rows,
+        &listed_domain(&plan),
+        false,
+        &mut seeded(5),
+    )
+    .expect("release");
+    for row in released.rows() {
+        assert_eq!(row[1], row[2], "{row:?}");
+    }
+}
+
+#[test]
+fn only_plain_columns_of_tables_never_null_extended_can_be_counted_as_rows() {
+    let policy = policy();
+    for sql in [
+        // An expression, a FILTER (a CASE), a column of a subquery.
+        "SELECT COUNT(age + 1) FROM demo.people",
+        "SELECT COUNT(age) FILTER (WHERE sex = 'F') FROM demo.people",
+        "SELECT COUNT(a) FROM (SELECT age AS a FROM demo.people) AS s",
+        // SUM needs no count of its own.
+        "SELECT SUM(quantity) FROM demo.prescriptions",
+    ] {
+        let (mut plan, _, _, _) = prepared(&policy, sql, LAPLACE);
+        plan.assume_not_null(|_| true);
+        let rewrite = rewrite::rewrite(&plan, &[], SECRET).expect("rewrites");
+        assert!(
+            !rewrite.measures.contains(&rewrite::Measure::Rows),
+            "{sql}: {:?}",
+            rewrite.measures
+        );
+    }
+}

@@ -294,20 +294,26 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
                 }
             }
         });
+        // The count of an argument's values: the count of rows where it is never NULL
+        // (derived, not noised apart: `COUNT(x)` and `COUNT(*)` are then one release).
+        let count = |a: usize| match &agg.argument {
+            Some(text) if plan.not_null(text) => Measure::Rows,
+            _ => Measure::Values(a),
+        };
         let m: Vec<Measure> = match (agg.kind, arg) {
             (AggregateKind::CountRows, _) => vec![Measure::Rows],
             (AggregateKind::CountUnits, _) => vec![Measure::Units],
-            (AggregateKind::CountValues, Some(a)) => vec![Measure::Values(a)],
+            (AggregateKind::CountValues, Some(a)) => vec![count(a)],
             // Minimal measures: where the query also has the count and centered sum of the
             // same argument (AVG, VARIANCE, STDDEV), the sum is derived from them by
             // post-processing (sum = centered sum + midpoint × count), not noised apart.
             (AggregateKind::Sum, Some(a))
                 if agg.bounds.is_some() && centered.contains(&(&agg.argument, agg.bounds)) =>
             {
-                vec![Measure::Values(a), Measure::SumCentered(a)]
+                vec![count(a), Measure::SumCentered(a)]
             }
             (AggregateKind::Sum, Some(a)) => vec![Measure::Sum(a)],
-            (AggregateKind::Avg, Some(a)) => vec![Measure::Values(a), Measure::SumCentered(a)],
+            (AggregateKind::Avg, Some(a)) => vec![count(a), Measure::SumCentered(a)],
             (
                 AggregateKind::VarSamp
                 | AggregateKind::VarPop
@@ -315,7 +321,7 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
                 | AggregateKind::StddevPop,
                 Some(a),
             ) => vec![
-                Measure::Values(a),
+                count(a),
                 Measure::SumCentered(a),
                 Measure::SumSquaresCentered(a),
             ],
