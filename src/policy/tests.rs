@@ -51,7 +51,8 @@ fn minimal_policy_validates() {
         t.column("x").and_then(|c| c.bounds).map(|b| b.magnitude()),
         Some(10.0)
     );
-    assert_eq!(p.defaults.mechanism, Mechanism::Laplace);
+    // Omitted: pgdp chooses per query.
+    assert_eq!(p.defaults.mechanism, Mechanism::Auto);
 }
 
 #[test]

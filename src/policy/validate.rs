@@ -435,8 +435,9 @@ pub(super) fn validate(
     }
     let delta = raw.defaults.delta.unwrap_or(1e-7);
     check_delta(&mut p, "defaults.delta", delta);
+    // Omitted: pgdp chooses per query (docs/privacy.md §5, "Choosing the mechanism").
     let mechanism = match raw.defaults.mechanism.as_deref() {
-        None => Mechanism::Laplace,
+        None => Mechanism::Auto,
         Some(m) => Mechanism::parse(m).unwrap_or_else(|| {
             p.add(
                 "defaults.mechanism",

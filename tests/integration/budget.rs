@@ -24,6 +24,11 @@ async fn spent_grows_by_exactly_each_query_epsilon() {
     assert_eq!(start.epsilon_remaining, 10.0);
     assert_eq!(start.delta_spent, 0.0);
 
+    // Laplace noise: each query is charged its ε as pure ε (`auto` could take Gaussian noise,
+    // charged as ρ).
+    s.batch_execute("SET pgdp.mechanism = 'laplace'")
+        .await
+        .expect("SET");
     let mut expected_spent = 0.0;
     for (i, epsilon) in [0.5, 2.0, 0.25, 1.0].into_iter().enumerate() {
         s.batch_execute(&format!("SET pgdp.epsilon = {epsilon}"))

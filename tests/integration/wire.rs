@@ -138,7 +138,7 @@ async fn psql_prints_transaction_and_set_tags() {
         vec![
             "BEGIN",
             "pgdp.mechanism",
-            "laplace",
+            "auto",
             "(1 row)",
             "COMMIT",
             "BEGIN",
