@@ -202,7 +202,10 @@ def dsn_db(dsn):
 
 def ensure_data(dsn, pums_csv):
     """Creates the database and loads PUMS_pid.csv with SmartNoise's own PostgreSQL types
-    (sql/tests/setup/postgres/PUMS/pums.sql), unless a table of 1,000 rows is there."""
+    (sql/tests/setup/postgres/PUMS/pums.sql), every column declared NOT NULL (the file has no
+    missing value; pgdp reads the declaration from pg_attribute and SmartNoise is told the same
+    by `nullable: false` in pums_smartnoise.yaml), unless that table is there with its 1,000
+    rows. A table of an earlier run without the NOT NULLs is dropped and loaded again."""
     import psycopg2
 
     db = dsn_db(dsn)
@@ -219,14 +222,21 @@ def ensure_data(dsn, pums_csv):
     cur.execute("SELECT to_regclass('pums.pums') IS NOT NULL")
     if cur.fetchone()[0]:
         cur.execute("SELECT COUNT(*), COUNT(DISTINCT pid) FROM pums.pums")
-        if cur.fetchone() == (1000, 1000):
+        loaded = cur.fetchone() == (1000, 1000)
+        cur.execute("SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute "
+                    "WHERE attrelid = 'pums.pums'::regclass AND attnum > 0 AND NOT attisdropped "
+                    "AND NOT attnotnull")
+        nullable = cur.fetchone()[0]
+        if loaded and not nullable:
             return conn
     if not pums_csv:
-        raise SystemExit("the table pums.pums is not loaded: give --pums PATH/TO/PUMS_pid.csv")
+        raise SystemExit("the table pums.pums is not loaded, or not with NOT NULL on every "
+                         "column: give --pums PATH/TO/PUMS_pid.csv")
     cur.execute("CREATE SCHEMA IF NOT EXISTS pums")
     cur.execute("DROP TABLE IF EXISTS pums.pums")
-    cur.execute("CREATE TABLE pums.pums (age int, sex char(2), educ int, race char(2), "
-                "income float, married boolean, pid int)")
+    cur.execute("CREATE TABLE pums.pums (age int NOT NULL, sex char(2) NOT NULL, "
+                "educ int NOT NULL, race char(2) NOT NULL, income float NOT NULL, "
+                "married boolean NOT NULL, pid int NOT NULL)")
     with open(pums_csv) as f:
         header = f.readline().strip()
         if header != "age,sex,educ,race,income,married,pid":
