@@ -25,11 +25,15 @@ pub const UNIQUE_KEY_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_ind
      AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)";
 
 /// Whether the column `$2` of the table `$1` (a quoted qualified name) is declared `NOT NULL`
-/// (a `NOT NULL` constraint, or part of a PRIMARY KEY). A `CHECK (x IS NOT NULL)` does not
-/// count, nor does any column of a view. Reads the catalog only.
+/// (a `NOT NULL` constraint, or part of a PRIMARY KEY) so that no row a query of the table reads
+/// can hold NULL there: a plain table without inheritance children (a child of plain
+/// inheritance may drop the constraint, and a query of the parent reads its rows), or a
+/// partitioned table (its partitions cannot drop it). A `CHECK (x IS NOT NULL)` does not count,
+/// nor does any column of a view or a foreign table. Reads the catalog only.
 pub const NOT_NULL_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a \
      JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-     WHERE a.attrelid = pg_catalog.to_regclass($1) AND c.relkind IN ('r', 'p') \
+     WHERE a.attrelid = pg_catalog.to_regclass($1) \
+     AND (c.relkind = 'p' OR (c.relkind = 'r' AND NOT c.relhassubclass)) \
      AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull)";
 
 /// A fact about one column of one table, as the upstream catalog states it.
