@@ -134,6 +134,7 @@ impl Session {
         super::settings::check_epsilon(budget.epsilon, &self.analyst)?;
         let mut mechanisms = release::mechanisms(&plan, &rewrite, budget)?;
         mechanisms.max_error = self.settings.max_error;
+        mechanisms.clamp_means = self.settings.clamp_means;
         Ok((plan, rewrite, mechanisms))
     }
 
@@ -354,6 +355,13 @@ impl Session {
                 ""
             },
         ]);
+        // Unclamped means are another answer to the same query; the default keeps the keys
+        // stored before the setting existed.
+        let key = if self.settings.clamp_means {
+            key
+        } else {
+            budget::fingerprint(&[&key, "unclamped means"])
+        };
         let key = in_zone(key, &self.settings.time_zone);
         let ledger = &shared.ledger;
         let analyst = self.analyst.name.clone();

@@ -57,6 +57,9 @@ pub struct Settings {
     pub mechanism: Mechanism,
     /// Whether each noisy column is followed by its 95% error bound.
     pub accuracy: bool,
+    /// `pgdp.clamp_means`: whether released means are clamped into their bounds
+    /// ([`crate::dp::release::Mechanisms::clamp_means`]).
+    pub clamp_means: bool,
     /// `pgdp.max_error`: when set, the next DP query spends the smallest ε at which every
     /// measure's 95 % error bound is at most this (`release::budget_for_error`), instead of
     /// `epsilon`.
@@ -96,6 +99,7 @@ impl Settings {
             delta: policy.defaults.delta.min(analyst.budget.delta),
             mechanism: policy.defaults.mechanism,
             accuracy: false,
+            clamp_means: true,
             max_error: None,
         }
     }
@@ -369,6 +373,14 @@ impl Settings {
                 let hint = "Use e.g. SET pgdp.max_error = 50 (a 95 % bound, in the units of each COUNT or SUM), or SET pgdp.max_error = off.";
                 self.max_error = if is_default || value.trim().eq_ignore_ascii_case("off") {
                     defaults.max_error
+                } else if value.trim().ends_with('%') {
+                    // A bound relative to the answer would make the ε chosen depend on the
+                    // private answer itself (docs/privacy.md §8, "Accuracy first").
+                    return Err(invalid(
+                        &name,
+                        "a relative bound is not supported: it is relative to the private answer, so the cost chosen from it would reveal that answer",
+                        "Give an absolute 95 % bound in the units of each COUNT or SUM, e.g. SET pgdp.max_error = 50; EXPLAIN shows each measure's bound at the current pgdp.epsilon.",
+                    ));
                 } else {
                     let bound = value
                         .trim()
@@ -402,6 +414,24 @@ impl Settings {
                 Ok(changed(
                     "pgdp.accuracy",
                     on_off(self.accuracy).into(),
+                    false,
+                ))
+            }
+            "pgdp.clamp_means" => {
+                self.clamp_means = if is_default {
+                    defaults.clamp_means
+                } else {
+                    parse_bool(value).ok_or_else(|| {
+                        invalid(
+                            &name,
+                            "must be on or off",
+                            "on (the default) keeps each AVG within its column's bounds; off releases the ratio of its noisy sum and count, unbiased but possibly outside the bounds for a small group.",
+                        )
+                    })?
+                };
+                Ok(changed(
+                    "pgdp.clamp_means",
+                    on_off(self.clamp_means).into(),
                     false,
                 ))
             }
@@ -466,6 +496,7 @@ impl Settings {
             "pgdp.delta" => self.delta.to_string(),
             "pgdp.mechanism" => self.mechanism.name().into(),
             "pgdp.accuracy" => on_off(self.accuracy).into(),
+            "pgdp.clamp_means" => on_off(self.clamp_means).into(),
             "pgdp.max_error" => max_error_text(self.max_error),
             "all" => {
                 return Err(Error::unsupported(
@@ -651,6 +682,11 @@ mod tests {
             assert!(e.to_string().contains("pgdp.max_error"), "{bad}: {e}");
         }
         assert_eq!(s.max_error, Some(50.0), "a refused SET changes nothing");
+        let relative = set(&mut s, "pgdp.max_error", " 5 % ").expect_err("relative");
+        assert!(
+            relative.to_string().contains("relative bound"),
+            "{relative}"
+        );
         assert_eq!(
             set(&mut s, "pgdp.max_error", "off").map(|c| c.value),
             Ok("off".into())
@@ -661,6 +697,26 @@ mod tests {
         assert_eq!(s.max_error, None);
         let e = set(&mut s, "pgdp.mechanism", "exponential").expect_err("unknown mechanism");
         assert_eq!(e.sqlstate().code(), "22023");
+    }
+
+    #[test]
+    fn clamp_means_is_on_or_off() {
+        let (p, a) = fixture();
+        let mut s = Settings::new(&p, &a, "UTC");
+        assert!(s.clamp_means);
+        assert_eq!(
+            set(&mut s, "pgdp.clamp_means", "off").map(|c| c.value),
+            Ok("off".into())
+        );
+        assert_eq!(
+            s.show("pgdp.clamp_means", "15.4").map(|r| r.1),
+            Ok("off".into())
+        );
+        let e = set(&mut s, "pgdp.clamp_means", "sometimes").expect_err("bad value");
+        assert_eq!(e.sqlstate().code(), "22023");
+        assert!(!s.clamp_means, "a refused SET changes nothing");
+        assert!(set(&mut s, "pgdp.clamp_means", "DEFAULT").is_ok());
+        assert!(s.clamp_means);
     }
 
     #[test]

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pgdp::tools::demo::REGIONS;
 
-use crate::support::{policy_with_budget, upstream_client, Number, Proxy, Session};
+use tokio_postgres::error::SqlState;
+
+use crate::support::{assert_code, policy_with_budget, upstream_client, Number, Proxy, Session};
 
 /// Noise tolerance: 20 noise scales.
 fn tolerance(scale: f64) -> f64 {
@@ -258,6 +260,56 @@ async fn a_count_of_a_not_null_column_is_released_as_the_count_of_rows() {
             "{region}: {rows_count} vs {n}"
         );
     }
+    proxy.stop().await;
+}
+
+/// `SET pgdp.clamp_means = off` releases an AVG as the plain ratio of its noisy sum and count,
+/// which a small group's noise can carry outside the column's bounds, where the default clamps
+/// it into them (docs/privacy.md §7). Tiny groups (3 to 7 people) at ε = 0.1 over two shares:
+/// the mean's noise has scale about 1000/n, so each unclamped mean falls outside [0, 100] with
+/// probability above 0.8 and all five stay inside with probability below 4·10⁻⁴ (fixed seed:
+/// a run always passes or always fails). A bad value is 22023 and charges nothing.
+#[tokio::test]
+async fn clamp_means_off_releases_the_plain_ratio_of_the_noisy_measures() {
+    let proxy = rich_proxy(43).await;
+    let s = proxy.connect().await;
+    let shown = s.simple_rows("SHOW pgdp.clamp_means").await.expect("SHOW");
+    assert_eq!(shown[0][0].as_deref(), Some("on"));
+    let before = s.budget().await.epsilon_spent;
+    assert_code(
+        s.batch_execute("SET pgdp.clamp_means = sometimes").await,
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "pgdp.clamp_means takes on or off",
+    );
+    assert_eq!(s.budget().await.epsilon_spent, before);
+    s.batch_execute("SET pgdp.epsilon = 0.1; SET pgdp.mechanism = 'laplace'")
+        .await
+        .expect("SET");
+    let mean = |clamp: &'static str, n: i64| {
+        let s = &s;
+        async move {
+            s.batch_execute(&format!("SET pgdp.clamp_means = {clamp}"))
+                .await
+                .expect("SET");
+            let row = s
+                .query_one(
+                    &format!("SELECT AVG(age) FROM demo.people WHERE person_id <= {n}"),
+                    &[],
+                )
+                .await
+                .expect("DP mean");
+            let Number(m) = row.get(0);
+            m
+        }
+    };
+    let mut outside = 0;
+    for n in 3..8 {
+        let clamped = mean("on", n).await;
+        assert!((0.0..=100.0).contains(&clamped), "clamped: {clamped}");
+        let plain = mean("off", n).await;
+        outside += usize::from(!(0.0..=100.0).contains(&plain));
+    }
+    assert!(outside > 0, "no unclamped mean left the bounds");
     proxy.stop().await;
 }
 

@@ -74,6 +74,12 @@ pub struct Mechanisms {
     pub budget: Budget,
     /// `pgdp.max_error` when it chose `budget.epsilon` ([`budget_for_error`]).
     pub max_error: Option<f64>,
+    /// `pgdp.clamp_means`: whether a released mean (`AVG`) is clamped into its argument's
+    /// bounds (the default: never outside them, but biased toward the middle for a small
+    /// group whose noise reaches a bound), or released as the plain ratio of its noisy
+    /// measures, unbiased in the noisy sum. Post-processing either way: it changes neither the
+    /// cost nor what the noise depends on.
+    pub clamp_means: bool,
     /// With grouping sets, the mechanisms of each set's release, in the plan's order (the
     /// fields above are then the first set's, but `cost`, `shares` and `budget` the whole
     /// query's); empty otherwise.
@@ -353,6 +359,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         sensitivities,
         budget,
         max_error: None,
+        clamp_means: true,
         sets: Vec::new(),
         choice: None,
     })
@@ -790,7 +797,7 @@ pub fn finish(
         }
         let errors: Vec<Cell> = if accuracy {
             (0..plan.aggregates.len())
-                .map(|i| error_bound_cell(plan, rewrite, i, bounds, noisy))
+                .map(|i| error_bound_cell(plan, rewrite, mechanisms, i, bounds, noisy))
                 .collect()
         } else {
             Vec::new()
@@ -878,6 +885,7 @@ pub fn finish(
 fn error_bound_cell(
     plan: &Plan,
     rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
     i: usize,
     (bounds95, bounds975): (&[f64], &[f64]),
     noisy: &[f64],
@@ -909,7 +917,13 @@ fn error_bound_cell(
                 .bounds
                 .map(|b| (b.upper - b.lower) / 2.0)
                 .unwrap_or(0.0);
-            finite(((bounds95[ms[1]] + h * bounds95[ms[0]]) / n).min(2.0 * h))
+            let bound = (bounds95[ms[1]] + h * bounds95[ms[0]]) / n;
+            // A clamped mean is within the bounds, so never further than their width.
+            finite(if mechanisms.clamp_means {
+                bound.min(2.0 * h)
+            } else {
+                bound
+            })
         }
         _ => Cell::Null,
     }
@@ -921,7 +935,7 @@ fn derive(
     bounds: Option<crate::policy::Bounds>,
     ms: &[usize],
     noisy: &[f64],
-    _m: &Mechanisms,
+    m: &Mechanisms,
 ) -> Cell {
     let count = |x: f64| Cell::Int(x.round().max(0.0).min(i64::MAX as f64) as i64);
     let real = |x: f64| {
@@ -963,6 +977,9 @@ fn derive(
             let mid = (b.lower + b.upper) / 2.0;
             let h = (b.upper - b.lower) / 2.0;
             let n = noisy[ms[0]].round().max(1.0);
+            if kind == AggregateKind::Avg && !m.clamp_means {
+                return real(mid + noisy[ms[1]] / n);
+            }
             let mean_c = (noisy[ms[1]] / n).clamp(-h, h);
             if kind == AggregateKind::Avg {
                 return real((mid + mean_c).clamp(b.lower, b.upper));

@@ -1005,3 +1005,38 @@ fn only_plain_columns_of_tables_never_null_extended_can_be_counted_as_rows() {
         );
     }
 }
+
+#[test]
+fn pgdp_clamp_means_off_releases_the_plain_ratio_of_the_noisy_measures() {
+    let policy = policy();
+    let sql = "SELECT AVG(income) FROM demo.people";
+    let (plan, rewrite, mut mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    // A small group whose noise pushed the centred sum past the bound: noisy count 2, noisy
+    // centred sum 400,000 (income bounds [0, 250000], midpoint 125,000).
+    let measures = NoisyMeasures {
+        keys: 0,
+        measures: 2,
+        groups: vec![(Vec::new(), vec![2.0, 400_000.0])],
+        derivation: None,
+    };
+    let mean = |m: &Mechanisms| -> (f64, f64) {
+        let released = finish(&plan, &rewrite, m, &measures, true).expect("finishes");
+        let row = &released.rows()[0];
+        match (&row[0], &row[1]) {
+            (Cell::Float(v), Cell::Float(e)) => (*v, *e),
+            other => panic!("{other:?}"),
+        }
+    };
+    // Clamped (the default): the upper bound, and a stated error of at most the bounds' width.
+    let (clamped, clamped_error) = mean(&mechanisms);
+    assert_eq!(clamped, 250_000.0);
+    assert!(clamped_error <= 250_000.0, "{clamped_error}");
+    // Unclamped: 125,000 + 400,000 / 2, with its error bound uncapped.
+    mechanisms.clamp_means = false;
+    let (plain, plain_error) = mean(&mechanisms);
+    assert_eq!(plain, 325_000.0);
+    assert!(
+        plain_error > clamped_error,
+        "{plain_error} vs {clamped_error}"
+    );
+}
