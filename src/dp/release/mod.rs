@@ -1292,6 +1292,17 @@ pub fn explain(
             analyst_text(plan, argument.as_str())
         ));
     }
+    let units_as_rows = plan.aggregates.iter().enumerate().any(|(i, agg)| {
+        agg.kind == AggregateKind::CountUnits
+            && rewrite.aggregate_measures[i]
+                .iter()
+                .any(|&j| rewrite.measures[j] == crate::dp::rewrite::Measure::Rows)
+    });
+    if units_as_rows {
+        lines.push(
+            "  count(distinct unit) = count(*): each privacy unit adds at most one row to one group (max_rows_per_unit = max_groups_per_unit = 1), so the count of rows is the count of units, with no noise or epsilon of its own".to_string(),
+        );
+    }
     for (i, agg) in plan.aggregates.iter().enumerate() {
         if agg.kind == AggregateKind::Sum && rewrite.aggregate_measures[i].len() == 2 {
             lines.push(format!(

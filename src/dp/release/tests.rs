@@ -1040,3 +1040,36 @@ fn pgdp_clamp_means_off_releases_the_plain_ratio_of_the_noisy_measures() {
         "{plain_error} vs {clamped_error}"
     );
 }
+
+#[test]
+fn under_one_row_per_unit_the_count_of_units_is_the_count_of_rows() {
+    let policy = policy();
+    // demo.people: one row per person (max_rows_per_unit 1).
+    let sql = "SELECT region, COUNT(*), COUNT(DISTINCT person_id) FROM demo.people GROUP BY region";
+    let (plan, rewrite, mechanisms, _) = prepared(&policy, sql, LAPLACE);
+    assert_eq!(rewrite.measures, [rewrite::Measure::Rows]);
+    assert_eq!(mechanisms.shares, 1);
+    assert_eq!(rewrite.aggregate_measures[0], rewrite.aggregate_measures[1]);
+    let lines = explain(&plan, &rewrite, &mechanisms, LAPLACE);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("count(distinct unit) = count(*)")),
+        "{lines:#?}"
+    );
+    // Alone, COUNT(DISTINCT unit) keeps its own measure; with more rows per unit (visits, up
+    // to 10) the two counts differ and both are released.
+    for (sql, measures) in [
+        (
+            "SELECT COUNT(DISTINCT person_id) FROM demo.people",
+            vec![rewrite::Measure::Units],
+        ),
+        (
+            "SELECT clinic, COUNT(*), COUNT(DISTINCT person_id) FROM demo.visits GROUP BY clinic",
+            vec![rewrite::Measure::Rows, rewrite::Measure::Units],
+        ),
+    ] {
+        let (_, rewrite, _, _) = prepared(&policy, sql, LAPLACE);
+        assert_eq!(rewrite.measures, measures, "{sql}");
+    }
+}

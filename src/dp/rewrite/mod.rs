@@ -253,7 +253,31 @@ fn push<T: PartialEq>(v: &mut Vec<T>, x: T) -> usize {
 }
 
 /// The measures a plan needs, and for each aggregate which ones.
+///
+/// Under `max_rows_per_unit = 1` a unit adds at most one row to a group, so the capped count
+/// of rows (`SUM(LEAST(n, 1))` over the units in the group) is the count of units in it: when
+/// the query releases both, `COUNT(DISTINCT unit)` takes the rows measure instead of a second
+/// noisy count. Only with `max_groups_per_unit = 1` too: the rows measure adds up over the
+/// cells of a finer grouping ([`Measure::is_additive`], which lets a coarser grouping be
+/// derived from it), and a count of units does so only when each unit is in one cell.
 pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
+    let built = measures_with(plan, false);
+    if plan.max_rows_per_unit == 1
+        && plan.max_groups_per_unit == 1
+        && built.1.contains(&Measure::Rows)
+        && built.1.contains(&Measure::Units)
+    {
+        return measures_with(plan, true);
+    }
+    built
+}
+
+/// [`measures`], with `COUNT(DISTINCT unit)` released as the rows measure when
+/// `units_as_rows`.
+fn measures_with(
+    plan: &Plan,
+    units_as_rows: bool,
+) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
     let mut arguments: Vec<Argument> = Vec::new();
     let mut measures = Vec::new();
     let mut per_aggregate = Vec::new();
@@ -302,6 +326,7 @@ pub fn measures(plan: &Plan) -> (Vec<Argument>, Vec<Measure>, Vec<Vec<usize>>) {
         };
         let m: Vec<Measure> = match (agg.kind, arg) {
             (AggregateKind::CountRows, _) => vec![Measure::Rows],
+            (AggregateKind::CountUnits, _) if units_as_rows => vec![Measure::Rows],
             (AggregateKind::CountUnits, _) => vec![Measure::Units],
             (AggregateKind::CountValues, Some(a)) => vec![count(a)],
             // Minimal measures: where the query also has the count and centered sum of the
