@@ -166,14 +166,7 @@ impl Upstream {
         }
         let mut conn = self.get().await?;
         for (table, column) in unverified {
-            let (schema, name) = table
-                .split_once('.')
-                .ok_or_else(|| Error::internal("unqualified table name"))?;
-            let qualified = format!(
-                "\"{}\".\"{}\"",
-                schema.replace('"', "\"\""),
-                name.replace('"', "\"\"")
-            );
+            let qualified = super::quoted_table(&table)?;
             let row = conn
                 .client()
                 .query_one(fact.sql(), &[&qualified, &column])

@@ -248,6 +248,19 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// A policy table's qualified name (`schema.table`) as a quoted identifier for the catalog
+/// lookups (`"schema"."table"`, inner quotes doubled), to pass to `to_regclass`.
+fn quoted_table(table: &str) -> Result<String> {
+    let (schema, name) = table
+        .split_once('.')
+        .ok_or_else(|| Error::internal("unqualified table name"))?;
+    Ok(format!(
+        "\"{}\".\"{}\"",
+        schema.replace('"', "\"\""),
+        name.replace('"', "\"\"")
+    ))
+}
+
 impl Upstream {
     /// A backend for the DSN (libpq URL or key=value, with `sslmode=verify-full` and
     /// `sslrootcert=` for verified TLS, see [`crate::dsn`]). Does not connect yet.

@@ -148,14 +148,7 @@ impl Upstream {
         }
         let mut conn = self.get().await?;
         for table in tables {
-            let (schema, name) = table
-                .split_once('.')
-                .ok_or_else(|| Error::internal("unqualified table name"))?;
-            let qualified = format!(
-                "\"{}\".\"{}\"",
-                schema.replace('"', "\"\""),
-                name.replace('"', "\"\"")
-            );
+            let qualified = super::quoted_table(table)?;
             let rows = conn.client().query(PARTITION_KEY_SQL, &[&qualified]).await;
             let key = match rows {
                 Ok(rows) => match rows.first() {
