@@ -9,7 +9,9 @@
 //!    all from one scan;
 //! 3. `__dp_ranked`: each unit keeps at most `max_groups_per_unit` groups, chosen by
 //!    `hashtextextended(unit || keys, seed)`, the seed derived from a secret
-//!    ([`ranking_seed`]): the choice depends only on the unit's own rows and the secret;
+//!    ([`ranking_seed`]): the choice depends only on the unit's own rows and the secret (a
+//!    window numbers each unit's groups; with one group per unit the fast shape keeps the first
+//!    with `DISTINCT ON`);
 //! 4. per group: the sum over units of each statistic capped per unit (`LEAST(n, max_rows)`;
 //!    a unit's sum over more than `max_rows` values scaled to `max_rows` of them and clamped to
 //!    `[min(0, max_rows·lower), max(0, max_rows·upper)]`), and the number of units.
@@ -492,6 +494,19 @@ pub fn ranking_seed(secret: &str) -> i64 {
     i64::from_be_bytes(first) & i64::MAX
 }
 
+/// The keyed hash that ranks a unit's groups, over the columns of `__dp_per_unit`:
+/// `hashtextextended(unit || '|' || key || …, seed)`, a NULL key written `<null>`.
+fn ranking_hash(keys: &[Sql], seed: i64) -> Sql {
+    let key_text = keys
+        .iter()
+        .map(|k| sql!("COALESCE(CAST({} AS TEXT), '<null>')", k));
+    sql!(
+        "hashtextextended(CAST(__dp_unit AS TEXT) || '|' || {}, {})",
+        Sql::join(key_text, " || '|' || "),
+        seed
+    )
+}
+
 /// How stages 2 and 4 are written. Both give the same statistics (tests/integration/golden.rs
 /// runs both on PostgreSQL over the corpus and compares them); pgdp sends [`Shape::Fast`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -597,28 +612,41 @@ fn statement(
         arguments: &arguments,
         rows_cap,
     };
+    // Stage 3 ranks a unit's groups by a keyed hash of the unit and the keys: only when the
+    // query has keys and a unit may have rows in several groups.
+    let ranking = (!keys.is_empty() && !flat).then(|| ranking_hash(&keys, ranking_seed(secret)));
+    // With one group per unit, the fast shape keeps each unit's group of least hash with
+    // `DISTINCT ON` instead of numbering them with a window, and its per-unit stage groups by
+    // (unit, hash, keys) and carries the hash as `__dp_h`: grouped by sorting, its rows come out
+    // in the order `DISTINCT ON` reads, so PostgreSQL sorts once where it sorted twice (a
+    // hashed per-unit stage, then the ranking). With more groups per unit the window stays:
+    // over a unit-ordered scan (an index on the unit) the ranking's sort is incremental and
+    // cheap, and hashing every row instead of every group then costs more than it saves
+    // (BENCHMARKS.md, "Issue 18").
+    let first_group_only = shape == Shape::Fast && groups_cap == 1;
     let (per_unit_sql, mut outer) = match shape {
         Shape::Reference => stages.reference(flat)?,
         Shape::Fast if flat => (None, stages.fast_flat()),
         Shape::Fast => {
-            let (per_unit, outer) = stages.fast()?;
+            let carried = ranking.as_ref().filter(|_| first_group_only);
+            let (per_unit, outer) = stages.fast(carried)?;
             (Some(per_unit), outer)
         }
     };
 
     // Stage 3: at most max_groups_per_unit groups per unit, chosen by a keyed hash.
-    let ranked_sql = if keys.is_empty() || flat {
-        None
-    } else {
-        let key_text = keys
-            .iter()
-            .map(|k| sql!("COALESCE(CAST({} AS TEXT), '<null>')", k));
-        Some(sql!(
-            "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || {}, {})) AS __dp_rank FROM __dp_per_unit",
-            Sql::join(key_text, " || '|' || "),
-            ranking_seed(secret)
-        ))
-    };
+    let ranked_sql = ranking.map(|hash| {
+        if first_group_only {
+            Sql::text(
+                "SELECT DISTINCT ON (__dp_unit) *, 1 AS __dp_rank FROM __dp_per_unit ORDER BY __dp_unit, __dp_h",
+            )
+        } else {
+            sql!(
+                "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY {}) AS __dp_rank FROM __dp_per_unit",
+                hash
+            )
+        }
+    });
 
     // Stage 4: per group, each unit's contribution capped (the value-level measures read their
     // own CTEs, below).
@@ -877,10 +905,20 @@ impl Stages<'_> {
     /// to the sum of `a − mid`) and scales a unit's sum by C/n and clamps it only when n > C:
     /// with n ≤ C the factor min(1, C/n) is 1 and a sum of n clamped values lies within the
     /// range of C of them, so both are the identity there.
-    fn fast(&self) -> Result<(Sql, Vec<Sql>)> {
+    ///
+    /// With a `ranking` hash (stage 3 follows), each row also carries it as `__dp_h`, and the
+    /// stage groups by (unit, hash, keys): the same groups, since the hash is a function of the
+    /// unit and the keys, in the order the ranking reads them.
+    fn fast(&self, ranking: Option<&Sql>) -> Result<(Sql, Vec<Sql>)> {
         let cap = self.rows_cap;
         let mut per_unit = vec![Sql::text("__dp_unit")];
+        let mut group_unit = vec![Sql::text("__dp_unit")];
+        if let Some(hash) = ranking {
+            per_unit.push(sql!("{} AS __dp_h", hash));
+            group_unit.push(hash.clone());
+        }
         per_unit.extend(self.keys.iter().cloned());
+        group_unit.extend(self.keys.iter().cloned());
         if self.measures.contains(&Measure::Rows) {
             per_unit.push(Sql::text("COUNT(*) AS __dp_r0"));
         }
@@ -940,8 +978,6 @@ impl Stages<'_> {
                 }
             });
         }
-        let mut group_unit = vec![Sql::text("__dp_unit")];
-        group_unit.extend(self.keys.iter().cloned());
         let per_unit_sql = sql!(
             "SELECT {} FROM __dp_rows GROUP BY {}",
             Sql::join(per_unit, ", "),
