@@ -885,10 +885,14 @@ impl Stages<'_> {
                 }
                 Measure::Values(i) => sql!("COUNT({})", Name("a", *i)),
                 Measure::Sum(i) => sql!("SUM({})", Name("a", *i)),
+                // Σ(a − mid) = Σa − mid·n, exactly in `numeric`, with one subtraction per group
+                // instead of one per row (PostgreSQL computes the COUNT once when the count is
+                // also released); NULL when the group has no value, as the sum of no rows.
                 Measure::SumCentered(i) => sql!(
-                    "SUM({} - {})",
+                    "(SUM({}) - {} * COUNT({}))",
                     Name("a", *i),
-                    Number(self.arguments[*i].center().0)
+                    Number(self.arguments[*i].center().0),
+                    Name("a", *i)
                 ),
                 Measure::SumSquaresCentered(i) => {
                     let (a, mid) = (Name("a", *i), Number(self.arguments[*i].center().0));
