@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// The layers, bottom first. `tools` sits beside the proxy: nothing else may use it.
 const LAYERS: &[&str] = &[
-    "limits", "error", "output", "datetime", "literal", "dsn", "policy", "budget", "metrics", "dp",
-    "upstream", "session", "frontend", "server",
+    "limits", "memo", "error", "output", "datetime", "literal", "dsn", "policy", "budget",
+    "metrics", "dp", "upstream", "session", "frontend", "server",
 ];
 
 /// Names the crate root re-exports from a lower layer (`crate::Error`, `crate::Result`).

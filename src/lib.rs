@@ -5,8 +5,9 @@
 //! PostgreSQL, adds calibrated noise, charges the analyst's budget and returns ordinary rows.
 //!
 //! The folders are the architecture (see ARCHITECTURE.md), each depending only on those listed
-//! before it (a test, `layering`, checks it): [`limits`], [`error`], [`output`], [`datetime`],
-//! [`literal`], [`dsn`], [`policy`], [`budget`], [`metrics`] (counters and the metrics
+//! before it (a test, `layering`, checks it): [`limits`], [`memo`] (memos of pure functions),
+//! [`error`], [`output`], [`datetime`], [`literal`], [`dsn`], [`policy`], [`budget`],
+//! [`metrics`] (counters and the metrics
 //! endpoint), [`dp`] (plan, analyze, rewrite, mechanism, release),
 //! [`upstream`] (pool, catalog check, shadow catalog), [`session`] (classify, route, settings,
 //! the dispatcher), [`frontend`] (pgwire), [`server`]; [`tools`] (the demo dataset and throwaway
@@ -22,6 +23,7 @@ pub mod error;
 pub mod frontend;
 pub mod limits;
 pub mod literal;
+pub mod memo;
 pub mod metrics;
 pub mod output;
 pub mod policy;

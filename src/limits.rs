@@ -119,6 +119,19 @@ pub const STANDBYS_MAX: usize = 16;
 /// process; the cache is emptied when full. Each entry is a statement's text and a few OIDs.
 pub const RESULT_TYPES_CACHED_MAX: usize = 4_096;
 
+/// (ε, δ) pairs whose Gaussian ρ the release step remembers (`dp::release::rho_for`); a policy
+/// uses a handful, and the oldest is forgotten first.
+pub const RHO_FOR_CACHED_MAX: usize = 64;
+
+/// (ε, δ) limits whose per-order Rényi budgets the accountant remembers
+/// (`budget::accountant::renyi_budgets`): one per analyst and window, and the dataset's; the
+/// oldest is forgotten first.
+pub const RENYI_BUDGETS_CACHED_MAX: usize = 256;
+
+/// (sensitivity, ρ) pairs whose Gaussian scale the mechanism remembers
+/// (`dp::mechanism::noise::sigma_for`); the oldest is forgotten first.
+pub const SIGMAS_CACHED_MAX: usize = 256;
+
 /// Connections to the shadow catalog database (catalog queries hold no private data and are
 /// short, so a few suffice).
 pub const SHADOW_POOL_SIZE: usize = 4;

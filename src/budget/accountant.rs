@@ -80,6 +80,7 @@ use std::ops::Add;
 
 use super::fixed::Fixed;
 use super::window::Window;
+use crate::memo::Memo;
 use crate::policy::Period;
 use crate::Error;
 
@@ -306,13 +307,27 @@ impl Limit {
     /// (ε, δ_tail/|Λ|), rounded down; `None` when there is none (δ_tail = 0, or the conversion
     /// alone exceeds ε).
     pub fn renyi_budget(&self, i: usize) -> Option<Fixed> {
-        let term = conversion_term(self.tail_delta(), i)?;
-        let budget = self.epsilon.to_f64() - term;
-        if !budget.is_finite() || budget <= 0.0 {
-            return None;
-        }
-        Fixed::from_f64_floor(budget).ok()
+        renyi_budgets(self.epsilon, self.tail_delta())[i]
     }
+}
+
+/// Every order's [`Limit::renyi_budget`] for (ε, δ_tail), computed once per pair and remembered
+/// ([`crate::memo`]): admission, the remaining budget and the count of repeats ask for them order
+/// by order, query after query, and each costs three exact decimal conversions.
+fn renyi_budgets(epsilon: Fixed, tail: Fixed) -> [Option<Fixed>; ORDER_COUNT] {
+    static MEMO: Memo<(Fixed, Fixed), [Option<Fixed>; ORDER_COUNT]> =
+        Memo::new(crate::limits::RENYI_BUDGETS_CACHED_MAX);
+    MEMO.get_or((epsilon, tail), || {
+        let epsilon_f64 = epsilon.to_f64();
+        std::array::from_fn(|i| {
+            let term = conversion_term(tail, i)?;
+            let budget = epsilon_f64 - term;
+            if !budget.is_finite() || budget <= 0.0 {
+                return None;
+            }
+            Fixed::from_f64_floor(budget).ok()
+        })
+    })
 }
 
 /// (ln(|Λ|/δ_tail) − ln α)/(α − 1) + ln(1 − 1/α) plus a safety margin: what the conversion at
@@ -750,9 +765,9 @@ pub fn repeats(limit: &Limit, spent: &Spent, cost: &Cost) -> u64 {
     lo
 }
 
-/// Relative amount by which [`remaining`] understates what is left, so that what it shows is
-/// admitted in spite of the rounding of the per-order costs.
-const REMAINING_SHRINK: f64 = 1e-9;
+/// [`remaining`] understates what is left by 1/`REMAINING_SHRINK_DIVISOR` of itself (10⁻⁹), so
+/// that what it shows is admitted in spite of the rounding of the per-order costs.
+const REMAINING_SHRINK_DIVISOR: u128 = 1_000_000_000;
 
 /// What is left of `limit` after `spent`: the δ partition selection may still spend, and the
 /// largest pure ε (one component) and Gaussian ρ of one more query that would be admitted.
@@ -788,9 +803,10 @@ pub fn remaining(limit: &Limit, spent: &Spent) -> Remaining {
     }
 }
 
-/// `x` reduced by [`REMAINING_SHRINK`] of itself and one grid unit, never below zero.
+/// `x` reduced by 1/[`REMAINING_SHRINK_DIVISOR`] of itself, rounded up to the grid, and one
+/// grid unit, never below zero; in integers on the grid, exactly.
 fn shrink(x: Fixed) -> Fixed {
-    let cut = Fixed::from_f64_ceil(x.to_f64() * REMAINING_SHRINK).unwrap_or(x);
+    let cut = Fixed::from_units(x.units().div_ceil(REMAINING_SHRINK_DIVISOR));
     x.saturating_sub(cut).saturating_sub(Fixed::EPSILON_UNIT)
 }
 

@@ -22,7 +22,8 @@ use super::exact::{
 };
 use super::sample::{sample_discrete_gaussian, sample_discrete_laplace};
 use super::{invalid, positive_scale, validate_budget, validate_sensitivity};
-use crate::{Error, Result};
+use crate::memo::Memo;
+use crate::{limits, Error, Result};
 
 /// How much finer than both the sensitivity and the scale the grid for real values is, as a power
 /// of two: the grid step is `2^k` with `k = floor(log2(min(sensitivity, scale))) - GRID_BITS`.
@@ -452,8 +453,18 @@ fn validate_cells(cells_per_unit: u64) -> Result<BigInt> {
 }
 
 /// An `f64` `σ` with `2ρσ² ≥ Δ²` exactly (so the zCDP cost `Δ²/(2σ²)` is at most `ρ`), within a
-/// few ulps of `Δ/√(2ρ)`.
+/// few ulps of `Δ/√(2ρ)`; remembered per (Δ, ρ) ([`crate::memo`]): the exact check multiplies
+/// rationals with denominators of hundreds of bits, and `auto` asks for the same few scales
+/// query after query. `rho` is the exact value of `rho_f64`, so the f64 identifies both.
 fn sigma_for(sensitivity: &BigRational, rho: &BigRational, rho_f64: f64) -> Result<f64> {
+    static MEMO: Memo<(BigRational, u64), f64> = Memo::new(limits::SIGMAS_CACHED_MAX);
+    MEMO.get_or_try((sensitivity.clone(), rho_f64.to_bits()), || {
+        sigma_by_search(sensitivity, rho, rho_f64)
+    })
+}
+
+/// [`sigma_for`] itself: up from `Δ/√(2ρ)` one ulp at a time until the exact check holds.
+fn sigma_by_search(sensitivity: &BigRational, rho: &BigRational, rho_f64: f64) -> Result<f64> {
     let mut sigma = rational_to_f64(sensitivity, Rounding::AwayFromZero) / (2.0 * rho_f64).sqrt();
     positive_scale(Some(sigma))?;
     let required = sensitivity * sensitivity;
