@@ -132,6 +132,10 @@ pub const RENYI_BUDGETS_CACHED_MAX: usize = 256;
 /// (`dp::mechanism::noise::sigma_for`); the oldest is forgotten first.
 pub const SIGMAS_CACHED_MAX: usize = 256;
 
+/// (scale, cells, α) triples whose Laplace sum error bound the mechanism remembers
+/// (`dp::mechanism::noise::laplace_sum_half_width`); the oldest is forgotten first.
+pub const SUM_HALF_WIDTHS_CACHED_MAX: usize = 1_024;
+
 /// Connections to the shadow catalog database (catalog queries hold no private data and are
 /// short, so a few suffice).
 pub const SHADOW_POOL_SIZE: usize = 4;

@@ -408,7 +408,21 @@ impl Noise {
 /// `2·min_λ exp(−λt + m·ln M(λ))` with `M(λ) = (1−q)²/((1−q·e^λ)(1−q·e^(−λ)))`, `q = e^(−1/b)`,
 /// `0 < λ < 1/b`, is at most `alpha`. The exponent is convex in λ, minimised by golden-section
 /// search; `t` by bisection. Rounded up with `FLOAT_MARGIN`.
+///
+/// Remembered per (b, m, alpha) ([`crate::memo`]): one computation evaluates the exponent some
+/// 10⁴ times (milliseconds), and the error bounds of the coarser groupings a release stores
+/// (`release::derive`) ask for the same few sums query after query.
 fn laplace_sum_half_width(b: f64, m: f64, alpha: f64) -> f64 {
+    static MEMO: Memo<(u64, u64, u64), f64> = Memo::new(limits::SUM_HALF_WIDTHS_CACHED_MAX);
+    MEMO.get_or((b.to_bits(), m.to_bits(), alpha.to_bits()), || {
+        laplace_sum_half_width_search(b, m, alpha)
+    })
+}
+
+/// [`laplace_sum_half_width`] itself. Each search stops at its fixed point: once an iteration
+/// leaves its interval unchanged, so would every later one (the same floats, the same
+/// comparison), so stopping there gives the bits the full 200 iterations give.
+fn laplace_sum_half_width_search(b: f64, m: f64, alpha: f64) -> f64 {
     let q = (-1.0 / b).exp();
     let log_mgf = |l: f64| {
         2.0 * (-(-1.0 / b).exp_m1()).ln() - (-(q * l.exp())).ln_1p() - (-(q * (-l).exp())).ln_1p()
@@ -420,11 +434,11 @@ fn laplace_sum_half_width(b: f64, m: f64, alpha: f64) -> f64 {
         for _ in 0..200 {
             let a = hi - g * (hi - lo);
             let c = lo + g * (hi - lo);
-            if f(a) < f(c) {
-                hi = c;
-            } else {
-                lo = a;
+            let (new_lo, new_hi) = if f(a) < f(c) { (lo, c) } else { (a, hi) };
+            if new_lo == lo && new_hi == hi {
+                break;
             }
+            (lo, hi) = (new_lo, new_hi);
         }
         2f64.ln() + f((lo + hi) / 2.0).min(0.0)
     };
@@ -436,11 +450,15 @@ fn laplace_sum_half_width(b: f64, m: f64, alpha: f64) -> f64 {
     let mut lo = 0.0;
     for _ in 0..200 {
         let mid = (lo + hi) / 2.0;
-        if log_tail(mid) > target {
-            lo = mid;
+        let (new_lo, new_hi) = if log_tail(mid) > target {
+            (mid, hi)
         } else {
-            hi = mid;
+            (lo, mid)
+        };
+        if new_lo == lo && new_hi == hi {
+            break;
         }
+        (lo, hi) = (new_lo, new_hi);
     }
     (hi * (1.0 + FLOAT_MARGIN)).ceil()
 }
@@ -771,6 +789,64 @@ mod tests {
             sum = next;
         }
         sum
+    }
+
+    /// The search with its fixed iteration counts, as it was before it stopped at fixed points.
+    fn sum_half_width_by_full_iterations(b: f64, m: f64, alpha: f64) -> f64 {
+        let q = (-1.0 / b).exp();
+        let log_mgf = |l: f64| {
+            2.0 * (-(-1.0 / b).exp_m1()).ln()
+                - (-(q * l.exp())).ln_1p()
+                - (-(q * (-l).exp())).ln_1p()
+        };
+        let log_tail = |t: f64| -> f64 {
+            let f = |l: f64| -l * t + m * log_mgf(l);
+            let (mut lo, mut hi) = (0.0, 1.0 / b);
+            let g = (5f64.sqrt() - 1.0) / 2.0;
+            for _ in 0..200 {
+                let a = hi - g * (hi - lo);
+                let c = lo + g * (hi - lo);
+                if f(a) < f(c) {
+                    hi = c;
+                } else {
+                    lo = a;
+                }
+            }
+            2f64.ln() + f((lo + hi) / 2.0).min(0.0)
+        };
+        let target = alpha.ln();
+        let mut hi = b.max(1.0);
+        while log_tail(hi) > target {
+            hi *= 2.0;
+        }
+        let mut lo = 0.0;
+        for _ in 0..200 {
+            let mid = (lo + hi) / 2.0;
+            if log_tail(mid) > target {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (hi * (1.0 + FLOAT_MARGIN)).ceil()
+    }
+
+    #[test]
+    fn sum_half_width_stops_early_with_the_same_bits() {
+        for b in [0.3, 1.0, 2.5, 17.0, 400.0] {
+            for m in [2.0, 3.0, 10.0, 97.0] {
+                for alpha in [0.05, 0.01, 1e-6] {
+                    let want = sum_half_width_by_full_iterations(b, m, alpha);
+                    let got = laplace_sum_half_width(b, m, alpha);
+                    assert_eq!(got.to_bits(), want.to_bits(), "b {b}, m {m}, alpha {alpha}");
+                    // And again, from the memo.
+                    assert_eq!(
+                        laplace_sum_half_width(b, m, alpha).to_bits(),
+                        want.to_bits()
+                    );
+                }
+            }
+        }
     }
 
     #[test]
