@@ -8,6 +8,7 @@
 //! cargo bench --bench proxy -- --scale 10 --load-only   # only load the demo data
 //! cargo bench --bench proxy -- --schedule        # only the release-schedule figure (scale 1)
 //! cargo bench --bench proxy -- --leases          # only the budget-lease figure (scale 1)
+//! cargo bench --bench proxy -- --privacy --scale 10   # only the cost of privacy, at scale 10
 //! ```
 //!
 //! Figures (BENCHMARKS.md states the targets and reads the results):
@@ -20,12 +21,16 @@
 //! 6. scaling: DP latency against table size and number of groups;
 //! 7. release schedule (`--schedule` only): DP latency with the policy's `release_schedule`
 //!    against the same pgdp without one, on the queries of figures 1 and 2 (docs/security.md §2);
-//! 9. budget leases (`--leases` only): the tiny query at 1 and 32 clients directly, through pgdp
-//!    with leases (the default) and with `--lease-queries 1`, and the ledger's durable commits
-//!    per DP query in each (writes benches/leases.md);
+//! 9. budget leases (`--leases` only): the tiny query at 1 and 32 clients directly, through a
+//!    byte-forwarding TCP proxy (the floor of any proxy), through pgdp with leases (the default)
+//!    and with `--lease-queries 1`, and the ledger's durable commits per DP query in each (writes
+//!    benches/leases.md);
 //! 8. non-unique unit column (first scale): queries on `bench.pums_dup` (10^6 rows, 1 to 3 per
 //!    person, no key), through pgdp against the plain aggregate, the hand-written floor and, when
 //!    `PGDP_BENCH_SMARTNOISE` names a Python with smartnoise-sql, SmartNoise SQL.
+//!
+//! `--privacy` runs figure 2 alone at every scale of the run and writes benches/privacy.md and
+//! the plans of benches/plans-s<N>.txt (a scale-10 run of it takes minutes, not an hour).
 //!
 //! Figures 2 and 8 also time the *floor* of each query: its per-unit aggregation written by hand
 //! in the fastest SQL found, sent directly.
@@ -257,6 +262,8 @@ struct Settings {
     schedule_only: bool,
     /// Only figure 9, budget leases, at the first scale.
     leases_only: bool,
+    /// Only figure 2, the cost of privacy, at every scale (writes benches/privacy.md).
+    privacy_only: bool,
     scales: Vec<u32>,
     out: PathBuf,
     admin_dsn: String,
@@ -278,6 +285,7 @@ fn parse_args() -> Res<Settings> {
     let mut load_only = false;
     let mut schedule_only = false;
     let mut leases_only = false;
+    let mut privacy_only = false;
     let mut scales = None;
     let mut out = None;
     let mut args = std::env::args().skip(1);
@@ -287,6 +295,7 @@ fn parse_args() -> Res<Settings> {
             "--load-only" => load_only = true,
             "--schedule" => schedule_only = true,
             "--leases" => leases_only = true,
+            "--privacy" => privacy_only = true,
             "--scale" => {
                 let value = args.next().ok_or_else(|| fail("--scale needs a value"))?;
                 let parsed: Result<Vec<u32>, _> =
@@ -317,6 +326,9 @@ fn parse_args() -> Res<Settings> {
     if leases_only {
         options.push_str(" --leases");
     }
+    if privacy_only {
+        options.push_str(" --privacy");
+    }
     if let Some(s) = &scales {
         let list: Vec<String> = s.iter().map(u32::to_string).collect();
         write!(options, " --scale {}", list.join(","))?;
@@ -331,6 +343,7 @@ fn parse_args() -> Res<Settings> {
             load_only,
             schedule_only,
             leases_only,
+            privacy_only,
             scales: scales.unwrap_or_else(|| vec![1]),
             out: out.unwrap_or_else(|| root.join("target/bench-smoke")),
             admin_dsn,
@@ -351,6 +364,7 @@ fn parse_args() -> Res<Settings> {
             load_only,
             schedule_only,
             leases_only,
+            privacy_only,
             scales: scales.unwrap_or_else(|| {
                 if schedule_only || leases_only {
                     vec![1]
@@ -792,6 +806,12 @@ async fn bench(s: Settings) -> Res<()> {
         ledger.drop_db(&admin).await;
         return result;
     }
+    if s.privacy_only {
+        let ledger = LedgerDb::create(&s, &admin).await?;
+        let result = privacy_only(&s, &admin, &ledger).await;
+        ledger.drop_db(&admin).await;
+        return result;
+    }
     let machine = machine(&admin).await?;
     eprintln!(
         "pgdp bench ({}): scales {:?}, upstream {}",
@@ -930,45 +950,8 @@ async fn bench_scale(
     let ledger_commit = ledger_commit(s, ledger).await?;
 
     eprintln!("scale {scale}: 2. cost of privacy");
-    let mut privacy = Vec::new();
     let mut plans = String::new();
-    for (query, floor, target) in &PRIVACY {
-        let plain = query.template.replace("{n}", "0");
-        let sql = rewritten(&proxy, policy, secret, query.template).await?;
-        let series = series(
-            s,
-            &[
-                Way::Direct(&direct, &plain),
-                Way::Direct(&direct, &sql),
-                Way::Proxy(&proxy, query.template),
-                Way::Direct(&direct, floor),
-            ],
-        )
-        .await?;
-        eprintln!(
-            "  {:<34} plain {:>9.2} ms  rewritten {:>9.2} ms  pgdp {:>9.2} ms  floor {:>9.2} ms  {:.2}x",
-            query.label,
-            series.median(0),
-            series.median(1),
-            series.median(2),
-            series.median(3),
-            series.ratio(2, 0)
-        );
-        if !s.smoke {
-            explain_into(
-                &mut plans,
-                &direct,
-                query.label,
-                &[("plain", &plain), ("rewritten", &sql), ("floor", floor)],
-            )
-            .await?;
-        }
-        privacy.push(Privacy {
-            label: query.label,
-            target: *target,
-            series,
-        });
-    }
+    let privacy = privacy_figure(s, &proxy, &direct, policy, secret, &mut plans).await?;
 
     // Figure 8 at the first scale only: the table is the same at every scale.
     let mut dup = Vec::new();
@@ -1225,6 +1208,11 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     let off_client = connect(&off_dsn).await?;
     let sql = rewritten(&leased_client, &shared.policy, secret, template).await?;
     let direct = connect(&demo).await?;
+    let forwarded_dsn = forwarder(&demo).await?;
+    let forwarded = match &forwarded_dsn {
+        Some(dsn) => Some(connect(dsn).await?),
+        None => None,
+    };
     let log = connect(&ledger.dsn).await?;
     // Durable ledger commits: slices reserved, and charges committed on their own.
     let durable = || async {
@@ -1243,15 +1231,15 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     eprintln!("scale {scale}: 9. budget leases, one client");
     let before = DP_QUERIES.load(Ordering::Relaxed);
     let (slices0, alone0) = durable().await?;
-    let latency = series(
-        s,
-        &[
-            Way::Direct(&direct, &sql),
-            Way::Proxy(&leased_client, template),
-            Way::Proxy(&off_client, template),
-        ],
-    )
-    .await?;
+    let mut ways = vec![
+        Way::Direct(&direct, &sql),
+        Way::Proxy(&leased_client, template),
+        Way::Proxy(&off_client, template),
+    ];
+    if let Some(client) = &forwarded {
+        ways.push(Way::Direct(client, &sql));
+    }
+    let latency = series(s, &ways).await?;
     let sent = DP_QUERIES.load(Ordering::Relaxed) - before;
     let (slices1, alone1) = durable().await?;
     // Both proxies ran `sent / 2` DP queries each.
@@ -1260,6 +1248,10 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     eprintln!("scale {scale}: 9. budget leases, 32 clients");
     let clients = 32;
     let (direct_qps, _) = load_test(s, &demo, &sql, false, clients).await?;
+    let forwarded_qps = match &forwarded_dsn {
+        Some(dsn) => Some(load_test(s, dsn, &sql, false, clients).await?.0),
+        None => None,
+    };
     let (slices2, alone2) = durable().await?;
     let before = DP_QUERIES.load(Ordering::Relaxed);
     let (leased_qps, leased_errors) = load_test(s, &leased_dsn, template, true, clients).await?;
@@ -1286,6 +1278,19 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
         "| direct (the rewritten SQL) | {:.3} | 1 | | {direct_qps:.0} | 1 | | 0 |",
         latency.median(0)
     )?;
+    match forwarded_qps {
+        Some(qps) => writeln!(
+            table,
+            "| floor of any proxy: the direct SQL through a byte-forwarding TCP proxy | {:.3} | {:.2}× | | {qps:.0} | {:.2} | | 0 |",
+            latency.median(3),
+            latency.ratio(3, 0),
+            qps / direct_qps,
+        )?,
+        None => writeln!(
+            table,
+            "| floor of any proxy: not run (the upstream is not reached over TCP) | | | | | | | |"
+        )?,
+    }
     writeln!(
         table,
         "| pgdp, budget leases (`--lease-queries 64`) | {:.3} | {:.2}× | ≤ 1.5× {} | {leased_qps:.0} | {:.2} | ≥ 0.7 {} | {:.3} / {:.3} |",
@@ -1319,6 +1324,180 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&path, &table)?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// A process-local TCP forwarder to the upstream named by the DSN `upstream`: every connection
+/// accepted is piped byte for byte to a new connection to the upstream, and nothing else. The
+/// floor of any proxy on this machine: one more hop and two more socket copies per message, no
+/// parsing. Returns a DSN that reaches the upstream through it, or `None` when the upstream is
+/// not reached over TCP (a Unix socket).
+async fn forwarder(upstream: &str) -> Res<Option<String>> {
+    let config: tokio_postgres::Config = upstream.parse()?;
+    let (Some(tokio_postgres::config::Host::Tcp(host)), port) = (
+        config.get_hosts().first().cloned(),
+        config.get_ports().first().copied().unwrap_or(5432),
+    ) else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let local = listener.local_addr()?;
+    let target = format!("{host}:{port}");
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    let mut dsn = format!("host=127.0.0.1 port={}", local.port());
+    if let Some(user) = config.get_user() {
+        dsn.push_str(&format!(" user='{user}'"));
+    }
+    if let Some(password) = config.get_password() {
+        dsn.push_str(&format!(
+            " password='{}'",
+            String::from_utf8_lossy(password)
+        ));
+    }
+    if let Some(dbname) = config.get_dbname() {
+        dsn.push_str(&format!(" dbname='{dbname}'"));
+    }
+    Ok(Some(dsn))
+}
+
+/// Figure 2: each query of [`PRIVACY`] plain, rewritten and sent directly, through pgdp, and
+/// its floor, interleaved; their plans go to `plans` (not in smoke runs).
+async fn privacy_figure(
+    s: &Settings,
+    proxy: &Client,
+    direct: &Client,
+    policy: &Policy,
+    secret: &str,
+    plans: &mut String,
+) -> Res<Vec<Privacy>> {
+    let mut privacy = Vec::new();
+    for (query, floor, target) in &PRIVACY {
+        let plain = query.template.replace("{n}", "0");
+        let sql = rewritten(proxy, policy, secret, query.template).await?;
+        let series = series(
+            s,
+            &[
+                Way::Direct(direct, &plain),
+                Way::Direct(direct, &sql),
+                Way::Proxy(proxy, query.template),
+                Way::Direct(direct, floor),
+            ],
+        )
+        .await?;
+        eprintln!(
+            "  {:<34} plain {:>9.2} ms  rewritten {:>9.2} ms  pgdp {:>9.2} ms  floor {:>9.2} ms  {:.2}x",
+            query.label,
+            series.median(0),
+            series.median(1),
+            series.median(2),
+            series.median(3),
+            series.ratio(2, 0)
+        );
+        if !s.smoke {
+            explain_into(
+                plans,
+                direct,
+                query.label,
+                &[("plain", &plain), ("rewritten", &sql), ("floor", floor)],
+            )
+            .await?;
+        }
+        privacy.push(Privacy {
+            label: query.label,
+            target: *target,
+            series,
+        });
+    }
+    Ok(privacy)
+}
+
+/// The table of figure 2 and the note on its floor.
+fn privacy_table(r: &mut String, privacy: &[Privacy]) -> Res<()> {
+    writeln!(r, "| query | plain ms | rewritten SQL direct ms | pgdp ms | floor ms | rewrite / plain | pgdp / plain | floor / plain | target | |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+    for p in privacy {
+        let ratio = p.series.ratio(2, 0);
+        writeln!(
+            r,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | ≤ {} | {} |",
+            p.label,
+            p.series.median(0),
+            p.series.median(1),
+            p.series.median(2),
+            p.series.median(3),
+            p.series.ratio(1, 0),
+            ratio,
+            p.series.ratio(3, 0),
+            p.target,
+            mark(ratio <= p.target)
+        )?;
+    }
+    writeln!(r, "\nFloor: the per-unit aggregation of the same query written by hand (no scaling of units over the row cap, no ranking of a unit's groups; the join aggregates visits by person before joining), sent directly.")?;
+    Ok(())
+}
+
+/// `--privacy`: figure 2 alone at every scale of the run, written to `benches/privacy.md`, with
+/// the plans to `benches/plans-s<N>.txt` (figure 8's plans are written by a full run only).
+async fn privacy_only(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<()> {
+    let machine = machine(admin).await?;
+    let mut report = format!(
+        "Cost of privacy (figure 2) alone: `{}`\n\n- Machine: {}, {} cores, {:.1} GiB, Linux {}; load average at start {}\n- Upstream on the same machine: {}\n- Run: {}; latencies are medians of {}–{} interleaved runs (3–{} above scale 1)\n",
+        s.command,
+        machine.cpu,
+        machine.cores,
+        machine.memory_gib,
+        machine.kernel,
+        machine.load,
+        machine.postgres,
+        machine.date,
+        s.runs_min,
+        s.runs_max,
+        s.runs_max
+    );
+    for &scale in &s.scales {
+        eprintln!("scale {scale}: demo data");
+        let demo = demo_database(&s.admin_dsn, admin, scale).await?;
+        let running = start_server(&demo, ledger).await?;
+        let shared = running.shared();
+        let secret = shared.secret().await?;
+        let proxy = connect(&proxy_dsn(running.addr.port())).await?;
+        let direct = connect(&demo).await?;
+        // Larger scales take seconds per query: fewer runs, as in a full run.
+        let fewer = Settings {
+            runs_min: if scale > 1 {
+                s.runs_min.min(3)
+            } else {
+                s.runs_min
+            },
+            ..s.clone()
+        };
+        eprintln!("scale {scale}: 2. cost of privacy");
+        let mut plans = String::new();
+        let privacy =
+            privacy_figure(&fewer, &proxy, &direct, &shared.policy, secret, &mut plans).await?;
+        writeln!(report, "\n### Scale {scale}\n")?;
+        privacy_table(&mut report, &privacy)?;
+        if !s.smoke {
+            std::fs::write(s.out.join(format!("benches/plans-s{scale}.txt")), &plans)?;
+        }
+    }
+    let path = s.out.join("benches/privacy.md");
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&path, &report)?;
+    eprint!("{report}");
     eprintln!("wrote {}", path.display());
     Ok(())
 }
@@ -1853,25 +2032,7 @@ fn report(
             r,
             "**2. Cost of privacy** (pgdp vs. the plain aggregate sent directly)\n"
         )?;
-        writeln!(r, "| query | plain ms | rewritten SQL direct ms | pgdp ms | floor ms | rewrite / plain | pgdp / plain | floor / plain | target | |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
-        for p in &sc.privacy {
-            let ratio = p.series.ratio(2, 0);
-            writeln!(
-                r,
-                "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | ≤ {} | {} |",
-                p.label,
-                p.series.median(0),
-                p.series.median(1),
-                p.series.median(2),
-                p.series.median(3),
-                p.series.ratio(1, 0),
-                ratio,
-                p.series.ratio(3, 0),
-                p.target,
-                mark(ratio <= p.target)
-            )?;
-        }
-        writeln!(r, "\nFloor: the per-unit aggregation of the same query written by hand (no scaling of units over the row cap, no ranking of a unit's groups; the join aggregates visits by person before joining), sent directly.")?;
+        privacy_table(&mut r, &sc.privacy)?;
         if !sc.dup.is_empty() {
             writeln!(r, "\n**8. Non-unique unit column** (`{DUP_TABLE}`: {DUP_PEOPLE} people, 1 to 3 identical rows each, no key or index; at most 3 rows and 1 group per person)\n")?;
             writeln!(r, "| query | plain ms | pgdp ms | floor ms | SmartNoise SQL ms | pgdp / plain | floor / plain | pgdp / SmartNoise | target | |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
