@@ -17,11 +17,16 @@ use super::Upstream;
 
 /// Whether the upstream has a unique index (a PRIMARY KEY, a UNIQUE constraint or a unique
 /// index) on exactly one column, `$2`, of the table `$1` (a quoted qualified name): not partial,
-/// not on an expression, valid. Run on the upstream database, whose catalog it reads; it reads
-/// no rows of any table.
+/// not on an expression, valid, and holding for every row a query of the table reads: a plain
+/// table without inheritance children (a child of plain inheritance has no part in its
+/// parent's index, and a query of the parent reads the child's rows too), or a partitioned
+/// table (its unique index holds across its partitions). Run on the upstream database, whose
+/// catalog it reads; it reads no rows of any table.
 pub const UNIQUE_KEY_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
      JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+     JOIN pg_catalog.pg_class c ON c.oid = i.indrelid \
      WHERE i.indrelid = pg_catalog.to_regclass($1) AND i.indisunique AND i.indisvalid \
+     AND (c.relkind = 'p' OR (c.relkind = 'r' AND NOT c.relhassubclass)) \
      AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)";
 
 /// Whether the column `$2` of the table `$1` (a quoted qualified name) is declared `NOT NULL`

@@ -201,3 +201,40 @@ async fn floor_and_ceil_work_in_keys_and_aggregates() {
         "FLOOR with a scale",
     );
 }
+
+/// A unique key counts only where it holds for every row a query of the table reads: not on a
+/// parent of plain inheritance (its children's rows are outside the parent's index, and a
+/// query of the parent reads them), yes on a partitioned table (its unique index holds across
+/// partitions) and on a plain table.
+#[tokio::test]
+async fn a_unique_key_of_an_inheritance_parent_is_not_a_unique_key() {
+    let up = upstream_client().await;
+    up.batch_execute(
+        "DROP SCHEMA IF EXISTS pgdp_unique_facts CASCADE; CREATE SCHEMA pgdp_unique_facts; \
+         CREATE TABLE pgdp_unique_facts.plain (id int PRIMARY KEY); \
+         CREATE TABLE pgdp_unique_facts.parent (id int PRIMARY KEY); \
+         CREATE TABLE pgdp_unique_facts.child () INHERITS (pgdp_unique_facts.parent); \
+         CREATE TABLE pgdp_unique_facts.parted (id int PRIMARY KEY) PARTITION BY HASH (id); \
+         CREATE TABLE pgdp_unique_facts.parted_0 PARTITION OF pgdp_unique_facts.parted \
+         FOR VALUES WITH (MODULUS 2, REMAINDER 0); \
+         CREATE TABLE pgdp_unique_facts.parted_1 PARTITION OF pgdp_unique_facts.parted \
+         FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
+    )
+    .await
+    .expect("schema");
+    for (table, unique) in [("plain", true), ("parent", false), ("parted", true)] {
+        let name = format!("\"pgdp_unique_facts\".\"{table}\"");
+        let holds: bool = up
+            .query_one(
+                pgdp::upstream::catalog_facts::UNIQUE_KEY_SQL,
+                &[&name, &"id"],
+            )
+            .await
+            .expect("catalog lookup")
+            .get(0);
+        assert_eq!(holds, unique, "{table}");
+    }
+    up.batch_execute("DROP SCHEMA pgdp_unique_facts CASCADE")
+        .await
+        .expect("drop");
+}
