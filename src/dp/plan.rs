@@ -174,6 +174,23 @@ pub struct Semijoin {
     pub having: Option<Expr>,
 }
 
+/// An inner join of two policy tables on one equality `a = b` where one side is the privacy
+/// unit, and the other table's column is unique upstream: each row of `rows` then meets at
+/// most one row of the lookup table, the row of its own unit, so a unit's joined rows are its
+/// own rows of `rows`, each with the same lookup row. The rewrite may then aggregate `rows`
+/// per unit first and join the lookup table to one row per unit (docs/privacy.md, "Lookups on
+/// the privacy unit").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitLookup {
+    /// The column of the aggregated table in the equality: equal to the unit on every joined
+    /// row (it is the unit, or the lookup key the unit is).
+    pub rows_unit: ColumnRef,
+    /// The lookup table's column in the equality, unique upstream.
+    pub key: ColumnRef,
+    /// The lookup table (qualified policy name).
+    pub table: String,
+}
+
 /// How the privacy unit of a row is found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unit {
@@ -494,6 +511,10 @@ pub struct Plan {
     /// the session sets it from upstream catalog facts ([`Plan::unit_key`]). It only lets the
     /// rewrite skip work that is then the identity (docs/privacy.md, "Unique units").
     pub(in crate::dp) unit_unique: bool,
+    /// A join the rewrite may aggregate below: the joined table has at most one row per unit
+    /// (docs/privacy.md, "Lookups on the privacy unit"). Analysis leaves it `None`; the session
+    /// sets it from upstream catalog facts ([`Plan::assume_unit_lookup`]).
+    pub(in crate::dp) unit_lookup: Option<UnitLookup>,
     /// Aggregate arguments that are a column the upstream declares `NOT NULL`, of a table whose
     /// rows no outer join extends with NULLs: their count of values is the count of rows, so
     /// the rewrite releases one count for both (`COUNT(x)` and `COUNT(*)`, the count of an
@@ -702,6 +723,62 @@ impl Plan {
     /// Whether `argument` is known never to be NULL (see the field).
     pub fn not_null(&self, argument: &Canonical) -> bool {
         self.not_null.contains(argument)
+    }
+
+    /// The joins the rewrite could aggregate below if the lookup side's key is unique upstream:
+    /// two policy tables (no subquery, no outer join) joined by one equality one side of which
+    /// is the privacy unit; one candidate per side that can be the lookup.
+    fn unit_lookup_candidates(&self) -> Vec<UnitLookup> {
+        let [first, second] = self.tables.as_slice() else {
+            return Vec::new();
+        };
+        let plain = |t: &TableRef| t.source.is_none() && !t.nullable;
+        let (Unit::Column(unit), [join]) = (&self.unit, self.joins.as_slice()) else {
+            return Vec::new();
+        };
+        let [(l, r)] = join.on.as_slice() else {
+            return Vec::new();
+        };
+        if !plain(first) || !plain(second) || join.left || l.alias == r.alias {
+            return Vec::new();
+        }
+        [(l, r), (r, l)]
+            .into_iter()
+            .filter(|(rows, key)| unit == *rows || unit == *key)
+            .filter_map(|(rows, key)| {
+                let table = self.tables.iter().find(|t| t.alias == key.alias)?;
+                Some(UnitLookup {
+                    rows_unit: rows.clone(),
+                    key: key.clone(),
+                    table: table.table.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The `(table, column)` keys whose uniqueness upstream would let the rewrite aggregate
+    /// below the plan's join ([`Plan::assume_unit_lookup`]).
+    pub fn unit_lookup_keys(&self) -> Vec<(String, String)> {
+        self.unit_lookup_candidates()
+            .into_iter()
+            .map(|l| (l.table, l.key.column))
+            .collect()
+    }
+
+    /// Lets the rewrite aggregate below the plan's join (docs/privacy.md, "Lookups on the
+    /// privacy unit") when `is_unique` says the upstream declares a lookup side's key unique;
+    /// otherwise keeps the general form, which is always sound. Returns what it decided.
+    pub fn assume_unit_lookup(&mut self, is_unique: impl Fn(&(String, String)) -> bool) -> bool {
+        self.unit_lookup = self
+            .unit_lookup_candidates()
+            .into_iter()
+            .find(|l| is_unique(&(l.table.clone(), l.key.column.clone())));
+        self.unit_lookup.is_some()
+    }
+
+    /// The join the rewrite may aggregate below, if any (see [`Plan::assume_unit_lookup`]).
+    pub fn unit_lookup(&self) -> Option<&UnitLookup> {
+        self.unit_lookup.as_ref()
     }
 
     /// For a plan over one policy table without joins: the (table, column) whose uniqueness

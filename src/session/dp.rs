@@ -122,6 +122,7 @@ impl Session {
         shared.metrics.stage(Stage::Analyse, started.elapsed());
         let facts = &shared.catalog_facts;
         plan.assume_unique_unit(|key| facts.holds(ColumnFact::Unique, key));
+        plan.assume_unit_lookup(|key| facts.holds(ColumnFact::Unique, key));
         plan.assume_not_null(|column| facts.holds(ColumnFact::NotNull, column));
         let started = std::time::Instant::now();
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
@@ -193,7 +194,9 @@ impl Session {
 
     /// [`Session::prepare_dp`], after learning (once per process, from the upstream catalog)
     /// whether the plan's unit column is unique, so the rewrite can use the unique-unit form
-    /// (docs/privacy.md, "Unique units"), and which of its aggregate arguments are columns
+    /// (docs/privacy.md, "Unique units"), whether the table it joins on the unit has one row
+    /// per unit, so the rewrite can aggregate below the join ("Lookups on the privacy unit"),
+    /// and which of its aggregate arguments are columns
     /// declared `NOT NULL`, whose count of values is then the count of rows ("Facts pgdp reads
     /// from the upstream catalog"). A failed lookup leaves the general form, which is always
     /// sound.
@@ -206,7 +209,8 @@ impl Session {
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let prepared = self.prepare_dp(shared, query, params, secret)?;
         let facts = &shared.catalog_facts;
-        let unit_key: Vec<(String, String)> = prepared.0.unit_key().into_iter().collect();
+        let mut unit_key: Vec<(String, String)> = prepared.0.unit_key().into_iter().collect();
+        unit_key.extend(prepared.0.unit_lookup_keys());
         let columns: Vec<(String, String)> = prepared
             .0
             .column_arguments()

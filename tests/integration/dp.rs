@@ -1109,3 +1109,49 @@ async fn dp_answers_follow_the_sessions_time_zone() {
         "UTC's answer again, from the replay cache"
     );
 }
+
+/// A join of visits to people on the privacy unit, people.person_id being the primary key
+/// upstream, is aggregated per person below the join (docs/privacy.md, "Lookups on the privacy
+/// unit"): EXPLAIN shows `__dp_below`, and the counts are those of the general form, close to
+/// the capped truth. Each person has one region, so the cap of 10 rows per unit is the only cap
+/// that binds. Tolerance: at ε = 10 and at most 3 shares, COUNT(*) has sensitivity 5·10 = 50
+/// (`max_groups_per_unit` · `max_rows_per_unit`, the policy's bound whichever form runs), so
+/// b ≤ 15.
+#[tokio::test]
+async fn a_join_to_one_row_per_unit_is_aggregated_below_the_join() {
+    let proxy = rich_proxy(42).await;
+    let s = proxy.connect().await;
+    set_epsilon(&s, 10.0).await;
+    let sql = "SELECT region, COUNT(*), AVG(cost) FROM demo.visits v JOIN demo.people p USING (person_id) WHERE p.age >= 18 AND v.cost >= 0 GROUP BY region ORDER BY region";
+    let explain = s
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .expect("EXPLAIN");
+    let text: String = explain
+        .iter()
+        .filter_map(|r| r[0].as_deref())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(text.contains("__dp_below"), "{text}");
+    assert!(!text.contains("ROW_NUMBER"), "one group per unit: {text}");
+    let up = upstream_client().await;
+    let truth = up
+        .query(
+            "SELECT region, sum(least(n, 10))::bigint FROM (SELECT person_id, count(*) AS n \
+             FROM demo.visits WHERE cost >= 0 GROUP BY person_id) u JOIN demo.people USING (person_id) \
+             WHERE age >= 18 GROUP BY region ORDER BY region",
+            &[],
+        )
+        .await
+        .expect("truth");
+    let rows = s.query(sql, &[]).await.expect("DP query");
+    assert_eq!(rows.len(), truth.len(), "every public region is released");
+    for (r, t) in rows.iter().zip(&truth) {
+        let (region, n): (String, i64) = (r.get(0), r.get(1));
+        assert_eq!(region, t.get::<_, String>(0));
+        let want: i64 = t.get(1);
+        assert!((n - want).abs() <= 300, "{region}: {n} vs {want}");
+        let Number(avg) = r.get(2);
+        assert!((0.0..=2000.0).contains(&avg), "{region}: mean cost {avg}");
+    }
+}

@@ -32,6 +32,7 @@ use pgdp::dp::release::{self, Budget, Mechanisms};
 use pgdp::dp::rewrite::{self, Rewrite};
 use pgdp::policy::{self, Mechanism, Policy};
 use pgdp::session::classify::{self, Statement};
+use pgdp::upstream::catalog_facts::UNIQUE_KEY_SQL;
 use sqlparser::ast::{self, Expr};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
@@ -902,7 +903,7 @@ async fn fast_shape_gives_the_statistics_of_the_reference_shape() {
         rows.sort();
         rows
     };
-    let (mut general, mut flat) = (0, 0);
+    let (mut general, mut flat, mut below) = (0, 0, 0);
     for file in corpus() {
         for case in &file.cases {
             if case.expect_bug.is_some() {
@@ -917,6 +918,23 @@ async fn fast_shape_gives_the_statistics_of_the_reference_shape() {
                 unique.assume_unique_unit(|_| true);
                 plans.push(unique);
             }
+            // Where the join has a side with one row per unit, as the upstream catalog says.
+            let mut unique_keys = Vec::new();
+            for (table, column) in c.plan.unit_lookup_keys() {
+                let name = format!("\"{}\"", table.replace('.', "\".\""));
+                let unique: bool = client
+                    .query_one(UNIQUE_KEY_SQL, &[&name, &column])
+                    .await
+                    .expect("catalog lookup")
+                    .get(0);
+                if unique {
+                    unique_keys.push((table, column));
+                }
+            }
+            let mut joined = c.plan.clone();
+            if joined.assume_unit_lookup(|key| unique_keys.contains(key)) {
+                plans.push(joined);
+            }
             for plan in plans {
                 let shaped = |shape| rewrite::rewrite_shaped(&plan, &case.params, SECRET, shape);
                 let reference = shaped(rewrite::Shape::Reference).unwrap();
@@ -927,6 +945,8 @@ async fn fast_shape_gives_the_statistics_of_the_reference_shape() {
                 assert_eq!(norm(want), norm(got), "{}", case.at());
                 if plan.unit_unique() {
                     flat += 1;
+                } else if fast.sql.contains("__dp_below") {
+                    below += 1;
                 } else {
                     general += 1;
                 }
@@ -935,6 +955,7 @@ async fn fast_shape_gives_the_statistics_of_the_reference_shape() {
     }
     assert!(general >= 100, "only {general} cases in the general form");
     assert!(flat >= 5, "only {flat} cases in the unique-unit form");
+    assert!(below >= 5, "only {below} cases in the lookup form");
 }
 
 /// A unit whose values of an argument are all NULL contributes nothing to that argument's sums

@@ -305,6 +305,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         post,
         parameters,
         unit_unique: false,
+        unit_lookup: None,
         not_null: Vec::new(),
         unique_keys: a.unique_keys,
         unit_caps: a.unit_caps,

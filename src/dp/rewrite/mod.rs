@@ -17,7 +17,8 @@
 //!    `[min(0, max_rows·lower), max(0, max_rows·upper)]`), and the number of units.
 //!
 //! When every row is its own unit, stages 2 and 3 are the identity and stage 4 is one aggregate
-//! over the rows. [`Shape`] names the two ways of writing stages 2 and 4: pgdp sends
+//! over the rows. When the query joins a table with one row per unit on the unit, the fast shape
+//! computes stage 2 below that join ([`lookup`]). [`Shape`] names the two ways of writing stages 2 and 4: pgdp sends
 //! [`Shape::Fast`]; [`Shape::Reference`] is the per-measure form docs/privacy.md argues, which
 //! the tests run beside it on PostgreSQL to show both give the same statistics.
 //!
@@ -48,6 +49,7 @@ use crate::dp::sql::{from_clause, sql, Name, Number, Sql};
 
 pub mod domain;
 mod grouping;
+mod lookup;
 mod partitionwise;
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
@@ -556,10 +558,28 @@ fn statement(
     let (arguments, measures, aggregate_measures) = measures(plan);
     let rows_cap = plan.max_rows_per_unit;
     let groups_cap = plan.max_groups_per_unit;
+    // When every row is its own unit, a unit has one row in one group: stage 2 is the identity
+    // on that row, stage 3 (which would keep rank 1 ≤ max_groups_per_unit) is skipped, and the
+    // caps of stage 4 hold already (docs/privacy.md, "Unique units").
+    let flat = (plan.unit_unique || plan.rows_are_units())
+        && measures
+            .iter()
+            .all(|m| !matches!(m, Measure::Distinct(_) | Measure::Quantile(..)));
+    // A join to a table with one row per unit: the fast shape aggregates below it.
+    let below = match shape {
+        Shape::Fast if !flat => lookup::split(plan, &arguments, &measures),
+        _ => None,
+    };
 
     // Stage 1: rows.
-    let mut select = vec![sql!("{} AS __dp_unit", plan.unit)];
+    let mut select = vec![match &below {
+        Some(b) => sql!("{} AS __dp_unit", b.lookup.rows_unit),
+        None => sql!("{} AS __dp_unit", plan.unit),
+    }];
     for (i, k) in plan.keys.iter().enumerate() {
+        if below.as_ref().is_some_and(|b| !b.below_keys.contains(&i)) {
+            continue;
+        }
         select.push(sql!("{} AS {}", k.expr, Name("k", i)));
     }
     for (i, a) in arguments.iter().enumerate() {
@@ -568,14 +588,38 @@ fn statement(
             None => sql!("{}", a.text),
         };
         select.push(sql!("{} AS {}", value, Name("a", i)));
+        // The fast shape counts a bounded argument's values on the argument itself: PostgreSQL
+        // inlines `__dp_rows` into every aggregate that reads it, and `COUNT(__dp_a{i})` would
+        // evaluate the guarded clamp once more per row, only to test it for NULL (the clamp is
+        // NULL exactly when the argument is).
+        if shape == Shape::Fast && a.bounds.is_some() {
+            select.push(sql!("{} AS {}", a.text, Name("x", i)));
+        }
     }
-    let from = from_clause(&plan.tables, &plan.joins, |q| {
+    let source = |q: &ast::Query| {
         let mut q = q.clone();
         bind_parameters(&mut q, plan, parameters)?;
         Ok(sql!("{}", q))
-    })?;
+    };
+    let from = match &below {
+        Some(b) => {
+            let rows = plan
+                .tables
+                .iter()
+                .find(|t| t.alias == b.lookup.rows_unit.alias)
+                .ok_or_else(|| Error::internal("a lookup join without its rows table"))?;
+            from_clause(std::slice::from_ref(rows), &[], source)?
+        }
+        None => from_clause(&plan.tables, &plan.joins, source)?,
+    };
     let mut conditions = Vec::new();
-    if let Some(f) = &plan.filter {
+    if let Some(b) = &below {
+        for c in &b.below_filter {
+            let mut c = c.clone();
+            bind_parameters(&mut c, plan, parameters)?;
+            conditions.push(conjunct(&c));
+        }
+    } else if let Some(f) = &plan.filter {
         let mut f = f.clone();
         bind_parameters(&mut f, plan, parameters)?;
         // Alone, the filter is sent as it is; beside semijoins, an OR is parenthesised.
@@ -599,22 +643,28 @@ fn statement(
     let keys: Vec<Sql> = (0..plan.keys.len())
         .map(|i| sql!("{}", Name("k", i)))
         .collect();
-    // When every row is its own unit, a unit has one row in one group: stage 2 is the identity
-    // on that row, stage 3 (which would keep rank 1 ≤ max_groups_per_unit) is skipped, and the
-    // caps of stage 4 hold already (docs/privacy.md, "Unique units").
-    let flat = (plan.unit_unique || plan.rows_are_units())
-        && measures
+    // In the lookup form, stage 2 groups by the keys of the rows table only; the lookup's keys
+    // join afterwards.
+    let below_keys: Vec<Sql> = match &below {
+        Some(b) => b
+            .below_keys
             .iter()
-            .all(|m| !matches!(m, Measure::Distinct(_) | Measure::Quantile(..)));
+            .map(|&i| sql!("{}", Name("k", i)))
+            .collect(),
+        None => keys.clone(),
+    };
     let stages = Stages {
-        keys: &keys,
+        keys: &below_keys,
         measures: &measures,
         arguments: &arguments,
         rows_cap,
     };
     // Stage 3 ranks a unit's groups by a keyed hash of the unit and the keys: only when the
-    // query has keys and a unit may have rows in several groups.
-    let ranking = (!keys.is_empty() && !flat).then(|| ranking_hash(&keys, ranking_seed(secret)));
+    // query has keys and a unit may have rows in several groups (in the lookup form, only when
+    // the rows table has keys: without them each unit has one row of stage 2, so one group).
+    let several_groups = !flat && below.as_ref().is_none_or(|b| !b.below_keys.is_empty());
+    let ranking =
+        (!keys.is_empty() && several_groups).then(|| ranking_hash(&keys, ranking_seed(secret)));
     // With one group per unit, the fast shape keeps each unit's group of least hash with
     // `DISTINCT ON` instead of numbering them with a window, and its per-unit stage groups by
     // (unit, hash, keys) and carries the hash as `__dp_h`: grouped by sorting, its rows come out
@@ -623,7 +673,7 @@ fn statement(
     // over a unit-ordered scan (an index on the unit) the ranking's sort is incremental and
     // cheap, and hashing every row instead of every group then costs more than it saves
     // (BENCHMARKS.md, "Issue 18").
-    let first_group_only = shape == Shape::Fast && groups_cap == 1;
+    let first_group_only = shape == Shape::Fast && groups_cap == 1 && below.is_none();
     let (per_unit_sql, mut outer) = match shape {
         Shape::Reference => stages.reference(flat)?,
         Shape::Fast if flat => (None, stages.fast_flat()),
@@ -699,11 +749,22 @@ fn statement(
     } else {
         Sql::text("__dp_per_unit")
     };
-    let mut statement = sql!(
-        "WITH __dp_rows AS ({}), __dp_per_unit AS ({})",
-        rows,
-        per_unit_sql
-    );
+    let mut statement = match &below {
+        Some(b) => {
+            let per_unit = lookup_join(plan, b, parameters)?;
+            sql!(
+                "WITH __dp_rows AS ({}), __dp_below AS ({}), __dp_per_unit AS ({})",
+                rows,
+                per_unit_sql,
+                per_unit
+            )
+        }
+        None => sql!(
+            "WITH __dp_rows AS ({}), __dp_per_unit AS ({})",
+            rows,
+            per_unit_sql
+        ),
+    };
     if let Some(r) = &ranked_sql {
         statement.push(sql!(", __dp_ranked AS ({})", r));
     }
@@ -735,6 +796,39 @@ fn statement(
         statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
     }
     Ok((statement, arguments, measures, aggregate_measures))
+}
+
+/// The lookup form's `__dp_per_unit` ([`lookup`]): each unit's rows of `__dp_below` with the
+/// lookup table's row of the unit, its keys and its conditions.
+fn lookup_join(plan: &Plan, b: &lookup::Split, parameters: &[Option<String>]) -> Result<Sql> {
+    let table = plan
+        .tables
+        .iter()
+        .find(|t| t.alias == b.lookup.key.alias)
+        .ok_or_else(|| Error::internal("a lookup join without its lookup table"))?;
+    let relation = from_clause(std::slice::from_ref(table), &[], |_| {
+        Err(Error::internal("a lookup table is a policy table"))
+    })?;
+    let mut select = vec![Sql::text("__dp_below.*")];
+    for &i in &b.above_keys {
+        select.push(sql!("{} AS {}", plan.keys[i].expr, Name("k", i)));
+    }
+    let mut sql = sql!(
+        "SELECT {} FROM __dp_below JOIN {} ON __dp_below.__dp_unit = {}",
+        Sql::join(select, ", "),
+        relation,
+        b.lookup.key
+    );
+    let mut conditions = Vec::new();
+    for c in &b.above_filter {
+        let mut c = c.clone();
+        bind_parameters(&mut c, plan, parameters)?;
+        conditions.push(conjunct(&c));
+    }
+    if !conditions.is_empty() {
+        sql.push(sql!(" WHERE {}", Sql::join(conditions, " AND ")));
+    }
+    Ok(sql)
 }
 
 /// Renders the statement, checks it is one statement, and returns the rewrite.
@@ -772,6 +866,16 @@ impl Stages<'_> {
         self.arguments[i]
             .bounds
             .ok_or_else(|| Error::internal("sum without bounds"))
+    }
+
+    /// `COUNT` of argument `i`'s values in [`Shape::Fast`]: over the argument as written
+    /// (`__dp_x{i}`) when it is clamped, since the clamp is NULL exactly when the argument is;
+    /// over `__dp_a{i}`, the argument itself, when it has no bounds.
+    fn count_values(&self, i: usize) -> Sql {
+        match self.arguments[i].bounds {
+            Some(_) => sql!("COUNT({})", Name("x", i)),
+            None => sql!("COUNT({})", Name("a", i)),
+        }
     }
 
     /// The range a unit's capped sum of measure `m` is clamped to: `[lo, hi]`.
@@ -883,16 +987,16 @@ impl Stages<'_> {
                 Measure::Rows | Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
                     Sql::text("COUNT(*)")
                 }
-                Measure::Values(i) => sql!("COUNT({})", Name("a", *i)),
+                Measure::Values(i) => self.count_values(*i),
                 Measure::Sum(i) => sql!("SUM({})", Name("a", *i)),
                 // Σ(a − mid) = Σa − mid·n, exactly in `numeric`, with one subtraction per group
                 // instead of one per row (PostgreSQL computes the COUNT once when the count is
                 // also released); NULL when the group has no value, as the sum of no rows.
                 Measure::SumCentered(i) => sql!(
-                    "(SUM({}) - {} * COUNT({}))",
+                    "(SUM({}) - {} * {})",
                     Name("a", *i),
                     Number(self.arguments[*i].center().0),
-                    Name("a", *i)
+                    self.count_values(*i)
                 ),
                 Measure::SumSquaresCentered(i) => {
                     let (a, mid) = (Name("a", *i), Number(self.arguments[*i].center().0));
@@ -927,7 +1031,7 @@ impl Stages<'_> {
             per_unit.push(Sql::text("COUNT(*) AS __dp_r0"));
         }
         for i in 0..self.arguments.len() {
-            per_unit.push(sql!("COUNT({}) AS {}", Name("a", i), Name("n", i)));
+            per_unit.push(sql!("{} AS {}", self.count_values(i), Name("n", i)));
             let summed = self
                 .measures
                 .iter()

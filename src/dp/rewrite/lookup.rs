@@ -1,0 +1,207 @@
+//! The lookup form of a join on the privacy unit: when the plan joins a table of rows to a table
+//! that has at most one row per unit ([`UnitLookup`]), stage 2 aggregates the rows per unit
+//! *before* the join, and the lookup table is joined to one row per unit (docs/privacy.md,
+//! "Lookups on the privacy unit"):
+//!
+//! ```text
+//! __dp_rows     AS (SELECT rows.unit AS __dp_unit, <keys of rows>, <arguments>
+//!                   FROM rows WHERE <conditions on rows>)
+//! __dp_below    AS (stage 2 over __dp_rows, grouped by __dp_unit and the keys of rows)
+//! __dp_per_unit AS (SELECT __dp_below.*, <keys of the lookup table>
+//!                   FROM __dp_below JOIN lookup ON __dp_below.__dp_unit = lookup.key
+//!                   WHERE <conditions on the lookup table>)
+//! ```
+//!
+//! [`split`] decides whether a plan can be written so, and where each key and condition goes.
+//!
+//! Invariants:
+//! - `__dp_per_unit` holds the rows of the general form's stage 2, value for value. In the
+//!   general form a unit's joined rows are its rows of `rows` that pass the conditions on
+//!   `rows`, each paired with the one lookup row of the unit (the key is unique upstream), and
+//!   kept if that row passes the conditions on the lookup table: so the unit's rows in each
+//!   group are the same, and so are its counts and sums. A unit with no lookup row, or a NULL
+//!   unit, has no joined row in either form.
+//! - Only expressions whose every column is a column of one of the two tables (through its
+//!   alias) are placed; arguments must read the rows table alone, each key and each `AND`ed
+//!   condition one table. Anything else, semijoins, distinct counts and quantiles (which read
+//!   `__dp_rows` row by row) keep the general form, which is always sound.
+
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{self, Expr};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+use super::{Argument, Measure};
+use crate::dp::plan::{Canonical, Plan, UnitLookup};
+
+/// Where the lookup form puts each part of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Split<'a> {
+    /// The join.
+    pub lookup: &'a UnitLookup,
+    /// The keys (indices into the plan's keys) computed from the rows table, below the join.
+    pub below_keys: Vec<usize>,
+    /// The keys computed from the lookup table, above the join.
+    pub above_keys: Vec<usize>,
+    /// The conditions on the rows table (`AND`ed).
+    pub below_filter: Vec<Expr>,
+    /// The conditions on the lookup table (`AND`ed).
+    pub above_filter: Vec<Expr>,
+}
+
+/// The table an expression reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Below,
+    Above,
+}
+
+/// The lookup form of `plan`, if it has a [`UnitLookup`] and every part of it can be placed on
+/// one side of the join; `None` keeps the general form.
+pub(super) fn split<'a>(
+    plan: &'a Plan,
+    arguments: &[Argument],
+    measures: &[Measure],
+) -> Option<Split<'a>> {
+    let lookup = plan.unit_lookup()?;
+    let row_level = measures
+        .iter()
+        .any(|m| matches!(m, Measure::Distinct(_) | Measure::Quantile(..)));
+    if row_level || !plan.semijoins.is_empty() {
+        return None;
+    }
+    let side_of = |aliases: BTreeSet<String>| -> Option<Side> {
+        if aliases.iter().all(|a| *a == lookup.rows_unit.alias) {
+            Some(Side::Below)
+        } else if aliases.iter().all(|a| *a == lookup.key.alias) {
+            Some(Side::Above)
+        } else {
+            None
+        }
+    };
+    for a in arguments {
+        if side_of(canonical_aliases(&a.text)?)? != Side::Below {
+            return None;
+        }
+    }
+    let (mut below_keys, mut above_keys) = (Vec::new(), Vec::new());
+    for (i, k) in plan.keys.iter().enumerate() {
+        match side_of(canonical_aliases(&k.expr)?)? {
+            Side::Below => below_keys.push(i),
+            Side::Above => above_keys.push(i),
+        }
+    }
+    let (mut below_filter, mut above_filter) = (Vec::new(), Vec::new());
+    if let Some(f) = &plan.filter {
+        let mut conjuncts = Vec::new();
+        conjuncts_of(f, &mut conjuncts);
+        for c in conjuncts {
+            match side_of(aliases(c)?)? {
+                Side::Below => below_filter.push(c.clone()),
+                Side::Above => above_filter.push(c.clone()),
+            }
+        }
+    }
+    Some(Split {
+        lookup,
+        below_keys,
+        above_keys,
+        below_filter,
+        above_filter,
+    })
+}
+
+/// The operands of a chain of `AND`s (parentheses looked through).
+fn conjuncts_of<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match e {
+        Expr::BinaryOp {
+            left,
+            op: ast::BinaryOperator::And,
+            right,
+        } => {
+            conjuncts_of(left, out);
+            conjuncts_of(right, out);
+        }
+        Expr::Nested(inner) => conjuncts_of(inner, out),
+        _ => out.push(e),
+    }
+}
+
+/// The aliases of the tables a canonical expression reads (see [`aliases`]).
+fn canonical_aliases(c: &Canonical) -> Option<BTreeSet<String>> {
+    let expr = Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(c.as_str())
+        .and_then(|mut p| p.parse_expr())
+        .ok()?;
+    aliases(&expr)
+}
+
+/// The aliases of the tables an expression reads, when every column in it is named
+/// `"alias"."column"` and it has no subquery; `None` otherwise.
+fn aliases(e: &Expr) -> Option<BTreeSet<String>> {
+    let mut found = BTreeSet::new();
+    let flow = ast::visit_expressions(e, |e| match e {
+        Expr::CompoundIdentifier(parts) => match parts.as_slice() {
+            [alias, _] => {
+                found.insert(alias.value.clone());
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Break(()),
+        },
+        Expr::Identifier(_)
+        | Expr::CompoundFieldAccess { .. }
+        | Expr::Subquery(_)
+        | Expr::Exists { .. }
+        | Expr::InSubquery { .. }
+        | Expr::Wildcard(_)
+        | Expr::QualifiedWildcard(..) => ControlFlow::Break(()),
+        Expr::Function(f) if matches!(f.args, ast::FunctionArguments::Subquery(_)) => {
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    });
+    flow.is_continue().then_some(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Expr {
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(text)
+            .and_then(|mut p| p.parse_expr())
+            .expect("parses")
+    }
+
+    #[test]
+    fn aliases_are_read_from_qualified_columns_only() {
+        let set = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
+        assert_eq!(
+            aliases(&parse(r#""__dp_t0"."cost" * 2 + "__dp_t1"."age""#)),
+            set(&["__dp_t0", "__dp_t1"])
+        );
+        assert_eq!(
+            aliases(&parse(r#"lower("__dp_t1"."region") = 'x'"#)),
+            set(&["__dp_t1"])
+        );
+        assert_eq!(aliases(&parse("1 + 2")), set(&[]));
+        assert_eq!(aliases(&parse("cost > 1")), None);
+        assert_eq!(
+            aliases(&parse(r#""__dp_t0"."a" IN (SELECT 1)"#)),
+            None,
+            "a subquery is not placed"
+        );
+    }
+
+    #[test]
+    fn conjuncts_look_through_parentheses_but_not_or() {
+        let e = parse("(a AND (b AND c)) AND (d OR e)");
+        let mut out = Vec::new();
+        conjuncts_of(&e, &mut out);
+        let printed: Vec<String> = out.iter().map(|e| e.to_string()).collect();
+        assert_eq!(printed, ["a", "b", "c", "d OR e"]);
+    }
+}
