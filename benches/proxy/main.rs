@@ -608,9 +608,10 @@ async fn start_server_with(policy: Policy, upstream: &str, ledger: &LedgerDb) ->
 
 /// The upstream SQL pgdp sends for `template` (the alias does not change it), so that baselines
 /// run exactly what pgdp runs. pgdp's own EXPLAIN shows that SQL with the ranking seed redacted;
-/// the bench rewrites the query itself in the general form and in the unique-unit form (which pgdp
-/// picks when the catalog says the unit column is unique) and keeps the one whose redacted text is
-/// the one pgdp shows. Fails if neither is.
+/// the bench rewrites the query itself in the general form, in the unique-unit form (which pgdp
+/// picks when the catalog says the unit column is unique) and in the lookup form (when it says
+/// a joined table has one row per unit) and keeps the one whose redacted text is the one pgdp
+/// shows. Fails if none is.
 async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str) -> Res<String> {
     let sql = template.replace("{n}", "0");
     let explained = simple_rows(proxy, &format!("EXPLAIN {sql}")).await?;
@@ -638,9 +639,11 @@ async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str
         search_path: vec![pgdp::tools::demo::SCHEMA.to_string()],
     };
     let seed = rewrite::ranking_seed(secret).to_string();
-    for unit_unique in [false, true] {
+    let forms = [(false, false), (true, false), (false, true)];
+    for (unit_unique, lookup) in forms {
         let mut plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
         plan.assume_unique_unit(|_| unit_unique);
+        plan.assume_unit_lookup(|_| lookup);
         let upstream = rewrite::rewrite(&plan, &[], secret)
             .map_err(|e| fail(format!("{sql}: {e}")))?
             .sql;
