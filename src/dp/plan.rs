@@ -3,7 +3,12 @@
 //! contribution caps, filter, group keys and whether their domain is public, aggregates with
 //! their bounds, outputs, HAVING, ORDER BY, LIMIT and parameters). Plain data; no I/O.
 
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+
 use sqlparser::ast::{self, Expr};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
 
 use crate::policy::{Bounds, ColumnType, Policy};
 
@@ -99,6 +104,43 @@ impl Canonical {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The aliases `__dp_tN` of the tables the expression reads (see [`aliases`]).
+    pub fn aliases(&self) -> Option<BTreeSet<String>> {
+        let expr = Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&self.0)
+            .and_then(|mut p| p.parse_expr())
+            .ok()?;
+        aliases(&expr)
+    }
+}
+
+/// The aliases of the tables an expression reads, when every column in it is named
+/// `"alias"."column"` and it has no subquery; `None` otherwise (the expression is then placed
+/// nowhere: callers keep the form that does not need to know).
+pub fn aliases(e: &Expr) -> Option<BTreeSet<String>> {
+    let mut found = BTreeSet::new();
+    let flow = ast::visit_expressions(e, |e| match e {
+        Expr::CompoundIdentifier(parts) => match parts.as_slice() {
+            [alias, _] => {
+                found.insert(alias.value.clone());
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Break(()),
+        },
+        Expr::Identifier(_)
+        | Expr::CompoundFieldAccess { .. }
+        | Expr::Subquery(_)
+        | Expr::Exists { .. }
+        | Expr::InSubquery { .. }
+        | Expr::Wildcard(_)
+        | Expr::QualifiedWildcard(..) => ControlFlow::Break(()),
+        Expr::Function(f) if matches!(f.args, ast::FunctionArguments::Subquery(_)) => {
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    });
+    flow.is_continue().then_some(found)
 }
 
 impl std::fmt::Display for Canonical {
@@ -768,12 +810,36 @@ impl Plan {
     /// Lets the rewrite aggregate below the plan's join (docs/privacy.md, "Lookups on the
     /// privacy unit") when `is_unique` says the upstream declares a lookup side's key unique;
     /// otherwise keeps the general form, which is always sound. Returns what it decided.
+    ///
+    /// When every key reads the lookup table alone, each unit's rows share one lookup row and
+    /// so one group: the plan's `max_groups_per_unit` becomes 1 (docs/privacy.md, "One group
+    /// per unit through a lookup"). The general form keeps at most `max_groups_per_unit` groups
+    /// per unit whatever the data, and the lookup form has one by the key's uniqueness, the
+    /// fact the form itself rests on; the uniqueness also makes the cap cost nothing (no unit
+    /// has a second group to drop).
     pub fn assume_unit_lookup(&mut self, is_unique: impl Fn(&(String, String)) -> bool) -> bool {
         self.unit_lookup = self
             .unit_lookup_candidates()
             .into_iter()
             .find(|l| is_unique(&(l.table.clone(), l.key.column.clone())));
+        if self.keys_follow_unit() {
+            self.max_groups_per_unit = 1;
+        }
         self.unit_lookup.is_some()
+    }
+
+    /// Whether the plan has keys and every one reads only the lookup table of its
+    /// [`UnitLookup`]: a unit then has one group.
+    pub fn keys_follow_unit(&self) -> bool {
+        let Some(lookup) = &self.unit_lookup else {
+            return false;
+        };
+        !self.keys.is_empty()
+            && self.keys.iter().all(|k| {
+                k.expr
+                    .aliases()
+                    .is_some_and(|a| a.iter().all(|alias| *alias == lookup.key.alias))
+            })
     }
 
     /// The join the rewrite may aggregate below, if any (see [`Plan::assume_unit_lookup`]).
@@ -851,6 +917,33 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(text: &str) -> Expr {
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(text)
+            .and_then(|mut p| p.parse_expr())
+            .expect("parses")
+    }
+
+    #[test]
+    fn aliases_are_read_from_qualified_columns_only() {
+        let set = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
+        assert_eq!(
+            aliases(&parse(r#""__dp_t0"."cost" * 2 + "__dp_t1"."age""#)),
+            set(&["__dp_t0", "__dp_t1"])
+        );
+        assert_eq!(
+            aliases(&parse(r#"lower("__dp_t1"."region") = 'x'"#)),
+            set(&["__dp_t1"])
+        );
+        assert_eq!(aliases(&parse("1 + 2")), set(&[]));
+        assert_eq!(aliases(&parse("cost > 1")), None);
+        assert_eq!(
+            aliases(&parse(r#""__dp_t0"."a" IN (SELECT 1)"#)),
+            None,
+            "a subquery is not placed"
+        );
+    }
 
     #[test]
     fn a_column_is_read_back_from_its_canonical_text_and_nothing_else_is() {

@@ -1113,10 +1113,10 @@ async fn dp_answers_follow_the_sessions_time_zone() {
 /// A join of visits to people on the privacy unit, people.person_id being the primary key
 /// upstream, is aggregated per person below the join (docs/privacy.md, "Lookups on the privacy
 /// unit"): EXPLAIN shows `__dp_below`, and the counts are those of the general form, close to
-/// the capped truth. Each person has one region, so the cap of 10 rows per unit is the only cap
-/// that binds. Tolerance: at ε = 10 and at most 3 shares, COUNT(*) has sensitivity 5·10 = 50
-/// (`max_groups_per_unit` · `max_rows_per_unit`, the policy's bound whichever form runs), so
-/// b ≤ 15.
+/// the capped truth. Each person has one region (the key is a column of people), so a person
+/// has one group and the sensitivity of COUNT(*) is `max_rows_per_unit` = 10, not the policy's
+/// 5 groups · 10 (docs/privacy.md, "One group per unit through a lookup"). Tolerance: at ε = 10
+/// and at most 3 shares, b ≤ 3.
 #[tokio::test]
 async fn a_join_to_one_row_per_unit_is_aggregated_below_the_join() {
     let proxy = rich_proxy(42).await;
@@ -1134,6 +1134,14 @@ async fn a_join_to_one_row_per_unit_is_aggregated_below_the_join() {
         .join("\n");
     assert!(text.contains("__dp_below"), "{text}");
     assert!(!text.contains("ROW_NUMBER"), "one group per unit: {text}");
+    assert!(
+        explain_line(&explain, "groups per unit: 1").contains("demo.people"),
+        "{text}"
+    );
+    assert!(
+        explain_line(&explain, "measure count(*)").contains("sensitivity 10.000000"),
+        "{text}"
+    );
     let up = upstream_client().await;
     let truth = up
         .query(
@@ -1150,7 +1158,7 @@ async fn a_join_to_one_row_per_unit_is_aggregated_below_the_join() {
         let (region, n): (String, i64) = (r.get(0), r.get(1));
         assert_eq!(region, t.get::<_, String>(0));
         let want: i64 = t.get(1);
-        assert!((n - want).abs() <= 300, "{region}: {n} vs {want}");
+        assert!((n - want).abs() <= 60, "{region}: {n} vs {want}");
         let Number(avg) = r.get(2);
         assert!((0.0..=2000.0).contains(&avg), "{region}: mean cost {avg}");
     }

@@ -1266,6 +1266,12 @@ pub fn explain(
     if let Some(note) = capped_statistic(plan) {
         lines.push(format!("estimates: {note}"));
     }
+    if let (true, Some(lookup)) = (plan.keys_follow_unit(), plan.unit_lookup()) {
+        lines.push(format!(
+            "groups per unit: 1: every key is a column of {}, which has one row per unit (its {} is unique upstream)",
+            lookup.table, lookup.key.column
+        ));
+    }
     if plan.grouping_sets.is_some() {
         lines.extend(grouping::explain_sets(plan, rewrite, mechanisms).unwrap_or_default());
     }

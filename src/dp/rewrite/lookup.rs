@@ -27,14 +27,11 @@
 //!   `__dp_rows` row by row) keep the general form, which is always sound.
 
 use std::collections::BTreeSet;
-use std::ops::ControlFlow;
 
 use sqlparser::ast::{self, Expr};
-use sqlparser::dialect::PostgreSqlDialect;
-use sqlparser::parser::Parser;
 
 use super::{Argument, Measure};
-use crate::dp::plan::{Canonical, Plan, UnitLookup};
+use crate::dp::plan::{Plan, UnitLookup};
 
 /// Where the lookup form puts each part of a plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,13 +79,13 @@ pub(super) fn split<'a>(
         }
     };
     for a in arguments {
-        if side_of(canonical_aliases(&a.text)?)? != Side::Below {
+        if side_of(a.text.aliases()?)? != Side::Below {
             return None;
         }
     }
     let (mut below_keys, mut above_keys) = (Vec::new(), Vec::new());
     for (i, k) in plan.keys.iter().enumerate() {
-        match side_of(canonical_aliases(&k.expr)?)? {
+        match side_of(k.expr.aliases()?)? {
             Side::Below => below_keys.push(i),
             Side::Above => above_keys.push(i),
         }
@@ -98,7 +95,7 @@ pub(super) fn split<'a>(
         let mut conjuncts = Vec::new();
         conjuncts_of(f, &mut conjuncts);
         for c in conjuncts {
-            match side_of(aliases(c)?)? {
+            match side_of(crate::dp::plan::aliases(c)?)? {
                 Side::Below => below_filter.push(c.clone()),
                 Side::Above => above_filter.push(c.clone()),
             }
@@ -129,71 +126,17 @@ fn conjuncts_of<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
     }
 }
 
-/// The aliases of the tables a canonical expression reads (see [`aliases`]).
-fn canonical_aliases(c: &Canonical) -> Option<BTreeSet<String>> {
-    let expr = Parser::new(&PostgreSqlDialect {})
-        .try_with_sql(c.as_str())
-        .and_then(|mut p| p.parse_expr())
-        .ok()?;
-    aliases(&expr)
-}
-
-/// The aliases of the tables an expression reads, when every column in it is named
-/// `"alias"."column"` and it has no subquery; `None` otherwise.
-fn aliases(e: &Expr) -> Option<BTreeSet<String>> {
-    let mut found = BTreeSet::new();
-    let flow = ast::visit_expressions(e, |e| match e {
-        Expr::CompoundIdentifier(parts) => match parts.as_slice() {
-            [alias, _] => {
-                found.insert(alias.value.clone());
-                ControlFlow::Continue(())
-            }
-            _ => ControlFlow::Break(()),
-        },
-        Expr::Identifier(_)
-        | Expr::CompoundFieldAccess { .. }
-        | Expr::Subquery(_)
-        | Expr::Exists { .. }
-        | Expr::InSubquery { .. }
-        | Expr::Wildcard(_)
-        | Expr::QualifiedWildcard(..) => ControlFlow::Break(()),
-        Expr::Function(f) if matches!(f.args, ast::FunctionArguments::Subquery(_)) => {
-            ControlFlow::Break(())
-        }
-        _ => ControlFlow::Continue(()),
-    });
-    flow.is_continue().then_some(found)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::parser::Parser;
 
     fn parse(text: &str) -> Expr {
         Parser::new(&PostgreSqlDialect {})
             .try_with_sql(text)
             .and_then(|mut p| p.parse_expr())
             .expect("parses")
-    }
-
-    #[test]
-    fn aliases_are_read_from_qualified_columns_only() {
-        let set = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
-        assert_eq!(
-            aliases(&parse(r#""__dp_t0"."cost" * 2 + "__dp_t1"."age""#)),
-            set(&["__dp_t0", "__dp_t1"])
-        );
-        assert_eq!(
-            aliases(&parse(r#"lower("__dp_t1"."region") = 'x'"#)),
-            set(&["__dp_t1"])
-        );
-        assert_eq!(aliases(&parse("1 + 2")), set(&[]));
-        assert_eq!(aliases(&parse("cost > 1")), None);
-        assert_eq!(
-            aliases(&parse(r#""__dp_t0"."a" IN (SELECT 1)"#)),
-            None,
-            "a subquery is not placed"
-        );
     }
 
     #[test]
