@@ -34,6 +34,7 @@ mod grouping;
 mod post;
 mod scope;
 mod semijoin;
+pub(in crate::dp) use semijoin::conjuncts;
 mod window;
 
 use std::borrow::Cow;

@@ -54,7 +54,7 @@ fn semijoin_form(e: &Expr) -> Option<(bool, Form<'_>)> {
 }
 
 /// The conditions of a WHERE clause: `e` split at its top-level ANDs (through parentheses).
-fn conjuncts<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+pub(in crate::dp) fn conjuncts<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
     match e {
         Expr::BinaryOp {
             left,

@@ -28,7 +28,7 @@
 
 use std::collections::BTreeSet;
 
-use sqlparser::ast::{self, Expr};
+use sqlparser::ast::Expr;
 
 use super::{Argument, Measure};
 use crate::dp::plan::{Plan, UnitLookup};
@@ -93,7 +93,7 @@ pub(super) fn split<'a>(
     let (mut below_filter, mut above_filter) = (Vec::new(), Vec::new());
     if let Some(f) = &plan.filter {
         let mut conjuncts = Vec::new();
-        conjuncts_of(f, &mut conjuncts);
+        crate::dp::analyze::conjuncts(f, &mut conjuncts);
         for c in conjuncts {
             match side_of(crate::dp::plan::aliases(c)?)? {
                 Side::Below => below_filter.push(c.clone()),
@@ -108,43 +108,4 @@ pub(super) fn split<'a>(
         below_filter,
         above_filter,
     })
-}
-
-/// The operands of a chain of `AND`s (parentheses looked through).
-fn conjuncts_of<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
-    match e {
-        Expr::BinaryOp {
-            left,
-            op: ast::BinaryOperator::And,
-            right,
-        } => {
-            conjuncts_of(left, out);
-            conjuncts_of(right, out);
-        }
-        Expr::Nested(inner) => conjuncts_of(inner, out),
-        _ => out.push(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use sqlparser::dialect::PostgreSqlDialect;
-    use sqlparser::parser::Parser;
-
-    fn parse(text: &str) -> Expr {
-        Parser::new(&PostgreSqlDialect {})
-            .try_with_sql(text)
-            .and_then(|mut p| p.parse_expr())
-            .expect("parses")
-    }
-
-    #[test]
-    fn conjuncts_look_through_parentheses_but_not_or() {
-        let e = parse("(a AND (b AND c)) AND (d OR e)");
-        let mut out = Vec::new();
-        conjuncts_of(&e, &mut out);
-        let printed: Vec<String> = out.iter().map(|e| e.to_string()).collect();
-        assert_eq!(printed, ["a", "b", "c", "d OR e"]);
-    }
 }
