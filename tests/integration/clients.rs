@@ -33,7 +33,7 @@ use tokio_postgres::{NoTls, SimpleQueryMessage};
 use support::{Proxy, ANALYST, DATABASE, PASSWORD};
 
 /// How long one client program may run.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// pgjdbc as Debian's libpostgresql-jdbc-java installs it.
 const PGJDBC_JAR: &str = "/usr/share/java/postgresql.jar";
@@ -41,7 +41,7 @@ const PGJDBC_JAR: &str = "/usr/share/java/postgresql.jar";
 /// The psqlODBC driver name that Debian's odbc-postgresql registers in odbcinst.ini.
 const ODBC_DRIVER: &str = "PostgreSQL Unicode";
 
-fn clients_dir() -> PathBuf {
+pub(crate) fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
 }
 
@@ -51,17 +51,17 @@ fn fixtures_dir() -> PathBuf {
 
 /// pgdp for one client: the demo policy with room for every query a client sends (each client
 /// spends at most a few ε; the per-query cap stays at the demo's 2).
-async fn start_proxy(seed: u8) -> Proxy {
+pub(crate) async fn start_proxy(seed: u8) -> Proxy {
     Proxy::with_policy(support::policy_with_budget(1000, 2), seed).await
 }
 
 /// Whether a missing toolchain fails the test (in CI) or skips it.
-fn in_ci() -> bool {
+pub(crate) fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 /// Returns `Some(reason)` when `what` is missing; panics in CI, warns loudly otherwise.
-fn require(present: bool, what: &str) -> bool {
+pub(crate) fn require(present: bool, what: &str) -> bool {
     if present {
         return true;
     }
@@ -75,16 +75,16 @@ fn require(present: bool, what: &str) -> bool {
     false
 }
 
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
-fn venv_python() -> PathBuf {
+pub(crate) fn venv_python() -> PathBuf {
     clients_dir().join(".venv/bin/python")
 }
 
-fn python_ready() -> bool {
+pub(crate) fn python_ready() -> bool {
     require(
         venv_python().is_file(),
         "tests/clients/.venv (python3 -m venv + pip install -r tests/clients/requirements.txt)",
@@ -93,16 +93,16 @@ fn python_ready() -> bool {
 
 /// What a client program printed: its checks by name.
 #[derive(Debug)]
-struct ClientRun {
-    what: String,
-    status: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct ClientRun {
+    pub(crate) what: String,
+    pub(crate) status: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl ClientRun {
     /// `ok` / `FAIL` lines by check name: `Ok(detail)` or `Err(error)`.
-    fn checks(&self) -> BTreeMap<String, Result<String, String>> {
+    pub(crate) fn checks(&self) -> BTreeMap<String, Result<String, String>> {
         let mut checks = BTreeMap::new();
         for line in self.stdout.lines() {
             if let Some(rest) = line.strip_prefix("ok ") {
@@ -118,7 +118,7 @@ impl ClientRun {
 
     /// Asserts that every one of `names` was reported `ok` and the program exited with 0.
     #[track_caller]
-    fn assert_ok(&self, names: &[&str]) {
+    pub(crate) fn assert_ok(&self, names: &[&str]) {
         let checks = self.checks();
         let mut failures = Vec::new();
         for name in names {
@@ -141,17 +141,30 @@ impl ClientRun {
 }
 
 /// Runs a client program with pgdp's address in its environment.
-async fn run_client(
+pub(crate) async fn run_client(
     proxy: &Proxy,
     what: &str,
     program: &Path,
     args: &[&str],
     checks: &[&str],
 ) -> ClientRun {
+    let args: Vec<&str> = args.iter().chain(checks).copied().collect();
+    run_client_in(proxy, what, &clients_dir(), program, &args, &[]).await
+}
+
+/// Runs `program` in `dir` with pgdp's address (`PGDP_HOST`, `PGDP_PORT`, `PGDP_USER`,
+/// `PGDP_PASSWORD`, `PGDP_DATABASE`) and `env` in its environment.
+pub(crate) async fn run_client_in(
+    proxy: &Proxy,
+    what: &str,
+    dir: &Path,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> ClientRun {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
-        .args(checks)
-        .current_dir(clients_dir())
+        .current_dir(dir)
         .env("PGDP_HOST", "127.0.0.1")
         .env("PGDP_PORT", proxy.port().to_string())
         .env("PGDP_USER", ANALYST)
@@ -161,6 +174,7 @@ async fn run_client(
         .env("LC_ALL", "C")
         .env_remove("PGOPTIONS")
         .env_remove("PGSERVICE")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -177,7 +191,7 @@ async fn run_client(
     }
 }
 
-async fn run_python(proxy: &Proxy, script: &str, checks: &[&str]) -> ClientRun {
+pub(crate) async fn run_python(proxy: &Proxy, script: &str, checks: &[&str]) -> ClientRun {
     run_client(proxy, script, &venv_python(), &[script], checks).await
 }
 

@@ -68,5 +68,8 @@ mod sql;
 mod standby;
 mod support;
 mod tls;
+mod tools_node;
+mod tools_python;
+mod tools_superset;
 mod types;
 mod wire;
