@@ -1,1 +1,203 @@
-//! (being written)
+//! Analysts' Python tools against pgdp: Django's ORM (psycopg 3, in both of its binding modes) and
+//! pgcli, each driven by a program in `tests/tools/python/`.
+//!
+//! `django_orm.py` declares unmanaged models over `demo.people`, `demo.visits` (with a nullable
+//! ForeignKey to people, which Django joins with LEFT OUTER JOIN) and `demo.regions`, and runs
+//! ordinary ORM operations, one named check each: `.count()`, `.aggregate(Avg, Sum, Count)`,
+//! `.values(..).annotate(Count)`, `TruncMonth`, `Count(.., filter=Q(..))`, `.filter(..).count()`,
+//! `.exists()`, the join over the nullable ForeignKey, annotate + filter (HAVING), the public
+//! table, and raw rows (`Person.objects.all()[:5]`), which pgdp must refuse. It runs once with
+//! Django's default client-side binding and once with `server_side_binding`. `pgcli_client.py`
+//! runs pgcli's own command line (`pgcli -c …`: start-up with a local time zone that differs
+//! from the server's, `\dt demo.*`, `\d demo.people`, a DP query, a refusal) and each refresher
+//! of the completion metadata that pgcli's interactive mode loads.
+//!
+//! Every operation is also run against the upstream PostgreSQL database holding the demo data
+//! (`PGDP_UPSTREAM_DSN`): an answer counts as `ok` only when its result column types (type
+//! OIDs), the Python types of its values and its values are what PostgreSQL gives, the values
+//! within plausibility ranges only (pgdp's are noisy; a count of people within 2 % of the true
+//! one, capped counts over visits not above the true ones). A program prints `ok <check> …` or
+//! `FAIL <check>: refused sqlstate=… | mismatch … | error …` per check, with the SQL pgdp
+//! received, and exits with 0 once it has reported them all.
+//!
+//! The tables below hold the outcome each check has today, [`Expect::Ok`] or
+//! [`Expect::Refused`] with its SQLSTATE, asserted exactly both ways: a check that starts passing
+//! (or refusing with another SQLSTATE) fails its test until its line here is updated, so the
+//! tables always tell what pgdp does with these tools.
+//!
+//! Toolchain: `tests/tools/python/.venv`, made by `.ci/setup-python-tools` from the pinned
+//! `requirements.txt`. Missing, it fails the tests when `CI=true` and skips them otherwise.
+//! Nothing here prints to stdout.
+
+use std::path::{Path, PathBuf};
+
+use crate::clients::{require, run_client_in, start_proxy, ClientRun};
+use crate::harness;
+
+/// The expected outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Answered as PostgreSQL answers (types, plausible values).
+    Ok,
+    /// Refused with this SQLSTATE.
+    Refused(&'static str),
+}
+
+/// Django's ORM with client-side binding (psycopg 3's ClientCursor, Django's default).
+const DJANGO_CLIENT_BINDING: &[(&str, Expect)] = &[
+    ("connect", Expect::Ok),
+    ("connect_time_zone", Expect::Refused("42883")),
+    ("count", Expect::Ok),
+    ("aggregate", Expect::Ok),
+    ("values_annotate", Expect::Ok),
+    ("trunc_month", Expect::Ok),
+    ("count_filter", Expect::Ok),
+    ("filter_count", Expect::Ok),
+    ("exists", Expect::Refused("42501")),
+    ("join_nullable_fk", Expect::Refused("0A000")),
+    ("having", Expect::Ok),
+    ("public_table", Expect::Refused("0A000")),
+    ("raw_rows", Expect::Refused("42501")),
+];
+
+/// Django's ORM with `OPTIONS: {"server_side_binding": True}` ($1 … in the extended protocol).
+const DJANGO_SERVER_BINDING: &[(&str, Expect)] = &[
+    ("connect", Expect::Ok),
+    ("connect_time_zone", Expect::Refused("42883")),
+    ("count", Expect::Ok),
+    ("aggregate", Expect::Ok),
+    ("values_annotate", Expect::Ok),
+    ("trunc_month", Expect::Refused("0A000")),
+    ("count_filter", Expect::Refused("0A000")),
+    ("filter_count", Expect::Ok),
+    ("exists", Expect::Refused("0A000")),
+    ("join_nullable_fk", Expect::Refused("0A000")),
+    ("having", Expect::Refused("0A000")),
+    ("public_table", Expect::Refused("0A000")),
+    ("raw_rows", Expect::Refused("42501")),
+];
+
+/// pgcli: its command line, and the refreshers of its completion metadata.
+const PGCLI: &[(&str, Expect)] = &[
+    ("startup", Expect::Ok),
+    ("refresh_schemata", Expect::Ok),
+    ("refresh_tables", Expect::Ok),
+    ("refresh_views", Expect::Ok),
+    ("refresh_types", Expect::Ok),
+    ("refresh_databases", Expect::Ok),
+    ("refresh_functions", Expect::Ok),
+    ("dt", Expect::Ok),
+    ("d_people", Expect::Ok),
+    ("dp_query", Expect::Ok),
+    ("refusal", Expect::Refused("42501")),
+];
+
+fn tools_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/python")
+}
+
+fn venv_python() -> PathBuf {
+    tools_dir().join(".venv/bin/python")
+}
+
+fn venv_ready() -> bool {
+    require(
+        venv_python().is_file(),
+        "tests/tools/python/.venv (bash .ci/setup-python-tools)",
+    )
+}
+
+/// Whether a check's reported result is the expected outcome: `ok`, or a refusal with the
+/// expected SQLSTATE (never a mismatch with PostgreSQL or another error).
+fn outcome_is(expect: Expect, result: &Result<String, String>) -> bool {
+    match (expect, result) {
+        (Expect::Ok, Ok(_)) => true,
+        (Expect::Refused(code), Err(error)) => error
+            .strip_prefix("refused sqlstate=")
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|sqlstate| sqlstate == code),
+        _ => false,
+    }
+}
+
+/// Asserts that the program reported exactly the checks of `expected`, each with its outcome,
+/// and exited with 0.
+#[track_caller]
+fn assert_outcomes(run: &ClientRun, expected: &[(&str, Expect)]) {
+    let checks = run.checks();
+    let mut wrong = Vec::new();
+    for (name, expect) in expected {
+        match checks.get(*name) {
+            None => wrong.push(format!("{name}: expected {expect:?}, not reported")),
+            Some(result) if !outcome_is(*expect, result) => {
+                wrong.push(format!("{name}: expected {expect:?}, got {result:?}"));
+            }
+            Some(_) => {}
+        }
+    }
+    for name in checks.keys() {
+        if !expected.iter().any(|(n, _)| n == name) {
+            wrong.push(format!(
+                "{name}: reported, but not in the expectation table"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty() && run.status == Some(0),
+        "{}: status {:?}; checks whose outcome is not the table's (update the table when pgdp \
+         changed on purpose):\n  {}\nstdout:\n{}\nstderr:\n{}",
+        run.what,
+        run.status,
+        wrong.join("\n  "),
+        run.stdout,
+        run.stderr
+    );
+}
+
+/// Runs `args` with the venv's Python in `tests/tools/python/` against a fresh pgdp, with the
+/// upstream demo database's DSN for the comparison with PostgreSQL.
+async fn run_tool(seed: u8, what: &str, args: &[&str], expected: &[(&str, Expect)]) {
+    if !venv_ready() {
+        return;
+    }
+    let upstream = harness::demo_database(1).await;
+    let proxy = start_proxy(seed).await;
+    let run = run_client_in(
+        &proxy,
+        what,
+        &tools_dir(),
+        &venv_python(),
+        args,
+        &[("PGDP_UPSTREAM_DSN", upstream.dsn())],
+    )
+    .await;
+    assert_outcomes(&run, expected);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn django_orm_client_side_binding() {
+    run_tool(
+        71,
+        "Django ORM, client-side binding",
+        &["django_orm.py", "client"],
+        DJANGO_CLIENT_BINDING,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn django_orm_server_side_binding() {
+    run_tool(
+        72,
+        "Django ORM, server-side binding",
+        &["django_orm.py", "server"],
+        DJANGO_SERVER_BINDING,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn pgcli_startup_completions_describe_dp_query_refusal() {
+    run_tool(73, "pgcli", &["pgcli_client.py"], PGCLI).await;
+}
