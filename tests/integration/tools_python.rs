@@ -90,6 +90,7 @@ const PGCLI: &[(&str, Expect)] = &[
     ("d_people", Expect::Ok),
     ("dp_query", Expect::Ok),
     ("refusal", Expect::Refused("42501")),
+    ("interactive", Expect::Ok),
 ];
 
 fn tools_dir() -> PathBuf {

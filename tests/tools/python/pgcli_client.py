@@ -14,11 +14,17 @@ check reports what pgdp received, and compares result types with the same comman
 the upstream PostgreSQL database. See report.py for the lines printed.
 """
 
+import atexit
 import os
+import pty
 import re
+import select
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import OrderedDict
 from importlib.metadata import version
 
@@ -29,6 +35,7 @@ import sql_recorder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = tempfile.mkdtemp(prefix="pgdp-pgcli-")
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 CONFIG = os.path.join(WORK, "pgclirc")
 with open(CONFIG, "w", encoding="utf-8") as f:
     f.write(
@@ -241,6 +248,78 @@ def check_refusal():
     raise refusal
 
 
+def check_interactive():
+    """pgcli as an analyst starts it, in a terminal (a pseudo-terminal here): start-up, the
+    completion refresh in its background thread on a second connection, a DP query typed at the
+    prompt, then \\q."""
+    log = os.path.join(WORK, "sql-interactive.jsonl")
+    env = dict(os.environ, PGDP_SQL_LOG=log, XDG_CONFIG_HOME=WORK, TZ=TIME_ZONE, TERM="xterm",
+               PROMPT_TOOLKIT_NO_CPR="1", PAGER="cat", PGPASSWORD=report.PASSWORD,
+               PGSSLMODE="disable", PGCONNECT_TIMEOUT="10", COLUMNS="120", LINES="40")
+    env.pop("PGOPTIONS", None)
+    argv = [sys.executable, "-c", "import sql_recorder; sql_recorder.launch_pgcli()",
+            "--pgclirc", CONFIG, "-h", report.HOST, "-p", str(report.PORT), "-U", report.USER,
+            "-d", report.DATABASE, "-w"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: pgcli
+        os.chdir(HERE)
+        os.execve(sys.executable, argv, env)
+    screen = bytearray()
+
+    def read_until(pattern, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    screen.extend(os.read(fd, 65536))
+                except OSError:
+                    break
+                if pattern in screen:
+                    return True
+        return pattern in screen
+
+    def refreshed():
+        return any("p.proname func_name" in s["sql"] or s["sqlstate"]
+                   for s in sql_recorder.read(log))
+
+    try:
+        assert read_until(f"{report.DATABASE}>".encode(), 30), \
+            f"no prompt: {bytes(screen).decode(errors='replace')!r}"
+        deadline = time.monotonic() + 30
+        while not refreshed() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.write(fd, b"SELECT COUNT(*) FROM demo.people;\r")
+        answered_in_time = read_until(b"Time:", 30) or read_until(b"rror", 1)
+        os.write(fd, b"\\q\r")
+        read_until(b"Goodbye", 10)
+    finally:
+        for _ in range(50):
+            if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    statements = sql_recorder.read(log)
+    run = Run(0, "", "", statements)
+    refusal = run.refusal()
+    if refusal is not None:
+        raise refusal
+    assert refreshed(), f"the completion refresh did not finish: {run.sql()}"
+    assert answered_in_time, f"no answer: {bytes(screen).decode(errors='replace')!r}"
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bytes(screen).decode(errors="replace"))
+    count = re.search(r"\|\s*(\d+)\s*\|", text[text.rfind("count"):])
+    assert count, f"no count on the screen: {text!r}"
+    with psycopg.connect(report.UPSTREAM_DSN) as conn:
+        (truth,) = conn.execute("SELECT COUNT(*) FROM demo.people").fetchone()
+    n = int(count.group(1))
+    if abs(n - truth) > 0.02 * truth:
+        raise report.Mismatch(f"count {n} is not near {truth}", run.sql())
+    first_lines = " ;; ".join(" ".join(s["sql"].split())[:70] for s in statements)
+    return f"count={n} statements={len(statements)} | sql: {first_lines}"
+
+
 # ---------------------------------------------------------------------------------------------
 # The completion metadata of the interactive mode
 
@@ -327,6 +406,7 @@ CHECKS = OrderedDict([
     ("d_people", check_d_people),
     ("dp_query", check_dp_query),
     ("refusal", check_refusal),
+    ("interactive", check_interactive),
 ])
 
 if __name__ == "__main__":
