@@ -9,8 +9,10 @@
 //! table, and raw rows (`Person.objects.all()[:5]`), which pgdp must refuse. It runs once with
 //! Django's default client-side binding and once with `server_side_binding`. `pgcli_client.py`
 //! runs pgcli's own command line (`pgcli -c …`: start-up with a local time zone that differs
-//! from the server's, `\dt demo.*`, `\d demo.people`, a DP query, a refusal) and each refresher
-//! of the completion metadata that pgcli's interactive mode loads.
+//! from the server's, `\dt demo.*`, `\d demo.people`, a DP query, a refusal), each refresher
+//! of the completion metadata that pgcli's interactive mode loads, and one interactive session
+//! in a pseudo-terminal (start-up, the completion refresh in its thread, a DP query typed at the
+//! prompt).
 //!
 //! Every operation is also run against the upstream PostgreSQL database holding the demo data
 //! (`PGDP_UPSTREAM_DSN`): an answer counts as `ok` only when its result column types (type

@@ -1,17 +1,19 @@
-"""pgcli against pgdp: its start-up, the completion metadata it loads, \\dt and \\d, a DP query
-and a refusal, each one check, compared with what PostgreSQL gives for the same command.
+"""pgcli against pgdp: its start-up, the completion metadata it loads, \\dt and \\d, a DP query,
+a refusal and an interactive session, each one check, compared with what PostgreSQL gives for the
+same command.
 
 Usage: pgcli_client.py [check ...]
 
-pgcli runs as an analyst runs it, non-interactively: `pgcli -h … -c COMMAND` (its own command
-line, pgcli.main:cli), in a process of its own with a private configuration directory, and
-TZ=Europe/Berlin, so that its start-up sets the session's time zone as it does on a machine whose
-zone differs from the server's. The interactive mode also loads completion metadata (pgcli's
-CompletionRefresher, on a second connection): each of its refreshers runs here in-process, as
-pgcli runs them, each one check. Every statement pgcli sends goes through psycopg's
-Cursor.execute, which sql_recorder.py records (SQL as sent, result types, SQLSTATE), so each
-check reports what pgdp received, and compares result types with the same command run against
-the upstream PostgreSQL database. See report.py for the lines printed.
+pgcli runs as an analyst runs it: `pgcli -h … -c COMMAND` (its own command line, pgcli.main:cli)
+in a process of its own with a private configuration directory and TZ=Europe/Berlin, so that its
+start-up sets the session's time zone as it does on a machine whose zone differs from the
+server's; and once interactively in a pseudo-terminal (start-up, the completion refresh in its
+background thread, a query typed at the prompt, \\q). The completion metadata that the
+interactive mode loads (pgcli's CompletionRefresher, on a second connection) is also loaded
+in-process, as pgcli does it, one check per refresher. Every statement pgcli sends goes through
+psycopg's Cursor.execute, which sql_recorder.py records (SQL as sent, result types, SQLSTATE), so
+each check reports what pgdp received, and compares result types with the same command run
+against the upstream PostgreSQL database. See report.py for the lines printed.
 """
 
 import atexit
