@@ -1,1 +1,254 @@
-//! (being written)
+//! Node ORMs against pgdp: Sequelize, Knex and Prisma Client, each driven through its own API.
+//!
+//! Each test starts an in-process pgdp over the demo data (the client matrix's
+//! [`start_proxy`]: a fresh ledger, a fixed noise seed, room for every query) and runs one
+//! program from `tests/tools/node/` (`sequelize.js`, `knex.js`, `prisma.js`, sharing
+//! `common.js`). Every check of a program is one ordinary operation of the tool (a count, an
+//! aggregate, a grouped query, LIMIT/OFFSET, a Date parameter, the public table, raw rows of a
+//! private table, the tool's raw-query API). The program runs it first against the upstream
+//! PostgreSQL that holds the demo data (`UPSTREAM_*` in its environment) and then against pgdp,
+//! through the same tool, and reports `ok` only when pgdp answered with PostgreSQL's field type
+//! OIDs for every statement (recorded by a tap on node-postgres, which all three tools use), the
+//! same JS types (string, number, BigInt, Decimal, Date), and plausible values: a noisy answer
+//! within 2 % (5 % per group) of the exact statistic pgdp estimates, computed on the upstream
+//! (income clamped into the policy's bounds, at most 10 visits per person; MIN and MAX as the 1st
+//! and 99th percentiles), and the public table's rows exactly. A refusal is reported with the
+//! SQLSTATE of pgdp's ErrorResponse.
+//!
+//! Each tool has an expectation table, `Ok` or `Refused(SQLSTATE)` per check, asserted exactly
+//! both ways: a check that starts passing, or fails differently, fails the test until its row is
+//! updated, so the table always says what pgdp does with each tool. The SQL each tool sends, and
+//! why a row is refused, is in each check's line (shown when the test fails) and in
+//! `docs/clients.md`.
+//!
+//! Toolchain: node and `tests/tools/node/node_modules` (pinned by its `package-lock.json`, the
+//! Prisma Client generated from `prisma/schema.prisma`), installed by `.ci/setup-node-tools`.
+//! Missing, it fails the test when `CI=true` and skips it with a message otherwise.
+//!
+//! Nothing here prints to stdout.
+
+use std::path::{Path, PathBuf};
+
+use tokio_postgres::config::Host;
+
+use crate::clients::{on_path, require, run_client_in, start_proxy, ClientRun};
+use crate::harness;
+
+/// What one check must report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Answered, with PostgreSQL's field types and JS types, and plausible values.
+    Ok,
+    /// Refused by pgdp with this SQLSTATE.
+    Refused(&'static str),
+}
+
+use Expect::Refused;
+
+/// `knex.js`: Knex 3.3.0 with the `pg` client.
+const KNEX: &[(&str, Expect)] = &[
+    ("connect", Expect::Ok),
+    ("count", Expect::Ok),
+    ("count_where", Expect::Ok),
+    ("count_distinct", Expect::Ok),
+    ("sum", Expect::Ok),
+    ("avg", Expect::Ok),
+    ("group_by", Expect::Ok),
+    ("group_by_sum", Expect::Ok),
+    // `limit $1` / `offset $2`: bound LIMIT and OFFSET.
+    ("limit", Refused("0A000")),
+    ("offset", Refused("0A000")),
+    // A JS Date, which node-postgres sends as '2024-01-01T00:00:00.000+00:00', against a date.
+    ("where_date", Refused("22023")),
+    ("where_date_string", Expect::Ok),
+    // The public table alone.
+    ("public_select", Refused("0A000")),
+    ("public_limit_offset", Refused("0A000")),
+    ("public_first", Refused("0A000")),
+    // Raw rows of a private table (refused for its bound LIMIT before its raw rows).
+    ("private_rows", Refused("0A000")),
+];
+
+/// `sequelize.js`: Sequelize 6.37.8 with its defaults.
+const SEQUELIZE: &[(&str, Expect)] = &[
+    // Every connection starts with `SET client_min_messages TO warning;SET TIME ZONE INTERVAL
+    // '+00:00' HOUR TO MINUTE;`, refused: no Sequelize operation gets further.
+    ("connect", Refused("0A000")),
+    ("count", Refused("0A000")),
+    ("count_where", Refused("0A000")),
+    ("count_distinct", Refused("0A000")),
+    ("count_group", Refused("0A000")),
+    ("sum", Refused("0A000")),
+    ("avg", Refused("0A000")),
+    ("min_max", Refused("0A000")),
+    ("findall_group", Refused("0A000")),
+    ("findall_group_limit", Refused("0A000")),
+    ("count_date", Refused("0A000")),
+    ("raw_query", Refused("0A000")),
+    ("raw_query_bind", Refused("0A000")),
+    ("describe_table", Refused("0A000")),
+    ("public_findall", Refused("0A000")),
+    ("public_findbypk", Refused("0A000")),
+    ("private_findall", Refused("0A000")),
+];
+
+/// `prisma.js`: Prisma Client 7.10.0 with `@prisma/adapter-pg`.
+const PRISMA: &[(&str, Expect)] = &[
+    ("connect", Expect::Ok),
+    // count and aggregate read `FROM (SELECT … WHERE … OFFSET $1) AS "sub"`.
+    ("count", Refused("0A000")),
+    ("count_where", Refused("0A000")),
+    ("count_date", Refused("0A000")),
+    ("aggregate", Refused("0A000")),
+    ("aggregate_min_max", Refused("0A000")),
+    // groupBy ends with `OFFSET $1` (and `LIMIT $1 OFFSET $2` with take and skip).
+    ("group_by", Refused("0A000")),
+    ("group_by_take_skip", Refused("0A000")),
+    // The public table alone.
+    ("public_findmany", Refused("0A000")),
+    ("public_findmany_take_skip", Refused("0A000")),
+    ("public_findunique", Refused("0A000")),
+    // Raw rows of a private table (refused for its bound LIMIT before its raw rows).
+    ("private_findmany", Refused("0A000")),
+    ("query_raw", Expect::Ok),
+    // A Date bound by $queryRaw as '2024-01-01 00:00:00' against a date column.
+    ("query_raw_date", Refused("22023")),
+];
+
+fn tools_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/node")
+}
+
+/// Whether node and the installed package `module` (a directory under node_modules) are there.
+fn node_ready(module: &str) -> bool {
+    require(on_path("node"), "node")
+        && require(
+            tools_dir().join("node_modules").join(module).is_dir(),
+            &format!("tests/tools/node/node_modules/{module} (bash .ci/setup-node-tools)"),
+        )
+}
+
+/// Where the programs find the upstream database that holds the demo data pgdp serves.
+async fn upstream_env() -> Vec<(&'static str, String)> {
+    let dsn = harness::demo_database(1).await.dsn().to_string();
+    let config: tokio_postgres::Config = dsn
+        .parse()
+        .unwrap_or_else(|e| panic!("the demo database's DSN {dsn}: {e}"));
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        Some(Host::Unix(dir)) => dir.display().to_string(),
+        None => "127.0.0.1".to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let password = config
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    vec![
+        ("UPSTREAM_HOST", host),
+        ("UPSTREAM_PORT", port.to_string()),
+        (
+            "UPSTREAM_USER",
+            config.get_user().unwrap_or("postgres").to_string(),
+        ),
+        ("UPSTREAM_PASSWORD", password),
+        (
+            "UPSTREAM_DATABASE",
+            config.get_dbname().unwrap_or_default().to_string(),
+        ),
+        // node-postgres sends a Date in the local time zone: make it the same everywhere.
+        ("TZ", "UTC".to_string()),
+    ]
+}
+
+/// Runs `program` with every check of `table` against a fresh pgdp and asserts the table.
+async fn run_tool(seed: u8, program: &str, table: &[(&str, Expect)]) {
+    let proxy = start_proxy(seed).await;
+    let env = upstream_env().await;
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args: Vec<&str> = std::iter::once(program)
+        .chain(table.iter().map(|(name, _)| *name))
+        .collect();
+    let run = run_client_in(
+        &proxy,
+        program,
+        &tools_dir(),
+        Path::new("node"),
+        &args,
+        &env,
+    )
+    .await;
+    proxy.stop().await;
+    assert_table(&run, table);
+}
+
+/// The SQLSTATE of a `FAIL <check>: sqlstate=XXXXX …` line.
+fn sqlstate(error: &str) -> Option<&str> {
+    error
+        .strip_prefix("sqlstate=")
+        .and_then(|rest| rest.split_whitespace().next())
+}
+
+/// Every check of `table` reported as expected, and nothing else reported.
+#[track_caller]
+fn assert_table(run: &ClientRun, table: &[(&str, Expect)]) {
+    let reported = run.checks();
+    let mut wrong = Vec::new();
+    for (name, expect) in table {
+        let got = reported.get(*name);
+        let as_expected = match (expect, got) {
+            (Expect::Ok, Some(Ok(_))) => true,
+            (Expect::Refused(code), Some(Err(error))) => sqlstate(error) == Some(*code),
+            _ => false,
+        };
+        if !as_expected {
+            let got = match got {
+                None => "not reported".to_string(),
+                Some(Ok(detail)) => format!("ok {detail}"),
+                Some(Err(error)) => format!("FAIL {error}"),
+            };
+            wrong.push(format!("{name}: expected {expect:?}, got {got}"));
+        }
+    }
+    for name in reported.keys() {
+        if !table.iter().any(|(n, _)| n == name) {
+            wrong.push(format!(
+                "{name}: reported, but not in the expectation table"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty() && run.status == Some(0),
+        "{}: status {:?}; checks that differ from the expectation table (when pgdp changed on \
+         purpose, update the table and docs/clients.md):\n  {}\nstdout:\n{}\nstderr:\n{}",
+        run.what,
+        run.status,
+        wrong.join("\n  "),
+        run.stdout,
+        run.stderr
+    );
+}
+
+#[tokio::test]
+async fn knex_query_builder_through_pgdp() {
+    if !node_ready("knex") {
+        return;
+    }
+    run_tool(40, "knex.js", KNEX).await;
+}
+
+#[tokio::test]
+async fn sequelize_models_and_raw_queries_through_pgdp() {
+    if !node_ready("sequelize") {
+        return;
+    }
+    run_tool(41, "sequelize.js", SEQUELIZE).await;
+}
+
+#[tokio::test]
+async fn prisma_client_through_pgdp() {
+    if !node_ready(".prisma/client") {
+        return;
+    }
+    run_tool(42, "prisma.js", PRISMA).await;
+}

@@ -1,0 +1,168 @@
+// Sequelize 6 (postgres dialect, its default options) against pgdp: each check calls one ordinary
+// Sequelize API (authenticate, Model.count/sum/min/max/aggregate, findAll with grouped
+// attributes, raw queries with bind parameters, queryInterface.describeTable, findAll on the
+// public and a private table), runs it against the upstream PostgreSQL and then against pgdp, and
+// compares the field type OIDs and JS types (common.js). Run by tests/integration/tools_node.rs;
+// `node sequelize.js [check ...]` by hand (the environment of common.js says where to connect).
+'use strict';
+
+const { Sequelize, DataTypes, Op, QueryTypes } = require('sequelize');
+const { REFERENCE, config, check, main, near, groupsNear, sameRows, Implausible } = require('./common');
+
+const instances = {};
+
+/**
+ * One Sequelize per server with the dialect's defaults (timezone '+00:00', client_min_messages
+ * 'warning', a pool of 5), except that the SQL it logs goes to standard error (by default it
+ * would go to standard output, which carries the check lines).
+ */
+function sequelize(target) {
+  if (!instances[target]) {
+    const c = config(target);
+    const s = new Sequelize(c.database, c.user, c.password, {
+      host: c.host,
+      port: c.port,
+      dialect: 'postgres',
+      logging: (sql) => process.stderr.write(`sequelize[${target}]: ${sql}\n`),
+    });
+    const options = { schema: 'demo', timestamps: false, freezeTableName: true };
+    s.define('regions', {
+      region: { type: DataTypes.TEXT, primaryKey: true },
+      name: DataTypes.TEXT,
+      population: DataTypes.INTEGER,
+    }, options);
+    s.define('people', {
+      person_id: { type: DataTypes.BIGINT, primaryKey: true },
+      age: DataTypes.INTEGER,
+      sex: DataTypes.TEXT,
+      region: DataTypes.TEXT,
+      education: DataTypes.TEXT,
+      income: DataTypes.DECIMAL(12, 2),
+    }, options);
+    s.define('visits', {
+      visit_id: { type: DataTypes.BIGINT, primaryKey: true },
+      person_id: DataTypes.BIGINT,
+      visit_date: DataTypes.DATEONLY,
+      clinic: DataTypes.TEXT,
+      diagnosis: DataTypes.TEXT,
+      cost: DataTypes.DECIMAL(10, 2),
+    }, options);
+    instances[target] = s;
+  }
+  return instances[target];
+}
+
+const model = (t, name) => sequelize(t).model(name);
+
+const checks = {
+  // authenticate(): the dialect's connection set-up (SET client_min_messages, SET TIME ZONE,
+  // the pg_type lookup of its type parsers), then `SELECT 1+1 AS result`.
+  connect: check(async (t) => {
+    await sequelize(t).authenticate();
+    return 'authenticated';
+  }),
+  count: check(
+    (t) => model(t, 'people').count(),
+    (dp, truth) => near('count', dp, truth),
+  ),
+  count_where: check(
+    (t) => model(t, 'people').count({ where: { age: { [Op.gte]: 18 } } }),
+    (dp, truth) => near('count', dp, truth),
+  ),
+  count_distinct: check(
+    (t) => model(t, 'visits').count({ distinct: true, col: 'person_id' }),
+    (dp, truth) => near('count', dp, truth),
+  ),
+  count_group: check(
+    (t) => model(t, 'people').count({ group: ['region'] }),
+    (dp, truth) => groupsNear(dp, truth, 'region', ['count'], 0.05),
+  ),
+  sum: check(
+    (t) => model(t, 'people').sum('income'),
+    (dp, truth, ref) => near('sum', dp, ref[0].total),
+    REFERENCE.income,
+  ),
+  avg: check(
+    (t) => model(t, 'people').aggregate('age', 'avg'),
+    (dp, truth) => near('avg', dp, truth),
+  ),
+  min_max: check(
+    async (t) => [await model(t, 'people').min('age'), await model(t, 'people').max('age')],
+    (dp, truth, ref) => `${near('min', dp[0], ref[0].min, 0, 5)} ${near('max', dp[1], ref[0].max, 0, 5)}`,
+    REFERENCE.ageRange,
+  ),
+  // The grouped findAll of a report: COUNT and AVG per region.
+  findall_group: check(
+    (t) => model(t, 'people').findAll({
+      attributes: [
+        'region',
+        [Sequelize.fn('COUNT', Sequelize.col('person_id')), 'n'],
+        [Sequelize.fn('AVG', Sequelize.col('income')), 'mean_income'],
+      ],
+      group: ['region'],
+      order: [['region', 'ASC']],
+      raw: true,
+    }),
+    (dp, truth, ref) => groupsNear(dp, ref, 'region', ['n', 'mean_income'], 0.05),
+    REFERENCE.incomeByRegion,
+  ),
+  findall_group_limit: check(
+    (t) => model(t, 'people').findAll({
+      attributes: ['region', [Sequelize.fn('COUNT', Sequelize.col('person_id')), 'n']],
+      group: ['region'],
+      order: [['region', 'ASC']],
+      limit: 3,
+      offset: 2,
+      raw: true,
+    }),
+    (dp, truth) => groupsNear(dp, truth, 'region', ['n'], 0.05),
+  ),
+  // A Date against a DATEONLY attribute (Sequelize writes it as a literal).
+  count_date: check(
+    (t) => model(t, 'visits').count({ where: { visit_date: { [Op.gte]: new Date(Date.UTC(2024, 0, 1)) } } }),
+    (dp, truth, ref) => near('count', dp, ref[0].n),
+    REFERENCE.visitsFrom2024,
+  ),
+  // sequelize.query, the raw-query API: plain SQL, then with bind parameters ($1).
+  raw_query: check(
+    (t) => sequelize(t).query(
+      'SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region ORDER BY region',
+      { type: QueryTypes.SELECT },
+    ),
+    (dp, truth) => groupsNear(dp, truth, 'region', ['n'], 0.05),
+  ),
+  raw_query_bind: check(
+    (t) => sequelize(t).query(
+      'SELECT COUNT(*) AS n, AVG(income) AS mean_income FROM demo.people WHERE age >= $1',
+      { type: QueryTypes.SELECT, bind: [18] },
+    ),
+    (dp, truth, ref) => `${near('n', dp[0].n, ref[0].n)} ${near('mean_income', dp[0].mean_income, ref[0].mean_income)}`,
+    REFERENCE.incomeAdults,
+  ),
+  describe_table: check(
+    (t) => sequelize(t).getQueryInterface().describeTable({ tableName: 'people', schema: 'demo' }),
+    (dp, truth) => {
+      const types = (d) => Object.entries(d).map(([k, v]) => `${k}:${v.type}`).join(',');
+      if (types(dp) !== types(truth)) throw new Implausible(`columns ${types(dp)}, upstream ${types(truth)}`);
+      return `columns=${types(dp)}`;
+    },
+  ),
+  // The public table alone: its rows as they are.
+  public_findall: check(
+    (t) => model(t, 'regions').findAll({ order: [['region', 'ASC']], raw: true }),
+    sameRows,
+  ),
+  public_findbypk: check(
+    (t) => model(t, 'regions').findByPk('NO', { raw: true }),
+    sameRows,
+  ),
+  // Raw rows of a private table: pgdp must refuse.
+  private_findall: check(
+    (t) => model(t, 'people').findAll({ limit: 5, raw: true }),
+    (dp) => {
+      throw new Implausible(`pgdp answered ${dp.length} raw rows of a private table`);
+    },
+  ),
+};
+
+main(checks, () => Promise.all(Object.values(instances).map((s) => s.close())));
