@@ -29,6 +29,7 @@ the Rust test holds the expectations (a raw-rows chart must be refused; it is *r
 pgdp ever answers it).
 """
 
+import datetime
 import json
 import os
 import re
@@ -187,6 +188,21 @@ def types_text(types):
     if types is None:
         return "-"
     return ",".join(f"{name}:{oid}" for name, oid in types)
+
+
+def transcript():
+    """Every statement Superset sent to pgdp, by check, on stderr (shown when the test fails)."""
+    print("-- what Superset sent to pgdp (connection start-up statements left out):", file=sys.stderr)
+    for entry in RECORDER.entries:
+        if entry["server"] != "pgdp" or STARTUP.match(entry["sql"]):
+            continue
+        if entry["error"]:
+            outcome = f"refused {entry['error'][0]}: {entry['error'][1]}"
+        else:
+            outcome = types_text(
+                None if entry["types"] is None else [(n, OID_NAMES.get(o, str(o))) for n, o in entry["types"]]
+            )
+        print(f"[{entry['check']}] {one_line(entry['sql'], 3000)}\n    -> {outcome}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -704,7 +720,7 @@ def compare_chart(check, plausible):
             "upstream": [COLTYPE_NAMES.get(t, str(t)) for t in upstream["coltypes"]],
         }
         detail = (
-            f"sql={one_line(pgdp.get('query', ''), 1200)} coltypes={coltypes['pgdp']} "
+            f"sql={sql_summary(check)} coltypes={coltypes['pgdp']} "
             f"types={types_text(types['pgdp'])} rows={pgdp.get('rowcount')}"
         )
         problems = []
@@ -851,8 +867,12 @@ def plausible_months(pgdp, upstream, problems):
         if month in up:
             plausible_capped_count(row[COUNT], up[month][COUNT], f"count of {month}", problems)
     first = min(dp) if dp else None
+    # Superset's JSON gives temporal values as epoch milliseconds.
+    shown = first
+    if isinstance(first, (int, float)):
+        shown = datetime.datetime.fromtimestamp(first / 1000, datetime.timezone.utc).date().isoformat()
     return (
-        f"{len(dp)} months (upstream {len(up)}); first {first}: {dp.get(first, {}).get(COUNT)} "
+        f"{len(dp)} months (upstream {len(up)}); first {shown}: {dp.get(first, {}).get(COUNT)} "
         f"(upstream {up.get(first, {}).get(COUNT)}; capped: order of magnitude only)"
     )
 
@@ -974,6 +994,7 @@ def main():
                 else:
                     run.report(name, compare_chart(name, plausible))
             run.report("sqllab_public_table", compare_sqllab)
+            transcript()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         print(f"superset checks took {time.monotonic() - started:.1f} s", file=sys.stderr)
