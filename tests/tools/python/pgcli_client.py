@@ -207,7 +207,8 @@ def check_d_people():
     modifiers = {r[0]: r[2] for r in rows if r[2]}
     up_modifiers = {r[0]: r[2] for r in up_rows if r[2]}
     if modifiers != up_modifiers:
-        note += f" (modifiers {modifiers} where PostgreSQL shows {up_modifiers})"
+        raise report.Mismatch(f"modifiers {modifiers} where PostgreSQL shows {up_modifiers}",
+                              run.sql())
     return f"columns={columns} {note} | sql: {run.sql()}"
 
 
@@ -285,15 +286,15 @@ def check_interactive():
                    for s in sql_recorder.read(log))
 
     try:
-        assert read_until(f"{report.DATABASE}>".encode(), 30), \
+        assert read_until(f"{report.DATABASE}>".encode(), 20), \
             f"no prompt: {bytes(screen).decode(errors='replace')!r}"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 20
         while not refreshed() and time.monotonic() < deadline:
             time.sleep(0.2)
         os.write(fd, b"SELECT COUNT(*) FROM demo.people;\r")
-        answered_in_time = read_until(b"Time:", 30) or read_until(b"rror", 1)
+        answered_in_time = read_until(b"Time:", 20) or read_until(b"rror", 1)
         os.write(fd, b"\\q\r")
-        read_until(b"Goodbye", 10)
+        read_until(b"Goodbye", 5)
     finally:
         for _ in range(50):
             if os.waitpid(pid, os.WNOHANG) != (0, 0):
