@@ -234,7 +234,10 @@ function oneLine(s) {
 }
 
 function typesOf(entries) {
-  return entries.filter((e) => e.oids).map((e) => `[${e.oids.map((o) => o.join(',')).join('/')}]`).join(' ');
+  return entries
+    .filter((e) => e.oids)
+    .map((e) => `[${e.oids.map((o) => (o.length ? o.join(',') : '-')).join('/')}]`)
+    .join(' ');
 }
 
 async function runCheck(name, { op, verify, reference }) {
@@ -265,10 +268,11 @@ async function runCheck(name, { op, verify, reference }) {
     }
     return `FAIL ${name}: error ${oneLine(failure && failure.stack || failure)} | ${sql}`;
   }
+  // An error the tool went on from (PostgreSQL answered the same statement).
+  const differ = mine.filter((e) => e.error).map((e) => `refused ${e.error.code} ${oneLine(e.error.message)} (the tool went on) for ${oneLine(e.sql).slice(0, 160)}`);
   // Field types, statement by statement: the same SQL must get the same types.
   const answered = mine.filter((e) => e.oids);
   const expected = up.filter((e) => e.oids);
-  const differ = [];
   for (const e of answered) {
     const u = expected.find((x) => x.sql === e.sql && !x.matched);
     if (!u) {

@@ -1,6 +1,6 @@
 // Knex (query builder, `pg` client) against pgdp: each check builds one ordinary query with
-// Knex's API (.count, .countDistinct, .sum, .avg, .groupBy, .orderBy, .limit, .offset, .first,
-// .where with a Date), runs it against the upstream PostgreSQL and then against pgdp, and
+// Knex's API (.count, .countDistinct, .sum, .avg, .min/.max, .groupBy, .orderBy, .limit, .offset,
+// .first, .where with a Date, knex.raw with a binding), runs it against the upstream PostgreSQL and then against pgdp, and
 // compares the field type OIDs and JS types (common.js). Run by tests/integration/tools_node.rs;
 // `node knex.js [check ...]` by hand (the environment of common.js says where to connect).
 'use strict';
@@ -52,6 +52,11 @@ const checks = {
     (t) => knex(t)('demo.people').avg('age as mean_age'),
     (dp, truth) => near('mean_age', dp[0].mean_age, truth[0].mean_age),
   ),
+  min_max: check(
+    (t) => knex(t)('demo.people').min('age as min').max('age as max'),
+    (dp, truth, ref) => `${near('min', dp[0].min, ref[0].min, 0, 5)} ${near('max', dp[0].max, ref[0].max, 0, 5)}`,
+    REFERENCE.ageRange,
+  ),
   group_by: check(
     (t) => knex(t)('demo.people').select('region').count('* as n').avg('income as mean_income')
       .groupBy('region').orderBy('region'),
@@ -83,6 +88,12 @@ const checks = {
     (t) => knex(t)('demo.visits').where('visit_date', '>=', '2024-01-01').count('* as n'),
     (dp, truth, ref) => near('n', dp[0].n, ref[0].n),
     REFERENCE.visitsFrom2024,
+  ),
+  // knex.raw, the raw-query API, with a `?` binding (sent as $1); it returns node-postgres's result.
+  raw: check(
+    async (t) => (await knex(t).raw('SELECT region, COUNT(*) AS n FROM demo.people WHERE age >= ? GROUP BY region', [18])).rows,
+    (dp, truth, ref) => groupsNear(dp, ref, 'region', ['n'], 0.05),
+    REFERENCE.incomeByRegionAdults,
   ),
   // The public table alone: its rows as they are.
   public_select: check(
