@@ -140,13 +140,17 @@ def install_recorder(pgdp_port):
                 "sql": sql,
                 "error": None,
                 "types": None,
+                "notices": [],
             }
             RECORDER.entries.append(entry)
+            notices_before = len(self.connection.notices)
             try:
                 result = super().execute(query, vars)
             except psycopg2.Error as error:
                 entry["error"] = (error.pgcode, one_line(error.pgerror or error))
                 raise
+            finally:
+                entry["notices"] = [one_line(n) for n in self.connection.notices[notices_before:]]
             if self.query is not None:
                 entry["sql"] = self.query.decode(errors="replace")
             if self.description is not None:
@@ -203,6 +207,8 @@ def transcript():
                 None if entry["types"] is None else [(n, OID_NAMES.get(o, str(o))) for n, o in entry["types"]]
             )
         print(f"[{entry['check']}] {one_line(entry['sql'], 3000)}\n    -> {outcome}", file=sys.stderr)
+        for notice in entry["notices"]:
+            print(f"    {notice}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
