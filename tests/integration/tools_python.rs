@@ -48,6 +48,10 @@ enum Expect {
 /// Django's ORM with client-side binding (psycopg 3's ClientCursor, Django's default).
 const DJANGO_CLIENT_BINDING: &[(&str, Expect)] = &[
     ("connect", Expect::Ok),
+    // Django's SELECT set_config('TimeZone', %s, false) on connect, sent when the zone it wants
+    // (UTC, a database's TIME_ZONE, or TIME_ZONE with USE_TZ = False) is not the one pgdp
+    // reports (UTC): set_config is not among the functions pgdp evaluates (42883), so such a
+    // project cannot connect. (pgcli's SET TIME ZONE is accepted.)
     ("connect_time_zone", Expect::Refused("42883")),
     ("count", Expect::Ok),
     ("aggregate", Expect::Ok),
@@ -55,16 +59,20 @@ const DJANGO_CLIENT_BINDING: &[(&str, Expect)] = &[
     ("trunc_month", Expect::Ok),
     ("count_filter", Expect::Ok),
     ("filter_count", Expect::Ok),
+    // SELECT 1 AS "a" … LIMIT 1 tells whether a row exists: refused like raw rows (the hint
+    // says to count instead).
     ("exists", Expect::Refused("42501")),
     ("join_nullable_fk", Expect::Ok),
     ("having", Expect::Ok),
     ("public_table", Expect::Ok),
+    // Raw rows of a private table: refused, as they must be.
     ("raw_rows", Expect::Refused("42501")),
 ];
 
 /// Django's ORM with `OPTIONS: {"server_side_binding": True}` ($1 … in the extended protocol).
 const DJANGO_SERVER_BINDING: &[(&str, Expect)] = &[
     ("connect", Expect::Ok),
+    // As with client-side binding (set_config with $1).
     ("connect_time_zone", Expect::Refused("42883")),
     ("count", Expect::Ok),
     ("aggregate", Expect::Ok),
@@ -72,10 +80,13 @@ const DJANGO_SERVER_BINDING: &[(&str, Expect)] = &[
     ("trunc_month", Expect::Ok),
     ("count_filter", Expect::Ok),
     ("filter_count", Expect::Ok),
+    // SELECT $1 AS "a" … LIMIT 1: refused for its parameter (0A000) before the rows rule
+    // that refuses it with client-side binding (42501).
     ("exists", Expect::Refused("0A000")),
     ("join_nullable_fk", Expect::Ok),
     ("having", Expect::Ok),
     ("public_table", Expect::Ok),
+    // Raw rows of a private table: refused, as they must be.
     ("raw_rows", Expect::Refused("42501")),
 ];
 
@@ -91,6 +102,7 @@ const PGCLI: &[(&str, Expect)] = &[
     ("dt", Expect::Ok),
     ("d_people", Expect::Ok),
     ("dp_query", Expect::Ok),
+    // SELECT * FROM demo.people: refused, as it must be.
     ("refusal", Expect::Refused("42501")),
     ("interactive", Expect::Ok),
 ];
