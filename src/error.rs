@@ -50,6 +50,15 @@ pub enum Error {
         hint: String,
     },
 
+    /// A bound parameter whose text is not a value of its type (PostgreSQL's 22P02 at Bind). The
+    /// value is the analyst's own input, never data.
+    #[error("invalid input syntax for type {what}: \"{value}\" (parameter ${parameter})")]
+    InvalidText {
+        what: String,
+        value: String,
+        parameter: usize,
+    },
+
     /// A mechanism that cannot be constructed (ε ≤ 0, non-finite bounds, …).
     #[error("invalid mechanism: {reason}")]
     InvalidMechanism { reason: String },
@@ -164,6 +173,7 @@ impl Error {
             Error::UnknownFunction { .. } => SqlState::UNDEFINED_FUNCTION,
             Error::UnknownParameter { .. } => SqlState::UNDEFINED_OBJECT,
             Error::InvalidParameter { .. } => SqlState::INVALID_PARAMETER_VALUE,
+            Error::InvalidText { .. } => SqlState::INVALID_TEXT_REPRESENTATION,
             Error::InvalidMechanism { .. } => SqlState::INVALID_PARAMETER_VALUE,
             Error::Authentication { .. } => SqlState::INVALID_PASSWORD,
             Error::AuthenticationThrottled => SqlState::TOO_MANY_CONNECTIONS,
@@ -209,6 +219,9 @@ impl Error {
             }
             Error::UnknownParameter { .. } => {
                 Some("pgdp answers SET and SHOW only for a whitelist of harmless parameters and pgdp.* settings.")
+            }
+            Error::InvalidText { .. } => {
+                Some("Bind a value of the parameter's type, or leave its type unspecified.")
             }
             Error::NoTransaction { .. } => {
                 Some("Run BEGIN first (a cursor can also be declared WITH HOLD).")

@@ -3,6 +3,7 @@
 //! and Execute (through the same [`crate::session::Session::run`] as the simple protocol).
 
 use super::*;
+use crate::session::bind::ParameterType;
 
 #[async_trait]
 impl QueryParser for Parser {
@@ -45,14 +46,21 @@ impl QueryParser for Parser {
                 metrics.failed(&e);
                 user_error(&e)
             })?;
-        // Client-declared types win; otherwise the type analysis inferred from the context.
+        // Client-declared types win; otherwise the type analysis inferred from the context, or
+        // where analysis needs the values first (LIMIT $1), the type PostgreSQL infers.
         let inferred = session::parameter_types(&shared, session, &statement);
+        let described = if inferred.is_empty() {
+            session::described_parameter_types(&shared, session, &statement).await
+        } else {
+            Vec::new()
+        };
         let count = inferred
             .iter()
             .map(|(i, _, _)| *i)
             .max()
             .unwrap_or(0)
-            .max(types.len());
+            .max(types.len())
+            .max(described.len());
         let parameter_types = (1..=count)
             .map(|i| {
                 types.get(i - 1).cloned().flatten().unwrap_or_else(|| {
@@ -60,6 +68,7 @@ impl QueryParser for Parser {
                         .iter()
                         .find(|(j, _, _)| *j == i)
                         .map(|(_, t, declared)| parameter_pg_type(*t, declared.as_deref()))
+                        .or_else(|| described.get(i - 1).and_then(|oid| Type::from_oid(*oid)))
                         .unwrap_or(Type::TEXT)
                 })
             })
@@ -220,7 +229,24 @@ impl ExtendedQueryHandler for QueryHandler {
                     Err(e)
                 }
                 (Ok(()), Ok(params)) => {
-                    run_statement(session, &shared, &statement, &params, failed).await
+                    // Parameters are values known at Bind: a DP statement is analysed with them.
+                    let types: Vec<ParameterType> = portal
+                        .statement
+                        .statement
+                        .parameter_types
+                        .iter()
+                        .map(|t| ParameterType::of_oid(t.oid()))
+                        .collect();
+                    match session::bind_statement(&statement, &params, &types) {
+                        Ok(bound) => {
+                            let statement = bound.as_ref().unwrap_or(&statement);
+                            run_statement(session, &shared, statement, &params, failed).await
+                        }
+                        Err(e) => {
+                            shared.metrics.failed(&e);
+                            Err(e)
+                        }
+                    }
                 }
             }
         };

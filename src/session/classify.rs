@@ -487,7 +487,10 @@ fn classify_set(set: ast::Set) -> Result<Statement> {
         }
         ast::Set::SetTimeZone { value, .. } => Ok(Statement::Set {
             name: "timezone".into(),
-            value: expr_setting_text(&value)?,
+            value: match &value {
+                ast::Expr::Interval(interval) => time_zone_of_interval(interval)?,
+                other => expr_setting_text(other)?,
+            },
         }),
         ast::Set::SetNames { charset_name, .. } => Ok(Statement::Set {
             name: "client_encoding".into(),
@@ -508,6 +511,84 @@ fn classify_set(set: ast::Set) -> Result<Statement> {
             "Set a session parameter with SET name = value (SET pgdp.epsilon = 0.5, SET TimeZone = 'UTC').",
         )),
     }
+}
+
+/// `SET TIME ZONE INTERVAL '+05:30' HOUR TO MINUTE` (Sequelize sends it on every connection):
+/// the fixed offset as PostgreSQL names it, a POSIX zone such as `<+05:30>-05:30` (`<+00>-00`
+/// for UTC), which is what `SHOW TimeZone` then answers and what the upstream accepts.
+fn time_zone_of_interval(interval: &ast::Interval) -> Result<String> {
+    let refuse = || {
+        Error::unsupported(
+            format!("the time zone {interval}"),
+            "Give the offset as INTERVAL '+05:30' HOUR TO MINUTE, INTERVAL '-8 hours', or a zone name: SET TIME ZONE 'UTC'.",
+        )
+    };
+    let text = match interval.value.as_ref() {
+        ast::Expr::Value(v) => match &v.value {
+            ast::Value::SingleQuotedString(s) => s.trim().to_ascii_lowercase(),
+            _ => return Err(refuse()),
+        },
+        _ => return Err(refuse()),
+    };
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest.trim_start()),
+        None => (false, text.strip_prefix('+').unwrap_or(&text).trim_start()),
+    };
+    let number = |t: &str| -> Result<i64> {
+        if t.is_empty() || t.len() > 4 || !t.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(refuse());
+        }
+        t.parse().map_err(|_| refuse())
+    };
+    let unit_seconds = |field: Option<&ast::DateTimeField>| match field {
+        None | Some(ast::DateTimeField::Hour) | Some(ast::DateTimeField::Hours) => Some(3600),
+        Some(ast::DateTimeField::Minute) | Some(ast::DateTimeField::Minutes) => Some(60),
+        Some(ast::DateTimeField::Second) | Some(ast::DateTimeField::Seconds) => Some(1),
+        _ => None,
+    };
+    let seconds = if body.contains(':') {
+        // `[+-]H:MM[:SS]`, whatever the fields say (PostgreSQL reads it as a time of day).
+        let parts: Vec<&str> = body.split(':').collect();
+        if parts.len() > 3 {
+            return Err(refuse());
+        }
+        let mut seconds = 0;
+        for (part, unit) in parts.iter().zip([3600, 60, 1]) {
+            seconds += number(part)? * unit;
+        }
+        seconds
+    } else if let Some((amount, unit)) = body.split_once(char::is_whitespace) {
+        let unit = match unit.trim() {
+            "hour" | "hours" | "h" => 3600,
+            "minute" | "minutes" | "min" | "mins" => 60,
+            _ => return Err(refuse()),
+        };
+        number(amount)? * unit
+    } else {
+        number(body)? * unit_seconds(interval.leading_field.as_ref()).ok_or_else(refuse)?
+    };
+    // PostgreSQL refuses offsets beyond 14 hours (22023).
+    if seconds > 14 * 3600 {
+        return Err(Error::InvalidParameter {
+            name: "TimeZone".into(),
+            reason: format!("{interval} is outside the range of time zone offsets"),
+            hint: "Give an offset between -14:00 and +14:00.".into(),
+        });
+    }
+    let (hours, minutes, secs) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    let mut magnitude = format!("{hours:02}");
+    if minutes != 0 || secs != 0 {
+        magnitude.push_str(&format!(":{minutes:02}"));
+    }
+    if secs != 0 {
+        magnitude.push_str(&format!(":{secs:02}"));
+    }
+    let (east, west) = if negative && seconds != 0 {
+        ('-', '+')
+    } else {
+        ('+', '-')
+    };
+    Ok(format!("<{east}{magnitude}>{west}{magnitude}"))
 }
 
 /// The dotted, lower-cased name of a configuration parameter.
@@ -584,6 +665,38 @@ mod tests {
         );
         assert_eq!(code("DEALLOCATE \"_PLAN0x1\""), "ok deallocate");
         assert_eq!(code("DEALLOCATE ALL"), "ok deallocate");
+    }
+
+    #[test]
+    fn set_time_zone_interval_is_a_posix_offset() {
+        let zone = |sql: &str| match classify(sql).expect("parses").pop() {
+            Some(Statement::Set { value, .. }) => value,
+            other => panic!("{sql}: {other:?}"),
+        };
+        // As `SHOW TimeZone` answers on PostgreSQL 15 after each.
+        assert_eq!(
+            zone("SET TIME ZONE INTERVAL '+00:00' HOUR TO MINUTE"),
+            "<+00>-00"
+        );
+        assert_eq!(
+            zone("SET TIME ZONE INTERVAL '+05:30' HOUR TO MINUTE"),
+            "<+05:30>-05:30"
+        );
+        assert_eq!(
+            zone("SET TIME ZONE INTERVAL '-08:00' HOUR TO MINUTE"),
+            "<-08>+08"
+        );
+        assert_eq!(zone("SET TIME ZONE INTERVAL '-3 hours'"), "<-03>+03");
+        assert_eq!(
+            code("SET TIME ZONE INTERVAL '15:00' HOUR TO MINUTE"),
+            "22023"
+        );
+        assert_eq!(code("SET TIME ZONE INTERVAL '1 fortnight'"), "0A000");
+        // Sequelize's connection set-up, one string.
+        assert_eq!(
+            code("SET client_min_messages TO warning;SET TIME ZONE INTERVAL '+00:00' HOUR TO MINUTE;"),
+            "ok set,set"
+        );
     }
 
     #[test]

@@ -246,8 +246,95 @@ impl Session {
         shared: &Shared,
         query: &ast::Query,
     ) -> Result<Vec<OutColumn>> {
+        if let Some(sql) = self.public_sql(shared, query).await? {
+            return self.public_columns(shared, &sql).await;
+        }
+        if let Some(series) = super::series::split(query) {
+            return Box::pin(self.dp_columns(shared, &series.outer)).await;
+        }
         let plan = analyze::analyze(query, &self.context(shared))?;
         Ok(self.answer_shape(shared, query, &plan).await?.columns)
+    }
+
+    /// The upstream SQL of a query over public tables alone ([`rewrite::public`]), with each
+    /// table's columns in the order the shadow catalog (built from the upstream) has them.
+    async fn public_sql(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+    ) -> Result<Option<rewrite::PublicSql>> {
+        let ctx = self.context(shared);
+        let Some(tables) = rewrite::public::public_tables(query, &ctx) else {
+            return Ok(None);
+        };
+        let mut order = std::collections::BTreeMap::new();
+        if let Some(shadow) = &shared.shadow {
+            for table in tables {
+                let sql = format!(
+                    "SELECT * FROM {}.{}",
+                    ast::Ident::with_quote('"', &table.schema),
+                    ast::Ident::with_quote('"', &table.name)
+                );
+                if let Ok(columns) = shadow.post_columns(&sql).await {
+                    let names = columns.into_iter().map(|(name, _, _)| name).collect();
+                    order.insert(table.qualified_name(), names);
+                }
+            }
+        }
+        rewrite::public::public_query(query, &ctx, &order)
+    }
+
+    /// The columns of a query over public tables alone, as PostgreSQL prepares it on the shadow
+    /// catalog (which has the public tables' declared columns): PostgreSQL's refusal of it
+    /// (an unknown column, a type mismatch) comes from there, before the upstream sees it.
+    async fn public_columns(
+        &self,
+        shared: &Shared,
+        sql: &rewrite::PublicSql,
+    ) -> Result<Vec<OutColumn>> {
+        let shadow = shared.shadow.as_ref().ok_or_else(|| {
+            Error::unsupported(
+                "queries over public tables on this server",
+                "pgdp describes them on its shadow catalog, which this server does not have; see the server log.",
+            )
+        })?;
+        Ok(shadow
+            .post_columns(sql.as_str())
+            .await?
+            .into_iter()
+            .map(|(name, oid, _)| OutColumn::new(name, CellType::Raw(oid)))
+            .collect())
+    }
+
+    /// A main query joined to the top keys of another aggregate ([`super::series`]): the inner
+    /// aggregate released (and charged) first, then the main query restricted to its released
+    /// keys, released (and charged) in turn; the NOTICEs of both charges go before the answer.
+    async fn series_limit(
+        &mut self,
+        shared: &Shared,
+        series: &super::series::SeriesLimit,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let inner = Box::pin(self.dp_query(shared, &series.inner, params)).await?;
+        let columns: Vec<String> = inner.columns().iter().map(|c| c.name.clone()).collect();
+        let outer = super::series::restrict(series, &columns, inner.rows())?;
+        let answer = Box::pin(self.dp_query(shared, &outer, params)).await?;
+        let mut notices = inner.notices().to_vec();
+        notices.extend(answer.notices().iter().cloned());
+        Ok(answer.with_notices(notices))
+    }
+
+    /// A query over public tables alone ([`rewrite::public`]): public data, answered as
+    /// PostgreSQL answers it, charged nothing.
+    async fn public_rows(&self, shared: &Shared, sql: &rewrite::PublicSql) -> Result<ClientRows> {
+        let columns = self.public_columns(shared, sql).await?;
+        let started = std::time::Instant::now();
+        let rows = shared
+            .upstream
+            .run_public_query(sql, &self.settings.time_zone, &self.cancel)
+            .await?;
+        shared.metrics.stage(Stage::Upstream, started.elapsed());
+        Ok(ClientRows::public(columns, rows))
     }
 
     /// The columns of a DP query's answer, with the types PostgreSQL gives the same SQL where
@@ -324,6 +411,12 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
     ) -> Result<ClientRows> {
+        if let Some(sql) = self.public_sql(shared, query).await? {
+            return self.public_rows(shared, &sql).await;
+        }
+        if let Some(series) = super::series::split(query) {
+            return self.series_limit(shared, &series, params).await;
+        }
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) =
             self.plan_dp_placed(shared, query, params, secret).await?;
@@ -475,7 +568,7 @@ impl Session {
                             .run_public_query(sql, &self.settings.time_zone, &self.cancel)
                             .await?;
                         shared.metrics.stage(Stage::Upstream, started.elapsed());
-                        Some(rows)
+                        Some(rows.into_text())
                     }
                     None => None,
                 };

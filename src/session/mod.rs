@@ -16,8 +16,12 @@
 //! - A cursor's query runs once, at DECLARE; FETCH and MOVE only read the rows it released
 //!   (post-processing, never the upstream or the ledger).
 
+pub mod bind;
 pub mod classify;
 pub mod settings;
+
+mod fold;
+mod series;
 
 mod budget;
 mod constant;
@@ -48,6 +52,7 @@ use crate::policy::{Analyst, Policy};
 use crate::session::classify::Statement;
 use crate::session::settings::{Changed, Settings};
 use crate::upstream::Upstream;
+use sqlparser::ast;
 
 /// What the whole server shares: the policy, the upstream and the ledger.
 #[derive(Debug)]
@@ -289,6 +294,8 @@ impl Session {
         statement: &Statement,
         params: &[Option<String>],
     ) -> Result<Outcome> {
+        let folded = self.fold_time(shared, statement).await?;
+        let statement = folded.as_ref().unwrap_or(statement);
         match route(statement)? {
             Route::Session => {
                 let zone_before = self.settings.time_zone.clone();
@@ -549,9 +556,167 @@ pub async fn describe(
             let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
             shadow.describe(&sql).await?
         }
-        Route::Dp(query) => session.dp_columns(shared, query).await?,
+        Route::Dp(query) => {
+            let folded = session.fold_time(shared, statement).await?;
+            let query = match &folded {
+                Some(Statement::Query(folded)) => folded.as_ref(),
+                _ => query,
+            };
+            session.dp_columns_before_bind(shared, query).await?
+        }
         Route::Explain(_) => dp::explain_columns(),
     }))
+}
+
+impl Session {
+    /// The columns of a DP query's answer, described before Bind.
+    async fn dp_columns_before_bind(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+    ) -> Result<Vec<OutColumn>> {
+        Ok(match self.dp_columns(shared, query).await {
+            Ok(columns) => columns,
+            // Refused with `$n` in places only a value can stand (LIMIT $1, date_trunc($1, …)):
+            // described with stand-in values of the parameters' types; Execute analyses it with
+            // the bound values.
+            Err(refusal) => match self.with_stand_ins(shared, query).await {
+                Some(stand_in) => self
+                    .dp_columns(shared, &stand_in)
+                    .await
+                    .map_err(|_| refusal)?,
+                None => return Err(refusal),
+            },
+        })
+    }
+}
+
+/// PostgreSQL's types (OIDs) of the parameters of a DP statement (or its EXPLAIN) that pgdp's
+/// analysis cannot type with their placeholders in place, as the shadow catalog prepares it;
+/// empty when there are none or the shadow cannot say.
+pub async fn described_parameter_types(
+    shared: &Shared,
+    session: &Session,
+    statement: &Statement,
+) -> Vec<u32> {
+    match route(statement) {
+        Ok(Route::Dp(query) | Route::Explain(query)) if bind::has_parameters(query) => session
+            .described_parameters(shared, query)
+            .await
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+impl Session {
+    async fn described_parameters(&self, shared: &Shared, query: &ast::Query) -> Option<Vec<u32>> {
+        let search_path = self.context(shared).search_path;
+        shared
+            .shadow
+            .as_ref()?
+            .parameter_types(&query.to_string(), &search_path)
+            .await
+    }
+
+    /// `query` with each parameter replaced by a stand-in value of its type
+    /// ([`bind::stand_ins`]), for describing it before Bind; `None` without parameters or types.
+    async fn with_stand_ins(&self, shared: &Shared, query: &ast::Query) -> Option<ast::Query> {
+        if !bind::has_parameters(query) {
+            return None;
+        }
+        let types: Vec<bind::ParameterType> = self
+            .described_parameters(shared, query)
+            .await?
+            .into_iter()
+            .map(bind::ParameterType::of_oid)
+            .collect();
+        bind::bind(query, &bind::stand_ins(&types), &types).ok()
+    }
+}
+
+/// `statement` with its bound parameters written in as literals ([`bind`]), when it is a DP
+/// query, an EXPLAIN or a cursor over one and has parameters; `None` otherwise (catalog queries
+/// bind their parameters themselves, as strings the shadow catalog types).
+pub fn bind_statement(
+    statement: &Statement,
+    values: &[Option<String>],
+    types: &[bind::ParameterType],
+) -> Result<Option<Statement>> {
+    let Some(query) = dp_query_of(statement)? else {
+        return Ok(None);
+    };
+    if !bind::has_parameters(query) {
+        return Ok(None);
+    }
+    let bound = bind::bind(query, values, types)?;
+    Ok(Some(with_dp_query(statement, bound)))
+}
+
+/// The DP query a statement runs or explains: a query routed to the DP pipeline, the query of
+/// an EXPLAIN, or of a cursor over a DP query.
+fn dp_query_of(statement: &Statement) -> Result<Option<&ast::Query>> {
+    Ok(match statement {
+        Statement::Query(query) | Statement::DeclareCursor { query, .. } => {
+            match route::route_query(query)? {
+                Route::Dp(_) => Some(query),
+                _ => None,
+            }
+        }
+        Statement::Explain(query) => Some(query),
+        _ => None,
+    })
+}
+
+/// `statement` with its DP query ([`dp_query_of`]) replaced by `query`.
+fn with_dp_query(statement: &Statement, query: ast::Query) -> Statement {
+    let query = Box::new(query);
+    match statement {
+        Statement::Explain(_) => Statement::Explain(query),
+        Statement::DeclareCursor { name, hold, .. } => Statement::DeclareCursor {
+            name: name.clone(),
+            hold: *hold,
+            query,
+        },
+        _ => Statement::Query(query),
+    }
+}
+
+impl Session {
+    /// `statement` with its DP query's time constants folded ([`fold`]) to their values now,
+    /// in the session's time zone; `None` when there are none.
+    async fn fold_time(&self, shared: &Shared, statement: &Statement) -> Result<Option<Statement>> {
+        let Some(query) = dp_query_of(statement)? else {
+            return Ok(None);
+        };
+        let expressions = fold::foldable(query);
+        if expressions.is_empty() {
+            return Ok(None);
+        }
+        let shadow = shared.shadow.as_ref().ok_or_else(|| {
+            Error::unsupported(
+                "current_date, now() and TO_DATE(…) on this server",
+                "pgdp computes them on its shadow catalog, which this server does not have; write the date as a literal: DATE '2024-01-01'.",
+            )
+        })?;
+        let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
+        let rows = shadow
+            .evaluate(
+                &self.analyst.name,
+                &fold::evaluation_sql(&expressions, &zone),
+            )
+            .await?;
+        let row = rows
+            .into_iter()
+            .next()
+            .filter(|row| row.len() == 2 * expressions.len())
+            .ok_or_else(|| Error::internal("folded constants: no row"))?;
+        let values: Vec<(Option<String>, String)> = row
+            .chunks(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone().unwrap_or_default()))
+            .collect();
+        let folded = fold::substitute(query, &values)?;
+        Ok(Some(with_dp_query(statement, folded)))
+    }
 }
 
 /// Parameter types a DP statement infers (for Describe of untyped parameters).

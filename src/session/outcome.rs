@@ -1,7 +1,8 @@
 //! What a statement gives back to the front end: an [`Outcome`], whose rows are [`ClientRows`].
 //!
 //! Invariant: rows sent to a client come from a DP release ([`ClientRows::released`]), from the
-//! data-free shadow catalog ([`ClientRows::catalog`]), or from values the session computed
+//! data-free shadow catalog ([`ClientRows::catalog`]), from public tables alone
+//! ([`ClientRows::public`], rows only the upstream's public queries make), or from values the session computed
 //! itself ([`ClientRows::computed`]: constants, settings, the budget view, and the rows of a
 //! release held by a cursor). The first two take types that only the release and the shadow
 //! catalog can make; the last is visible inside [`crate::session`] only. Upstream rows of a DP
@@ -26,6 +27,7 @@
 use crate::dp::release::Released;
 use crate::output::{Cell, OutColumn};
 use crate::upstream::shadow::CatalogRows;
+use crate::upstream::PublicRows;
 
 /// A message to the client besides the result (a NOTICE).
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +77,25 @@ impl ClientRows {
     /// table.
     pub fn catalog(rows: CatalogRows) -> ClientRows {
         let (columns, rows) = rows.into_cells();
+        ClientRows {
+            columns,
+            rows,
+            notices: Vec::new(),
+        }
+    }
+
+    /// The answer of a query over public tables alone ([`crate::dp::rewrite::public`]), typed
+    /// as the shadow catalog described it.
+    pub fn public(columns: Vec<OutColumn>, rows: PublicRows) -> ClientRows {
+        let rows = rows
+            .into_text()
+            .into_iter()
+            .map(|r| {
+                r.into_iter()
+                    .map(|c| c.map_or(Cell::Null, Cell::Text))
+                    .collect()
+            })
+            .collect();
         ClientRows {
             columns,
             rows,

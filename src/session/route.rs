@@ -65,7 +65,7 @@ pub fn route(statement: &Statement) -> Result<Route<'_>> {
 }
 
 /// The route of a query: constants, then the budget view, then the catalog, else DP.
-fn route_query(query: &ast::Query) -> Result<Route<'_>> {
+pub(super) fn route_query(query: &ast::Query) -> Result<Route<'_>> {
     if let Some(items) = constant_select(query) {
         // What pgdp's own evaluator does not cover (`current_setting('server_version_num')::int
         // / 100`, as Grafana asks) is a catalog query with no relation: checked against the

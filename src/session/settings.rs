@@ -193,7 +193,7 @@ impl Settings {
                 } else if value.len() <= 64
                     && value
                         .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "/_+-:".contains(c))
+                        .all(|c| c.is_ascii_alphanumeric() || "/_+-:<>".contains(c))
                 {
                     value.to_string()
                 } else {

@@ -94,6 +94,8 @@ pub const ALLOWED_RELATIONS: &[&str] = &[
     "pg_stat_user_tables",
     "pg_stat_all_tables",
     "pg_statio_user_tables",
+    // Sequelize's describeTable joins it for the table's oid
+    "pg_statio_all_tables",
     "pg_stat_user_indexes",
     // information_schema
     "tables",
@@ -376,7 +378,34 @@ pub fn check(
     bind_parameters(&mut bound, params);
     bind_settings(&mut bound, setting)?;
     admit(&bound)?;
+    served_databases(&mut bound);
     Ok(CatalogSql(bound.to_string()))
+}
+
+/// The schema of the shadow catalog's views that stand for cluster-wide catalogs.
+pub const SHADOW_VIEWS_SCHEMA: &str = "pgdp_catalog";
+
+/// Reads `pg_database` through the shadow catalog's view of it (`pgdp_catalog.pg_database`,
+/// built with the shadow): one row, the database pgdp serves, under the policy's name. The
+/// cluster's other databases (the upstream's, the ledger's) are not the analyst's to see, and
+/// pgdp serves only the one (`\l`, Superset's and DBeaver's database lists).
+fn served_databases(query: &mut ast::Query) {
+    let ctes = cte_names(query);
+    let _ = ast::visit_relations_mut(query, |name| {
+        let parts = lower_parts(name);
+        let catalog = match parts.as_slice() {
+            [table] => table == "pg_database" && !ctes.contains(table),
+            [schema, table] => schema == "pg_catalog" && table == "pg_database",
+            _ => false,
+        };
+        if catalog {
+            *name = ObjectName::from(vec![
+                ast::Ident::new(SHADOW_VIEWS_SCHEMA),
+                ast::Ident::new("pg_database"),
+            ]);
+        }
+        ControlFlow::<()>::Continue(())
+    });
 }
 
 /// Replaces each `current_setting('name' [, missing_ok])` whose arguments are literals by the

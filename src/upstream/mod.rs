@@ -481,12 +481,25 @@ impl Upstream {
         sql: &PublicSql,
         time_zone: &str,
         cancel: &Cancel,
-    ) -> Result<TextRows> {
+    ) -> Result<PublicRows> {
         let settings = time_zone_setting(time_zone)?;
         self.get_for_read()
             .await?
             .run_read_only(sql.as_str(), &settings, cancel)
             .await
+            .map(PublicRows)
+    }
+}
+
+/// The text rows of a [`PublicSql`]: values of public tables and literals only. Made only by
+/// [`Upstream::run_public_query`], so rows sent as public rows come from public tables.
+#[derive(Debug)]
+pub struct PublicRows(TextRows);
+
+impl PublicRows {
+    /// The rows, as PostgreSQL's text output.
+    pub fn into_text(self) -> TextRows {
+        self.0
     }
 }
 
@@ -498,7 +511,7 @@ pub fn time_zone_setting(time_zone: &str) -> Result<String> {
         && time_zone.len() <= 64
         && time_zone
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/_+-:".contains(c));
+            .all(|c| c.is_ascii_alphanumeric() || "/_+-:<>".contains(c));
     if !plain {
         return Err(Error::internal(
             "a session time zone that is not a plain name",

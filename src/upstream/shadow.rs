@@ -73,7 +73,14 @@ pub struct Shadow {
 }
 
 /// Described result types, keyed by the session's search path and the statement's text.
-type ResultTypes = std::collections::HashMap<(Vec<String>, String), Option<Vec<u32>>>;
+type ResultTypes = std::collections::HashMap<(Vec<String>, String), Option<Described>>;
+
+/// A statement's parameter and result column types (OIDs), as PostgreSQL prepares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Described {
+    parameters: Vec<u32>,
+    columns: Vec<u32>,
+}
 
 /// Where the shadow catalog lives: the primary's DSN (where it is built), and the read
 /// replicas with the watcher's findings about them.
@@ -253,12 +260,25 @@ impl Shadow {
     /// the shadow unavailable); the caller then uses pgdp's own types. Remembered per search
     /// path and text, up to [`limits::RESULT_TYPES_CACHED_MAX`] statements.
     pub async fn result_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
+        Some(self.prepared_types(sql, search_path).await?.columns)
+    }
+
+    /// PostgreSQL's parameter types (OIDs, `$1` first) of a DP statement `sql`, as the shadow
+    /// catalog prepares it (never run): for describing a statement that analysis can admit only
+    /// with its parameters' values ([`crate::session::bind`]). `None` when the shadow cannot
+    /// prepare it.
+    pub async fn parameter_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
+        Some(self.prepared_types(sql, search_path).await?.parameters)
+    }
+
+    /// [`Shadow::result_types`] and [`Shadow::parameter_types`], remembered together.
+    async fn prepared_types(&self, sql: &str, search_path: &[String]) -> Option<Described> {
         let key = (search_path.to_vec(), sql.to_string());
         if let Some(known) = self.result_types.lock().ok()?.get(&key) {
             return known.clone();
         }
         let described = match self.built().await {
-            Ok(built) => built.result_types(sql, search_path).await,
+            Ok(built) => built.prepared_types(sql, search_path).await,
             // Not built (yet): not remembered, so a later statement tries again.
             Err(_) => return None,
         };
@@ -382,7 +402,7 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
         let rows = conn
                 .client()
                 .query(
-                    "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) \
+                    "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull \
                      FROM pg_catalog.pg_attribute a \
                      WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
                     &[&qualified],
@@ -393,6 +413,13 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
         let upstream_types: Vec<(String, String)> = rows
             .iter()
             .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect();
+        // NOT NULL as the upstream declares it (information_schema.columns.is_nullable, an
+        // ORM's introspection): schema, like the types.
+        let not_null: Vec<String> = rows
+            .iter()
+            .filter(|r| r.get::<_, bool>(2))
+            .map(|r| r.get::<_, String>(0))
             .collect();
         if upstream_types.is_empty() {
             tracing::error!(table = %table.qualified_name(), "policy table does not exist on the upstream");
@@ -419,7 +446,12 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
                         crate::policy::ColumnType::Float => "double precision".into(),
                         other => other.name().into(),
                     });
-                format!("{} {ty}", quote_ident(&c.name))
+                let constraint = if not_null.contains(&c.name) {
+                    " NOT NULL"
+                } else {
+                    ""
+                };
+                format!("{} {ty}{constraint}", quote_ident(&c.name))
             })
             .collect();
         let mut column_notes = String::new();
@@ -457,6 +489,22 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
             note.replace('\'', "''")
         ));
     }
+    // pg_database as the analyst sees it: the database pgdp serves, under the policy's name
+    // (catalog::check reads pg_database through this view), with the columns of the server's
+    // version.
+    let views = super::catalog::SHADOW_VIEWS_SCHEMA;
+    ddl.push_str(&format!(
+        "DROP SCHEMA IF EXISTS {views} CASCADE; CREATE SCHEMA {views}; \
+         DO $view$ DECLARE columns text; BEGIN \
+         SELECT pg_catalog.string_agg(CASE WHEN a.attname = 'datname' \
+         THEN pg_catalog.format('%L::pg_catalog.name AS datname', {database}) \
+         ELSE pg_catalog.format('d.%I', a.attname) END, ', ' ORDER BY a.attnum) INTO columns \
+         FROM pg_catalog.pg_attribute a \
+         WHERE a.attrelid = 'pg_catalog.pg_database'::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped; \
+         EXECUTE pg_catalog.format('CREATE VIEW {views}.pg_database AS SELECT %s FROM pg_catalog.pg_database d \
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()', columns); END $view$;",
+        database = crate::literal::dollar_quoted(&policy.database)
+    ));
     drop(conn);
     let mut dsn = upstream.dsn.clone();
     dsn.config_mut().dbname(&dbname);
@@ -524,7 +572,7 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
 }
 
 /// Bumped when the shape of the shadow catalog's DDL changes meaning without changing its text.
-const SHADOW_BUILD_VERSION: &str = "1";
+const SHADOW_BUILD_VERSION: &str = "2";
 
 /// Under the build lock: runs `ddl` unless the database's comment already says `mark`; returns
 /// whether it ran.
@@ -621,9 +669,9 @@ impl Built {
         read!(self, describe_on(sql))
     }
 
-    /// [`Shadow::result_types`] on this shadow catalog.
-    async fn result_types(&self, sql: &str, search_path: &[String]) -> Option<Vec<u32>> {
-        read!(self, result_types_on(sql, search_path)).ok()
+    /// [`Shadow::prepared_types`] on this shadow catalog.
+    async fn prepared_types(&self, sql: &str, search_path: &[String]) -> Option<Described> {
+        read!(self, prepared_types_on(sql, search_path)).ok()
     }
 
     /// Runs a checked catalog query on the shadow database: its columns and text rows.
@@ -672,11 +720,11 @@ async fn describe_on(server: &Upstream, sql: &str) -> Attempt<Vec<OutColumn>> {
 /// setup, the Parse/Describe and the ROLLBACK are pipelined (tokio-postgres sends requests in
 /// the order their futures are first polled, and `join!` polls them in order). A failed setup
 /// makes the Parse fail in the aborted transaction, and the ROLLBACK ends it either way.
-async fn result_types_on(
+async fn prepared_types_on(
     server: &Upstream,
     sql: &str,
     search_path: &[String],
-) -> Attempt<Vec<u32>> {
+) -> Attempt<Described> {
     let mut conn = server.get().await.map_err(Failure::unreachable)?;
     let setup = format!(
         "BEGIN READ ONLY; SET LOCAL statement_timeout = {}; SET LOCAL search_path = {}",
@@ -693,11 +741,14 @@ async fn result_types_on(
         conn.discard();
     }
     match set.and(prepared) {
-        Ok(statement) => Ok(statement
-            .columns()
-            .iter()
-            .map(|c| c.type_().oid())
-            .collect()),
+        Ok(statement) => Ok(Described {
+            parameters: statement.params().iter().map(|t| t.oid()).collect(),
+            columns: statement
+                .columns()
+                .iter()
+                .map(|c| c.type_().oid())
+                .collect(),
+        }),
         Err(e) => {
             tracing::debug!(error = %e, "the shadow catalog does not describe a DP statement");
             Err(Failure::of(&e, unanswerable()))

@@ -11,6 +11,9 @@
 //! - `types`: DP answers with the column names and types PostgreSQL gives the same SQL, equal in
 //!   the text and binary formats;
 //! - `attacks`: the attack corpus in `tests/attacks/`;
+//! - `drivers`: the SQL that ORMs, drivers and BI tools generate (bound LIMIT and OFFSET, time
+//!   ranges, public tables alone, DISTINCT lists, their set-up statements), through tokio-postgres;
+//! - `tools_node`, `tools_python`, `tools_superset`: those tools themselves, through their APIs;
 //! - `clients`: the real clients (pgjdbc, psqlODBC, psycopg 2 and 3, SQLAlchemy, node-postgres,
 //!   psql) in `tests/clients/`;
 //! - `golden`: the rewrite corpus in `tests/cases/`;
@@ -51,6 +54,7 @@ mod clients;
 mod datetime_ranges;
 mod dp;
 mod dp_property;
+mod drivers;
 mod faults;
 mod fuzz_smoke;
 mod golden;

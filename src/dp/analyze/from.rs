@@ -281,14 +281,27 @@ impl<'a> Analyzer<'a> {
             };
             let right = self.add_table(&join.relation)?;
             if left {
-                // Only a public policy table may be the optional side: a LEFT JOIN of private
-                // rows would keep rows without a privacy unit, and a subquery's rows are not
-                // known to be public.
-                let (r, _, visible) = &self.tables[right];
-                if r.private || r.source.is_some() {
+                // The optional side is a public policy table, or a private policy table with a
+                // privacy unit column joined on the unit (check_join below): each joined row
+                // is then the left row of one unit with at most that unit's own right rows,
+                // exactly as in the inner join, and a left row without a match keeps its own
+                // unit (the plan's unit is the first private table's). A subquery's rows are
+                // not known to be either.
+                let (r, table, visible) = &self.tables[right];
+                let unit_keyed = r.private
+                    && table
+                        .private()
+                        .is_some_and(|p| p.privacy_unit.is_some() && p.unit_path.is_none());
+                if r.source.is_some() || (r.private && !unit_keyed) {
                     return Err(Error::unsupported(
                         format!("a LEFT JOIN of {visible}"),
-                        "LEFT JOIN only a public table (FROM demo.people p LEFT JOIN demo.regions r ON r.region = p.region); join private tables with an inner JOIN on the privacy unit.",
+                        "LEFT JOIN a public table (FROM demo.people p LEFT JOIN demo.regions r ON r.region = p.region), or a private table with a privacy unit column on that unit (FROM demo.visits v LEFT JOIN demo.people p ON p.person_id = v.person_id).",
+                    ));
+                }
+                if r.private && !(0..right).any(|i| self.tables[i].0.private) {
+                    return Err(Error::unsupported(
+                        format!("a LEFT JOIN of the private table {visible} to public tables"),
+                        "Put the private table first: FROM demo.people p LEFT JOIN demo.regions r ON …",
                     ));
                 }
                 self.tables[right].0.nullable = true;

@@ -312,7 +312,11 @@ pub(super) fn check_temporal_literal(expr: &Expr, ty: Option<ColumnType>) -> Res
 /// the upstream accepts; 22023 otherwise.
 pub(super) fn check_temporal_text(text: &str, ty: ColumnType) -> Result<()> {
     let valid = match ty {
-        ColumnType::Date => crate::datetime::Date::parse(text).is_some(),
+        // PostgreSQL's date input reads a timestamp's date ('2024-01-01 00:00:00', how drivers
+        // write a JavaScript or Python datetime) and drops its time.
+        ColumnType::Date => {
+            crate::datetime::Date::parse(text).is_some() || crate::datetime::is_timestamp_text(text)
+        }
         ColumnType::Timestamp => crate::datetime::is_timestamp_text(text),
         _ => true,
     };

@@ -68,7 +68,8 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     if let Some(plan) = post::outer_query(query, ctx) {
         return plan;
     }
-    analyze_with(query, ctx, false)
+    let grouped = distinct_as_grouping(query);
+    analyze_with(grouped.as_ref().unwrap_or(query), ctx, false)
 }
 
 /// [`analyze`] of a query that is no outer query over an aggregate subquery; with
@@ -313,6 +314,46 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
     })
 }
 
+/// `SELECT DISTINCT k1, k2 FROM …` (a BI tool's filter list) as `SELECT k1, k2 FROM … GROUP BY
+/// k1, k2`: the same rows, so its keys are released as group keys are (a public list whole and
+/// free of charge, other keys by partition selection); `SELECT ALL` as plain `SELECT`. `None`
+/// when neither applies (DISTINCT with aggregates or GROUP BY stays refused).
+fn distinct_as_grouping(query: &ast::Query) -> Option<ast::Query> {
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    let mut rewritten = query.clone();
+    let SetExpr::Select(target) = rewritten.body.as_mut() else {
+        return None;
+    };
+    match &select.distinct {
+        Some(ast::Distinct::All) => {
+            target.distinct = None;
+            return Some(rewritten);
+        }
+        Some(ast::Distinct::Distinct) => {}
+        _ => return None,
+    }
+    let ungrouped =
+        matches!(&select.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    let keys: Option<Vec<Expr>> = select
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }
+                if !contains_aggregate(e) =>
+            {
+                Some(e.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    let keys = keys.filter(|k| !k.is_empty() && ungrouped && select.having.is_none())?;
+    target.distinct = None;
+    target.group_by = GroupByExpr::Expressions(keys, Vec::new());
+    Some(rewritten)
+}
+
 /// The `WITH` list of a query: name → body. Recursive CTEs and column lists are refused.
 fn common_table_expressions(query: &ast::Query) -> Result<Vec<(String, ast::Query)>> {
     let Some(with) = &query.with else {
@@ -472,6 +513,12 @@ fn resolve_group_reference(g: &Expr, projection: &[SelectItem]) -> Result<Expr> 
     Ok(g.clone())
 }
 
+/// Whether a query's LIMIT / OFFSET selects every row: none, `LIMIT ALL` / `LIMIT NULL`,
+/// `OFFSET 0` (Prisma's count wraps its rows in `SELECT … OFFSET $1` bound to 0).
+pub(super) fn selects_every_row(query: &ast::Query) -> bool {
+    query.limit_clause.is_none() || matches!(limit_offset(query), Ok((None, 0)))
+}
+
 fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
     let number = |e: &Expr| -> Result<u64> {
         match e {
@@ -480,6 +527,13 @@ fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
                     message: "LIMIT and OFFSET take a non-negative integer".into(),
                 }),
                 Value::Null => Ok(u64::MAX),
+                // `LIMIT '10'`, and a bound parameter of unspecified type: PostgreSQL reads the
+                // untyped literal as a bigint.
+                Value::SingleQuotedString(n) => {
+                    n.trim().parse::<u64>().map_err(|_| Error::Syntax {
+                        message: format!("invalid input syntax for type bigint: \"{n}\""),
+                    })
+                }
                 _ => Err(Error::unsupported(
                     "non-literal LIMIT / OFFSET",
                     "Use an integer literal.",
@@ -680,10 +734,20 @@ impl Analyzer<'_> {
                     let text = e.to_string();
                     match keys.iter().position(|k| k.expr == text) {
                         Some(i) => OutputSource::Key(i),
+                        None if keys.is_empty() && !any_aggregate(&select.projection) => {
+                            // No aggregate anywhere: rows (`SELECT 1 AS a FROM t LIMIT 1`, an
+                            // ORM's exists(); `SELECT name FROM t`).
+                            return Err(Error::forbidden(
+                                "pgdp does not return rows of private tables, only aggregates",
+                                RAW_ROWS_HINT,
+                            ));
+                        }
                         None => {
                             return Err(Error::forbidden(
-                                format!("{expr} must appear in GROUP BY or be used in an aggregate"),
-                                "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV) and GROUP BY keys.",
+                                format!(
+                                    "{expr} must appear in GROUP BY or be used in an aggregate"
+                                ),
+                                RAW_ROWS_HINT,
                             ))
                         }
                     }
@@ -695,7 +759,9 @@ impl Analyzer<'_> {
             }
             outputs.push(Output { name, source });
         }
-        if aggregates.is_empty() {
+        // Keys alone (`SELECT DISTINCT k`, `GROUP BY k` without aggregates) are released as
+        // keys are: a public list whole, others by partition selection.
+        if aggregates.is_empty() && keys.is_empty() {
             return Err(Error::forbidden(
                 "a query on private tables must compute at least one aggregate",
                 "Add COUNT(*) (or another aggregate) to the select list; group keys alone are released only with a noisy count.",
@@ -751,9 +817,22 @@ fn select_item(item: &SelectItem) -> Result<(&Expr, Option<String>)> {
         )),
         SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => Err(Error::forbidden(
             "SELECT * is not allowed on private tables",
-            "Ask for aggregates, e.g. SELECT COUNT(*), AVG(age) FROM demo.people.",
+            RAW_ROWS_HINT,
         )),
     }
+}
+
+/// What to ask for instead of rows of a private table.
+const RAW_ROWS_HINT: &str = "Ask for aggregates and GROUP BY keys: COUNT, SUM, AVG, VARIANCE, STDDEV, MIN, MAX, MEDIAN and PERCENTILE_CONT, e.g. SELECT region, COUNT(*), AVG(age) FROM demo.people GROUP BY region; to test whether rows exist, count them (SELECT COUNT(*) FROM … WHERE …) and compare the noisy count.";
+
+/// Whether any select item calls an aggregate.
+fn any_aggregate(projection: &[SelectItem]) -> bool {
+    projection.iter().any(|item| match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+            contains_aggregate(e)
+        }
+        _ => false,
+    })
 }
 
 /// Aggregates, outputs, HAVING and ORDER BY of a plan without [`PostProcessing`].

@@ -74,12 +74,14 @@ impl<'a> Analyzer<'a> {
                 "Move the CTEs to the top of the query.",
             ));
         }
-        if q.order_by.is_some() || q.limit_clause.is_some() || q.fetch.is_some() {
+        if !selects_every_row(q) || q.fetch.is_some() {
             return Err(Error::unsupported(
-                "ORDER BY / LIMIT inside a subquery in FROM",
-                "They would pick rows by their values; filter with WHERE instead, and put ORDER BY / LIMIT on the outer query.",
+                "LIMIT / OFFSET inside a subquery in FROM",
+                "They would pick rows by their values; filter with WHERE instead, and put LIMIT / OFFSET on the outer query.",
             ));
         }
+        // An ORDER BY without LIMIT / OFFSET does not choose rows: the outer aggregate reads the
+        // same rows in any order, so it is dropped (never sent upstream).
         if !q.locks.is_empty() {
             return Err(Error::forbidden(
                 "FOR UPDATE / FOR SHARE is not allowed through pgdp",

@@ -51,6 +51,7 @@ pub mod domain;
 mod grouping;
 mod lookup;
 mod partitionwise;
+pub mod public;
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 pub use partitionwise::partitionwise;
@@ -98,8 +99,8 @@ impl std::fmt::Display for UpstreamSql {
     }
 }
 
-/// SQL that reads only public tables and literals (the public domain of a query's keys), built
-/// by [`domain::public_domain`] alone.
+/// SQL that reads only public tables and literals, built by [`domain::public_domain`] (the public
+/// domain of a query's keys) and [`public::public_query`] (a query over public tables alone).
 ///
 /// ```compile_fail
 /// let sql = pgdp::dp::rewrite::PublicSql("SELECT income FROM demo.people".to_string());

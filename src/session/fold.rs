@@ -1,0 +1,330 @@
+//! Time constants folded when a statement starts: `current_date`, `now()`, `current_timestamp`,
+//! `localtimestamp`, `TO_DATE('2023-01-01', 'YYYY-MM-DD')` (how Superset writes a time range),
+//! `make_date(…)`, and constant expressions over them (`current_date - interval '365 days'`,
+//! `date_trunc('month', now())`) become typed literals of their value at the statement's start,
+//! in the analyst's time zone, before analysis. Analysis, EXPLAIN and the replay key then see
+//! the literals, as if the analyst had typed them.
+//!
+//! Invariants:
+//! - Only a constant expression is folded: literals, these functions, date_trunc / date_part /
+//!   make_interval, casts and `+ - * /` over them; never a column, a parameter or a subquery.
+//!   Its value depends on the clock and the analyst's input alone, so computing it (on the
+//!   data-free shadow catalog, which knows PostgreSQL's time zones and formats) reads no data,
+//!   and an error it raises (a bad TO_DATE format) is about the analyst's input.
+//! - Each maximal foldable expression is folded once, in the order a pre-order walk meets them;
+//!   [`foldable`] and [`substitute`] walk the same tree in the same order.
+//! - Pure: the evaluation itself is the caller's ([`super::Session`]).
+
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{self, Expr, Value, VisitMut, VisitorMut};
+
+use crate::error::{Error, Result};
+
+/// Functions whose value is the statement's start time or a date built from literals: an
+/// expression is folded only if it calls one of them.
+const TIME_FUNCTIONS: &[&str] = &[
+    "now",
+    "current_date",
+    "current_timestamp",
+    "localtimestamp",
+    "transaction_timestamp",
+    "statement_timestamp",
+    "to_date",
+    "to_timestamp",
+    "make_date",
+    "make_timestamp",
+    "make_timestamptz",
+];
+
+/// Other functions a folded expression may call (over constants).
+const HELPER_FUNCTIONS: &[&str] = &["date_trunc", "date_part", "make_interval"];
+
+/// The maximal foldable expressions of `query`, in pre-order.
+pub fn foldable(query: &ast::Query) -> Vec<Expr> {
+    let mut copy = query.clone();
+    let mut found = Vec::new();
+    let _ = copy.visit(&mut Folder {
+        replace: |e: &Expr| {
+            found.push(e.clone());
+            Some(Expr::value(Value::Null))
+        },
+    });
+    found
+}
+
+/// The SQL that evaluates `expressions` on the shadow catalog, in `time_zone`: one row with,
+/// per expression, its value as text and its type's name.
+pub fn evaluation_sql(expressions: &[Expr], time_zone_setting: &str) -> String {
+    let items: Vec<String> = expressions
+        .iter()
+        .map(|e| format!("CAST(({e}) AS TEXT), pg_typeof(({e}))::text"))
+        .collect();
+    format!(
+        "{time_zone_setting}SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres'; SELECT {}",
+        items.join(", ")
+    )
+}
+
+/// `query` with its maximal foldable expressions replaced, in order, by the literals of
+/// `values` (each its text and PostgreSQL type name, from [`evaluation_sql`]'s row).
+pub fn substitute(query: &ast::Query, values: &[(Option<String>, String)]) -> Result<ast::Query> {
+    let literals = values
+        .iter()
+        .map(|(text, ty)| literal(text.as_deref(), ty))
+        .collect::<Result<Vec<_>>>()?;
+    let mut folded = query.clone();
+    let mut next = literals.into_iter();
+    let mut missing = false;
+    let _ = folded.visit(&mut Folder {
+        replace: |_: &Expr| {
+            let literal = next.next();
+            missing |= literal.is_none();
+            literal
+        },
+    });
+    if missing || next.next().is_some() {
+        return Err(Error::internal(
+            "folded constants do not match their expressions",
+        ));
+    }
+    Ok(folded)
+}
+
+/// The typed literal of a folded value.
+fn literal(text: Option<&str>, ty: &str) -> Result<Expr> {
+    let Some(text) = text else {
+        return Ok(Expr::value(Value::Null));
+    };
+    let typed = |data_type: ast::DataType| {
+        Expr::TypedString(ast::TypedString {
+            data_type,
+            value: Value::SingleQuotedString(text.to_string()).into(),
+            uses_odbc_syntax: false,
+        })
+    };
+    Ok(match ty {
+        "date" => typed(ast::DataType::Date),
+        "timestamp with time zone" => {
+            typed(ast::DataType::Timestamp(None, ast::TimezoneInfo::WithTimeZone))
+        }
+        "timestamp without time zone" => {
+            typed(ast::DataType::Timestamp(None, ast::TimezoneInfo::None))
+        }
+        "interval" => Expr::Interval(ast::Interval {
+            value: Box::new(Expr::value(Value::SingleQuotedString(text.to_string()))),
+            leading_field: None,
+            leading_precision: None,
+            last_field: None,
+            fractional_seconds_precision: None,
+        }),
+        "integer" | "bigint" | "smallint" => {
+            let n: i64 = text
+                .parse()
+                .map_err(|_| Error::internal("a folded integer that does not parse"))?;
+            match n.checked_abs() {
+                Some(magnitude) if n < 0 => Expr::UnaryOp {
+                    op: ast::UnaryOperator::Minus,
+                    expr: Box::new(Expr::value(Value::Number(magnitude.to_string(), false))),
+                },
+                _ => Expr::value(Value::Number(n.to_string(), false)),
+            }
+        }
+        "numeric" | "double precision" => {
+            let plain = text.strip_prefix('-').unwrap_or(text);
+            if plain.is_empty() || !plain.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+                return Err(Error::unsupported(
+                    format!("the constant {text}"),
+                    "Write the number as a literal.",
+                ));
+            }
+            let number = Expr::Cast {
+                kind: ast::CastKind::Cast,
+                expr: Box::new(Expr::value(Value::Number(plain.to_string(), false))),
+                data_type: ast::DataType::Numeric(ast::ExactNumberInfo::None),
+                format: None,
+            };
+            if plain.len() < text.len() {
+                Expr::UnaryOp {
+                    op: ast::UnaryOperator::Minus,
+                    expr: Box::new(Expr::Nested(Box::new(number))),
+                }
+            } else {
+                number
+            }
+        }
+        "text" => Expr::value(Value::SingleQuotedString(text.to_string())),
+        other => {
+            return Err(Error::unsupported(
+                format!("a constant of type {other} computed from the current time"),
+                "Compare dates and timestamps with current_date, now(), TO_DATE(…) or TO_TIMESTAMP(…), and intervals.",
+            ))
+        }
+    })
+}
+
+/// Replaces each maximal foldable expression (pre-order) by what `replace` returns for it.
+struct Folder<F> {
+    replace: F,
+}
+
+impl<F: FnMut(&Expr) -> Option<Expr>> VisitorMut for Folder<F> {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        if is_constant(expr) && calls_time_function(expr) {
+            if let Some(replacement) = (self.replace)(expr) {
+                *expr = replacement;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn function_name(f: &ast::Function) -> String {
+    f.name
+        .0
+        .last()
+        .map(|p| p.to_string().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+/// Whether `e` is built only from literals, the time and helper functions, casts, intervals
+/// and arithmetic.
+fn is_constant(e: &Expr) -> bool {
+    match e {
+        Expr::Value(v) => !matches!(v.value, Value::Placeholder(_)),
+        Expr::TypedString(_) => true,
+        Expr::Interval(i) => is_constant(&i.value),
+        Expr::Nested(inner) => is_constant(inner),
+        Expr::UnaryOp { expr, .. } => is_constant(expr),
+        Expr::BinaryOp { left, op, right } => {
+            matches!(
+                op,
+                ast::BinaryOperator::Plus
+                    | ast::BinaryOperator::Minus
+                    | ast::BinaryOperator::Multiply
+                    | ast::BinaryOperator::Divide
+            ) && is_constant(left)
+                && is_constant(right)
+        }
+        Expr::Cast { expr, format, .. } => format.is_none() && is_constant(expr),
+        Expr::Extract { expr, .. } => is_constant(expr),
+        Expr::Function(f) => {
+            let name = function_name(f);
+            let known = TIME_FUNCTIONS.contains(&name.as_str())
+                || HELPER_FUNCTIONS.contains(&name.as_str());
+            let plain = f.filter.is_none()
+                && f.over.is_none()
+                && f.within_group.is_empty()
+                && f.null_treatment.is_none()
+                && f.name.0.len() <= 2;
+            let arguments = match &f.args {
+                ast::FunctionArguments::None => true,
+                ast::FunctionArguments::List(list) => {
+                    list.duplicate_treatment.is_none()
+                        && list.clauses.is_empty()
+                        && list.args.iter().all(|a| {
+                            matches!(a, ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) if is_constant(e))
+                        })
+                }
+                ast::FunctionArguments::Subquery(_) => false,
+            };
+            known && plain && arguments
+        }
+        _ => false,
+    }
+}
+
+/// Whether `e` calls one of [`TIME_FUNCTIONS`].
+fn calls_time_function(e: &Expr) -> bool {
+    ast::visit_expressions(e, |inner| match inner {
+        Expr::Function(f) if TIME_FUNCTIONS.contains(&function_name(f).as_str()) => {
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::parser::Parser;
+
+    fn query(sql: &str) -> Box<ast::Query> {
+        match Parser::parse_sql(&PostgreSqlDialect {}, sql)
+            .expect("parses")
+            .pop()
+        {
+            Some(ast::Statement::Query(q)) => q,
+            other => panic!("not a query: {other:?}"),
+        }
+    }
+
+    fn texts(sql: &str) -> Vec<String> {
+        foldable(&query(sql))
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn maximal_constant_expressions_over_the_clock_are_found_in_order() {
+        assert_eq!(
+            texts("SELECT COUNT(*) FROM v WHERE d >= current_date - INTERVAL '365 days' AND d < TO_DATE('2024-01-01', 'YYYY-MM-DD') AND t >= date_trunc('month', now())"),
+            [
+                "current_date - INTERVAL '365 days'",
+                "TO_DATE('2024-01-01', 'YYYY-MM-DD')",
+                "date_trunc('month', now())"
+            ]
+        );
+        // Columns, parameters and plain literals are never folded.
+        assert!(texts("SELECT COUNT(*) FROM v WHERE d >= d2 - INTERVAL '1 day' AND d < DATE '2024-01-01' AND e = to_date($1, 'YYYY')").is_empty());
+        assert_eq!(
+            texts("SELECT date_trunc('month', d), COUNT(*) FROM v WHERE d > now() - INTERVAL '1 day' GROUP BY 1"),
+            ["now() - INTERVAL '1 day'"]
+        );
+        assert_eq!(
+            texts("SELECT COUNT(*) FROM v WHERE d <= CURRENT_DATE"),
+            ["CURRENT_DATE"]
+        );
+    }
+
+    #[test]
+    fn values_become_typed_literals() {
+        let q = query("SELECT COUNT(*) FROM v WHERE d >= current_date - INTERVAL '365 days' AND t < now() AND y = EXTRACT(YEAR FROM current_date) AND e = make_date(2024, 1, 31) AND i < make_interval(0, 1) + current_date");
+        let folded = substitute(
+            &q,
+            &[
+                (
+                    Some("2025-11-25 00:00:00".into()),
+                    "timestamp without time zone".into(),
+                ),
+                (
+                    Some("2026-11-25 18:00:00.123+00".into()),
+                    "timestamp with time zone".into(),
+                ),
+                (Some("2026".into()), "numeric".into()),
+                (Some("2024-01-31".into()), "date".into()),
+                (
+                    Some("2026-12-25 00:00:00".into()),
+                    "timestamp without time zone".into(),
+                ),
+            ],
+        )
+        .expect("substitutes");
+        assert_eq!(
+            folded.to_string(),
+            "SELECT COUNT(*) FROM v WHERE d >= TIMESTAMP '2025-11-25 00:00:00' AND t < TIMESTAMP WITH TIME ZONE '2026-11-25 18:00:00.123+00' AND y = CAST(2026 AS NUMERIC) AND e = DATE '2024-01-31' AND i < TIMESTAMP '2026-12-25 00:00:00'"
+        );
+        assert!(substitute(&q, &[]).is_err());
+        let sql = evaluation_sql(&foldable(&q), "SET LOCAL TimeZone = 'UTC'; ");
+        assert!(
+            sql.starts_with("SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle"),
+            "{sql}"
+        );
+        assert!(sql.contains("CAST((current_date - INTERVAL '365 days') AS TEXT), pg_typeof((current_date - INTERVAL '365 days'))::text"), "{sql}");
+    }
+}
