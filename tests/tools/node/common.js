@@ -12,7 +12,7 @@
 //     `FAIL <check>: sqlstate=XXXXX <message> …` (pgdp refused; the SQLSTATE comes from the
 //                                                   server's ErrorResponse),
 //     `FAIL <check>: mismatch …` (answered, but with other field types or JS types than
-//                                 PostgreSQL's),
+//                                 PostgreSQL's, or another catalog fact),
 //     `FAIL <check>: implausible …` (a value outside its plausibility range),
 //     `FAIL <check>: error …` (anything else: an ORM error without a server error).
 //   Every statement of a check goes to standard error in full, as JSON.
@@ -137,6 +137,9 @@ function jsType(v) {
 // Plausibility of noisy answers.
 
 class Implausible extends Error {}
+
+/** An answer that differs from PostgreSQL's in what it says (not noise): a catalog fact. */
+class Mismatch extends Error {}
 
 /** A number from a count, sum or average in any of the ORMs' representations. */
 function num(v) {
@@ -292,6 +295,7 @@ async function runCheck(name, { op, verify, reference }) {
     note = verify ? verify(dp, truth, reference ? await referenceRows(reference) : undefined) : '';
   } catch (e) {
     if (e instanceof Implausible) return `FAIL ${name}: implausible ${e.message} | ${sql}`;
+    if (e instanceof Mismatch) return `FAIL ${name}: mismatch ${e.message} | ${sql}`;
     return `FAIL ${name}: error ${oneLine(e && e.stack || e)} | ${sql}`;
   }
   return `ok ${name} types=${typesOf(answered) || 'none'} js=${dpType}${note ? ` ${note}` : ''} | ${sql}`;
@@ -336,4 +340,5 @@ module.exports = {
   sameRows,
   num,
   Implausible,
+  Mismatch,
 };
