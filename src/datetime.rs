@@ -150,13 +150,16 @@ impl fmt::Display for Date {
 }
 
 /// Whether `text` is a timestamp literal pgdp lets through: a [`Date`] in its first ten
-/// characters, then only digits, blanks and `:.T+-` (a time of day and an optional zone offset).
+/// characters, then only digits, blanks and `:.T+-` (a time of day and an optional zone offset),
+/// and a final `Z`.
 /// Deliberately narrow: anything else is refused before the upstream could reject it.
 pub fn is_timestamp_text(text: &str) -> bool {
     text.get(..10).and_then(Date::parse).is_some()
         && text.get(10..).is_none_or(|rest| {
+            // A final `Z` is UTC (ISO 8601, how Grafana and JavaScript write instants).
+            let rest = rest.strip_suffix(['Z', 'z']).unwrap_or(rest);
             rest.chars()
-                .all(|c| c.is_ascii_digit() || " :.T+-".contains(c))
+                .all(|c| c.is_ascii_digit() || " :.Tt+-".contains(c))
         })
 }
 
@@ -257,6 +260,8 @@ mod tests {
         assert!(is_timestamp_text("2024-06-01"));
         assert!(is_timestamp_text("2024-06-01 12:30:00.5+02"));
         assert!(is_timestamp_text("2024-06-01T12:30:00"));
+        assert!(is_timestamp_text("2023-01-01T00:00:00Z"));
+        assert!(!is_timestamp_text("2023-01-01 Z00"));
         assert!(!is_timestamp_text("2024-02-30 00:00"));
         assert!(!is_timestamp_text("2024-06-01 noon"));
         assert!(!is_timestamp_text("today"));

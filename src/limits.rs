@@ -192,6 +192,10 @@ pub const JOURNAL_RETRY_MS: u64 = 1_000;
 /// Prepared statements one connection may hold.
 pub const PREPARED_STATEMENTS_PER_CONNECTION_MAX: usize = 1_000;
 
+/// Parameters (`$1` … `$n`) of one statement: the analysis refuses a higher number, and
+/// ParameterDescription describes at most this many untyped ones.
+pub const PARAMETERS_PER_STATEMENT_MAX: usize = 256;
+
 /// Most values in one `IN (…)` list.
 pub const IN_LIST_VALUES_MAX: usize = 1_000;
 

@@ -60,7 +60,8 @@ impl QueryParser for Parser {
             .max()
             .unwrap_or(0)
             .max(types.len())
-            .max(described.len());
+            .max(described.len())
+            .max(session::placeholder_count(&statement));
         let parameter_types = (1..=count)
             .map(|i| {
                 types.get(i - 1).cloned().flatten().unwrap_or_else(|| {

@@ -194,7 +194,7 @@ fn literal(index: usize, value: Option<&str>, ty: ParameterType) -> Result<Expr>
             };
             typed(ast::DataType::Timestamp(None, zone), trimmed)
         }
-        ParameterType::Untyped => Expr::value(Value::SingleQuotedString(text.to_string())),
+        ParameterType::Untyped => Expr::value(crate::literal::dollar_quoted(text)),
     })
 }
 
@@ -212,7 +212,7 @@ fn number(text: &str) -> Expr {
 fn typed(data_type: ast::DataType, text: &str) -> Expr {
     Expr::TypedString(ast::TypedString {
         data_type,
-        value: Value::SingleQuotedString(text.to_string()).into(),
+        value: crate::literal::dollar_quoted(text).into(),
         uses_odbc_syntax: false,
     })
 }
@@ -231,9 +231,12 @@ mod tests {
 
     fn bound(sql: &str, values: &[&str], types: &[ParameterType]) -> String {
         let values: Vec<Option<String>> = values.iter().map(|v| Some(v.to_string())).collect();
-        bind(&query(sql), &values, types)
-            .expect("binds")
-            .to_string()
+        // As shown to the analyst: pgdp dollar-quotes every literal it writes.
+        crate::literal::for_display(
+            &bind(&query(sql), &values, types)
+                .expect("binds")
+                .to_string(),
+        )
     }
 
     #[test]

@@ -7,9 +7,33 @@ use sqlparser::ast::{self, Expr, SelectItem};
 use crate::error::{Error, Result};
 use crate::output::{Cell, CellType, OutColumn};
 
+use super::classify::Statement;
+use super::route::SetConfig;
 use super::{ClientRows, Session, Shared};
 
 impl Session {
+    /// `SELECT set_config(name, value, is_local)`: the SET (or, for a NULL value, the RESET) it
+    /// means, answered as PostgreSQL does with the setting's new value. `is_local` is taken as
+    /// `SET LOCAL` is: pgdp keeps transaction-scoped settings as session settings.
+    pub(super) async fn set_config(
+        &mut self,
+        shared: &Shared,
+        call: &SetConfig<'_>,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let statement = set_config_statement(call, params)?;
+        self.session_statement_checked(shared, &statement).await?;
+        let name = match &statement {
+            Statement::Set { name, .. } | Statement::Reset { name } => name.as_str(),
+            _ => return Err(Error::internal("set_config: not a SET")),
+        };
+        let (_, value) = self.settings.show(name, &self.server_version)?;
+        Ok(ClientRows::computed(
+            vec![OutColumn::new(call.column, CellType::Text)],
+            vec![vec![Cell::Text(value)]],
+        ))
+    }
+
     /// The columns and one row of a SELECT of constants.
     pub(super) fn constants(&self, shared: &Shared, items: &[SelectItem]) -> Result<ClientRows> {
         let mut columns = Vec::new();
@@ -226,5 +250,71 @@ fn cell_text(cell: &Cell) -> String {
                 "f".into()
             }
         }
+    }
+}
+
+/// The SET or RESET a `set_config(name, value, is_local)` call means, its arguments literals
+/// (possibly cast) or bound parameters.
+pub(super) fn set_config_statement(
+    call: &SetConfig<'_>,
+    params: &[Option<String>],
+) -> Result<Statement> {
+    let name = set_config_argument(call.name, params)?.ok_or_else(|| {
+        Error::unsupported(
+            "set_config with a NULL setting name",
+            "Name the setting: SELECT set_config('TimeZone', 'UTC', false).",
+        )
+    })?;
+    let local = set_config_argument(call.local, params)?;
+    if !matches!(
+        local.as_deref().map(str::to_ascii_lowercase).as_deref(),
+        Some("true" | "false" | "t" | "f" | "on" | "off")
+    ) {
+        return Err(Error::unsupported(
+            "set_config without a literal is_local",
+            "Pass true or false as the third argument.",
+        ));
+    }
+    let name = name.to_ascii_lowercase();
+    Ok(match set_config_argument(call.value, params)? {
+        Some(value) => Statement::Set { name, value },
+        None => Statement::Reset { name },
+    })
+}
+
+/// A literal or bound argument of set_config as text (`None` for NULL).
+fn set_config_argument(expr: &Expr, params: &[Option<String>]) -> Result<Option<String>> {
+    let refuse = || {
+        Error::unsupported(
+            "set_config with computed arguments",
+            "Pass literals or parameters: SELECT set_config('TimeZone', 'UTC', false).",
+        )
+    };
+    match expr {
+        Expr::Nested(inner) | Expr::Cast { expr: inner, .. } => set_config_argument(inner, params),
+        Expr::Value(v) => match &v.value {
+            ast::Value::SingleQuotedString(s) => Ok(Some(s.clone())),
+            ast::Value::DollarQuotedString(d) => Ok(Some(d.value.clone())),
+            ast::Value::Boolean(b) => Ok(Some(b.to_string())),
+            ast::Value::Null => Ok(None),
+            ast::Value::Placeholder(p) => {
+                let index: usize = p
+                    .strip_prefix('$')
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(refuse)?;
+                index
+                    .checked_sub(1)
+                    .and_then(|i| params.get(i))
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::unsupported(
+                            format!("set_config with the unbound parameter {p}"),
+                            "Bind a value to every parameter.",
+                        )
+                    })
+            }
+            _ => Err(refuse()),
+        },
+        _ => Err(refuse()),
     }
 }

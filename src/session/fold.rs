@@ -99,7 +99,7 @@ fn literal(text: Option<&str>, ty: &str) -> Result<Expr> {
     let typed = |data_type: ast::DataType| {
         Expr::TypedString(ast::TypedString {
             data_type,
-            value: Value::SingleQuotedString(text.to_string()).into(),
+            value: crate::literal::dollar_quoted(text).into(),
             uses_odbc_syntax: false,
         })
     };
@@ -112,7 +112,7 @@ fn literal(text: Option<&str>, ty: &str) -> Result<Expr> {
             typed(ast::DataType::Timestamp(None, ast::TimezoneInfo::None))
         }
         "interval" => Expr::Interval(ast::Interval {
-            value: Box::new(Expr::value(Value::SingleQuotedString(text.to_string()))),
+            value: Box::new(Expr::value(crate::literal::dollar_quoted(text))),
             leading_field: None,
             leading_precision: None,
             last_field: None,
@@ -153,7 +153,7 @@ fn literal(text: Option<&str>, ty: &str) -> Result<Expr> {
                 number
             }
         }
-        "text" => Expr::value(Value::SingleQuotedString(text.to_string())),
+        "text" => Expr::value(crate::literal::dollar_quoted(text)),
         other => {
             return Err(Error::unsupported(
                 format!("a constant of type {other} computed from the current time"),
@@ -316,7 +316,7 @@ mod tests {
         )
         .expect("substitutes");
         assert_eq!(
-            folded.to_string(),
+            crate::literal::for_display(&folded.to_string()),
             "SELECT COUNT(*) FROM v WHERE d >= TIMESTAMP '2025-11-25 00:00:00' AND t < TIMESTAMP WITH TIME ZONE '2026-11-25 18:00:00.123+00' AND y = CAST(2026 AS NUMERIC) AND e = DATE '2024-01-31' AND i < TIMESTAMP '2026-12-25 00:00:00'"
         );
         assert!(substitute(&q, &[]).is_err());

@@ -63,6 +63,12 @@ impl Session {
                         self.evaluate_constant(shared, item)?;
                     }
                 }
+                Route::SetConfig(call) => {
+                    self.session_state(
+                        shared,
+                        &super::constant::set_config_statement(&call, &[])?,
+                    )?;
+                }
                 Route::Catalog(query) => {
                     crate::upstream::catalog::check(query, &[], &|name| {
                         Ok(self.settings.show(name, &self.server_version)?.1)

@@ -297,17 +297,7 @@ impl Session {
         let folded = self.fold_time(shared, statement).await?;
         let statement = folded.as_ref().unwrap_or(statement);
         match route(statement)? {
-            Route::Session => {
-                let zone_before = self.settings.time_zone.clone();
-                let outcome = self.session_statement(shared, statement)?;
-                if self.settings.time_zone != zone_before {
-                    if let Err(e) = self.check_time_zone(shared).await {
-                        self.settings.time_zone = zone_before;
-                        return Err(e);
-                    }
-                }
-                Ok(outcome)
-            }
+            Route::Session => self.session_statement_checked(shared, statement).await,
             Route::Cursor => match statement {
                 Statement::DeclareCursor { name, hold, query } => {
                     self.declare_cursor(shared, name, *hold, query, params)
@@ -342,6 +332,7 @@ impl Session {
             }
             Route::Budget(columns) => self.budget_view(shared, columns).await,
             Route::Constant(items) => self.constants(shared, items),
+            Route::SetConfig(call) => self.set_config(shared, &call, params).await,
             Route::Catalog(query) => {
                 let sql = crate::upstream::catalog::check(query, params, &|name| {
                     Ok(self.settings.show(name, &self.server_version)?.1)
@@ -362,6 +353,24 @@ impl Session {
             Route::Explain(query) => self.explain(shared, query, params).await,
             Route::Session | Route::Cursor => Err(Error::internal("a route without rows")),
         }
+    }
+
+    /// [`Self::session_statement`], with a new time zone checked on the shadow catalog (and
+    /// the old one kept when it is refused).
+    pub(super) async fn session_statement_checked(
+        &mut self,
+        shared: &Shared,
+        statement: &Statement,
+    ) -> Result<Outcome> {
+        let zone_before = self.settings.time_zone.clone();
+        let outcome = self.session_statement(shared, statement)?;
+        if self.settings.time_zone != zone_before {
+            if let Err(e) = self.check_time_zone(shared).await {
+                self.settings.time_zone = zone_before;
+                return Err(e);
+            }
+        }
+        Ok(outcome)
     }
 
     /// Transaction control, SET, RESET and DEALLOCATE. The end of a transaction block also
@@ -549,6 +558,7 @@ pub async fn describe(
                 Ok(OutColumn::new(name, ty))
             })
             .collect::<Result<Vec<_>>>()?,
+        Route::SetConfig(call) => vec![OutColumn::new(call.column, CellType::Text)],
         Route::Catalog(query) => {
             let sql = crate::upstream::catalog::check(query, &[], &|name| {
                 Ok(session.settings.show(name, &session.server_version)?.1)
@@ -579,12 +589,11 @@ impl Session {
             Ok(columns) => columns,
             // Refused with `$n` in places only a value can stand (LIMIT $1, date_trunc($1, …)):
             // described with stand-in values of the parameters' types; Execute analyses it with
-            // the bound values.
+            // the bound values. Refused with the stand-ins too, the refusal is theirs: the one
+            // the statement gets with values in place (raw rows with `LIMIT $1` are raw rows,
+            // 42501, not a parameter pgdp cannot place).
             Err(refusal) => match self.with_stand_ins(shared, query).await {
-                Some(stand_in) => self
-                    .dp_columns(shared, &stand_in)
-                    .await
-                    .map_err(|_| refusal)?,
+                Some(stand_in) => self.dp_columns(shared, &stand_in).await?,
                 None => return Err(refusal),
             },
         })
@@ -632,6 +641,30 @@ impl Session {
             .collect();
         bind::bind(query, &bind::stand_ins(&types), &types).ok()
     }
+}
+
+/// The highest `$n` a statement's query uses (0 without parameters), at most
+/// [`crate::limits::PARAMETERS_PER_STATEMENT_MAX`]: how many parameters Describe reports when
+/// the client declared none (`SELECT set_config('TimeZone', $1, false)`).
+pub fn placeholder_count(statement: &Statement) -> usize {
+    let query = match statement {
+        Statement::Query(query)
+        | Statement::Explain(query)
+        | Statement::DeclareCursor { query, .. } => query,
+        _ => return 0,
+    };
+    let mut highest = 0;
+    let _ = ast::visit_expressions(query.as_ref(), |e| {
+        if let ast::Expr::Value(v) = e {
+            if let ast::Value::Placeholder(p) = &v.value {
+                if let Some(n) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                    highest = highest.max(n);
+                }
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    highest.min(crate::limits::PARAMETERS_PER_STATEMENT_MAX)
 }
 
 /// `statement` with its bound parameters written in as literals ([`bind`]), when it is a DP

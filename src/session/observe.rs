@@ -24,7 +24,9 @@ impl Session {
                     Ok(Route::Constant(_)) => Served::Constant,
                     Ok(Route::Budget(_)) => Served::Budget,
                     Ok(Route::Cursor) => Served::Cursor,
-                    Ok(Route::Session | Route::Show(_)) | Err(_) => Served::Session,
+                    Ok(Route::Session | Route::Show(_) | Route::SetConfig(_)) | Err(_) => {
+                        Served::Session
+                    }
                 };
                 shared.metrics.served(how);
             }

@@ -32,6 +32,9 @@ pub enum Route<'s> {
     Budget(BudgetColumns<'s>),
     /// A FROM-less SELECT of constants and session lookups, evaluated by pgdp.
     Constant(&'s [SelectItem]),
+    /// `SELECT set_config('name', 'value', is_local)` alone (Django sends it on connect to set
+    /// the time zone): a SET of the session's setting, answered with its new value.
+    SetConfig(SetConfig<'s>),
     /// A query of catalog relations only: checked against the allow-lists, run on the shadow
     /// catalog.
     Catalog(&'s ast::Query),
@@ -64,9 +67,22 @@ pub fn route(statement: &Statement) -> Result<Route<'_>> {
     })
 }
 
+/// The arguments of a `SELECT set_config(name, value, is_local) [AS alias]` (literals or
+/// parameters, as the statement gives them) and the name of its one column.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SetConfig<'s> {
+    pub column: &'s str,
+    pub name: &'s ast::Expr,
+    pub value: &'s ast::Expr,
+    pub local: &'s ast::Expr,
+}
+
 /// The route of a query: constants, then the budget view, then the catalog, else DP.
 pub(super) fn route_query(query: &ast::Query) -> Result<Route<'_>> {
     if let Some(items) = constant_select(query) {
+        if let Some(call) = set_config(items) {
+            return Ok(Route::SetConfig(call));
+        }
         // What pgdp's own evaluator does not cover (`current_setting('server_version_num')::int
         // / 100`, as Grafana asks) is a catalog query with no relation: checked against the
         // allow-lists and run on the data-free shadow catalog, settings bound by pgdp.
@@ -87,6 +103,52 @@ pub(super) fn route_query(query: &ast::Query) -> Result<Route<'_>> {
         return Ok(Route::Catalog(query));
     }
     Ok(Route::Dp(query))
+}
+
+/// `set_config(name, value, is_local)` as the one item of a FROM-less SELECT.
+fn set_config(items: &[SelectItem]) -> Option<SetConfig<'_>> {
+    let [item] = items else {
+        return None;
+    };
+    let (expr, column) = match item {
+        SelectItem::UnnamedExpr(e) => (e, "set_config"),
+        SelectItem::ExprWithAlias { expr, alias } => (expr, alias.value.as_str()),
+        _ => return None,
+    };
+    let ast::Expr::Function(f) = expr else {
+        return None;
+    };
+    let parts: Vec<String> = f
+        .name
+        .0
+        .iter()
+        .map(|p| p.to_string().to_ascii_lowercase())
+        .collect();
+    if !matches!(parts.as_slice(), [n] | [_, n] if n == "set_config")
+        || (parts.len() == 2 && parts[0] != "pg_catalog")
+    {
+        return None;
+    }
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    let args: Vec<&ast::Expr> = list
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Some(e),
+            _ => None,
+        })
+        .collect();
+    match args.as_slice() {
+        [name, value, local] if list.args.len() == 3 => Some(SetConfig {
+            column,
+            name,
+            value,
+            local,
+        }),
+        _ => None,
+    }
 }
 
 /// Whether `query` names no table, view, CTE or table function anywhere.
@@ -231,6 +293,7 @@ mod tests {
                 Route::Show(_) => "show",
                 Route::Budget(_) => "budget",
                 Route::Constant(_) => "constant",
+                Route::SetConfig(_) => "set_config",
                 Route::Catalog(_) => "catalog",
                 Route::Dp(_) => "dp",
                 Route::Explain(_) => "explain",
@@ -264,6 +327,12 @@ mod tests {
             ("SELECT * FROM (VALUES (1)) v WHERE v.column1 IN (SELECT person_id FROM demo.people)", Ok("dp")),
             ("WITH v AS (VALUES (1)) SELECT * FROM v", Ok("dp")),
             ("SELECT version(), current_schema()", Ok("constant")),
+            // Django on connect, with client- and server-side binding.
+            ("SELECT set_config('TimeZone', 'UTC', false)", Ok("set_config")),
+            ("SELECT pg_catalog.set_config('TimeZone', $1, false) AS tz", Ok("set_config")),
+            // With anything else it is not a SET: the shadow catalog refuses it.
+            ("SELECT set_config('TimeZone', 'UTC', false), 1", Ok("catalog")),
+            ("SELECT set_config('TimeZone', 'UTC')", Ok("catalog")),
             (
                 "SELECT current_setting('server_version_num')::int/100 as version",
                 Ok("catalog"),

@@ -181,7 +181,7 @@ pub fn restrict(
             Cell::Text(t) => t.clone(),
             Cell::Bool(b) => b.to_string(),
         };
-        Some(Expr::value(ast::Value::SingleQuotedString(text)))
+        Some(Expr::value(crate::literal::dollar_quoted(&text)))
     };
     let mut alternatives: Vec<Expr> = Vec::new();
     for row in rows {
@@ -268,7 +268,7 @@ mod tests {
         )
         .expect("restricts");
         assert_eq!(
-            restricted.to_string(),
+            crate::literal::for_display(&restricted.to_string()),
             "SELECT DATE_TRUNC('month', visit_date) AS visit_date, clinic AS clinic, AVG(cost) AS \"AVG(cost)\" FROM demo.visits WHERE (visit_date >= DATE '2024-01-01') AND (((clinic) = 'north') OR ((clinic) = 'o''neil')) GROUP BY DATE_TRUNC('month', visit_date), clinic LIMIT 10000"
         );
         let none = restrict(&s, &["clinic__".into()], &[]).expect("restricts");

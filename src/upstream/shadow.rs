@@ -421,6 +421,22 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
             .filter(|r| r.get::<_, bool>(2))
             .map(|r| r.get::<_, String>(0))
             .collect();
+        // The primary key too (an ORM's describeTable, BI tools' joins), when every column of
+        // it is declared: a fact of the schema, as NOT NULL is.
+        let primary_key: Vec<String> = conn
+            .client()
+            .query(
+                "SELECT a.attname FROM pg_catalog.pg_constraint c \
+                 CROSS JOIN LATERAL pg_catalog.unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) \
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum \
+                 WHERE c.conrelid = pg_catalog.to_regclass($1) AND c.contype = 'p' ORDER BY k.n",
+                &[&qualified],
+            )
+            .await
+            .map_err(fail("read the primary key"))?
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect();
         if upstream_types.is_empty() {
             tracing::error!(table = %table.qualified_name(), "policy table does not exist on the upstream");
         }
@@ -454,6 +470,11 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
                 format!("{} {ty}{constraint}", quote_ident(&c.name))
             })
             .collect();
+        let mut columns = columns;
+        if !primary_key.is_empty() && primary_key.iter().all(|k| table.column(k).is_some()) {
+            let key: Vec<String> = primary_key.iter().map(|k| quote_ident(k)).collect();
+            columns.push(format!("PRIMARY KEY ({})", key.join(", ")));
+        }
         let mut column_notes = String::new();
         for c in &ordered {
             let mut parts = Vec::new();

@@ -245,8 +245,9 @@ fn psql_table<'a>(stdout: &'a str, title: &str) -> Vec<Vec<&'a str>> {
     let _title = lines.next();
     let _column_names = lines.next();
     let _rule = lines.next();
+    // The rows end at the row count, a blank line, or a footer such as `Indexes:`.
     lines
-        .take_while(|l| !l.starts_with('(') && !l.is_empty())
+        .take_while(|l| !l.starts_with('(') && l.contains('|'))
         .map(|l| l.split('|').map(str::trim).collect())
         .collect()
 }

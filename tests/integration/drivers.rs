@@ -196,7 +196,9 @@ async fn time_ranges_as_superset_and_analysts_write_them() {
         .filter_map(|r| r.into_iter().next().flatten())
         .collect();
     assert!(
-        plan.iter().any(|l| l.contains("DATE '2024-01-01'")),
+        // Dollar-quoted, as every literal pgdp sends upstream.
+        plan.iter()
+            .any(|l| l.contains("DATE $__dp_s0$2024-01-01$__dp_s0$")),
         "{plan:#?}"
     );
     // An analyst's "last 12 months": relative to the clock, folded when the statement starts
@@ -353,6 +355,103 @@ async fn catalog_shows_the_served_database_and_not_null_columns() {
             vec![Some("age".to_string()), Some("YES".to_string())],
             vec![Some("person_id".to_string()), Some("NO".to_string())],
         ]
+    );
+    // The upstream's primary keys (Sequelize's describeTable, Metabase's sync read them).
+    let keys = s
+        .simple_rows(
+            "SELECT tc.table_name, kcu.column_name FROM information_schema.table_constraints tc JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name AND kcu.table_schema = tc.table_schema WHERE tc.table_schema = 'demo' AND tc.constraint_type = 'PRIMARY KEY' ORDER BY 1",
+        )
+        .await
+        .expect("primary keys");
+    let upstream = upstream_client().await;
+    let expected: Vec<Vec<Option<String>>> = upstream
+        .query(
+            "SELECT tc.table_name::text, kcu.column_name::text FROM information_schema.table_constraints tc JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name AND kcu.table_schema = tc.table_schema WHERE tc.table_schema = 'demo' AND tc.constraint_type = 'PRIMARY KEY' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("upstream primary keys")
+        .iter()
+        .map(|r| vec![Some(r.get::<_, String>(0)), Some(r.get::<_, String>(1))])
+        .collect();
+    assert!(!keys.is_empty());
+    assert_eq!(keys, expected);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn set_config_is_the_set_it_means() {
+    let proxy = rich_proxy(87).await;
+    let s = proxy.connect().await;
+    // Django on connect when its TIME_ZONE is not the server's, client-side binding.
+    let rows = s
+        .simple_rows("SELECT set_config('TimeZone', 'Europe/Berlin', false)")
+        .await
+        .expect("set_config");
+    assert_eq!(rows, vec![vec![Some("Europe/Berlin".to_string())]]);
+    assert_eq!(s.show("TimeZone").await, "Europe/Berlin");
+    // Server-side binding: the value bound as $1, the column typed text.
+    let statement = s
+        .prepare("SELECT set_config('TimeZone', $1, false)")
+        .await
+        .expect("prepare set_config");
+    assert_eq!(statement.columns()[0].type_(), &Type::TEXT);
+    assert_eq!(statement.columns()[0].name(), "set_config");
+    let row = s
+        .query_one(&statement, &[&"UTC"])
+        .await
+        .expect("set_config with $1");
+    assert_eq!(row.get::<_, String>(0), "UTC");
+    assert_eq!(s.show("TimeZone").await, "UTC");
+    // A zone PostgreSQL does not know is refused as SET refuses it, and the zone stays.
+    assert_code(
+        s.simple_rows("SELECT set_config('TimeZone', 'Mars/Olympus', false)")
+            .await,
+        &tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE,
+        "unknown zone",
+    );
+    assert_eq!(s.show("TimeZone").await, "UTC");
+    // A privacy setting through set_config is the SET, with its checks.
+    assert_code(
+        s.simple_rows("SELECT set_config('pgdp.epsilon', '1000', false)")
+            .await,
+        &tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE,
+        "epsilon above the cap",
+    );
+    assert_eq!(s.budget().await.epsilon_spent, 0.0);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn text_that_is_not_a_number_is_refused_before_any_charge() {
+    let proxy = rich_proxy(88).await;
+    let s = proxy.connect().await;
+    for sql in [
+        "SELECT COUNT(*) FROM demo.people WHERE age > '30 OR true'",
+        "SELECT COUNT(*) FROM demo.people WHERE age IN (30, 'x')",
+        "SELECT COUNT(*) FROM demo.people WHERE age BETWEEN '1.5' AND 40",
+        "SELECT COUNT(*) FROM demo.people WHERE income > 'lots'",
+    ] {
+        assert_code(
+            s.simple_rows(sql).await,
+            &tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE,
+            sql,
+        );
+    }
+    // What PostgreSQL reads as numbers is answered.
+    let n: i64 = s
+        .query_one(
+            "SELECT COUNT(*) FROM demo.people WHERE age > ' 30 ' AND income < '1e6'",
+            &[],
+        )
+        .await
+        .expect("numbers as text")
+        .get(0);
+    assert!(n > 10_000, "{n}");
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        1.0,
+        "one charge, for the answer"
     );
     proxy.stop().await;
 }

@@ -367,7 +367,11 @@ fn describe(c: &Compiled) -> Vec<String> {
             format!("{} <- {}", a.text, ms.join(" "))
         })
         .collect();
-    lines.push(format!("aggregates: {}", aggregates.join("; ")));
+    if aggregates.is_empty() {
+        lines.push("aggregates: none (keys alone)".to_string());
+    } else {
+        lines.push(format!("aggregates: {}", aggregates.join("; ")));
+    }
     let outputs: Vec<String> = plan
         .outputs()
         .iter()

@@ -83,7 +83,7 @@ impl<'a> Analyzer<'a> {
                         let index: usize = p
                             .strip_prefix('$')
                             .and_then(|n| n.parse().ok())
-                            .filter(|n| *n >= 1 && *n <= 256)
+                            .filter(|n| *n >= 1 && *n <= limits::PARAMETERS_PER_STATEMENT_MAX)
                             .ok_or_else(|| Error::unsupported("this parameter syntax", "Use $1, $2, …"))?;
                         self.parameters.entry(index).or_insert((ColumnType::Text, None));
                         return Ok(Info::constant(None, None));
@@ -96,7 +96,7 @@ impl<'a> Analyzer<'a> {
                 let ty = type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
                 // A malformed date fails upstream after the charge: check it here.
                 let text = crate::literal::string_value(&ts.value.value).unwrap_or_default();
-                check_temporal_text(text, ty)?;
+                check_text_of_type(text, ty)?;
                 Ok(Info::constant(Some(ty), None))
             }
             Expr::Nested(inner) => self.expr(inner, role),
@@ -138,14 +138,14 @@ impl<'a> Analyzer<'a> {
                         check_comparable(&l, &r)?;
                         // 'YYYY-MM-DD' compared with a date is read as a date by the upstream:
                         // a malformed one would fail there, after the charge.
-                        check_temporal_literal(left, r.ty)?;
-                        check_temporal_literal(right, l.ty)?;
+                        check_literal_of_type(left, r.ty)?;
+                        check_literal_of_type(right, l.ty)?;
                         Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None))
                     }
                     B::Minus if l.ty == Some(ColumnType::Date) && r.ty == Some(ColumnType::Date) => {
                         // date - date: the days between them, an integer (see the guard).
-                        check_temporal_literal(left, r.ty)?;
-                        check_temporal_literal(right, l.ty)?;
+                        check_literal_of_type(left, r.ty)?;
+                        check_literal_of_type(right, l.ty)?;
                         let guarded = date_difference_guard(left.as_ref().clone(), right.as_ref().clone());
                         *e = Expr::Nested(Box::new(guarded));
                         let declared = Some("integer".to_string());
@@ -212,6 +212,7 @@ impl<'a> Analyzer<'a> {
                         return Err(unsupported_here("IN lists of non-literals"));
                     }
                     self.infer_parameter(item, &i);
+                    check_literal_of_type(item, i.ty)?;
                     parts.push(li);
                 }
                 let refs: Vec<&Info> = parts.iter().collect();
@@ -223,6 +224,8 @@ impl<'a> Analyzer<'a> {
                 let hi = self.expr(high, role)?;
                 self.infer_parameter(low, &i);
                 self.infer_parameter(high, &i);
+                check_literal_of_type(low, i.ty)?;
+                check_literal_of_type(high, i.ty)?;
                 Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &lo, &hi], None))
             }
             Expr::Like { expr, pattern, escape_char, any, .. } | Expr::ILike { expr, pattern, escape_char, any, .. } => {
@@ -309,7 +312,7 @@ impl<'a> Analyzer<'a> {
                 let _ = kind;
                 let i = self.expr(expr, role)?;
                 let target = type_of_data_type(data_type).ok_or_else(|| unsupported_here(&format!("casts to {data_type}")))?;
-                check_temporal_literal(expr, Some(target))?;
+                check_literal_of_type(expr, Some(target))?;
                 // Casts of literals are constant (they fail or not regardless of the data);
                 // casts of columns must be total.
                 // Only casts that cannot fail: to text, and to the widest type of a family

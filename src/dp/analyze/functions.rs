@@ -292,25 +292,34 @@ pub(super) fn type_of_data_type(dt: &ast::DataType) -> Option<ColumnType> {
     })
 }
 
-/// Refuses (22023, before any charge) a string literal that the upstream would read as a date or
-/// timestamp of type `ty` and reject: the error would come after the charge.
-pub(super) fn check_temporal_literal(expr: &Expr, ty: Option<ColumnType>) -> Result<()> {
-    let Some(ty @ (ColumnType::Date | ColumnType::Timestamp)) = ty else {
+/// Refuses (22023, before any charge) a string literal that the upstream would read as a value of
+/// type `ty` (a date, timestamp, integer, numeric or boolean) and reject: the error would come
+/// after the charge.
+pub(super) fn check_literal_of_type(expr: &Expr, ty: Option<ColumnType>) -> Result<()> {
+    let Some(ty) = ty else {
         return Ok(());
     };
     match expr {
-        Expr::Nested(inner) => check_temporal_literal(inner, Some(ty)),
+        Expr::Nested(inner) => check_literal_of_type(inner, Some(ty)),
         Expr::Value(v) => match crate::literal::string_value(&v.value) {
-            Some(text) => check_temporal_text(text, ty),
+            Some(text) => check_text_of_type(text, ty),
             None => Ok(()),
         },
         _ => Ok(()),
     }
 }
 
-/// Whether `text` is a date (`YYYY-MM-DD`) or timestamp (a date, then digits, spaces, `:.T+-`)
-/// the upstream accepts; 22023 otherwise.
-pub(super) fn check_temporal_text(text: &str, ty: ColumnType) -> Result<()> {
+/// Whether `text` is a value of `ty` the upstream accepts (for a date `YYYY-MM-DD`, for a
+/// timestamp a date, then digits, spaces, `:.T+-`); 22023 otherwise.
+pub(super) fn check_text_of_type(text: &str, ty: ColumnType) -> Result<()> {
+    if let Some(what) = match ty {
+        ColumnType::Integer => Some("integer"),
+        ColumnType::Numeric => Some("numeric"),
+        ColumnType::Boolean => Some("boolean"),
+        _ => None,
+    } {
+        return check_scalar_text(text, ty, what);
+    }
     let valid = match ty {
         // PostgreSQL's date input reads a timestamp's date ('2024-01-01 00:00:00', how drivers
         // write a JavaScript or Python datetime) and drops its time.
@@ -327,6 +336,50 @@ pub(super) fn check_temporal_text(text: &str, ty: ColumnType) -> Result<()> {
             name: format!("the {} literal '{text}'", if ty == ColumnType::Date { "date" } else { "timestamp" }),
             reason: "is not a valid value".into(),
             hint: "Write dates as 'YYYY-MM-DD' (e.g. DATE '2024-06-01') and timestamps as 'YYYY-MM-DD HH:MM:SS'.".into(),
+        })
+    }
+}
+
+/// A string literal read as an integer, numeric or boolean (compared with such a column, in an
+/// IN list or BETWEEN, or cast): PostgreSQL reads it with the type's input function and fails
+/// on text it cannot read, which would happen upstream, after the charge. 22023 here instead.
+fn check_scalar_text(text: &str, ty: ColumnType, what: &str) -> Result<()> {
+    let t = text.trim();
+    let valid = match ty {
+        ColumnType::Integer => {
+            let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
+            !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && t.parse::<i64>().is_ok()
+        }
+        ColumnType::Numeric => {
+            let lower = t.to_ascii_lowercase();
+            let digits = lower.strip_prefix(['+', '-']).unwrap_or(&lower);
+            matches!(digits, "nan" | "infinity" | "inf")
+                || (digits
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'+' | b'-'))
+                    && digits
+                        .bytes()
+                        .next()
+                        .is_some_and(|b| b.is_ascii_digit() || b == b'.')
+                    && t.parse::<f64>().is_ok())
+        }
+        _ => matches!(
+            t.to_ascii_lowercase().as_str(),
+            "t" | "true" | "y" | "yes" | "on" | "1" | "f" | "false" | "n" | "no" | "off" | "0"
+        ),
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidParameter {
+            name: format!(
+                "the {what} literal '{}'",
+                text.chars().take(64).collect::<String>()
+            ),
+            reason: format!("is not a valid {what}"),
+            hint: format!("Compare a {what} column with a {what} value."),
         })
     }
 }
