@@ -83,8 +83,9 @@ pub enum Error {
     },
 
     /// The client connected to a database the policy does not serve.
+    /// A startup packet naming a database pgdp does not serve; the hint names the one it does.
     #[error("database \"{name}\" does not exist")]
-    UnknownDatabase { name: String },
+    UnknownDatabase { name: String, hint: String },
 
     /// The query would spend more than the analyst (or the dataset) has left.
     #[error("{detail}")]
@@ -206,7 +207,8 @@ impl Error {
             Error::Unsupported { hint, .. }
             | Error::Forbidden { hint, .. }
             | Error::UnknownFunction { hint, .. }
-            | Error::InvalidParameter { hint, .. } => (!hint.is_empty()).then_some(hint.as_str()),
+            | Error::InvalidParameter { hint, .. }
+            | Error::UnknownDatabase { hint, .. } => (!hint.is_empty()).then_some(hint.as_str()),
             Error::PostProcessing { hint, .. } => hint.as_deref(),
             Error::UnknownTable { .. } => {
                 Some("Only the tables listed in the pgdp policy can be queried.")
@@ -236,7 +238,6 @@ impl Error {
             | Error::Authentication { .. }
             | Error::AuthenticationThrottled
             | Error::EncryptionRequired { .. }
-            | Error::UnknownDatabase { .. }
             | Error::LimitExceeded { .. }
             | Error::TooManyConnections { .. }
             | Error::Canceled { .. }

@@ -179,8 +179,13 @@ fn tls_files(args: &Args) -> anyhow::Result<Option<pgdp::server::TlsFiles>> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: logs piped to a file or a collector stay plain
+    // text (NO_COLOR, https://no-color.org, turns it off at a terminal too).
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .init();
 }

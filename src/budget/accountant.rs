@@ -532,7 +532,8 @@ pub struct Refusal {
 const MESSAGE_DIGITS: u32 = 6;
 
 impl fmt::Display for Refusal {
-    /// For an analyst: `requested ε=0.5, remaining ε=0.2 of 10, δ=0 of 0.00001`. For the dataset
+    /// For an analyst: `requested ε=0.5, remaining ε=0.2 of 10` (and the remaining δ when the
+    /// query spends δ). For the dataset
     /// the remaining amounts are not shown: they depend on what other analysts did.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Cost {
@@ -556,13 +557,21 @@ impl fmt::Display for Refusal {
             Scope::Analyst => {
                 write!(
                     f,
-                    ", remaining ε={} of {}, δ={} of {} (partition selection's half of δ={})",
+                    ", remaining ε={} of {}",
                     self.remaining.epsilon.floor_significant(MESSAGE_DIGITS),
                     self.limit.epsilon,
-                    self.remaining.delta.floor_significant(MESSAGE_DIGITS),
-                    self.limit.selection_delta(),
-                    self.limit.delta,
                 )?;
+                // δ only for a query that spends it (partition selection): it cannot be what
+                // refused a query that needs none.
+                if !delta.is_zero() {
+                    write!(
+                        f,
+                        ", δ={} of {} (partition selection's half of δ={})",
+                        self.remaining.delta.floor_significant(MESSAGE_DIGITS),
+                        self.limit.selection_delta(),
+                        self.limit.delta,
+                    )?;
+                }
                 if !rho.is_zero() {
                     write!(
                         f,
@@ -730,6 +739,28 @@ pub fn admit(limit: &Limit, spent: &Spent, cost: &Cost) -> Result<Spent, Refusal
             window: None,
         }),
     }
+}
+
+/// The ε a charge of `cost` took from what was left, `spent` being the totals after it: the
+/// remaining ε ([`remaining`]) before the charge minus the remaining ε after it. This is the
+/// price of a charge in the analyst's currency whatever its mechanism (a Gaussian query's ρ
+/// costs ε through the Rényi filter), and it depends on what was spent before: the same ρ
+/// takes less ε from a fresh budget than from one that holds only pure-ε charges. Exact (the
+/// sums are exact) except where a total saturated at [`Fixed::MAX`].
+pub fn epsilon_taken(limit: &Limit, spent: &Spent, cost: &Cost) -> Fixed {
+    let mut renyi = spent.renyi;
+    for (i, slot) in renyi.iter_mut().enumerate() {
+        *slot = slot.saturating_sub(cost.renyi(i));
+    }
+    let before = Spent {
+        epsilon: spent.epsilon.saturating_sub(cost.epsilon),
+        delta: spent.delta.saturating_sub(cost.delta),
+        rho: spent.rho.saturating_sub(cost.rho),
+        renyi,
+    };
+    remaining(limit, &before)
+        .epsilon
+        .saturating_sub(remaining(limit, spent).epsilon)
 }
 
 /// How many more times `cost` would be admitted on top of `spent`, one after the other: the
@@ -1057,16 +1088,26 @@ mod tests {
         let lim = limit("10", "0.00001");
         let spent = Spent::ZERO + Cost::pure(fx("9.8"));
         let refusal = admit(&lim, &spent, &Cost::pure(fx("0.5"))).unwrap_err();
+        // A query that spends no δ: the message says nothing of δ.
         assert_eq!(
             refusal.to_string(),
-            "requested ε=0.5, remaining ε=0.2 of 10, δ=0.000005 of 0.000005 (partition selection's half of δ=0.00001)"
+            "requested ε=0.5, remaining ε=0.2 of 10"
         );
         let error = Error::from(refusal);
         assert_eq!(error.sqlstate().code(), "53400");
         // ε = 0.2 is left: too small for this query, not exhausted.
         assert_eq!(
             error.to_string(),
-            "privacy budget too small for this query: requested ε=0.5, remaining ε=0.2 of 10, δ=0.000005 of 0.000005 (partition selection's half of δ=0.00001)"
+            "privacy budget too small for this query: requested ε=0.5, remaining ε=0.2 of 10"
+        );
+        // One that spends δ (partition selection) is told what is left of it.
+        let with_delta = Cost {
+            delta: fx("0.0000001"),
+            ..Cost::pure(fx("0.5"))
+        };
+        assert_eq!(
+            admit(&lim, &spent, &with_delta).unwrap_err().to_string(),
+            "requested ε=0.5 and δ=0.0000001, remaining ε=0.2 of 10, δ=0.000005 of 0.000005 (partition selection's half of δ=0.00001)"
         );
         let used_up = Spent::ZERO + Cost::pure(fx("10"));
         let refusal_at_zero = admit(&lim, &used_up, &Cost::pure(fx("0.5"))).unwrap_err();
@@ -1217,6 +1258,25 @@ mod tests {
         assert!(
             admissions > 5_000 && refusals > 5_000 && mixed > 100,
             "{admissions} {refusals} {mixed}"
+        );
+    }
+
+    /// The ε a charge takes is the drop of the remaining ε: the pure ε itself under basic
+    /// composition, and a positive amount for a Gaussian ρ (never "epsilon=0").
+    #[test]
+    fn epsilon_taken_is_the_drop_of_the_remaining_epsilon() {
+        let f = |x: f64| Fixed::from_f64_ceil(x).unwrap();
+        let lim = Limit::new(f(10.0), f(1e-5));
+        let pure = Cost::pure(f(0.5));
+        let spent = admit(&lim, &Spent::ZERO, &pure).unwrap();
+        assert_eq!(epsilon_taken(&lim, &spent, &pure), f(0.5));
+        let gaussian = Cost::zcdp(f(0.000253557949540744));
+        let after = admit(&lim, &spent, &gaussian).unwrap();
+        let taken = epsilon_taken(&lim, &after, &gaussian);
+        assert!(taken > Fixed::ZERO, "{taken}");
+        assert_eq!(
+            remaining(&lim, &spent).epsilon.saturating_sub(taken),
+            remaining(&lim, &after).epsilon
         );
     }
 

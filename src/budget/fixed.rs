@@ -218,6 +218,23 @@ impl Fixed {
         let unit = 10u128.pow(len - digits);
         Fixed(self.0 - self.0 % unit)
     }
+
+    /// This value rounded up to `digits` significant decimal digits (at least 1), for short
+    /// human-readable messages that never understate a cost.
+    pub fn ceil_significant(self, digits: u32) -> Fixed {
+        let digits = digits.max(1);
+        let len = decimal_len(self.0);
+        if len <= digits {
+            return self;
+        }
+        let unit = 10u128.pow(len - digits);
+        let down = self.0 - self.0 % unit;
+        if down == self.0 {
+            self
+        } else {
+            Fixed(down.saturating_add(unit))
+        }
+    }
 }
 
 /// Number of decimal digits of `n` (1 for zero).
@@ -496,6 +513,16 @@ mod tests {
         assert_eq!(Fixed::ONE.checked_add(Fixed::MAX), None);
         assert_eq!(Fixed::ZERO.checked_sub(Fixed::ONE), None);
         assert_eq!(Fixed::ZERO.saturating_sub(Fixed::ONE), Fixed::ZERO);
+    }
+
+    #[test]
+    fn ceil_significant_never_rounds_down() {
+        let x = Fixed::from_f64_ceil(0.000253557949540744).unwrap();
+        assert_eq!(x.ceil_significant(6).to_string(), "0.000253558");
+        assert_eq!(x.ceil_significant(3).to_string(), "0.000254");
+        assert!(x.ceil_significant(3) >= x);
+        assert_eq!(Fixed::ONE.ceil_significant(3), Fixed::ONE);
+        assert_eq!(Fixed::ZERO.ceil_significant(3), Fixed::ZERO);
     }
 
     #[test]

@@ -28,8 +28,8 @@ pub mod ledger;
 pub mod window;
 
 pub use accountant::{
-    admit, guarantee, remaining, repeats, within, zcdp_to_epsilon, Cost, Guarantee, Limit, Refusal,
-    Remaining, Scope, Spent,
+    admit, epsilon_taken, guarantee, remaining, repeats, within, zcdp_to_epsilon, Cost, Guarantee,
+    Limit, Refusal, Remaining, Scope, Spent,
 };
 pub use fixed::{Fixed, FixedError};
 pub use lease::{slice_size, Slice};

@@ -112,8 +112,13 @@ impl AuthSource for Credentials {
         let user = login.user().unwrap_or_default();
         let database = login.database().unwrap_or(user);
         if database != self.database {
-            return Err(user_error(&Error::UnknownDatabase {
+            // FATAL, as PostgreSQL refuses a startup packet for a database it does not have.
+            return Err(super::fatal_user_error(&Error::UnknownDatabase {
                 name: database.to_string(),
+                hint: format!(
+                    "This server serves the database \"{}\"; connect to it (e.g. psql -d {}).",
+                    self.database, self.database
+                ),
             }));
         }
         let secret = match self.secrets.get(user) {

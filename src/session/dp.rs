@@ -855,22 +855,42 @@ pub(super) fn explain_columns() -> Vec<OutColumn> {
 }
 
 /// The NOTICE of a charged answer: what it cost and what is left, in the words of
-/// `budget::accountant` (ε, δ, and ρ when the query spent zCDP ρ).
+/// `budget::accountant`. A pure-ε charge reads `charged epsilon=…, delta=…`; a charge with
+/// zCDP ρ (Gaussian noise) states ρ, rounded up, and what it took in the analyst's currency,
+/// `about epsilon=… of the budget` ([`crate::budget::epsilon_taken`]), never `epsilon=0`.
 fn charge_notice(
     cost: &crate::budget::Cost,
     balance: &crate::budget::Balance,
     window: Option<crate::budget::Window>,
 ) -> String {
-    let mut charged = format!("epsilon={}, delta={}", cost.epsilon, cost.delta);
-    if !cost.rho.is_zero() {
-        charged.push_str(&format!(", rho={} (zCDP)", cost.rho));
-    }
+    let charged = if cost.rho.is_zero() {
+        format!("epsilon={}, delta={}", cost.epsilon, cost.delta)
+    } else {
+        let rho = cost.rho.ceil_significant(RHO_DIGITS);
+        let pure = if cost.epsilon.is_zero() {
+            String::new()
+        } else {
+            format!("epsilon={} and ", cost.epsilon)
+        };
+        let taken = crate::budget::epsilon_taken(&balance.limit, &balance.spent, cost)
+            .ceil_significant(TAKEN_DIGITS);
+        format!(
+            "{pure}rho={rho} (zCDP), delta={}: about epsilon={taken} of the budget",
+            cost.delta
+        )
+    };
     format!(
         "pgdp: charged {charged}; {}; {}",
         remaining_text(balance, window, !cost.rho.is_zero()),
         repeats_text(&balance.limit, &balance.spent, cost)
     )
 }
+
+/// Significant digits of a charged ρ in NOTICEs, rounded up (never less than was charged).
+const RHO_DIGITS: u32 = 6;
+
+/// Significant digits of the ε a ρ charge took, rounded up.
+const TAKEN_DIGITS: u32 = 3;
 
 /// The NOTICEs of an answer: `first` (what it cost, or where it came from), then whether a
 /// statistic was capped and whether groups were cut at the release limit.
@@ -931,7 +951,8 @@ pub(super) fn repeats_text(
     } else {
         "about"
     };
-    format!("room for {about} {k} more queries like this one")
+    let queries = if k == 1 { "query" } else { "queries" };
+    format!("room for {about} {k} more {queries} like this one")
 }
 
 #[cfg(test)]
@@ -944,6 +965,18 @@ mod tests {
             other => panic!("not a query: {other}"),
         };
         described_statement(&query)
+    }
+
+    #[test]
+    fn room_for_one_more_query_is_singular() {
+        use crate::budget::{Cost, Fixed, Limit, Spent};
+        let f = |x: f64| Fixed::from_f64_ceil(x).unwrap();
+        let limit = Limit::new(f(10.0), f(1e-5));
+        let cost = Cost::pure(f(0.5));
+        let text =
+            |spent: f64| super::repeats_text(&limit, &(Spent::ZERO + Cost::pure(f(spent))), &cost);
+        assert_eq!(text(9.5), "room for about 1 more query like this one");
+        assert_eq!(text(9.0), "room for about 2 more queries like this one");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Authentication as PostgreSQL does it: a wrong password and an unknown user both get FATAL
 //! 28P01 `password authentication failed for user "<name>"` with the name the client sent
-//! (tokio-postgres and psql), and repeated failures from one address are refused with 53300
-//! while other addresses are still served.
+//! (tokio-postgres and psql), a database pgdp does not serve gets FATAL 3D000 with a hint naming
+//! the one it serves, and repeated failures from one address are refused with 53300 while other
+//! addresses are still served.
 //!
 //! Unlike the other modules, these tests also assert the message text: matching PostgreSQL's
 //! exact wording is the point of the feature (clients and tools match on it).
@@ -62,6 +63,44 @@ async fn wrong_password_and_unknown_user_get_postgres_message() {
     }
     // The right password still works.
     proxy.connect().await.assert_alive("failed logins").await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_database_pgdp_does_not_serve_is_fatal_3d000_naming_the_served_one() {
+    let proxy = Proxy::start(42).await;
+    let error = assert_code(
+        proxy
+            .try_connect(ANALYST, PASSWORD, "postgres")
+            .await
+            .map(drop),
+        &SqlState::INVALID_CATALOG_NAME,
+        "another database",
+    );
+    let db = error.as_db_error().expect("a server error");
+    assert_eq!(db.severity(), "FATAL", "{db:?}");
+    assert_eq!(db.message(), "database \"postgres\" does not exist");
+    assert!(
+        db.hint()
+            .is_some_and(|h| h.contains(&format!("\"{DATABASE}\""))),
+        "{db:?}"
+    );
+    // psql shows it as PostgreSQL's FATAL line, with the hint.
+    let run = proxy
+        .psql_as(ANALYST, PASSWORD, &["-d", "postgres"], &["SELECT 1"])
+        .await;
+    assert_ne!(run.status, Some(0));
+    assert!(
+        run.stderr
+            .contains("FATAL:  database \"postgres\" does not exist"),
+        "{}",
+        run.stderr
+    );
+    proxy
+        .connect()
+        .await
+        .assert_alive("a refused database")
+        .await;
     proxy.stop().await;
 }
 

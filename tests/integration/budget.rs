@@ -627,9 +627,12 @@ async fn gaussian_counts_are_composed_in_zcdp_and_last_far_longer() {
                 assert_eq!(rows.len(), 1);
                 let notices = s.take_notices();
                 assert!(
-                    notices.iter().any(|n| n
-                        .starts_with("pgdp: charged epsilon=0, delta=0, rho=0.0")
-                        && n.contains("(zCDP)")),
+                    // ρ, and what it took in ε: never "epsilon=0".
+                    notices
+                        .iter()
+                        .any(|n| n.starts_with("pgdp: charged rho=0.0")
+                            && n.contains(" (zCDP), delta=0: about epsilon=0.")
+                            && n.contains(" of the budget; remaining epsilon=")),
                     "{notices:?}"
                 );
                 answered += 1;

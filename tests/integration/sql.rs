@@ -208,12 +208,17 @@ fn pgdp_own_form(sql: &str) -> bool {
     sql.contains("MEDIAN(") || (sql.contains("demo.prescriptions") && sql.contains("person_id"))
 }
 
-/// The cost a DP answer's NOTICEs state: `epsilon=…, delta=…[, rho=…]` of `pgdp: charged …;`,
+/// The cost a DP answer's NOTICEs state: `epsilon=…, delta=…` or `rho=… (zCDP), delta=…` of
+/// `pgdp: charged …;` (without the ε a ρ took, which depends on the session's earlier charges),
 /// or `nothing` for an answer replayed, reused or derived from an earlier release.
 fn stated_charge(notices: &[String]) -> String {
     for n in notices {
         if let Some(rest) = n.strip_prefix("pgdp: charged ") {
-            return rest.split(';').next().unwrap_or_default().to_string();
+            return rest
+                .split([';', ':'])
+                .next()
+                .unwrap_or_default()
+                .to_string();
         }
         if n.contains("charged nothing") {
             return "nothing".to_string();
