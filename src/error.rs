@@ -18,6 +18,16 @@ pub enum Error {
     #[error("syntax error: {message}")]
     Syntax { message: String },
 
+    /// The parser stopped at a token (or the end of the text): PostgreSQL's wording, `syntax
+    /// error at or near "…"` or `syntax error at end of input`, with the token's 1-based
+    /// character position for the client to point at, and what the parser expected as detail.
+    #[error("syntax error at {near}")]
+    SyntaxAt {
+        near: String,
+        position: Option<usize>,
+        expected: String,
+    },
+
     /// A construct pgdp does not support (yet); nothing was run.
     #[error("{what} is not supported by pgdp")]
     Unsupported { what: String, hint: String },
@@ -166,7 +176,7 @@ impl Error {
     /// The SQLSTATE a client receives for this error.
     pub fn sqlstate(&self) -> SqlState {
         match self {
-            Error::Syntax { .. } => SqlState::SYNTAX_ERROR,
+            Error::Syntax { .. } | Error::SyntaxAt { .. } => SqlState::SYNTAX_ERROR,
             Error::Unsupported { .. } => SqlState::FEATURE_NOT_SUPPORTED,
             Error::Forbidden { .. } => SqlState::INSUFFICIENT_PRIVILEGE,
             Error::UnknownTable { .. } => SqlState::UNDEFINED_TABLE,
@@ -232,6 +242,7 @@ impl Error {
                 Some("The data owner removed this analyst from the pgdp policy.")
             }
             Error::Syntax { .. }
+            | Error::SyntaxAt { .. }
             | Error::UnknownCursor { .. }
             | Error::DuplicateCursor { .. }
             | Error::InvalidMechanism { .. }
@@ -254,6 +265,24 @@ impl Error {
     /// closes), rather than the statement.
     pub fn ends_session(&self) -> bool {
         matches!(self, Error::AdminShutdown)
+    }
+
+    /// The 1-based character position in the statement text that the error points at.
+    pub fn position(&self) -> Option<usize> {
+        match self {
+            Error::SyntaxAt { position, .. } => *position,
+            _ => None,
+        }
+    }
+
+    /// Detail for the client, where the error has one.
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            Error::SyntaxAt { expected, .. } if !expected.is_empty() => {
+                Some(format!("pgdp's parser expected {expected} there."))
+            }
+            _ => None,
+        }
     }
 
     /// Shorthand for a policy refusal.

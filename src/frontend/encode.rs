@@ -11,6 +11,8 @@ pub(super) fn error_info(e: &Error) -> ErrorInfo {
         e.to_string(),
     );
     info.hint = e.hint().map(str::to_owned);
+    info.detail = e.detail();
+    info.position = e.position().map(|p| p.to_string());
     info
 }
 

@@ -113,9 +113,7 @@ pub fn parse(sql: &str) -> Result<Vec<Ast>> {
                 what: "the nesting depth of the statement".into(),
                 limit: limits::PARSER_DEPTH_MAX as u64,
             },
-            other => Error::Syntax {
-                message: strip_parser_prefix(&other.to_string()),
-            },
+            other => syntax_error(sql, &other.to_string()),
         })?;
     if statements.len() > limits::STATEMENTS_PER_MESSAGE_MAX {
         return Err(Error::LimitExceeded {
@@ -124,6 +122,50 @@ pub fn parse(sql: &str) -> Result<Vec<Ast>> {
         });
     }
     Ok(statements)
+}
+
+/// A parser error as PostgreSQL words it: sqlparser's `Expected: X, found: T at Line: L,
+/// Column: C` becomes `syntax error at or near "T"` with T's character position in `sql` (or
+/// `at end of input`), X as detail; any other message stays sqlparser's, lower-cased.
+fn syntax_error(sql: &str, message: &str) -> Error {
+    let message = strip_parser_prefix(message);
+    let parsed = message
+        .strip_prefix("expected: ")
+        .and_then(|rest| rest.rsplit_once(", found: "))
+        .and_then(|(expected, found)| {
+            let (token, at) = found.rsplit_once(" at Line: ")?;
+            let (line, column) = at.split_once(", Column: ")?;
+            let line: usize = line.trim().parse().ok()?;
+            let column: usize = column.trim().parse().ok()?;
+            Some((expected.to_string(), token.to_string(), line, column))
+        });
+    let Some((expected, token, line, column)) = parsed else {
+        // `found: EOF` has no line and column.
+        if let Some(expected) = message
+            .strip_prefix("expected: ")
+            .and_then(|rest| rest.strip_suffix(", found: EOF"))
+        {
+            return Error::SyntaxAt {
+                near: "end of input".into(),
+                position: Some(sql.chars().count() + 1),
+                expected: expected.to_string(),
+            };
+        }
+        return Error::Syntax { message };
+    };
+    // Line and column count characters from 1; PostgreSQL's position counts characters of the
+    // whole text from 1.
+    let position = sql
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(|l| l.chars().count())
+        .sum::<usize>()
+        + column;
+    Error::SyntaxAt {
+        near: format!("or near \"{token}\""),
+        position: Some(position),
+        expected,
+    }
 }
 
 fn strip_parser_prefix(message: &str) -> String {
@@ -760,6 +802,42 @@ mod tests {
     #[test]
     fn one_bad_statement_refuses_the_message() {
         assert_eq!(code("SELECT 1; DROP TABLE demo.people"), "42501");
+    }
+
+    #[test]
+    fn syntax_errors_read_as_postgresql_words_them() {
+        let error = |sql: &str| match classify(sql) {
+            Err(e) => (e.to_string(), e.position(), e.sqlstate().code().to_string()),
+            Ok(_) => panic!("{sql} parsed"),
+        };
+        assert_eq!(
+            error("SELEC COUNT(*) FROM demo.people"),
+            (
+                "syntax error at or near \"SELEC\"".to_string(),
+                Some(1),
+                "42601".to_string()
+            )
+        );
+        assert_eq!(
+            error("SELECT COUNT(*)\nFROM demo.people WHERE age > > 3"),
+            (
+                "syntax error at or near \">\"".to_string(),
+                Some(46),
+                "42601".to_string()
+            )
+        );
+        assert_eq!(
+            error("SELECT COUNT(* FROM demo.people").0,
+            "syntax error at or near \"FROM\""
+        );
+        assert_eq!(
+            error("SELECT COUNT(*) FROM"),
+            (
+                "syntax error at end of input".to_string(),
+                Some(21),
+                "42601".to_string()
+            )
+        );
     }
 
     #[test]

@@ -357,6 +357,42 @@ async fn one_refused_statement_refuses_the_whole_message() {
 }
 
 #[tokio::test]
+async fn syntax_errors_read_as_postgresql_words_them() {
+    let proxy = Proxy::start(13).await;
+    let s = proxy.connect().await;
+    let upstream = crate::support::upstream_client().await;
+    for sql in [
+        "SELEC COUNT(*) FROM demo.people",
+        "SELECT COUNT(*)\nFROM demo.people WHERE age > > 3",
+        "SELECT COUNT(*) FROM",
+    ] {
+        let ours = assert_code(s.simple_query(sql).await, &SqlState::SYNTAX_ERROR, sql);
+        let theirs = upstream
+            .simple_query(sql)
+            .await
+            .expect_err("PostgreSQL refuses it too");
+        let (ours, theirs) = (ours.as_db_error().unwrap(), theirs.as_db_error().unwrap());
+        assert_eq!(ours.message(), theirs.message(), "{sql}");
+        assert_eq!(
+            format!("{:?}", ours.position()),
+            format!("{:?}", theirs.position()),
+            "{sql}"
+        );
+    }
+    // psql points at the token, as with PostgreSQL.
+    let run = proxy.psql(&[], &["SELEC 1"]).await;
+    assert!(
+        run.stderr
+            .contains("ERROR:  syntax error at or near \"SELEC\"")
+            && run.stderr.contains("LINE 1: SELEC 1"),
+        "{}",
+        run.stderr
+    );
+    s.assert_alive("syntax errors").await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
 async fn failed_statement_aborts_the_transaction_block_until_rollback() {
     let proxy = Proxy::start(12).await;
     let s = proxy.connect().await;
