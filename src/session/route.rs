@@ -91,6 +91,11 @@ pub(super) fn route_query(query: &ast::Query) -> Result<Route<'_>> {
         if items.iter().all(evaluated_by_pgdp) || calls_size_function(query) {
             return Ok(Route::Constant(items));
         }
+        // `SELECT EXISTS (SELECT 1 FROM demo.people WHERE …)` reads a policy table: a data
+        // query, which DP analysis answers or refuses as one (not a catalog lookup).
+        if !reads_no_relation(query) && !is_catalog_query(query) {
+            return Ok(Route::Dp(query));
+        }
         return Ok(Route::Catalog(query));
     }
     if let Some(columns) = budget_view(query)? {
@@ -338,6 +343,9 @@ mod tests {
                 Ok("catalog"),
             ),
             ("SELECT 1 + 1", Ok("catalog")),
+            // Whether a row exists is a data query.
+            ("SELECT EXISTS (SELECT 1 FROM demo.people WHERE age > 100)", Ok("dp")),
+            ("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class)", Ok("catalog")),
             ("SELECT pg_relation_size('demo.people')", Ok("constant")),
             ("SELECT relname FROM pg_catalog.pg_class", Ok("catalog")),
             (

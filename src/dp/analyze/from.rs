@@ -257,7 +257,7 @@ impl<'a> Analyzer<'a> {
             return Err(if from.is_empty() {
                 Error::unsupported(
                     "queries without FROM over data",
-                    "Aggregate in the query's own FROM, e.g. SELECT COUNT(*) FROM demo.people instead of SELECT (SELECT COUNT(*) FROM demo.people).",
+                    "Aggregate in the query's own FROM, e.g. SELECT COUNT(*) FROM demo.people instead of SELECT (SELECT COUNT(*) FROM demo.people); instead of SELECT EXISTS (…), count the rows (SELECT COUNT(*) FROM … WHERE …) and compare the noisy count.",
                 )
             } else {
                 Error::unsupported(

@@ -827,6 +827,7 @@ fn refusals_resolution() {
             ("now", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > now()", Refused(S::UNDEFINED_FUNCTION)),
             ("catalog function", "SELECT COUNT(*) FROM demo.visits WHERE pg_catalog.current_setting('x') = 'y'", Refused(S::UNDEFINED_FUNCTION)),
             ("catalog table", "SELECT COUNT(*) FROM pg_catalog.pg_class", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists without from", "SELECT EXISTS (SELECT 1 FROM demo.people WHERE age > 100)", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("information schema", "SELECT COUNT(*) FROM information_schema.tables", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("reserved output alias", "SELECT COUNT(*) AS __dp_n FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("reserved table reference", "SELECT COUNT(*) FROM demo.visits WHERE \"__dp_t0\".person_id = 1", Refused(S::INSUFFICIENT_PRIVILEGE)),
