@@ -164,6 +164,14 @@ pub enum Error {
     #[error("terminating connection due to administrator command")]
     AdminShutdown,
 
+    /// A released answer with a cell whose stated error (the 95 % noise bound, plus the
+    /// estimated shortfall of a cap chosen for the query) exceeds the share of its value the
+    /// session's `pgdp.max_relative_error` allows: refused after the charge, so that a tool that
+    /// never shows NOTICEs shows an error instead of a number that far off. Post-processing of
+    /// released values: `detail` quotes only released numbers and the analyst's own keys.
+    #[error("the answer is less accurate than pgdp.max_relative_error allows: {detail}; the charge for it stands")]
+    TooInaccurate { detail: String },
+
     /// A bug in pgdp. Logged in full; the client sees this fixed text.
     #[error("internal error in pgdp")]
     Internal { detail: String },
@@ -207,6 +215,7 @@ impl Error {
             Error::Protocol { .. } => SqlState::PROTOCOL_VIOLATION,
             Error::PostProcessing { state, .. } => state.clone(),
             Error::AdminShutdown => SqlState::ADMIN_SHUTDOWN,
+            Error::TooInaccurate { .. } => SqlState::DATA_EXCEPTION,
             Error::Internal { .. } => SqlState::INTERNAL_ERROR,
         }
     }
@@ -241,6 +250,9 @@ impl Error {
             Error::AdminShutdown => {
                 Some("The data owner removed this analyst from the pgdp policy.")
             }
+            Error::TooInaccurate { .. } => Some(
+                "Ask a coarser question (fewer or larger groups), raise pgdp.epsilon, or SET pgdp.max_relative_error = off and read each number with its error (SET pgdp.accuracy = on).",
+            ),
             Error::Syntax { .. }
             | Error::SyntaxAt { .. }
             | Error::UnknownCursor { .. }

@@ -232,6 +232,23 @@ pub const GROUPS_PER_UNIT_MAX: u64 = 10_000;
 /// Largest `max_rows_per_unit` a policy may declare.
 pub const ROWS_PER_UNIT_MAX: u64 = 100_000;
 
+/// The share of a query's ε (or of the ε its ρ is calibrated from) spent choosing its cap on
+/// rows per unit when `pgdp.choose_bounds` is on (`dp::release::bounds`); the answer gets the
+/// rest.
+pub const BOUNDS_CHOICE_SHARE: f64 = 0.1;
+
+/// How many groups the choice of a cap assumes the answer has when its keys are released by
+/// partition selection (their number is not known before the release): the rows a cap removes
+/// weigh per group, against the noise of one group.
+pub const BOUNDS_CHOICE_CELLS_SELECTED: u64 = 10;
+
+/// How far beyond the policy's cap the contribution histogram reaches (as a multiple of the
+/// cap), to estimate the rows a cap removes from pairs with more rows than the policy allows.
+pub const BOUNDS_HISTOGRAM_REACH: u64 = 8;
+
+const _: () = assert!(BOUNDS_CHOICE_SHARE > 0.0 && BOUNDS_CHOICE_SHARE < 0.5);
+const _: () = assert!(BOUNDS_HISTOGRAM_REACH >= 2);
+
 /// Smallest ε a single query may spend; below it noise is astronomically large and samplers slow.
 pub const EPSILON_PER_QUERY_MIN: f64 = 1e-6;
 

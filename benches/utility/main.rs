@@ -53,6 +53,7 @@ use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio_postgres::Client;
 
+mod bias;
 #[path = "../common/mod.rs"]
 mod common;
 mod fit;
@@ -883,7 +884,7 @@ async fn bench(o: Options) -> Res<()> {
             "DROP DATABASE IF EXISTS \"{ledger_name}\" WITH (FORCE)"
         ))
         .await;
-    let (results, people, visits) = result?;
+    let (results, bias_rows, people, visits) = result?;
     let charges = charges?;
     let sent = DP_QUERIES.load(Ordering::Relaxed);
     let report = report(
@@ -896,6 +897,7 @@ async fn bench(o: Options) -> Res<()> {
         sent,
         started.elapsed().as_secs_f64(),
     )?;
+    let report = report + &bias::report(&bias_rows, bias_reps(&o))?;
     if let Some(dir) = o.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -923,7 +925,14 @@ async fn bench(o: Options) -> Res<()> {
     Ok(())
 }
 
-async fn bench_cases(o: &Options, demo: &str, ledger: &str) -> Res<(Vec<CaseResult>, u64, u64)> {
+/// Repetitions of the comparison with PostgreSQL's exact answer ([`bias`]) per query and column.
+fn bias_reps(o: &Options) -> usize {
+    o.reps.min(200)
+}
+
+type CaseResults = (Vec<CaseResult>, Vec<bias::BiasRow>, u64, u64);
+
+async fn bench_cases(o: &Options, demo: &str, ledger: &str) -> Res<CaseResults> {
     let running: Running = server::start(Config {
         policy: bench_policy()?,
         upstream: demo.to_string(),
@@ -965,7 +974,51 @@ async fn bench_cases(o: &Options, demo: &str, ledger: &str) -> Res<(Vec<CaseResu
         results.push(result);
     }
     drop(running);
-    Ok((results, people, visits))
+    // Against PostgreSQL's exact answer: the policy's caps, and caps chosen per query under
+    // the same policy with its caps as ceilings.
+    let mut ceiling = pgdp::policy::parse(&bias::ceiling_policy_text(&budget_policy_text()?)?)
+        .map_err(|e| fail(format!("ceiling policy: {e:?}")))?;
+    ceiling.secret = policy.secret.clone();
+    let mut bias_rows = Vec::new();
+    for (ci, c) in cases().into_iter().enumerate() {
+        if (o.smoke && !c.smoke) || c.values.is_some() {
+            continue;
+        }
+        let t0 = Instant::now();
+        let sql = c.template.replace("{n}", "0");
+        let (plan, _) = plan_of(&policy, &secret, &sql)?;
+        let plain_sql = c.plain.map(str::to_string).unwrap_or_else(|| sql.clone());
+        let plain = answer_from_output_rows(&plan, &simple_rows(&direct, &plain_sql).await?)?;
+        let row = bias::measure(
+            c.number,
+            c.label,
+            &sql,
+            &plain,
+            &policy,
+            &ceiling,
+            &secret,
+            &direct,
+            bias_reps(o),
+            seed(ci, 200),
+        )
+        .await
+        .map_err(|e| {
+            fail(format!(
+                "query {} ({}) against the exact answer: {e}",
+                c.number, c.label
+            ))
+        })?;
+        eprintln!(
+            "  {:>2} {:<52} {:>6.1} s (exact answer: {} before, {} after)",
+            c.number,
+            c.label,
+            t0.elapsed().as_secs_f64(),
+            pct(row.before),
+            pct(row.after)
+        );
+        bias_rows.push(row);
+    }
+    Ok((results, bias_rows, people, visits))
 }
 
 /// Plan and rewrite of `sql` as pgdp makes them (demo schema on the search path).

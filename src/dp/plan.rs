@@ -589,6 +589,43 @@ impl Plan {
         &self.unit_caps
     }
 
+    /// The same query run with the caps on rows per unit and group and on groups per unit that
+    /// [`crate::dp::release::bounds::choose`] chose for it under a charge: never above this
+    /// plan's own (the policy's).
+    pub fn with_chosen_bounds(&self, chosen: &crate::dp::release::bounds::ChosenBounds) -> Plan {
+        Plan {
+            max_rows_per_unit: chosen.rows_per_unit.clamp(1, self.max_rows_per_unit),
+            max_groups_per_unit: chosen.groups_per_unit.clamp(1, self.max_groups_per_unit),
+            ..self.clone()
+        }
+    }
+
+    /// The plan of the contribution histogram ([`crate::dp::rewrite::contributions`]): the same
+    /// FROM, WHERE, keys and caps, counting rows only, with no post-processing.
+    pub(in crate::dp) fn counting_rows(&self) -> Plan {
+        Plan {
+            aggregates: vec![Aggregate {
+                kind: AggregateKind::CountRows,
+                argument: None,
+                bounds: None,
+                text: "count(*)".into(),
+                result: crate::output::CellType::Int8,
+                integral: true,
+            }],
+            outputs: vec![Output {
+                name: "count".into(),
+                source: OutputSource::Aggregate(0),
+            }],
+            having: None,
+            order_by: Vec::new(),
+            limit: None,
+            offset: 0,
+            post: None,
+            not_null: Vec::new(),
+            ..self.clone()
+        }
+    }
+
     /// Most groups a unit contributes to.
     pub fn max_groups_per_unit(&self) -> u64 {
         self.max_groups_per_unit

@@ -79,6 +79,10 @@ pub struct Defaults {
     pub delta: f64,
     /// The noise mechanism unless the session sets `pgdp.mechanism`.
     pub mechanism: Mechanism,
+    /// Whether a query chooses its cap on rows per unit (at most the table's
+    /// `max_rows_per_unit`) from a DP histogram of its data, unless the session sets
+    /// `pgdp.choose_bounds` (docs/privacy.md, "Contribution bounds chosen per query").
+    pub choose_bounds: bool,
 }
 
 /// Which family of noise a query uses.

@@ -27,6 +27,7 @@ pub(super) struct RawDefaults {
     epsilon: Option<f64>,
     delta: Option<f64>,
     mechanism: Option<String>,
+    choose_bounds: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -747,6 +748,7 @@ pub(super) fn validate(
                 epsilon,
                 delta,
                 mechanism,
+                choose_bounds: raw.defaults.choose_bounds.unwrap_or(false),
             },
             dataset_budget,
             replay_lifetime: Duration::from_secs(

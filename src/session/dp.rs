@@ -136,6 +136,7 @@ impl Session {
         let mut mechanisms = release::mechanisms(&plan, &rewrite, budget)?;
         mechanisms.max_error = self.settings.max_error;
         mechanisms.clamp_means = self.settings.clamp_means;
+        mechanisms.max_relative_error = self.settings.max_relative_error;
         Ok((plan, rewrite, mechanisms))
     }
 
@@ -459,7 +460,21 @@ impl Session {
         } else {
             budget::fingerprint(&[&key, "unclamped means"])
         };
+        // A cap chosen per query is another answer to the same query.
+        let key = if self.settings.choose_bounds {
+            budget::fingerprint(&[&key, "chosen bounds"])
+        } else {
+            key
+        };
         let key = in_zone(key, &self.settings.time_zone);
+        // Under pgdp.max_relative_error the answer may be a refusal: its entry is the refusal
+        // (REFUSED_PAYLOAD), and the rows are stored under the key without the setting, so that
+        // asking again without it replays them, free.
+        let rows_key = key.clone();
+        let key = match self.settings.max_relative_error {
+            Some(share) => budget::fingerprint(&[&key, &format!("max_relative_error={share}")]),
+            None => key,
+        };
         let ledger = &shared.ledger;
         let analyst = self.analyst.name.clone();
 
@@ -470,14 +485,20 @@ impl Session {
             } else {
                 Vec::new()
             };
-            in_zone(
-                release::measures_key(&plan, &rewrite, &mechanisms, params, &domain),
-                &self.settings.time_zone,
-            )
+            let key = release::measures_key(&plan, &rewrite, &mechanisms, params, &domain);
+            // Measures at a chosen cap are not stored for reuse (their noise is that cap's),
+            // so such a query finds none, and reuses none stored at the policy's caps.
+            let key = if self.settings.choose_bounds {
+                budget::fingerprint(&[&key, "chosen bounds"])
+            } else {
+                key
+            };
+            in_zone(key, &self.settings.time_zone)
         };
         // The key of measures derived for this grouping from a finer release of the analyst's
         // (issue 16 part 3), when this query could be answered so.
-        let derived_key = derivable(&plan, &rewrite).then(|| release::derived_key(&measures_key));
+        let derived_key = (derivable(&plan, &rewrite) && !self.settings.choose_bounds)
+            .then(|| release::derived_key(&measures_key));
         // All looked up at once, in one ledger round trip.
         let started = std::time::Instant::now();
         // A ledger that cannot be read is a miss: the query is then charged like a new one
@@ -503,6 +524,10 @@ impl Session {
         shared
             .metrics
             .replay_lookup(Lookup::Answer, replay.is_some());
+        if let Some(detail) = replay.as_deref().and_then(refused_detail) {
+            self.served = Some(Served::Replayed);
+            return Err(Error::TooInaccurate { detail });
+        }
         if let Some(payload) = replay {
             let columns = self.answer_shape(shared, query, &plan).await?.columns;
             if let Some(replayed) = Released::replayed(columns, &payload) {
@@ -514,7 +539,17 @@ impl Session {
                         remaining_text(&balance, window, false)
                     ),
                 }];
-                if let Some(note) = release::capped_statistic(&plan) {
+                let chose = self.settings.choose_bounds
+                    && mechanisms.max_error.is_none()
+                    && release::bounds::BoundsChoice::new(&plan, &rewrite, 1.0, None, false)
+                        .ok()
+                        .flatten()
+                        .is_some();
+                if chose {
+                    notices.push(Notice {
+                        message: "pgdp: the contribution bound of this answer was chosen when it was first released; that answer's NOTICE stated it and the rows it removed".into(),
+                    });
+                } else if let Some(note) = release::capped_statistic(&plan) {
                     notices.push(Notice {
                         message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
                     });
@@ -557,24 +592,12 @@ impl Session {
         let shape = self.answer_shape(shared, query, &plan).await?;
 
         // 2. Public domains read from public tables (no private data, no charge).
-        let mut domains = release::PublicDomains::new();
-        if plan.keys_public() {
-            for part in rewrite::domain::public_domain(&plan, params)? {
-                let rows = match part.sql() {
-                    Some(sql) => {
-                        let started = std::time::Instant::now();
-                        let rows = shared
-                            .upstream
-                            .run_public_query(sql, &self.settings.time_zone, &self.cancel)
-                            .await?;
-                        shared.metrics.stage(Stage::Upstream, started.elapsed());
-                        Some(rows.into_text())
-                    }
-                    None => None,
-                };
-                domains.push(part.into_combinations(rows)?);
-            }
-        }
+        let domains = self.public_domains(shared, &plan, params).await?;
+
+        // 2b. A cap on rows per unit chosen for this query from a DP histogram of its data
+        // (release::bounds), decided now so that the charge covers the histogram and the answer.
+        let choice = self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
+        let cost = choice.as_ref().map_or(mechanisms.cost, |c| c.cost);
 
         // 3. Charge, durably, before the upstream sees the statement; an upstream connection is
         // taken first, so an unreachable upstream refuses (57P03) without spending.
@@ -590,7 +613,7 @@ impl Session {
                 &analyst,
                 &limit,
                 dataset_limit.as_ref(),
-                &mechanisms.cost,
+                &cost,
                 &key,
                 budget.mechanism.name(),
                 &tables_read(&plan, &shared.policy),
@@ -600,9 +623,60 @@ impl Session {
         let charge_id = receipt.id();
         let balance = *receipt.balance();
         let window = receipt.window();
-        shared.metrics.charged(&analyst, &mechanisms.cost, &balance);
-        self.last_cost = Some(mechanisms.cost);
+        shared.metrics.charged(&analyst, &cost, &balance);
+        self.last_cost = Some(cost);
         self.charges += 1;
+
+        // 3b. The contribution histogram under the same receipt, its noise, the cap it chooses,
+        // and the answer's plan, rewrite and mechanisms at that cap (the cost charged above).
+        let (plan, rewrite, mechanisms, connection, chosen) = match &choice {
+            None => (plan, rewrite, mechanisms, connection, None),
+            Some(choice) => {
+                let started = std::time::Instant::now();
+                let histogram = connection
+                    .run_choice_query(
+                        &choice.sql,
+                        &self.settings.time_zone,
+                        &receipt,
+                        &self.cancel,
+                    )
+                    .await;
+                shared.metrics.stage(Stage::Upstream, started.elapsed());
+                let chosen = histogram.and_then(|rows| {
+                    release::bounds::choose(
+                        &choice.choice,
+                        &rows,
+                        choice.noise_per_row(&rewrite),
+                        &mut self.rng,
+                    )
+                });
+                let answer = chosen.and_then(|chosen| {
+                    let (p, r, m) = choice.answer(
+                        &plan,
+                        &chosen,
+                        params,
+                        secret,
+                        matches!(placement, Placement::ByUnit { .. }),
+                    )?;
+                    Ok((p, r, m, chosen))
+                });
+                let (p, r, m, chosen) = match answer {
+                    Ok(a) => a,
+                    Err(e) => {
+                        ledger.set_outcome(charge_id, "choosing bounds failed");
+                        return Err(e);
+                    }
+                };
+                let connection = match shared.upstream.get_for_read().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        ledger.set_outcome(charge_id, "upstream failed");
+                        return Err(e);
+                    }
+                };
+                (p, r, m, connection, Some(chosen))
+            }
+        };
 
         // 4. The upstream, which takes the receipt; a failure keeps the charge.
         let started = std::time::Instant::now();
@@ -628,13 +702,32 @@ impl Session {
         let started = std::time::Instant::now();
         let measures =
             release::measure(&plan, &rewrite, &mechanisms, &rows, &domains, &mut self.rng)?;
-        let released = release::finish(
+        // Under pgdp.max_relative_error, a refusal is kept with the rows it refuses, which are
+        // stored for a replay without the setting.
+        let (released, refused) = match release::finish(
             &plan,
             &rewrite,
             &mechanisms,
             &measures,
             self.settings.accuracy,
-        )?;
+        ) {
+            Ok(released) => (released, None),
+            Err(Error::TooInaccurate { detail }) => {
+                let unchecked = release::Mechanisms {
+                    max_relative_error: None,
+                    ..mechanisms.clone()
+                };
+                let released = release::finish(
+                    &plan,
+                    &rewrite,
+                    &unchecked,
+                    &measures,
+                    self.settings.accuracy,
+                )?;
+                (released, Some(detail))
+            }
+            Err(e) => return Err(e),
+        };
         // 6. Post-processing by PostgreSQL over the released rows, on the shadow catalog.
         let released = match (&shape.inputs, &shared.shadow) {
             (Some(inputs), Some(shadow)) => {
@@ -672,13 +765,21 @@ impl Session {
         shared.metrics.stage(Stage::Release, started.elapsed());
         let answer = released.replay_payload();
         let measured = measures.payload();
-        let mut entries: Vec<(&str, &[u8])> = vec![(&key, &answer)];
-        if measures.storable() {
+        let refusal: Vec<u8> = refused
+            .as_ref()
+            .map(|d| [REFUSED_PAYLOAD, d.as_bytes()].concat())
+            .unwrap_or_default();
+        let mut entries: Vec<(&str, &[u8])> = match &refused {
+            None => vec![(&key, &answer)],
+            Some(_) => vec![(&key, &refusal), (&rows_key, &answer)],
+        };
+        let storable = measures.storable() && chosen.is_none();
+        if storable {
             entries.push((&measures_key, &measured));
         }
         // The coarser groupings this release answers (release::derive), each under the key the
         // coarser query itself will look up.
-        let coarser: Vec<(String, Vec<u8>)> = if measures.storable() {
+        let coarser: Vec<(String, Vec<u8>)> = if storable {
             release::derive::coarser_releases(
                 &plan,
                 &rewrite,
@@ -698,12 +799,70 @@ impl Session {
         // Written by the ledger's journal after the answer has left.
         ledger.record_release(charge_id, &analyst, &entries);
         self.served = Some(Served::AnsweredDp);
+        if let Some(detail) = refused {
+            return Err(Error::TooInaccurate { detail });
+        }
         let notices = answer_notices(
-            charge_notice(&mechanisms.cost, &balance, window),
+            charge_notice(&cost, &balance, window),
             &plan,
             &released,
+            chosen.as_ref(),
         );
         Ok(ClientRows::released(released, notices))
+    }
+
+    /// The public domains of `plan`'s keys when they are all public, read from public tables
+    /// where the policy names one (no private data, no charge); empty otherwise.
+    async fn public_domains(
+        &self,
+        shared: &Shared,
+        plan: &Plan,
+        params: &[Option<String>],
+    ) -> Result<release::PublicDomains> {
+        let mut domains = release::PublicDomains::new();
+        if plan.keys_public() {
+            for part in rewrite::domain::public_domain(plan, params)? {
+                let rows = match part.sql() {
+                    Some(sql) => {
+                        let started = std::time::Instant::now();
+                        let rows = shared
+                            .upstream
+                            .run_public_query(sql, &self.settings.time_zone, &self.cancel)
+                            .await?;
+                        shared.metrics.stage(Stage::Upstream, started.elapsed());
+                        Some(rows.into_text())
+                    }
+                    None => None,
+                };
+                domains.push(part.into_combinations(rows)?);
+            }
+        }
+        Ok(domains)
+    }
+
+    /// How the query chooses its cap on rows per unit under `pgdp.choose_bounds`
+    /// ([`release::bounds::ChoicePlan`]); `None` when the setting is off or nothing is chosen.
+    /// The objective weighs the rows a cap removes per group over the public domain's
+    /// groups when the keys are public.
+    fn bounds_choice(
+        &self,
+        plan: &Plan,
+        rewrite: &Rewrite,
+        mechanisms: &release::Mechanisms,
+        params: &[Option<String>],
+        secret: &str,
+        domains: &release::PublicDomains,
+    ) -> Result<Option<release::bounds::ChoicePlan>> {
+        if !self.settings.choose_bounds {
+            return Ok(None);
+        }
+        let cells = (plan.keys_public() && !plan.keys().is_empty()).then(|| {
+            domains
+                .iter()
+                .map(|(_, c)| c.len() as u64)
+                .fold(1u64, u64::saturating_mul)
+        });
+        release::bounds::ChoicePlan::new(plan, rewrite, mechanisms, params, secret, cells)
     }
 
     /// [`Session::dp_query`] under the policy's release schedule: once the statement has been
@@ -781,7 +940,7 @@ impl Session {
                 remaining_text(&balance, window, false)
             ),
         };
-        let notices = answer_notices(first, plan, &released);
+        let notices = answer_notices(first, plan, &released, None);
         Ok(ClientRows::released(released, notices))
     }
 
@@ -796,11 +955,27 @@ impl Session {
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) =
             self.plan_dp_placed(shared, query, params, secret).await?;
-        let mut lines: Vec<Vec<Cell>> =
-            release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget)
-                .into_iter()
-                .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
-                .collect();
+        let mut text = release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget);
+        if self.settings.choose_bounds {
+            let domains = self.public_domains(shared, &plan, params).await?;
+            if let Some(choice) =
+                self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?
+            {
+                // After the cost line: the query's cost with the histogram, then the rule.
+                let mut added = vec![format!(
+                    "cost with the choice of bounds: {} (epsilon {} for the histogram, the rest for the answer; the measures below are shown at the policy's ceiling and the whole epsilon, the answer's at the chosen cap and the rest)",
+                    choice.cost,
+                    choice.choice.epsilon()
+                )];
+                added.extend(choice.choice.explain());
+                let at = 2.min(text.len());
+                text.splice(at..at, added);
+            }
+        }
+        let mut lines: Vec<Vec<Cell>> = text
+            .into_iter()
+            .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
+            .collect();
         if let Some(line) = placement.explain() {
             // Before the upstream SQL, which readers take to run to the end of the plan.
             let at = lines
@@ -849,6 +1024,17 @@ struct AnswerShape {
     inputs: Option<Vec<CellType>>,
 }
 
+/// The replay entry of an answer refused under `pgdp.max_relative_error`: this prefix, then the
+/// refusal's detail (never the start of a replay payload of rows).
+const REFUSED_PAYLOAD: &[u8] = b"pgdp-refused-too-inaccurate\x1f";
+
+/// The detail of a refusal stored for replay, if `payload` is one.
+fn refused_detail(payload: &[u8]) -> Option<String> {
+    payload
+        .strip_prefix(REFUSED_PAYLOAD)
+        .map(|d| String::from_utf8_lossy(d).into_owned())
+}
+
 /// The one column of EXPLAIN.
 pub(super) fn explain_columns() -> Vec<OutColumn> {
     vec![OutColumn::new("QUERY PLAN", CellType::Text)]
@@ -894,9 +1080,33 @@ const TAKEN_DIGITS: u32 = 3;
 
 /// The NOTICEs of an answer: `first` (what it cost, or where it came from), then whether a
 /// statistic was capped and whether groups were cut at the release limit.
-fn answer_notices(first: String, plan: &Plan, released: &Released) -> Vec<Notice> {
+///
+/// With a cap chosen for the query, its NOTICE ([`release::bounds::ChosenBounds::notice`]: the
+/// cap, and the rows it is estimated to have removed) takes the place of the policy's, with the
+/// policy's cap on groups per unit when it can bind.
+fn answer_notices(
+    first: String,
+    plan: &Plan,
+    released: &Released,
+    chosen: Option<&release::bounds::ChosenBounds>,
+) -> Vec<Notice> {
     let mut notices = vec![Notice { message: first }];
-    if let Some(note) = release::capped_statistic(plan) {
+    if let Some(chosen) = chosen {
+        let groups = if !chosen.groups_chosen()
+            && plan.max_groups_per_unit() > 1
+            && !plan.keys().is_empty()
+        {
+            format!(
+                "; each unit also counts in at most {} group(s) (the policy's cap), which that estimate does not cover",
+                plan.max_groups_per_unit()
+            )
+        } else {
+            String::new()
+        };
+        notices.push(Notice {
+            message: format!("{}{groups}", chosen.notice()),
+        });
+    } else if let Some(note) = release::capped_statistic(plan) {
         notices.push(Notice {
             message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
         });

@@ -60,10 +60,17 @@ pub struct Settings {
     /// `pgdp.clamp_means`: whether released means are clamped into their bounds
     /// ([`crate::dp::release::Mechanisms::clamp_means`]).
     pub clamp_means: bool,
+    /// `pgdp.choose_bounds`: whether the next DP query chooses its cap on rows per unit from a
+    /// DP histogram of its data, within the policy's cap ([`crate::dp::release::bounds`]).
+    pub choose_bounds: bool,
     /// `pgdp.max_error`: when set, the next DP query spends the smallest ε at which every
     /// measure's 95 % error bound is at most this (`release::budget_for_error`), instead of
     /// `epsilon`.
     pub max_error: Option<f64>,
+    /// `pgdp.max_relative_error`: when set, a DP answer with a cell whose stated error exceeds
+    /// this share of its value is refused after its release
+    /// ([`crate::dp::release::Mechanisms::max_relative_error`]).
+    pub max_relative_error: Option<f64>,
 }
 
 /// The outcome of a SET: the canonical name and value to report with ParameterStatus, if the
@@ -100,7 +107,9 @@ impl Settings {
             mechanism: policy.defaults.mechanism,
             accuracy: false,
             clamp_means: true,
+            choose_bounds: policy.defaults.choose_bounds,
             max_error: None,
+            max_relative_error: None,
         }
     }
 
@@ -116,6 +125,9 @@ impl Settings {
         }
         if self.mechanism == old.mechanism {
             self.mechanism = fresh.mechanism;
+        }
+        if self.choose_bounds == old.choose_bounds {
+            self.choose_bounds = fresh.choose_bounds;
         }
     }
 
@@ -435,6 +447,54 @@ impl Settings {
                     false,
                 ))
             }
+            "pgdp.max_relative_error" => {
+                let hint = "Use a share of the answer, e.g. SET pgdp.max_relative_error = 0.05 (or 5%), or off.";
+                self.max_relative_error = if is_default || value.trim().eq_ignore_ascii_case("off")
+                {
+                    defaults.max_relative_error
+                } else {
+                    let text = value.trim();
+                    let (number, scale) = match text.strip_suffix('%') {
+                        Some(p) => (p.trim(), 0.01),
+                        None => (text, 1.0),
+                    };
+                    let share = number
+                        .parse::<f64>()
+                        .map_err(|_| invalid(&name, "not a number", hint))?
+                        * scale;
+                    if !(share.is_finite() && share > 0.0 && share <= 10.0) {
+                        return Err(invalid(
+                            &name,
+                            "must be a share above 0 and at most 10 (1000%)",
+                            hint,
+                        ));
+                    }
+                    Some(share)
+                };
+                Ok(changed(
+                    "pgdp.max_relative_error",
+                    max_error_text(self.max_relative_error),
+                    false,
+                ))
+            }
+            "pgdp.choose_bounds" => {
+                self.choose_bounds = if is_default {
+                    defaults.choose_bounds
+                } else {
+                    parse_bool(value).ok_or_else(|| {
+                        invalid(
+                            &name,
+                            "must be on or off",
+                            "on chooses each query's cap on rows per unit from a DP histogram of its data (10% of its epsilon), within the policy's cap; off uses the policy's caps.",
+                        )
+                    })?
+                };
+                Ok(changed(
+                    "pgdp.choose_bounds",
+                    on_off(self.choose_bounds).into(),
+                    false,
+                ))
+            }
             "statement_timeout"
             | "lock_timeout"
             | "idle_in_transaction_session_timeout"
@@ -497,7 +557,9 @@ impl Settings {
             "pgdp.mechanism" => self.mechanism.name().into(),
             "pgdp.accuracy" => on_off(self.accuracy).into(),
             "pgdp.clamp_means" => on_off(self.clamp_means).into(),
+            "pgdp.choose_bounds" => on_off(self.choose_bounds).into(),
             "pgdp.max_error" => max_error_text(self.max_error),
+            "pgdp.max_relative_error" => max_error_text(self.max_relative_error),
             "all" => {
                 return Err(Error::unsupported(
                     "SHOW ALL",
@@ -697,6 +759,32 @@ mod tests {
         assert_eq!(s.max_error, None);
         let e = set(&mut s, "pgdp.mechanism", "exponential").expect_err("unknown mechanism");
         assert_eq!(e.sqlstate().code(), "22023");
+    }
+
+    #[test]
+    fn max_relative_error_is_a_share_or_off() {
+        let (p, a) = fixture();
+        let mut s = Settings::new(&p, &a, "UTC");
+        assert_eq!(s.max_relative_error, None);
+        assert_eq!(
+            set(&mut s, "pgdp.max_relative_error", "0.05").map(|c| c.value),
+            Ok("0.05".to_string())
+        );
+        assert_eq!(
+            set(&mut s, "pgdp.max_relative_error", "10%").map(|c| c.value),
+            Ok("0.1".to_string())
+        );
+        for bad in ["0", "-1", "lots", "11"] {
+            let e = set(&mut s, "pgdp.max_relative_error", bad).expect_err(bad);
+            assert_eq!(e.sqlstate().code(), "22023", "{bad}");
+        }
+        assert_eq!(
+            s.max_relative_error,
+            Some(0.1),
+            "a refused SET changes nothing"
+        );
+        assert!(set(&mut s, "pgdp.max_relative_error", "off").is_ok());
+        assert_eq!(s.max_relative_error, None);
     }
 
     #[test]

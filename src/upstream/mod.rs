@@ -148,6 +148,24 @@ impl Pooled<'_> {
             .map(PrivateRows::new)
     }
 
+    /// Runs the contribution histogram of a charged query
+    /// ([`crate::dp::rewrite::contributions`]) under the same `receipt` its answer will take:
+    /// the charge covers both (the histogram's share of ε and the answer's), so the receipt is
+    /// only borrowed here. Its rows are private like a release's.
+    pub async fn run_choice_query(
+        self,
+        sql: &UpstreamSql,
+        time_zone: &str,
+        receipt: &Receipt,
+        cancel: &Cancel,
+    ) -> Result<PrivateRows> {
+        tracing::debug!(charge = %receipt.id(), "choosing a charged DP query's bounds upstream");
+        let settings = time_zone_setting(time_zone)?;
+        self.run_read_only(sql.as_str(), &settings, cancel)
+            .await
+            .map(PrivateRows::new)
+    }
+
     /// Runs one pgdp-generated SELECT in a read-only transaction with pgdp's statement timeout
     /// and the `SET LOCAL` statements in `settings` (pgdp's own text), and returns its rows in
     /// text format.

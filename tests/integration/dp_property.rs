@@ -93,6 +93,82 @@ const SENSITIVITY_QUERIES: [&str; 14] = [
     "SELECT education, SUM(income) FROM demo.people WHERE person_id IN (SELECT person_id FROM demo.visits GROUP BY person_id HAVING COUNT(*) > 20) GROUP BY education",
 ];
 
+/// Queries that choose their cap on rows per unit (`pgdp.choose_bounds`), under the demo policy
+/// with a ceiling of 64 visits per person and clinic: ungrouped, grouped by a key released by
+/// partition selection, by public keys through a join, and with a mean.
+const CHOSEN_QUERIES: [&str; 4] = [
+    "SELECT COUNT(*) FROM demo.visits",
+    "SELECT clinic, COUNT(*), SUM(cost) FROM demo.visits GROUP BY clinic",
+    "SELECT region, COUNT(*), AVG(cost) FROM demo.visits JOIN demo.people USING (person_id) GROUP BY region",
+    "SELECT date_trunc('month', visit_date) AS month, COUNT(*) FROM demo.visits WHERE cost > 50 GROUP BY 1",
+];
+
+/// The demo policy with the visits' caps raised to ceilings of 64 rows per person and group and
+/// 16 groups per person.
+fn ceiling_policy() -> Policy {
+    let text = include_str!("../../policies/demo.yaml").replace(
+        "max_rows_per_unit: 10       # and with at most 10 visits in each",
+        "max_rows_per_unit: 64",
+    )
+    .replace(
+        "max_groups_per_unit: 5      # a person counts in at most 5 groups of one query\n    max_rows_per_unit: 64",
+        "max_groups_per_unit: 16\n    max_rows_per_unit: 64",
+    );
+    assert!(
+        text.contains("max_rows_per_unit: 64") && text.contains("max_groups_per_unit: 16"),
+        "the demo policy's visits caps moved"
+    );
+    policy::parse(&text).unwrap_or_else(|e| panic!("the ceiling policy is valid: {e}"))
+}
+
+/// The plan, rewrite and mechanisms of `sql` under [`ceiling_policy`], and how it chooses its cap.
+fn compile_choosing(sql: &str) -> (Compiled, release::bounds::ChoicePlan) {
+    let policy = ceiling_policy();
+    let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let [Statement::Query(query)] = statements.as_slice() else {
+        panic!("{sql}: not one query");
+    };
+    let ctx = Context {
+        policy: &policy,
+        search_path: vec!["demo".into()],
+    };
+    let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let rewrite = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let mechanisms =
+        release::mechanisms(&plan, &rewrite, BUDGET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let choice = release::bounds::ChoicePlan::new(&plan, &rewrite, &mechanisms, &[], SECRET, None)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .unwrap_or_else(|| panic!("{sql}: chooses no cap"));
+    (
+        Compiled {
+            plan,
+            rewrite,
+            mechanisms,
+        },
+        choice,
+    )
+}
+
+/// The rows of the contribution histograms: (histogram, bucket) → pairs or units.
+async fn run_histogram(client: &Client, sql: &str) -> BTreeMap<(i64, i64), i64> {
+    let mut histogram = BTreeMap::new();
+    for message in client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    {
+        if let SimpleQueryMessage::Row(row) = message {
+            let cell = |i: usize| -> i64 {
+                row.get(i)
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(|| panic!("{sql}: an integer cell"))
+            };
+            histogram.insert((cell(0), cell(1)), cell(2));
+        }
+    }
+    histogram
+}
+
 fn demo_policy() -> Policy {
     policy::parse(include_str!("../../policies/demo.yaml"))
         .unwrap_or_else(|e| panic!("the demo policy is valid: {e}"))
@@ -165,6 +241,19 @@ struct Neighbours {
     count: (String, i128, i128),
     /// The released sum: query and exact values (numeric text) on D and D′.
     sum: (String, String, String),
+    /// Per query of [`CHOSEN_QUERIES`]: the contribution histogram (bucket → pairs) on D and
+    /// D′, the cap chosen from D's, and the exact answer at that cap on D and D′.
+    chosen: Vec<ChosenCase>,
+}
+
+/// A query that chooses its cap ([`pgdp::dp::release::bounds`]), on both neighbours.
+struct ChosenCase {
+    histogram: [BTreeMap<(i64, i64), i64>; 2],
+    groups_per_unit: u64,
+    groups_ceiling: u64,
+    rows_per_unit: u64,
+    ceiling: u64,
+    answer: [Exact; 2],
 }
 
 static NEIGHBOURS: OnceCell<Neighbours> = OnceCell::const_new();
@@ -211,6 +300,43 @@ async fn load_neighbours() -> Neighbours {
     for q in &queries {
         on_d.push(run_exact(&client, q).await);
     }
+    // Queries that choose their cap: the histogram on D, the cap chosen from it (a fixed seed),
+    // and the answer's SQL at that cap, run again on D′ below.
+    let mut choosing = Vec::new();
+    let mut rng = ChaCha20Rng::seed_from_u64(41);
+    for sql in CHOSEN_QUERIES {
+        let (compiled, choice) = compile_choosing(sql);
+        let histogram = run_histogram(&client, choice.sql.as_str()).await;
+        let rows = release::PrivateRows::new(
+            histogram
+                .iter()
+                .map(|((h, b), n)| {
+                    vec![
+                        Some(h.to_string()),
+                        Some(b.to_string()),
+                        Some(n.to_string()),
+                    ]
+                })
+                .collect(),
+        );
+        let chosen = release::bounds::choose(
+            &choice.choice,
+            &rows,
+            choice.noise_per_row(&compiled.rewrite),
+            &mut rng,
+        )
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let (plan, rewrite, mechanisms) = choice
+            .answer(&compiled.plan, &chosen, &[], SECRET, false)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let at_cap = Compiled {
+            plan,
+            rewrite,
+            mechanisms,
+        };
+        let answer = run_exact(&client, &at_cap).await;
+        choosing.push((choice, at_cap, histogram, answer));
+    }
     client
         .batch_execute(&format!(
             "BEGIN; DELETE FROM demo.prescriptions WHERE visit_id IN \
@@ -223,6 +349,19 @@ async fn load_neighbours() -> Neighbours {
     let mut on_d2 = Vec::new();
     for q in &queries {
         on_d2.push(run_exact(&client, q).await);
+    }
+    let mut chosen = Vec::new();
+    for (choice, at_cap, histogram, answer) in choosing {
+        let histogram2 = run_histogram(&client, choice.sql.as_str()).await;
+        let answer2 = run_exact(&client, &at_cap).await;
+        chosen.push(ChosenCase {
+            histogram: [histogram, histogram2],
+            groups_per_unit: at_cap.plan.max_groups_per_unit(),
+            groups_ceiling: choice.choice.groups_ceiling(),
+            rows_per_unit: at_cap.plan.max_rows_per_unit(),
+            ceiling: choice.choice.ceiling(),
+            answer: [answer, answer2],
+        });
     }
     client.batch_execute("ROLLBACK").await.expect("rollback");
     drop(client);
@@ -245,6 +384,7 @@ async fn load_neighbours() -> Neighbours {
             parse_count(single(&count_d2)),
         ),
         sum: (sum_sql, single(&sum_d), single(&sum_d2)),
+        chosen,
     }
 }
 
@@ -302,6 +442,76 @@ async fn claimed_sensitivity_bounds_the_change_from_removing_a_heavy_user() {
             failures.push(format!(
                 "{sql}: removing person {} changed nothing",
                 n.person_id
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Queries that choose their caps (docs/privacy.md, "Contribution bounds chosen per query"): on
+/// D and D′ the histogram of rows per pair moves by at most the policy's `max_groups_per_unit`
+/// pairs in L1 and the histogram of groups per unit by at most 1 (their noises'
+/// sensitivities), and the answer at the caps chosen from D's noisy histograms by at most its
+/// claimed sensitivity at those caps, in at most the chosen number of groups. Exact integers
+/// and rationals: a failure is a bug.
+#[tokio::test]
+async fn chosen_bounds_stay_within_their_claimed_sensitivity() {
+    let n = neighbours().await;
+    let mut failures = Vec::new();
+    for (sql, case) in CHOSEN_QUERIES.iter().zip(&n.chosen) {
+        let [d, d2] = &case.histogram;
+        let buckets: BTreeSet<&(i64, i64)> = d.keys().chain(d2.keys()).collect();
+        // Histogram 0 (rows per pair) has sensitivity max_groups_per_unit, histogram 1
+        // (groups per unit) 1.
+        for (part, claimed) in [(0, case.groups_ceiling), (1, 1)] {
+            let l1: i64 = buckets
+                .iter()
+                .filter(|(h, _)| *h == part)
+                .map(|b| (d.get(b).unwrap_or(&0) - d2.get(b).unwrap_or(&0)).abs())
+                .sum();
+            let present = buckets.iter().any(|(h, _)| *h == part);
+            if present && (l1 < 1 || l1 as u64 > claimed) {
+                failures.push(format!(
+                    "{sql}: histogram {part} moved by {l1}, claimed between 1 and {claimed}"
+                ));
+            }
+        }
+        if case.rows_per_unit > case.ceiling || case.rows_per_unit < 2 {
+            failures.push(format!(
+                "{sql}: chose {} outside [2, {}]",
+                case.rows_per_unit, case.ceiling
+            ));
+        }
+        let [a_d, a_d2] = &case.answer;
+        let keys: BTreeSet<&Vec<Option<String>>> = a_d.keys().chain(a_d2.keys()).collect();
+        // The measures are the same at any cap; their contributions are the chosen cap's.
+        let rewrite = compile_choosing(sql).0.rewrite;
+        let m = rewrite.measures.len();
+        let mut changed = 0u64;
+        for key in keys {
+            let empty = (vec![None; m], 0u64);
+            let (a, _) = a_d.get(key).unwrap_or(&empty);
+            let (b, _) = a_d2.get(key).unwrap_or(&empty);
+            let mut moved = false;
+            for (j, measure) in rewrite.measures.iter().enumerate() {
+                let diff = (exact_value(a[j].as_ref()) - exact_value(b[j].as_ref())).abs();
+                let claimed = measure.contribution(&rewrite.arguments, case.rows_per_unit);
+                let bound = rational_from_f64(claimed).expect("finite contribution");
+                if diff > bound {
+                    failures.push(format!(
+                        "{sql}: group {key:?}, {}: changed by {diff} at cap {}, claimed at most {claimed}",
+                        measure.label(&rewrite.arguments),
+                        case.rows_per_unit
+                    ));
+                }
+                moved |= !diff.is_zero();
+            }
+            changed += u64::from(moved);
+        }
+        if changed == 0 || changed > case.groups_per_unit {
+            failures.push(format!(
+                "{sql}: {changed} groups changed at cap {}, claimed between 1 and {}",
+                case.rows_per_unit, case.groups_per_unit
             ));
         }
     }

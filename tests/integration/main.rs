@@ -49,6 +49,7 @@ mod harness;
 mod admin;
 mod attacks;
 mod auth;
+mod bounds;
 mod budget;
 mod clients;
 mod datetime_ranges;

@@ -31,6 +31,7 @@ use crate::memo::Memo;
 use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
 
+pub mod bounds;
 pub mod derive;
 mod grouping;
 pub mod measures;
@@ -81,6 +82,15 @@ pub struct Mechanisms {
     /// measures, unbiased in the noisy sum. Post-processing either way: it changes neither the
     /// cost nor what the noise depends on.
     pub clamp_means: bool,
+    /// The estimated share of the rows that a cap chosen for this query removed
+    /// ([`bounds::ChosenBounds::rows_removed_share`], a noisy estimate, post-processing): the
+    /// `_error95` of a COUNT or SUM adds the shortfall it implies, so that it states the
+    /// distance to the uncapped answer as far as pgdp can estimate it. 0 under the policy's caps.
+    pub removed_share: f64,
+    /// `pgdp.max_relative_error`: when set, [`finish`] refuses an answer in which a returned
+    /// cell's stated error (its `_error95`) exceeds this share of its value
+    /// ([`Error::TooInaccurate`]). Post-processing of the noisy measures.
+    pub max_relative_error: Option<f64>,
     /// With grouping sets, the mechanisms of each set's release, in the plan's order (the
     /// fields above are then the first set's, but `cost`, `shares` and `budget` the whole
     /// query's); empty otherwise.
@@ -372,6 +382,8 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         budget,
         max_error: None,
         clamp_means: true,
+        removed_share: 0.0,
+        max_relative_error: None,
         sets: Vec::new(),
         choice: None,
     })
@@ -807,7 +819,7 @@ pub fn finish(
                 continue;
             }
         }
-        let errors: Vec<Cell> = if accuracy {
+        let errors: Vec<Cell> = if accuracy || mechanisms.max_relative_error.is_some() {
             (0..plan.aggregates.len())
                 .map(|i| error_bound_cell(plan, rewrite, mechanisms, i, bounds, noisy))
                 .collect()
@@ -843,6 +855,9 @@ pub fn finish(
     }
     let truncated = rows_iter.len() > limits::GROUPS_RELEASED_MAX;
     rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
+    if let Some(share) = mechanisms.max_relative_error {
+        check_relative_error(plan, &rows_iter, share)?;
+    }
 
     let mut rows_out = Vec::with_capacity(rows_iter.len());
     let set_keys = |set: usize| -> &[usize] { sets.and_then(|s| s.get(set)).map_or(&[], |s| s) };
@@ -892,6 +907,85 @@ pub fn finish(
     })
 }
 
+/// [`Mechanisms::max_relative_error`]: refuses when a returned cell's stated error exceeds
+/// `share` of its value (a value of 0 with any error does: its relative error is unbounded),
+/// naming the first such cell with its group and the number of others. Cells without a stated
+/// error (quantiles) are not checked.
+fn check_relative_error(plan: &Plan, rows: &[OutRow], share: f64) -> Result<()> {
+    let mut first = None;
+    let mut others = 0usize;
+    for (keys, values, errors, _) in rows {
+        for (i, (value, error)) in values.iter().zip(errors).enumerate() {
+            let number = match value {
+                Cell::Int(n) => Some(*n as f64),
+                Cell::Float(x) => Some(*x),
+                _ => None,
+            };
+            let (Some(v), Cell::Float(e)) = (number, error) else {
+                continue;
+            };
+            if *e <= share * v.abs() {
+                continue;
+            }
+            if first.is_some() {
+                others += 1;
+                continue;
+            }
+            let group: Vec<String> = plan
+                .keys
+                .iter()
+                .zip(keys)
+                .map(|(k, c)| {
+                    let text = match c {
+                        Cell::Null => "NULL".to_string(),
+                        Cell::Int(n) => n.to_string(),
+                        Cell::Float(x) => x.to_string(),
+                        Cell::Text(t) => t.clone(),
+                        Cell::Bool(b) => b.to_string(),
+                    };
+                    format!("{} = {text}", analyst_text(plan, &k.expr.to_string()))
+                })
+                .collect();
+            let relative = if v == 0.0 {
+                "of a value of 0".to_string()
+            } else {
+                format!("{:.0}% of it", 100.0 * e / v.abs())
+            };
+            first = Some(format!(
+                "{}{} is {} ± {} ({relative}, above {}%)",
+                analyst_text(plan, &plan.aggregates[i].text),
+                if group.is_empty() {
+                    String::new()
+                } else {
+                    format!(" for {}", group.join(", "))
+                },
+                round_for_message(v),
+                round_for_message(*e),
+                100.0 * share
+            ));
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(first) => Err(Error::TooInaccurate {
+            detail: if others == 0 {
+                first
+            } else {
+                format!("{first}, and {others} other cell(s)")
+            },
+        }),
+    }
+}
+
+/// A released number as a message shows it: three significant digits.
+fn round_for_message(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+    format!("{x:.digits$}")
+}
+
 /// The 95% error bound of an aggregate, where pgdp can state one. For AVG it is approximate:
 /// (bound of the centered sum + half-range × bound of the count) / noisy count.
 fn error_bound_cell(
@@ -915,14 +1009,31 @@ fn error_bound_cell(
         | AggregateKind::CountValues
         | AggregateKind::CountUnits
         | AggregateKind::CountDistinct
-        | AggregateKind::Sum => match (ms.as_slice(), plan.aggregates[i].bounds) {
-            // A derived sum: each part's bound at α/2 (a union bound keeps 95 %).
-            ([n, c], Some(b)) => {
-                let mid = ((b.lower + b.upper) / 2.0).abs();
-                finite(bounds975[*c] + mid * bounds975[*n])
-            }
-            _ => finite(bounds95[ms[0]]),
-        },
+        | AggregateKind::Sum => {
+            let aggregate = &plan.aggregates[i];
+            let (noise, value) = match (ms.as_slice(), aggregate.bounds) {
+                // A derived sum: each part's bound at α/2 (a union bound keeps 95 %).
+                ([n, c], Some(b)) => {
+                    let mid = (b.lower + b.upper) / 2.0;
+                    (
+                        bounds975[*c] + mid.abs() * bounds975[*n],
+                        noisy[*c] + mid * noisy[*n],
+                    )
+                }
+                _ => (bounds95[ms[0]], noisy[ms[0]]),
+            };
+            // What a chosen cap removed: a released value v that is (1 − r) of the uncapped
+            // one is short by v·r/(1 − r). Rows capped away are rows, not units or distinct
+            // values, so only counts of rows or values and sums carry it.
+            let r = mechanisms.removed_share.clamp(0.0, 0.99);
+            let shortfall = match aggregate.kind {
+                AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::Sum => {
+                    value.abs() * r / (1.0 - r)
+                }
+                _ => 0.0,
+            };
+            finite(noise + shortfall)
+        }
         AggregateKind::Avg => {
             let n = noisy[ms[0]].round().max(1.0);
             let h = plan.aggregates[i]

@@ -556,6 +556,66 @@ fn statement(
     secret: &str,
     shape: Shape,
 ) -> Result<Built> {
+    statement_ending(plan, parameters, secret, shape, End::Release)
+}
+
+/// What the last SELECT of a statement computes.
+#[derive(Debug, Clone, Copy)]
+enum End<'a> {
+    /// Stage 4: per group, the capped statistics and the number of units.
+    Release,
+    /// The histogram of [`contributions`]: over the (unit, group) pairs stage 3 keeps, how
+    /// many have their row count in each bucket between the candidate caps.
+    Contributions(&'a [u64], Option<&'a [u64]>),
+}
+
+/// The SQL of the contribution histograms a query's caps are chosen from
+/// ([`crate::dp::release::bounds`]): the plan's stages 1 to 3 (its FROM, WHERE, keys and the
+/// groups each unit keeps, as the answer has them) counting rows per (unit, group), then one
+/// row `(0, bucket, pairs)` per non-empty bucket of `width_bucket(rows, [c1 + 1, c2 + 1, …])`
+/// (bucket 0 holds pairs with at most `c1` rows, bucket j those with more than `c_j` and at
+/// most `c_{j+1}`, the last those above the last edge); with `groups`, also one row
+/// `(1, bucket, units)` per non-empty bucket of each unit's number of groups (all of them,
+/// before stage 3). `None` when every row is its own unit (nothing to choose). Its rows are
+/// private like a release's: they reach the analyst only through the noise of
+/// [`crate::dp::release::bounds::choose`].
+pub fn contributions(
+    plan: &Plan,
+    parameters: &[Option<String>],
+    secret: &str,
+    candidates: &[u64],
+    groups: Option<&[u64]>,
+) -> Result<Option<UpstreamSql>> {
+    if plan.grouping_sets.is_some() || candidates.is_empty() || groups.is_some_and(|g| g.is_empty())
+    {
+        return Ok(None);
+    }
+    let counted = plan.counting_rows();
+    let (statement, ..) = statement_ending(
+        &counted,
+        parameters,
+        secret,
+        Shape::Fast,
+        End::Contributions(candidates, groups),
+    )?;
+    if statement.is_empty() {
+        return Ok(None);
+    }
+    let text = statement.into_string();
+    check_one_statement(&text)?;
+    Ok(Some(UpstreamSql {
+        text,
+        partitionwise: false,
+    }))
+}
+
+fn statement_ending(
+    plan: &Plan,
+    parameters: &[Option<String>],
+    secret: &str,
+    shape: Shape,
+    end: End<'_>,
+) -> Result<Built> {
     let (arguments, measures, aggregate_measures) = measures(plan);
     let rows_cap = plan.max_rows_per_unit;
     let groups_cap = plan.max_groups_per_unit;
@@ -734,6 +794,10 @@ fn statement(
         .collect();
     outer.push(Sql::text("COUNT(*)"));
     let Some(per_unit_sql) = per_unit_sql else {
+        if let End::Contributions(..) = end {
+            // Every row its own unit: one row per pair, nothing to choose.
+            return Ok((Sql::text(""), arguments, measures, aggregate_measures));
+        }
         // The fast unique-unit form: one aggregate over the rows.
         let mut statement = sql!(
             "WITH __dp_rows AS ({}) SELECT {} FROM __dp_rows",
@@ -768,6 +832,36 @@ fn statement(
     };
     if let Some(r) = &ranked_sql {
         statement.push(sql!(", __dp_ranked AS ({})", r));
+    }
+    if let End::Contributions(candidates, groups) = end {
+        if !measures.contains(&Measure::Rows) {
+            return Err(Error::internal(
+                "a contribution histogram without a row count",
+            ));
+        }
+        let thresholds = |edges: &[u64]| -> Vec<Sql> {
+            edges
+                .iter()
+                .map(|c| sql!("{}", c.saturating_add(1)))
+                .collect()
+        };
+        let rows = thresholds(candidates);
+        statement.push(sql!(
+            " SELECT 0 AS __dp_part, width_bucket(__dp_r0, ARRAY[{}]) AS __dp_b, COUNT(*) FROM {} GROUP BY width_bucket(__dp_r0, ARRAY[{}])",
+            Sql::join(rows.clone(), ", "),
+            source,
+            Sql::join(rows, ", ")
+        ));
+        if let Some(groups) = groups {
+            // Every group of each unit, before stage 3 keeps at most max_groups_per_unit.
+            let groups = thresholds(groups);
+            statement.push(sql!(
+                " UNION ALL SELECT 1, width_bucket(__dp_g, ARRAY[{}]), COUNT(*) FROM (SELECT __dp_unit, COUNT(*) AS __dp_g FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_groups GROUP BY width_bucket(__dp_g, ARRAY[{}])",
+                Sql::join(groups.clone(), ", "),
+                Sql::join(groups, ", ")
+            ));
+        }
+        return Ok((statement, arguments, measures, aggregate_measures));
     }
     for (j, m) in measures.iter().enumerate() {
         let histogram = match m {

@@ -1,0 +1,955 @@
+//! Contribution bounds chosen per query: the policy's `max_rows_per_unit` and
+//! `max_groups_per_unit` are ceilings, and a query may run with a smaller cap on the rows each
+//! privacy unit contributes to a group and, with group keys, on the groups it contributes to,
+//! chosen from DP histograms of the data with a stated share of the query's ε (docs/privacy.md,
+//! "Contribution bounds chosen per query").
+//!
+//! The steps, all pure (the session runs the histograms' SQL and charges first):
+//! 1. [`BoundsChoice::new`]: whether the plan may choose, the candidate caps (2, 3, 4, 5, 6, 8,
+//!    10, 12, 16, …, up to the ceilings; from 1 for groups), and the histograms' noises: a
+//!    discrete Laplace count per bucket, scale `G/ε` for the pairs (`G = max_groups_per_unit`)
+//!    and `1/ε` for the units (ε the choice's share, halved when both caps are chosen).
+//! 2. The upstream counts, among the (unit, group) pairs each unit keeps (at most `G` per unit,
+//!    chosen as for the answer), how many have `r` rows, and how many units have `g` groups, in
+//!    the buckets between consecutive candidates and beyond the ceilings
+//!    (`crate::dp::rewrite::contributions`).
+//! 3. [`choose`] noises every bucket (missing buckets are zero) and, from the noisy counts alone,
+//!    picks the caps that minimise the estimated error of a count per group: the rows the caps
+//!    would remove, spread over the groups, plus the 95 % noise bound at those caps. The same
+//!    noisy counts estimate what the caps remove ([`ChosenBounds`]), which the NOTICE and the
+//!    `_error95` columns state: post-processing, free.
+//!
+//! # Privacy
+//! Adding or removing one privacy unit adds or removes at most `G` pairs (stage 3 keeps at most
+//! `G` groups per unit, by a keyed hash of the unit's own rows), each in one bucket, and one
+//! unit in one bucket of the units histogram: L1 sensitivities `G` and 1, so the discrete
+//! Laplace noises make the histograms DP at their ε (pure). The caps are a function of the
+//! noisy histograms (post-processing). The answer is then released with the mechanisms of the
+//! plan at the chosen caps, whose sensitivities are those caps' (at most the policy's), at the
+//! rest of the query's budget: adaptive sequential composition (Dwork & Roth 2014, Thm 3.16;
+//! Rogers et al. 2016 for the filter), charged as one cost (the choice's ε pure, plus the
+//! answer's) before either query runs. Amin, Kulesza, Muñoz Medina, Vassilvitskii (ICML 2019)
+//! choose the per-user cap from the users' contributions to balance bias and noise in the same
+//! way.
+
+use rand::{CryptoRng, Rng};
+
+use crate::budget::Cost;
+use crate::dp::mechanism::Noise;
+use crate::dp::plan::Plan;
+use crate::dp::rewrite::{self, Measure, Rewrite, UpstreamSql};
+use crate::error::{Error, Result};
+use crate::limits;
+
+use super::{Budget, Mechanisms, PrivateRows};
+
+/// Everything a query that chooses its cap decides before it runs: the choice, the histogram's
+/// SQL, the budget and mechanisms of the answer at the ceiling (their cost is the answer's at
+/// any cap: the split of ε over the measures does not depend on their sensitivities), and the
+/// whole cost, charged once before either query reaches the upstream.
+#[derive(Debug, Clone)]
+pub struct ChoicePlan {
+    /// How the cap is chosen.
+    pub choice: BoundsChoice,
+    /// The contribution histogram's SQL.
+    pub sql: UpstreamSql,
+    /// The answer's budget: the query's, less the histogram's ε, with the noise family the
+    /// query's mechanisms resolved (`auto` decided at the ceiling, so the cost cannot change).
+    pub answer_budget: Budget,
+    /// The answer's mechanisms at the ceiling.
+    pub at_ceiling: Mechanisms,
+    /// The histogram's cost (pure ε) plus the answer's.
+    pub cost: Cost,
+}
+
+impl ChoicePlan {
+    /// The choice for `plan`, whose mechanisms at the query's whole budget are `mechanisms`:
+    /// `None` when nothing is chosen ([`BoundsChoice::new`]) or when `pgdp.max_error` chose
+    /// the budget (its target is stated at the policy's caps).
+    pub fn new(
+        plan: &Plan,
+        rewrite: &Rewrite,
+        mechanisms: &Mechanisms,
+        parameters: &[Option<String>],
+        secret: &str,
+        cells: Option<u64>,
+    ) -> Result<Option<ChoicePlan>> {
+        if mechanisms.max_error.is_some() {
+            return Ok(None);
+        }
+        let budget = mechanisms.budget;
+        let epsilon = budget.epsilon * limits::BOUNDS_CHOICE_SHARE;
+        if epsilon < limits::EPSILON_PER_QUERY_MIN {
+            return Ok(None);
+        }
+        let gaussian = budget.mechanism == crate::policy::Mechanism::Gaussian;
+        let Some(choice) = BoundsChoice::new(plan, rewrite, epsilon, cells, gaussian)? else {
+            return Ok(None);
+        };
+        let groups = (!choice.group_edges().is_empty()).then(|| choice.group_edges());
+        let Some(sql) = rewrite::contributions(plan, parameters, secret, choice.edges(), groups)?
+        else {
+            return Ok(None);
+        };
+        let answer_budget = Budget {
+            epsilon: budget.epsilon - epsilon,
+            ..budget
+        };
+        let mut at_ceiling = super::mechanisms(plan, rewrite, answer_budget)?;
+        at_ceiling.clamp_means = mechanisms.clamp_means;
+        at_ceiling.max_relative_error = mechanisms.max_relative_error;
+        let cost = Cost::pure(super::fixed_ceil(epsilon)?) + at_ceiling.cost;
+        Ok(Some(ChoicePlan {
+            choice,
+            sql,
+            answer_budget,
+            at_ceiling,
+            cost,
+        }))
+    }
+
+    /// The answer's plan, rewrite and mechanisms at the chosen cap; `partitionwise` puts the
+    /// rewrite in the partitionwise shape. Their cost must be the one charged (else an
+    /// internal error: the charge stands and nothing is released).
+    pub fn answer(
+        &self,
+        plan: &Plan,
+        chosen: &ChosenBounds,
+        parameters: &[Option<String>],
+        secret: &str,
+        partitionwise: bool,
+    ) -> Result<(Plan, Rewrite, Mechanisms)> {
+        let plan = plan.with_chosen_bounds(chosen);
+        let mut rewritten = rewrite::rewrite(&plan, parameters, secret)?;
+        if partitionwise {
+            rewritten = rewrite::partitionwise(rewritten)?;
+        }
+        let mut mechanisms = super::mechanisms(&plan, &rewritten, self.answer_budget)?;
+        if mechanisms.cost != self.at_ceiling.cost {
+            return Err(Error::internal(
+                "the mechanisms at the chosen cap cost other than those charged",
+            ));
+        }
+        mechanisms.clamp_means = self.at_ceiling.clamp_means;
+        mechanisms.max_relative_error = self.at_ceiling.max_relative_error;
+        mechanisms.removed_share = chosen.rows_removed_share();
+        Ok((plan, rewritten, mechanisms))
+    }
+
+    /// The 95 % noise bound per row of cap of the answer ([`noise_per_row`]).
+    pub fn noise_per_row(&self, rewrite: &Rewrite) -> f64 {
+        noise_per_row(rewrite, &self.at_ceiling.noises, self.choice.ceiling)
+    }
+}
+
+/// The candidate caps on rows up to `ceiling`: 2, 3, 4, 5, 6, 8, 10, 12, then three steps per
+/// doubling (16, 20, 24, 32, 40, 48, 64, …), and the ceiling itself last.
+pub fn candidates(ceiling: u64) -> Vec<u64> {
+    let mut out: Vec<u64> = vec![2, 3, 4, 5, 6, 8, 10, 12];
+    let mut base: u64 = 16;
+    while base <= ceiling {
+        out.extend([base, base + base / 4, base + base / 2]);
+        base = base.saturating_mul(2);
+    }
+    out.retain(|&c| c < ceiling);
+    out.push(ceiling);
+    out
+}
+
+/// The candidate caps on groups up to `ceiling`: 1, then as [`candidates`]; from 2 when `from_two`.
+pub fn group_candidates(ceiling: u64, from_two: bool) -> Vec<u64> {
+    let mut out = if from_two || ceiling < 2 {
+        Vec::new()
+    } else {
+        vec![1]
+    };
+    out.extend(candidates(ceiling));
+    out
+}
+
+/// The upper edges of a histogram's buckets: `candidates` (ending at `ceiling`), then the steps
+/// of [`candidates`] beyond the ceiling up to [`limits::BOUNDS_HISTOGRAM_REACH`] times it, so
+/// that what a cap removes is estimated also where units exceed what the policy allows (never
+/// choosable: only the candidates are).
+fn reaching(candidates: &[u64], ceiling: u64) -> Vec<u64> {
+    let reach = ceiling
+        .saturating_mul(limits::BOUNDS_HISTOGRAM_REACH)
+        .min(limits::ROWS_PER_UNIT_MAX);
+    let mut out = candidates.to_vec();
+    out.extend(candidates_beyond(ceiling, reach));
+    out
+}
+
+fn candidates_beyond(ceiling: u64, reach: u64) -> Vec<u64> {
+    candidates(reach.max(2))
+        .into_iter()
+        .filter(|&e| e > ceiling)
+        .collect()
+}
+
+/// The edges of the rows histogram for a ceiling of `ceiling` rows ([`reaching`]).
+pub fn edges(ceiling: u64) -> Vec<u64> {
+    reaching(&candidates(ceiling), ceiling)
+}
+
+/// Each bucket's midpoint for `edges`: bucket `j < n` holds (e[j-1], e[j]] (e[-1] = 0), bucket
+/// `n` what lies beyond the last edge, counted at the last edge + 1 (a lower estimate); none
+/// without edges.
+fn midpoints(edges: &[u64]) -> Vec<f64> {
+    let n = edges.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    (0..=n)
+        .map(|j| {
+            if j == n {
+                (edges[n - 1] + 1) as f64
+            } else {
+                let lo = if j == 0 { 0 } else { edges[j - 1] };
+                (lo + 1 + edges[j]) as f64 / 2.0
+            }
+        })
+        .collect()
+}
+
+/// How a query chooses its caps on rows per unit and group and on groups per unit: decided
+/// from the plan and the budget alone, before anything runs.
+#[derive(Debug, Clone)]
+pub struct BoundsChoice {
+    ceiling: u64,
+    /// The caps on rows it may choose, ascending, the ceiling last: the first edges.
+    candidates: Vec<u64>,
+    /// The rows histogram's bucket edges ([`edges`]).
+    edges: Vec<u64>,
+    /// The policy's cap on groups per unit.
+    groups: u64,
+    /// The caps on groups it may choose (the ceiling alone when it does not choose them).
+    group_candidates: Vec<u64>,
+    /// The groups histogram's bucket edges; empty when it does not choose groups.
+    group_edges: Vec<u64>,
+    /// The rows histogram's noise: sensitivity `groups`.
+    noise: Noise,
+    /// The groups histogram's noise: sensitivity 1.
+    group_noise: Option<Noise>,
+    epsilon: f64,
+    cells: f64,
+    /// Whether the answer's noise is Gaussian (its scale grows as √G, not G).
+    gaussian: bool,
+}
+
+impl BoundsChoice {
+    /// The choice for `plan` with `epsilon` (the share of the query's ε spent choosing), or
+    /// `None` when the plan has nothing to choose: neither a ceiling of more than 2 rows nor,
+    /// with group keys, of more than 1 group; every row its own unit; per-unit values bounded
+    /// by the cap during analysis; grouping sets; or a measure whose sensitivity is not linear
+    /// in the caps (distinct counts, quantiles: their own histograms use the cap). `cells` is
+    /// how many groups the answer spreads over, for the objective: the public domain's size, 1
+    /// without keys, [`limits::BOUNDS_CHOICE_CELLS_SELECTED`] for keys released by partition
+    /// selection. `gaussian`: the answer's noise family.
+    pub fn new(
+        plan: &Plan,
+        rewrite: &Rewrite,
+        epsilon: f64,
+        cells: Option<u64>,
+        gaussian: bool,
+    ) -> Result<Option<BoundsChoice>> {
+        let ceiling = plan.max_rows_per_unit;
+        let groups = plan.max_groups_per_unit;
+        let linear = rewrite.measures.iter().all(|m| {
+            matches!(
+                m,
+                Measure::Rows
+                    | Measure::Units
+                    | Measure::Values(_)
+                    | Measure::Sum(_)
+                    | Measure::SumCentered(_)
+                    | Measure::SumSquaresCentered(_)
+            )
+        }) && rewrite
+            .measures
+            .iter()
+            .any(|m| !matches!(m, Measure::Units));
+        let rows = ceiling > 2;
+        let choose_groups = !plan.keys.is_empty() && groups > 1;
+        if !(rows || choose_groups)
+            || !linear
+            || plan.unit_unique
+            || plan.rows_are_units()
+            || !plan.unit_caps.is_empty()
+            || plan.grouping_sets.is_some()
+        {
+            return Ok(None);
+        }
+        let candidates = if rows {
+            candidates(ceiling)
+        } else {
+            vec![ceiling]
+        };
+        // With one row per unit and group, one group per unit would make COUNT(DISTINCT unit)
+        // the rows measure (rewrite::measures): another split of ε than the one charged.
+        let group_candidates = if choose_groups {
+            group_candidates(groups, ceiling == 1)
+        } else {
+            vec![groups]
+        };
+        let parts = if choose_groups { 2.0 } else { 1.0 };
+        let noise = Noise::laplace(groups as f64, epsilon / parts)?;
+        let group_noise = if choose_groups {
+            Some(Noise::laplace(1.0, epsilon / parts)?)
+        } else {
+            None
+        };
+        let cells = match cells {
+            Some(n) => n.max(1) as f64,
+            None if plan.keys.is_empty() => 1.0,
+            None => limits::BOUNDS_CHOICE_CELLS_SELECTED as f64,
+        };
+        Ok(Some(BoundsChoice {
+            ceiling,
+            edges: reaching(&candidates, ceiling),
+            candidates,
+            groups,
+            group_edges: if choose_groups {
+                reaching(&group_candidates, groups)
+            } else {
+                Vec::new()
+            },
+            group_candidates,
+            noise,
+            group_noise,
+            epsilon,
+            cells,
+            gaussian,
+        }))
+    }
+
+    /// The candidate caps on rows, ascending, the ceiling last.
+    pub fn candidates(&self) -> &[u64] {
+        &self.candidates
+    }
+
+    /// The rows histogram's bucket edges: the candidates, then steps beyond the ceiling.
+    pub fn edges(&self) -> &[u64] {
+        &self.edges
+    }
+
+    /// The groups histogram's bucket edges; empty when the query does not choose its cap on
+    /// groups.
+    pub fn group_edges(&self) -> &[u64] {
+        &self.group_edges
+    }
+
+    /// The policy's cap on rows, which the chosen one never exceeds.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    /// The policy's cap on groups, which the chosen one never exceeds.
+    pub fn groups_ceiling(&self) -> u64 {
+        self.groups
+    }
+
+    /// ε spent on the histograms.
+    pub fn epsilon(&self) -> f64 {
+        self.epsilon
+    }
+
+    /// EXPLAIN's lines: what is chosen, from what, at which cost.
+    pub fn explain(&self) -> Vec<String> {
+        let groups = match &self.group_noise {
+            Some(_) => format!(
+                " and groups per unit from a DP histogram of each unit's number of groups (Laplace, sensitivity 1, epsilon {}), among {} candidates up to the policy's {}",
+                fmt_epsilon(self.epsilon / 2.0),
+                self.group_candidates.len(),
+                self.groups
+            ),
+            None => String::new(),
+        };
+        vec![format!(
+            "contribution bounds chosen per query: rows per unit in each group from a DP histogram of the rows of each (unit, group) pair (Laplace, sensitivity {}, epsilon {}), among {} candidates up to the policy's {}{groups}; the caps minimise the estimated rows they remove per group ({} group(s) assumed) plus the 95% noise bound; the measures below are shown at the policy's caps, the answer's NOTICE states the chosen caps and the estimated rows they removed (SET pgdp.choose_bounds = off to use the policy's caps)",
+            self.groups,
+            fmt_epsilon(if self.group_noise.is_some() {
+                self.epsilon / 2.0
+            } else {
+                self.epsilon
+            }),
+            self.candidates.len(),
+            self.ceiling,
+            self.cells
+        )]
+    }
+}
+
+fn fmt_epsilon(e: f64) -> String {
+    let text = format!("{e:.6}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// The caps a query ran with and what the noisy histograms say they removed. Made only by
+/// [`choose`], so a plan's caps can be lowered only to values chosen under a charge
+/// ([`crate::dp::plan::Plan::with_chosen_bounds`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChosenBounds {
+    pub(in crate::dp) rows_per_unit: u64,
+    pub(in crate::dp) groups_per_unit: u64,
+    ceiling: u64,
+    groups_ceiling: u64,
+    groups_chosen: bool,
+    epsilon: f64,
+    pairs: f64,
+    pairs_over: f64,
+    units: f64,
+    units_over: f64,
+    rows: f64,
+    rows_removed: f64,
+    beyond_reach: f64,
+    over_ceiling: f64,
+}
+
+impl ChosenBounds {
+    /// The cap on rows per unit and group the answer used.
+    pub fn rows_per_unit(&self) -> u64 {
+        self.rows_per_unit
+    }
+
+    /// The cap on groups per unit the answer used.
+    pub fn groups_per_unit(&self) -> u64 {
+        self.groups_per_unit
+    }
+
+    /// Whether the cap on groups was chosen too (else it is the policy's).
+    pub fn groups_chosen(&self) -> bool {
+        self.groups_chosen
+    }
+
+    /// The estimated share of the rows (after WHERE) that the caps removed, in [0, 1]; a lower
+    /// estimate when units exceed the histograms' reach.
+    pub fn rows_removed_share(&self) -> f64 {
+        if self.rows <= 0.0 {
+            0.0
+        } else {
+            (self.rows_removed / self.rows).clamp(0.0, 1.0)
+        }
+    }
+
+    /// The estimated share of (unit, group) pairs with more rows than the cap, in [0, 1].
+    pub fn pairs_over_share(&self) -> f64 {
+        if self.pairs <= 0.0 {
+            0.0
+        } else {
+            (self.pairs_over / self.pairs).clamp(0.0, 1.0)
+        }
+    }
+
+    /// The estimated share of units with more groups than the cap, in [0, 1] (0 when the cap
+    /// on groups was not chosen: no histogram of groups was released).
+    pub fn units_over_share(&self) -> f64 {
+        if self.units <= 0.0 {
+            0.0
+        } else {
+            (self.units_over / self.units).clamp(0.0, 1.0)
+        }
+    }
+
+    /// The NOTICE: the caps, the policy's, the ε share, and the estimated bias.
+    pub fn notice(&self) -> String {
+        let mut caveats = String::new();
+        if self.over_ceiling > 0.0 && self.pairs > 0.0 && self.rows_per_unit == self.ceiling {
+            caveats.push_str(&format!(
+                "; about {} of the pairs have more rows than the policy's cap allows",
+                percent(self.over_ceiling / self.pairs)
+            ));
+        }
+        if self.beyond_reach > 0.0 {
+            caveats.push_str(&format!(
+                "; some units have more than {} times the policy's caps, counted at that many (the estimate is low)",
+                limits::BOUNDS_HISTOGRAM_REACH
+            ));
+        }
+        let (groups, units) = if self.groups_chosen {
+            (
+                format!(
+                    " in each of at most {} group(s) (the policy allows {} row(s) in {} group(s))",
+                    self.groups_per_unit, self.ceiling, self.groups_ceiling
+                ),
+                format!(
+                    ", {} of the units had more groups",
+                    percent(self.units_over_share())
+                ),
+            )
+        } else {
+            (
+                format!(" in each group (the policy allows {})", self.ceiling),
+                String::new(),
+            )
+        };
+        format!(
+            "pgdp: contribution bound chosen for this query: at most {} row(s) per unit{groups}, from DP histograms costing epsilon {} of the charge; estimated bias: the caps removed about {} of the rows ({} of the (unit, group) pairs had more rows{units}){caveats}; COUNT and SUM are low by about that share, and _error95 includes it",
+            self.rows_per_unit,
+            fmt_epsilon(self.epsilon),
+            percent(self.rows_removed_share()),
+            percent(self.pairs_over_share()),
+        )
+    }
+}
+
+fn percent(share: f64) -> String {
+    let p = share * 100.0;
+    if p == 0.0 {
+        "0%".into()
+    } else if p < 0.1 {
+        "<0.1%".into()
+    } else if p < 10.0 {
+        format!("{p:.1}%")
+    } else {
+        format!("{p:.0}%")
+    }
+}
+
+/// Noises the histograms the upstream returned for `choice` (rows of histogram number — 0 rows
+/// per pair, 1 groups per unit —, bucket number, count) and chooses the caps: the pair
+/// `(g, c)` of candidates minimising `removed(g, c)/cells + c·noise_per_row·r(g)`, the larger on
+/// a tie, where `r(g)` is how the answer's noise scales with the cap on groups (`g/G`, or
+/// `√(g/G)` for Gaussian noise), `noise_per_row` the answer's 95 % noise bound per row of cap at
+/// the policy's caps (its scales are linear in the cap on rows), and `removed(g, c)` the noisy
+/// histograms' estimate of the rows beyond the caps: the rows of the groups beyond `g` (each
+/// unit's groups past the cap, at the mean rows per pair) plus, of the pairs kept, the rows
+/// above `c` (each bucket at its midpoint, counts at or below the noise's 95 % bound as zero).
+///
+/// # Privacy
+/// Every bucket, present or not, gets its own noise ([`BoundsChoice`]); everything after is
+/// post-processing of the noisy counts.
+///
+/// # Errors
+/// [`Error::Internal`] on a row that is not (histogram, bucket, count) with both in range.
+pub fn choose<R: Rng + CryptoRng + ?Sized>(
+    choice: &BoundsChoice,
+    rows: &PrivateRows,
+    noise_per_row: f64,
+    rng: &mut R,
+) -> Result<ChosenBounds> {
+    let mut exact = vec![0i128; choice.edges.len() + 1];
+    let mut exact_groups = vec![0i128; choice.group_edges.len() + 1];
+    for row in &rows.rows {
+        let parse = |i: usize| -> Result<i128> {
+            row.get(i)
+                .and_then(|c| c.as_deref())
+                .and_then(|t| t.parse::<i128>().ok())
+                .ok_or_else(|| Error::internal("a contribution histogram row"))
+        };
+        let part = match parse(0)? {
+            0 => &mut exact,
+            1 if choice.group_noise.is_some() => &mut exact_groups,
+            _ => return Err(Error::internal("a contribution histogram part")),
+        };
+        let bucket = usize::try_from(parse(1)?)
+            .ok()
+            .filter(|&b| b < part.len())
+            .ok_or_else(|| Error::internal("a contribution histogram bucket"))?;
+        part[bucket] = part[bucket].saturating_add(parse(2)?);
+    }
+    // A bucket's noisy count at or below its noise's bound at 5 % over all the buckets
+    // (Bonferroni: with 95 % probability no empty bucket passes) reads as empty: every empty
+    // bucket's noise would otherwise count as pairs, and those beyond the ceiling as many rows
+    // each (post-processing).
+    let mut release = |noise: &Noise, exact: &[i128]| -> Vec<f64> {
+        let floor = noise
+            .error_bound(0.05 / exact.len().max(1) as f64)
+            .unwrap_or(0.0);
+        exact
+            .iter()
+            .map(|&e| noise.release_integer(rng, e) as f64)
+            .map(|x| if x > floor { x } else { 0.0 })
+            .collect()
+    };
+    let noisy = release(&choice.noise, &exact);
+    let noisy_groups = choice
+        .group_noise
+        .as_ref()
+        .map(|noise| release(noise, &exact_groups));
+    Ok(pick(choice, &noisy, noisy_groups.as_deref(), noise_per_row))
+}
+
+/// [`choose`] after the noise: a function of the noisy counts alone (one per bucket of
+/// [`BoundsChoice::edges`] and of [`BoundsChoice::group_edges`], and the last of each for
+/// what lies beyond them).
+fn pick(
+    choice: &BoundsChoice,
+    noisy: &[f64],
+    noisy_groups: Option<&[f64]>,
+    noise_per_row: f64,
+) -> ChosenBounds {
+    let mid = midpoints(&choice.edges);
+    let n = choice.edges.len();
+    let removed_rows = |cap: u64| -> f64 {
+        (0..=n)
+            .map(|j| noisy[j] * (mid[j] - cap as f64).max(0.0))
+            .sum()
+    };
+    let pairs: f64 = noisy.iter().sum();
+    let pair_rows: f64 = (0..=n).map(|j| noisy[j] * mid[j]).sum();
+    let rows_per_pair = if pairs > 0.0 { pair_rows / pairs } else { 1.0 };
+    // Pairs a cap of g groups keeps (each unit min(its groups, g)), and all pairs, from the
+    // groups histogram; without one, the groups are the policy's and nothing else is known.
+    let group_mid = midpoints(&choice.group_edges);
+    let kept_pairs = |g: u64| -> f64 {
+        noisy_groups.map_or(0.0, |u| {
+            u.iter()
+                .zip(&group_mid)
+                .map(|(count, m)| count * m.min(g as f64))
+                .sum()
+        })
+    };
+    let all_pairs =
+        noisy_groups.map_or(0.0, |u| u.iter().zip(&group_mid).map(|(c, m)| c * m).sum());
+    let at_ceiling = kept_pairs(choice.groups);
+    let removed = |g: u64, c: u64| -> f64 {
+        match noisy_groups {
+            Some(_) if at_ceiling > 0.0 => {
+                let kept = kept_pairs(g);
+                (all_pairs - kept).max(0.0) * rows_per_pair + removed_rows(c) * kept / at_ceiling
+            }
+            _ => removed_rows(c),
+        }
+    };
+    let noise_per_row = if noise_per_row.is_finite() {
+        noise_per_row.max(0.0)
+    } else {
+        0.0
+    };
+    let scaling = |g: u64| -> f64 {
+        let r = g as f64 / choice.groups as f64;
+        if choice.gaussian {
+            r.sqrt()
+        } else {
+            r
+        }
+    };
+    let mut best = (
+        choice.group_candidates.len() - 1,
+        choice.candidates.len() - 1,
+        f64::INFINITY,
+    );
+    for (gi, &g) in choice.group_candidates.iter().enumerate() {
+        for (ci, &c) in choice.candidates.iter().enumerate() {
+            let error = removed(g, c) / choice.cells + c as f64 * noise_per_row * scaling(g);
+            if error <= best.2 {
+                best = (gi, ci, error);
+            }
+        }
+    }
+    let (gi, ci, _) = best;
+    let (g, c) = (choice.group_candidates[gi], choice.candidates[ci]);
+    // The candidates are the first edges, so what lies above a cap is in the later buckets.
+    let (units, units_over) = match noisy_groups {
+        Some(u) => (u.iter().sum(), u[gi + 1..].iter().sum()),
+        None => (0.0, 0.0),
+    };
+    let rows = match noisy_groups {
+        Some(_) if at_ceiling > 0.0 => {
+            pair_rows + (all_pairs - at_ceiling).max(0.0) * rows_per_pair
+        }
+        _ => pair_rows,
+    };
+    let beyond_reach = noisy[n] + noisy_groups.map_or(0.0, |u| u.last().copied().unwrap_or(0.0));
+    ChosenBounds {
+        rows_per_unit: c,
+        groups_per_unit: g,
+        ceiling: choice.ceiling,
+        groups_ceiling: choice.groups,
+        groups_chosen: noisy_groups.is_some(),
+        epsilon: choice.epsilon,
+        pairs,
+        pairs_over: noisy[ci + 1..].iter().sum(),
+        units,
+        units_over,
+        rows,
+        rows_removed: removed(g, c),
+        beyond_reach,
+        over_ceiling: noisy[choice.candidates.len()..].iter().sum(),
+    }
+}
+
+/// The 95 % noise bound per row of cap of the answer's noisiest measure, from its mechanisms
+/// at the ceiling (`noises` and their measures): each scale is linear in the cap, so at cap
+/// `c` the bound is `c` times this.
+pub fn noise_per_row(rewrite: &Rewrite, noises: &[Noise], ceiling: u64) -> f64 {
+    rewrite
+        .measures
+        .iter()
+        .zip(noises)
+        .filter(|(m, _)| !matches!(m, Measure::Units))
+        .map(|(m, noise)| {
+            let per_unit = m.contribution(&rewrite.arguments, ceiling);
+            let rows_per_value = per_unit / ceiling as f64;
+            match noise.error_bound(0.05) {
+                // In rows: the bound over what one row adds to the measure.
+                Ok(e) if rows_per_value > 0.0 => e / rows_per_value / ceiling as f64,
+                _ => 0.0,
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choice(ceiling: u64, cells: f64) -> BoundsChoice {
+        BoundsChoice {
+            ceiling,
+            candidates: candidates(ceiling),
+            edges: edges(ceiling),
+            groups: 1,
+            group_candidates: vec![1],
+            group_edges: Vec::new(),
+            noise: Noise::laplace(1.0, 0.1).expect("noise"),
+            group_noise: None,
+            epsilon: 0.1,
+            cells,
+            gaussian: false,
+        }
+    }
+
+    /// A choice of both caps, with `groups` the policy's cap on groups.
+    fn choice_with_groups(ceiling: u64, groups: u64, cells: f64) -> BoundsChoice {
+        let group_candidates = group_candidates(groups, false);
+        BoundsChoice {
+            group_edges: reaching(&group_candidates, groups),
+            group_candidates,
+            groups,
+            group_noise: Some(Noise::laplace(1.0, 0.05).expect("noise")),
+            ..choice(ceiling, cells)
+        }
+    }
+
+    #[test]
+    fn the_cap_on_groups_trades_the_groups_it_drops_for_noise() {
+        // 1000 units with 8 groups of 3 rows each (pairs at the policy's 16 groups: 8000): a
+        // small noise cost per row of cap makes 8 groups and 3 rows (the bucket (2, 3],
+        // midpoint 3) the cheapest caps that remove nothing. With a large noise cost fewer
+        // groups are kept, and the estimate of what the caps remove includes the dropped
+        // groups' rows.
+        let ch = choice_with_groups(64, 16, 1.0);
+        assert_eq!(ch.group_candidates, vec![1, 2, 3, 4, 5, 6, 8, 10, 12, 16]);
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[1] = 8000.0;
+        let mut groups = vec![0.0; ch.group_edges.len() + 1];
+        groups[ch.group_edges.iter().position(|&e| e == 8).expect("8")] = 1000.0;
+        let chosen = pick(&ch, &noisy, Some(&groups), 0.01);
+        assert_eq!(
+            (chosen.groups_per_unit, chosen.rows_per_unit),
+            (8, 3),
+            "{chosen:?}"
+        );
+        assert_eq!(chosen.rows_removed_share(), 0.0);
+        assert!(chosen.groups_chosen());
+        let chosen = pick(&ch, &noisy, Some(&groups), 20_000.0);
+        assert!(chosen.groups_per_unit < 8, "{chosen:?}");
+        // The 8 groups fall in the bucket (6, 8], read at its midpoint 7.5.
+        let kept = chosen.groups_per_unit as f64;
+        assert!(
+            chosen.rows_removed_share() >= (7.5 - kept) / 7.5 - 1e-9,
+            "at least the dropped groups' rows: {chosen:?}"
+        );
+        assert!((chosen.units_over_share() - 1.0).abs() < 1e-9);
+        assert!(chosen.notice().contains("of the units had more groups"));
+        // One group per unit is never a candidate when the policy caps rows at one per group.
+        assert_eq!(group_candidates(16, true)[0], 2);
+    }
+
+    #[test]
+    fn candidates_end_at_the_ceiling_and_ascend() {
+        assert_eq!(candidates(10), vec![2, 3, 4, 5, 6, 8, 10]);
+        assert_eq!(
+            candidates(64),
+            vec![2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64]
+        );
+        assert_eq!(
+            candidates(50),
+            vec![2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 50]
+        );
+        for ceiling in 3..300 {
+            let c = candidates(ceiling);
+            assert!(c.windows(2).all(|w| w[0] < w[1]), "{c:?}");
+            assert_eq!(c.last(), Some(&ceiling));
+        }
+    }
+
+    #[test]
+    fn without_noise_cost_the_cap_covers_every_row() {
+        // 1000 pairs with 30 rows (bucket of 24 < r <= 32), no noise weight: the cap must
+        // remove nothing, so it is the first candidate at or above 30's bucket.
+        let ch = choice(64, 1.0);
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        let j = ch.candidates.iter().position(|&c| c == 32).expect("32");
+        noisy[j] = 1000.0;
+        let chosen = pick(&ch, &noisy, None, 0.0);
+        assert_eq!(chosen.rows_per_unit, 64, "a tie keeps the larger cap");
+        assert_eq!(chosen.rows_removed_share(), 0.0);
+        // With a noise cost per row, the smallest cap that removes nothing wins.
+        let chosen = pick(&ch, &noisy, None, 1.0);
+        assert_eq!(chosen.rows_per_unit, 32);
+        assert_eq!(chosen.pairs_over_share(), 0.0);
+    }
+
+    #[test]
+    fn a_heavy_noise_cost_trades_bias_for_noise() {
+        // 900 pairs with 1-2 rows and 100 with 40-48: with a large noise cost per row of cap
+        // and one group, the cap stays low and the notice states the rows removed.
+        let ch = choice(64, 1.0);
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[0] = 900.0;
+        let j = ch.candidates.iter().position(|&c| c == 48).expect("48");
+        noisy[j] = 100.0;
+        let chosen = pick(&ch, &noisy, None, 500.0);
+        assert!(chosen.rows_per_unit < 48, "{chosen:?}");
+        assert!(chosen.rows_removed_share() > 0.5, "{chosen:?}");
+        assert!((chosen.pairs_over_share() - 0.1).abs() < 1e-9);
+        assert!(
+            chosen.notice().contains("estimated bias"),
+            "{}",
+            chosen.notice()
+        );
+        // Spread over many groups, the same removal weighs less per group: the cap is no higher.
+        let many = choice(64, 1000.0);
+        assert!(pick(&many, &noisy, None, 500.0).rows_per_unit <= chosen.rows_per_unit);
+    }
+
+    #[test]
+    fn rows_beyond_the_ceiling_are_estimated() {
+        // Half the pairs have 1-2 rows, half 33-40 (beyond the ceiling of 10, within the
+        // histogram's reach): the cap is the ceiling, and the rows it removes are about
+        // (36.5 - 10) / (36.5 + 1.5) of them.
+        let ch = choice(10, 1.0);
+        assert_eq!(
+            ch.edges,
+            vec![2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80]
+        );
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[0] = 50.0;
+        noisy[ch.edges.iter().position(|&e| e == 40).expect("40")] = 50.0;
+        let chosen = pick(&ch, &noisy, None, 0.0);
+        assert_eq!(chosen.rows_per_unit, 10);
+        assert!(
+            (chosen.rows_removed_share() - 26.5 / 38.0).abs() < 1e-9,
+            "{chosen:?}"
+        );
+        assert!(chosen
+            .notice()
+            .contains("more rows than the policy's cap allows"));
+        // Beyond the histogram's reach the estimate is a lower one, and says so.
+        noisy[ch.edges.len()] = 10.0;
+        assert!(pick(&ch, &noisy, None, 0.0)
+            .notice()
+            .contains("the estimate is low"));
+    }
+
+    /// The chosen cap is a release: on neighbouring histograms that differ by one unit's pair
+    /// (in the top bucket, whose count sits at the noise floor, so that the pair decides the
+    /// cap), the
+    /// empirical distributions of the cap satisfy the ε-DP ratio condition
+    /// `S = Σ_c max(0, p̂₁(c) − e^ε p̂₂(c)) < slack` both ways, and a histogram noised at half
+    /// the scale is caught. The slack: `E[S] ≤ ½ Σ_c √((P₁(c) + e^{2ε}P₂(c))/N)
+    /// ≤ ½ √(B(1 + e^{2ε})/N)` over `B` candidate caps (Cauchy–Schwarz), plus McDiarmid's
+    /// `t = √(ln(1/α)(1 + e^{2ε})/(2N))` at α = 10⁻⁶: a correct mechanism fails one direction
+    /// with probability at most 10⁻⁶; the seeds are fixed.
+    #[test]
+    fn the_chosen_cap_passes_the_neighbour_distinguisher() {
+        const N: usize = 40_000;
+        let epsilon = 1.0;
+        let ceiling = 64;
+        let run = |noise_epsilon: f64, heavy: bool, seed: u64| -> Vec<f64> {
+            let ch = BoundsChoice {
+                noise: Noise::laplace(1.0, noise_epsilon).expect("noise"),
+                epsilon,
+                ..choice(ceiling, 1.0)
+            };
+            // The top bucket holds just enough pairs on D to pass the noise floor about half
+            // the time, one fewer on D′.
+            let top = ch.candidates.iter().position(|&c| c == 40).expect("40");
+            let floor = ch
+                .noise
+                .error_bound(0.05 / (ch.edges.len() + 1) as f64)
+                .expect("a bound");
+            let pairs = floor.floor() as i64 + i64::from(heavy);
+            let rows = PrivateRows::new(vec![
+                vec![Some("0".into()), Some("0".into()), Some("500".into())],
+                vec![
+                    Some("0".into()),
+                    Some(top.to_string()),
+                    Some(pairs.to_string()),
+                ],
+            ]);
+            let mut rng: rand::rngs::ChaCha20Rng = rand::SeedableRng::seed_from_u64(seed);
+            let mut p = vec![0.0; ch.candidates.len()];
+            for _ in 0..N {
+                let chosen = choose(&ch, &rows, 0.01, &mut rng).expect("chosen");
+                let j = ch
+                    .candidates
+                    .iter()
+                    .position(|&c| c == chosen.rows_per_unit)
+                    .expect("a candidate");
+                p[j] += 1.0 / N as f64;
+            }
+            p
+        };
+        let violation = |a: &[f64], b: &[f64]| -> f64 {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - epsilon.exp() * y).max(0.0))
+                .sum()
+        };
+        let bins = candidates(ceiling).len() as f64;
+        let spread = 1.0 + (2.0 * epsilon).exp();
+        let slack = 0.5 * (bins * spread / N as f64).sqrt()
+            + ((1e6f64).ln() * spread / (2.0 * N as f64)).sqrt();
+        let (d, d2) = (run(epsilon, true, 11), run(epsilon, false, 12));
+        // The heavy unit moves the cap: the test is not vacuous.
+        assert!(d[d.len() - 5..].iter().sum::<f64>() > 0.3, "{d:?}");
+        assert!(
+            violation(&d, &d2) < slack,
+            "{} ≥ {slack}",
+            violation(&d, &d2)
+        );
+        assert!(
+            violation(&d2, &d) < slack,
+            "{} ≥ {slack}",
+            violation(&d2, &d)
+        );
+        let (h, h2) = (run(2.0 * epsilon, true, 13), run(2.0 * epsilon, false, 14));
+        let caught = violation(&h, &h2).max(violation(&h2, &h));
+        assert!(
+            caught > slack,
+            "half the noise not caught: {caught} ≤ {slack}"
+        );
+    }
+
+    #[test]
+    fn the_histogram_is_noised_with_seeded_randomness_and_read_strictly() {
+        let ch = choice(64, 1.0);
+        let rows = PrivateRows::new(vec![
+            vec![Some("0".into()), Some("0".into()), Some("100000".into())],
+            vec![Some("0".into()), Some("12".into()), Some("5000".into())],
+        ]);
+        let mut rng: rand::rngs::ChaCha20Rng = rand::SeedableRng::seed_from_u64(7);
+        let chosen = choose(&ch, &rows, 1.0, &mut rng).expect("chosen");
+        // Bucket 12 is (32, 40]: the cap that removes almost nothing at a noise cost of 1 per
+        // row is 40.
+        assert_eq!(ch.edges[12], 40);
+        assert_eq!(chosen.rows_per_unit, 40);
+        let bad = PrivateRows::new(vec![vec![
+            Some("0".into()),
+            Some("999".into()),
+            Some("1".into()),
+        ]]);
+        assert!(choose(&ch, &bad, 1.0, &mut rng).is_err());
+        // A groups histogram the choice did not ask for is refused too.
+        let bad = PrivateRows::new(vec![vec![
+            Some("1".into()),
+            Some("0".into()),
+            Some("1".into()),
+        ]]);
+        assert!(choose(&ch, &bad, 1.0, &mut rng).is_err());
+    }
+}

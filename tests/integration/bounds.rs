@@ -1,0 +1,326 @@
+//! Contribution bounds chosen per query (`SET pgdp.choose_bounds = on`, docs/privacy.md
+//! "Contribution bounds chosen per query"), through the wire against the demo data, compared
+//! with PostgreSQL's own answer (not the capped statistic).
+//!
+//! The policy is the demo's with the visits' caps raised to ceilings of 64 rows per person and
+//! group (a person has at most 40 visits) and 16 groups per person, so that the chosen caps can
+//! fit the data. Noise is
+//! seeded (each test always passes or always fails); the tolerances are many noise scales wide:
+//! at ε = 1 the count's Laplace scale is at most 64/0.9 ≈ 71 per group, so a 95 % bound of
+//! about 213 against totals of a million and clinic counts in the thousands.
+
+use crate::support::{Proxy, Session};
+
+/// The demo policy with the visits' caps raised to 64 rows per person and group and 16 groups
+/// per person, and `choose_bounds` as given.
+fn policy(choose_bounds: bool) -> pgdp::policy::Policy {
+    let mut text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml"),
+    )
+    .expect("the demo policy")
+    .replace(
+        "max_rows_per_unit: 10       # and with at most 10 visits in each",
+        "max_rows_per_unit: 64",
+    )
+    .replace(
+        "max_groups_per_unit: 5      # a person counts in at most 5 groups of one query\n    max_rows_per_unit: 64",
+        "max_groups_per_unit: 16\n    max_rows_per_unit: 64",
+    );
+    assert!(
+        text.contains("max_rows_per_unit: 64") && text.contains("max_groups_per_unit: 16"),
+        "the demo policy's visits caps moved"
+    );
+    if choose_bounds {
+        text = text.replace(
+            "  mechanism: auto\n",
+            "  mechanism: auto\n  choose_bounds: true\n",
+        );
+        assert!(
+            text.contains("choose_bounds: true"),
+            "the demo policy's defaults moved"
+        );
+    }
+    pgdp::policy::parse(&text).expect("a valid policy")
+}
+
+/// PostgreSQL's answer to `sql` on the demo data: one row of `(key, count)`, or `(None, count)`.
+async fn exact(sql: &str) -> Vec<(Option<String>, i64)> {
+    let client = crate::support::upstream_client().await;
+    client
+        .query(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|r| {
+            if r.len() == 1 {
+                (None, r.get::<_, i64>(0))
+            } else {
+                (r.get::<_, Option<String>>(0), r.get::<_, i64>(1))
+            }
+        })
+        .collect()
+}
+
+async fn count(session: &Session, sql: &str) -> Vec<(Option<String>, i64)> {
+    session
+        .simple_rows(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .map(|r| match r.as_slice() {
+            [n] => (
+                None,
+                n.as_deref().and_then(|t| t.parse().ok()).expect("a count"),
+            ),
+            [k, n, ..] => (
+                k.clone(),
+                n.as_deref().and_then(|t| t.parse().ok()).expect("a count"),
+            ),
+            _ => panic!("{sql}: an empty row"),
+        })
+        .collect()
+}
+
+/// The cap a chosen-bounds NOTICE states (`at most N row(s) per unit`).
+fn chosen_cap(notices: &[String]) -> Option<u64> {
+    notices.iter().find_map(|n| {
+        let rest = n
+            .split("contribution bound chosen for this query: at most ")
+            .nth(1)?;
+        rest.split(' ').next()?.parse().ok()
+    })
+}
+
+#[tokio::test]
+async fn the_total_count_is_within_two_percent_of_postgresql() {
+    let proxy = Proxy::with_policy(policy(true), 61).await;
+    let session = proxy.connect().await;
+    let truth = exact("SELECT COUNT(*) FROM demo.visits").await[0].1;
+    let before = session.budget().await;
+    let answer = count(&session, "SELECT COUNT(*) FROM demo.visits").await[0].1;
+    let notices = session.take_notices();
+    let error = (answer - truth).abs() as f64 / truth as f64;
+    assert!(
+        error < 0.02,
+        "{answer} against {truth}: {:.2}% off",
+        error * 100.0
+    );
+    // The cap fits the data (at most 40 visits per person): at least 40, at most the ceiling.
+    let cap = chosen_cap(&notices).unwrap_or_else(|| panic!("no chosen cap in {notices:?}"));
+    assert!((40..=64).contains(&cap), "chose {cap}: {notices:?}");
+    assert!(
+        notices.iter().any(|n| n.contains("estimated bias")),
+        "{notices:?}"
+    );
+    assert!(
+        !notices.iter().any(|n| n.contains("a capped statistic")),
+        "{notices:?}"
+    );
+    // The histogram's share is inside the query's ε: the charge is ε = 1 in all.
+    let after = session.budget().await;
+    let spent = after.epsilon_spent - before.epsilon_spent;
+    assert!((spent - 1.0).abs() < 1e-9, "spent {spent}");
+    // The same query again is the same answer, free.
+    let again = count(&session, "SELECT COUNT(*) FROM demo.visits").await[0].1;
+    assert_eq!(again, answer);
+    assert_eq!(session.budget().await.epsilon_spent, after.epsilon_spent);
+}
+
+#[tokio::test]
+async fn counts_by_clinic_are_closer_to_postgresql_than_under_the_policys_caps() {
+    // Relative error per clinic (50 clinics, thousands of visits each), median and worst, with
+    // the cap chosen and with the policy's demo cap of 10 (the demo policy as shipped).
+    let sql = "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic ORDER BY clinic";
+    let truth: std::collections::BTreeMap<Option<String>, i64> =
+        exact("SELECT clinic, COUNT(*)::int8 FROM demo.visits GROUP BY clinic ORDER BY clinic")
+            .await
+            .into_iter()
+            .collect();
+    let errors = |answer: Vec<(Option<String>, i64)>| -> Vec<f64> {
+        let mut e: Vec<f64> = answer
+            .iter()
+            .map(|(k, v)| {
+                let t = truth[k] as f64;
+                (*v as f64 - t).abs() / t
+            })
+            .collect();
+        e.sort_by(f64::total_cmp);
+        e
+    };
+    let chosen = {
+        let proxy = Proxy::with_policy(policy(true), 62).await;
+        let session = proxy.connect().await;
+        let answer = count(&session, sql).await;
+        let notices = session.take_notices();
+        assert!(chosen_cap(&notices).is_some(), "{notices:?}");
+        assert!(
+            notices
+                .iter()
+                .any(|n| n.contains("of the units had more groups")),
+            "{notices:?}"
+        );
+        assert_eq!(answer.len(), truth.len(), "every clinic is selected");
+        errors(answer)
+    };
+    let fixed = {
+        let proxy = Proxy::start(62).await;
+        let session = proxy.connect().await;
+        errors(count(&session, sql).await)
+    };
+    // Observed with these seeds: 23 % chosen against 43 % under the policy's caps. What is
+    // left is mostly the policy's cap of 5 clinics per person, which the choice does not move
+    // (the NOTICE says so).
+    let median = |e: &[f64]| e[e.len() / 2];
+    assert!(
+        median(&chosen) < 0.75 * median(&fixed),
+        "median relative error {:.3} chosen against {:.3} under the policy's caps",
+        median(&chosen),
+        median(&fixed)
+    );
+}
+
+#[tokio::test]
+async fn explain_states_the_rule_and_the_setting_turns_it_off() {
+    let proxy = Proxy::with_policy(policy(true), 63).await;
+    let session = proxy.connect().await;
+    assert_eq!(session.show("pgdp.choose_bounds").await, "on");
+    let lines: Vec<String> = session
+        .simple_rows("EXPLAIN SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic")
+        .await
+        .expect("EXPLAIN")
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("contribution bounds chosen per query")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("cost with the choice of bounds")),
+        "{lines:?}"
+    );
+    session
+        .simple_rows("SET pgdp.choose_bounds = off")
+        .await
+        .expect("SET");
+    session
+        .simple_rows("SELECT COUNT(*) FROM demo.visits")
+        .await
+        .expect("a count");
+    let notices = session.take_notices();
+    assert!(chosen_cap(&notices).is_none(), "{notices:?}");
+    assert!(
+        notices.iter().any(|n| n.contains("a capped statistic")),
+        "{notices:?}"
+    );
+    let e = session
+        .simple_rows("SET pgdp.choose_bounds = sometimes")
+        .await
+        .expect_err("not a boolean");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE)
+    );
+    session.assert_alive("a refused SET").await;
+}
+
+#[tokio::test]
+async fn accuracy_columns_include_the_estimated_shortfall() {
+    // A tiny ceiling of 64 is not binding here; a filter on heavy users makes the cap bind when
+    // the policy's ceiling is below their 40 visits: the demo policy as shipped has 10.
+    let proxy = Proxy::start(64).await;
+    let session = proxy.connect().await;
+    for set in ["SET pgdp.choose_bounds = on", "SET pgdp.accuracy = on"] {
+        session.simple_rows(set).await.expect("SET");
+    }
+    let rows = session
+        .simple_rows("SELECT COUNT(*) FROM demo.visits")
+        .await
+        .expect("a count");
+    let notices = session.take_notices();
+    let cap = chosen_cap(&notices).unwrap_or_else(|| panic!("{notices:?}"));
+    assert!(cap <= 10, "the policy's cap is the ceiling: chose {cap}");
+    let value: f64 = rows[0][0]
+        .as_deref()
+        .and_then(|t| t.parse().ok())
+        .expect("count");
+    let error95: f64 = rows[0][1]
+        .as_deref()
+        .and_then(|t| t.parse().ok())
+        .expect("error");
+    let truth = exact("SELECT COUNT(*) FROM demo.visits").await[0].1 as f64;
+    // Capped at 10 visits a person, about half the visits are left out; the stated error now
+    // reaches PostgreSQL's answer (it estimates the shortfall from the noisy histogram).
+    assert!(value < 0.7 * truth, "{value} against {truth}");
+    assert!(
+        value + error95 > 0.9 * truth && value + error95 < 1.3 * truth,
+        "{value} ± {error95} against {truth}"
+    );
+}
+
+#[tokio::test]
+async fn a_too_inaccurate_answer_is_an_error_for_tools_that_never_show_notices() {
+    // At ε = 0.05 the count of the few thousand costly visits has a 95 % error of hundreds,
+    // far above 1 % of it: refused after the charge with 22000, and asked again, refused again
+    // for free; without the setting the same rows are replayed, free.
+    let proxy = Proxy::start(65).await;
+    let session = proxy.connect().await;
+    let sql = "SELECT COUNT(*) FROM demo.visits WHERE cost > 1000";
+    for set in [
+        "SET pgdp.epsilon = 0.05",
+        "SET pgdp.max_relative_error = 0.01",
+    ] {
+        session.simple_rows(set).await.expect("SET");
+    }
+    let before = session.budget().await;
+    let e = session.simple_rows(sql).await.expect_err("too inaccurate");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::DATA_EXCEPTION),
+        "{e:?}"
+    );
+    let charged = session.budget().await;
+    assert!(
+        charged.epsilon_spent > before.epsilon_spent,
+        "the refusal comes after the charge"
+    );
+    let again = session.simple_rows(sql).await.expect_err("refused again");
+    assert_eq!(
+        again.code(),
+        Some(&tokio_postgres::error::SqlState::DATA_EXCEPTION)
+    );
+    assert_eq!(
+        session.budget().await.epsilon_spent,
+        charged.epsilon_spent,
+        "replayed, free"
+    );
+    session
+        .simple_rows("SET pgdp.max_relative_error = off")
+        .await
+        .expect("SET");
+    let rows = session.simple_rows(sql).await.expect("the rows, replayed");
+    assert!(!rows.is_empty());
+    assert_eq!(
+        session.budget().await.epsilon_spent,
+        charged.epsilon_spent,
+        "replayed, free"
+    );
+    // A generous share lets an accurate answer through.
+    session
+        .simple_rows("SET pgdp.max_relative_error = '50%'")
+        .await
+        .expect("SET");
+    session
+        .simple_rows("SET pgdp.epsilon = 1")
+        .await
+        .expect("SET");
+    session
+        .simple_rows("SELECT COUNT(*) FROM demo.visits")
+        .await
+        .expect("an accurate count passes");
+    session.assert_alive("a refusal after the charge").await;
+}
