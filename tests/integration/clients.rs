@@ -12,9 +12,13 @@
 //! each must be answered without a leak (no value of the upstream's row counts or sizes, and every
 //! statistics column zero) or refused with the SQLSTATE the fixture records.
 //!
-//! Toolchains. The clients come from `.ci/run` (Debian packages, `tests/clients/.venv` from the
-//! pinned `requirements.txt`, `tests/clients/node_modules` from `package-lock.json`). A missing
-//! toolchain fails the test when `CI=true`, and otherwise skips it with a message on stderr.
+//! Toolchains. The clients come from `.ci/setup-clients`, which `.ci/run` runs first (Debian
+//! packages, `tests/clients/.venv` from the pinned `requirements.txt`, `tests/clients/node_modules`
+//! from `package-lock.json`). Where one is missing, `build.rs` marks the tests that need it
+//! ignored, with what to install as the reason, so `cargo test` counts them as ignored and names
+//! the setup script on each line; with `CI=true` it marks none. Behind that, each test checks its
+//! toolchain again when it starts and fails, naming what is missing, rather than pass without
+//! running.
 //!
 //! Nothing here prints to stdout.
 
@@ -55,24 +59,18 @@ pub(crate) async fn start_proxy(seed: u8) -> Proxy {
     Proxy::with_policy(support::policy_with_budget(1000, 2), seed).await
 }
 
-/// Whether a missing toolchain fails the test (in CI) or skips it.
-pub(crate) fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// Returns `Some(reason)` when `what` is missing; panics in CI, warns loudly otherwise.
-pub(crate) fn require(present: bool, what: &str) -> bool {
-    if present {
-        return true;
-    }
+/// Fails the test when `what` is missing. `build.rs` marks a test ignored when its toolchain is
+/// missing (outside CI), so this fails only where the two disagree (a toolchain removed since
+/// the build, another `PATH`) or in CI, where a missing toolchain is an error: either way a test
+/// that cannot run must not pass.
+#[track_caller]
+pub(crate) fn require(present: bool, what: &str) {
     assert!(
-        !in_ci(),
-        "client toolchain missing in CI: {what} (bash .ci/run installs it)"
+        present,
+        "client toolchain missing: {what}. With CI=true that is an error; otherwise build.rs \
+         found it when the tests were built: install it, or `touch build.rs` to have the test \
+         reported as ignored"
     );
-    eprintln!(
-        "\n********\n* SKIPPED: client toolchain missing: {what}\n* run the client-matrix setup of .ci/run to install it; in CI (CI=true) this fails\n********\n"
-    );
-    false
 }
 
 pub(crate) fn on_path(program: &str) -> bool {
@@ -84,10 +82,10 @@ pub(crate) fn venv_python() -> PathBuf {
     clients_dir().join(".venv/bin/python")
 }
 
-pub(crate) fn python_ready() -> bool {
+pub(crate) fn require_python() {
     require(
         venv_python().is_file(),
-        "tests/clients/.venv (python3 -m venv + pip install -r tests/clients/requirements.txt)",
+        "tests/clients/.venv (bash .ci/setup-clients)",
     )
 }
 
@@ -254,9 +252,7 @@ fn psql_table<'a>(stdout: &'a str, title: &str) -> Vec<Vec<&'a str>> {
 
 #[tokio::test]
 async fn psql_describe_dp_query_refusal_and_explain() {
-    if !require(on_path("psql"), "psql (postgresql-client)") {
-        return;
-    }
+    require(on_path("psql"), "psql (postgresql-client)");
     let proxy = start_proxy(11).await;
     let run = psql_script(&proxy, "psql_matrix.sql").await;
     assert_eq!(run.status, Some(0), "{run:#?}");
@@ -382,10 +378,12 @@ async fn tokio_postgres_prepare_query_binary_results() {
 // Python drivers
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-python",
+    ignore = "needs tests/clients/.venv: bash .ci/setup-clients installs it (CI does)"
+)]
 async fn psycopg2_connect_dp_queries_and_error_classes() {
-    if !python_ready() {
-        return;
-    }
+    require_python();
     let proxy = start_proxy(13).await;
     let checks = [
         "connect",
@@ -400,10 +398,12 @@ async fn psycopg2_connect_dp_queries_and_error_classes() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-python",
+    ignore = "needs tests/clients/.venv: bash .ci/setup-clients installs it (CI does)"
+)]
 async fn psycopg3_server_and_client_binding_and_error_classes() {
-    if !python_ready() {
-        return;
-    }
+    require_python();
     let proxy = start_proxy(14).await;
     let checks = [
         "connect",
@@ -422,10 +422,12 @@ async fn psycopg3_server_and_client_binding_and_error_classes() {
 /// A Grafana-like session: the SQL of Grafana's PostgreSQL data source (its pickers and its
 /// panel macros, cited in grafana_session.py) through psycopg 3.
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-python",
+    ignore = "needs tests/clients/.venv: bash .ci/setup-clients installs it (CI does)"
+)]
 async fn grafana_like_session_pickers_time_series_and_table_panels() {
-    if !python_ready() {
-        return;
-    }
+    require_python();
     let proxy = start_proxy(30).await;
     let checks = [
         "version_probes",
@@ -442,9 +444,7 @@ async fn grafana_like_session_pickers_time_series_and_table_panels() {
 }
 
 async fn sqlalchemy_checks(seed: u8, dialect: &str) {
-    if !python_ready() {
-        return;
-    }
+    require_python();
     let proxy = start_proxy(seed).await;
     let names: Vec<String> = ["connect", "inspect", "dp_query_text", "dp_query_core"]
         .iter()
@@ -458,20 +458,30 @@ async fn sqlalchemy_checks(seed: u8, dialect: &str) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-python",
+    ignore = "needs tests/clients/.venv: bash .ci/setup-clients installs it (CI does)"
+)]
 async fn sqlalchemy_psycopg2_engine_inspect_text_and_core() {
     sqlalchemy_checks(15, "psycopg2").await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-python",
+    ignore = "needs tests/clients/.venv: bash .ci/setup-clients installs it (CI does)"
+)]
 async fn sqlalchemy_psycopg3_engine_inspect_text_and_core() {
     sqlalchemy_checks(25, "psycopg").await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-python",
+    ignore = "needs tests/clients/.venv: bash .ci/setup-clients installs it (CI does)"
+)]
 async fn asyncpg_prepared_dp_query_with_parameters() {
-    if !python_ready() {
-        return;
-    }
+    require_python();
     let proxy = start_proxy(16).await;
     let checks = ["connect", "prepared_dp_query", "refusal"];
     run_python(&proxy, "asyncpg_client.py", &checks)
@@ -484,13 +494,12 @@ async fn asyncpg_prepared_dp_query_with_parameters() {
 // node-postgres
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-node",
+    ignore = "needs node and tests/clients/node_modules: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn node_pg_parameterised_dp_query() {
-    let modules = clients_dir().join("node_modules/pg");
-    if !require(on_path("node"), "node")
-        || !require(modules.is_dir(), "tests/clients/node_modules (npm ci)")
-    {
-        return;
-    }
+    require_node_pg();
     let proxy = start_proxy(17).await;
     let checks = ["connect", "parameterised_dp_query", "refusal"];
     run_node(&proxy, &checks).await.assert_ok(&checks);
@@ -498,17 +507,24 @@ async fn node_pg_parameterised_dp_query() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-node",
+    ignore = "needs node and tests/clients/node_modules: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn node_pg_constant_select_is_int4() {
-    let modules = clients_dir().join("node_modules/pg");
-    if !require(on_path("node"), "node")
-        || !require(modules.is_dir(), "tests/clients/node_modules (npm ci)")
-    {
-        return;
-    }
+    require_node_pg();
     let proxy = start_proxy(26).await;
     let checks = ["constant_select_int4"];
     run_node(&proxy, &checks).await.assert_ok(&checks);
     proxy.stop().await;
+}
+
+fn require_node_pg() {
+    require(on_path("node"), "node");
+    require(
+        clients_dir().join("node_modules/pg").is_dir(),
+        "tests/clients/node_modules/pg (bash .ci/setup-clients)",
+    );
 }
 
 async fn run_node(proxy: &Proxy, checks: &[&str]) -> ClientRun {
@@ -525,16 +541,13 @@ async fn run_node(proxy: &Proxy, checks: &[&str]) -> ClientRun {
 // ---------------------------------------------------------------------------------------------
 // pgjdbc
 
-/// Compiles JdbcClient.java into a fresh directory; None when the toolchain is missing.
-async fn compile_jdbc_client() -> Option<tempdir::Dir> {
-    if !require(on_path("javac") && on_path("java"), "a JDK (javac, java)")
-        || !require(
-            Path::new(PGJDBC_JAR).is_file(),
-            "pgjdbc (Debian package libpostgresql-jdbc-java)",
-        )
-    {
-        return None;
-    }
+/// Compiles JdbcClient.java into a fresh directory.
+async fn compile_jdbc_client() -> tempdir::Dir {
+    require(on_path("javac") && on_path("java"), "a JDK (javac, java)");
+    require(
+        Path::new(PGJDBC_JAR).is_file(),
+        "pgjdbc (Debian package libpostgresql-jdbc-java)",
+    );
     let dir = tempdir::Dir::new("jdbc");
     let output = tokio::process::Command::new("javac")
         .args(["-nowarn", "-d"])
@@ -550,7 +563,7 @@ async fn compile_jdbc_client() -> Option<tempdir::Dir> {
         "javac failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    Some(dir)
+    dir
 }
 
 async fn run_jdbc(proxy: &Proxy, classes: &tempdir::Dir, checks: &[&str]) -> ClientRun {
@@ -572,10 +585,12 @@ async fn run_jdbc(proxy: &Proxy, classes: &tempdir::Dir, checks: &[&str]) -> Cli
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "jdbc",
+    ignore = "needs a JDK and pgjdbc: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn pgjdbc_metadata_and_prepared_statement_twice() {
-    let Some(classes) = compile_jdbc_client().await else {
-        return;
-    };
+    let classes = compile_jdbc_client().await;
     let proxy = start_proxy(18).await;
     let checks = [
         "connect",
@@ -591,10 +606,12 @@ async fn pgjdbc_metadata_and_prepared_statement_twice() {
 /// A Metabase-like session through pgjdbc: its sync's catalog SQL and its MBQL questions
 /// (cited in JdbcClient.java), each answered with PostgreSQL's column types.
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "jdbc",
+    ignore = "needs a JDK and pgjdbc: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn metabase_like_session_sync_and_questions() {
-    let Some(classes) = compile_jdbc_client().await else {
-        return;
-    };
+    let classes = compile_jdbc_client().await;
     let proxy = start_proxy(31).await;
     let checks = ["metabase_sync", "metabase_questions"];
     run_jdbc(&proxy, &classes, &checks).await.assert_ok(&checks);
@@ -602,10 +619,12 @@ async fn metabase_like_session_sync_and_questions() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "jdbc",
+    ignore = "needs a JDK and pgjdbc: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn pgjdbc_fetch_size_with_autocommit_off() {
-    let Some(classes) = compile_jdbc_client().await else {
-        return;
-    };
+    let classes = compile_jdbc_client().await;
     let proxy = start_proxy(19).await;
     let checks = ["fetch_size_autocommit_off"];
     run_jdbc(&proxy, &classes, &checks).await.assert_ok(&checks);
@@ -615,7 +634,7 @@ async fn pgjdbc_fetch_size_with_autocommit_off() {
 // ---------------------------------------------------------------------------------------------
 // psqlODBC + unixODBC
 
-fn odbc_ready() -> bool {
+fn require_odbc() {
     let registered = std::fs::read_to_string("/etc/odbcinst.ini")
         .is_ok_and(|ini| ini.contains(&format!("[{ODBC_DRIVER}]")));
     require(
@@ -625,9 +644,8 @@ fn odbc_ready() -> bool {
 }
 
 async fn pyodbc_checks(seed: u8, declare_fetch: u8, checks: &[&str]) {
-    if !python_ready() || !odbc_ready() {
-        return;
-    }
+    require_python();
+    require_odbc();
     let proxy = start_proxy(seed).await;
     let names: Vec<String> = checks
         .iter()
@@ -644,16 +662,28 @@ async fn pyodbc_checks(seed: u8, declare_fetch: u8, checks: &[&str]) {
 const PYODBC_CHECKS: [&str; 4] = ["connect", "tables_columns", "dp_query", "refusal"];
 
 #[tokio::test]
+#[cfg_attr(
+    any(missing_toolchain = "clients-python", missing_toolchain = "odbc"),
+    ignore = "needs psqlODBC and tests/clients/.venv: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn odbc_pyodbc_without_cursor_mode() {
     pyodbc_checks(20, 0, &PYODBC_CHECKS).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    any(missing_toolchain = "clients-python", missing_toolchain = "odbc"),
+    ignore = "needs psqlODBC and tests/clients/.venv: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn odbc_pyodbc_with_cursor_mode() {
     pyodbc_checks(21, 1, &PYODBC_CHECKS).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    any(missing_toolchain = "clients-python", missing_toolchain = "odbc"),
+    ignore = "needs psqlODBC and tests/clients/.venv: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn odbc_pyodbc_dp_query_in_transaction() {
     pyodbc_checks(27, 0, &["dp_query_in_transaction"]).await;
 }
@@ -691,9 +721,8 @@ async fn isql(proxy: &Proxy, declare_fetch: u8, input: &str) -> ClientRun {
 }
 
 async fn isql_checks(seed: u8, declare_fetch: u8) {
-    if !require(on_path("isql"), "isql (Debian package unixodbc)") || !odbc_ready() {
-        return;
-    }
+    require(on_path("isql"), "isql (Debian package unixodbc)");
+    require_odbc();
     let proxy = start_proxy(seed).await;
     // `help` is SQLTables.
     let tables = isql(&proxy, declare_fetch, "help\n").await;
@@ -735,11 +764,19 @@ async fn isql_checks(seed: u8, declare_fetch: u8) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "odbc",
+    ignore = "needs psqlODBC and isql: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn odbc_isql_without_cursor_mode() {
     isql_checks(22, 0).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "odbc",
+    ignore = "needs psqlODBC and isql: bash .ci/setup-clients installs them (CI does)"
+)]
 async fn odbc_isql_with_cursor_mode() {
     isql_checks(23, 1).await;
 }

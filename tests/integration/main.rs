@@ -30,7 +30,9 @@
 //! - `shard`: a coordinator whose private tables are hash-partitioned by the privacy unit over
 //!   `postgres_fdw` shards, all throwaway clusters: answers, pushdown, a shard that is down,
 //!   and partitioning by another column;
-//! - `metrics`: the `--metrics` endpoint scraped over HTTP (counters, histograms, `/health`).
+//! - `metrics`: the `--metrics` endpoint scraped over HTTP (counters, histograms, `/health`);
+//! - `readme`: README.md's psql transcripts, run as one psql session and compared (or, with
+//!   `PGDP_BLESS=1`, rewritten).
 //!
 //! The upstream comes from `harness` (`PGDP_TEST_UPSTREAM`, else 127.0.0.1:5432, else a
 //! throwaway cluster; `PGDP_TEST_FORCE_CLUSTER=1` forces the cluster), chosen once per run and
@@ -66,6 +68,7 @@ mod ledger;
 mod load;
 mod metrics;
 mod protocol;
+mod readme;
 mod reload;
 mod replicas;
 mod shard;
