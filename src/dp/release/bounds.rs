@@ -746,10 +746,11 @@ mod tests {
         assert!(chosen.groups_chosen());
         let chosen = pick(&ch, &noisy, Some(&groups), 20_000.0);
         assert!(chosen.groups_per_unit < 8, "{chosen:?}");
-        // The 8 groups fall in the bucket (6, 8], read at its midpoint 7.5.
-        let kept = chosen.groups_per_unit as f64;
+        // One group of eight kept: about 7/8 of the rows removed (the 8 groups are read at
+        // their bucket's midpoint, 7.5, so the estimate is a little lower).
+        assert_eq!(chosen.groups_per_unit, 1, "{chosen:?}");
         assert!(
-            chosen.rows_removed_share() >= (7.5 - kept) / 7.5 - 1e-9,
+            chosen.rows_removed_share() > 0.8,
             "at least the dropped groups' rows: {chosen:?}"
         );
         assert!((chosen.units_over_share() - 1.0).abs() < 1e-9);
