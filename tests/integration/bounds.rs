@@ -14,22 +14,7 @@ use crate::support::{Proxy, Session};
 /// The demo policy with the visits' caps raised to 64 rows per person and group and 16 groups
 /// per person, and `choose_bounds` as given.
 fn policy(choose_bounds: bool) -> pgdp::policy::Policy {
-    let mut text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml"),
-    )
-    .expect("the demo policy")
-    .replace(
-        "max_rows_per_unit: 10       # and with at most 10 visits in each",
-        "max_rows_per_unit: 64",
-    )
-    .replace(
-        "max_groups_per_unit: 5      # a person counts in at most 5 groups of one query\n    max_rows_per_unit: 64",
-        "max_groups_per_unit: 16\n    max_rows_per_unit: 64",
-    );
-    assert!(
-        text.contains("max_rows_per_unit: 64") && text.contains("max_groups_per_unit: 16"),
-        "the demo policy's visits caps moved"
-    );
+    let mut text = crate::support::ceiling_policy_text();
     if choose_bounds {
         text = text.replace(
             "  mechanism: auto\n",

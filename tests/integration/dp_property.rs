@@ -103,50 +103,23 @@ const CHOSEN_QUERIES: [&str; 4] = [
     "SELECT date_trunc('month', visit_date) AS month, COUNT(*) FROM demo.visits WHERE cost > 50 GROUP BY 1",
 ];
 
-/// The demo policy with the visits' caps raised to ceilings of 64 rows per person and group and
-/// 16 groups per person.
-fn ceiling_policy() -> Policy {
-    let text = include_str!("../../policies/demo.yaml").replace(
-        "max_rows_per_unit: 10       # and with at most 10 visits in each",
-        "max_rows_per_unit: 64",
-    )
-    .replace(
-        "max_groups_per_unit: 5      # a person counts in at most 5 groups of one query\n    max_rows_per_unit: 64",
-        "max_groups_per_unit: 16\n    max_rows_per_unit: 64",
-    );
-    assert!(
-        text.contains("max_rows_per_unit: 64") && text.contains("max_groups_per_unit: 16"),
-        "the demo policy's visits caps moved"
-    );
-    policy::parse(&text).unwrap_or_else(|e| panic!("the ceiling policy is valid: {e}"))
-}
-
-/// The plan, rewrite and mechanisms of `sql` under [`ceiling_policy`], and how it chooses its cap.
+/// The plan, rewrite and mechanisms of `sql` under the demo policy with the visits' caps as
+/// ceilings ([`crate::support::ceiling_policy_text`]), and how it chooses its caps.
 fn compile_choosing(sql: &str) -> (Compiled, release::bounds::ChoicePlan) {
-    let policy = ceiling_policy();
-    let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let [Statement::Query(query)] = statements.as_slice() else {
-        panic!("{sql}: not one query");
-    };
-    let ctx = Context {
-        policy: &policy,
-        search_path: vec!["demo".into()],
-    };
-    let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let rewrite = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let mechanisms =
-        release::mechanisms(&plan, &rewrite, BUDGET).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let choice = release::bounds::ChoicePlan::new(&plan, &rewrite, &mechanisms, &[], SECRET, None)
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .unwrap_or_else(|| panic!("{sql}: chooses no cap"));
-    (
-        Compiled {
-            plan,
-            rewrite,
-            mechanisms,
-        },
-        choice,
+    let policy = policy::parse(&crate::support::ceiling_policy_text())
+        .unwrap_or_else(|e| panic!("the ceiling policy is valid: {e}"));
+    let compiled = compile_under(&policy, sql);
+    let choice = release::bounds::ChoicePlan::new(
+        &compiled.plan,
+        &compiled.rewrite,
+        &compiled.mechanisms,
+        &[],
+        SECRET,
+        None,
     )
+    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    .unwrap_or_else(|| panic!("{sql}: chooses no cap"));
+    (compiled, choice)
 }
 
 /// The rows of the contribution histograms: (histogram, bucket) → pairs or units.
@@ -181,13 +154,16 @@ struct Compiled {
 }
 
 fn compile(sql: &str) -> Compiled {
-    let policy = demo_policy();
+    compile_under(&demo_policy(), sql)
+}
+
+fn compile_under(policy: &Policy, sql: &str) -> Compiled {
     let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let [Statement::Query(query)] = statements.as_slice() else {
         panic!("{sql}: not one query");
     };
     let ctx = Context {
-        policy: &policy,
+        policy,
         search_path: vec!["demo".into()],
     };
     let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));

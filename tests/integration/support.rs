@@ -35,6 +35,26 @@ pub fn demo_policy_text() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The demo policy with the visits' caps raised to ceilings of 64 rows per person and group (a
+/// person has at most 40 visits) and 16 groups per person, for queries that choose their caps
+/// (`pgdp.choose_bounds`).
+pub fn ceiling_policy_text() -> String {
+    let text = demo_policy_text()
+        .replace(
+            "max_rows_per_unit: 10       # and with at most 10 visits in each",
+            "max_rows_per_unit: 64",
+        )
+        .replace(
+            "max_groups_per_unit: 5      # a person counts in at most 5 groups of one query\n    max_rows_per_unit: 64",
+            "max_groups_per_unit: 16\n    max_rows_per_unit: 64",
+        );
+    assert!(
+        text.contains("max_rows_per_unit: 64") && text.contains("max_groups_per_unit: 16"),
+        "the demo policy's visits caps moved"
+    );
+    text
+}
+
 /// The demo policy as shipped (ε 10, δ 1e-5, at most ε 2 per query).
 pub fn demo_policy() -> Policy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
