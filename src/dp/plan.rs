@@ -517,6 +517,13 @@ pub struct Plan {
     pub(in crate::dp) max_groups_per_unit: u64,
     /// Most rows a unit contributes to a group.
     pub(in crate::dp) max_rows_per_unit: u64,
+    /// The most groups per unit a query that chooses its caps may choose
+    /// ([`crate::dp::release::bounds`]): the policy's `ceilings`, at least
+    /// `max_groups_per_unit` (1 whenever that is 1 because of the query's shape).
+    pub(in crate::dp) groups_ceiling: u64,
+    /// The most rows per unit and group a query that chooses its caps may choose: at least
+    /// `max_rows_per_unit`.
+    pub(in crate::dp) rows_ceiling: u64,
     /// WHERE (canonical, with parameters as `$n` placeholders until the rewrite binds them),
     /// without its semijoins.
     pub(in crate::dp) filter: Option<Expr>,
@@ -594,8 +601,18 @@ impl Plan {
     /// plan's own (the policy's).
     pub fn with_chosen_bounds(&self, chosen: &crate::dp::release::bounds::ChosenBounds) -> Plan {
         Plan {
-            max_rows_per_unit: chosen.rows_per_unit.clamp(1, self.max_rows_per_unit),
-            max_groups_per_unit: chosen.groups_per_unit.clamp(1, self.max_groups_per_unit),
+            max_rows_per_unit: chosen.rows_per_unit.clamp(1, self.rows_ceiling),
+            max_groups_per_unit: chosen.groups_per_unit.clamp(1, self.groups_ceiling),
+            ..self.clone()
+        }
+    }
+
+    /// The same query at the policy's ceilings ([`Plan::rows_ceiling`]): the plan a query
+    /// that chooses its caps prices and histograms, whose caps the chosen ones never exceed.
+    pub(in crate::dp) fn at_ceilings(&self) -> Plan {
+        Plan {
+            max_rows_per_unit: self.rows_ceiling.max(self.max_rows_per_unit),
+            max_groups_per_unit: self.groups_ceiling.max(self.max_groups_per_unit),
             ..self.clone()
         }
     }
@@ -687,6 +704,11 @@ impl Plan {
                 1
             } else {
                 self.max_groups_per_unit
+            },
+            groups_ceiling: if keys.is_empty() {
+                1
+            } else {
+                self.groups_ceiling
             },
             keys,
             grouping_sets: None,
@@ -861,6 +883,7 @@ impl Plan {
             .find(|l| is_unique(&(l.table.clone(), l.key.column.clone())));
         if self.keys_follow_unit() {
             self.max_groups_per_unit = 1;
+            self.groups_ceiling = 1;
         }
         self.unit_lookup.is_some()
     }

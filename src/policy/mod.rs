@@ -262,6 +262,12 @@ pub struct PrivateTable {
     pub max_groups_per_unit: u64,
     /// Most rows one unit contributes to one group.
     pub max_rows_per_unit: u64,
+    /// Most groups per unit a query that chooses its caps may choose (`ceilings`; at least
+    /// `max_groups_per_unit`, which it is when the policy sets none).
+    pub groups_ceiling: u64,
+    /// Most rows per unit and group a query that chooses its caps may choose (`ceilings`; at
+    /// least `max_rows_per_unit`).
+    pub rows_ceiling: u64,
 }
 
 impl PrivateTable {
@@ -431,10 +437,15 @@ impl Policy {
     pub fn summary(&self) -> String {
         let mut out = format!("database {}\n", self.database);
         out.push_str(&format!(
-            "defaults: epsilon {} per query, delta {}, mechanism {}\n",
+            "defaults: epsilon {} per query, delta {}, mechanism {}{}\n",
             self.defaults.epsilon,
             self.defaults.delta,
-            self.defaults.mechanism.name()
+            self.defaults.mechanism.name(),
+            if self.defaults.choose_bounds {
+                ", contribution bounds chosen per query"
+            } else {
+                ""
+            }
         ));
         if let Some(b) = &self.dataset_budget {
             out.push_str(&format!(
@@ -467,12 +478,24 @@ impl Policy {
         for t in self.tables.values() {
             let kind = match &t.kind {
                 TableKind::Public => "public".to_string(),
-                TableKind::Private(p) => format!(
-                    "private, unit {}, at most {} group(s) and {} row(s) per unit",
-                    p.unit_description(),
-                    p.max_groups_per_unit,
-                    p.max_rows_per_unit
-                ),
+                TableKind::Private(p) => {
+                    let ceilings = if (p.groups_ceiling, p.rows_ceiling)
+                        != (p.max_groups_per_unit, p.max_rows_per_unit)
+                    {
+                        format!(
+                            " (up to {} and {} when a query chooses its caps)",
+                            p.groups_ceiling, p.rows_ceiling
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "private, unit {}, at most {} group(s) and {} row(s) per unit{ceilings}",
+                        p.unit_description(),
+                        p.max_groups_per_unit,
+                        p.max_rows_per_unit
+                    )
+                }
             };
             out.push_str(&format!(
                 "  {} ({kind}; {} column(s))\n",

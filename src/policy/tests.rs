@@ -107,6 +107,55 @@ fn public_tables_take_no_contribution_bounds() {
 }
 
 #[test]
+fn ceilings_default_to_the_caps_and_never_lower_them() {
+    let p = parse(&minimal("")).expect("valid");
+    let pt = p.table("s.t").and_then(|t| t.private()).expect("private");
+    assert_eq!((pt.groups_ceiling, pt.rows_ceiling), (2, 3));
+
+    let raised = minimal("").replace(
+        "    max_rows_per_unit: 3\n",
+        "    max_rows_per_unit: 3\n    ceilings: { max_rows_per_unit: 40, max_groups_per_unit: 16 }\n",
+    );
+    let p = parse(&raised).expect("valid");
+    let pt = p.table("s.t").and_then(|t| t.private()).expect("private");
+    assert_eq!(
+        (pt.max_groups_per_unit, pt.max_rows_per_unit),
+        (2, 3),
+        "the caps stay those of queries that do not choose"
+    );
+    assert_eq!((pt.groups_ceiling, pt.rows_ceiling), (16, 40));
+
+    // Only one of them: the other is the cap.
+    let rows_only = minimal("").replace(
+        "    max_rows_per_unit: 3\n",
+        "    max_rows_per_unit: 3\n    ceilings: { max_rows_per_unit: 8 }\n",
+    );
+    let p = parse(&rows_only).expect("valid");
+    let pt = p.table("s.t").and_then(|t| t.private()).expect("private");
+    assert_eq!((pt.groups_ceiling, pt.rows_ceiling), (2, 8));
+
+    let lower = minimal("").replace(
+        "    max_rows_per_unit: 3\n",
+        "    max_rows_per_unit: 3\n    ceilings: { max_rows_per_unit: 2, max_groups_per_unit: 10001 }\n",
+    );
+    assert_eq!(
+        errors(&lower),
+        vec![
+            "tables.s.t.ceilings.max_groups_per_unit: must be between the table's max_groups_per_unit (2) and 10000: a query that chooses its caps may raise them up to it, never lower",
+            "tables.s.t.ceilings.max_rows_per_unit: must be between the table's max_rows_per_unit (3) and 100000: a query that chooses its caps may raise them up to it, never lower",
+        ]
+    );
+
+    let public = errors(&minimal(
+        "  s.d:\n    kind: public\n    ceilings: { max_rows_per_unit: 2 }\n    columns:\n      a: { type: text }\n",
+    ));
+    assert_eq!(
+        public,
+        vec!["tables.s.d.ceilings: only private tables have contribution bounds"]
+    );
+}
+
+#[test]
 fn bounds_only_on_numeric_columns() {
     let text = minimal("").replace("k: { type: text,", "k: { type: text, lower: 0, upper: 1,");
     let e = errors(&text);
@@ -290,7 +339,23 @@ fn demo_policy_is_valid() {
     assert_eq!(a.budget.epsilon, 10.0);
     assert_eq!(a.budget.delta, 1e-5);
     assert!(p.table("demo.people").and_then(|t| t.private()).is_some());
-    assert!(p.table("demo.visits").and_then(|t| t.private()).is_some());
+    let visits = p
+        .table("demo.visits")
+        .and_then(|t| t.private())
+        .expect("demo.visits is private");
+    assert_eq!(
+        (
+            visits.max_rows_per_unit,
+            visits.max_groups_per_unit,
+            visits.rows_ceiling,
+            visits.groups_ceiling
+        ),
+        (10, 5, 40, 16)
+    );
+    assert!(
+        p.defaults.choose_bounds,
+        "the demo chooses its caps per query"
+    );
     assert_eq!(
         p.table("demo.prescriptions")
             .and_then(|t| t.private())

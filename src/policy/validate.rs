@@ -72,7 +72,20 @@ pub(super) struct RawTable {
     max_groups_per_unit: Option<u64>,
     #[serde(default)]
     max_rows_per_unit: Option<u64>,
+    #[serde(default)]
+    ceilings: Option<RawCeilings>,
     columns: BTreeMap<String, RawColumn>,
+}
+
+/// A private table's `ceilings`: how far a query that chooses its caps (`pgdp.choose_bounds`)
+/// may raise them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCeilings {
+    #[serde(default)]
+    max_groups_per_unit: Option<u64>,
+    #[serde(default)]
+    max_rows_per_unit: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -642,6 +655,7 @@ pub(super) fn validate(
                     ("unit_path", t.unit_path.is_some()),
                     ("max_groups_per_unit", t.max_groups_per_unit.is_some()),
                     ("max_rows_per_unit", t.max_rows_per_unit.is_some()),
+                    ("ceilings", t.ceilings.is_some()),
                 ] {
                     if present {
                         p.add(
@@ -693,7 +707,40 @@ pub(super) fn validate(
                         format!("must be between 1 and {}", limits::ROWS_PER_UNIT_MAX),
                     );
                 }
-                if unit.is_none() && own_path.is_none() && (groups != 1 || rows != 1) {
+                let raw_ceilings = t.ceilings.as_ref();
+                let groups_ceiling = raw_ceilings
+                    .and_then(|c| c.max_groups_per_unit)
+                    .unwrap_or(groups);
+                let rows_ceiling = raw_ceilings
+                    .and_then(|c| c.max_rows_per_unit)
+                    .unwrap_or(rows);
+                for (key, ceiling, cap, max) in [
+                    (
+                        "max_groups_per_unit",
+                        groups_ceiling,
+                        groups,
+                        limits::GROUPS_PER_UNIT_MAX,
+                    ),
+                    (
+                        "max_rows_per_unit",
+                        rows_ceiling,
+                        rows,
+                        limits::ROWS_PER_UNIT_MAX,
+                    ),
+                ] {
+                    if !(cap..=max).contains(&ceiling) {
+                        p.add(
+                            &format!("{path}.ceilings.{key}"),
+                            format!(
+                                "must be between the table's {key} ({cap}) and {max}: a query that chooses its caps may raise them up to it, never lower"
+                            ),
+                        );
+                    }
+                }
+                if unit.is_none()
+                    && own_path.is_none()
+                    && (groups != 1 || rows != 1 || groups_ceiling != 1 || rows_ceiling != 1)
+                {
                     p.add(
                         &path,
                         "a row-level table (no privacy_unit) has one group and one row per unit",
@@ -704,6 +751,8 @@ pub(super) fn validate(
                     unit_path: None,
                     max_groups_per_unit: groups,
                     max_rows_per_unit: rows,
+                    groups_ceiling,
+                    rows_ceiling,
                 })
             }
             other => {

@@ -541,10 +541,7 @@ impl Session {
                 }];
                 let chose = self.settings.choose_bounds
                     && mechanisms.max_error.is_none()
-                    && release::bounds::BoundsChoice::new(&plan, &rewrite, 1.0, None, false)
-                        .ok()
-                        .flatten()
-                        .is_some();
+                    && release::bounds::may_choose(&plan, &rewrite);
                 if chose {
                     notices.push(Notice {
                         message: "pgdp: the contribution bound of this answer was chosen when it was first released; that answer's NOTICE stated it and the rows it removed".into(),
@@ -646,7 +643,7 @@ impl Session {
                     release::bounds::choose(
                         &choice.choice,
                         &rows,
-                        choice.noise_per_row(&rewrite),
+                        choice.noise_per_row(),
                         &mut self.rng,
                     )
                 });
@@ -963,7 +960,7 @@ impl Session {
             {
                 // After the cost line: the query's cost with the histogram, then the rule.
                 let mut added = vec![format!(
-                    "cost with the choice of bounds: {} (epsilon {} for the histogram, the rest for the answer; the measures below are shown at the policy's ceiling and the whole epsilon, the answer's at the chosen cap and the rest)",
+                    "cost with the choice of bounds: {} (epsilon {} for the histograms, the rest for the answer; the measures below are those of the tables' caps at the whole epsilon, which run with pgdp.choose_bounds off; the answer's are at the chosen caps and the rest)",
                     choice.cost,
                     choice.choice.epsilon()
                 )];
@@ -1103,8 +1100,17 @@ fn answer_notices(
         } else {
             String::new()
         };
+        let clamped = release::clamped_arguments(plan);
+        let clamped = if clamped.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; values are still clamped into the policy's bounds ({}), a bias neither that estimate nor _error95 counts",
+                clamped.join(", ")
+            )
+        };
         notices.push(Notice {
-            message: format!("{}{groups}", chosen.notice()),
+            message: format!("{}{groups}{clamped}", chosen.notice()),
         });
     } else if let Some(note) = release::capped_statistic(plan) {
         notices.push(Notice {

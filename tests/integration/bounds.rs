@@ -2,26 +2,22 @@
 //! "Contribution bounds chosen per query"), through the wire against the demo data, compared
 //! with PostgreSQL's own answer (not the capped statistic).
 //!
-//! The policy is the demo's with the visits' caps raised to ceilings of 64 rows per person and
-//! group (a person has at most 40 visits) and 16 groups per person, so that the chosen caps can
-//! fit the data. Noise is
-//! seeded (each test always passes or always fails); the tolerances are many noise scales wide:
-//! at ε = 1 the count's Laplace scale is at most 64/0.9 ≈ 71 per group, so a 95 % bound of
-//! about 213 against totals of a million and clinic counts in the thousands.
+//! The policy is the demo's, whose visits' caps (10 rows per person and group in 5 groups) rise
+//! to ceilings of 40 rows (a person has at most 40 visits) in 16 groups when a query chooses
+//! them. Noise is seeded (each test always passes or always fails); the tolerances are many
+//! noise scales wide: at ε = 1 the count's Laplace scale is at most 40·16/0.9 ≈ 711 at the
+//! ceilings, far less at the caps chosen, against totals of a million and clinic counts in the
+//! thousands.
 
 use crate::support::{Proxy, Session};
 
-/// The demo policy with the visits' caps raised to 64 rows per person and group and 16 groups
-/// per person, and `choose_bounds` as given.
+/// The demo policy with `choose_bounds` as given (its default is on).
 fn policy(choose_bounds: bool) -> pgdp::policy::Policy {
     let mut text = crate::support::ceiling_policy_text();
-    if choose_bounds {
-        text = text.replace(
-            "  mechanism: auto\n",
-            "  mechanism: auto\n  choose_bounds: true\n",
-        );
+    if !choose_bounds {
+        text = text.replace("  choose_bounds: true\n", "  choose_bounds: false\n");
         assert!(
-            text.contains("choose_bounds: true"),
+            text.contains("choose_bounds: false"),
             "the demo policy's defaults moved"
         );
     }
@@ -148,13 +144,12 @@ async fn counts_by_clinic_are_closer_to_postgresql_than_under_the_policys_caps()
         errors(answer)
     };
     let fixed = {
-        let proxy = Proxy::start(62).await;
+        let proxy = Proxy::with_policy(policy(false), 62).await;
         let session = proxy.connect().await;
         errors(count(&session, sql).await)
     };
-    // Observed with these seeds: 23 % chosen against 43 % under the policy's caps. What is
-    // left is mostly the policy's cap of 5 clinics per person, which the choice does not move
-    // (the NOTICE says so).
+    // With the policy's ceilings (40 visits in 16 groups) the caps chosen fit the data, against
+    // the tables' caps of 10 visits in 5 groups.
     let median = |e: &[f64]| e[e.len() / 2];
     assert!(
         median(&chosen) < 0.75 * median(&fixed),
@@ -215,9 +210,21 @@ async fn explain_states_the_rule_and_the_setting_turns_it_off() {
 
 #[tokio::test]
 async fn accuracy_columns_include_the_estimated_shortfall() {
-    // A tiny ceiling of 64 is not binding here; a filter on heavy users makes the cap bind when
-    // the policy's ceiling is below their 40 visits: the demo policy as shipped has 10.
-    let proxy = Proxy::start(64).await;
+    // The demo policy without its ceilings: the tables' caps (10 visits per person) are then the
+    // ceilings, which bind for the heavier half of the visits.
+    let text = crate::support::ceiling_policy_text().replace(
+        "    ceilings: { max_rows_per_unit: 40, max_groups_per_unit: 16 }\n",
+        "",
+    );
+    let policy = pgdp::policy::parse(&text).expect("a valid policy");
+    assert!(
+        policy
+            .table("demo.visits")
+            .and_then(|t| t.private())
+            .is_some_and(|p| p.rows_ceiling == 10),
+        "the visits' ceiling is their cap"
+    );
+    let proxy = Proxy::with_policy(policy, 64).await;
     let session = proxy.connect().await;
     for set in ["SET pgdp.choose_bounds = on", "SET pgdp.accuracy = on"] {
         session.simple_rows(set).await.expect("SET");

@@ -56,7 +56,7 @@ fn fixtures_dir() -> PathBuf {
 /// pgdp for one client: the demo policy with room for every query a client sends (each client
 /// spends at most a few ε; the per-query cap stays at the demo's 2).
 pub(crate) async fn start_proxy(seed: u8) -> Proxy {
-    Proxy::with_policy(support::policy_with_budget(1000, 2), seed).await
+    Proxy::with_policy(support::shipped_policy_with_budget(1000, 2), seed).await
 }
 
 /// Fails the test when `what` is missing. `build.rs` marks a test ignored when its toolchain is

@@ -295,13 +295,9 @@ async fn load_neighbours() -> Neighbours {
                 })
                 .collect(),
         );
-        let chosen = release::bounds::choose(
-            &choice.choice,
-            &rows,
-            choice.noise_per_row(&compiled.rewrite),
-            &mut rng,
-        )
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let chosen =
+            release::bounds::choose(&choice.choice, &rows, choice.noise_per_row(), &mut rng)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let (plan, rewrite, mechanisms) = choice
             .answer(&compiled.plan, &chosen, &[], SECRET, false)
             .unwrap_or_else(|e| panic!("{sql}: {e}"));

@@ -368,7 +368,7 @@ async fn transcripts_are_one_real_session() {
     );
     let statements: Vec<&Statement> = blocks.iter().flat_map(|b| &b.statements).collect();
 
-    let proxy = Proxy::start(46).await;
+    let proxy = Proxy::with_policy(crate::support::shipped_policy(), 46).await;
     let outputs = run_session(&proxy, &statements).await;
     proxy.stop().await;
 

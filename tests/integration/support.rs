@@ -29,41 +29,61 @@ pub const PASSWORD: &str = "analyst";
 /// How long any single psql run may take before the test fails.
 const PSQL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The demo policy's YAML text.
-pub fn demo_policy_text() -> String {
+/// The demo policy's YAML text as shipped (`policies/demo.yaml`): queries choose their caps
+/// (`choose_bounds: true`).
+pub fn shipped_policy_text() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The demo policy with the visits' caps raised to ceilings of 64 rows per person and group (a
-/// person has at most 40 visits) and 16 groups per person, for queries that choose their caps
-/// (`pgdp.choose_bounds`).
+/// The demo policy's YAML text with `choose_bounds: false`: every query runs at the tables' caps
+/// (10 visits per person in each of 5 groups), the capped statistic that most tests compute on
+/// the upstream to compare with. The tests of the shipped defaults (bounds, readme, the tools'
+/// and clients' matrices, the query catalogue) use [`shipped_policy_text`].
+pub fn demo_policy_text() -> String {
+    let text = shipped_policy_text();
+    let on = "  choose_bounds: true\n";
+    assert!(text.contains(on), "the demo policy's defaults moved");
+    text.replace(on, "  choose_bounds: false\n")
+}
+
+/// The demo policy as shipped, whose queries choose their caps (`choose_bounds: true`) up to
+/// ceilings of 40 visits per person and group (a person has at most 40) in 16 groups per
+/// person; checked here so that the tests that rely on them fail with this message if the
+/// policy moves.
 pub fn ceiling_policy_text() -> String {
-    let text = demo_policy_text()
-        .replace(
-            "max_rows_per_unit: 10       # and with at most 10 visits in each",
-            "max_rows_per_unit: 64",
-        )
-        .replace(
-            "max_groups_per_unit: 5      # a person counts in at most 5 groups of one query\n    max_rows_per_unit: 64",
-            "max_groups_per_unit: 16\n    max_rows_per_unit: 64",
-        );
+    let text = shipped_policy_text();
     assert!(
-        text.contains("max_rows_per_unit: 64") && text.contains("max_groups_per_unit: 16"),
-        "the demo policy's visits caps moved"
+        text.contains("ceilings: { max_rows_per_unit: 40, max_groups_per_unit: 16 }")
+            && text.contains("choose_bounds: true"),
+        "the demo policy's ceilings for demo.visits moved"
     );
     text
 }
 
-/// The demo policy as shipped (ε 10, δ 1e-5, at most ε 2 per query).
+/// The demo policy at the tables' caps ([`demo_policy_text`]; ε 10, δ 1e-5, at most ε 2 per
+/// query).
 pub fn demo_policy() -> Policy {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml");
-    pgdp::policy::load(&path).unwrap_or_else(|e| panic!("demo policy: {e:?}"))
+    pgdp::policy::parse(&demo_policy_text()).unwrap_or_else(|e| panic!("demo policy: {e:?}"))
 }
 
-/// The demo policy with the analyst's total ε and per-query cap replaced.
+/// The demo policy as shipped ([`shipped_policy_text`]).
+pub fn shipped_policy() -> Policy {
+    pgdp::policy::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/demo.yaml"))
+        .unwrap_or_else(|e| panic!("demo policy: {e:?}"))
+}
+
+/// The demo policy at the tables' caps with the analyst's total ε and per-query cap replaced.
 pub fn policy_with_budget(epsilon_total: u32, epsilon_per_query_max: u32) -> Policy {
-    let text = demo_policy_text();
+    with_budget(&demo_policy_text(), epsilon_total, epsilon_per_query_max)
+}
+
+/// The demo policy as shipped with the analyst's total ε and per-query cap replaced.
+pub fn shipped_policy_with_budget(epsilon_total: u32, epsilon_per_query_max: u32) -> Policy {
+    with_budget(&shipped_policy_text(), epsilon_total, epsilon_per_query_max)
+}
+
+fn with_budget(text: &str, epsilon_total: u32, epsilon_per_query_max: u32) -> Policy {
     let total = "      epsilon: 10\n";
     let cap = "      epsilon_per_query_max: 2\n";
     assert!(
@@ -91,7 +111,7 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// pgdp with the demo policy and a fresh ledger.
+    /// pgdp with the demo policy at the tables' caps ([`demo_policy`]) and a fresh ledger.
     pub async fn start(seed: u8) -> Proxy {
         Proxy::with_policy(demo_policy(), seed).await
     }

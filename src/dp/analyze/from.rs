@@ -221,6 +221,8 @@ impl<'a> Analyzer<'a> {
             unit_path: Some(path.clone()),
             max_groups_per_unit: caps.max_groups_per_unit,
             max_rows_per_unit: caps.max_rows_per_unit,
+            groups_ceiling: caps.groups_ceiling,
+            rows_ceiling: caps.rows_ceiling,
         });
         Ok((query, owned))
     }

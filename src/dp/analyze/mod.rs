@@ -273,6 +273,16 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         .filter_map(|t| t.private().map(|p| p.max_rows_per_unit))
         .max()
         .unwrap_or(1);
+    let groups_ceiling = policy_tables
+        .iter()
+        .filter_map(|t| t.private().map(|p| p.groups_ceiling))
+        .max()
+        .unwrap_or(1);
+    let rows_ceiling = policy_tables
+        .iter()
+        .filter_map(|t| t.private().map(|p| p.rows_ceiling))
+        .max()
+        .unwrap_or(1);
 
     let unit = a.unit()?;
     let parameters = a
@@ -294,6 +304,8 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             max_groups_per_unit
         },
         max_rows_per_unit,
+        groups_ceiling: if keys.is_empty() { 1 } else { groups_ceiling },
+        rows_ceiling,
         filter,
         semijoins,
         keys,

@@ -389,17 +389,25 @@ impl<'a> Analyzer<'a> {
             }
             None => None,
         };
-        let (max_groups_per_unit, max_rows_per_unit) = if per_unit {
-            (1, 1)
+        // (caps, ceilings) of groups and rows per unit: the loosest of the tables joined.
+        let ((max_groups_per_unit, groups_ceiling), (max_rows_per_unit, rows_ceiling)) = if per_unit
+        {
+            ((1, 1), (1, 1))
         } else {
             let caps: Vec<&PrivateTable> =
                 self.tables.iter().filter_map(|t| t.1.private()).collect();
+            let loosest = |f: fn(&PrivateTable) -> u64| -> u64 {
+                caps.iter().map(|p| f(p)).max().unwrap_or(1)
+            };
             (
-                caps.iter()
-                    .map(|p| p.max_groups_per_unit)
-                    .max()
-                    .unwrap_or(1),
-                caps.iter().map(|p| p.max_rows_per_unit).max().unwrap_or(1),
+                (
+                    loosest(|p| p.max_groups_per_unit),
+                    loosest(|p| p.groups_ceiling),
+                ),
+                (
+                    loosest(|p| p.max_rows_per_unit),
+                    loosest(|p| p.rows_ceiling),
+                ),
             )
         };
         let refs: Vec<TableRef> = self.tables.iter().map(|t| t.0.clone()).collect();
@@ -433,6 +441,8 @@ impl<'a> Analyzer<'a> {
                 unit_path: None,
                 max_groups_per_unit,
                 max_rows_per_unit,
+                groups_ceiling,
+                rows_ceiling,
             }),
             columns,
         };

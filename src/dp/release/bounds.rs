@@ -58,14 +58,19 @@ pub struct ChoicePlan {
     pub answer_budget: Budget,
     /// The answer's mechanisms at the ceiling.
     pub at_ceiling: Mechanisms,
+    /// The query's rewrite at the ceilings ([`Plan::at_ceilings`]), for the noise per row.
+    ceiling_rewrite: Rewrite,
     /// The histogram's cost (pure ε) plus the answer's.
     pub cost: Cost,
 }
 
 impl ChoicePlan {
-    /// The choice for `plan`, whose mechanisms at the query's whole budget are `mechanisms`:
-    /// `None` when nothing is chosen ([`BoundsChoice::new`]) or when `pgdp.max_error` chose
-    /// the budget (its target is stated at the policy's caps).
+    /// The choice for `plan` (at the policy's caps, with its `rewrite`), whose mechanisms at
+    /// the query's whole budget are `mechanisms`: `None` when nothing is chosen
+    /// ([`BoundsChoice::new`]) or when `pgdp.max_error` chose the budget (its target is stated
+    /// at the policy's caps). The choice, its histograms and the answer's price are those of
+    /// the plan at the policy's ceilings ([`Plan::at_ceilings`]), which the chosen caps never
+    /// exceed.
     pub fn new(
         plan: &Plan,
         rewrite: &Rewrite,
@@ -78,10 +83,33 @@ impl ChoicePlan {
             return Ok(None);
         }
         let budget = mechanisms.budget;
-        let epsilon = budget.epsilon * limits::BOUNDS_CHOICE_SHARE;
+        // The split on the ledger's decimal grid, so that the charge adds up to the query's ε
+        // (0.1 = 0.01 + 0.09, not 0.100000000000000002): the choice's share to 6 significant
+        // digits, the answer's what is left of ε.
+        let epsilon: f64 = format!("{:.5e}", budget.epsilon * limits::BOUNDS_CHOICE_SHARE)
+            .parse()
+            .map_err(|_| Error::internal("the choice's share of epsilon"))?;
+        let answer_epsilon = crate::budget::Fixed::from_f64_floor(budget.epsilon)
+            .ok()
+            .zip(crate::budget::Fixed::from_f64_ceil(epsilon).ok())
+            .and_then(|(whole, share)| whole.checked_sub(share))
+            .map(crate::budget::Fixed::to_f64)
+            .ok_or_else(|| Error::internal("the answer's share of epsilon"))?;
         if epsilon < limits::EPSILON_PER_QUERY_MIN {
             return Ok(None);
         }
+        let ceiling_plan = plan.at_ceilings();
+        let ceiling_rewrite = if ceiling_plan == *plan {
+            rewrite.clone()
+        } else {
+            let at = rewrite::rewrite(&ceiling_plan, parameters, secret)?;
+            if at.measures != rewrite.measures {
+                // Another split of ε than the one at the policy's caps: keep those.
+                return Ok(None);
+            }
+            at
+        };
+        let (plan, rewrite) = (&ceiling_plan, &ceiling_rewrite);
         let gaussian = budget.mechanism == crate::policy::Mechanism::Gaussian;
         let Some(choice) = BoundsChoice::new(plan, rewrite, epsilon, cells, gaussian)? else {
             return Ok(None);
@@ -92,7 +120,7 @@ impl ChoicePlan {
             return Ok(None);
         };
         let answer_budget = Budget {
-            epsilon: budget.epsilon - epsilon,
+            epsilon: answer_epsilon,
             ..budget
         };
         let mut at_ceiling = super::mechanisms(plan, rewrite, answer_budget)?;
@@ -104,6 +132,7 @@ impl ChoicePlan {
             sql,
             answer_budget,
             at_ceiling,
+            ceiling_rewrite,
             cost,
         }))
     }
@@ -137,9 +166,22 @@ impl ChoicePlan {
     }
 
     /// The 95 % noise bound per row of cap of the answer ([`noise_per_row`]).
-    pub fn noise_per_row(&self, rewrite: &Rewrite) -> f64 {
-        noise_per_row(rewrite, &self.at_ceiling.noises, self.choice.ceiling)
+    pub fn noise_per_row(&self) -> f64 {
+        noise_per_row(
+            &self.ceiling_rewrite,
+            &self.at_ceiling.noises,
+            self.choice.ceiling,
+        )
     }
+}
+
+/// Whether a query of `plan` (at the policy's caps, with its `rewrite`) chooses its caps
+/// when `pgdp.choose_bounds` is on and its ε allows ([`BoundsChoice::new`] at the ceilings).
+pub fn may_choose(plan: &Plan, rewrite: &Rewrite) -> bool {
+    BoundsChoice::new(&plan.at_ceilings(), rewrite, 1.0, None, false)
+        .ok()
+        .flatten()
+        .is_some()
 }
 
 /// The candidate caps on rows up to `ceiling`: 2, 3, 4, 5, 6, 8, 10, 12, then three steps per
@@ -358,7 +400,7 @@ impl BoundsChoice {
     pub fn explain(&self) -> Vec<String> {
         let groups = match &self.group_noise {
             Some(_) => format!(
-                " and groups per unit from a DP histogram of each unit's number of groups (Laplace, sensitivity 1, epsilon {}), among {} candidates up to the policy's {}",
+                " and groups per unit from a DP histogram of each unit's number of groups (Laplace, sensitivity 1, epsilon {}), among {} candidates up to the policy's ceiling of {}",
                 fmt_epsilon(self.epsilon / 2.0),
                 self.group_candidates.len(),
                 self.groups
@@ -366,7 +408,7 @@ impl BoundsChoice {
             None => String::new(),
         };
         vec![format!(
-            "contribution bounds chosen per query: rows per unit in each group from a DP histogram of the rows of each (unit, group) pair (Laplace, sensitivity {}, epsilon {}), among {} candidates up to the policy's {}{groups}; the caps minimise the estimated rows they remove per group ({} group(s) assumed) plus the 95% noise bound; the measures below are shown at the policy's caps, the answer's NOTICE states the chosen caps and the estimated rows they removed (SET pgdp.choose_bounds = off to use the policy's caps)",
+            "contribution bounds chosen per query: rows per unit in each group from a DP histogram of the rows of each (unit, group) pair (Laplace, sensitivity {}, epsilon {}), among {} candidates up to the policy's ceiling of {}{groups}; the caps minimise the estimated rows they remove per group ({} group(s) assumed) plus the 95% noise bound; the answer's NOTICE states the chosen caps and the estimated rows they removed (SET pgdp.choose_bounds = off to use the tables' caps)",
             self.groups,
             fmt_epsilon(if self.group_noise.is_some() {
                 self.epsilon / 2.0
@@ -456,7 +498,7 @@ impl ChosenBounds {
         let mut caveats = String::new();
         if self.over_ceiling > 0.0 && self.pairs > 0.0 && self.rows_per_unit == self.ceiling {
             caveats.push_str(&format!(
-                "; about {} of the pairs have more rows than the policy's cap allows",
+                "; about {} of the pairs have more rows than the policy's ceiling allows",
                 percent(self.over_ceiling / self.pairs)
             ));
         }
@@ -469,7 +511,7 @@ impl ChosenBounds {
         let (groups, units) = if self.groups_chosen {
             (
                 format!(
-                    " in each of at most {} group(s) (the policy allows {} row(s) in {} group(s))",
+                    " in each of at most {} group(s) (the policy's ceilings: {} row(s) in {} group(s))",
                     self.groups_per_unit, self.ceiling, self.groups_ceiling
                 ),
                 format!(
@@ -479,7 +521,7 @@ impl ChosenBounds {
             )
         } else {
             (
-                format!(" in each group (the policy allows {})", self.ceiling),
+                format!(" in each group (the policy's ceiling: {})", self.ceiling),
                 String::new(),
             )
         };
@@ -838,7 +880,7 @@ mod tests {
         );
         assert!(chosen
             .notice()
-            .contains("more rows than the policy's cap allows"));
+            .contains("more rows than the policy's ceiling allows"));
         // Beyond the histogram's reach the estimate is a lower one, and says so.
         noisy[ch.edges.len()] = 10.0;
         assert!(pick(&ch, &noisy, None, 0.0)

@@ -1253,6 +1253,31 @@ pub fn capped_statistic(plan: &Plan) -> Option<String> {
     }
 }
 
+/// The arguments of the plan's sums, averages and variances with the bounds their values are
+/// clamped into, as `cost in [0, 2000]`, each once: a bias that neither a chosen cap's
+/// estimate nor `_error95` counts.
+pub fn clamped_arguments(plan: &Plan) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for a in &plan.aggregates {
+        let clamped = matches!(
+            a.kind,
+            AggregateKind::Sum
+                | AggregateKind::Avg
+                | AggregateKind::VarSamp
+                | AggregateKind::VarPop
+                | AggregateKind::StddevSamp
+                | AggregateKind::StddevPop
+        );
+        if let (true, Some(arg), Some(b)) = (clamped, &a.argument, a.bounds) {
+            let text = format!("{arg} in [{}, {}]", b.lower, b.upper);
+            if !out.contains(&text) {
+                out.push(text);
+            }
+        }
+    }
+    out
+}
+
 /// The capped-statistic note of the plan's own caps on rows and groups per unit.
 fn rows_capped_statistic(plan: &Plan) -> Option<String> {
     let rows_capped = plan.max_rows_per_unit > 1;

@@ -816,18 +816,20 @@ def plausible_people_count(pgdp, upstream, problems):
     return f"count={dp} upstream={up}"
 
 
-def plausible_capped_count(dp, up, what, problems):
-    # demo.visits caps each person at 10 visits per group (max_rows_per_unit): the DP count
-    # estimates the capped total, below the table's. Only its sign and order of magnitude are
-    # checked.
-    if not (up / 10 <= dp <= up * 1.05 + 1000):
-        problems.append(f"{what} {dp}, upstream {up}: not within the order of magnitude of the capped count")
+def plausible_visits(dp, up, what, problems, tolerance):
+    # The demo chooses each query's caps on visits and groups per person (choose_bounds, up to
+    # every visit of its heaviest users in 16 groups), so a DP count of visits estimates
+    # PostgreSQL's own count: within `tolerance` of it (2 % for all visits, 15 % per clinic
+    # beside AVG(cost), which shares ε with it,
+    # 10 % per month, where a few heavy users' 17th and later months are cut).
+    if not close(dp, up, tolerance):
+        problems.append(f"{what} {dp}, upstream {up}: more than {tolerance:.0%} apart")
 
 
 def plausible_visit_count(pgdp, upstream, problems):
     dp, up = pgdp["data"][0][COUNT], upstream["data"][0][COUNT]
-    plausible_capped_count(dp, up, "count", problems)
-    return f"count={dp} upstream={up} (capped: order of magnitude only)"
+    plausible_visits(dp, up, "count", problems, 0.02)
+    return f"count={dp} upstream={up}"
 
 
 def by_key(result, key):
@@ -838,8 +840,7 @@ def plausible_bar(pgdp, upstream, problems):
     dp, up = by_key(pgdp, "clinic"), by_key(upstream, "clinic")
     if not set(dp) <= set(up) or len(dp) < 0.8 * len(up):
         problems.append(f"clinics {sorted(dp)}, upstream {sorted(up)}")
-    # AVG(cost) estimates the mean of cost clamped into the policy's bounds [0, 2000], over the
-    # capped rows; the demo's costs have a heavy tail (up to ~200,000), so the clamped mean is
+    # AVG(cost) estimates the mean of cost clamped into the policy's bounds [0, 2000]; the demo's costs have a heavy tail (up to ~200,000), so the clamped mean is
     # about half the upstream's plain AVG(cost) (109 against 216 over the whole table), and each
     # clinic's noisy AVG has a standard deviation of 20 to 30 at the default epsilon. Checked:
     # every AVG within the bounds, and their mean over the clinics within a factor of 3 of the
@@ -848,7 +849,8 @@ def plausible_bar(pgdp, upstream, problems):
     for clinic, row in dp.items():
         if clinic not in up:
             continue
-        plausible_capped_count(row[COUNT], up[clinic][COUNT], f"count of {clinic}", problems)
+        # The count shares ε with AVG(cost)'s sum and count: its noise is about 2,000 a clinic.
+        plausible_visits(row[COUNT], up[clinic][COUNT], f"count of {clinic}", problems, 0.15)
         avg = row["AVG(cost)"]
         if avg is None or not 0 <= avg <= 2000:
             problems.append(f"AVG(cost) of {clinic} {avg} outside the policy's bounds [0, 2000]")
@@ -863,8 +865,8 @@ def plausible_bar(pgdp, upstream, problems):
     shown = [(c, dp[c][COUNT], up[c][COUNT]) for c in sample if c in up]
     return (
         f"{len(dp)} clinics of {len(up)}; (clinic, count, upstream) {shown}; mean AVG(cost) "
-        f"{mean:.1f}, upstream {up_mean:.1f} (counts capped at 10 visits per person per group, "
-        f"cost clamped to [0, 2000]: order of magnitude only)"
+        f"{mean:.1f}, upstream {up_mean:.1f} (cost clamped to [0, 2000]: AVG(cost) checked for "
+        f"its order of magnitude only)"
     )
 
 
@@ -874,7 +876,7 @@ def plausible_months(pgdp, upstream, problems):
         problems.append(f"months {sorted(dp)}, upstream {sorted(up)}")
     for month, row in dp.items():
         if month in up:
-            plausible_capped_count(row[COUNT], up[month][COUNT], f"count of {month}", problems)
+            plausible_visits(row[COUNT], up[month][COUNT], f"count of {month}", problems, 0.10)
     first = min(dp) if dp else None
     # Superset's JSON gives temporal values as epoch milliseconds.
     shown = first
@@ -882,7 +884,7 @@ def plausible_months(pgdp, upstream, problems):
         shown = datetime.datetime.fromtimestamp(first / 1000, datetime.timezone.utc).date().isoformat()
     return (
         f"{len(dp)} months (upstream {len(up)}); first {shown}: {dp.get(first, {}).get(COUNT)} "
-        f"(upstream {up.get(first, {}).get(COUNT)}; capped: order of magnitude only)"
+        f"(upstream {up.get(first, {}).get(COUNT)})"
     )
 
 
