@@ -738,7 +738,7 @@ impl<'a> Analyzer<'a> {
             ));
         };
         let bound_max = limits::COLUMN_BOUND_ABS_MAX;
-        if !(low.is_finite() && high.is_finite()) || low.abs() > bound_max || high.abs() > bound_max
+        if !low.is_finite() || !high.is_finite() || low.abs() > bound_max || high.abs() > bound_max
         {
             return Err(Error::InvalidParameter {
                 name: "the bounds of width_bucket".into(),

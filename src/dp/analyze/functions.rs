@@ -261,6 +261,9 @@ pub(super) fn total_function(name: &str) -> Option<FunctionSpec> {
         "date_bin" => spec(3, 3, &[0, 2], Result_::Fixed(T::Timestamp)),
         // Of a date or timestamp only, with a plain format (`check_to_char`).
         "to_char" => spec(2, 2, &[1], Result_::Fixed(T::Text)),
+        // Analysed on its own (`Analyzer::width_bucket`): literal bounds and count, a NaN
+        // argument sent to NULL, so it never fails on a row.
+        "width_bucket" => spec(4, 4, &[1, 2, 3], Result_::Fixed(T::Integer)),
         _ => return None,
     })
 }

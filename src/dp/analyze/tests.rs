@@ -1202,7 +1202,7 @@ fn existence_refusals_hint_the_same_question_as_a_count() {
         ),
         (
             "SELECT NOT EXISTS (SELECT * FROM demo.visits v WHERE v.cost > 1500 AND v.clinic = 'C01') AS none",
-            ": SELECT COUNT(*) FROM demo.visits AS v WHERE v.cost > 1500 AND v.clinic = 'C01'",
+            ": SELECT COUNT(*) FROM demo.visits v WHERE v.cost > 1500 AND v.clinic = 'C01'",
         ),
         (
             "SELECT EXISTS (SELECT 1 FROM demo.people GROUP BY region HAVING COUNT(*) > 5)",
