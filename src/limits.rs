@@ -218,6 +218,11 @@ pub const UNIT_PATH_STEPS_MAX: usize = 4;
 /// domain of group keys.
 pub const INTEGER_DOMAIN_VALUES_MAX: f64 = 1001.0;
 
+/// Most buckets `n` of a `width_bucket(x, lo, hi, n)` group key: its public domain is the
+/// `n + 2` values `0 … n + 1`.
+pub const WIDTH_BUCKETS_MAX: i64 = 1000;
+const _: () = assert!((WIDTH_BUCKETS_MAX as usize) + 2 <= GROUPS_RELEASED_MAX);
+
 /// Number of equal buckets of `[lower, upper]` a quantile is chosen from: the released value is
 /// the middle of a bucket, so the bucketing alone costs at most `(upper − lower)/512` of accuracy.
 pub const QUANTILE_BUCKETS: u64 = 256;

@@ -10,6 +10,8 @@
 //! - `tls`: TLS required of clients (28000 for clear text, PostgreSQL's `hostssl` message);
 //! - `types`: DP answers with the column names and types PostgreSQL gives the same SQL, equal in
 //!   the text and binary formats;
+//! - `analyst`: SQL a new analyst types (issue 42): per-unit count histograms, width_bucket keys,
+//!   and EXISTS / bool_or refused with a count that runs;
 //! - `attacks`: the attack corpus in `tests/attacks/`;
 //! - `drivers`: the SQL that ORMs, drivers and BI tools generate (bound LIMIT and OFFSET, time
 //!   ranges, public tables alone, DISTINCT lists, their set-up statements), through tokio-postgres;
@@ -49,6 +51,7 @@
 mod harness;
 
 mod admin;
+mod analyst;
 mod attacks;
 mod auth;
 mod bounds;

@@ -203,7 +203,14 @@ impl<'a> Analyzer<'a> {
         };
         let inf = f64::INFINITY;
         let (ty, bounds) = match (name, &arg_info) {
-            ("count", _) => (ColumnType::Integer, (0.0, inf)),
+            // Every group of a subquery grouped by the unit has a row, so `COUNT(*)` is at
+            // least 1 (a domain holding 0 would release a group PostgreSQL never returns).
+            // `COUNT(x)` and `COUNT(DISTINCT x)` are 0 for a unit whose every `x` is NULL,
+            // unless `x` is a column the policy declares `exhaustive` (never NULL), read from
+            // a table that is not on the nullable side of an outer join.
+            ("count", None) => (ColumnType::Integer, (1.0, inf)),
+            ("count", Some(i)) if never_null(i) => (ColumnType::Integer, (1.0, inf)),
+            ("count", Some(_)) => (ColumnType::Integer, (0.0, inf)),
             (_, None) => {
                 return Err(Error::Syntax {
                     message: format!("{name}(*) is not valid"),
@@ -594,4 +601,11 @@ fn filter_as_case(f: &ast::Function, condition: &Expr) -> Result<Expr> {
         .map_err(|e| Error::Syntax {
             message: format!("aggregate FILTER: {e}"),
         })
+}
+
+/// Whether an aggregate argument is never NULL: a bare column of a table that is not on the
+/// nullable side of an outer join, which the policy declares `exhaustive` (every row holds one
+/// of its public values, and none is NULL).
+fn never_null(info: &Info) -> bool {
+    matches!(&info.public, PublicKeys::Listed { values, exhaustive: true } if !values.contains(&None))
 }

@@ -558,3 +558,52 @@ impl<'a> Analyzer<'a> {
         }
     }
 }
+
+/// The refusal of `SELECT [NOT] EXISTS (SELECT … FROM … WHERE …)` over data: whether any row
+/// matches is a fact about the people whose rows match (one person decides it), which no noise
+/// makes private, and a noisy count compared with 0 answers it no better than the count. The
+/// hint shows the count of the same rows, built from the subquery's own FROM and WHERE, so
+/// its rewrite asks the same question; `None` for a statement of another shape.
+pub(super) fn exists_without_from(select: &ast::Select) -> Option<Error> {
+    if !select.from.is_empty() {
+        return None;
+    }
+    let subquery = select.projection.iter().find_map(|item| {
+        let e = match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
+            _ => return None,
+        };
+        let mut e = e;
+        while let Expr::Nested(inner) | Expr::UnaryOp { expr: inner, .. } = e {
+            e = inner.as_ref();
+        }
+        match e {
+            Expr::Exists { subquery, .. } => Some(subquery),
+            _ => None,
+        }
+    })?;
+    // The same rows counted: the subquery's FROM and WHERE under COUNT(*), when it is a plain
+    // SELECT (a correlated, grouped or combined one has no such one-line count).
+    let count = match subquery.body.as_ref() {
+        SetExpr::Select(inner)
+            if subquery.with.is_none()
+                && !inner.from.is_empty()
+                && inner.having.is_none()
+                && matches!(&inner.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty()) =>
+        {
+            let from: Vec<String> = inner.from.iter().map(ToString::to_string).collect();
+            let mut count = format!("SELECT COUNT(*) FROM {}", from.join(", "));
+            if let Some(w) = &inner.selection {
+                count.push_str(&format!(" WHERE {w}"));
+            }
+            count
+        }
+        _ => "SELECT COUNT(*) FROM … WHERE …".to_string(),
+    };
+    // Literals as the analyst wrote them (classification dollar-quotes them).
+    let count = crate::literal::for_display(&count);
+    Some(Error::forbidden(
+        "EXISTS over data: whether any row matches can hinge on one person, and is not released",
+        format!("Count the rows instead and read the noisy count (a count near 0 means few or none): {count}"),
+    ))
+}

@@ -261,6 +261,9 @@ pub(super) fn total_function(name: &str) -> Option<FunctionSpec> {
         "date_bin" => spec(3, 3, &[0, 2], Result_::Fixed(T::Timestamp)),
         // Of a date or timestamp only, with a plain format (`check_to_char`).
         "to_char" => spec(2, 2, &[1], Result_::Fixed(T::Text)),
+        // Analysed on its own (`Analyzer::width_bucket`): literal bounds and count, a NaN
+        // argument sent to NULL, so it never fails on a row.
+        "width_bucket" => spec(4, 4, &[1, 2, 3], Result_::Fixed(T::Integer)),
         _ => return None,
     })
 }
@@ -601,4 +604,98 @@ pub(super) fn date_bin_guard(x: Expr) -> Expr {
 /// ±infinity, converts as before (the first date is also the first timestamp).
 pub(super) fn date_to_timestamp_guard(x: Expr) -> Expr {
     datetime_guard(x, "4714-11-24 BC", DATETIME_UPPER_SAFE)
+}
+
+/// The refusal of `bool_or(c)`, `bool_and(c)` and `every(c)` anywhere in `query`: whether any
+/// (or every) row satisfies `c` can hinge on one person, so it is not released. The hint shows
+/// the count that answers the same question (`bool_or(c)` is `COUNT(*) FILTER (WHERE c) > 0`;
+/// `bool_and(c)` and `every(c)` are `COUNT(*) FILTER (WHERE NOT (c)) = 0`, NULLs ignored as
+/// they ignore them) with the analyst's own condition, and the whole statement so rewritten
+/// when the calls are whole select items of the top query. `None` without such a call.
+pub(super) fn boolean_aggregate_refusal(query: &ast::Query) -> Option<Error> {
+    // (name as written, its condition, whether it asks "any")
+    let mut calls: Vec<(String, String, bool)> = Vec::new();
+    let _ = ast::visit_expressions(query, |e| {
+        if let Some(call) = boolean_aggregate(e) {
+            calls.push(call);
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    let (name, condition, any) = calls.first()?.clone();
+    let count = |condition: &str, any: bool| {
+        if any {
+            format!("COUNT(*) FILTER (WHERE {condition})")
+        } else {
+            format!("COUNT(*) FILTER (WHERE NOT ({condition}))")
+        }
+    };
+    let mut hint = format!(
+        "Count the rows that answer it and read the noisy count: {name}({condition}) is {} {}",
+        count(&condition, any),
+        if any { "> 0" } else { "= 0" },
+    );
+    // The statement with each call, a whole select item of the top query, replaced by its count.
+    if let SetExpr::Select(select) = query.body.as_ref() {
+        let mut rewritten = query.clone();
+        let mut replaced = 0;
+        if let SetExpr::Select(out) = rewritten.body.as_mut() {
+            for item in out.projection.iter_mut() {
+                let (e, alias) = match item {
+                    SelectItem::UnnamedExpr(e) => (e, None),
+                    SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.clone())),
+                    _ => continue,
+                };
+                let Some((name, condition, any)) = boolean_aggregate(e) else {
+                    continue;
+                };
+                let text = count(&condition, any);
+                let dialect = sqlparser::dialect::PostgreSqlDialect {};
+                let Ok(parsed) = sqlparser::parser::Parser::new(&dialect)
+                    .try_with_sql(&text)
+                    .and_then(|mut p| p.parse_expr())
+                else {
+                    continue;
+                };
+                // PostgreSQL names the column after the function; the count keeps that name.
+                let alias = alias.unwrap_or_else(|| Ident::new(name.to_ascii_lowercase()));
+                *item = SelectItem::ExprWithAlias {
+                    expr: parsed,
+                    alias,
+                };
+                replaced += 1;
+            }
+        }
+        if replaced == calls.len() && !select.projection.is_empty() {
+            hint.push_str(&format!(", e.g. {rewritten}"));
+        }
+    }
+    // Literals as the analyst wrote them (classification dollar-quotes them).
+    let hint = crate::literal::for_display(&hint);
+    Some(Error::forbidden(
+        format!(
+            "{name}: whether {} row satisfies the condition can hinge on one person, and is not released",
+            if any { "any" } else { "every" }
+        ),
+        hint,
+    ))
+}
+
+/// `bool_or(c)`, `bool_and(c)` or `every(c)` as a plain call: its name as written, `c`, and
+/// whether it asks for any row (`bool_or`).
+fn boolean_aggregate(e: &Expr) -> Option<(String, String, bool)> {
+    let Expr::Function(f) = e else { return None };
+    let name = function_name(&f.name).ok()?;
+    let any = match name.as_str() {
+        "bool_or" => true,
+        "bool_and" | "every" => false,
+        _ => return None,
+    };
+    let condition = match &f.args {
+        FunctionArguments::List(list) => match list.args.as_slice() {
+            [FunctionArg::Unnamed(FunctionArgExpr::Expr(c))] => c.to_string(),
+            _ => "c".to_string(),
+        },
+        _ => "c".to_string(),
+    };
+    Some((f.name.to_string(), condition, any))
 }

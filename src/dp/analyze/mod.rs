@@ -76,6 +76,10 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
 /// `post_processed`, its select list, HAVING, ORDER BY and LIMIT always become
 /// [`PostProcessing`] (the outer query then wraps that SQL).
 fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Result<Plan> {
+    // Over data (an outer query over released rows may use them: post-processing).
+    if let Some(refusal) = boolean_aggregate_refusal(query) {
+        return Err(refusal);
+    }
     let ctes = common_table_expressions(query)?;
     if !query.locks.is_empty() {
         return Err(Error::forbidden(
@@ -135,6 +139,9 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         unit_caps: Vec::new(),
         windows_allowed: false,
     };
+    if let Some(refusal) = from::exists_without_from(select) {
+        return Err(refusal);
+    }
     let joins = a.resolve_from(&select.from)?;
 
     let private: Vec<&TableRef> = a

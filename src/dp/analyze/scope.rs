@@ -488,7 +488,8 @@ impl<'a> Analyzer<'a> {
         let ty = info.ty;
         let e = analysed;
         let (lo, hi) = if name == "count" {
-            (0.0, rows_max)
+            // 1 for `COUNT(*)` ([`Analyzer::unit_aggregate`]): the clamp keeps it.
+            (info.bounds.map_or(0.0, |b| b.0.clamp(0.0, 1.0)), rows_max)
         } else {
             let FunctionArguments::List(list) = &f.args else {
                 return Ok(None);

@@ -539,6 +539,16 @@ fn key_domains() {
             ("public table key", "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.region = r.region GROUP BY r.name", Accepted("unit=person_id caps=(g1,r1) tables=[demo.people:private, demo.regions:public] on=[region = t1.region] keys=[t1.name:text:table demo.regions.name] aggs=[count(*)] out=[name=k0, count=a0]")),
             ("duplicate key collapses", "SELECT region, COUNT(*) FROM demo.people GROUP BY region, region", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[count(*)] out=[region=k0, count=a0]")),
             // Documented (analyze/expr.rs): the NULL group of a CASE without ELSE is not released.
+            // width_bucket with literal bounds and count: the n + 2 buckets 0 … n + 1 (issue 42).
+            ("width_bucket key", "SELECT width_bucket(age, 0, 100, 4) AS b, COUNT(*) FROM demo.people GROUP BY 1", Accepted("unit=person_id caps=(g1,r1) keys=[pg_catalog.width_bucket(age, 0, 100, 4):integer:listed[0, 1, 2, 3, 4, 5]] aggs=[count(*)] out=[b=k0, count=a0]")),
+            ("width_bucket key of a numeric column, NaN guarded", "SELECT width_bucket(cost, -0.5, 2000.5, 2) AS b, COUNT(*) FROM demo.visits GROUP BY 1", Accepted("unit=person_id caps=(g5,r10) keys=[pg_catalog.width_bucket(CASE WHEN (cost) = 'NaN' THEN NULL ELSE (cost) END, -0.5, 2000.5, 2):integer:listed[0, 1, 2, 3]] aggs=[count(*)] out=[b=k0, count=a0]")),
+            ("width_bucket non-literal bound", "SELECT width_bucket(age, 0, income, 10) AS b, COUNT(*) FROM demo.people GROUP BY 1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("width_bucket zero count", "SELECT width_bucket(age, 0, 100, 0) AS b, COUNT(*) FROM demo.people GROUP BY 1", Refused(SqlState::INVALID_PARAMETER_VALUE)),
+            ("width_bucket equal bounds", "SELECT width_bucket(age, 5, 5.0, 3) AS b, COUNT(*) FROM demo.people GROUP BY 1", Refused(SqlState::INVALID_PARAMETER_VALUE)),
+            ("width_bucket too many buckets", "SELECT width_bucket(age, 0, 100, 1001) AS b, COUNT(*) FROM demo.people GROUP BY 1", Refused(SqlState::INVALID_PARAMETER_VALUE)),
+            ("width_bucket of text", "SELECT width_bucket(sex, 0, 100, 10) AS b, COUNT(*) FROM demo.people GROUP BY 1", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            ("width_bucket of the unit", "SELECT width_bucket(person_id, 0, 100, 10) AS b, COUNT(*) FROM demo.people GROUP BY 1", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("width_bucket in an aggregate", "SELECT SUM(width_bucket(age, 0, 100, 10)) FROM demo.people", Accepted("unit=person_id caps=(g1,r1) keys=[] aggs=[sum(pg_catalog.width_bucket(age, 0, 100, 10))[0,11]] out=[sum=a0]")),
             ("case key without else", "SELECT CASE WHEN age < 18 THEN 'child' END AS minor, COUNT(*) FROM demo.people GROUP BY 1", Accepted("unit=person_id caps=(g1,r1) keys=[CASE WHEN age < 18 THEN 'child' END:text:listed[child, NULL]] aggs=[count(*)] out=[minor=k0, count=a0]")),
             ("public key joined on a non-groupable column", "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON p.income = r.population GROUP BY r.name", Accepted("unit=person_id caps=(g1,r1) tables=[demo.people:private, demo.regions:public] on=[income = t1.population] keys=[t1.name:text:table demo.regions.name] aggs=[count(*)] out=[name=k0, count=a0]")),
             ("renamed unit as key", "SELECT x, COUNT(*) FROM (SELECT person_id AS x FROM demo.visits) t GROUP BY x", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
@@ -628,16 +638,24 @@ fn subqueries() {
             ("cte joined to table", "WITH v AS (SELECT person_id, cost FROM demo.visits WHERE cost > 100) SELECT p.sex, SUM(v.cost) FROM v JOIN demo.people p USING (person_id) GROUP BY p.sex", Accepted("unit=t1.person_id caps=(g5,r10) tables=[v:sub, demo.people:private] on=[t1.person_id = t2.person_id] keys=[t2.sex:text:listed[F, M, X]] aggs=[sum(t1.cost)[0,2000]] out=[sex=k0, sum=a0]")),
             ("cte chain", "WITH a AS (SELECT * FROM demo.people WHERE age >= 18), b AS (SELECT region, income FROM a WHERE income > 0) SELECT region, AVG(income) FROM b GROUP BY region", Accepted("unit=t2.__dp_unit caps=(g1,r1) tables=[b:sub] keys=[t2.region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[avg(t2.income)[0,250000]] out=[region=k0, avg=a0]")),
             ("cte without unit column", "WITH c AS (SELECT cost FROM demo.visits) SELECT SUM(cost) FROM c", Accepted("unit=t1.__dp_unit caps=(g1,r10) tables=[c:sub] keys=[] aggs=[sum(t1.cost)[0,2000]] out=[sum=a0]")),
-            ("per-unit average", "SELECT AVG(n) FROM (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.n)[0,20]] out=[avg=a0]")),
-            ("per-unit histogram key", "SELECT n_bucket, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(*), 10) AS n_bucket FROM demo.visits GROUP BY person_id) t GROUP BY n_bucket", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[t1.n_bucket:integer:listed[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]] aggs=[count(*)] out=[n_bucket=k0, count=a0]")),
+            ("per-unit average", "SELECT AVG(n) FROM (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.n)[1,20]] out=[avg=a0]")),
+            ("per-unit histogram key", "SELECT n_bucket, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(*), 10) AS n_bucket FROM demo.visits GROUP BY person_id) t GROUP BY n_bucket", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[t1.n_bucket:integer:listed[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]] aggs=[count(*)] out=[n_bucket=k0, count=a0]")),
             ("per-unit case class", "WITH u AS (SELECT person_id, CASE WHEN COUNT(*) >= 10 THEN 'frequent' ELSE 'occasional' END AS kind FROM demo.visits GROUP BY person_id) SELECT kind, COUNT(*) FROM u GROUP BY kind", Accepted("unit=t1.person_id caps=(g1,r1) tables=[u:sub] keys=[t1.kind:text:listed[frequent, occasional]] aggs=[count(*)] out=[kind=k0, count=a0]")),
             ("per-unit having", "SELECT COUNT(*) FROM (SELECT person_id FROM demo.visits GROUP BY person_id HAVING COUNT(*) > 5) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[count(*)] out=[count=a0]")),
             ("per-unit joined", "SELECT p.sex, AVG(t.spend) FROM (SELECT person_id, LEAST(SUM(cost), 10000) AS spend FROM demo.visits GROUP BY person_id) t JOIN demo.people p USING (person_id) GROUP BY p.sex", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub, demo.people:private] on=[t1.person_id = t2.person_id] keys=[t2.sex:text:listed[F, M, X]] aggs=[avg(t1.spend)[0,10000]] out=[sex=k0, avg=a0]")),
-            ("per-unit over unit path", "WITH pp AS (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.prescriptions GROUP BY person_id) SELECT n, COUNT(*) FROM pp GROUP BY n", Accepted("unit=t3.person_id caps=(g1,r1) tables=[pp:sub] keys=[t3.n:integer:listed[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]] aggs=[count(*)] out=[n=k0, count=a0] unique=[demo.visits.visit_id]")),
+            ("per-unit over unit path", "WITH pp AS (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.prescriptions GROUP BY person_id) SELECT n, COUNT(*) FROM pp GROUP BY n", Accepted("unit=t3.person_id caps=(g1,r1) tables=[pp:sub] keys=[t3.n:integer:listed[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]] aggs=[count(*)] out=[n=k0, count=a0] unique=[demo.visits.visit_id]")),
             // A whole per-unit COUNT or SUM left without a bound takes the policy's row cap
             // (visits: 10 rows per unit; prescriptions: 20), clamped upstream.
-            ("per-unit count bounded by the row cap", "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.n)[0,10]] out=[avg=a0]")),
+            ("per-unit count bounded by the row cap", "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.n)[1,10]] out=[avg=a0]")),
             ("per-unit sum bounded by the row cap", "SELECT AVG(s) FROM (SELECT person_id, SUM(cost) AS s FROM demo.visits GROUP BY person_id) t", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[] aggs=[avg(t1.s)[0,20000]] out=[avg=a0]")),
+            // A per-unit COUNT(*) is at least 1 (every group of GROUP BY person_id has a row):
+            // its histogram has no row 0, which PostgreSQL never returns (issue 42).
+            ("per-unit count histogram starts at 1", "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[t1.n:integer:listed[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]] aggs=[count(*)] out=[n=k0, count=a0]")),
+            // COUNT(x) is 0 for a unit whose every x is NULL (clinic may be NULL)…
+            ("per-unit count of a nullable column starts at 0", "SELECT n, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(clinic), 3) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[t1.n:integer:listed[0, 1, 2, 3]] aggs=[count(*)] out=[n=k0, count=a0]")),
+            ("per-unit count distinct of a nullable column starts at 0", "SELECT n, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(DISTINCT diagnosis), 5) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n", Accepted("unit=t1.person_id caps=(g1,r1) tables=[t:sub] keys=[t1.n:integer:listed[0, 1, 2, 3, 4, 5]] aggs=[count(*)] out=[n=k0, count=a0]")),
+            // …but not of a column the policy declares exhaustive (never NULL).
+            ("per-unit count distinct of an exhaustive column starts at 1", "SELECT n, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(DISTINCT drug), 3) AS n FROM demo.prescriptions GROUP BY person_id) t GROUP BY n", Accepted("unit=t3.person_id caps=(g1,r1) tables=[t:sub] keys=[t3.n:integer:listed[1, 2, 3]] aggs=[count(*)] out=[n=k0, count=a0] unique=[demo.visits.visit_id]")),
             ("per-unit integer sum bounded by the row cap", "SELECT s, COUNT(*) FROM (SELECT person_id, SUM(quantity) AS s FROM demo.prescriptions GROUP BY person_id) t GROUP BY s", Accepted("unit=t3.person_id caps=(g1,r1) tables=[t:sub] keys=[t3.s:integer:private] aggs=[count(*)] out=[s=k0, count=a0] unique=[demo.visits.visit_id]")),
             ("per-unit sum of an unbounded column", "SELECT AVG(s) FROM (SELECT person_id, SUM(visit_id) AS s FROM demo.visits GROUP BY person_id) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
             ("per-unit count in an expression", "SELECT AVG(n) FROM (SELECT person_id, COUNT(*) * 2 AS n FROM demo.visits GROUP BY person_id) t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
@@ -827,7 +845,7 @@ fn refusals_resolution() {
             ("now", "SELECT COUNT(*) FROM demo.visits WHERE visit_date > now()", Refused(S::UNDEFINED_FUNCTION)),
             ("catalog function", "SELECT COUNT(*) FROM demo.visits WHERE pg_catalog.current_setting('x') = 'y'", Refused(S::UNDEFINED_FUNCTION)),
             ("catalog table", "SELECT COUNT(*) FROM pg_catalog.pg_class", Refused(S::FEATURE_NOT_SUPPORTED)),
-            ("exists without from", "SELECT EXISTS (SELECT 1 FROM demo.people WHERE age > 100)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("exists without from", "SELECT EXISTS (SELECT 1 FROM demo.people WHERE age > 100)", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("information schema", "SELECT COUNT(*) FROM information_schema.tables", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("reserved output alias", "SELECT COUNT(*) AS __dp_n FROM demo.visits", Refused(S::INSUFFICIENT_PRIVILEGE)),
             ("reserved table reference", "SELECT COUNT(*) FROM demo.visits WHERE \"__dp_t0\".person_id = 1", Refused(S::INSUFFICIENT_PRIVILEGE)),
@@ -1165,4 +1183,67 @@ fn left_joins_on_the_unit_and_distinct_keys() {
             ("select all", "SELECT ALL COUNT(*) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(*)] out=[count=a0]")),
         ],
     );
+}
+
+/// Questions of existence are refused with a hint whose rewrite asks the same question as a
+/// count (issue 42): EXISTS shows the count of its subquery's rows, bool_or / bool_and / every
+/// the COUNT(*) FILTER of their condition, and the statement rewritten with it where it can.
+#[test]
+fn existence_refusals_hint_the_same_question_as_a_count() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    for (sql, shown) in [
+        (
+            "SELECT EXISTS (SELECT 1 FROM demo.people WHERE age > 100)",
+            ": SELECT COUNT(*) FROM demo.people WHERE age > 100",
+        ),
+        (
+            "SELECT NOT EXISTS (SELECT * FROM demo.visits v WHERE v.cost > 1500 AND v.clinic = 'C01') AS none",
+            ": SELECT COUNT(*) FROM demo.visits v WHERE v.cost > 1500 AND v.clinic = 'C01'",
+        ),
+        (
+            "SELECT EXISTS (SELECT 1 FROM demo.people GROUP BY region HAVING COUNT(*) > 5)",
+            ": SELECT COUNT(*) FROM … WHERE …",
+        ),
+        (
+            "SELECT region, bool_or(age > 90) AS old FROM demo.people GROUP BY region",
+            "bool_or(age > 90) is COUNT(*) FILTER (WHERE age > 90) > 0, e.g. SELECT region, COUNT(*) FILTER (WHERE age > 90) AS old FROM demo.people GROUP BY region",
+        ),
+        (
+            "SELECT bool_or(clinic = 'C01') FROM demo.visits",
+            "e.g. SELECT COUNT(*) FILTER (WHERE clinic = 'C01') AS bool_or FROM demo.visits",
+        ),
+        (
+            "SELECT bool_and(cost < 1000), EVERY(cost > 0) FROM demo.visits",
+            "bool_and(cost < 1000) is COUNT(*) FILTER (WHERE NOT (cost < 1000)) = 0, e.g. SELECT COUNT(*) FILTER (WHERE NOT (cost < 1000)) AS bool_and, COUNT(*) FILTER (WHERE NOT (cost > 0)) AS every FROM demo.visits",
+        ),
+        (
+            "SELECT region FROM demo.people GROUP BY region HAVING bool_or(age > 90)",
+            "bool_or(age > 90) is COUNT(*) FILTER (WHERE age > 90) > 0",
+        ),
+        (
+            "SELECT AVG(o) FROM (SELECT person_id, bool_or(cost > 1000) AS o FROM demo.visits GROUP BY person_id) t",
+            "bool_or(cost > 1000) is COUNT(*) FILTER (WHERE cost > 1000) > 0",
+        ),
+    ] {
+        let e = analyze_sql(sql, &ctx).expect_err(sql);
+        assert_eq!(e.sqlstate(), SqlState::INSUFFICIENT_PRIVILEGE, "{sql}: {e}");
+        let hint = e.hint().unwrap_or_default();
+        assert!(hint.contains(shown), "{sql}: {e} (hint: {hint})");
+        assert!(!hint.contains(RESERVED_PREFIX), "{sql}: {hint}");
+        if !sql.contains("HAVING") && !sql.contains("person_id,") {
+            assert!(hint.ends_with(shown), "{sql}: the rewrite ends the hint: {hint}");
+        }
+    }
+    // The rewrites the hints show are answered.
+    for sql in [
+        "SELECT COUNT(*) FROM demo.people WHERE age > 100",
+        "SELECT region, COUNT(*) FILTER (WHERE age > 90) AS old FROM demo.people GROUP BY region",
+        "SELECT COUNT(*) FILTER (WHERE NOT (cost < 1000)) AS bool_and, COUNT(*) FILTER (WHERE NOT (cost > 0)) AS every FROM demo.visits",
+    ] {
+        analyze_sql(sql, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }

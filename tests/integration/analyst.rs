@@ -1,0 +1,266 @@
+//! SQL a new analyst types on the demo (issue 42), through the wire and against PostgreSQL's own
+//! answer to the same SQL: histograms of per-person counts release only the keys PostgreSQL can
+//! return (no row `n = 0`), `width_bucket` with literal bounds is a group key over its `n + 2`
+//! buckets, and questions of existence (`EXISTS`, `bool_or`, `bool_and`, `every`) are refused
+//! before anything is charged, with a hint whose count runs.
+//!
+//! Tolerances follow from the noise scale b of each count (stated at each use), as in `dp.rs`:
+//! discrete Laplace noise exceeds 20·b with probability below e^-20 ≈ 2·10^-9 per value.
+
+use std::collections::BTreeSet;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::SimpleQueryMessage;
+
+use crate::support::{assert_code, policy_with_budget, upstream_client, Proxy, Session};
+
+/// A proxy whose analyst can afford every query of a test (ε 1000, at most 100 per query).
+async fn rich_proxy(seed: u8) -> Proxy {
+    Proxy::with_policy(policy_with_budget(1000, 100), seed).await
+}
+
+/// The rows of `sql` as text, each the first `width` columns.
+async fn rows(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    width: usize,
+) -> Vec<Vec<Option<String>>> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..width).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The keys (first column) of `sql`'s rows, as integers; NULL keys apart.
+async fn integer_keys(client: &tokio_postgres::Client, sql: &str) -> BTreeSet<i64> {
+    rows(client, sql, 1)
+        .await
+        .into_iter()
+        .filter_map(|r| {
+            r[0].as_ref()
+                .map(|k| k.parse::<i64>().expect("an integer key"))
+        })
+        .collect()
+}
+
+/// `name type` of each column `client` describes for `sql`.
+async fn described(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    client
+        .prepare(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .columns()
+        .iter()
+        .map(|c| format!("{} {}", c.name(), c.type_().name()))
+        .collect()
+}
+
+/// Issue 42's wrong answer: `SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n … GROUP BY
+/// person_id) t GROUP BY n` released a row `n = 0`, which PostgreSQL never returns (every group of
+/// `GROUP BY person_id` has a row). Now the keys are those PostgreSQL returns, with its types.
+#[tokio::test]
+async fn per_unit_count_histograms_release_only_keys_postgresql_can_return() {
+    let proxy = rich_proxy(142).await;
+    let s = proxy.connect().await;
+    let up = upstream_client().await;
+    // Bounded by the analyst: every key 1 … 10 holds many people, so the released keys are
+    // exactly PostgreSQL's.
+    let sql = "SELECT n, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(*), 10) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n";
+    let released = integer_keys(&s, sql).await;
+    assert_eq!(released, integer_keys(&up, sql).await, "{sql}");
+    assert!(!released.contains(&0), "{sql}: a row 0");
+    assert_eq!(
+        described(&s, sql).await,
+        described(&up, sql).await,
+        "{sql}: PostgreSQL's types"
+    );
+    // COUNT(DISTINCT x) of a column the policy declares exhaustive (never NULL) starts at 1 too
+    // (demo.prescriptions has no person_id upstream: pgdp derives it through the visit).
+    let sql = "WITH u AS (SELECT person_id, LEAST(COUNT(DISTINCT drug), 3) AS n FROM demo.prescriptions GROUP BY person_id) SELECT n, COUNT(*) FROM u GROUP BY n";
+    assert_eq!(
+        integer_keys(&s, sql).await,
+        (1..=3).collect::<BTreeSet<i64>>(),
+        "{sql}"
+    );
+    // The issue's query: the per-person count takes the policy's cap of 10 visits, so the keys
+    // are 1 … 10 (PostgreSQL's go on to 40, people over the cap are in row 10); never 0.
+    let sql = "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n";
+    let released = integer_keys(&s, sql).await;
+    assert_eq!(released, (1..=10).collect::<BTreeSet<i64>>(), "{sql}");
+    let truth = integer_keys(&up, sql).await;
+    assert!(
+        released.is_subset(&truth),
+        "{sql}: {released:?} not among {truth:?}"
+    );
+    assert_eq!(
+        described(&s, sql).await,
+        described(&up, sql).await,
+        "{sql}: PostgreSQL's types"
+    );
+    // COUNT(x) of a column that may be NULL is 0 for a person whose every x is NULL: that key
+    // stays in the domain (a noisy zero where, as here, the data has no such person).
+    for sql in [
+        "SELECT n, COUNT(*) FROM (SELECT person_id, LEAST(COUNT(diagnosis), 2) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n",
+        "WITH u AS (SELECT person_id, LEAST(COUNT(DISTINCT clinic), 3) AS n FROM demo.visits GROUP BY person_id) SELECT n, COUNT(*) FROM u GROUP BY n",
+    ] {
+        let released = integer_keys(&s, sql).await;
+        assert_eq!(released.first(), Some(&0), "{sql}");
+        let truth = integer_keys(&up, sql).await;
+        assert!(truth.is_subset(&released), "{sql}: {truth:?} not all in {released:?}");
+    }
+}
+
+/// `width_bucket(x, lo, hi, n)` with literal bounds and count groups by PostgreSQL's `integer`
+/// bucket over the public domain `0 … n + 1`: every bucket PostgreSQL returns is released, the
+/// others as noisy zeros, and counts of people are close to PostgreSQL's.
+#[tokio::test]
+async fn width_bucket_keys_are_postgresql_buckets() {
+    let proxy = rich_proxy(143).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 10")
+        .await
+        .expect("SET pgdp.epsilon");
+    let up = upstream_client().await;
+    for (sql, buckets) in [
+        ("SELECT width_bucket(age, 0, 100, 10) AS b, COUNT(*) FROM demo.people GROUP BY 1", 10),
+        ("SELECT width_bucket(cost, 100, 1900, 4) AS b, COUNT(*) AS visits FROM demo.visits GROUP BY 1", 4),
+        ("SELECT width_bucket(income, 0, 250000, 5) AS b, COUNT(*) AS people FROM demo.people GROUP BY 1", 5),
+    ] {
+        let released = rows(&s, sql, 2).await;
+        let keys: BTreeSet<i64> = released
+            .iter()
+            .map(|r| r[0].as_deref().expect("no NULL key").parse().expect("an integer"))
+            .collect();
+        assert_eq!(keys, (0..=buckets + 1).collect::<BTreeSet<i64>>(), "{sql}");
+        assert_eq!(described(&s, sql).await, described(&up, sql).await, "{sql}: PostgreSQL's types");
+        let truth = rows(&up, sql, 2).await;
+        let truth_keys: BTreeSet<i64> = truth
+            .iter()
+            .filter_map(|t| t[0].as_deref().map(|k| k.parse().expect("an integer")))
+            .collect();
+        assert!(truth_keys.is_subset(&keys), "{sql}: {truth_keys:?} not all in {keys:?}");
+        // Visits are counted under the policy's caps (10 per person in a group), so only the
+        // counts of people compare with PostgreSQL's.
+        if sql.contains("demo.visits") {
+            continue;
+        }
+        for t in &truth {
+            let Some(key) = &t[0] else { continue };
+            let exact: i64 = t[1].as_deref().expect("a count").parse().expect("a count");
+            let noisy: i64 = released
+                .iter()
+                .find(|r| r[0].as_ref() == Some(key))
+                .unwrap_or_else(|| panic!("{sql}: bucket {key} not released"))[1]
+                .as_deref()
+                .expect("a count")
+                .parse()
+                .expect("a count");
+            // ε 10 on a count of people (sensitivity 1): b = 0.1, 20·b = 2.
+            assert!((noisy - exact).abs() <= 2, "{sql}: bucket {key}: {noisy} vs {exact}");
+        }
+    }
+    // Bounds or a count that are not literals are refused before anything runs.
+    let before = s.budget().await;
+    for sql in [
+        "SELECT width_bucket(age, 0, income, 10) AS b, COUNT(*) FROM demo.people GROUP BY 1",
+        "SELECT width_bucket(age, age, 100, 10) AS b, COUNT(*) FROM demo.people GROUP BY 1",
+    ] {
+        assert_code(
+            s.simple_query(sql).await,
+            &SqlState::FEATURE_NOT_SUPPORTED,
+            sql,
+        );
+    }
+    assert_code(
+        s.simple_query(
+            "SELECT width_bucket(age, 0, 100, 0) AS b, COUNT(*) FROM demo.people GROUP BY 1",
+        )
+        .await,
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "a count of 0 buckets (PostgreSQL fails on it)",
+    );
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        before.epsilon_spent,
+        "refusals charge nothing"
+    );
+}
+
+/// The SQL a refusal's hint ends with, after `marker`.
+fn hinted_sql(error: &tokio_postgres::Error, marker: &str) -> String {
+    let hint = error
+        .as_db_error()
+        .and_then(|e| e.hint())
+        .unwrap_or_else(|| panic!("no hint: {error:?}"));
+    hint.rsplit_once(marker)
+        .unwrap_or_else(|| panic!("no SQL after {marker:?} in the hint: {hint}"))
+        .1
+        .to_string()
+}
+
+/// `SELECT EXISTS (SELECT 1 FROM demo.people WHERE …)` was refused as a catalog query; it is a
+/// data query, refused (42501: whether a row exists can hinge on one person) with the count of
+/// the same rows as the hint, and that count runs. bool_or / bool_and / every likewise, with the
+/// statement rewritten to COUNT(*) FILTER. Nothing is charged for the refusals.
+#[tokio::test]
+async fn existence_questions_are_refused_with_a_count_that_runs() {
+    let proxy = rich_proxy(144).await;
+    let s: Session = proxy.connect().await;
+    let cases = [
+        (
+            "SELECT EXISTS (SELECT 1 FROM demo.people WHERE age > 100)",
+            ": ",
+        ),
+        (
+            "SELECT NOT EXISTS (SELECT 1 FROM demo.visits WHERE cost > 1990 AND clinic = 'C01')",
+            ": ",
+        ),
+        (
+            "SELECT region, bool_or(age > 90) AS old FROM demo.people GROUP BY region",
+            "e.g. ",
+        ),
+        (
+            "SELECT bool_and(cost < 1500) AS cheap, every(cost > 0) AS paid FROM demo.visits",
+            "e.g. ",
+        ),
+    ];
+    for (sql, marker) in cases {
+        let before = s.budget().await;
+        let err = assert_code(
+            s.simple_query(sql).await,
+            &SqlState::INSUFFICIENT_PRIVILEGE,
+            sql,
+        );
+        assert_eq!(
+            s.budget().await.epsilon_spent,
+            before.epsilon_spent,
+            "{sql}: charged"
+        );
+        let count = hinted_sql(&err, marker);
+        assert!(count.starts_with("SELECT "), "{sql}: {count}");
+        s.simple_query(&count)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: the hinted {count} failed: {e:?}"));
+    }
+    // The column names stay those of the refused statement.
+    let err = assert_code(
+        s.simple_query("SELECT region, bool_or(age > 90) AS old FROM demo.people GROUP BY region")
+            .await,
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "bool_or",
+    );
+    let count = hinted_sql(&err, "e.g. ");
+    assert_eq!(
+        described(&s, &count).await,
+        vec!["region text".to_string(), "old int8".to_string()],
+        "{count}"
+    );
+}
