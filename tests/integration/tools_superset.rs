@@ -27,7 +27,7 @@
 //! Every answered chart is run on the upstream too, and counts as `ok` only when Superset's column
 //! types (`coltypes`) and the statement's result type OIDs are the upstream's and its values are
 //! plausible: a count of people or of all visits within 2 % of PostgreSQL's, counts of visits
-//! within 15 % per clinic beside `AVG(cost)` (which shares ε) and 10 % per month (the demo chooses each query's caps on visits per
+//! within 25 % per clinic beside `AVG(cost)` (which shares ε) and 10 % per month (the demo chooses each query's caps on visits per
 //! person, so its counts estimate PostgreSQL's); `AVG(cost)` within the policy's bounds, as
 //! it estimates the mean of cost clamped into them; released values a subset of the upstream's.
 //! SQL Lab's rows over the public table must be the upstream's exactly.
