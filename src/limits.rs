@@ -242,6 +242,12 @@ pub const ROWS_PER_UNIT_MAX: u64 = 100_000;
 /// rest.
 pub const BOUNDS_CHOICE_SHARE: f64 = 0.1;
 
+/// The further share of a query's ε spent, beside [`BOUNDS_CHOICE_SHARE`], on estimating what
+/// clamping a summed argument into its bounds removes when the query chooses its caps
+/// (`dp::release::bounds`: two DP histograms of each unit's values outside the bounds and of
+/// its clamped sum).
+pub const BOUNDS_CLAMP_SHARE: f64 = 0.05;
+
 /// How many groups the choice of a cap assumes the answer has when its keys are released by
 /// partition selection (their number is not known before the release): the rows a cap removes
 /// weigh per group, against the noise of one group.
@@ -252,6 +258,7 @@ pub const BOUNDS_CHOICE_CELLS_SELECTED: u64 = 10;
 pub const BOUNDS_HISTOGRAM_REACH: u64 = 8;
 
 const _: () = assert!(BOUNDS_CHOICE_SHARE > 0.0 && BOUNDS_CHOICE_SHARE < 0.5);
+const _: () = assert!(BOUNDS_CLAMP_SHARE > 0.0 && BOUNDS_CHOICE_SHARE + BOUNDS_CLAMP_SHARE < 0.5);
 const _: () = assert!(BOUNDS_HISTOGRAM_REACH >= 2);
 
 /// Smallest ε a single query may spend; below it noise is astronomically large and samplers slow.

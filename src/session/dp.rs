@@ -486,8 +486,9 @@ impl Session {
                 Vec::new()
             };
             let key = release::measures_key(&plan, &rewrite, &mechanisms, params, &domain);
-            // Measures at a chosen cap are not stored for reuse (their noise is that cap's),
-            // so such a query finds none, and reuses none stored at the policy's caps.
+            // Measures at chosen caps are stored with those caps (their noise is that caps'),
+            // under a key of their own, so such a query reuses none stored at the tables' caps
+            // and a query at the tables' caps none stored at chosen ones.
             let key = if self.settings.choose_bounds {
                 budget::fingerprint(&[&key, "chosen bounds"])
             } else {
@@ -567,8 +568,39 @@ impl Session {
             {
                 self.served = Some(Served::Reused);
                 return self
-                    .reuse(shared, query, &plan, &rewrite, &mechanisms, &measures)
+                    .reuse(
+                        shared,
+                        query,
+                        (&plan, &rewrite, &mechanisms),
+                        &measures,
+                        None,
+                    )
                     .await;
+            }
+            // Measures released at caps chosen for an earlier query with the same measures key:
+            // that query's choice (the same plan, budget and candidates) at the caps it chose,
+            // which the payload carries (released values).
+            if self.settings.choose_bounds {
+                let domains = self.public_domains(shared, &plan, params).await?;
+                let choice =
+                    self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
+                let stored = choice.as_ref().and_then(|choice| {
+                    let (chosen, rest) =
+                        release::bounds::ChosenBounds::stored(&payload, &choice.choice)?;
+                    let partitionwise = matches!(placement, Placement::ByUnit { .. });
+                    let (p, r, m) = choice
+                        .answer(&plan, &chosen, params, secret, partitionwise)
+                        .ok()?;
+                    let measures = release::NoisyMeasures::from_payload(rest, &p, &r)
+                        .filter(|m| m.derived_from().is_none())?;
+                    Some((p, r, m, chosen, measures))
+                });
+                if let Some((p, r, m, chosen, measures)) = stored {
+                    self.served = Some(Served::Reused);
+                    return self
+                        .reuse(shared, query, (&p, &r, &m), &measures, Some(&chosen))
+                        .await;
+                }
             }
         }
 
@@ -580,7 +612,13 @@ impl Session {
             {
                 self.served = Some(Served::Reused);
                 return self
-                    .reuse(shared, query, &plan, &rewrite, &mechanisms, &measures)
+                    .reuse(
+                        shared,
+                        query,
+                        (&plan, &rewrite, &mechanisms),
+                        &measures,
+                        None,
+                    )
                     .await;
             }
         }
@@ -770,10 +808,17 @@ impl Session {
             None => vec![(&key, &answer)],
             Some(_) => vec![(&key, &refusal), (&rows_key, &answer)],
         };
-        let storable = measures.storable() && chosen.is_none();
-        if storable {
+        // At chosen caps, the caps go with the measures: a later query with the same measures
+        // key reads both, and is answered at those caps.
+        let measured = match &chosen {
+            Some(chosen) => chosen.stored_with(&measured),
+            None => measured,
+        };
+        if measures.storable() {
             entries.push((&measures_key, &measured));
         }
+        // Coarser groupings are derived only from measures at the tables' caps.
+        let storable = measures.storable() && chosen.is_none();
         // The coarser groupings this release answers (release::derive), each under the key the
         // coarser query itself will look up.
         let coarser: Vec<(String, Vec<u8>)> = if storable {
@@ -900,10 +945,9 @@ impl Session {
         &self,
         shared: &Shared,
         query: &ast::Query,
-        plan: &Plan,
-        rewrite: &Rewrite,
-        mechanisms: &release::Mechanisms,
+        (plan, rewrite, mechanisms): (&Plan, &Rewrite, &release::Mechanisms),
         measures: &release::NoisyMeasures,
+        chosen: Option<&release::bounds::ChosenBounds>,
     ) -> Result<ClientRows> {
         let shape = self.answer_shape(shared, query, plan).await?;
         let released =
@@ -927,6 +971,10 @@ impl Session {
             .balance_with_window(&self.analyst.name, &limit)
             .await?;
         let first = match measures.derived_from() {
+            None if chosen.is_some() => format!(
+                "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping and noise, at the contribution bounds that query chose; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
+                remaining_text(&balance, window, false)
+            ),
             None => format!(
                 "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
                 remaining_text(&balance, window, false)
@@ -937,7 +985,7 @@ impl Session {
                 remaining_text(&balance, window, false)
             ),
         };
-        let notices = answer_notices(first, plan, &released, None);
+        let notices = answer_notices(first, plan, &released, chosen);
         Ok(ClientRows::released(released, notices))
     }
 
@@ -1100,7 +1148,9 @@ fn answer_notices(
         } else {
             String::new()
         };
-        let clamped = release::clamped_arguments(plan);
+        let mut clamped = release::clamped_arguments(plan);
+        // The argument whose clamping was estimated has its own clause in the NOTICE.
+        clamped.retain(|c| Some(c.as_str()) != chosen.clamp_label());
         let clamped = if clamped.is_empty() {
             String::new()
         } else {

@@ -160,6 +160,63 @@ async fn counts_by_clinic_are_closer_to_postgresql_than_under_the_policys_caps()
 }
 
 #[tokio::test]
+async fn another_query_over_the_same_measures_reuses_the_chosen_caps_free() {
+    let proxy = Proxy::with_policy(policy(true), 64).await;
+    let session = proxy.connect().await;
+    let counts = count(
+        &session,
+        "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic ORDER BY clinic",
+    )
+    .await;
+    let first = session.take_notices();
+    let cap = chosen_cap(&first).unwrap_or_else(|| panic!("no chosen cap in {first:?}"));
+    let spent = session.budget().await.epsilon_spent;
+    // The same count by clinic with a label and a filter on it: post-processing of the same
+    // noisy counts, at the caps the first query chose, charged nothing.
+    let labelled = session
+        .simple_rows(
+            "SELECT clinic, CASE WHEN COUNT(*) > 100000 THEN 'busy' ELSE 'quiet' END AS load, COUNT(*)::int AS visits FROM demo.visits GROUP BY clinic ORDER BY visits DESC",
+        )
+        .await
+        .expect("the labelled counts");
+    let notices = session.take_notices();
+    assert_eq!(session.budget().await.epsilon_spent, spent, "{notices:?}");
+    assert!(
+        notices.iter().any(
+            |n| n.contains("at the contribution bounds that query chose")
+                && n.contains("charged nothing")
+        ),
+        "{notices:?}"
+    );
+    assert_eq!(chosen_cap(&notices), Some(cap), "{notices:?}");
+    assert_eq!(labelled.len(), counts.len());
+    for row in &labelled {
+        let visits: i64 = row[2]
+            .as_deref()
+            .and_then(|t| t.parse().ok())
+            .expect("visits");
+        assert!(
+            counts.contains(&(row[0].clone(), visits)),
+            "{row:?} is not one of the first answer's counts"
+        );
+        assert_eq!(
+            row[1].as_deref(),
+            Some(if visits > 100000 { "busy" } else { "quiet" })
+        );
+    }
+    // Without the choice, the same query is another release, at the tables' caps: charged.
+    session
+        .simple_rows("SET pgdp.choose_bounds = off")
+        .await
+        .expect("the setting");
+    session
+        .simple_rows("SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic")
+        .await
+        .expect("the counts at the tables' caps");
+    assert!(session.budget().await.epsilon_spent > spent);
+}
+
+#[tokio::test]
 async fn explain_states_the_rule_and_the_setting_turns_it_off() {
     let proxy = Proxy::with_policy(policy(true), 63).await;
     let session = proxy.connect().await;
@@ -315,4 +372,91 @@ async fn a_too_inaccurate_answer_is_an_error_for_tools_that_never_show_notices()
         .await
         .expect("an accurate count passes");
     session.assert_alive("a refusal after the charge").await;
+}
+
+#[tokio::test]
+async fn the_mean_of_a_clamped_column_states_what_clamping_removed() {
+    // The demo's visit costs are clamped into [0, 2000], but 0.1 % of the visits cost 5,000 to
+    // 200,000 and carry about half of the total: AVG(cost) is about half of PostgreSQL's. The
+    // NOTICE estimates that share from DP histograms of each person's values outside the bounds,
+    // and the _error95 of the mean reaches PostgreSQL's answer. With a stated limit on the
+    // relative error, a dashboard gets an error instead of the mean.
+    let proxy = Proxy::with_policy(policy(true), 66).await;
+    let session = proxy.connect().await;
+    session
+        .simple_rows("SET pgdp.accuracy = on")
+        .await
+        .expect("SET");
+    let explain = session
+        .simple_rows("EXPLAIN SELECT AVG(cost) FROM demo.visits")
+        .await
+        .expect("EXPLAIN");
+    assert!(
+        explain.iter().any(|l| l[0]
+            .as_deref()
+            .is_some_and(|t| t.contains("clamping estimated"))),
+        "{explain:?}"
+    );
+    let rows = session
+        .simple_rows("SELECT AVG(cost) FROM demo.visits")
+        .await
+        .expect("the mean");
+    let notices = session.take_notices();
+    let number = |i: usize| -> f64 {
+        rows[0][i]
+            .as_deref()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{rows:?}"))
+    };
+    let (mean, error95) = (number(0), number(1));
+    let client = crate::support::upstream_client().await;
+    let truth: f64 = client
+        .query_one("SELECT AVG(cost)::float8 FROM demo.visits", &[])
+        .await
+        .expect("PostgreSQL's mean")
+        .get(0);
+    let clause = notices
+        .iter()
+        .find_map(|n| n.split("clamping removed about ").nth(1))
+        .unwrap_or_else(|| panic!("no clamp estimate in {notices:?}"));
+    let share: f64 = clause
+        .split('%')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{clause}"));
+    assert!(
+        (25.0..=75.0).contains(&share),
+        "clamping removed {share}% of the sum: {notices:?}"
+    );
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("(visits.cost in [0, 2000])")),
+        "{notices:?}"
+    );
+    assert!(
+        !notices.iter().any(|n| n.contains("a bias neither")),
+        "the estimated argument is not also called unestimated: {notices:?}"
+    );
+    assert!(mean < 0.75 * truth, "{mean} against {truth}");
+    // The estimate is noisy and reads buckets at their midpoints (small buckets as empty), so
+    // it is checked to reach most of the way to PostgreSQL's mean, not all of it.
+    assert!(
+        mean + error95 > 0.8 * truth && mean + error95 < 1.5 * truth,
+        "{mean} ± {error95} against {truth}"
+    );
+    // Under a limit of 20 % on the stated error, the mean is refused after its charge.
+    session
+        .simple_rows("SET pgdp.max_relative_error = '20%'")
+        .await
+        .expect("SET");
+    let e = session
+        .simple_rows("SELECT AVG(cost) AS mean_cost FROM demo.visits")
+        .await
+        .expect_err("too inaccurate");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::DATA_EXCEPTION),
+        "{e:?}"
+    );
 }

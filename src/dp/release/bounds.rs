@@ -83,21 +83,6 @@ impl ChoicePlan {
             return Ok(None);
         }
         let budget = mechanisms.budget;
-        // The split on the ledger's decimal grid, so that the charge adds up to the query's ε
-        // (0.1 = 0.01 + 0.09, not 0.100000000000000002): the choice's share to 6 significant
-        // digits, the answer's what is left of ε.
-        let epsilon: f64 = format!("{:.5e}", budget.epsilon * limits::BOUNDS_CHOICE_SHARE)
-            .parse()
-            .map_err(|_| Error::internal("the choice's share of epsilon"))?;
-        let answer_epsilon = crate::budget::Fixed::from_f64_floor(budget.epsilon)
-            .ok()
-            .zip(crate::budget::Fixed::from_f64_ceil(epsilon).ok())
-            .and_then(|(whole, share)| whole.checked_sub(share))
-            .map(crate::budget::Fixed::to_f64)
-            .ok_or_else(|| Error::internal("the answer's share of epsilon"))?;
-        if epsilon < limits::EPSILON_PER_QUERY_MIN {
-            return Ok(None);
-        }
         let ceiling_plan = plan.at_ceilings();
         let ceiling_rewrite = if ceiling_plan == *plan {
             rewrite.clone()
@@ -110,12 +95,38 @@ impl ChoicePlan {
             at
         };
         let (plan, rewrite) = (&ceiling_plan, &ceiling_rewrite);
+        let share = match clamp_aggregate(plan, rewrite) {
+            Some(_) => limits::BOUNDS_CHOICE_SHARE + limits::BOUNDS_CLAMP_SHARE,
+            None => limits::BOUNDS_CHOICE_SHARE,
+        };
+        // The split on the ledger's decimal grid, so that the charge adds up to the query's ε
+        // (0.1 = 0.01 + 0.09, not 0.100000000000000002): the choice's share to 6 significant
+        // digits, the answer's what is left of ε.
+        let epsilon: f64 = format!("{:.5e}", budget.epsilon * share)
+            .parse()
+            .map_err(|_| Error::internal("the choice's share of epsilon"))?;
+        let answer_epsilon = crate::budget::Fixed::from_f64_floor(budget.epsilon)
+            .ok()
+            .zip(crate::budget::Fixed::from_f64_ceil(epsilon).ok())
+            .and_then(|(whole, share)| whole.checked_sub(share))
+            .map(crate::budget::Fixed::to_f64)
+            .ok_or_else(|| Error::internal("the answer's share of epsilon"))?;
+        if epsilon < limits::EPSILON_PER_QUERY_MIN {
+            return Ok(None);
+        }
         let gaussian = budget.mechanism == crate::policy::Mechanism::Gaussian;
         let Some(choice) = BoundsChoice::new(plan, rewrite, epsilon, cells, gaussian)? else {
             return Ok(None);
         };
         let groups = (!choice.group_edges().is_empty()).then(|| choice.group_edges());
-        let Some(sql) = rewrite::contributions(plan, parameters, secret, choice.edges(), groups)?
+        let Some(sql) = rewrite::contributions(
+            plan,
+            parameters,
+            secret,
+            choice.edges(),
+            groups,
+            choice.clamp_edges(),
+        )?
         else {
             return Ok(None);
         };
@@ -162,6 +173,30 @@ impl ChoicePlan {
         mechanisms.clamp_means = self.at_ceiling.clamp_means;
         mechanisms.max_relative_error = self.at_ceiling.max_relative_error;
         mechanisms.removed_share = chosen.rows_removed_share();
+        // The clamp's estimate holds for every SUM and AVG of the same argument and bounds.
+        if let Some(clamp) = &chosen.clamp {
+            let estimated = plan
+                .aggregates
+                .get(clamp.aggregate)
+                .map(|a| (&a.argument, a.bounds));
+            mechanisms.clamp_shares = plan
+                .aggregates
+                .iter()
+                .map(|a| {
+                    let same = Some((&a.argument, a.bounds)) == estimated
+                        && matches!(
+                            a.kind,
+                            crate::dp::plan::AggregateKind::Sum
+                                | crate::dp::plan::AggregateKind::Avg
+                        );
+                    if same {
+                        clamp.share()
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+        }
         Ok((plan, rewritten, mechanisms))
     }
 
@@ -273,10 +308,68 @@ pub struct BoundsChoice {
     noise: Noise,
     /// The groups histogram's noise: sensitivity 1.
     group_noise: Option<Noise>,
+    /// The histograms that estimate what clamping a summed argument removes, when the plan
+    /// sums or averages one with bounds.
+    clamp: Option<ClampChoice>,
+    /// ε of the whole choice: the caps' histograms and the clamp's.
     epsilon: f64,
+    /// ε of the caps' histograms (rows, and groups when chosen).
+    caps_epsilon: f64,
     cells: f64,
     /// Whether the answer's noise is Gaussian (its scale grows as √G, not G).
     gaussian: bool,
+}
+
+/// How what clamping removes is estimated: a histogram of each unit's total distance of its
+/// values from the bounds and one of the absolute value of its clamped sum, both over all of
+/// its rows after WHERE, each unit in one bucket of each (units with nothing left out), so
+/// that each has L1 sensitivity 1.
+#[derive(Debug, Clone)]
+struct ClampChoice {
+    edges: rewrite::ClampEdges,
+    /// `argument in [lower, upper]`, as the NOTICE names clamped arguments.
+    label: String,
+    /// Each histogram's noise: sensitivity 1, half the clamp's ε.
+    noise: Noise,
+    epsilon: f64,
+}
+
+/// The aggregate of `plan` whose argument's clamping a choice estimates: the first SUM or AVG
+/// with bounds whose measures sum the argument, `None` without one.
+fn clamp_aggregate(plan: &Plan, rewrite: &Rewrite) -> Option<usize> {
+    plan.aggregates.iter().enumerate().position(|(a, agg)| {
+        matches!(
+            agg.kind,
+            crate::dp::plan::AggregateKind::Sum | crate::dp::plan::AggregateKind::Avg
+        ) && agg.argument.is_some()
+            && agg.bounds.is_some_and(|b| b.upper > b.lower)
+            && rewrite.aggregate_measures.get(a).is_some_and(|ms| {
+                ms.iter().any(|&m| {
+                    matches!(
+                        rewrite.measures.get(m),
+                        Some(Measure::Sum(_) | Measure::SumCentered(_))
+                    )
+                })
+            })
+    })
+}
+
+/// Edges `unit·2^k` for `k` in `from..=to`.
+fn doubling_edges(unit: f64, from: i32, to: i32) -> Vec<f64> {
+    (from..=to).map(|k| unit * 2f64.powi(k)).collect()
+}
+
+/// Each bucket's midpoint for real-valued `edges` (bucket `j` is [e[j−1], e[j]), e[−1] = 0;
+/// the last, beyond the last edge, counted at that edge: a lower estimate).
+fn real_midpoints(edges: &[f64]) -> Vec<f64> {
+    let n = edges.len();
+    (0..=n)
+        .map(|j| match j {
+            0 => edges.first().map_or(0.0, |e| e / 2.0),
+            j if j == n => edges[n - 1],
+            j => (edges[j - 1] + edges[j]) / 2.0,
+        })
+        .collect()
 }
 
 impl BoundsChoice {
@@ -334,12 +427,48 @@ impl BoundsChoice {
         } else {
             vec![groups]
         };
+        // The clamp's histograms take their own share of the choice's ε (ChoicePlan::new adds
+        // it to the caps' share).
+        let clamp_at = clamp_aggregate(plan, rewrite);
+        let caps_epsilon = match clamp_at {
+            Some(_) => {
+                epsilon * limits::BOUNDS_CHOICE_SHARE
+                    / (limits::BOUNDS_CHOICE_SHARE + limits::BOUNDS_CLAMP_SHARE)
+            }
+            None => epsilon,
+        };
         let parts = if choose_groups { 2.0 } else { 1.0 };
-        let noise = Noise::laplace(groups as f64, epsilon / parts)?;
+        let noise = Noise::laplace(groups as f64, caps_epsilon / parts)?;
         let group_noise = if choose_groups {
-            Some(Noise::laplace(1.0, epsilon / parts)?)
+            Some(Noise::laplace(1.0, caps_epsilon / parts)?)
         } else {
             None
+        };
+        let clamp = match clamp_at {
+            Some(a) => {
+                let aggregate = &plan.aggregates[a];
+                let (Some(argument), Some(b)) = (&aggregate.argument, aggregate.bounds) else {
+                    return Err(Error::internal("a clamp estimate without bounds"));
+                };
+                let clamp_epsilon = epsilon - caps_epsilon;
+                // Distances from a tiny share of the bounds' width to 2^16 of it; absolute
+                // clamped sums from a tiny share of the largest bound to the most a unit can
+                // add (its rows in all its groups at that bound).
+                let width = b.upper - b.lower;
+                let largest = b.lower.abs().max(b.upper.abs()).max(width);
+                let most = (ceiling.saturating_mul(groups).max(1) as f64).log2().ceil() as i32;
+                Some(ClampChoice {
+                    edges: rewrite::ClampEdges {
+                        aggregate: a,
+                        excess: doubling_edges(width, -6, 16),
+                        sums: doubling_edges(largest, -6, most),
+                    },
+                    label: super::clamp_label(plan, argument, b),
+                    noise: Noise::laplace(1.0, clamp_epsilon / 2.0)?,
+                    epsilon: clamp_epsilon,
+                })
+            }
+            None => None,
         };
         let cells = match cells {
             Some(n) => n.max(1) as f64,
@@ -359,10 +488,17 @@ impl BoundsChoice {
             group_candidates,
             noise,
             group_noise,
+            clamp,
             epsilon,
+            caps_epsilon,
             cells,
             gaussian,
         }))
+    }
+
+    /// The edges of the clamp's histograms, when the choice estimates what clamping removes.
+    pub fn clamp_edges(&self) -> Option<&rewrite::ClampEdges> {
+        self.clamp.as_ref().map(|c| &c.edges)
     }
 
     /// The candidate caps on rows, ascending, the ceiling last.
@@ -407,18 +543,26 @@ impl BoundsChoice {
             ),
             None => String::new(),
         };
-        vec![format!(
+        let mut lines = vec![format!(
             "contribution bounds chosen per query: rows per unit in each group from a DP histogram of the rows of each (unit, group) pair (Laplace, sensitivity {}, epsilon {}), among {} candidates up to the policy's ceiling of {}{groups}; the caps minimise the estimated rows they remove per group ({} group(s) assumed) plus the 95% noise bound; the answer's NOTICE states the chosen caps and the estimated rows they removed (SET pgdp.choose_bounds = off to use the tables' caps)",
             self.groups,
             fmt_epsilon(if self.group_noise.is_some() {
-                self.epsilon / 2.0
+                self.caps_epsilon / 2.0
             } else {
-                self.epsilon
+                self.caps_epsilon
             }),
             self.candidates.len(),
             self.ceiling,
             self.cells
-        )]
+        )];
+        if let Some(clamp) = &self.clamp {
+            lines.push(format!(
+                "clamping estimated: what clamping {} removes, from DP histograms of each unit's total distance outside the bounds and of its clamped sum (Laplace, sensitivity 1, epsilon {} each); the answer's NOTICE states the estimated share of the sum removed, and the _error95 of SUM and AVG of it include it",
+                clamp.label,
+                fmt_epsilon(clamp.epsilon / 2.0)
+            ));
+        }
+        lines
     }
 }
 
@@ -446,6 +590,50 @@ pub struct ChosenBounds {
     rows_removed: f64,
     beyond_reach: f64,
     over_ceiling: f64,
+    /// What clamping removed, when the choice estimated it.
+    clamp: Option<ClampEstimate>,
+}
+
+/// What the clamp's noisy histograms say clamping removed (post-processing of them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClampEstimate {
+    /// The plan's aggregate whose argument was estimated.
+    aggregate: usize,
+    /// `argument in [lower, upper]`.
+    label: String,
+    /// Units with values outside the bounds (noisy).
+    units_outside: f64,
+    /// Total distance of the values outside the bounds from the bounds (noisy buckets at
+    /// their midpoints).
+    excess: f64,
+    /// Total of the units' absolute clamped sums (noisy buckets at their midpoints).
+    sums: f64,
+    /// Noisy counts at or below this many units read as empty.
+    floor: f64,
+}
+
+impl ClampEstimate {
+    /// The estimated share of the argument's sum (of absolute values) that clamping removed,
+    /// in [0, 1].
+    pub fn share(&self) -> f64 {
+        let whole = self.excess + self.sums;
+        if whole > 0.0 {
+            (self.excess / whole).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// The NOTICE's clause.
+    fn notice(&self) -> String {
+        format!(
+            "; values outside the policy's bounds ({}): about {} unit(s) have some, and clamping removed about {} of the sum of its absolute values (buckets of {} units or fewer read as empty), so SUM and AVG of it are low by about that share, and their _error95 includes it",
+            self.label,
+            self.units_outside.round(),
+            percent(self.share()),
+            self.floor.ceil()
+        )
+    }
 }
 
 impl ChosenBounds {
@@ -493,6 +681,16 @@ impl ChosenBounds {
         }
     }
 
+    /// What clamping removed, when the choice estimated it.
+    pub fn clamp(&self) -> Option<&ClampEstimate> {
+        self.clamp.as_ref()
+    }
+
+    /// The clamped argument whose bias the NOTICE states (`argument in [lower, upper]`).
+    pub fn clamp_label(&self) -> Option<&str> {
+        self.clamp.as_ref().map(|c| c.label.as_str())
+    }
+
     /// The NOTICE: the caps, the policy's, the ε share, and the estimated bias.
     pub fn notice(&self) -> String {
         let mut caveats = String::new();
@@ -525,13 +723,146 @@ impl ChosenBounds {
                 String::new(),
             )
         };
+        let clamp = self
+            .clamp
+            .as_ref()
+            .map_or(String::new(), ClampEstimate::notice);
         format!(
-            "pgdp: contribution bound chosen for this query: at most {} row(s) per unit{groups}, from DP histograms costing epsilon {} of the charge; estimated bias: the caps removed about {} of the rows ({} of the (unit, group) pairs had more rows{units}){caveats}; COUNT and SUM are low by about that share, and _error95 includes it",
+            "pgdp: contribution bound chosen for this query: at most {} row(s) per unit{groups}, from DP histograms costing epsilon {} of the charge; estimated bias: the caps removed about {} of the rows ({} of the (unit, group) pairs had more rows{units}){caveats}; COUNT and SUM are low by about that share, and _error95 includes it{clamp}",
             self.rows_per_unit,
             fmt_epsilon(self.epsilon),
             percent(self.rows_removed_share()),
             percent(self.pairs_over_share()),
         )
+    }
+}
+
+/// The prefix of a stored release at chosen caps ([`ChosenBounds::stored_with`]).
+const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-1";
+
+impl ChosenBounds {
+    /// The ledger's payload of a release at these caps: the caps and the noisy histograms'
+    /// estimates (released values), then `measures`, the payload of the noisy measures drawn
+    /// at them. A later query with the same measures key reads both back
+    /// ([`ChosenBounds::stored`]) and answers from them: post-processing.
+    pub fn stored_with(&self, measures: &[u8]) -> Vec<u8> {
+        let mut out = Vec::from(MAGIC_CHOSEN);
+        for n in [
+            self.rows_per_unit,
+            self.groups_per_unit,
+            self.ceiling,
+            self.groups_ceiling,
+            u64::from(self.groups_chosen),
+        ] {
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        for x in [
+            self.epsilon,
+            self.pairs,
+            self.pairs_over,
+            self.units,
+            self.units_over,
+            self.rows,
+            self.rows_removed,
+            self.beyond_reach,
+            self.over_ceiling,
+        ] {
+            out.extend_from_slice(&x.to_bits().to_be_bytes());
+        }
+        match &self.clamp {
+            None => out.extend_from_slice(&0u64.to_be_bytes()),
+            Some(c) => {
+                out.extend_from_slice(&1u64.to_be_bytes());
+                out.extend_from_slice(&(c.aggregate as u64).to_be_bytes());
+                for x in [c.units_outside, c.excess, c.sums, c.floor] {
+                    out.extend_from_slice(&x.to_bits().to_be_bytes());
+                }
+            }
+        }
+        out.extend_from_slice(measures);
+        out
+    }
+
+    /// The caps and the measures' payload of a payload [`ChosenBounds::stored_with`] wrote;
+    /// `None` for any other payload (measures stored without a choice, or damaged), or for
+    /// caps the ceilings of `choice` do not allow, so that a stored payload can never raise a
+    /// cap above what the policy allows.
+    pub fn stored<'a>(
+        payload: &'a [u8],
+        choice: &BoundsChoice,
+    ) -> Option<(ChosenBounds, &'a [u8])> {
+        let mut b = payload.strip_prefix(MAGIC_CHOSEN)?;
+        let mut next = || -> Option<u64> {
+            let (head, rest) = b.split_at_checked(8)?;
+            b = rest;
+            Some(u64::from_be_bytes(head.try_into().ok()?))
+        };
+        let mut n = [0u64; 5];
+        for v in &mut n {
+            *v = next()?;
+        }
+        let mut x = [0f64; 9];
+        for v in &mut x {
+            *v = f64::from_bits(next()?);
+            if !v.is_finite() {
+                return None;
+            }
+        }
+        // The clamp's estimate, when the choice made one (its label is the choice's).
+        let clamp = match (next()?, &choice.clamp) {
+            (0, None) => None,
+            (1, Some(c)) => {
+                let aggregate = next()?;
+                let mut y = [0f64; 4];
+                for v in &mut y {
+                    *v = f64::from_bits(next()?);
+                    if !v.is_finite() {
+                        return None;
+                    }
+                }
+                if aggregate != c.edges.aggregate as u64 {
+                    return None;
+                }
+                let [units_outside, excess, sums, floor] = y;
+                Some(ClampEstimate {
+                    aggregate: c.edges.aggregate,
+                    label: c.label.clone(),
+                    units_outside,
+                    excess,
+                    sums,
+                    floor,
+                })
+            }
+            _ => return None,
+        };
+        let [rows_per_unit, groups_per_unit, ceiling, groups_ceiling, groups_chosen] = n;
+        let [epsilon, pairs, pairs_over, units, units_over, rows, rows_removed, beyond_reach, over_ceiling] =
+            x;
+        let allowed = ceiling == choice.ceiling
+            && groups_ceiling == choice.groups
+            && choice.candidates.contains(&rows_per_unit)
+            && choice.group_candidates.contains(&groups_per_unit)
+            && groups_chosen <= 1;
+        allowed.then_some((
+            ChosenBounds {
+                rows_per_unit,
+                groups_per_unit,
+                ceiling,
+                groups_ceiling,
+                groups_chosen: groups_chosen == 1,
+                epsilon,
+                pairs,
+                pairs_over,
+                units,
+                units_over,
+                rows,
+                rows_removed,
+                beyond_reach,
+                over_ceiling,
+                clamp,
+            },
+            b,
+        ))
     }
 }
 
@@ -572,6 +903,13 @@ pub fn choose<R: Rng + CryptoRng + ?Sized>(
 ) -> Result<ChosenBounds> {
     let mut exact = vec![0i128; choice.edges.len() + 1];
     let mut exact_groups = vec![0i128; choice.group_edges.len() + 1];
+    let (mut exact_excess, mut exact_sums) = match &choice.clamp {
+        Some(c) => (
+            vec![0i128; c.edges.excess.len() + 1],
+            vec![0i128; c.edges.sums.len() + 1],
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
     for row in &rows.rows {
         let parse = |i: usize| -> Result<i128> {
             row.get(i)
@@ -582,6 +920,8 @@ pub fn choose<R: Rng + CryptoRng + ?Sized>(
         let part = match parse(0)? {
             0 => &mut exact,
             1 if choice.group_noise.is_some() => &mut exact_groups,
+            2 if choice.clamp.is_some() => &mut exact_excess,
+            3 if choice.clamp.is_some() => &mut exact_sums,
             _ => return Err(Error::internal("a contribution histogram part")),
         };
         let bucket = usize::try_from(parse(1)?)
@@ -609,7 +949,38 @@ pub fn choose<R: Rng + CryptoRng + ?Sized>(
         .group_noise
         .as_ref()
         .map(|noise| release(noise, &exact_groups));
-    Ok(pick(choice, &noisy, noisy_groups.as_deref(), noise_per_row))
+    let clamp = choice.clamp.as_ref().map(|c| {
+        let excess = release(&c.noise, &exact_excess);
+        let sums = release(&c.noise, &exact_sums);
+        let floor = c
+            .noise
+            .error_bound(0.05 / excess.len().max(1) as f64)
+            .unwrap_or(0.0);
+        estimate_clamp(c, &excess, &sums, floor)
+    });
+    let mut chosen = pick(choice, &noisy, noisy_groups.as_deref(), noise_per_row);
+    chosen.clamp = clamp;
+    Ok(chosen)
+}
+
+/// The clamp's estimate from its noisy histograms (`excess` and `sums`, one count per bucket
+/// of their edges and one beyond): each bucket at its midpoint.
+fn estimate_clamp(c: &ClampChoice, excess: &[f64], sums: &[f64], floor: f64) -> ClampEstimate {
+    let total = |counts: &[f64], edges: &[f64]| -> f64 {
+        counts
+            .iter()
+            .zip(real_midpoints(edges))
+            .map(|(n, m)| n * m)
+            .sum()
+    };
+    ClampEstimate {
+        aggregate: c.edges.aggregate,
+        label: c.label.clone(),
+        units_outside: excess.iter().sum(),
+        excess: total(excess, &c.edges.excess),
+        sums: total(sums, &c.edges.sums),
+        floor,
+    }
 }
 
 /// [`choose`] after the noise: a function of the noisy counts alone (one per bucket of
@@ -709,6 +1080,7 @@ fn pick(
         rows_removed: removed(g, c),
         beyond_reach,
         over_ceiling: noisy[choice.candidates.len()..].iter().sum(),
+        clamp: None,
     }
 }
 
@@ -747,7 +1119,9 @@ mod tests {
             group_edges: Vec::new(),
             noise: Noise::laplace(1.0, 0.1).expect("noise"),
             group_noise: None,
+            clamp: None,
             epsilon: 0.1,
+            caps_epsilon: 0.1,
             cells,
             gaussian: false,
         }
@@ -799,6 +1173,102 @@ mod tests {
         assert!(chosen.notice().contains("of the units had more groups"));
         // One group per unit is never a candidate when the policy caps rows at one per group.
         assert_eq!(group_candidates(16, true)[0], 2);
+    }
+
+    #[test]
+    fn stored_caps_read_back_only_within_the_choice() {
+        let ch = choice_with_groups(64, 16, 1.0);
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[1] = 8000.0;
+        let mut groups = vec![0.0; ch.group_edges.len() + 1];
+        groups[ch.group_edges.iter().position(|&e| e == 8).expect("8")] = 1000.0;
+        let chosen = pick(&ch, &noisy, Some(&groups), 0.01);
+        let payload = chosen.stored_with(b"measures");
+        let (back, rest) = ChosenBounds::stored(&payload, &ch).expect("read back");
+        assert_eq!(back, chosen);
+        assert_eq!(rest, b"measures");
+        // Another choice (other ceilings or candidates) does not read it: a stored payload
+        // never sets caps its query could not have chosen.
+        assert!(ChosenBounds::stored(&payload, &choice_with_groups(40, 16, 1.0)).is_none());
+        assert!(ChosenBounds::stored(&payload, &choice(64, 1.0)).is_none());
+        // Measures stored without a choice, a damaged or truncated payload: none.
+        assert!(ChosenBounds::stored(b"pgdp-noisy-measures-1", &ch).is_none());
+        assert!(ChosenBounds::stored(&payload[..40], &ch).is_none());
+        let mut raised = payload.clone();
+        raised[MAGIC_CHOSEN.len()..MAGIC_CHOSEN.len() + 8].copy_from_slice(&100u64.to_be_bytes());
+        assert!(
+            ChosenBounds::stored(&raised, &ch).is_none(),
+            "a cap above the ceiling"
+        );
+    }
+
+    /// A clamp choice for bounds [0, 2000] (distance edges 2000·2^k, k from −6).
+    fn clamp_choice() -> ClampChoice {
+        ClampChoice {
+            edges: rewrite::ClampEdges {
+                aggregate: 0,
+                excess: doubling_edges(2000.0, -6, 16),
+                sums: doubling_edges(2000.0, -6, 10),
+            },
+            label: "cost in [0, 2000]".into(),
+            noise: Noise::laplace(1.0, 0.025).expect("noise"),
+            epsilon: 0.05,
+        }
+    }
+
+    #[test]
+    fn the_clamp_estimate_is_the_share_of_the_sum_outside_the_bounds() {
+        let c = clamp_choice();
+        // 1000 units each 3000 beyond the bound: bucket [2000, 4000) (edge k = 0 is index 6),
+        // midpoint 3000; 100,000 units with clamped sums in [1000, 2000) (midpoint 1500).
+        let mut excess = vec![0.0; c.edges.excess.len() + 1];
+        excess[7] = 1000.0;
+        let mut sums = vec![0.0; c.edges.sums.len() + 1];
+        sums[6] = 100_000.0;
+        let e = estimate_clamp(&c, &excess, &sums, 250.0);
+        assert_eq!(e.units_outside, 1000.0);
+        assert!((e.excess - 3_000_000.0).abs() < 1e-6, "{e:?}");
+        assert!((e.sums - 150_000_000.0).abs() < 1e-6, "{e:?}");
+        assert!((e.share() - 3.0 / 153.0).abs() < 1e-12);
+        assert!(
+            e.notice()
+                .contains("clamping removed about 2.0% of the sum"),
+            "{}",
+            e.notice()
+        );
+        assert!(e.notice().contains("250 units or fewer read as empty"));
+        // Nothing outside: share 0; nothing at all: share 0, never NaN.
+        let none = estimate_clamp(&c, &vec![0.0; excess.len()], &sums, 250.0);
+        assert_eq!(none.share(), 0.0);
+        let empty = estimate_clamp(&c, &vec![0.0; excess.len()], &vec![0.0; sums.len()], 0.0);
+        assert_eq!(empty.share(), 0.0);
+        // Values beyond the last edge count at that edge (a lower estimate).
+        let mut far = vec![0.0; excess.len()];
+        far[c.edges.excess.len()] = 1.0;
+        let e = estimate_clamp(&c, &far, &sums, 0.0);
+        assert_eq!(e.excess, 2000.0 * 65536.0);
+    }
+
+    #[test]
+    fn a_stored_clamp_estimate_reads_back_with_its_choice_only() {
+        let mut ch = choice(64, 1.0);
+        ch.clamp = Some(clamp_choice());
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[1] = 8000.0;
+        let mut chosen = pick(&ch, &noisy, None, 0.01);
+        let mut excess = vec![0.0; 24];
+        excess[7] = 1000.0;
+        chosen.clamp = Some(estimate_clamp(
+            ch.clamp.as_ref().expect("clamp"),
+            &excess,
+            &[0.0; 18],
+            1.0,
+        ));
+        let payload = chosen.stored_with(b"m");
+        let (back, rest) = ChosenBounds::stored(&payload, &ch).expect("read back");
+        assert_eq!((back, rest), (chosen.clone(), &b"m"[..]));
+        // A choice without the clamp's histograms does not read an estimate it never made.
+        assert!(ChosenBounds::stored(&payload, &choice(64, 1.0)).is_none());
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub struct Mechanisms {
     /// `_error95` of a COUNT or SUM adds the shortfall it implies, so that it states the
     /// distance to the uncapped answer as far as pgdp can estimate it. 0 under the policy's caps.
     pub removed_share: f64,
+    /// Per aggregate of the plan (empty: none), the estimated share of its argument's sum that
+    /// clamping into the bounds removed ([`bounds::ClampEstimate::share`], a noisy estimate,
+    /// post-processing): the `_error95` of a SUM or AVG of it adds the shortfall it implies.
+    pub clamp_shares: Vec<f64>,
     /// `pgdp.max_relative_error`: when set, [`finish`] refuses an answer in which a returned
     /// cell's stated error (its `_error95`) exceeds this share of its value
     /// ([`Error::TooInaccurate`]). Post-processing of the noisy measures.
@@ -383,6 +387,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         max_error: None,
         clamp_means: true,
         removed_share: 0.0,
+        clamp_shares: Vec::new(),
         max_relative_error: None,
         sets: Vec::new(),
         choice: None,
@@ -1026,9 +1031,15 @@ fn error_bound_cell(
             // one is short by v·r/(1 − r). Rows capped away are rows, not units or distinct
             // values, so only counts of rows or values and sums carry it.
             let r = mechanisms.removed_share.clamp(0.0, 0.99);
+            // Clamping removed a share s of a sum's values too: (1 − r)(1 − s) of it is left.
+            let s = clamp_share(mechanisms, i);
             let shortfall = match aggregate.kind {
-                AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::Sum => {
+                AggregateKind::CountRows | AggregateKind::CountValues => {
                     value.abs() * r / (1.0 - r)
+                }
+                AggregateKind::Sum => {
+                    let kept = (1.0 - r) * (1.0 - s);
+                    value.abs() * (1.0 - kept) / kept
                 }
                 _ => 0.0,
             };
@@ -1042,14 +1053,32 @@ fn error_bound_cell(
                 .unwrap_or(0.0);
             let bound = (bounds95[ms[1]] + h * bounds95[ms[0]]) / n;
             // A clamped mean is within the bounds, so never further than their width.
-            finite(if mechanisms.clamp_means {
+            let bound = if mechanisms.clamp_means {
                 bound.min(2.0 * h)
             } else {
                 bound
-            })
+            };
+            // What clamping the values removed: the mean of the rest is (1 − s) of the whole.
+            let s = clamp_share(mechanisms, i);
+            let mean = plan.aggregates[i].bounds.map_or(0.0, |b| {
+                ((b.lower + b.upper) / 2.0 + noisy[ms[1]] / n).clamp(b.lower, b.upper)
+            });
+            finite(bound + mean.abs() * s / (1.0 - s))
         }
         _ => Cell::Null,
     }
+}
+
+/// The estimated share of aggregate `i`'s argument that clamping removed
+/// ([`Mechanisms::clamp_shares`]), in [0, 0.99]; 0 where none was estimated.
+fn clamp_share(mechanisms: &Mechanisms, i: usize) -> f64 {
+    mechanisms
+        .clamp_shares
+        .get(i)
+        .copied()
+        .filter(|s| s.is_finite())
+        .unwrap_or(0.0)
+        .clamp(0.0, 0.99)
 }
 
 /// An aggregate from the noisy measures (post-processing).
@@ -1269,7 +1298,7 @@ pub fn clamped_arguments(plan: &Plan) -> Vec<String> {
                 | AggregateKind::StddevPop
         );
         if let (true, Some(arg), Some(b)) = (clamped, &a.argument, a.bounds) {
-            let text = format!("{arg} in [{}, {}]", b.lower, b.upper);
+            let text = clamp_label(plan, arg, b);
             if !out.contains(&text) {
                 out.push(text);
             }
@@ -1303,6 +1332,20 @@ fn rows_capped_statistic(plan: &Plan) -> Option<String> {
         "a capped statistic: each privacy unit counts with at most {} row(s){groups} (the policy's caps) and values are clamped into their bounds, so COUNT and SUM estimate the capped total, which is below the table's where units have more rows",
         plan.max_rows_per_unit
     ))
+}
+
+/// How a NOTICE names an argument clamped into its bounds: `visits.cost in [0, 2000]`.
+pub(super) fn clamp_label(
+    plan: &Plan,
+    argument: &crate::dp::plan::Canonical,
+    b: crate::policy::Bounds,
+) -> String {
+    format!(
+        "{} in [{}, {}]",
+        analyst_text(plan, argument.as_str()),
+        b.lower,
+        b.upper
+    )
 }
 
 /// A measure's label in the analyst's terms: the generated table aliases (`"__dp_t0"."age"`)

@@ -566,7 +566,20 @@ enum End<'a> {
     Release,
     /// The histogram of [`contributions`]: over the (unit, group) pairs stage 3 keeps, how
     /// many have their row count in each bucket between the candidate caps.
-    Contributions(&'a [u64], Option<&'a [u64]>),
+    Contributions(&'a [u64], Option<&'a [u64]>, Option<&'a ClampEdges>),
+}
+
+/// The bucket edges of the two histograms that estimate what clamping a summed argument into
+/// its bounds removes ([`contributions`]): each unit's total distance of its values from
+/// their clamped values, and the absolute value of its sum of clamped values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClampEdges {
+    /// The plan's aggregate whose argument is estimated (a SUM or AVG with bounds).
+    pub aggregate: usize,
+    /// Edges of the per-unit distance outside the bounds, ascending.
+    pub excess: Vec<f64>,
+    /// Edges of the per-unit absolute sum of clamped values, ascending.
+    pub sums: Vec<f64>,
 }
 
 /// The SQL of the contribution histograms a query's caps are chosen from
@@ -576,27 +589,47 @@ enum End<'a> {
 /// (bucket 0 holds pairs with at most `c1` rows, bucket j those with more than `c_j` and at
 /// most `c_{j+1}`, the last those above the last edge); with `groups`, also one row
 /// `(1, bucket, units)` per non-empty bucket of each unit's number of groups (all of them,
-/// before stage 3). `None` when every row is its own unit (nothing to choose). Its rows are
-/// private like a release's: they reach the analyst only through the noise of
-/// [`crate::dp::release::bounds::choose`].
+/// before stage 3). With `clamp`, two more: `(2, bucket, units)` of each unit's total distance
+/// of the aggregate's argument from its clamped value (units with none left out), and
+/// `(3, bucket, units)` of the absolute value of each unit's sum of clamped values (units
+/// with none left out), both over all of the unit's rows after WHERE. `None` when every row
+/// is its own unit (nothing to choose). Its rows are private like a release's: they reach the
+/// analyst only through the noise of [`crate::dp::release::bounds::choose`].
 pub fn contributions(
     plan: &Plan,
     parameters: &[Option<String>],
     secret: &str,
     candidates: &[u64],
     groups: Option<&[u64]>,
+    clamp: Option<&ClampEdges>,
 ) -> Result<Option<UpstreamSql>> {
-    if plan.grouping_sets.is_some() || candidates.is_empty() || groups.is_some_and(|g| g.is_empty())
+    if plan.grouping_sets.is_some()
+        || candidates.is_empty()
+        || groups.is_some_and(|g| g.is_empty())
+        || clamp.is_some_and(|c| c.excess.is_empty() || c.sums.is_empty())
     {
         return Ok(None);
     }
-    let counted = plan.counting_rows();
+    let mut counted = plan.counting_rows();
+    if let Some(c) = clamp {
+        // The count of rows, and the argument summed: stage 1 then carries it as written and
+        // clamped, and stage 2 sums both per unit and group.
+        let aggregate = plan
+            .aggregates
+            .get(c.aggregate)
+            .filter(|a| a.argument.is_some() && a.bounds.is_some())
+            .ok_or_else(|| Error::internal("a clamp histogram without a bounded argument"))?;
+        counted.aggregates.push(crate::dp::plan::Aggregate {
+            kind: AggregateKind::Sum,
+            ..aggregate.clone()
+        });
+    }
     let (statement, ..) = statement_ending(
         &counted,
         parameters,
         secret,
         Shape::Fast,
-        End::Contributions(candidates, groups),
+        End::Contributions(candidates, groups, clamp),
     )?;
     if statement.is_empty() {
         return Ok(None);
@@ -626,9 +659,14 @@ fn statement_ending(
         && measures
             .iter()
             .all(|m| !matches!(m, Measure::Distinct(_) | Measure::Quantile(..)));
-    // A join to a table with one row per unit: the fast shape aggregates below it.
+    // A join to a table with one row per unit: the fast shape aggregates below it (not for the
+    // clamp histograms, which read the argument as written in stage 1's rows).
+    let clamp_edges = match end {
+        End::Contributions(_, _, clamp) => clamp,
+        End::Release => None,
+    };
     let below = match shape {
-        Shape::Fast if !flat => lookup::split(plan, &arguments, &measures),
+        Shape::Fast if !flat && clamp_edges.is_none() => lookup::split(plan, &arguments, &measures),
         _ => None,
     };
 
@@ -719,6 +757,7 @@ fn statement_ending(
         measures: &measures,
         arguments: &arguments,
         rows_cap,
+        excess: clamp_edges.is_some(),
     };
     // Stage 3 ranks a unit's groups by a keyed hash of the unit and the keys: only when the
     // query has keys and a unit may have rows in several groups (in the lookup form, only when
@@ -833,7 +872,7 @@ fn statement_ending(
     if let Some(r) = &ranked_sql {
         statement.push(sql!(", __dp_ranked AS ({})", r));
     }
-    if let End::Contributions(candidates, groups) = end {
+    if let End::Contributions(candidates, groups, clamp) = end {
         if !measures.contains(&Measure::Rows) {
             return Err(Error::internal(
                 "a contribution histogram without a row count",
@@ -859,6 +898,23 @@ fn statement_ending(
                 " UNION ALL SELECT 1, width_bucket(__dp_g, ARRAY[{}]), COUNT(*) FROM (SELECT __dp_unit, COUNT(*) AS __dp_g FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_groups GROUP BY width_bucket(__dp_g, ARRAY[{}])",
                 Sql::join(groups.clone(), ", "),
                 Sql::join(groups, ", ")
+            ));
+        }
+        if let Some(clamp) = clamp {
+            // Argument 0 of the counted plan is the clamped one (`contributions`).
+            let (e, v) = (Name("e", 0), Name("s", 0));
+            let numbers = |edges: &[f64]| -> Sql {
+                Sql::join(edges.iter().map(|x| sql!("{}", Number(*x))), ", ")
+            };
+            statement.push(sql!(
+                " UNION ALL SELECT 2, width_bucket(__dp_x, ARRAY[{}]::numeric[]), COUNT(*) FROM (SELECT __dp_unit, SUM({}) AS __dp_x FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_excess WHERE __dp_x > 0 GROUP BY 2",
+                numbers(&clamp.excess),
+                e
+            ));
+            statement.push(sql!(
+                " UNION ALL SELECT 3, width_bucket(__dp_x, ARRAY[{}]::numeric[]), COUNT(*) FROM (SELECT __dp_unit, ABS(SUM({})) AS __dp_x FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_sums WHERE __dp_x > 0 GROUP BY 2",
+                numbers(&clamp.sums),
+                v
             ));
         }
         return Ok((statement, arguments, measures, aggregate_measures));
@@ -954,6 +1010,9 @@ struct Stages<'a> {
     measures: &'a [Measure],
     arguments: &'a [Argument],
     rows_cap: u64,
+    /// Whether the per-unit stage also sums each summed, clamped argument's distance from its
+    /// clamped value (`__dp_e{i}`, for the clamp histograms of [`contributions`]).
+    excess: bool,
 }
 
 impl Stages<'_> {
@@ -1133,6 +1192,14 @@ impl Stages<'_> {
                 .any(|m| *m == Measure::Sum(i) || *m == Measure::SumCentered(i));
             if summed {
                 per_unit.push(sql!("SUM({}) AS {}", Name("a", i), Name("s", i)));
+                if self.excess && self.arguments[i].bounds.is_some() {
+                    per_unit.push(sql!(
+                        "SUM(ABS({} - {})) AS {}",
+                        Name("x", i),
+                        Name("a", i),
+                        Name("e", i)
+                    ));
+                }
             }
             if self.measures.contains(&Measure::SumSquaresCentered(i)) {
                 let (a, mid) = (Name("a", i), Number(self.arguments[i].center().0));
