@@ -626,6 +626,15 @@ impl ClampEstimate {
 
     /// The NOTICE's clause.
     fn notice(&self) -> String {
+        if self.excess <= 0.0 {
+            // Nothing seen is not nothing there: a few units far outside the bounds can carry
+            // much of the sum in buckets below the noise.
+            return format!(
+                "; values outside the policy's bounds ({}): none detected, but the histogram reads buckets of {} units or fewer as empty, so a few units far outside the bounds may still make SUM and AVG of it low, which _error95 does not count",
+                self.label,
+                self.floor.ceil()
+            );
+        }
         format!(
             "; values outside the policy's bounds ({}): about {} unit(s) have some, and clamping removed about {} of the sum of its absolute values (buckets of {} units or fewer read as empty), so SUM and AVG of it are low by about that share, and their _error95 includes it",
             self.label,
@@ -1237,9 +1246,12 @@ mod tests {
             e.notice()
         );
         assert!(e.notice().contains("250 units or fewer read as empty"));
-        // Nothing outside: share 0; nothing at all: share 0, never NaN.
+        // Nothing outside: share 0, and the NOTICE says what the histogram cannot see;
+        // nothing at all: share 0, never NaN.
         let none = estimate_clamp(&c, &vec![0.0; excess.len()], &sums, 250.0);
         assert_eq!(none.share(), 0.0);
+        assert!(none.notice().contains("none detected"), "{}", none.notice());
+        assert!(none.notice().contains("which _error95 does not count"));
         let empty = estimate_clamp(&c, &vec![0.0; excess.len()], &vec![0.0; sums.len()], 0.0);
         assert_eq!(empty.share(), 0.0);
         // Values beyond the last edge count at that edge (a lower estimate).
