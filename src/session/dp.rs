@@ -562,63 +562,50 @@ impl Session {
         shared
             .metrics
             .replay_lookup(Lookup::Measures, stored.is_some());
-        if let Some(payload) = stored {
-            if let Some(measures) = release::NoisyMeasures::from_payload(&payload, &plan, &rewrite)
-                .filter(|m| m.derived_from().is_none())
-            {
-                self.served = Some(Served::Reused);
-                return self
-                    .reuse(
-                        shared,
-                        query,
-                        (&plan, &rewrite, &mechanisms),
-                        &measures,
-                        None,
-                    )
-                    .await;
-            }
-            // Measures released at caps chosen for an earlier query with the same measures key:
-            // that query's choice (the same plan, budget and candidates) at the caps it chose,
-            // which the payload carries (released values).
-            if self.settings.choose_bounds {
-                let domains = self.public_domains(shared, &plan, params).await?;
-                let choice =
-                    self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
-                let stored = choice.as_ref().and_then(|choice| {
-                    let (chosen, rest) =
-                        release::bounds::ChosenBounds::stored(&payload, &choice.choice)?;
-                    let partitionwise = matches!(placement, Placement::ByUnit { .. });
-                    let (p, r, m) = choice
-                        .answer(&plan, &chosen, params, secret, partitionwise)
-                        .ok()?;
-                    let measures = release::NoisyMeasures::from_payload(rest, &p, &r)
-                        .filter(|m| m.derived_from().is_none())?;
-                    Some((p, r, m, chosen, measures))
-                });
-                if let Some((p, r, m, chosen, measures)) = stored {
-                    self.served = Some(Served::Reused);
-                    return self
-                        .reuse(shared, query, (&p, &r, &m), &measures, Some(&chosen))
-                        .await;
-                }
-            }
-        }
-
         // 1c. Derivation: the sums of the cells of a finer release of this analyst over public
-        // keys (release::derive), free.
-        if let Some(payload) = derived {
-            if let Some(measures) = release::NoisyMeasures::from_payload(&payload, &plan, &rewrite)
+        // keys (release::derive), free. (Under pgdp.choose_bounds there is no derived key.)
+        let drawn = stored.as_deref().and_then(|p| {
+            release::NoisyMeasures::from_payload(p, &plan, &rewrite)
+                .filter(|m| m.derived_from().is_none())
+        });
+        let summed = derived.as_deref().and_then(|p| {
+            release::NoisyMeasures::from_payload(p, &plan, &rewrite)
                 .filter(|m| m.derived_from().is_some())
-            {
+        });
+        if let Some(measures) = drawn.or(summed) {
+            self.served = Some(Served::Reused);
+            return self
+                .reuse(
+                    shared,
+                    query,
+                    (&plan, &rewrite, &mechanisms),
+                    &measures,
+                    None,
+                )
+                .await;
+        }
+        // Measures released at caps chosen for an earlier query with the same measures key:
+        // that query's choice (the same plan, budget and candidates) at the caps it chose,
+        // which the payload carries (released values).
+        if let (Some(payload), true) = (&stored, self.settings.choose_bounds) {
+            let domains = self.public_domains(shared, &plan, params).await?;
+            let choice =
+                self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
+            let at_chosen = choice.as_ref().and_then(|choice| {
+                let (chosen, rest) =
+                    release::bounds::ChosenBounds::stored(payload, &choice.choice)?;
+                let partitionwise = matches!(placement, Placement::ByUnit { .. });
+                let (p, r, m) = choice
+                    .answer(&plan, &chosen, params, secret, partitionwise)
+                    .ok()?;
+                let measures = release::NoisyMeasures::from_payload(rest, &p, &r)
+                    .filter(|m| m.derived_from().is_none())?;
+                Some((p, r, m, chosen, measures))
+            });
+            if let Some((p, r, m, chosen, measures)) = at_chosen {
                 self.served = Some(Served::Reused);
                 return self
-                    .reuse(
-                        shared,
-                        query,
-                        (&plan, &rewrite, &mechanisms),
-                        &measures,
-                        None,
-                    )
+                    .reuse(shared, query, (&p, &r, &m), &measures, Some(&chosen))
                     .await;
             }
         }

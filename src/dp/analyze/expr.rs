@@ -649,24 +649,10 @@ impl<'a> Analyzer<'a> {
                 hint: String::new(),
             });
         };
-        if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
-            return Err(Error::unsupported(
-                "DISTINCT or clauses in function arguments",
-                "Call date_bin on plain arguments: date_bin('7 days', visit_date, TIMESTAMP '2024-01-01').",
-            ));
-        }
-        let mut exprs: Vec<&mut Expr> = Vec::new();
-        for a in list.args.iter_mut() {
-            match a {
-                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => exprs.push(e),
-                _ => {
-                    return Err(Error::unsupported(
-                        "named or wildcard function arguments",
-                        "Pass date_bin's arguments by position: date_bin('7 days', visit_date, TIMESTAMP '2024-01-01').",
-                    ))
-                }
-            }
-        }
+        let mut exprs = positional_arguments(
+            list,
+            "Call date_bin on plain arguments, by position: date_bin('7 days', visit_date, TIMESTAMP '2024-01-01').",
+        )?;
         let [stride, source, origin] = exprs.as_mut_slice() else {
             return Err(Error::UnknownFunction {
                 name: format!("date_bin with {} argument(s)", list.args.len()),
@@ -704,24 +690,7 @@ impl<'a> Analyzer<'a> {
                 WIDTH_BUCKET_HINT,
             ));
         };
-        if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
-            return Err(Error::unsupported(
-                "DISTINCT or clauses in function arguments",
-                WIDTH_BUCKET_HINT,
-            ));
-        }
-        let mut exprs: Vec<&mut Expr> = Vec::new();
-        for a in list.args.iter_mut() {
-            match a {
-                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => exprs.push(e),
-                _ => {
-                    return Err(Error::unsupported(
-                        "named or wildcard function arguments",
-                        WIDTH_BUCKET_HINT,
-                    ))
-                }
-            }
-        }
+        let mut exprs = positional_arguments(list, WIDTH_BUCKET_HINT)?;
         // width_bucket(x, array) (thresholds in an array) is not this form.
         let [x, lo, hi, n] = exprs.as_mut_slice() else {
             return Err(Error::UnknownFunction {
@@ -1042,4 +1011,29 @@ fn integer_cast_of_whole_field_only(e: &Expr) -> Option<Expr> {
         Expr::Nested(inner) => inner.as_ref().clone(),
         other => other.clone(),
     })
+}
+
+/// The arguments of a call of a function that takes plain arguments by position; `hint` says
+/// how to call it when it has DISTINCT, ORDER BY or another clause, or a named or wildcard
+/// argument.
+fn positional_arguments<'l>(
+    list: &'l mut ast::FunctionArgumentList,
+    hint: &str,
+) -> Result<Vec<&'l mut Expr>> {
+    if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+        return Err(Error::unsupported(
+            "DISTINCT or clauses in function arguments",
+            hint,
+        ));
+    }
+    list.args
+        .iter_mut()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Ok(e),
+            _ => Err(Error::unsupported(
+                "named or wildcard function arguments",
+                hint,
+            )),
+        })
+        .collect()
 }

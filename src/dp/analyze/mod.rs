@@ -270,26 +270,17 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         .filter(|t| t.0.private)
         .map(|t| &*t.1)
         .collect();
-    let max_groups_per_unit = policy_tables
-        .iter()
-        .filter_map(|t| t.private().map(|p| p.max_groups_per_unit))
-        .max()
-        .unwrap_or(1);
-    let max_rows_per_unit = policy_tables
-        .iter()
-        .filter_map(|t| t.private().map(|p| p.max_rows_per_unit))
-        .max()
-        .unwrap_or(1);
-    let groups_ceiling = policy_tables
-        .iter()
-        .filter_map(|t| t.private().map(|p| p.groups_ceiling))
-        .max()
-        .unwrap_or(1);
-    let rows_ceiling = policy_tables
-        .iter()
-        .filter_map(|t| t.private().map(|p| p.rows_ceiling))
-        .max()
-        .unwrap_or(1);
+    let loosest = |f: fn(&crate::policy::PrivateTable) -> u64| -> u64 {
+        policy_tables
+            .iter()
+            .filter_map(|t| t.private().map(f))
+            .max()
+            .unwrap_or(1)
+    };
+    let max_groups_per_unit = loosest(|p| p.max_groups_per_unit);
+    let max_rows_per_unit = loosest(|p| p.max_rows_per_unit);
+    let groups_ceiling = loosest(|p| p.groups_ceiling);
+    let rows_ceiling = loosest(|p| p.rows_ceiling);
 
     let unit = a.unit()?;
     let parameters = a
