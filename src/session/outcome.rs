@@ -17,10 +17,19 @@
 //! );
 //! ```
 //!
-//! ```compile_fail
-//! // Nor can private upstream rows be sent as they are.
-//! fn send(rows: pgdp::dp::release::PrivateRows) -> pgdp::session::Outcome {
+//! An outcome's rows are [`ClientRows`]:
+//!
+//! ```
+//! fn send(rows: pgdp::session::ClientRows) -> pgdp::session::Outcome {
 //!     pgdp::session::Outcome::Rows(rows)
+//! }
+//! ```
+//!
+//! and private upstream rows are not, nor become them by any conversion:
+//!
+//! ```compile_fail
+//! fn send(rows: pgdp::dp::release::PrivateRows) -> pgdp::session::Outcome {
+//!     pgdp::session::Outcome::Rows(rows.into())
 //! }
 //! ```
 

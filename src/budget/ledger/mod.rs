@@ -306,15 +306,35 @@ impl Balance {
 /// run). Only [`Ledger::charge`] makes one: its fields are private and it has no other
 /// constructor, not even `Clone`.
 ///
+/// Its parts are public values that anyone may hold and read:
+///
+/// ```
+/// use pgdp::budget::{Balance, ChargeId, Receipt, Window};
+/// fn parts(r: &Receipt) -> (ChargeId, Balance, Option<Window>) {
+///     (r.id(), *r.balance(), r.window())
+/// }
+/// let _ = ChargeId::Logged(1);
+/// ```
+///
+/// but a receipt cannot be assembled from them outside the budget module (its fields are
+/// private: the same parts, of the right types, do not make one):
+///
 /// ```compile_fail
-/// // A receipt cannot be made up outside the budget module.
-/// fn forge(balance: pgdp::budget::Balance) -> pgdp::budget::Receipt {
-///     pgdp::budget::Receipt { id: 1, balance }
+/// use pgdp::budget::{Balance, ChargeId, Receipt, Window};
+/// fn forge(id: ChargeId, balance: Balance, window: Option<Window>) -> Receipt {
+///     Receipt { id, balance, window }
+/// }
+/// ```
+///
+/// Nor copied to cover a second run (it is neither `Clone` nor `Copy`; a receipt moves):
+///
+/// ```
+/// fn once(r: pgdp::budget::Receipt) -> pgdp::budget::Receipt {
+///     r
 /// }
 /// ```
 ///
 /// ```compile_fail
-/// // Nor copied to cover a second run.
 /// fn twice(r: pgdp::budget::Receipt) -> (pgdp::budget::Receipt, pgdp::budget::Receipt) {
 ///     (r.clone(), r)
 /// }

@@ -22,12 +22,23 @@
 //!   domain), and nothing they do not (HAVING, ORDER BY, LIMIT, aliases, expressions over the
 //!   aggregates, the text's spelling).
 //!
+//! Outside the release, noisy measures come only from a payload the release wrote:
+//!
+//! ```
+//! # use pgdp::dp::{plan::Plan, release::NoisyMeasures, rewrite::Rewrite};
+//! fn read(payload: &[u8], plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
+//!     NoisyMeasures::from_payload(payload, plan, rewrite)
+//! }
+//! ```
+//!
+//! and cannot be made up: every field given, of its type, does not compile (they are private):
+//!
 //! ```compile_fail
-//! // Noisy measures cannot be made up outside the release.
 //! let forged = pgdp::dp::release::NoisyMeasures {
 //!     keys: 0,
 //!     measures: 1,
-//!     groups: vec![(Vec::new(), vec![42.0])],
+//!     groups: vec![(Vec::<Option<String>>::new(), vec![42.0])],
+//!     derivation: None,
 //! };
 //! ```
 
