@@ -34,10 +34,46 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
     (!matches!(name, "lib" | "main" | "layering")).then(|| name.to_string())
 }
 
-/// The top-level modules a source text uses through `crate::` paths, outside its tests
-/// (`#[cfg(test)]` and everything after it) and comments.
+/// `text` without its test-only items: each item after a `#[cfg(test)]` line (a `mod tests;`
+/// line, or an item up to the line where its braces close), so that code after a test module
+/// or a test-only helper is still read.
+fn without_tests(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "#[cfg(test)]" {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        // Skip the item the attribute applies to (and any attributes before it).
+        let mut depth: i64 = 0;
+        let mut opened = false;
+        for item in lines.by_ref() {
+            let code = item.split("//").next().unwrap_or("");
+            for c in code.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            let attribute = item.trim_start().starts_with("#[");
+            if !attribute && depth <= 0 && (opened || code.trim_end().ends_with(';')) {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The top-level modules a source text uses through `crate::` paths, outside its test-only
+/// items ([`without_tests`]) and comments.
 fn uses(text: &str) -> Vec<String> {
-    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let code = without_tests(text);
     let mut found = Vec::new();
     for line in code.lines() {
         let line = line.split("//").next().unwrap_or("");
@@ -124,4 +160,10 @@ fn every_top_level_module_has_a_layer() {
             );
         }
     }
+}
+
+#[test]
+fn code_after_a_test_item_is_still_read() {
+    let text = "use crate::policy::X;\n#[cfg(test)]\nmod tests {\n    use crate::server::Y;\n    fn f() {\n    }\n}\n\nfn g() { crate::session::z(); }\n#[cfg(test)]\nmod more;\n#[cfg(test)]\n#[allow(dead_code)]\nfn helper() -> u8 {\n    crate::frontend::w()\n}\nuse crate::budget::V;\n";
+    assert_eq!(uses(text), vec!["policy", "session", "budget"]);
 }
