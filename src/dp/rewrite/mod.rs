@@ -752,19 +752,21 @@ fn statement_ending(
             .collect(),
         None => keys.clone(),
     };
+    // Stage 3 ranks a unit's groups by their rows, most first, then by a keyed hash of the unit
+    // and the keys: only when the query has keys and a unit may have rows in several groups (in
+    // the lookup form, only when the rows table has keys: without them each unit has one row of
+    // stage 2, so one group).
+    let several_groups = !flat && below.as_ref().is_none_or(|b| !b.below_keys.is_empty());
+    let ranking =
+        (!keys.is_empty() && several_groups).then(|| ranking_hash(&keys, ranking_seed(secret)));
     let stages = Stages {
         keys: &below_keys,
         measures: &measures,
         arguments: &arguments,
         rows_cap,
         excess: clamp_edges.is_some(),
+        weighted: ranking.is_some(),
     };
-    // Stage 3 ranks a unit's groups by a keyed hash of the unit and the keys: only when the
-    // query has keys and a unit may have rows in several groups (in the lookup form, only when
-    // the rows table has keys: without them each unit has one row of stage 2, so one group).
-    let several_groups = !flat && below.as_ref().is_none_or(|b| !b.below_keys.is_empty());
-    let ranking =
-        (!keys.is_empty() && several_groups).then(|| ranking_hash(&keys, ranking_seed(secret)));
     // With one group per unit, the fast shape keeps each unit's group of least hash with
     // `DISTINCT ON` instead of numbering them with a window, and its per-unit stage groups by
     // (unit, hash, keys) and carries the hash as `__dp_h`: grouped by sorting, its rows come out
@@ -784,15 +786,17 @@ fn statement_ending(
         }
     };
 
-    // Stage 3: at most max_groups_per_unit groups per unit, chosen by a keyed hash.
+    // Stage 3: at most max_groups_per_unit groups per unit, those with the most rows (`__dp_w`),
+    // ties broken by a keyed hash: a function of the unit's own rows, so the groups it drops
+    // hold as few of its rows as the cap allows.
     let ranked_sql = ranking.map(|hash| {
         if first_group_only {
             Sql::text(
-                "SELECT DISTINCT ON (__dp_unit) *, 1 AS __dp_rank FROM __dp_per_unit ORDER BY __dp_unit, __dp_h",
+                "SELECT DISTINCT ON (__dp_unit) *, 1 AS __dp_rank FROM __dp_per_unit ORDER BY __dp_unit, __dp_w DESC, __dp_h",
             )
         } else {
             sql!(
-                "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY {}) AS __dp_rank FROM __dp_per_unit",
+                "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY __dp_w DESC, {}) AS __dp_rank FROM __dp_per_unit",
                 hash
             )
         }
@@ -1013,6 +1017,9 @@ struct Stages<'a> {
     /// Whether the per-unit stage also sums each summed, clamped argument's distance from its
     /// clamped value (`__dp_e{i}`, for the clamp histograms of [`contributions`]).
     excess: bool,
+    /// Whether stage 3 ranks each unit's groups: the per-unit stage then also counts each
+    /// group's rows as `__dp_w`, the ranking's first key.
+    weighted: bool,
 }
 
 impl Stages<'_> {
@@ -1061,6 +1068,9 @@ impl Stages<'_> {
         let mut per_unit = vec![Sql::text("__dp_unit")];
         per_unit.extend(self.keys.iter().cloned());
         let mut one_row = per_unit.clone();
+        if self.weighted {
+            per_unit.push(Sql::text("COUNT(*) AS __dp_w"));
+        }
         let mut outer = Vec::new();
         let cap = self.rows_cap;
         for (j, m) in self.measures.iter().enumerate() {
@@ -1183,6 +1193,9 @@ impl Stages<'_> {
         group_unit.extend(self.keys.iter().cloned());
         if self.measures.contains(&Measure::Rows) {
             per_unit.push(Sql::text("COUNT(*) AS __dp_r0"));
+        }
+        if self.weighted {
+            per_unit.push(Sql::text("COUNT(*) AS __dp_w"));
         }
         for i in 0..self.arguments.len() {
             per_unit.push(sql!("{} AS {}", self.count_values(i), Name("n", i)));
