@@ -1,4 +1,4 @@
-//! The `pgdp` command line: `serve`, `check`, `reload`, `demo`, and budget administration
+//! The `pgdp` command line: `serve`, `check`, `suggest`, `reload`, `demo`, and budget administration
 //! (`budget`, `audit`, parsed and run by `pgdp::tools::admin`).
 #![forbid(unsafe_code)]
 
@@ -16,6 +16,7 @@ USAGE:
                [--replica DSN]... [--replica-lag-max-ms MS] [--metrics ADDR]
                [--lease-queries N]
     pgdp check --policy FILE
+    pgdp suggest --policy FILE [--upstream DSN] [--epsilon E]
     pgdp reload (--pid-file FILE | --pid PID) [--policy FILE]
     pgdp demo  [--upstream DSN] [--scale N] [--listen ADDR]
                [--tls-cert FILE --tls-key FILE [--require-tls]] [--metrics ADDR]
@@ -40,6 +41,13 @@ OPTIONS:
     --lease-queries N                 budget leases: reserve an analyst's budget for up to N
                                       queries in one durable commit and charge them in memory
                                       (64; 1 turns leases off: one durable commit per query)
+
+SUGGEST:
+    `pgdp suggest` reads DP histograms of each private table's contributions on the upstream
+    (as a query that chooses its caps at epsilon E, the policy's default, would) and prints,
+    for every candidate cap, the share of rows it would remove, the caps such a query would
+    choose with their noise, and what clamping removes from each bounded column. Every bucket
+    is noised; the report states the epsilon it spent and may be shared where the data may not.
 
 RELOAD:
     `pgdp serve` reloads its --policy file on SIGHUP; `pgdp reload` checks the file first (with
@@ -82,6 +90,7 @@ struct Args {
     replica_lag_max_ms: Option<u64>,
     metrics: Option<String>,
     lease_queries: Option<u64>,
+    epsilon: Option<f64>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -104,6 +113,7 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("replica-lag-max-ms") => args.replica_lag_max_ms = Some(parser.value()?.parse()?),
             Long("metrics") => args.metrics = Some(parser.value()?.string()?),
             Long("lease-queries") => args.lease_queries = Some(parser.value()?.parse()?),
+            Long("epsilon") => args.epsilon = Some(parser.value()?.parse()?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -221,6 +231,7 @@ fn main() -> ExitCode {
         match args.command.as_str() {
             "serve" => serve(&args).await,
             "check" => check(&args),
+            "suggest" => suggest(&args).await,
             "reload" => reload(&args),
             "demo" => demo(&args).await,
             "" => bail!("a command is required\n\n{USAGE}"),
@@ -279,6 +290,29 @@ fn load_policy(args: &Args) -> anyhow::Result<pgdp::policy::Policy> {
 fn check(args: &Args) -> anyhow::Result<()> {
     let policy = load_policy(args)?;
     print!("policy OK\n{}", policy.summary());
+    Ok(())
+}
+
+/// `pgdp suggest`: the caps and bounds report of [`pgdp::tools::suggest`] for the policy's
+/// tables on the upstream.
+async fn suggest(args: &Args) -> anyhow::Result<()> {
+    let policy = load_policy(args)?;
+    let upstream = args
+        .upstream
+        .clone()
+        .context("--upstream DSN (or PGDP_UPSTREAM) is required")?;
+    let epsilon = args.epsilon.unwrap_or(policy.defaults.epsilon);
+    if !(epsilon.is_finite() && epsilon > 0.0) {
+        bail!("--epsilon must be a positive number, not {epsilon}");
+    }
+    let dsn = pgdp::dsn::Dsn::parse(&upstream).map_err(|e| anyhow::anyhow!("--upstream: {e}"))?;
+    let client = dsn
+        .connect("upstream")
+        .await
+        .context("cannot connect to the upstream")?;
+    let mut rng = pgdp::dp::mechanism::secure_rng()?;
+    let report = pgdp::tools::suggest::report(&policy, &client, epsilon, &mut rng).await?;
+    print!("{}", report.text);
     Ok(())
 }
 

@@ -460,3 +460,67 @@ async fn the_mean_of_a_clamped_column_states_what_clamping_removed() {
         "{e:?}"
     );
 }
+
+/// `pgdp suggest` (issue 41 item 4): from DP histograms of the demo data, the share of rows
+/// each candidate cap removes, the caps a query would choose and what clamping removes, with
+/// the ε the report spent. Noise comes from the OS, so the tolerances are wide: each histogram
+/// bucket has Laplace noise of scale at most 16/0.05 = 320 against shares of a million visits.
+#[tokio::test]
+async fn suggest_shows_what_each_cap_would_remove_from_dp_histograms() {
+    let db = crate::harness::demo_database(1).await;
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/policies/demo.yaml");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgdp"))
+        .args(["suggest", "--policy", policy, "--upstream", db.dsn()])
+        .output()
+        .await
+        .expect("pgdp suggest");
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The total count of visits: a cap of 2 visits per person removes most of them (PostgreSQL:
+    // 87 %), the ceiling of 40 (every visit of the heaviest person) almost none.
+    let section = text
+        .split("SELECT COUNT(*) FROM \"demo\".\"visits\"")
+        .nth(1)
+        .expect("a section for the count of visits");
+    let removed: Vec<f64> = section
+        .lines()
+        .find(|l| l.trim_start().starts_with("rows removed"))
+        .expect("a line of shares removed")
+        .split_whitespace()
+        .skip(2)
+        .map(|p| {
+            p.trim_end_matches('%')
+                .trim_start_matches('<')
+                .parse()
+                .expect("a share")
+        })
+        .collect();
+    assert!(removed[0] > 70.0 && removed[0] < 95.0, "{section}");
+    assert!(*removed.last().expect("the ceiling") < 3.0, "{section}");
+    assert!(
+        removed.windows(2).all(|w| w[0] >= w[1]),
+        "a larger cap never removes more: {section}"
+    );
+    assert!(
+        text.contains("groups      2      3"),
+        "a grid for grouped counts: {text}"
+    );
+    assert!(
+        text.contains("values outside the bounds (visits.cost in [0, 2000])"),
+        "{text}"
+    );
+    assert!(
+        text.contains("demo.people (privacy unit person_id): caps 1 row(s) in each of 1 group(s)")
+            && text.contains("nothing to choose"),
+        "{text}"
+    );
+    // 8 statements at 0.1 and 2 sums at 0.15.
+    assert!(
+        text.contains("epsilon spent on this report: 1 (pure DP"),
+        "{text}"
+    );
+}

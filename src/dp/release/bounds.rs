@@ -501,7 +501,22 @@ impl BoundsChoice {
         self.clamp.as_ref().map(|c| &c.edges)
     }
 
-    /// The candidate caps on rows, ascending, the ceiling last.
+    /// The caps on groups it may choose, ascending, the ceiling last (the ceiling alone when
+    /// it does not choose them).
+    pub fn group_candidates(&self) -> &[u64] {
+        &self.group_candidates
+    }
+
+    /// The answer's 95 % noise bound at caps of `c` rows in each of `g` groups, from its bound
+    /// per row of cap at the ceiling on groups ([`noise_per_row`]): linear in `c`, and in `g`
+    /// as `g/G` (`√(g/G)` for Gaussian noise).
+    pub fn noise_at(&self, noise_per_row: f64, g: u64, c: u64) -> f64 {
+        let r = g as f64 / self.groups as f64;
+        let r = if self.gaussian { r.sqrt() } else { r };
+        c as f64 * noise_per_row * r
+    }
+
+    /// The caps on rows it may choose, ascending, the ceiling last.
     pub fn candidates(&self) -> &[u64] {
         &self.candidates
     }
@@ -622,6 +637,26 @@ impl ClampEstimate {
         } else {
             0.0
         }
+    }
+
+    /// The units with values outside the bounds (noisy; 0 when none passed the floor).
+    pub fn units_outside(&self) -> f64 {
+        self.units_outside
+    }
+
+    /// `argument in [lower, upper]`, in the analyst's terms.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Whether some value outside the bounds passed the noise floor.
+    pub fn detected(&self) -> bool {
+        self.excess > 0.0
+    }
+
+    /// Noisy counts at or below this many units read as empty.
+    pub fn floor(&self) -> f64 {
+        self.floor
     }
 
     /// The NOTICE's clause.
@@ -875,7 +910,8 @@ impl ChosenBounds {
     }
 }
 
-fn percent(share: f64) -> String {
+/// A share as the NOTICEs print it: `0%`, `<0.1%`, `2.5%`, `49%`.
+pub fn percent(share: f64) -> String {
     let p = share * 100.0;
     if p == 0.0 {
         "0%".into()
@@ -910,66 +946,157 @@ pub fn choose<R: Rng + CryptoRng + ?Sized>(
     noise_per_row: f64,
     rng: &mut R,
 ) -> Result<ChosenBounds> {
-    let mut exact = vec![0i128; choice.edges.len() + 1];
-    let mut exact_groups = vec![0i128; choice.group_edges.len() + 1];
-    let (mut exact_excess, mut exact_sums) = match &choice.clamp {
-        Some(c) => (
-            vec![0i128; c.edges.excess.len() + 1],
-            vec![0i128; c.edges.sums.len() + 1],
-        ),
-        None => (Vec::new(), Vec::new()),
-    };
-    for row in &rows.rows {
-        let parse = |i: usize| -> Result<i128> {
-            row.get(i)
-                .and_then(|c| c.as_deref())
-                .and_then(|t| t.parse::<i128>().ok())
-                .ok_or_else(|| Error::internal("a contribution histogram row"))
-        };
-        let part = match parse(0)? {
-            0 => &mut exact,
-            1 if choice.group_noise.is_some() => &mut exact_groups,
-            2 if choice.clamp.is_some() => &mut exact_excess,
-            3 if choice.clamp.is_some() => &mut exact_sums,
-            _ => return Err(Error::internal("a contribution histogram part")),
-        };
-        let bucket = usize::try_from(parse(1)?)
-            .ok()
-            .filter(|&b| b < part.len())
-            .ok_or_else(|| Error::internal("a contribution histogram bucket"))?;
-        part[bucket] = part[bucket].saturating_add(parse(2)?);
-    }
-    // A bucket's noisy count at or below its noise's bound at 5 % over all the buckets
-    // (Bonferroni: with 95 % probability no empty bucket passes) reads as empty: every empty
-    // bucket's noise would otherwise count as pairs, and those beyond the ceiling as many rows
-    // each (post-processing).
-    let mut release = |noise: &Noise, exact: &[i128]| -> Vec<f64> {
-        let floor = noise
-            .error_bound(0.05 / exact.len().max(1) as f64)
-            .unwrap_or(0.0);
-        exact
-            .iter()
-            .map(|&e| noise.release_integer(rng, e) as f64)
-            .map(|x| if x > floor { x } else { 0.0 })
-            .collect()
-    };
-    let noisy = release(&choice.noise, &exact);
-    let noisy_groups = choice
-        .group_noise
-        .as_ref()
-        .map(|noise| release(noise, &exact_groups));
-    let clamp = choice.clamp.as_ref().map(|c| {
-        let excess = release(&c.noise, &exact_excess);
-        let sums = release(&c.noise, &exact_sums);
-        let floor = c
-            .noise
-            .error_bound(0.05 / excess.len().max(1) as f64)
-            .unwrap_or(0.0);
-        estimate_clamp(c, &excess, &sums, floor)
-    });
-    let mut chosen = pick(choice, &noisy, noisy_groups.as_deref(), noise_per_row);
-    chosen.clamp = clamp;
+    let noisy = NoisyHistograms::new(choice, rows, rng)?;
+    let mut chosen = pick(choice, &noisy.rows, noisy.groups.as_deref(), noise_per_row);
+    chosen.clamp = noisy.clamp;
     Ok(chosen)
+}
+
+/// The noisy histograms of a [`BoundsChoice`]: rows per (unit, group) pair, units by their
+/// number of groups (when groups are chosen), and the clamp's estimate (when it estimates one).
+/// Only [`NoisyHistograms::new`] makes them, noising every bucket.
+#[derive(Debug, Clone)]
+struct NoisyHistograms {
+    rows: Vec<f64>,
+    groups: Option<Vec<f64>>,
+    clamp: Option<ClampEstimate>,
+}
+
+impl NoisyHistograms {
+    /// Noises the histograms the upstream returned for `choice` (rows of histogram number,
+    /// bucket number, count). [`Error::Internal`] on a row that is not (histogram, bucket,
+    /// count) with both in range.
+    fn new<R: Rng + CryptoRng + ?Sized>(
+        choice: &BoundsChoice,
+        rows: &PrivateRows,
+        rng: &mut R,
+    ) -> Result<NoisyHistograms> {
+        let mut exact = vec![0i128; choice.edges.len() + 1];
+        let mut exact_groups = vec![0i128; choice.group_edges.len() + 1];
+        let (mut exact_excess, mut exact_sums) = match &choice.clamp {
+            Some(c) => (
+                vec![0i128; c.edges.excess.len() + 1],
+                vec![0i128; c.edges.sums.len() + 1],
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        for row in &rows.rows {
+            let parse = |i: usize| -> Result<i128> {
+                row.get(i)
+                    .and_then(|c| c.as_deref())
+                    .and_then(|t| t.parse::<i128>().ok())
+                    .ok_or_else(|| Error::internal("a contribution histogram row"))
+            };
+            let part = match parse(0)? {
+                0 => &mut exact,
+                1 if choice.group_noise.is_some() => &mut exact_groups,
+                2 if choice.clamp.is_some() => &mut exact_excess,
+                3 if choice.clamp.is_some() => &mut exact_sums,
+                _ => return Err(Error::internal("a contribution histogram part")),
+            };
+            let bucket = usize::try_from(parse(1)?)
+                .ok()
+                .filter(|&b| b < part.len())
+                .ok_or_else(|| Error::internal("a contribution histogram bucket"))?;
+            part[bucket] = part[bucket].saturating_add(parse(2)?);
+        }
+        // A bucket's noisy count at or below its noise's bound at 5 % over all the buckets
+        // (Bonferroni: with 95 % probability no empty bucket passes) reads as empty: every
+        // empty bucket's noise would otherwise count as pairs, and those beyond the ceiling as
+        // many rows each (post-processing).
+        let mut release = |noise: &Noise, exact: &[i128]| -> Vec<f64> {
+            let floor = noise
+                .error_bound(0.05 / exact.len().max(1) as f64)
+                .unwrap_or(0.0);
+            exact
+                .iter()
+                .map(|&e| noise.release_integer(rng, e) as f64)
+                .map(|x| if x > floor { x } else { 0.0 })
+                .collect()
+        };
+        let noisy = release(&choice.noise, &exact);
+        let groups = choice
+            .group_noise
+            .as_ref()
+            .map(|noise| release(noise, &exact_groups));
+        let clamp = choice.clamp.as_ref().map(|c| {
+            let excess = release(&c.noise, &exact_excess);
+            let sums = release(&c.noise, &exact_sums);
+            let floor = c
+                .noise
+                .error_bound(0.05 / excess.len().max(1) as f64)
+                .unwrap_or(0.0);
+            estimate_clamp(c, &excess, &sums, floor)
+        });
+        Ok(NoisyHistograms {
+            rows: noisy,
+            groups,
+            clamp,
+        })
+    }
+}
+
+/// What the caps would remove, read from a choice's noisy histograms: what `pgdp suggest`
+/// shows a data team for every candidate, where a query keeps only the caps it chose.
+/// Post-processing of the noisy counts.
+#[derive(Debug, Clone)]
+pub struct ContributionProfile {
+    choice: BoundsChoice,
+    noisy: NoisyHistograms,
+}
+
+impl ContributionProfile {
+    /// Noises the histograms the upstream returned for `choice`'s statement
+    /// ([`rewrite::contributions`]), as [`choose`] does, at the choice's ε.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] on a row that is not (histogram, bucket, count) with both in range.
+    pub fn new<R: Rng + CryptoRng + ?Sized>(
+        choice: &BoundsChoice,
+        rows: &PrivateRows,
+        rng: &mut R,
+    ) -> Result<ContributionProfile> {
+        Ok(ContributionProfile {
+            choice: choice.clone(),
+            noisy: NoisyHistograms::new(choice, rows, rng)?,
+        })
+    }
+
+    /// The estimated share of the rows (at the ceilings, and beyond them as far as the
+    /// histograms reach) that caps of `rows_per_unit` rows in each of `groups_per_unit`
+    /// groups remove, in [0, 1].
+    pub fn removed_share(&self, groups_per_unit: u64, rows_per_unit: u64) -> f64 {
+        let removal = Removal::new(&self.choice, &self.noisy.rows, self.noisy.groups.as_deref());
+        let rows = removal.rows();
+        if rows > 0.0 {
+            (removal.removed(groups_per_unit, rows_per_unit) / rows).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// The estimated number of rows (noisy, post-processed).
+    pub fn rows(&self) -> f64 {
+        Removal::new(&self.choice, &self.noisy.rows, self.noisy.groups.as_deref()).rows()
+    }
+
+    /// What clamping removes, when the choice estimated it.
+    pub fn clamp(&self) -> Option<&ClampEstimate> {
+        self.noisy.clamp.as_ref()
+    }
+
+    /// The caps a query with this choice would take at `noise_per_row`
+    /// ([`ChoicePlan::noise_per_row`]).
+    pub fn chosen(&self, noise_per_row: f64) -> ChosenBounds {
+        let mut chosen = pick(
+            &self.choice,
+            &self.noisy.rows,
+            self.noisy.groups.as_deref(),
+            noise_per_row,
+        );
+        chosen.clamp = self.noisy.clamp.clone();
+        chosen
+    }
 }
 
 /// The clamp's estimate from its noisy histograms (`excess` and `sums`, one count per bucket
@@ -992,6 +1119,88 @@ fn estimate_clamp(c: &ClampChoice, excess: &[f64], sums: &[f64], floor: f64) -> 
     }
 }
 
+/// The rows that caps remove, estimated from the noisy histograms of a choice: the rows of the
+/// groups beyond `g` (each unit's groups past the cap, at the mean rows per pair) plus, of the
+/// pairs kept, the rows above `c` (each bucket at its midpoint).
+struct Removal<'a> {
+    noisy: &'a [f64],
+    noisy_groups: Option<&'a [f64]>,
+    mid: Vec<f64>,
+    group_mid: Vec<f64>,
+    /// Rows of all pairs at the ceiling on groups (buckets at their midpoints).
+    pair_rows: f64,
+    /// Pairs of every unit, from the groups histogram (0 without one).
+    all_pairs: f64,
+    /// Pairs kept at the ceiling on groups.
+    at_ceiling: f64,
+    rows_per_pair: f64,
+}
+
+impl<'a> Removal<'a> {
+    fn new(choice: &BoundsChoice, noisy: &'a [f64], noisy_groups: Option<&'a [f64]>) -> Self {
+        let mid = midpoints(&choice.edges);
+        let pairs: f64 = noisy.iter().sum();
+        let pair_rows: f64 = noisy.iter().zip(&mid).map(|(n, m)| n * m).sum();
+        let group_mid = midpoints(&choice.group_edges);
+        let mut removal = Removal {
+            noisy,
+            noisy_groups,
+            mid,
+            group_mid,
+            pair_rows,
+            all_pairs: 0.0,
+            at_ceiling: 0.0,
+            rows_per_pair: if pairs > 0.0 { pair_rows / pairs } else { 1.0 },
+        };
+        removal.all_pairs = noisy_groups.map_or(0.0, |u| {
+            u.iter().zip(&removal.group_mid).map(|(c, m)| c * m).sum()
+        });
+        removal.at_ceiling = removal.kept_pairs(choice.groups);
+        removal
+    }
+
+    /// Pairs a cap of `g` groups keeps (each unit min(its groups, g)), from the groups
+    /// histogram; without one, the groups are the policy's and nothing else is known.
+    fn kept_pairs(&self, g: u64) -> f64 {
+        self.noisy_groups.map_or(0.0, |u| {
+            u.iter()
+                .zip(&self.group_mid)
+                .map(|(count, m)| count * m.min(g as f64))
+                .sum()
+        })
+    }
+
+    fn removed_rows(&self, cap: u64) -> f64 {
+        self.noisy
+            .iter()
+            .zip(&self.mid)
+            .map(|(n, m)| n * (m - cap as f64).max(0.0))
+            .sum()
+    }
+
+    fn removed(&self, g: u64, c: u64) -> f64 {
+        match self.noisy_groups {
+            Some(_) if self.at_ceiling > 0.0 => {
+                let kept = self.kept_pairs(g);
+                (self.all_pairs - kept).max(0.0) * self.rows_per_pair
+                    + self.removed_rows(c) * kept / self.at_ceiling
+            }
+            _ => self.removed_rows(c),
+        }
+    }
+
+    /// Every row the histograms see: the pairs' rows plus, beyond the ceiling on groups, the
+    /// groups' pairs at the mean rows per pair.
+    fn rows(&self) -> f64 {
+        match self.noisy_groups {
+            Some(_) if self.at_ceiling > 0.0 => {
+                self.pair_rows + (self.all_pairs - self.at_ceiling).max(0.0) * self.rows_per_pair
+            }
+            _ => self.pair_rows,
+        }
+    }
+}
+
 /// [`choose`] after the noise: a function of the noisy counts alone (one per bucket of
 /// [`BoundsChoice::edges`] and of [`BoundsChoice::group_edges`], and the last of each for
 /// what lies beyond them).
@@ -1001,51 +1210,14 @@ fn pick(
     noisy_groups: Option<&[f64]>,
     noise_per_row: f64,
 ) -> ChosenBounds {
-    let mid = midpoints(&choice.edges);
+    let removal = Removal::new(choice, noisy, noisy_groups);
+    let removed = |g: u64, c: u64| removal.removed(g, c);
     let n = choice.edges.len();
-    let removed_rows = |cap: u64| -> f64 {
-        (0..=n)
-            .map(|j| noisy[j] * (mid[j] - cap as f64).max(0.0))
-            .sum()
-    };
     let pairs: f64 = noisy.iter().sum();
-    let pair_rows: f64 = (0..=n).map(|j| noisy[j] * mid[j]).sum();
-    let rows_per_pair = if pairs > 0.0 { pair_rows / pairs } else { 1.0 };
-    // Pairs a cap of g groups keeps (each unit min(its groups, g)), and all pairs, from the
-    // groups histogram; without one, the groups are the policy's and nothing else is known.
-    let group_mid = midpoints(&choice.group_edges);
-    let kept_pairs = |g: u64| -> f64 {
-        noisy_groups.map_or(0.0, |u| {
-            u.iter()
-                .zip(&group_mid)
-                .map(|(count, m)| count * m.min(g as f64))
-                .sum()
-        })
-    };
-    let all_pairs =
-        noisy_groups.map_or(0.0, |u| u.iter().zip(&group_mid).map(|(c, m)| c * m).sum());
-    let at_ceiling = kept_pairs(choice.groups);
-    let removed = |g: u64, c: u64| -> f64 {
-        match noisy_groups {
-            Some(_) if at_ceiling > 0.0 => {
-                let kept = kept_pairs(g);
-                (all_pairs - kept).max(0.0) * rows_per_pair + removed_rows(c) * kept / at_ceiling
-            }
-            _ => removed_rows(c),
-        }
-    };
     let noise_per_row = if noise_per_row.is_finite() {
         noise_per_row.max(0.0)
     } else {
         0.0
-    };
-    let scaling = |g: u64| -> f64 {
-        let r = g as f64 / choice.groups as f64;
-        if choice.gaussian {
-            r.sqrt()
-        } else {
-            r
-        }
     };
     let mut best = (
         choice.group_candidates.len() - 1,
@@ -1054,7 +1226,7 @@ fn pick(
     );
     for (gi, &g) in choice.group_candidates.iter().enumerate() {
         for (ci, &c) in choice.candidates.iter().enumerate() {
-            let error = removed(g, c) / choice.cells + c as f64 * noise_per_row * scaling(g);
+            let error = removed(g, c) / choice.cells + choice.noise_at(noise_per_row, g, c);
             if error <= best.2 {
                 best = (gi, ci, error);
             }
@@ -1067,12 +1239,7 @@ fn pick(
         Some(u) => (u.iter().sum(), u[gi + 1..].iter().sum()),
         None => (0.0, 0.0),
     };
-    let rows = match noisy_groups {
-        Some(_) if at_ceiling > 0.0 => {
-            pair_rows + (all_pairs - at_ceiling).max(0.0) * rows_per_pair
-        }
-        _ => pair_rows,
-    };
+    let rows = removal.rows();
     let beyond_reach = noisy[n] + noisy_groups.map_or(0.0, |u| u.last().copied().unwrap_or(0.0));
     ChosenBounds {
         rows_per_unit: c,
