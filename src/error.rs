@@ -78,10 +78,11 @@ pub enum Error {
     #[error("password authentication failed for user \"{user}\"")]
     Authentication { user: String },
 
-    /// Too many failed logins from the client's IP address recently; refused before
-    /// authentication, whatever the credentials (see `frontend::throttle`).
-    #[error("too many failed authentication attempts from this address")]
-    AuthenticationThrottled,
+    /// Too many failed logins of this user from the client's IP address, or from the address
+    /// in all, recently; refused before authentication, whatever the credentials (see
+    /// `frontend::throttle`). `scope`: `for this user from this address` or `from this address`.
+    #[error("too many failed authentication attempts {scope}")]
+    AuthenticationThrottled { scope: &'static str },
 
     /// A clear-text connection to a server that requires TLS (`--require-tls`): PostgreSQL's
     /// message for a `hostssl`-only `pg_hba.conf`, sent before any authentication.
@@ -195,7 +196,7 @@ impl Error {
             Error::InvalidText { .. } => SqlState::INVALID_TEXT_REPRESENTATION,
             Error::InvalidMechanism { .. } => SqlState::INVALID_PARAMETER_VALUE,
             Error::Authentication { .. } => SqlState::INVALID_PASSWORD,
-            Error::AuthenticationThrottled => SqlState::TOO_MANY_CONNECTIONS,
+            Error::AuthenticationThrottled { .. } => SqlState::TOO_MANY_CONNECTIONS,
             Error::EncryptionRequired { .. } => SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
             Error::UnknownDatabase { .. } => SqlState::INVALID_CATALOG_NAME,
             Error::BudgetExhausted { .. } => SqlState::CONFIGURATION_LIMIT_EXCEEDED,
@@ -259,7 +260,7 @@ impl Error {
             | Error::DuplicateCursor { .. }
             | Error::InvalidMechanism { .. }
             | Error::Authentication { .. }
-            | Error::AuthenticationThrottled
+            | Error::AuthenticationThrottled { .. }
             | Error::EncryptionRequired { .. }
             | Error::LimitExceeded { .. }
             | Error::TooManyConnections { .. }
@@ -414,7 +415,10 @@ mod tests {
 
     #[test]
     fn connection_refusals_use_postgres_codes_and_text() {
-        assert_eq!(Error::AuthenticationThrottled.sqlstate().code(), "53300");
+        let throttled = Error::AuthenticationThrottled {
+            scope: "for this user from this address",
+        };
+        assert_eq!(throttled.sqlstate().code(), "53300");
         let refusal = Error::EncryptionRequired {
             host: "127.0.0.1".into(),
             user: "analyst".into(),

@@ -74,16 +74,23 @@ pub const CONNECTIONS_PER_ANALYST_MAX: usize = 200;
 /// sockets are closed without a message.
 pub const CONNECTIONS_REFUSING_MAX: usize = 64;
 
-/// Failed logins from one client IP address within [`AUTH_FAILURE_WINDOW_MS`] after which
-/// further logins from that address are refused (FATAL 53300) until the window ends.
-pub const AUTH_FAILURES_PER_PEER_MAX: u32 = 10;
+/// Failed logins of one user name from one client IP address within [`AUTH_FAILURE_WINDOW_MS`]
+/// after which further logins of that user from that address are refused (FATAL 53300) until
+/// the window ends; other users behind the address (a BI server's) are served.
+pub const AUTH_FAILURES_PER_USER_MAX: u32 = 10;
 
-/// The window in which failed logins of one IP address are counted; it starts at the address's
-/// first failure and is not extended by refused attempts.
+/// Failed logins from one client IP address, all user names together, within
+/// [`AUTH_FAILURE_WINDOW_MS`] after which every login from that address is refused (FATAL 53300)
+/// until the window ends: a spray over many user names.
+pub const AUTH_FAILURES_PER_ADDRESS_MAX: u32 = 100;
+
+/// The window in which failed logins of one user from one IP address, and of one address, are
+/// counted; it starts at the first failure and is not extended by refused attempts.
 pub const AUTH_FAILURE_WINDOW_MS: u64 = 60_000;
 
-/// IP addresses the failed-login table remembers at once (fixed capacity: when it is full, an
-/// expired entry or else the oldest is forgotten to make room). Each entry is a few dozen bytes.
+/// Entries each failed-login table (per user and address; per address) remembers at once (fixed
+/// capacity: when it is full, an expired entry or else the oldest is forgotten to make room).
+/// Each entry is at most about a hundred bytes.
 pub const AUTH_FAILURE_PEERS_MAX: usize = 4_096;
 
 /// Largest protocol message a client may send (a Query, Parse or Bind with its parameters); a
@@ -370,8 +377,12 @@ const _: () = assert!(
     "a floor at the statement timeout with the largest ratio has two points in the horizon"
 );
 const _: () = assert!(
-    AUTH_FAILURES_PER_PEER_MAX >= 3,
+    AUTH_FAILURES_PER_USER_MAX >= 3,
     "a user who mistypes a password twice must not be locked out"
+);
+const _: () = assert!(
+    AUTH_FAILURES_PER_ADDRESS_MAX >= 5 * AUTH_FAILURES_PER_USER_MAX,
+    "one user's typos behind a shared address must not lock the address out"
 );
 const _: () = assert!(AUTH_FAILURE_WINDOW_MS > 0 && AUTH_FAILURE_PEERS_MAX >= 1);
 const _: () = assert!(AGGREGATES_PER_QUERY_MAX >= 1 && GROUP_KEYS_PER_QUERY_MAX >= 1);

@@ -13,8 +13,9 @@
 //! - Authentication failures look the same for unknown analysts and wrong passwords (28P01):
 //!   unknown names get a decoy verifier, so the SCRAM exchange runs the same way. The message
 //!   is PostgreSQL's, naming the user of the startup packet. Every failure is logged (never the
-//!   password) and counted per client address (`throttle.rs`); an address past the limit is
-//!   refused (53300) before its password is checked.
+//!   password) and counted per client address and user name and per address (`throttle.rs`); a
+//!   user past its limit at an address, or an address past its own, is refused (53300) before
+//!   the password is checked.
 //! - A CancelRequest reaches only the connection whose BackendKeyData (process id and secret
 //!   key, sent by pgwire at startup) it carries, and stops only that connection's running
 //!   upstream statement ([`Cancels`]); a wrong key does nothing. A client that goes away
@@ -38,7 +39,7 @@ pub use cancel::Cancels;
 use cancel::*;
 use encode::*;
 use framing::*;
-use throttle::Throttle;
+use throttle::{Lockout, Throttle};
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -114,10 +115,13 @@ pub struct ConnectionLimits {
     pub message_bytes_max: usize,
     /// Named prepared statements one connection may hold; Parse of one more is refused (54000).
     pub prepared_statements_max: usize,
-    /// Failed logins from one IP address within `auth_failure_window_ms` after which its logins
-    /// are refused (53300) until the window ends.
-    pub auth_failures_per_peer_max: u32,
-    /// The window in which failed logins of one IP address are counted.
+    /// Failed logins of one user from one IP address within `auth_failure_window_ms` after
+    /// which that user's logins from that address are refused (53300) until the window ends.
+    pub auth_failures_per_user_max: u32,
+    /// Failed logins from one IP address, all users together, within `auth_failure_window_ms`
+    /// after which every login from that address is refused (53300) until the window ends.
+    pub auth_failures_per_address_max: u32,
+    /// The window in which failed logins are counted.
     pub auth_failure_window_ms: u64,
 }
 
@@ -129,7 +133,8 @@ impl Default for ConnectionLimits {
             startup_timeout_ms: limits::STARTUP_TIMEOUT_MS,
             message_bytes_max: limits::MESSAGE_BYTES_MAX,
             prepared_statements_max: limits::PREPARED_STATEMENTS_PER_CONNECTION_MAX,
-            auth_failures_per_peer_max: limits::AUTH_FAILURES_PER_PEER_MAX,
+            auth_failures_per_user_max: limits::AUTH_FAILURES_PER_USER_MAX,
+            auth_failures_per_address_max: limits::AUTH_FAILURES_PER_ADDRESS_MAX,
             auth_failure_window_ms: limits::AUTH_FAILURE_WINDOW_MS,
         }
     }
@@ -469,9 +474,30 @@ impl Startup {
             _ => "authentication protocol error",
         };
         let peer = client.socket_addr();
-        let failures = self.throttle.record_failure(peer.ip(), Instant::now());
+        let counted = self
+            .throttle
+            .record_failure(peer.ip(), &user, Instant::now());
         self.metrics.login_failed();
-        tracing::warn!(user, %peer, reason, failures, "authentication failed");
+        tracing::warn!(
+            user,
+            %peer,
+            reason,
+            failures = counted.user,
+            address_failures = counted.address,
+            "authentication failed"
+        );
+        match counted.locked {
+            Some(Lockout::User) => tracing::warn!(
+                user,
+                %peer,
+                "login lockout: too many failed logins of this user from this address; its logins from there are refused until the window ends, other users are served"
+            ),
+            Some(Lockout::Address) => tracing::warn!(
+                %peer,
+                "login lockout: too many failed logins from this address (many user names); every login from it is refused until the window ends"
+            ),
+            None => {}
+        }
     }
 }
 
@@ -508,10 +534,14 @@ impl StartupHandler for Startup {
                         database,
                     }));
                 }
-                if self.throttle.refuses(peer.ip(), Instant::now()) {
-                    let user = client.metadata().get("user").cloned().unwrap_or_default();
-                    tracing::warn!(user, %peer, "login refused: too many failed logins from this address");
-                    return Err(fatal_user_error(&Error::AuthenticationThrottled));
+                let user = client.metadata().get("user").cloned().unwrap_or_default();
+                if let Some(lockout) = self.throttle.refuses(peer.ip(), &user, Instant::now()) {
+                    let scope = match lockout {
+                        Lockout::User => "for this user from this address",
+                        Lockout::Address => "from this address",
+                    };
+                    tracing::warn!(user, %peer, "login refused: too many failed logins {scope}");
+                    return Err(fatal_user_error(&Error::AuthenticationThrottled { scope }));
                 }
                 let mechanism = if client.is_secure() {
                     self.secure.create()
@@ -598,7 +628,8 @@ impl Handlers {
             secure: SaslMechanisms::new(vec![Arc::new(secure_scram)]),
             admission: Arc::new(Admission::new(front.limits.connections_per_analyst_max)),
             throttle: Throttle::new(
-                front.limits.auth_failures_per_peer_max,
+                front.limits.auth_failures_per_user_max,
+                front.limits.auth_failures_per_address_max,
                 Duration::from_millis(front.limits.auth_failure_window_ms),
                 limits::AUTH_FAILURE_PEERS_MAX,
             ),

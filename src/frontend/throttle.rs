@@ -1,29 +1,117 @@
-//! Throttling of password guessing: failed logins are counted per client IP address in a table
-//! of fixed capacity, and an address with too many failures in a window is refused at startup
-//! (FATAL 53300) until its window ends.
+//! Throttling of password guessing: failed logins are counted per (client IP address, user
+//! name) and per client IP address, each in a table of fixed capacity; a login whose user has
+//! too many failures from its address in a window, or whose address has too many in all (a
+//! spray over many user names), is refused at startup (FATAL 53300) until that window ends.
+//!
+//! Why per user as well as per address: BI servers and notebooks connect for all their users
+//! from one address, and one stale saved password (which such tools retry) must not lock every
+//! analyst behind that address out. The address-wide limit is higher and stops a guesser who
+//! tries many user names.
 //!
 //! Why refuse rather than delay: PostgreSQL's own answer to guessing is `auth_delay`, which keeps
 //! the failing backend asleep; in a proxy a sleeping connection holds one of the
 //! `connections_max` slots, so a guesser could fill them. A refusal before SCRAM costs one
 //! message and holds no slot for longer than the startup packet. The refusal comes before the
-//! password is checked, so it says nothing about the password. The cost is that other clients
-//! behind the same address (NAT) are refused for the rest of the window too.
+//! password is checked, so it says nothing about the password.
 //!
-//! Memory is bounded: at most `peers_max` addresses are remembered. When the table is full, an
-//! entry whose window has ended is dropped, else the one whose window started first (so an
-//! attacker with many addresses can make pgdp forget old ones, never grow the table).
+//! Memory is bounded: each table remembers at most `peers_max` keys, and a user name is kept to
+//! its first [`USER_BYTES_MAX`] bytes (longer names sharing them count together: more
+//! throttling, never less). When a table is full, an entry whose window has ended is dropped,
+//! else the one whose window started first (so an attacker with many addresses can make pgdp
+//! forget old ones, never grow the table).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-/// Failed logins per IP address; see the module documentation.
+/// Bytes of a user name the table keys on (PostgreSQL's `NAMEDATALEN` − 1).
+const USER_BYTES_MAX: usize = 63;
+
+/// Which limit refuses a login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lockout {
+    /// This user's failures from this address.
+    User,
+    /// All failures from this address (many user names).
+    Address,
+}
+
+/// Failed logins per (address, user) and per address; see the module documentation.
 #[derive(Debug)]
 pub(super) struct Throttle {
+    logins: FailureTable<(IpAddr, String)>,
+    addresses: FailureTable<IpAddr>,
+}
+
+/// What [`Throttle::record_failure`] counted: the failures of the login's and of the address's
+/// current windows, and whether this failure locked either out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Counted {
+    pub(super) user: u32,
+    pub(super) address: u32,
+    pub(super) locked: Option<Lockout>,
+}
+
+impl Throttle {
+    pub(super) fn new(
+        per_user_max: u32,
+        per_address_max: u32,
+        window: Duration,
+        peers_max: usize,
+    ) -> Throttle {
+        Throttle {
+            logins: FailureTable::new(per_user_max, window, peers_max),
+            addresses: FailureTable::new(per_address_max, window, peers_max),
+        }
+    }
+
+    /// Whether a login of `user` from `ip` is refused at `now`, and by which limit.
+    pub(super) fn refuses(&self, ip: IpAddr, user: &str, now: Instant) -> Option<Lockout> {
+        if self.addresses.refuses(&ip, now) {
+            Some(Lockout::Address)
+        } else if self.logins.refuses(&(ip, key_user(user)), now) {
+            Some(Lockout::User)
+        } else {
+            None
+        }
+    }
+
+    /// Counts a failed login of `user` from `ip` at `now`.
+    pub(super) fn record_failure(&self, ip: IpAddr, user: &str, now: Instant) -> Counted {
+        let user = self.logins.record(&(ip, key_user(user)), now);
+        let address = self.addresses.record(&ip, now);
+        let locked = if address == self.addresses.failures_max {
+            Some(Lockout::Address)
+        } else if user == self.logins.failures_max {
+            Some(Lockout::User)
+        } else {
+            None
+        };
+        Counted {
+            user,
+            address,
+            locked,
+        }
+    }
+}
+
+/// The user name as the table keys it: its first [`USER_BYTES_MAX`] bytes (at a char boundary).
+fn key_user(user: &str) -> String {
+    let mut end = user.len().min(USER_BYTES_MAX);
+    while !user.is_char_boundary(end) {
+        end -= 1;
+    }
+    user[..end].to_string()
+}
+
+/// Failures per key in windows, with a fixed capacity.
+#[derive(Debug)]
+struct FailureTable<K> {
     failures_max: u32,
     window: Duration,
     peers_max: usize,
-    table: std::sync::Mutex<HashMap<IpAddr, Failures>>,
+    table: std::sync::Mutex<HashMap<K, Failures>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -33,9 +121,9 @@ struct Failures {
     count: u32,
 }
 
-impl Throttle {
-    pub(super) fn new(failures_max: u32, window: Duration, peers_max: usize) -> Throttle {
-        Throttle {
+impl<K: Eq + Hash + Clone> FailureTable<K> {
+    fn new(failures_max: u32, window: Duration, peers_max: usize) -> Self {
+        FailureTable {
             failures_max,
             window,
             peers_max: peers_max.max(1),
@@ -43,33 +131,32 @@ impl Throttle {
         }
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Failures>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<K, Failures>> {
         // Every update leaves the map consistent, so a poisoned lock is still usable.
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether logins from `ip` are refused at `now`.
-    pub(super) fn refuses(&self, ip: IpAddr, now: Instant) -> bool {
-        self.table().get(&ip).is_some_and(|f| {
+    fn refuses(&self, key: &K, now: Instant) -> bool {
+        self.table().get(key).is_some_and(|f| {
             now.saturating_duration_since(f.since) < self.window && f.count >= self.failures_max
         })
     }
 
-    /// Counts a failed login from `ip` at `now`; returns the failures of its current window.
-    pub(super) fn record_failure(&self, ip: IpAddr, now: Instant) -> u32 {
+    /// Counts a failure of `key` at `now`; returns the failures of its current window.
+    fn record(&self, key: &K, now: Instant) -> u32 {
         let mut table = self.table();
-        if !table.contains_key(&ip) && table.len() >= self.peers_max {
+        if !table.contains_key(key) && table.len() >= self.peers_max {
             let window = self.window;
             let victim = table
                 .iter()
                 .find(|(_, f)| now.saturating_duration_since(f.since) >= window)
                 .or_else(|| table.iter().min_by_key(|(_, f)| f.since))
-                .map(|(ip, _)| *ip);
+                .map(|(k, _)| k.clone());
             if let Some(victim) = victim {
                 table.remove(&victim);
             }
         }
-        let entry = table.entry(ip).or_insert(Failures {
+        let entry = table.entry(key.clone()).or_insert(Failures {
             since: now,
             count: 0,
         });
@@ -99,49 +186,90 @@ mod tests {
 
     #[test]
     fn refuses_after_the_maximum_until_the_window_ends() {
-        let throttle = Throttle::new(3, Duration::from_secs(60), 16);
+        let throttle = Throttle::new(3, 100, Duration::from_secs(60), 16);
         let t0 = Instant::now();
         for n in 1..=3 {
-            assert!(!throttle.refuses(ip(1), t0));
-            assert_eq!(throttle.record_failure(ip(1), t0), n);
+            assert_eq!(throttle.refuses(ip(1), "ana", t0), None);
+            assert_eq!(throttle.record_failure(ip(1), "ana", t0).user, n);
         }
-        assert!(throttle.refuses(ip(1), t0 + Duration::from_secs(59)));
-        assert!(
-            !throttle.refuses(ip(2), t0),
+        assert_eq!(
+            throttle.record_failure(ip(1), "ana", t0).locked,
+            None,
+            "the lockout is reported once, when it starts"
+        );
+        assert_eq!(
+            throttle.refuses(ip(1), "ana", t0 + Duration::from_secs(59)),
+            Some(Lockout::User)
+        );
+        assert_eq!(
+            throttle.refuses(ip(2), "ana", t0),
+            None,
             "other addresses are not affected"
         );
-        assert!(!throttle.refuses(ip(1), t0 + Duration::from_secs(60)));
+        assert_eq!(
+            throttle.refuses(ip(1), "bob", t0),
+            None,
+            "nor other users behind the same address"
+        );
+        assert_eq!(
+            throttle.refuses(ip(1), "ana", t0 + Duration::from_secs(60)),
+            None
+        );
         // A failure after the window starts a new one.
         assert_eq!(
-            throttle.record_failure(ip(1), t0 + Duration::from_secs(61)),
+            throttle
+                .record_failure(ip(1), "ana", t0 + Duration::from_secs(61))
+                .user,
             1
         );
     }
 
     #[test]
+    fn a_spray_over_many_users_locks_the_address_out() {
+        let throttle = Throttle::new(3, 10, Duration::from_secs(60), 64);
+        let t0 = Instant::now();
+        let mut locked = Vec::new();
+        for n in 0..10 {
+            let counted = throttle.record_failure(ip(1), &format!("user{n}"), t0);
+            assert_eq!(counted.user, 1);
+            locked.extend(counted.locked);
+        }
+        assert_eq!(locked, vec![Lockout::Address]);
+        assert_eq!(
+            throttle.refuses(ip(1), "someone-else", t0),
+            Some(Lockout::Address)
+        );
+        assert_eq!(throttle.refuses(ip(2), "user0", t0), None);
+    }
+
+    #[test]
+    fn user_names_are_keyed_on_their_first_bytes() {
+        let long = "é".repeat(40);
+        assert_eq!(key_user(&long).len(), 62, "cut at a char boundary");
+        assert_eq!(key_user("ana"), "ana");
+    }
+
+    #[test]
     fn the_table_never_grows_past_its_capacity() {
-        let throttle = Throttle::new(3, Duration::from_secs(60), 4);
+        let table = FailureTable::new(3, Duration::from_secs(60), 4);
         let t0 = Instant::now();
         for n in 0..100u8 {
-            throttle.record_failure(ip(n), t0 + Duration::from_millis(u64::from(n)));
-            assert!(throttle.len() <= 4);
+            table.record(&ip(n), t0 + Duration::from_millis(u64::from(n)));
+            assert!(table.len() <= 4);
         }
         // The newest addresses are the ones remembered.
-        assert_eq!(
-            throttle.record_failure(ip(99), t0 + Duration::from_secs(1)),
-            2
-        );
+        assert_eq!(table.record(&ip(99), t0 + Duration::from_secs(1)), 2);
     }
 
     #[test]
     fn expired_entries_are_dropped_before_live_ones() {
-        let throttle = Throttle::new(2, Duration::from_secs(10), 2);
+        let table = FailureTable::new(2, Duration::from_secs(10), 2);
         let t0 = Instant::now();
-        throttle.record_failure(ip(1), t0 + Duration::from_secs(5));
-        throttle.record_failure(ip(1), t0 + Duration::from_secs(5));
-        throttle.record_failure(ip(2), t0);
+        table.record(&ip(1), t0 + Duration::from_secs(5));
+        table.record(&ip(1), t0 + Duration::from_secs(5));
+        table.record(&ip(2), t0);
         // At t0 + 12 s the entry of ip(2) has expired, that of ip(1) has not.
-        throttle.record_failure(ip(3), t0 + Duration::from_secs(12));
-        assert!(throttle.refuses(ip(1), t0 + Duration::from_secs(12)));
+        table.record(&ip(3), t0 + Duration::from_secs(12));
+        assert!(table.refuses(&ip(1), t0 + Duration::from_secs(12)));
     }
 }

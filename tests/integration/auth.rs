@@ -110,6 +110,16 @@ async fn connect_from(
     port: u16,
     password: &str,
 ) -> Result<Client, tokio_postgres::Error> {
+    connect_as_from(source, port, ANALYST, password).await
+}
+
+/// [`connect_from`] as `user`.
+async fn connect_as_from(
+    source: [u8; 4],
+    port: u16,
+    user: &str,
+    password: &str,
+) -> Result<Client, tokio_postgres::Error> {
     let socket = TcpSocket::new_v4().expect("socket");
     socket
         .bind(SocketAddr::from((source, 0)))
@@ -120,7 +130,7 @@ async fn connect_from(
         .expect("tcp connect");
     let mut config = Config::new();
     config
-        .user(ANALYST)
+        .user(user)
         .password(password)
         .dbname(DATABASE)
         .ssl_mode(tokio_postgres::config::SslMode::Disable);
@@ -137,7 +147,7 @@ async fn repeated_failures_from_one_address_are_throttled_others_are_served() {
         42,
         Options {
             limits: ConnectionLimits {
-                auth_failures_per_peer_max: failures_max,
+                auth_failures_per_user_max: failures_max,
                 auth_failure_window_ms: 600_000,
                 ..ConnectionLimits::default()
             },
@@ -181,5 +191,88 @@ async fn repeated_failures_from_one_address_are_throttled_others_are_served() {
     assert_password_failure(&e, ANALYST);
     proxy.connect().await.assert_alive("throttling").await;
     drop(client);
+    proxy.stop().await;
+}
+
+/// A BI server connects for all its users from one address (issue 43): one user's stale saved
+/// password locks that user out there, while another analyst behind the same address is served;
+/// a spray over many user names locks the address out for everyone.
+#[tokio::test]
+async fn two_analysts_behind_one_address_one_locked_out_the_other_served() {
+    let text = crate::support::shipped_policy_text();
+    let analyst_block = text
+        .split("\n  analyst:\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\ntables:").next())
+        .expect("the demo analyst's block");
+    // The same SCRAM verifier: `second` logs in with the demo password too.
+    let text = text.replacen(
+        "\n  analyst:\n",
+        &format!("\n  second:\n{analyst_block}\n  analyst:\n"),
+        1,
+    );
+    let policy = pgdp::policy::parse(&text).expect("a policy with two analysts");
+    let (per_user, per_address) = (3, 6);
+    let proxy = Proxy::with_options(
+        policy,
+        43,
+        Options {
+            limits: ConnectionLimits {
+                auth_failures_per_user_max: per_user,
+                auth_failures_per_address_max: per_address,
+                auth_failure_window_ms: 600_000,
+                ..ConnectionLimits::default()
+            },
+            ..Options::default()
+        },
+    )
+    .await;
+    let port = proxy.port();
+    let bi_server = [127, 0, 0, 4];
+    for _ in 0..per_user {
+        assert_code(
+            connect_as_from(bi_server, port, ANALYST, "stale").await,
+            &SqlState::INVALID_PASSWORD,
+            "a stale saved password",
+        );
+    }
+    let e = assert_code(
+        connect_as_from(bi_server, port, ANALYST, PASSWORD).await,
+        &SqlState::TOO_MANY_CONNECTIONS,
+        "the locked-out user, even with the right password",
+    );
+    assert_eq!(
+        e.as_db_error().map(|d| d.message()),
+        Some("too many failed authentication attempts for this user from this address"),
+        "{e:?}"
+    );
+    let second = connect_as_from(bi_server, port, "second", PASSWORD)
+        .await
+        .expect("another analyst behind the same address logs in");
+    second.simple_query("SELECT 1").await.expect("and queries");
+    drop(second);
+    // Three more failures under other names reach the address's limit of 6: everyone behind it
+    // is refused, the second analyst with the right password included.
+    for user in ["mallory", "eve", "trudy"] {
+        assert_code(
+            connect_as_from(bi_server, port, user, "guess").await,
+            &SqlState::INVALID_PASSWORD,
+            "a spray over user names",
+        );
+    }
+    let e = assert_code(
+        connect_as_from(bi_server, port, "second", PASSWORD).await,
+        &SqlState::TOO_MANY_CONNECTIONS,
+        "an address that sprayed user names",
+    );
+    assert_eq!(
+        e.as_db_error().map(|d| d.message()),
+        Some("too many failed authentication attempts from this address"),
+        "{e:?}"
+    );
+    // Another address is served.
+    connect_as_from([127, 0, 0, 5], port, "second", PASSWORD)
+        .await
+        .expect("another address logs in");
     proxy.stop().await;
 }
