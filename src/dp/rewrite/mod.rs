@@ -752,20 +752,36 @@ fn statement_ending(
             .collect(),
         None => keys.clone(),
     };
-    // Stage 3 ranks a unit's groups by their rows, most first, then by a keyed hash of the unit
-    // and the keys: only when the query has keys and a unit may have rows in several groups (in
-    // the lookup form, only when the rows table has keys: without them each unit has one row of
-    // stage 2, so one group).
+    // Stage 3 ranks a unit's groups by a keyed hash of the unit and the keys, after their rows
+    // (most first) when a measure grows with the rows: only when the query has keys and a unit
+    // may have rows in several groups (in the lookup form, only when the rows table has keys:
+    // without them each unit has one row of stage 2, so one group).
     let several_groups = !flat && below.as_ref().is_none_or(|b| !b.below_keys.is_empty());
     let ranking =
         (!keys.is_empty() && several_groups).then(|| ranking_hash(&keys, ranking_seed(secret)));
+    // Keeping a unit's groups with the most rows drops as few of its rows as the cap allows, for
+    // counts and sums of rows. Where each kept group adds the same (counts of units and of
+    // distinct values, quantiles) it would gain nothing and only starve the groups that are
+    // small for many units (a rare diagnosis beside a common one): the hash alone keeps each
+    // of a unit's groups alike.
+    let weighted = ranking.is_some()
+        && measures.iter().any(|m| {
+            matches!(
+                m,
+                Measure::Rows
+                    | Measure::Values(_)
+                    | Measure::Sum(_)
+                    | Measure::SumCentered(_)
+                    | Measure::SumSquaresCentered(_)
+            )
+        });
     let stages = Stages {
         keys: &below_keys,
         measures: &measures,
         arguments: &arguments,
         rows_cap,
         excess: clamp_edges.is_some(),
-        weighted: ranking.is_some(),
+        weighted,
     };
     // With one group per unit, the fast shape keeps each unit's group of least hash with
     // `DISTINCT ON` instead of numbering them with a window, and its per-unit stage groups by
@@ -786,17 +802,20 @@ fn statement_ending(
         }
     };
 
-    // Stage 3: at most max_groups_per_unit groups per unit, those with the most rows (`__dp_w`),
-    // ties broken by a keyed hash: a function of the unit's own rows, so the groups it drops
-    // hold as few of its rows as the cap allows.
+    // Stage 3: at most max_groups_per_unit groups per unit: when `weighted`, those with the most
+    // rows (`__dp_w`), ties broken by the keyed hash; else by the hash alone. Either is a
+    // function of the unit's own rows and the secret.
+    let by_rows = if weighted { "__dp_w DESC, " } else { "" };
     let ranked_sql = ranking.map(|hash| {
         if first_group_only {
-            Sql::text(
-                "SELECT DISTINCT ON (__dp_unit) *, 1 AS __dp_rank FROM __dp_per_unit ORDER BY __dp_unit, __dp_w DESC, __dp_h",
+            sql!(
+                "SELECT DISTINCT ON (__dp_unit) *, 1 AS __dp_rank FROM __dp_per_unit ORDER BY __dp_unit, {}__dp_h",
+                Sql::text(by_rows)
             )
         } else {
             sql!(
-                "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY __dp_w DESC, {}) AS __dp_rank FROM __dp_per_unit",
+                "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY {}{}) AS __dp_rank FROM __dp_per_unit",
+                Sql::text(by_rows),
                 hash
             )
         }
