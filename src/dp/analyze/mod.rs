@@ -92,10 +92,10 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
     }
     let select = match query.body.as_ref() {
         SetExpr::Select(s) => s,
-        SetExpr::SetOperation { .. } => {
+        SetExpr::SetOperation { left, .. } => {
             return Err(Error::unsupported(
                 "set operations (UNION, INTERSECT, EXCEPT)",
-                "Run each aggregate query separately; each is charged on its own.",
+                set_operation_hint(left),
             ))
         }
         _ => {
@@ -856,3 +856,27 @@ enum Shaped {
 
 #[cfg(test)]
 mod tests;
+
+/// The hint of a refused set operation: a total row above the groups (`… GROUP BY k UNION ALL
+/// SELECT 'all', …`) is one grouping-sets query, shown with the first branch's keys; otherwise
+/// each branch is its own query.
+fn set_operation_hint(left: &SetExpr) -> String {
+    let keys = match left {
+        SetExpr::Select(s) => match &s.group_by {
+            GroupByExpr::Expressions(e, m) if !e.is_empty() && m.is_empty() => Some(
+                e.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            _ => None,
+        },
+        _ => None,
+    };
+    match keys {
+        Some(k) => format!(
+            "For the groups and a total row above them, ask for both in one query: GROUP BY ROLLUP ({k}) (or GROUP BY GROUPING SETS (({k}), ())), one release charged once, whose total row has NULL keys (label it with CASE WHEN GROUPING({k}) = 1 THEN 'all' ELSE … END). Otherwise run each aggregate query separately; each is charged on its own."
+        ),
+        None => "Run each aggregate query separately; each is charged on its own (for groups and their total, one query with GROUP BY ROLLUP (…) is one release).".to_string(),
+    }
+}

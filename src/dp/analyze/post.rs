@@ -476,6 +476,12 @@ impl Analyzer<'_> {
                 self.released_expr(expr, st, inner)
             }
             Expr::Function(f) => self.released_function(f, st),
+            // A denominator from another query (`COUNT(*) * 1.0 / (SELECT COUNT(*) FROM t)`):
+            // the same question is one query of t, its condition moved into FILTER.
+            Expr::Subquery(_) => Err(Error::unsupported(
+                format!("the subquery {e} in an expression over aggregates"),
+                "Ask for the numerator and the denominator in one query of the table, one release charged once: move the numerator's WHERE condition into FILTER, as in SELECT COUNT(*) FILTER (WHERE <condition>) * 1.0 / COUNT(*) FROM <table>; for each group's share of all rows, divide by SUM(COUNT(*)) OVER (), as in SELECT <key>, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () FROM <table> GROUP BY <key>.",
+            )),
             other => Err(Error::unsupported(
                 format!("{other} in an expression over aggregates"),
                 POST_HINT,

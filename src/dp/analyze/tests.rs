@@ -1130,6 +1130,18 @@ fn grouping_and_key_refusals_hint_a_supported_form() {
             SqlState::FEATURE_NOT_SUPPORTED,
             "date_trunc('month'",
         ),
+        // Issue 42: a total row above the groups is one grouping-sets query; a denominator
+        // from a second query is the same query with FILTER.
+        (
+            "SELECT sex, COUNT(*) FROM demo.people GROUP BY sex UNION ALL SELECT 'all', COUNT(*) FROM demo.people",
+            SqlState::FEATURE_NOT_SUPPORTED,
+            "GROUP BY ROLLUP (sex)",
+        ),
+        (
+            "SELECT COUNT(*) * 1.0 / (SELECT COUNT(*) FROM demo.visits) FROM demo.visits WHERE cost > 100",
+            SqlState::FEATURE_NOT_SUPPORTED,
+            "COUNT(*) FILTER (WHERE <condition>) * 1.0 / COUNT(*) FROM <table>",
+        ),
     ] {
         let e = analyze_sql(sql, &ctx).expect_err(sql);
         assert_eq!(e.sqlstate(), code, "{sql}: {e}");
