@@ -494,6 +494,22 @@ pub struct Parameter {
     pub declared: Option<String>,
 }
 
+/// What one unit's rows can add to a statistic that grows with them, in rows, under caps of
+/// `rows` per group, `groups` groups and, when given, `total` in all: `(L1, L2)`
+/// ([`Plan::row_sensitivity`]).
+pub fn row_sensitivity(rows: u64, groups: u64, total: Option<u64>) -> (f64, f64) {
+    let c = rows as f64;
+    let g = groups as f64;
+    match total {
+        Some(t) if t < rows.saturating_mul(groups) => {
+            let full = (t / rows.max(1)).min(groups);
+            let rest = t.saturating_sub(full.saturating_mul(rows)) as f64;
+            (t as f64, (full as f64 * c * c + rest * rest).sqrt())
+        }
+        _ => (c * g, c * g.sqrt()),
+    }
+}
+
 /// The analysed query. Only [`crate::dp::analyze::analyze`] makes one, and only the DP pipeline
 /// can change it: its fields are private to [`crate::dp`], and the accessors below read them.
 /// The one change allowed from outside is [`Plan::assume_unique_unit`], which decides from the
@@ -524,6 +540,13 @@ pub struct Plan {
     /// The most rows per unit and group a query that chooses its caps may choose: at least
     /// `max_rows_per_unit`.
     pub(in crate::dp) rows_ceiling: u64,
+    /// A cap on a unit's rows over all its groups together, below `max_rows_per_unit ×
+    /// max_groups_per_unit`, when a query chose one ([`Plan::with_chosen_bounds`]); `None`
+    /// otherwise. Stage 3 gives each of a unit's kept groups, largest first, an allowance of
+    /// `LEAST(max_rows_per_unit, what is left of the total)` rows, and stage 4 caps the unit's
+    /// rows and values there at its allowance ([`Plan::row_sensitivity`]). Only a measure that
+    /// grows with rows uses it (counts of rows and values, sums, centred sums and squares).
+    pub(in crate::dp) max_rows_total: Option<u64>,
     /// WHERE (canonical, with parameters as `$n` placeholders until the rewrite binds them),
     /// without its semijoins.
     pub(in crate::dp) filter: Option<Expr>,
@@ -600,11 +623,40 @@ impl Plan {
     /// [`crate::dp::release::bounds::choose`] chose for it under a charge: never above this
     /// plan's own (the policy's).
     pub fn with_chosen_bounds(&self, chosen: &crate::dp::release::bounds::ChosenBounds) -> Plan {
+        let rows = chosen.rows_per_unit.clamp(1, self.rows_ceiling);
+        let groups = chosen.groups_per_unit.clamp(1, self.groups_ceiling);
+        // A total that one group's cap already meets is that cap: with one group per unit the
+        // total lowers the cap on rows, and a total of at least rows × groups binds nothing.
+        let (rows, total) = match chosen.rows_total {
+            Some(t) if groups == 1 || self.keys.is_empty() => (rows.min(t.max(1)), None),
+            Some(t) if t < rows.saturating_mul(groups) => (rows, Some(t.max(1))),
+            _ => (rows, None),
+        };
         Plan {
-            max_rows_per_unit: chosen.rows_per_unit.clamp(1, self.rows_ceiling),
-            max_groups_per_unit: chosen.groups_per_unit.clamp(1, self.groups_ceiling),
+            max_rows_per_unit: rows,
+            max_groups_per_unit: groups,
+            max_rows_total: total,
             ..self.clone()
         }
+    }
+
+    /// What one unit's rows can add to a statistic that grows with them, in rows: `(L1, L2)`
+    /// over the groups. At most `C = max_rows_per_unit` rows in each of at most
+    /// `G = max_groups_per_unit` groups: `(C·G, C·√G)`. With a total cap `T < C·G` as well: at
+    /// most `T` rows in all, so `L1 = T`, and the squares are largest with the rows packed into
+    /// as few groups as the cap allows, `k = ⌊T/C⌋` groups of `C` and one of the rest `r`:
+    /// `L2 = √(k·C² + r²) ≤ √(C·T)`.
+    pub fn row_sensitivity(&self) -> (f64, f64) {
+        row_sensitivity(
+            self.max_rows_per_unit,
+            self.max_groups_per_unit,
+            self.max_rows_total,
+        )
+    }
+
+    /// The cap on a unit's rows over all its groups, when the query chose one.
+    pub fn max_rows_total(&self) -> Option<u64> {
+        self.max_rows_total
     }
 
     /// The same query at the policy's ceilings ([`Plan::rows_ceiling`]): the plan a query
@@ -613,6 +665,7 @@ impl Plan {
         Plan {
             max_rows_per_unit: self.rows_ceiling.max(self.max_rows_per_unit),
             max_groups_per_unit: self.groups_ceiling.max(self.max_groups_per_unit),
+            max_rows_total: None,
             ..self.clone()
         }
     }

@@ -228,6 +228,10 @@ struct ChosenCase {
     groups_per_unit: u64,
     groups_ceiling: u64,
     rows_per_unit: u64,
+    /// The cap on a unit's rows over all its groups, when chosen.
+    rows_total: Option<u64>,
+    /// The chosen caps' L1 sensitivity in rows (`Plan::row_sensitivity`).
+    l1_rows: f64,
     ceiling: u64,
     answer: [Exact; 2],
 }
@@ -331,6 +335,8 @@ async fn load_neighbours() -> Neighbours {
             groups_per_unit: at_cap.plan.max_groups_per_unit(),
             groups_ceiling: choice.choice.groups_ceiling(),
             rows_per_unit: at_cap.plan.max_rows_per_unit(),
+            rows_total: at_cap.plan.max_rows_total(),
+            l1_rows: at_cap.plan.row_sensitivity().0,
             ceiling: choice.choice.ceiling(),
             answer: [answer, answer2],
         });
@@ -436,12 +442,13 @@ async fn chosen_bounds_stay_within_their_claimed_sensitivity() {
         // Histogram 0 (rows per pair) has sensitivity max_groups_per_unit, histogram 1
         // (groups per unit) 1, and with a SUM or AVG the clamp's: 2 (units by their distance
         // outside the bounds: the heavy user may have none, so it may not move) and 3 (units by
-        // their clamped sum) 1 each.
+        // their clamped sum) 1 each; 4 (units by their rows over all groups) 1.
         for (part, claimed, moves) in [
             (0, case.groups_ceiling, true),
             (1, 1, true),
             (2, 1, false),
             (3, 1, true),
+            (4, 1, true),
         ] {
             let l1: i64 = buckets
                 .iter()
@@ -467,6 +474,9 @@ async fn chosen_bounds_stay_within_their_claimed_sensitivity() {
         let rewrite = compile_choosing(sql).0.rewrite;
         let m = rewrite.measures.len();
         let mut changed = 0u64;
+        // Per measure that grows with rows, the change summed over the groups: at most what
+        // one row adds times the chosen caps' L1 sensitivity in rows (the total, when chosen).
+        let mut moved_in_all = vec![BigRational::zero(); m];
         for key in keys {
             let empty = (vec![None; m], 0u64);
             let (a, _) = a_d.get(key).unwrap_or(&empty);
@@ -484,8 +494,27 @@ async fn chosen_bounds_stay_within_their_claimed_sensitivity() {
                     ));
                 }
                 moved |= !diff.is_zero();
+                moved_in_all[j] += diff;
             }
             changed += u64::from(moved);
+        }
+        for (j, measure) in rewrite.measures.iter().enumerate() {
+            if !measure.is_additive() {
+                continue;
+            }
+            let per_row = measure.contribution(&rewrite.arguments, 1);
+            let claimed = per_row * case.l1_rows;
+            let bound = rational_from_f64(claimed).expect("finite contribution");
+            if moved_in_all[j] > bound {
+                failures.push(format!(
+                    "{sql}: {} changed by {} over all groups at caps {} × {} (total {:?}), claimed at most {claimed}",
+                    measure.label(&rewrite.arguments),
+                    moved_in_all[j],
+                    case.rows_per_unit,
+                    case.groups_per_unit,
+                    case.rows_total
+                ));
+            }
         }
         if changed == 0 || changed > case.groups_per_unit {
             failures.push(format!(

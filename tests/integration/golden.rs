@@ -1236,3 +1236,138 @@ async fn avg_caps_count_and_centred_sum_alike() {
         "pre-noise AVG(cost) {derived}, clamped average {clamped}"
     );
 }
+
+/// A chosen caps record with a total cap on each unit's rows over all its groups, as the
+/// ledger stores one ([`release::bounds::ChosenBounds::stored_with`]): caps of `rows` in each of
+/// `groups` groups and `total` in all, every estimate 0, with a clamp estimate of aggregate
+/// `clamped` when the query's choice makes one. Read back only through
+/// [`release::bounds::ChosenBounds::stored`], which checks the caps against the query's own
+/// candidates.
+fn chosen_payload(
+    rows: u64,
+    groups: u64,
+    ceiling: u64,
+    groups_ceiling: u64,
+    total: u64,
+    clamped: Option<u64>,
+) -> Vec<u8> {
+    let mut out = b"pgdp-chosen-bounds-2".to_vec();
+    for n in [rows, groups, ceiling, groups_ceiling, 1, total] {
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+    for _ in 0..11 {
+        out.extend_from_slice(&0f64.to_bits().to_be_bytes());
+    }
+    match clamped {
+        None => out.extend_from_slice(&0u64.to_be_bytes()),
+        Some(aggregate) => {
+            out.extend_from_slice(&1u64.to_be_bytes());
+            out.extend_from_slice(&aggregate.to_be_bytes());
+            for _ in 0..4 {
+                out.extend_from_slice(&0f64.to_bits().to_be_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// Under a total cap `T` (docs/privacy.md, "A cap on each unit's rows over all its groups"),
+/// stage 3 gives each of a unit's groups an allowance out of `T` and stage 4 caps there: both
+/// shapes must give the same statistics, and over all clinics the capped count of visits must
+/// be exactly `Σ_units min(T, Σ_clinics min(visits, C))`, computed here independently (over
+/// the clinics C01 to C16 every person has at most 16 clinics, so stage 3 keeps all of them and
+/// the ranking does not matter), at most `T` per person.
+#[tokio::test]
+async fn a_total_cap_keeps_each_unit_within_it_in_both_shapes() {
+    let policy = demo_policy();
+    let db = harness::demo_database(1).await;
+    let client = db.client().await;
+    let most_clinics: i64 = client
+        .query_one(
+            "SELECT max(n) FROM (SELECT person_id, count(DISTINCT clinic) AS n FROM demo.visits WHERE clinic <= 'C16' GROUP BY 1) AS p",
+            &[],
+        )
+        .await
+        .expect("clinics per person")
+        .get(0);
+    assert!(most_clinics <= 16, "{most_clinics} clinics for one person");
+    let sql = "SELECT clinic, COUNT(*), SUM(cost), AVG(cost), VARIANCE(cost) FROM demo.visits WHERE clinic <= 'C16' GROUP BY clinic";
+    let c = compile(&policy, sql, &[]).expect("compiles");
+    let choice =
+        release::bounds::ChoicePlan::new(&c.plan, &c.rewrite, &c.mechanisms, &[], SECRET, None)
+            .expect("choice")
+            .expect("the query chooses its caps");
+    let (ceiling, groups) = (choice.choice.ceiling(), choice.choice.groups_ceiling());
+    assert!(
+        choice.choice.totals().contains(&24),
+        "{:?}",
+        choice.choice.totals()
+    );
+    for total in [3, 24, 64] {
+        // SUM(cost), aggregate 1, is the one whose clamping the choice estimates.
+        let payload = chosen_payload(ceiling, groups, ceiling, groups, total, Some(1));
+        let (chosen, _) = release::bounds::ChosenBounds::stored(&payload, &choice.choice)
+            .unwrap_or_else(|| panic!("a total of {total} is a candidate"));
+        let (plan, fast, _) = choice
+            .answer(&c.plan, &chosen, &[], SECRET, false)
+            .expect("the answer at the total");
+        assert_eq!(plan.max_rows_total(), Some(total));
+        assert!(fast.sql.contains("__dp_allow"), "{}", fast.sql);
+        let reference = rewrite::rewrite_shaped(&plan, &[], SECRET, rewrite::Shape::Reference)
+            .expect("reference shape");
+        let norm = |rows: Vec<Vec<Option<String>>>| -> Vec<Vec<String>> {
+            let mut rows: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .map(|t| {
+                            let t = t.clone().unwrap_or_default();
+                            match t.parse::<f64>() {
+                                Ok(x) => format!("{x:.6e}"),
+                                Err(_) => t,
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            rows.sort();
+            rows
+        };
+        let want = text_rows(&client, &reference.sql)
+            .await
+            .expect("reference runs");
+        let got = text_rows(&client, &fast.sql).await.expect("fast runs");
+        assert_eq!(norm(want), norm(got.clone()), "total {total}");
+        // Column 1 is the capped count of rows.
+        let released: i64 = got
+            .iter()
+            .map(|r| {
+                r[1].as_deref()
+                    .expect("a count")
+                    .parse::<i64>()
+                    .expect("integer")
+            })
+            .sum();
+        let expected: i64 = client
+            .query_one(
+                &format!(
+                    "SELECT sum(LEAST({total}, t))::bigint FROM (SELECT person_id, sum(LEAST(n, {ceiling})) AS t \
+                     FROM (SELECT person_id, clinic, count(*) AS n FROM demo.visits WHERE clinic <= 'C16' GROUP BY 1, 2) AS g GROUP BY 1) AS u"
+                ),
+                &[],
+            )
+            .await
+            .expect("the independent count")
+            .get(0);
+        assert_eq!(released, expected, "total {total}");
+        let units: i64 = client
+            .query_one(
+                "SELECT count(DISTINCT person_id) FROM demo.visits WHERE clinic <= 'C16'",
+                &[],
+            )
+            .await
+            .expect("units")
+            .get(0);
+        assert!(released <= units * total as i64);
+    }
+}

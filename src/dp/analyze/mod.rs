@@ -304,6 +304,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         max_rows_per_unit,
         groups_ceiling: if keys.is_empty() { 1 } else { groups_ceiling },
         rows_ceiling,
+        max_rows_total: None,
         filter,
         semijoins,
         keys,

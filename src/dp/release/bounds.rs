@@ -118,16 +118,13 @@ impl ChoicePlan {
         let Some(choice) = BoundsChoice::new(plan, rewrite, epsilon, cells, gaussian)? else {
             return Ok(None);
         };
-        let groups = (!choice.group_edges().is_empty()).then(|| choice.group_edges());
-        let Some(sql) = rewrite::contributions(
-            plan,
-            parameters,
-            secret,
-            choice.edges(),
-            groups,
-            choice.clamp_edges(),
-        )?
-        else {
+        let edges = rewrite::Histograms {
+            rows: choice.edges(),
+            groups: (!choice.group_edges().is_empty()).then(|| choice.group_edges()),
+            totals: (!choice.totals.is_empty()).then_some(choice.totals.as_slice()),
+            clamp: choice.clamp_edges(),
+        };
+        let Some(sql) = rewrite::contributions(plan, parameters, secret, &edges)? else {
             return Ok(None);
         };
         let answer_budget = Budget {
@@ -308,6 +305,13 @@ pub struct BoundsChoice {
     noise: Noise,
     /// The groups histogram's noise: sensitivity 1.
     group_noise: Option<Noise>,
+    /// The caps on a unit's rows over all its groups it may choose, ascending, below
+    /// `ceiling × groups` (which is no total cap): also the totals histogram's edges, with
+    /// `ceiling × groups` last. Empty when it does not choose one (no group keys, or one
+    /// group per unit).
+    totals: Vec<u64>,
+    /// The totals histogram's noise: sensitivity 1.
+    total_noise: Option<Noise>,
     /// The histograms that estimate what clamping a summed argument removes, when the plan
     /// sums or averages one with bounds.
     clamp: Option<ClampChoice>,
@@ -437,12 +441,33 @@ impl BoundsChoice {
             }
             None => epsilon,
         };
-        let parts = if choose_groups { 2.0 } else { 1.0 };
+        // With group keys, a cap on a unit's rows over all its groups too: a count or sum
+        // over groups then has L1 sensitivity the total, not rows × groups.
+        let totals: Vec<u64> = if choose_groups && ceiling > 1 {
+            let most = ceiling.saturating_mul(groups);
+            let mut t = self::candidates(most);
+            t.retain(|&t| t < most);
+            if t.is_empty() {
+                Vec::new()
+            } else {
+                t.push(most);
+                t
+            }
+        } else {
+            Vec::new()
+        };
+        let parts =
+            1.0 + f64::from(u8::from(choose_groups)) + f64::from(u8::from(!totals.is_empty()));
         let noise = Noise::laplace(groups as f64, caps_epsilon / parts)?;
         let group_noise = if choose_groups {
             Some(Noise::laplace(1.0, caps_epsilon / parts)?)
         } else {
             None
+        };
+        let total_noise = if totals.is_empty() {
+            None
+        } else {
+            Some(Noise::laplace(1.0, caps_epsilon / parts)?)
         };
         let clamp = match clamp_at {
             Some(a) => {
@@ -488,6 +513,8 @@ impl BoundsChoice {
             group_candidates,
             noise,
             group_noise,
+            totals,
+            total_noise,
             clamp,
             epsilon,
             caps_epsilon,
@@ -511,9 +538,26 @@ impl BoundsChoice {
     /// per row of cap at the ceiling on groups ([`noise_per_row`]): linear in `c`, and in `g`
     /// as `g/G` (`√(g/G)` for Gaussian noise).
     pub fn noise_at(&self, noise_per_row: f64, g: u64, c: u64) -> f64 {
-        let r = g as f64 / self.groups as f64;
-        let r = if self.gaussian { r.sqrt() } else { r };
-        c as f64 * noise_per_row * r
+        self.noise_with_total(noise_per_row, g, c, None)
+    }
+
+    /// [`BoundsChoice::noise_at`] with a cap of `total` rows over all groups as well: the
+    /// noise scales with the rows' L1 sensitivity (L2 for Gaussian noise), which is `c·G`
+    /// (`c·√G`) at the ceiling on groups ([`crate::dp::plan::row_sensitivity`]).
+    pub fn noise_with_total(&self, noise_per_row: f64, g: u64, c: u64, total: Option<u64>) -> f64 {
+        let (l1, l2) = crate::dp::plan::row_sensitivity(c, g, total);
+        let at_ceiling = self.groups.max(1) as f64;
+        if self.gaussian {
+            noise_per_row * l2 / at_ceiling.sqrt()
+        } else {
+            noise_per_row * l1 / at_ceiling
+        }
+    }
+
+    /// The caps on a unit's rows over all its groups it may choose (the last, rows × groups,
+    /// is none); empty when it chooses none.
+    pub fn totals(&self) -> &[u64] {
+        &self.totals
     }
 
     /// The caps on rows it may choose, ascending, the ceiling last.
@@ -547,25 +591,35 @@ impl BoundsChoice {
         self.epsilon
     }
 
+    /// How many histograms share the caps' ε: rows, and groups and totals when chosen.
+    fn caps_parts(&self) -> f64 {
+        1.0 + f64::from(u8::from(self.group_noise.is_some()))
+            + f64::from(u8::from(self.total_noise.is_some()))
+    }
+
     /// EXPLAIN's lines: what is chosen, from what, at which cost.
     pub fn explain(&self) -> Vec<String> {
         let groups = match &self.group_noise {
             Some(_) => format!(
                 " and groups per unit from a DP histogram of each unit's number of groups (Laplace, sensitivity 1, epsilon {}), among {} candidates up to the policy's ceiling of {}",
-                fmt_epsilon(self.epsilon / 2.0),
+                fmt_epsilon(self.caps_epsilon / self.caps_parts()),
                 self.group_candidates.len(),
                 self.groups
             ),
             None => String::new(),
         };
+        let totals = match &self.total_noise {
+            Some(_) => format!(
+                "; or, with rows and groups at the ceilings, a cap on each unit's rows over all its groups from a DP histogram of those totals (Laplace, sensitivity 1, epsilon {}), among {} candidates",
+                fmt_epsilon(self.caps_epsilon / self.caps_parts()),
+                self.totals.len() - 1
+            ),
+            None => String::new(),
+        };
         let mut lines = vec![format!(
-            "contribution bounds chosen per query: rows per unit in each group from a DP histogram of the rows of each (unit, group) pair (Laplace, sensitivity {}, epsilon {}), among {} candidates up to the policy's ceiling of {}{groups}; the caps minimise the estimated rows they remove per group ({} group(s) assumed) plus the 95% noise bound; the answer's NOTICE states the chosen caps and the estimated rows they removed (SET pgdp.choose_bounds = off to use the tables' caps)",
+            "contribution bounds chosen per query: rows per unit in each group from a DP histogram of the rows of each (unit, group) pair (Laplace, sensitivity {}, epsilon {}), among {} candidates up to the policy's ceiling of {}{groups}{totals}; the caps minimise the estimated rows they remove per group ({} group(s) assumed) plus the 95% noise bound; the answer's NOTICE states the chosen caps and the estimated rows they removed (SET pgdp.choose_bounds = off to use the tables' caps)",
             self.groups,
-            fmt_epsilon(if self.group_noise.is_some() {
-                self.caps_epsilon / 2.0
-            } else {
-                self.caps_epsilon
-            }),
+            fmt_epsilon(self.caps_epsilon / self.caps_parts()),
             self.candidates.len(),
             self.ceiling,
             self.cells
@@ -593,6 +647,11 @@ fn fmt_epsilon(e: f64) -> String {
 pub struct ChosenBounds {
     pub(in crate::dp) rows_per_unit: u64,
     pub(in crate::dp) groups_per_unit: u64,
+    /// A cap on a unit's rows over all its groups, when chosen.
+    pub(in crate::dp) rows_total: Option<u64>,
+    /// Units in the totals histogram, and those above the chosen total (noisy; 0 without one).
+    total_units: f64,
+    total_units_over: f64,
     ceiling: u64,
     groups_ceiling: u64,
     groups_chosen: bool,
@@ -691,6 +750,11 @@ impl ChosenBounds {
         self.groups_per_unit
     }
 
+    /// The cap on a unit's rows over all its groups the answer used, when it chose one.
+    pub fn rows_total(&self) -> Option<u64> {
+        self.rows_total
+    }
+
     /// Whether the cap on groups was chosen too (else it is the policy's).
     pub fn groups_chosen(&self) -> bool {
         self.groups_chosen
@@ -750,7 +814,22 @@ impl ChosenBounds {
                 limits::BOUNDS_HISTOGRAM_REACH
             ));
         }
-        let (groups, units) = if self.groups_chosen {
+        let (groups, units) = if self.rows_total.is_some() {
+            (
+                format!(
+                    " in all, at most {} in each of at most {} group(s) (the policy's ceilings: {} row(s) in {} group(s))",
+                    self.rows_per_unit, self.groups_per_unit, self.ceiling, self.groups_ceiling
+                ),
+                format!(
+                    ", {} of the units had more rows in all",
+                    percent(if self.total_units > 0.0 {
+                        (self.total_units_over / self.total_units).clamp(0.0, 1.0)
+                    } else {
+                        0.0
+                    })
+                ),
+            )
+        } else if self.groups_chosen {
             (
                 format!(
                     " in each of at most {} group(s) (the policy's ceilings: {} row(s) in {} group(s))",
@@ -773,7 +852,7 @@ impl ChosenBounds {
             .map_or(String::new(), ClampEstimate::notice);
         format!(
             "pgdp: contribution bound chosen for this query: at most {} row(s) per unit{groups}, from DP histograms costing epsilon {} of the charge; estimated bias: the caps removed about {} of the rows ({} of the (unit, group) pairs had more rows{units}){caveats}; COUNT and SUM are low by about that share, and _error95 includes it{clamp}",
-            self.rows_per_unit,
+            self.rows_total.unwrap_or(self.rows_per_unit),
             fmt_epsilon(self.epsilon),
             percent(self.rows_removed_share()),
             percent(self.pairs_over_share()),
@@ -782,7 +861,7 @@ impl ChosenBounds {
 }
 
 /// The prefix of a stored release at chosen caps ([`ChosenBounds::stored_with`]).
-const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-1";
+const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-2";
 
 impl ChosenBounds {
     /// The ledger's payload of a release at these caps: the caps and the noisy histograms'
@@ -797,10 +876,13 @@ impl ChosenBounds {
             self.ceiling,
             self.groups_ceiling,
             u64::from(self.groups_chosen),
+            self.rows_total.unwrap_or(0),
         ] {
             out.extend_from_slice(&n.to_be_bytes());
         }
         for x in [
+            self.total_units,
+            self.total_units_over,
             self.epsilon,
             self.pairs,
             self.pairs_over,
@@ -841,11 +923,11 @@ impl ChosenBounds {
             b = rest;
             Some(u64::from_be_bytes(head.try_into().ok()?))
         };
-        let mut n = [0u64; 5];
+        let mut n = [0u64; 6];
         for v in &mut n {
             *v = next()?;
         }
-        let mut x = [0f64; 9];
+        let mut x = [0f64; 11];
         for v in &mut x {
             *v = f64::from_bits(next()?);
             if !v.is_finite() {
@@ -879,18 +961,30 @@ impl ChosenBounds {
             }
             _ => return None,
         };
-        let [rows_per_unit, groups_per_unit, ceiling, groups_ceiling, groups_chosen] = n;
-        let [epsilon, pairs, pairs_over, units, units_over, rows, rows_removed, beyond_reach, over_ceiling] =
+        let [rows_per_unit, groups_per_unit, ceiling, groups_ceiling, groups_chosen, total] = n;
+        let [total_units, total_units_over, epsilon, pairs, pairs_over, units, units_over, rows, rows_removed, beyond_reach, over_ceiling] =
             x;
+        // A total only among the choice's candidates (the last, rows × groups, is none).
+        let rows_total = (total != 0).then_some(total);
+        let total_allowed = rows_total.is_none_or(|t| {
+            choice
+                .totals
+                .split_last()
+                .is_some_and(|(_, below)| below.contains(&t))
+        });
         let allowed = ceiling == choice.ceiling
             && groups_ceiling == choice.groups
             && choice.candidates.contains(&rows_per_unit)
             && choice.group_candidates.contains(&groups_per_unit)
-            && groups_chosen <= 1;
+            && groups_chosen <= 1
+            && total_allowed;
         allowed.then_some((
             ChosenBounds {
                 rows_per_unit,
                 groups_per_unit,
+                rows_total,
+                total_units,
+                total_units_over,
                 ceiling,
                 groups_ceiling,
                 groups_chosen: groups_chosen == 1,
@@ -947,7 +1041,13 @@ pub fn choose<R: Rng + CryptoRng + ?Sized>(
     rng: &mut R,
 ) -> Result<ChosenBounds> {
     let noisy = NoisyHistograms::new(choice, rows, rng)?;
-    let mut chosen = pick(choice, &noisy.rows, noisy.groups.as_deref(), noise_per_row);
+    let mut chosen = pick_with_totals(
+        choice,
+        &noisy.rows,
+        noisy.groups.as_deref(),
+        noisy.totals.as_deref(),
+        noise_per_row,
+    );
     chosen.clamp = noisy.clamp;
     Ok(chosen)
 }
@@ -959,6 +1059,7 @@ pub fn choose<R: Rng + CryptoRng + ?Sized>(
 struct NoisyHistograms {
     rows: Vec<f64>,
     groups: Option<Vec<f64>>,
+    totals: Option<Vec<f64>>,
     clamp: Option<ClampEstimate>,
 }
 
@@ -973,6 +1074,7 @@ impl NoisyHistograms {
     ) -> Result<NoisyHistograms> {
         let mut exact = vec![0i128; choice.edges.len() + 1];
         let mut exact_groups = vec![0i128; choice.group_edges.len() + 1];
+        let mut exact_totals = vec![0i128; choice.totals.len() + 1];
         let (mut exact_excess, mut exact_sums) = match &choice.clamp {
             Some(c) => (
                 vec![0i128; c.edges.excess.len() + 1],
@@ -992,6 +1094,7 @@ impl NoisyHistograms {
                 1 if choice.group_noise.is_some() => &mut exact_groups,
                 2 if choice.clamp.is_some() => &mut exact_excess,
                 3 if choice.clamp.is_some() => &mut exact_sums,
+                4 if choice.total_noise.is_some() => &mut exact_totals,
                 _ => return Err(Error::internal("a contribution histogram part")),
             };
             let bucket = usize::try_from(parse(1)?)
@@ -1019,6 +1122,10 @@ impl NoisyHistograms {
             .group_noise
             .as_ref()
             .map(|noise| release(noise, &exact_groups));
+        let totals = choice
+            .total_noise
+            .as_ref()
+            .map(|noise| release(noise, &exact_totals));
         let clamp = choice.clamp.as_ref().map(|c| {
             let excess = release(&c.noise, &exact_excess);
             let sums = release(&c.noise, &exact_sums);
@@ -1031,6 +1138,7 @@ impl NoisyHistograms {
         Ok(NoisyHistograms {
             rows: noisy,
             groups,
+            totals,
             clamp,
         })
     }
@@ -1088,10 +1196,11 @@ impl ContributionProfile {
     /// The caps a query with this choice would take at `noise_per_row`
     /// ([`ChoicePlan::noise_per_row`]).
     pub fn chosen(&self, noise_per_row: f64) -> ChosenBounds {
-        let mut chosen = pick(
+        let mut chosen = pick_with_totals(
             &self.choice,
             &self.noisy.rows,
             self.noisy.groups.as_deref(),
+            self.noisy.totals.as_deref(),
             noise_per_row,
         );
         chosen.clamp = self.noisy.clamp.clone();
@@ -1204,10 +1313,26 @@ impl<'a> Removal<'a> {
 /// [`choose`] after the noise: a function of the noisy counts alone (one per bucket of
 /// [`BoundsChoice::edges`] and of [`BoundsChoice::group_edges`], and the last of each for
 /// what lies beyond them).
+#[cfg(test)]
 fn pick(
     choice: &BoundsChoice,
     noisy: &[f64],
     noisy_groups: Option<&[f64]>,
+    noise_per_row: f64,
+) -> ChosenBounds {
+    pick_with_totals(choice, noisy, noisy_groups, None, noise_per_row)
+}
+
+/// [`pick`] with the noisy totals histogram too, when the choice has one: besides every pair
+/// `(g, c)`, each total cap `T` below `C·G` with the rows and groups at the ceilings, whose
+/// error is what the ceilings remove plus the rows above `T` (each unit's total bucket at its
+/// midpoint), spread over the groups, plus the noise at `(C, G, T)`; a total is taken only
+/// when its error is smaller.
+fn pick_with_totals(
+    choice: &BoundsChoice,
+    noisy: &[f64],
+    noisy_groups: Option<&[f64]>,
+    noisy_totals: Option<&[f64]>,
     noise_per_row: f64,
 ) -> ChosenBounds {
     let removal = Removal::new(choice, noisy, noisy_groups);
@@ -1232,18 +1357,75 @@ fn pick(
             }
         }
     }
-    let (gi, ci, _) = best;
-    let (g, c) = (choice.group_candidates[gi], choice.candidates[ci]);
-    // The candidates are the first edges, so what lies above a cap is in the later buckets.
-    let (units, units_over) = match noisy_groups {
-        Some(u) => (u.iter().sum(), u[gi + 1..].iter().sum()),
-        None => (0.0, 0.0),
+    // A cap on the total, with rows and groups at the ceilings.
+    let total_mid = midpoints(&choice.totals);
+    let above_total = |counts: &[f64], t: u64| -> f64 {
+        counts
+            .iter()
+            .zip(&total_mid)
+            .map(|(n, m)| n * (m - t as f64).max(0.0))
+            .sum()
+    };
+    let mut best_total: Option<(usize, f64)> = None;
+    if let Some(totals) = noisy_totals {
+        let (g, c) = (choice.groups, choice.ceiling);
+        let at_ceilings = removed(g, c);
+        for (ti, &t) in choice
+            .totals
+            .iter()
+            .enumerate()
+            .take(choice.totals.len().saturating_sub(1))
+        {
+            let error = (at_ceilings + above_total(totals, t)) / choice.cells
+                + choice.noise_with_total(noise_per_row, g, c, Some(t));
+            if error < best_total.map_or(best.2, |b| b.1) {
+                best_total = Some((ti, error));
+            }
+        }
+    }
+    let (units, units_over_all) = match noisy_groups {
+        Some(u) => (u.iter().sum(), u),
+        None => (0.0, &[][..]),
     };
     let rows = removal.rows();
     let beyond_reach = noisy[n] + noisy_groups.map_or(0.0, |u| u.last().copied().unwrap_or(0.0));
+    let over_ceiling = noisy[choice.candidates.len()..].iter().sum();
+    let total_units = noisy_totals.map_or(0.0, |t| t.iter().sum());
+    if let (Some((ti, _)), Some(totals)) = (best_total, noisy_totals) {
+        let (g, c) = (choice.groups, choice.ceiling);
+        let gi = choice.group_candidates.len() - 1;
+        let ci = choice.candidates.len() - 1;
+        let t = choice.totals[ti];
+        return ChosenBounds {
+            rows_per_unit: c,
+            groups_per_unit: g,
+            rows_total: Some(t),
+            total_units,
+            total_units_over: totals[ti + 1..].iter().sum(),
+            ceiling: choice.ceiling,
+            groups_ceiling: choice.groups,
+            groups_chosen: true,
+            epsilon: choice.epsilon,
+            pairs,
+            pairs_over: noisy[ci + 1..].iter().sum(),
+            units,
+            units_over: units_over_all.get(gi + 1..).map_or(0.0, |u| u.iter().sum()),
+            rows,
+            rows_removed: removed(g, c) + above_total(totals, t),
+            beyond_reach,
+            over_ceiling,
+            clamp: None,
+        };
+    }
+    let (gi, ci, _) = best;
+    let (g, c) = (choice.group_candidates[gi], choice.candidates[ci]);
+    // The candidates are the first edges, so what lies above a cap is in the later buckets.
     ChosenBounds {
         rows_per_unit: c,
         groups_per_unit: g,
+        rows_total: None,
+        total_units,
+        total_units_over: 0.0,
         ceiling: choice.ceiling,
         groups_ceiling: choice.groups,
         groups_chosen: noisy_groups.is_some(),
@@ -1251,11 +1433,11 @@ fn pick(
         pairs,
         pairs_over: noisy[ci + 1..].iter().sum(),
         units,
-        units_over,
+        units_over: units_over_all.get(gi + 1..).map_or(0.0, |u| u.iter().sum()),
         rows,
         rows_removed: removed(g, c),
         beyond_reach,
-        over_ceiling: noisy[choice.candidates.len()..].iter().sum(),
+        over_ceiling,
         clamp: None,
     }
 }
@@ -1295,6 +1477,8 @@ mod tests {
             group_edges: Vec::new(),
             noise: Noise::laplace(1.0, 0.1).expect("noise"),
             group_noise: None,
+            totals: Vec::new(),
+            total_noise: None,
             clamp: None,
             epsilon: 0.1,
             caps_epsilon: 0.1,
@@ -1311,8 +1495,81 @@ mod tests {
             group_candidates,
             groups,
             group_noise: Some(Noise::laplace(1.0, 0.05).expect("noise")),
+            totals: Vec::new(),
+            total_noise: None,
             ..choice(ceiling, cells)
         }
+    }
+
+    /// A choice of both caps and of a total, with `groups` the policy's cap on groups.
+    fn choice_with_totals(ceiling: u64, groups: u64, cells: f64) -> BoundsChoice {
+        let most = ceiling * groups;
+        BoundsChoice {
+            totals: candidates(most),
+            total_noise: Some(Noise::laplace(1.0, 0.03).expect("noise")),
+            ..choice_with_groups(ceiling, groups, cells)
+        }
+    }
+
+    #[test]
+    fn a_total_cap_wins_where_units_spread_few_rows_over_many_groups() {
+        // 500 units with one group of 32 rows, 500 with 16 groups of 2 rows (32 rows each in
+        // all) and 10 heavy units with 16 groups of 40 rows, over 1000 groups. Caps per group
+        // that keep the light units' rows charge every unit 32 × 16 rows; a total of 32 keeps
+        // them all at an L1 of 32 and removes only the heavy units' rows above it.
+        let ch = choice_with_totals(40, 16, 1000.0);
+        assert_eq!(*ch.totals.last().expect("totals"), 640);
+        let bucket = |edges: &[u64], x: u64| edges.iter().position(|&e| x <= e).expect("edge");
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[bucket(&ch.edges, 32)] = 500.0;
+        noisy[bucket(&ch.edges, 2)] = 8000.0;
+        noisy[bucket(&ch.edges, 40)] = 160.0;
+        let mut groups = vec![0.0; ch.group_edges.len() + 1];
+        groups[bucket(&ch.group_edges, 1)] = 500.0;
+        groups[bucket(&ch.group_edges, 16)] = 510.0;
+        let mut totals = vec![0.0; ch.totals.len() + 1];
+        totals[bucket(&ch.totals, 32)] = 1000.0;
+        totals[bucket(&ch.totals, 640)] = 10.0;
+        let chosen = pick_with_totals(&ch, &noisy, Some(&groups), Some(&totals), 1.0);
+        let t = chosen.rows_total.expect("a total is chosen");
+        assert!((32..=64).contains(&t), "{chosen:?}");
+        assert_eq!((chosen.rows_per_unit, chosen.groups_per_unit), (40, 16));
+        // The estimate counts the heavy units' rows above the total.
+        assert!(chosen.rows_removed_share() > 0.0, "{chosen:?}");
+        assert!(chosen
+            .notice()
+            .contains(&format!("at most {t} row(s) per unit in all")));
+        assert!(chosen
+            .notice()
+            .contains("of the units had more rows in all"));
+        // Its noise is the total's: L1 t rows against 640 at the ceilings.
+        let at_total = ch.noise_with_total(1.0, 16, 40, Some(t));
+        assert!((at_total - t as f64 / 16.0).abs() < 1e-9, "{at_total}");
+        // Without noise cost nothing is removed: no total.
+        let free = pick_with_totals(&ch, &noisy, Some(&groups), Some(&totals), 0.0);
+        assert_eq!(free.rows_total, None, "{free:?}");
+        // A stored choice with a total reads back with it, and only with a candidate total.
+        let payload = chosen.stored_with(b"m");
+        let (back, rest) = ChosenBounds::stored(&payload, &ch).expect("reads back");
+        assert_eq!((back.rows_total, rest), (Some(t), &b"m"[..]));
+        let mut other = ch.clone();
+        other.totals = vec![20, 640];
+        assert!(ChosenBounds::stored(&payload, &other).is_none());
+    }
+
+    #[test]
+    fn the_row_sensitivity_under_a_total_packs_full_groups() {
+        use crate::dp::plan::row_sensitivity;
+        assert_eq!(row_sensitivity(10, 5, None), (50.0, 10.0 * 5f64.sqrt()));
+        // A total at or above rows × groups binds nothing.
+        assert_eq!(row_sensitivity(10, 5, Some(50)), (50.0, 10.0 * 5f64.sqrt()));
+        // 25 rows: two full groups of 10 and one of 5.
+        let (l1, l2) = row_sensitivity(10, 5, Some(25));
+        assert_eq!(l1, 25.0);
+        assert!((l2 - (200.0f64 + 25.0).sqrt()).abs() < 1e-12);
+        assert!(l2 <= (10.0f64 * 25.0).sqrt());
+        // Fewer rows than one group's cap: one group of them.
+        assert_eq!(row_sensitivity(40, 16, Some(12)), (12.0, 12.0));
     }
 
     #[test]

@@ -233,6 +233,8 @@ pub fn selection_measure(plan: &Plan, rewrite: &Rewrite, _budget: Budget) -> Opt
                 | crate::dp::rewrite::Measure::Rows
                 | crate::dp::rewrite::Measure::Values(_)
         ) && m.contribution(&rewrite.arguments, plan.max_rows_per_unit) == 1.0
+            // Under a total cap a count of rows has the total's sensitivity, not the groups'.
+            && (*m == crate::dp::rewrite::Measure::Units || plan.max_rows_total.is_none())
     })
 }
 
@@ -282,11 +284,18 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         Mechanism::Laplace => None,
         Mechanism::Auto => return Err(Error::internal("an unresolved automatic mechanism")),
     };
+    // Under a total cap on a unit's rows, a statistic that grows with rows is linear in them:
+    // its L1 and L2 sensitivities are what one row adds times the plan's row sensitivities
+    // (`Plan::row_sensitivity`). Otherwise, and for the others, a unit adds its contribution in
+    // each of at most `G` groups: `G·c` and `√G·c`.
+    let (l1_rows, l2_rows) = plan.row_sensitivity();
     for m in &rewrite.measures {
         let c = m.contribution(&rewrite.arguments, plan.max_rows_per_unit);
+        let per_row = (m.is_additive() && plan.max_rows_total.is_some())
+            .then(|| c / plan.max_rows_per_unit.max(1) as f64);
         let noise = match gaussian_rho {
             None => {
-                let l1 = groups as f64 * c;
+                let l1 = per_row.map_or(groups as f64 * c, |r| r * l1_rows);
                 sensitivities.push(l1);
                 if m.is_integer() {
                     Noise::laplace(l1, epsilon_share)?
@@ -295,7 +304,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
                 }
             }
             Some(rho) => {
-                let l2 = (groups as f64).sqrt() * c;
+                let l2 = per_row.map_or((groups as f64).sqrt() * c, |r| r * l2_rows);
                 sensitivities.push(l2);
                 if m.is_integer() {
                     Noise::gaussian(l2, rho)?

@@ -459,7 +459,7 @@ fn bind_literal(index: usize, value: Option<&Option<String>>, ty: ColumnType) ->
 }
 
 /// Measure `j` of a unit scaled to at most `cap` values of argument `i`.
-fn scaled(j: usize, i: usize, cap: u64) -> Sql {
+fn scaled(j: usize, i: usize, cap: Sql) -> Sql {
     sql!(
         "{} * LEAST(1, CAST({} AS NUMERIC) / GREATEST({}, 1))",
         Name("m", j),
@@ -566,7 +566,21 @@ enum End<'a> {
     Release,
     /// The histogram of [`contributions`]: over the (unit, group) pairs stage 3 keeps, how
     /// many have their row count in each bucket between the candidate caps.
-    Contributions(&'a [u64], Option<&'a [u64]>, Option<&'a ClampEdges>),
+    Contributions(&'a Histograms<'a>),
+}
+
+/// The bucket edges of the contribution histograms ([`contributions`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Histograms<'a> {
+    /// Rows per kept (unit, group) pair: the candidate caps on rows, then beyond.
+    pub rows: &'a [u64],
+    /// Groups per unit (all of them, before stage 3), when the cap on groups is chosen.
+    pub groups: Option<&'a [u64]>,
+    /// Each unit's rows over its kept groups, each group's at most the cap on rows, when a
+    /// total cap is chosen.
+    pub totals: Option<&'a [u64]>,
+    /// What clamping a summed argument removes, when estimated.
+    pub clamp: Option<&'a ClampEdges>,
 }
 
 /// The bucket edges of the two histograms that estimate what clamping a summed argument into
@@ -592,26 +606,30 @@ pub struct ClampEdges {
 /// before stage 3). With `clamp`, two more: `(2, bucket, units)` of each unit's total distance
 /// of the aggregate's argument from its clamped value (units with none left out), and
 /// `(3, bucket, units)` of the absolute value of each unit's sum of clamped values (units
-/// with none left out), both over all of the unit's rows after WHERE. `None` when every row
-/// is its own unit (nothing to choose). Its rows are private like a release's: they reach the
-/// analyst only through the noise of [`crate::dp::release::bounds::choose`].
+/// with none left out), both over all of the unit's rows after WHERE. With `totals`, one more:
+/// `(4, bucket, units)` of each unit's rows over the pairs stage 3 keeps, each pair's at most
+/// the plan's cap on rows. `None` when every row is its own unit (nothing to choose). Its rows
+/// are private like a release's: they reach the analyst only through the noise of
+/// [`crate::dp::release::bounds::choose`].
 pub fn contributions(
     plan: &Plan,
     parameters: &[Option<String>],
     secret: &str,
-    candidates: &[u64],
-    groups: Option<&[u64]>,
-    clamp: Option<&ClampEdges>,
+    edges: &Histograms<'_>,
 ) -> Result<Option<UpstreamSql>> {
+    let empty = |e: Option<&[u64]>| e.is_some_and(|e| e.is_empty());
     if plan.grouping_sets.is_some()
-        || candidates.is_empty()
-        || groups.is_some_and(|g| g.is_empty())
-        || clamp.is_some_and(|c| c.excess.is_empty() || c.sums.is_empty())
+        || edges.rows.is_empty()
+        || empty(edges.groups)
+        || empty(edges.totals)
+        || edges
+            .clamp
+            .is_some_and(|c| c.excess.is_empty() || c.sums.is_empty())
     {
         return Ok(None);
     }
     let mut counted = plan.counting_rows();
-    if let Some(c) = clamp {
+    if let Some(c) = edges.clamp {
         // The count of rows, and the argument summed: stage 1 then carries it as written and
         // clamped, and stage 2 sums both per unit and group.
         let aggregate = plan
@@ -629,7 +647,7 @@ pub fn contributions(
         parameters,
         secret,
         Shape::Fast,
-        End::Contributions(candidates, groups, clamp),
+        End::Contributions(edges),
     )?;
     if statement.is_empty() {
         return Ok(None);
@@ -662,7 +680,7 @@ fn statement_ending(
     // A join to a table with one row per unit: the fast shape aggregates below it (not for the
     // clamp histograms, which read the argument as written in stage 1's rows).
     let clamp_edges = match end {
-        End::Contributions(_, _, clamp) => clamp,
+        End::Contributions(edges) => edges.clamp,
         End::Release => None,
     };
     let below = match shape {
@@ -775,6 +793,17 @@ fn statement_ending(
                     | Measure::SumSquaresCentered(_)
             )
         });
+    // A total cap on a unit's rows over its groups (chosen for the query): with several ranked
+    // groups per unit, stage 3 gives each kept group an allowance `__dp_allow` out of the
+    // total, which stage 4 caps at instead of `rows_cap`; with one group per unit the total
+    // simply lowers the cap.
+    let total = plan
+        .max_rows_total
+        .filter(|_| weighted && groups_cap > 1 && !first_group_only(shape, groups_cap, &below));
+    let rows_cap = match plan.max_rows_total {
+        Some(t) if total.is_none() => rows_cap.min(t.max(1)),
+        _ => rows_cap,
+    };
     let stages = Stages {
         keys: &below_keys,
         measures: &measures,
@@ -782,6 +811,7 @@ fn statement_ending(
         rows_cap,
         excess: clamp_edges.is_some(),
         weighted,
+        allowance: total.is_some(),
     };
     // With one group per unit, the fast shape keeps each unit's group of least hash with
     // `DISTINCT ON` instead of numbering them with a window, and its per-unit stage groups by
@@ -791,7 +821,7 @@ fn statement_ending(
     // over a unit-ordered scan (an index on the unit) the ranking's sort is incremental and
     // cheap, and hashing every row instead of every group then costs more than it saves
     // (BENCHMARKS.md, "Issue 18").
-    let first_group_only = shape == Shape::Fast && groups_cap == 1 && below.is_none();
+    let first_group_only = first_group_only(shape, groups_cap, &below);
     let (per_unit_sql, mut outer) = match shape {
         Shape::Reference => stages.reference(flat)?,
         Shape::Fast if flat => (None, stages.fast_flat()),
@@ -813,10 +843,29 @@ fn statement_ending(
                 Sql::text(by_rows)
             )
         } else {
-            sql!(
-                "SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY {}{}) AS __dp_rank FROM __dp_per_unit",
+            let order = sql!(
+                "PARTITION BY __dp_unit ORDER BY {}{}",
                 Sql::text(by_rows),
                 hash
+            );
+            // A kept group's allowance: the cap on rows, or what the groups ranked before it
+            // (each at its rows, capped) left of the total, whichever is less; 0 once the total
+            // is used up. The rows each kept group then adds, LEAST(rows, allowance), are the
+            // greedy fill of the total in rank order, so they add up to at most the total.
+            let allowance = match total {
+                Some(t) => sql!(
+                    ", LEAST({}, GREATEST({} - COALESCE(SUM(LEAST(__dp_w, {})) OVER ({} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0), 0)) AS __dp_allow",
+                    rows_cap,
+                    t,
+                    rows_cap,
+                    order.clone()
+                ),
+                None => Sql::text(""),
+            };
+            sql!(
+                "SELECT *, ROW_NUMBER() OVER ({}) AS __dp_rank{} FROM __dp_per_unit",
+                order,
+                allowance
             )
         }
     });
@@ -895,7 +944,13 @@ fn statement_ending(
     if let Some(r) = &ranked_sql {
         statement.push(sql!(", __dp_ranked AS ({})", r));
     }
-    if let End::Contributions(candidates, groups, clamp) = end {
+    if let End::Contributions(&Histograms {
+        rows: candidates,
+        groups,
+        totals,
+        clamp,
+    }) = end
+    {
         if !measures.contains(&Measure::Rows) {
             return Err(Error::internal(
                 "a contribution histogram without a row count",
@@ -921,6 +976,16 @@ fn statement_ending(
                 " UNION ALL SELECT 1, width_bucket(__dp_g, ARRAY[{}]), COUNT(*) FROM (SELECT __dp_unit, COUNT(*) AS __dp_g FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_groups GROUP BY width_bucket(__dp_g, ARRAY[{}])",
                 Sql::join(groups.clone(), ", "),
                 Sql::join(groups, ", ")
+            ));
+        }
+        if let Some(totals) = totals {
+            // Each unit's rows over the groups it keeps, at most the cap in each.
+            let totals = thresholds(totals);
+            statement.push(sql!(
+                " UNION ALL SELECT 4, width_bucket(__dp_t, ARRAY[{}]), COUNT(*) FROM (SELECT __dp_unit, CAST(SUM(LEAST(__dp_r0, {})) AS BIGINT) AS __dp_t FROM {} GROUP BY __dp_unit) AS __dp_totals GROUP BY 2",
+                Sql::join(totals, ", "),
+                rows_cap,
+                source.clone()
             ));
         }
         if let Some(clamp) = clamp {
@@ -970,6 +1035,11 @@ fn statement_ending(
         statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
     }
     Ok((statement, arguments, measures, aggregate_measures))
+}
+
+/// Whether stage 3 keeps each unit's one group with `DISTINCT ON` (see [`statement_ending`]).
+fn first_group_only(shape: Shape, groups_cap: u64, below: &Option<lookup::Split>) -> bool {
+    shape == Shape::Fast && groups_cap == 1 && below.is_none()
 }
 
 /// The lookup form's `__dp_per_unit` ([`lookup`]): each unit's rows of `__dp_below` with the
@@ -1039,6 +1109,9 @@ struct Stages<'a> {
     /// Whether stage 3 ranks each unit's groups: the per-unit stage then also counts each
     /// group's rows as `__dp_w`, the ranking's first key.
     weighted: bool,
+    /// Whether stage 3 gives each kept group an allowance of rows out of a total cap
+    /// (`__dp_allow`, at most `rows_cap`), which stage 4 caps at instead of `rows_cap`.
+    allowance: bool,
 }
 
 impl Stages<'_> {
@@ -1058,24 +1131,45 @@ impl Stages<'_> {
         }
     }
 
-    /// The range a unit's capped sum of measure `m` is clamped to: `[lo, hi]`.
-    fn sum_range(&self, m: &Measure) -> Result<(Number, Number)> {
-        let cap = self.rows_cap as f64;
+    /// The cap stage 4 puts on a unit's rows and values in a group: `rows_cap`, or the group's
+    /// allowance under a total cap.
+    fn cap(&self) -> Sql {
+        if self.allowance {
+            Sql::text("__dp_allow")
+        } else {
+            sql!("{}", self.rows_cap)
+        }
+    }
+
+    /// The range a unit's capped sum of measure `m` is clamped to: `[lo, hi]`, for `cap`
+    /// values: the range of one value times the cap ([`Stages::cap`]).
+    fn sum_range(&self, m: &Measure) -> Result<(Sql, Sql)> {
+        let (lo, hi) = self.value_range(m)?;
+        Ok(if self.allowance {
+            (
+                sql!("__dp_allow * {}", Number(lo)),
+                sql!("__dp_allow * {}", Number(hi)),
+            )
+        } else {
+            let cap = self.rows_cap as f64;
+            (sql!("{}", Number(lo * cap)), sql!("{}", Number(hi * cap)))
+        })
+    }
+
+    /// The range of what one value adds to measure `m`'s sum, 0 included.
+    fn value_range(&self, m: &Measure) -> Result<(f64, f64)> {
         Ok(match m {
             Measure::Sum(i) => {
                 let b = self.bounds(*i)?;
-                (
-                    Number((b.lower * cap).min(0.0)),
-                    Number((b.upper * cap).max(0.0)),
-                )
+                (b.lower.min(0.0), b.upper.max(0.0))
             }
             Measure::SumCentered(i) => {
-                let h = self.arguments[*i].center().1 * cap;
-                (Number(-h), Number(h))
+                let h = self.arguments[*i].center().1;
+                (-h, h)
             }
             Measure::SumSquaresCentered(i) => {
                 let h = self.arguments[*i].center().1;
-                (Number(0.0), Number(h * h * cap))
+                (0.0, h * h)
             }
             _ => return Err(Error::internal("not a sum")),
         })
@@ -1091,7 +1185,7 @@ impl Stages<'_> {
             per_unit.push(Sql::text("COUNT(*) AS __dp_w"));
         }
         let mut outer = Vec::new();
-        let cap = self.rows_cap;
+        let cap = self.cap();
         for (j, m) in self.measures.iter().enumerate() {
             let (expr, single) = match m {
                 Measure::Rows => (Sql::text("COUNT(*)"), Sql::text("1")),
@@ -1118,7 +1212,7 @@ impl Stages<'_> {
             one_row.push(sql!("{} AS {}", single, Name("m", j)));
             outer.push(match m {
                 Measure::Rows | Measure::Values(_) => {
-                    sql!("SUM(LEAST({}, {}))", Name("m", j), cap)
+                    sql!("SUM(LEAST({}, {}))", Name("m", j), cap.clone())
                 }
                 Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
                     Sql::text("COUNT(*)")
@@ -1132,7 +1226,7 @@ impl Stages<'_> {
                     sql!(
                         "SUM(CASE WHEN {} > 0 THEN LEAST(GREATEST({}, {}), {}) END)",
                         Name("n", *i),
-                        scaled(j, *i, cap),
+                        scaled(j, *i, cap.clone()),
                         lo,
                         hi
                     )
@@ -1201,7 +1295,7 @@ impl Stages<'_> {
     /// stage groups by (unit, hash, keys): the same groups, since the hash is a function of the
     /// unit and the keys, in the order the ranking reads them.
     fn fast(&self, ranking: Option<&Sql>) -> Result<(Sql, Vec<Sql>)> {
-        let cap = self.rows_cap;
+        let cap = self.cap();
         let mut per_unit = vec![Sql::text("__dp_unit")];
         let mut group_unit = vec![Sql::text("__dp_unit")];
         if let Some(hash) = ranking {
@@ -1248,8 +1342,8 @@ impl Stages<'_> {
         let mut outer = Vec::new();
         for m in self.measures {
             outer.push(match m {
-                Measure::Rows => sql!("SUM(LEAST(__dp_r0, {}))", cap),
-                Measure::Values(i) => sql!("SUM(LEAST({}, {}))", Name("n", *i), cap),
+                Measure::Rows => sql!("SUM(LEAST(__dp_r0, {}))", cap.clone()),
+                Measure::Values(i) => sql!("SUM(LEAST({}, {}))", Name("n", *i), cap.clone()),
                 Measure::Units | Measure::Distinct(_) | Measure::Quantile(..) => {
                     Sql::text("COUNT(*)")
                 }
@@ -1269,10 +1363,10 @@ impl Stages<'_> {
                     sql!(
                         "SUM(CASE WHEN {} <= {} THEN {} ELSE LEAST(GREATEST({} * (CAST({} AS NUMERIC) / {}), {}), {}) END)",
                         n,
-                        cap,
+                        cap.clone(),
+                        x.clone(),
                         x,
-                        x,
-                        cap,
+                        cap.clone(),
                         n,
                         lo,
                         hi
