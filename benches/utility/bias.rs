@@ -51,9 +51,9 @@ pub struct BiasRow {
     pub label: &'static str,
     pub before: f64,
     pub after: f64,
-    /// The caps (rows per group, groups per unit) the choice took over the repetitions (empty:
-    /// the query does not choose).
-    pub caps: BTreeSet<(u64, u64)>,
+    /// The caps (rows per group, groups per unit, total per unit) the choice took over the
+    /// repetitions (empty: the query does not choose).
+    pub caps: BTreeSet<(u64, u64, Option<u64>)>,
 }
 
 /// Relative errors of `answers` against `plain`, over every true group and aggregate.
@@ -137,7 +137,7 @@ pub async fn measure(
         }
         Some(choice) => {
             let histogram = simple_rows(direct, choice.sql.as_str()).await?;
-            let mut at_cap: BTreeMap<(u64, u64), PrivateRows> = BTreeMap::new();
+            let mut at_cap: BTreeMap<(u64, u64, Option<u64>), PrivateRows> = BTreeMap::new();
             for _ in 0..reps {
                 let chosen = bounds::choose(
                     &choice.choice,
@@ -149,9 +149,13 @@ pub async fn measure(
                 let (p, r, m) = choice
                     .answer(&plan, &chosen, &[], secret, false)
                     .map_err(err)?;
-                let cap = chosen.rows_per_unit();
-                caps.insert((cap, chosen.groups_per_unit()));
-                let rows = match at_cap.entry((cap, chosen.groups_per_unit())) {
+                let caps_of = (
+                    chosen.rows_per_unit(),
+                    chosen.groups_per_unit(),
+                    chosen.rows_total(),
+                );
+                caps.insert(caps_of);
+                let rows = match at_cap.entry(caps_of) {
                     std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
                     std::collections::btree_map::Entry::Vacant(v) => {
                         let fetched = simple_rows(direct, r.sql.as_str()).await?;
@@ -187,7 +191,7 @@ pub fn report(rows: &[BiasRow], reps: usize) -> Res<String> {
     )?;
     writeln!(
         r,
-        "| # | query | before | after | caps chosen (rows per group × groups per person) |"
+        "| # | query | before | after | caps chosen (rows per group × groups per person, ≤ rows per person in all when a total is chosen) |"
     )?;
     writeln!(r, "|---|---|---|---|---|")?;
     for row in rows {
@@ -196,7 +200,10 @@ pub fn report(rows: &[BiasRow], reps: usize) -> Res<String> {
         } else {
             row.caps
                 .iter()
-                .map(|(c, g)| format!("{c}×{g}"))
+                .map(|(c, g, t)| match t {
+                    Some(t) => format!("{c}×{g} ≤{t}"),
+                    None => format!("{c}×{g}"),
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         };

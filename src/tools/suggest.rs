@@ -214,18 +214,43 @@ async fn statement<R: Rng + CryptoRng + ?Sized>(
             rows_line(g)
         );
     }
+    let totals = c.totals();
+    if let Some((_, below)) = totals.split_last() {
+        // Up to the first total that removes nothing (larger ones only add noise).
+        let mut shares = Vec::new();
+        for &t in below {
+            let share = profile.total_removed_share(t).unwrap_or(0.0);
+            shares.push(format!(" {t}: {}", percent(share)));
+            if share <= 0.0 {
+                break;
+            }
+        }
+        let line = shares.join(",");
+        let _ = writeln!(
+            text,
+            "    rows removed by a cap on each unit's rows over all its groups (at {} row(s) in each of {} group(s)):{line}",
+            c.ceiling(),
+            c.groups_ceiling()
+        );
+    }
     let (g, cap) = (chosen.groups_per_unit(), chosen.rows_per_unit());
+    let (caps, removed) = match chosen.rows_total() {
+        Some(t) => (
+            format!("at most {t} row(s) per unit in all, {cap} in each of at most {g} group(s)"),
+            chosen.rows_removed_share(),
+        ),
+        None if groups.len() > 1 => (
+            format!("{cap} row(s) in each of at most {g} group(s)"),
+            profile.removed_share(g, cap),
+        ),
+        None => (format!("{cap} row(s)"), profile.removed_share(g, cap)),
+    };
     let _ = writeln!(
         text,
-        "    a query at epsilon {} would choose {cap} row(s){}: removes about {} of the rows, with noise within ±{} (95%) in each released value of its noisiest aggregate",
+        "    a query at epsilon {} would choose {caps}: removes about {} of the rows, with noise within ±{} (95%) in each released value of its noisiest aggregate",
         fmt_number(budget.epsilon),
-        if groups.len() > 1 {
-            format!(" in each of at most {g} group(s)")
-        } else {
-            String::new()
-        },
-        percent(profile.removed_share(g, cap)),
-        fmt_count(c.noise_at(noise_per_row, g, cap))
+        percent(removed),
+        fmt_count(c.noise_with_total(noise_per_row, g, cap, chosen.rows_total()))
     );
     if let Some(clamp) = profile.clamp() {
         if clamp.detected() {

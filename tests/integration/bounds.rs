@@ -137,7 +137,8 @@ async fn counts_by_clinic_are_closer_to_postgresql_than_under_the_policys_caps()
         assert!(
             notices
                 .iter()
-                .any(|n| n.contains("of the units had more groups")),
+                .any(|n| n.contains("of the units had more groups")
+                    || n.contains("of the units had more rows in all")),
             "{notices:?}"
         );
         assert_eq!(answer.len(), truth.len(), "every clinic is selected");
@@ -151,6 +152,13 @@ async fn counts_by_clinic_are_closer_to_postgresql_than_under_the_policys_caps()
     // With the policy's ceilings (40 visits in 16 groups) the caps chosen fit the data, against
     // the tables' caps of 10 visits in 5 groups.
     let median = |e: &[f64]| e[e.len() / 2];
+    // Issue 41's target: within 2 % of PostgreSQL's count per clinic at ε = 1 (a cap on each
+    // person's visits over all clinics makes it about 0.3 % in docs/utility.md).
+    assert!(
+        median(&chosen) < 0.02,
+        "median relative error {:.4} with the chosen caps",
+        median(&chosen)
+    );
     assert!(
         median(&chosen) < 0.75 * median(&fixed),
         "median relative error {:.3} chosen against {:.3} under the policy's caps",

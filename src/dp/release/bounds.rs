@@ -1183,6 +1183,22 @@ impl ContributionProfile {
         }
     }
 
+    /// The estimated share of the rows that a cap of `total` rows per unit over all its groups
+    /// removes, with rows and groups at the ceilings; `None` when the choice has no totals
+    /// histogram (no group keys).
+    pub fn total_removed_share(&self, total: u64) -> Option<f64> {
+        let totals = self.noisy.totals.as_deref()?;
+        let removal = Removal::new(&self.choice, &self.noisy.rows, self.noisy.groups.as_deref());
+        let rows = removal.rows();
+        let removed = removal.removed(self.choice.groups, self.choice.ceiling)
+            + above(totals, &midpoints(&self.choice.totals), total);
+        Some(if rows > 0.0 {
+            (removed / rows).clamp(0.0, 1.0)
+        } else {
+            0.0
+        })
+    }
+
     /// The estimated number of rows (noisy, post-processed).
     pub fn rows(&self) -> f64 {
         Removal::new(&self.choice, &self.noisy.rows, self.noisy.groups.as_deref()).rows()
@@ -1310,6 +1326,15 @@ impl<'a> Removal<'a> {
     }
 }
 
+/// The rows above `cap` in a histogram of `counts` with bucket midpoints `mid`.
+fn above(counts: &[f64], mid: &[f64], cap: u64) -> f64 {
+    counts
+        .iter()
+        .zip(mid)
+        .map(|(n, m)| n * (m - cap as f64).max(0.0))
+        .sum()
+}
+
 /// [`choose`] after the noise: a function of the noisy counts alone (one per bucket of
 /// [`BoundsChoice::edges`] and of [`BoundsChoice::group_edges`], and the last of each for
 /// what lies beyond them).
@@ -1359,13 +1384,7 @@ fn pick_with_totals(
     }
     // A cap on the total, with rows and groups at the ceilings.
     let total_mid = midpoints(&choice.totals);
-    let above_total = |counts: &[f64], t: u64| -> f64 {
-        counts
-            .iter()
-            .zip(&total_mid)
-            .map(|(n, m)| n * (m - t as f64).max(0.0))
-            .sum()
-    };
+    let above_total = |counts: &[f64], t: u64| above(counts, &total_mid, t);
     let mut best_total: Option<(usize, f64)> = None;
     if let Some(totals) = noisy_totals {
         let (g, c) = (choice.groups, choice.ceiling);
