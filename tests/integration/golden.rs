@@ -1337,7 +1337,14 @@ async fn a_total_cap_keeps_each_unit_within_it_in_both_shapes() {
             .await
             .expect("reference runs");
         let got = text_rows(&client, &fast.sql).await.expect("fast runs");
-        assert_eq!(norm(want), norm(got.clone()), "total {total}");
+        assert_eq!(norm(want.clone()), norm(got.clone()), "total {total}");
+        // The partitionwise shape (shards, partitions by unit) keeps the allowance's window.
+        let sharded = rewrite::partitionwise(fast.clone()).expect("partitionwise shape");
+        assert!(sharded.sql.contains("__dp_allow"), "{}", sharded.sql);
+        let on_shards = text_rows(&client, &sharded.sql)
+            .await
+            .expect("partitionwise runs");
+        assert_eq!(norm(want), norm(on_shards), "total {total}, partitionwise");
         // Column 1 is the capped count of rows.
         let released: i64 = got
             .iter()
