@@ -127,23 +127,40 @@ impl Dsn {
         match &self.tls {
             None => {
                 let (client, connection) = self.config.connect(NoTls).await?;
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, what, "connection ended");
-                    }
-                });
+                tokio::spawn(drive(connection, what));
                 Ok(client)
             }
             Some(tls) => {
                 let (client, connection) = self.config.connect(tls.clone()).await?;
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, what, "connection ended");
-                    }
-                });
+                tokio::spawn(drive(connection, what));
                 Ok(client)
             }
         }
+    }
+}
+
+/// Runs a connection until it ends, dropping the upstream's asynchronous messages unread.
+/// Awaited as a future, tokio-postgres logs each NOTICE and WARNING (with its text) at info
+/// through the `log` bridge, and a notice may carry data values (a view's or a function's
+/// `RAISE NOTICE`, a constraint's message): pgdp's log must hold nothing from the upstream's
+/// messages (docs/security.md), so only how many were dropped is logged, at debug.
+async fn drive<S, T>(mut connection: tokio_postgres::Connection<S, T>, what: &'static str)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut dropped: u64 = 0;
+    let ended = std::future::poll_fn(|cx| loop {
+        match connection.poll_message(cx) {
+            Poll::Ready(Some(Ok(_message))) => dropped += 1,
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+            Poll::Ready(None) => return Poll::Ready(Ok(())),
+            Poll::Pending => return Poll::Pending,
+        }
+    })
+    .await;
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, what, dropped, "connection ended");
     }
 }
 

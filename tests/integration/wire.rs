@@ -748,3 +748,81 @@ async fn savepoints_restore_settings_and_keep_charges() {
     );
     proxy.stop().await;
 }
+
+/// The log lines a test's subscriber wrote.
+#[derive(Clone, Default)]
+struct CapturedLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
+    }
+}
+
+/// An upstream NOTICE can carry a data value (a view's or function's `RAISE NOTICE`):
+/// connections pgdp opens drop them unread, where a connection awaited as a future has
+/// tokio-postgres log their text at info (docs/security.md, "Errors"). The bare connection is
+/// the control: it shows the capture sees such a log line.
+#[tokio::test(flavor = "current_thread")]
+async fn upstream_notices_never_reach_the_log() {
+    use tracing_subscriber::util::SubscriberInitExt;
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    // This thread's subscriber (the test's runtime runs the connection tasks on it too), with
+    // the `log` bridge tokio-postgres logs through.
+    let _guard = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .set_default();
+    let dsn = crate::harness::upstream().await.admin_dsn().to_string();
+    // The marker is assembled upstream, so only the notice holds it whole (tokio-postgres logs
+    // the statements it sends at debug).
+    let raise = |marker: &str| {
+        let (head, tail) = marker.split_at(4);
+        format!(
+            "DO $$ BEGIN RAISE NOTICE '%', '{head}' || '{tail}'; RAISE WARNING 'w-%', '{head}' || '{tail}'; END $$"
+        )
+    };
+    let pgdp_client = pgdp::dsn::Dsn::parse(&dsn)
+        .expect("the test upstream's DSN")
+        .connect("test")
+        .await
+        .expect("connect through pgdp's Dsn");
+    pgdp_client
+        .batch_execute(&raise("pgdp-secret-marker"))
+        .await
+        .expect("the notice");
+    let (bare, connection) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls)
+        .await
+        .expect("bare connection");
+    tokio::spawn(connection);
+    bare.batch_execute(&raise("bare-control-marker"))
+        .await
+        .expect("the control notice");
+    // A round trip on each, so each connection task has read past its notices.
+    pgdp_client
+        .simple_query("SELECT 1")
+        .await
+        .expect("round trip");
+    bare.simple_query("SELECT 1").await.expect("round trip");
+    let text = log.text();
+    assert!(
+        text.contains("bare-control-marker"),
+        "the control's notice was not captured, so the test proves nothing: {text}"
+    );
+    assert!(
+        !text.contains("pgdp-secret-marker"),
+        "an upstream notice reached pgdp's log: {text}"
+    );
+}
