@@ -1410,41 +1410,32 @@ fn pick_with_totals(
     let beyond_reach = noisy[n] + noisy_groups.map_or(0.0, |u| u.last().copied().unwrap_or(0.0));
     let over_ceiling = noisy[choice.candidates.len()..].iter().sum();
     let total_units = noisy_totals.map_or(0.0, |t| t.iter().sum());
-    if let (Some((ti, _)), Some(totals)) = (best_total, noisy_totals) {
-        let (g, c) = (choice.groups, choice.ceiling);
-        let gi = choice.group_candidates.len() - 1;
-        let ci = choice.candidates.len() - 1;
-        let t = choice.totals[ti];
-        return ChosenBounds {
-            rows_per_unit: c,
-            groups_per_unit: g,
-            rows_total: Some(t),
-            total_units,
-            total_units_over: totals[ti + 1..].iter().sum(),
-            ceiling: choice.ceiling,
-            groups_ceiling: choice.groups,
-            groups_chosen: true,
-            epsilon: choice.epsilon,
-            pairs,
-            pairs_over: noisy[ci + 1..].iter().sum(),
-            units,
-            units_over: units_over_all.get(gi + 1..).map_or(0.0, |u| u.iter().sum()),
-            rows,
-            rows_removed: removed(g, c) + above_total(totals, t),
-            beyond_reach,
-            over_ceiling,
-            clamp: None,
-        };
-    }
-    let (gi, ci, _) = best;
-    let (g, c) = (choice.group_candidates[gi], choice.candidates[ci]);
-    // The candidates are the first edges, so what lies above a cap is in the later buckets.
+    // Either a total with rows and groups at the ceilings, or the best pair of caps. The
+    // candidates are the first edges, so what lies above a cap is in the later buckets.
+    let (gi, ci, rows_total, total_units_over, rows_removed) = match (best_total, noisy_totals) {
+        (Some((ti, _)), Some(totals)) => {
+            let (g, c) = (choice.groups, choice.ceiling);
+            let t = choice.totals[ti];
+            (
+                choice.group_candidates.len() - 1,
+                choice.candidates.len() - 1,
+                Some(t),
+                totals[ti + 1..].iter().sum(),
+                removed(g, c) + above_total(totals, t),
+            )
+        }
+        _ => {
+            let (gi, ci, _) = best;
+            let (g, c) = (choice.group_candidates[gi], choice.candidates[ci]);
+            (gi, ci, None, 0.0, removed(g, c))
+        }
+    };
     ChosenBounds {
-        rows_per_unit: c,
-        groups_per_unit: g,
-        rows_total: None,
+        rows_per_unit: choice.candidates[ci],
+        groups_per_unit: choice.group_candidates[gi],
+        rows_total,
         total_units,
-        total_units_over: 0.0,
+        total_units_over,
         ceiling: choice.ceiling,
         groups_ceiling: choice.groups,
         groups_chosen: noisy_groups.is_some(),
@@ -1454,7 +1445,7 @@ fn pick_with_totals(
         units,
         units_over: units_over_all.get(gi + 1..).map_or(0.0, |u| u.iter().sum()),
         rows,
-        rows_removed: removed(g, c),
+        rows_removed,
         beyond_reach,
         over_ceiling,
         clamp: None,
