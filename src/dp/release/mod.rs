@@ -292,7 +292,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     for m in &rewrite.measures {
         let c = m.contribution(&rewrite.arguments, plan.max_rows_per_unit);
         let per_row = (m.is_additive() && plan.max_rows_total.is_some())
-            .then(|| c / plan.max_rows_per_unit.max(1) as f64);
+            .then(|| m.contribution(&rewrite.arguments, 1));
         let noise = match gaussian_rho {
             None => {
                 let l1 = per_row.map_or(groups as f64 * c, |r| r * l1_rows);
