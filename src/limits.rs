@@ -260,6 +260,11 @@ pub const BOUNDS_CLAMP_SHARE: f64 = 0.05;
 /// weigh per group, against the noise of one group.
 pub const BOUNDS_CHOICE_CELLS_SELECTED: u64 = 10;
 
+/// How many times a query that chooses a clamped column's upper bound may halve the policy's
+/// `upper_ceiling` (`dp::release::bounds`): its candidates span a factor of 2^this, each in
+/// its own bucket of the histogram of each unit's largest value.
+pub const BOUNDS_UPPER_HALVINGS: i32 = 20;
+
 /// How far beyond the policy's cap the contribution histogram reaches (as a multiple of the
 /// cap), to estimate the rows a cap removes from pairs with more rows than the policy allows.
 pub const BOUNDS_HISTOGRAM_REACH: u64 = 8;
@@ -267,6 +272,7 @@ pub const BOUNDS_HISTOGRAM_REACH: u64 = 8;
 const _: () = assert!(BOUNDS_CHOICE_SHARE > 0.0 && BOUNDS_CHOICE_SHARE < 0.5);
 const _: () = assert!(BOUNDS_CLAMP_SHARE > 0.0 && BOUNDS_CHOICE_SHARE + BOUNDS_CLAMP_SHARE < 0.5);
 const _: () = assert!(BOUNDS_HISTOGRAM_REACH >= 2);
+const _: () = assert!(BOUNDS_UPPER_HALVINGS >= 1 && BOUNDS_UPPER_HALVINGS <= 60);
 
 /// Smallest ε a single query may spend; below it noise is astronomically large and samplers slow.
 pub const EPSILON_PER_QUERY_MIN: f64 = 1e-6;

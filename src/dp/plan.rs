@@ -305,6 +305,10 @@ pub struct Aggregate {
     pub argument: Option<Canonical>,
     /// Bounds of the argument, for sums, averages and variances.
     pub bounds: Option<Bounds>,
+    /// For a SUM, AVG or variance of a bare column whose policy has an `upper_ceiling`: how
+    /// far a query that chooses its bounds may raise `bounds.upper` ([`Plan::at_ceilings`],
+    /// [`Plan::with_chosen_bounds`]); `None` otherwise.
+    pub upper_ceiling: Option<f64>,
     /// Canonical text of the whole aggregate (to match HAVING / ORDER BY references).
     pub text: String,
     /// The type PostgreSQL gives the aggregate, as far as pgdp knows the argument's type
@@ -632,10 +636,35 @@ impl Plan {
             Some(t) if t < rows.saturating_mul(groups) => (rows, Some(t.max(1))),
             _ => (rows, None),
         };
+        // A chosen upper bound replaces the policy's for every aggregate of the estimated
+        // argument that may raise it, never above its ceiling.
+        let upper = chosen.clamp_upper().and_then(|(a, upper)| {
+            let argument = self.aggregates.get(a)?.argument.clone()?;
+            Some((argument, upper))
+        });
+        let aggregates = self
+            .aggregates
+            .iter()
+            .map(|a| match (&upper, a.upper_ceiling, a.bounds, &a.argument) {
+                (Some((argument, upper)), Some(ceiling), Some(b), Some(x))
+                    if x == argument && *upper > b.lower =>
+                {
+                    Aggregate {
+                        bounds: Some(Bounds {
+                            upper: upper.min(ceiling),
+                            ..b
+                        }),
+                        ..a.clone()
+                    }
+                }
+                _ => a.clone(),
+            })
+            .collect();
         Plan {
             max_rows_per_unit: rows,
             max_groups_per_unit: groups,
             max_rows_total: total,
+            aggregates,
             ..self.clone()
         }
     }
@@ -659,13 +688,28 @@ impl Plan {
         self.max_rows_total
     }
 
-    /// The same query at the policy's ceilings ([`Plan::rows_ceiling`]): the plan a query
-    /// that chooses its caps prices and histograms, whose caps the chosen ones never exceed.
+    /// The same query at the policy's ceilings ([`Plan::rows_ceiling`], and each aggregate's
+    /// [`Aggregate::upper_ceiling`]): the plan a query that chooses its caps prices and
+    /// histograms, whose caps and bounds the chosen ones never exceed.
     pub(in crate::dp) fn at_ceilings(&self) -> Plan {
         Plan {
             max_rows_per_unit: self.rows_ceiling.max(self.max_rows_per_unit),
             max_groups_per_unit: self.groups_ceiling.max(self.max_groups_per_unit),
             max_rows_total: None,
+            aggregates: self
+                .aggregates
+                .iter()
+                .map(|a| match (a.upper_ceiling, a.bounds) {
+                    (Some(ceiling), Some(b)) => Aggregate {
+                        bounds: Some(Bounds {
+                            upper: ceiling.max(b.upper),
+                            ..b
+                        }),
+                        ..a.clone()
+                    },
+                    _ => a.clone(),
+                })
+                .collect(),
             ..self.clone()
         }
     }
@@ -678,6 +722,7 @@ impl Plan {
                 kind: AggregateKind::CountRows,
                 argument: None,
                 bounds: None,
+                upper_ceiling: None,
                 text: "count(*)".into(),
                 result: crate::output::CellType::Int8,
                 integral: true,

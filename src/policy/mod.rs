@@ -329,6 +329,10 @@ pub struct Column {
     pub declared_type: String,
     /// Bounds for aggregating the column (SUM, AVG, …).
     pub bounds: Option<Bounds>,
+    /// How far a query that chooses its bounds may raise `bounds.upper` (the policy's
+    /// `upper_ceiling`; `lower` is then at least 0): the answer clamps at an upper bound chosen
+    /// from a DP histogram of the values, at most this ([`crate::dp::release::bounds`]).
+    pub upper_ceiling: Option<f64>,
     /// Whether the column may be used as a GROUP BY key.
     pub groupable: bool,
     /// Values of the column that are public knowledge; every one is released, present or not.

@@ -106,6 +106,8 @@ pub(super) struct RawColumn {
     #[serde(default)]
     upper: Option<f64>,
     #[serde(default)]
+    upper_ceiling: Option<f64>,
+    #[serde(default)]
     groupable: Option<bool>,
     #[serde(default)]
     public_values: Option<Vec<serde_norway::Value>>,
@@ -605,6 +607,39 @@ pub(super) fn validate(
                     None
                 }
             };
+            let upper_ceiling = match (c.upper_ceiling, bounds) {
+                (None, _) => None,
+                (Some(_), None) => {
+                    p.add(
+                        &cpath,
+                        "upper_ceiling needs lower and upper (it is how far a query may raise upper)",
+                    );
+                    None
+                }
+                (Some(ceiling), Some(b)) => {
+                    if !ceiling.is_finite() || ceiling <= b.upper {
+                        p.add(
+                            &format!("{cpath}.upper_ceiling"),
+                            format!("must be a finite number above upper ({})", b.upper),
+                        );
+                        None
+                    } else if b.lower < 0.0 {
+                        p.add(
+                            &format!("{cpath}.upper_ceiling"),
+                            "needs lower >= 0 (pgdp chooses only the upper bound of non-negative columns)",
+                        );
+                        None
+                    } else if ceiling > limits::COLUMN_BOUND_ABS_MAX {
+                        p.add(
+                            &format!("{cpath}.upper_ceiling"),
+                            format!("must lie within {}", limits::COLUMN_BOUND_ABS_MAX),
+                        );
+                        None
+                    } else {
+                        Some(ceiling)
+                    }
+                }
+            };
             let public_values = match &c.public_values {
                 None => None,
                 Some(values) => {
@@ -642,6 +677,7 @@ pub(super) fn validate(
                 ty,
                 declared_type: c.ty.trim().to_ascii_lowercase(),
                 bounds,
+                upper_ceiling,
                 groupable,
                 public_values,
                 exhaustive,

@@ -38,6 +38,7 @@ impl<'a> Analyzer<'a> {
             let info = Info {
                 ty: Some(column.ty),
                 bounds: column.bounds.map(|b| (b.lower, b.upper)),
+                upper_ceiling: column.upper_ceiling,
                 groupable: (column.groupable || !r.private) && !unit,
                 constant: false,
                 public,
@@ -371,7 +372,7 @@ impl<'a> Analyzer<'a> {
                     ));
                 }
                 let bounds = if target.is_numeric() { i.bounds } else { None };
-                Ok(Info { ty: Some(target), bounds, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit })
+                Ok(Info { ty: Some(target), bounds, upper_ceiling: None, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit })
             }
             Expr::Extract { field, expr, .. } => {
                 let i = self.expr(expr, role)?;

@@ -212,6 +212,7 @@ impl<'a> Analyzer<'a> {
             ty: ColumnType::parse(&path.unit_type).unwrap_or(ColumnType::Integer),
             declared_type: path.unit_type.clone(),
             bounds: None,
+            upper_ceiling: None,
             groupable: false,
             public_values: None,
             exhaustive: false,

@@ -614,6 +614,9 @@ struct Info {
     ty: Option<ColumnType>,
     /// Bounds of its value, when derivable (for aggregate arguments).
     bounds: Option<(f64, f64)>,
+    /// For a bare column whose policy has one, how far a query that chooses its bounds may
+    /// raise the upper bound ([`crate::policy::Column::upper_ceiling`]).
+    upper_ceiling: Option<f64>,
     /// Whether it may be a group key (uses only groupable columns).
     groupable: bool,
     /// Whether it is a constant (a literal or a parameter).
@@ -633,6 +636,7 @@ impl Info {
         Info {
             ty,
             bounds: value.map(|v| (v, v)),
+            upper_ceiling: None,
             groupable: true,
             constant: true,
             public: PublicKeys::No,
@@ -646,6 +650,7 @@ impl Info {
         Info {
             ty,
             bounds,
+            upper_ceiling: None,
             groupable: parts.iter().all(|p| p.groupable),
             constant: parts.iter().all(|p| p.constant),
             public: PublicKeys::No,

@@ -278,6 +278,7 @@ impl<'a> Analyzer<'a> {
                         ty: ty.0,
                         declared_type: ty.1,
                         bounds: None,
+                        upper_ceiling: None,
                         groupable: false,
                         public_values: None,
                         exhaustive: false,
@@ -349,6 +350,8 @@ impl<'a> Analyzer<'a> {
                     }
                 }),
                 bounds,
+                // A column passed through keeps its ceiling; a per-unit value has none.
+                upper_ceiling: if per_unit { None } else { info.upper_ceiling },
                 groupable: info.groupable || per_unit,
                 public_values,
                 exhaustive,
@@ -365,6 +368,7 @@ impl<'a> Analyzer<'a> {
                     ty: ColumnType::Integer,
                     declared_type: "bigint".into(),
                     bounds: None,
+                    upper_ceiling: None,
                     groupable: false,
                     public_values: None,
                     exhaustive: false,

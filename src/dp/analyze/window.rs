@@ -327,6 +327,7 @@ impl<'a> Analyzer<'a> {
                 Info {
                     ty: x.ty,
                     bounds,
+                    upper_ceiling: None,
                     groupable: x.groupable && !x.uses_unit,
                     constant: false,
                     public: PublicKeys::No,
@@ -368,6 +369,7 @@ impl<'a> Analyzer<'a> {
                 Info {
                     ty: Some(ty),
                     bounds: Some(bounds),
+                    upper_ceiling: None,
                     groupable: x.groupable && !x.uses_unit,
                     constant: false,
                     public: PublicKeys::No,
@@ -388,6 +390,7 @@ fn ranked(ty: ColumnType, declared: &str, bounds: (f64, f64)) -> Info {
     Info {
         ty: Some(ty),
         bounds: Some(bounds),
+        upper_ceiling: None,
         groupable: true,
         constant: false,
         public: PublicKeys::No,

@@ -115,7 +115,7 @@ impl ChoicePlan {
             return Ok(None);
         }
         let gaussian = budget.mechanism == crate::policy::Mechanism::Gaussian;
-        let Some(choice) = BoundsChoice::new(plan, rewrite, epsilon, cells, gaussian)? else {
+        let Some(mut choice) = BoundsChoice::new(plan, rewrite, epsilon, cells, gaussian)? else {
             return Ok(None);
         };
         let edges = rewrite::Histograms {
@@ -134,6 +134,7 @@ impl ChoicePlan {
         let mut at_ceiling = super::mechanisms(plan, rewrite, answer_budget)?;
         at_ceiling.clamp_means = mechanisms.clamp_means;
         at_ceiling.max_relative_error = mechanisms.max_relative_error;
+        choice.weigh_upper(rewrite, &at_ceiling.noises);
         let cost = Cost::pure(super::fixed_ceil(epsilon)?) + at_ceiling.cost;
         Ok(Some(ChoicePlan {
             choice,
@@ -333,9 +334,72 @@ struct ClampChoice {
     edges: rewrite::ClampEdges,
     /// `argument in [lower, upper]`, as the NOTICE names clamped arguments.
     label: String,
+    /// The argument as the NOTICE names it (for the chosen bound's label).
+    name: String,
+    /// When the argument's upper bound is chosen (a column with an `upper_ceiling`).
+    upper: Option<UpperChoice>,
     /// Each histogram's noise: sensitivity 1, half the clamp's ε.
     noise: Noise,
     epsilon: f64,
+}
+
+/// How a clamped argument's upper bound is chosen (a column whose policy has an
+/// `upper_ceiling`, with `lower >= 0`): among the ceiling halved up to
+/// [`limits::BOUNDS_UPPER_HALVINGS`] times, from a DP histogram of each unit's largest value
+/// (sensitivity 1, in place of the distance histogram), weighing what clamping there removes
+/// against the answer's noise, which grows with the bound.
+#[derive(Debug, Clone)]
+struct UpperChoice {
+    /// The argument's lower bound (at least 0).
+    lower: f64,
+    /// The policy's `upper_ceiling`: the last candidate.
+    ceiling: f64,
+    /// The upper bounds it may choose, ascending, the ceiling last.
+    candidates: Vec<f64>,
+    /// The answer's 95 % noise bound on its sum of the argument at the ceilings (caps and
+    /// bound): set by [`ChoicePlan::new`] from the answer's mechanisms, 0 before.
+    noise_at_ceiling: f64,
+    /// Whether the answer sums the argument centred (AVG): its noise then scales with
+    /// `upper − lower`, else with `upper`.
+    centered: bool,
+}
+
+impl UpperChoice {
+    fn new(lower: f64, ceiling: f64, centered: bool) -> UpperChoice {
+        let mut candidates: Vec<f64> = (0..=limits::BOUNDS_UPPER_HALVINGS)
+            .map(|k| ceiling / 2f64.powi(k))
+            .filter(|&u| u > lower)
+            .collect();
+        candidates.reverse();
+        UpperChoice {
+            lower,
+            ceiling,
+            candidates,
+            noise_at_ceiling: 0.0,
+            centered,
+        }
+    }
+
+    /// The largest-value histogram's edges: the candidates, then the ceiling doubled up to
+    /// [`limits::BOUNDS_HISTOGRAM_REACH`] times it.
+    fn edges(&self) -> Vec<f64> {
+        let mut out = self.candidates.clone();
+        let mut e = self.ceiling * 2.0;
+        while e <= self.ceiling * limits::BOUNDS_HISTOGRAM_REACH as f64 {
+            out.push(e);
+            e *= 2.0;
+        }
+        out
+    }
+
+    /// How the answer's noise at bound `upper` compares with its noise at the ceiling.
+    fn noise_ratio(&self, upper: f64) -> f64 {
+        if self.centered {
+            (upper - self.lower) / (self.ceiling - self.lower)
+        } else {
+            upper / self.ceiling
+        }
+    }
 }
 
 /// The aggregate of `plan` whose argument's clamping a choice estimates: the first SUM or AVG
@@ -356,6 +420,13 @@ fn clamp_aggregate(plan: &Plan, rewrite: &Rewrite) -> Option<usize> {
                 })
             })
     })
+}
+
+impl ClampChoice {
+    /// `argument in [lower, upper]` at a chosen upper bound.
+    fn label_at(&self, lower: f64, upper: f64) -> String {
+        format!("{} in [{lower}, {upper}]", self.name)
+    }
 }
 
 /// Edges `unit·2^k` for `k` in `from..=to`.
@@ -482,13 +553,34 @@ impl BoundsChoice {
                 let width = b.upper - b.lower;
                 let largest = b.lower.abs().max(b.upper.abs()).max(width);
                 let most = (ceiling.saturating_mul(groups).max(1) as f64).log2().ceil() as i32;
+                // At the ceilings the bounds are [lower, upper_ceiling] (Plan::at_ceilings).
+                let centered = rewrite.aggregate_measures.get(a).is_some_and(|ms| {
+                    ms.iter()
+                        .any(|&m| matches!(rewrite.measures.get(m), Some(Measure::SumCentered(_))))
+                });
+                let upper = aggregate
+                    .upper_ceiling
+                    .filter(|_| b.lower >= 0.0)
+                    .map(|_| UpperChoice::new(b.lower, b.upper, centered))
+                    .filter(|u| u.candidates.len() > 1);
+                let label = super::clamp_label(plan, argument, b);
+                let name = label
+                    .rsplit_once(" in [")
+                    .map_or(label.clone(), |(n, _)| n.to_string());
                 Some(ClampChoice {
                     edges: rewrite::ClampEdges {
                         aggregate: a,
-                        excess: doubling_edges(width, -6, 16),
+                        excess: if upper.is_some() {
+                            Vec::new()
+                        } else {
+                            doubling_edges(width, -6, 16)
+                        },
                         sums: doubling_edges(largest, -6, most),
+                        largest: upper.as_ref().map_or(Vec::new(), UpperChoice::edges),
                     },
-                    label: super::clamp_label(plan, argument, b),
+                    label,
+                    name,
+                    upper,
                     noise: Noise::laplace(1.0, clamp_epsilon / 2.0)?,
                     epsilon: clamp_epsilon,
                 })
@@ -521,6 +613,32 @@ impl BoundsChoice {
             cells,
             gaussian,
         }))
+    }
+
+    /// When it chooses a clamped argument's upper bound: takes the answer's 95 % noise bound on
+    /// the argument's sum at the ceilings from `noises`, the answer's noises at the ceilings
+    /// (one per measure of `rewrite`), to weigh against what clamping removes.
+    fn weigh_upper(&mut self, rewrite: &Rewrite, noises: &[Noise]) {
+        let Some(c) = self.clamp.as_mut() else {
+            return;
+        };
+        let Some(u) = c.upper.as_mut() else {
+            return;
+        };
+        let measures = rewrite
+            .aggregate_measures
+            .get(c.edges.aggregate)
+            .map_or(&[][..], Vec::as_slice);
+        u.noise_at_ceiling = measures
+            .iter()
+            .filter(|&&m| {
+                matches!(
+                    rewrite.measures.get(m),
+                    Some(Measure::Sum(_) | Measure::SumCentered(_))
+                )
+            })
+            .filter_map(|&m| noises.get(m)?.error_bound(0.05).ok())
+            .fold(0.0, f64::max);
     }
 
     /// The edges of the clamp's histograms, when the choice estimates what clamping removes.
@@ -624,7 +742,17 @@ impl BoundsChoice {
             self.ceiling,
             self.cells
         )];
-        if let Some(clamp) = &self.clamp {
+        if let Some(u) = self.clamp.as_ref().and_then(|c| c.upper.as_ref().map(|u| (c, u))) {
+            let (clamp, u) = u;
+            lines.push(format!(
+                "upper bound chosen per query: {} clamped at one of {} upper bounds up to the policy's upper_ceiling of {}, from a DP histogram of each unit's largest value (Laplace, sensitivity 1, epsilon {}), minimising what clamping removes per group plus the 95% noise bound of the sum; with a DP histogram of each unit's clamped sum (epsilon {}) the answer's NOTICE states the share of the sum removed, and the _error95 of SUM and AVG of it include it",
+                clamp.name,
+                u.candidates.len(),
+                u.ceiling,
+                fmt_epsilon(clamp.epsilon / 2.0),
+                fmt_epsilon(clamp.epsilon / 2.0)
+            ));
+        } else if let Some(clamp) = &self.clamp {
             lines.push(format!(
                 "clamping estimated: what clamping {} removes, from DP histograms of each unit's total distance outside the bounds and of its clamped sum (Laplace, sensitivity 1, epsilon {} each); the answer's NOTICE states the estimated share of the sum removed, and the _error95 of SUM and AVG of it include it",
                 clamp.label,
@@ -684,6 +812,10 @@ pub struct ClampEstimate {
     sums: f64,
     /// Noisy counts at or below this many units read as empty.
     floor: f64,
+    /// When the upper bound was chosen: it and the policy's ceiling (`label` names it). Then
+    /// `units_outside` counts the units whose largest value is above it and `excess` their
+    /// largest values' distance from it (a lower estimate: one value per unit).
+    chosen_upper: Option<(f64, f64)>,
 }
 
 impl ClampEstimate {
@@ -718,8 +850,22 @@ impl ClampEstimate {
         self.floor
     }
 
+    /// The upper bound chosen for the argument and the policy's ceiling, when chosen.
+    pub fn chosen_upper(&self) -> Option<(f64, f64)> {
+        self.chosen_upper
+    }
+
     /// The NOTICE's clause.
     fn notice(&self) -> String {
+        if let Some((upper, ceiling)) = self.chosen_upper {
+            return format!(
+                "; {} clamped at an upper bound chosen from a DP histogram of each unit's largest value (the policy allows up to {ceiling}): about {} unit(s) have values above {upper}, and clamping removed at least about {} of the sum of its absolute values (one value per unit counted; buckets of {} units or fewer read as empty), so SUM and AVG of it are low by about that share, and their _error95 includes it",
+                self.label,
+                self.units_outside.round(),
+                percent(self.share()),
+                self.floor.ceil()
+            );
+        }
         if self.excess <= 0.0 {
             // Nothing seen is not nothing there: a few units far outside the bounds can carry
             // much of the sum in buckets below the noise.
@@ -753,6 +899,12 @@ impl ChosenBounds {
     /// The cap on a unit's rows over all its groups the answer used, when it chose one.
     pub fn rows_total(&self) -> Option<u64> {
         self.rows_total
+    }
+
+    /// The plan's aggregate whose argument's upper bound was chosen, and the bound.
+    pub fn clamp_upper(&self) -> Option<(usize, f64)> {
+        let c = self.clamp.as_ref()?;
+        c.chosen_upper.map(|(upper, _)| (c.aggregate, upper))
     }
 
     /// Whether the cap on groups was chosen too (else it is the policy's).
@@ -861,7 +1013,7 @@ impl ChosenBounds {
 }
 
 /// The prefix of a stored release at chosen caps ([`ChosenBounds::stored_with`]).
-const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-2";
+const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-3";
 
 impl ChosenBounds {
     /// The ledger's payload of a release at these caps: the caps and the noisy histograms'
@@ -898,10 +1050,14 @@ impl ChosenBounds {
         match &self.clamp {
             None => out.extend_from_slice(&0u64.to_be_bytes()),
             Some(c) => {
-                out.extend_from_slice(&1u64.to_be_bytes());
+                let tag: u64 = if c.chosen_upper.is_some() { 2 } else { 1 };
+                out.extend_from_slice(&tag.to_be_bytes());
                 out.extend_from_slice(&(c.aggregate as u64).to_be_bytes());
                 for x in [c.units_outside, c.excess, c.sums, c.floor] {
                     out.extend_from_slice(&x.to_bits().to_be_bytes());
+                }
+                if let Some((upper, _)) = c.chosen_upper {
+                    out.extend_from_slice(&upper.to_bits().to_be_bytes());
                 }
             }
         }
@@ -937,7 +1093,7 @@ impl ChosenBounds {
         // The clamp's estimate, when the choice made one (its label is the choice's).
         let clamp = match (next()?, &choice.clamp) {
             (0, None) => None,
-            (1, Some(c)) => {
+            (tag @ (1 | 2), Some(c)) if (tag == 2) == c.upper.is_some() => {
                 let aggregate = next()?;
                 let mut y = [0f64; 4];
                 for v in &mut y {
@@ -949,14 +1105,29 @@ impl ChosenBounds {
                 if aggregate != c.edges.aggregate as u64 {
                     return None;
                 }
+                // A chosen upper bound only among the choice's candidates.
+                let chosen_upper = match &c.upper {
+                    None => None,
+                    Some(u) => {
+                        let upper = f64::from_bits(next()?);
+                        if !u.candidates.contains(&upper) {
+                            return None;
+                        }
+                        Some((upper, u.ceiling))
+                    }
+                };
                 let [units_outside, excess, sums, floor] = y;
                 Some(ClampEstimate {
                     aggregate: c.edges.aggregate,
-                    label: c.label.clone(),
+                    label: match (&c.upper, chosen_upper) {
+                        (Some(u), Some((upper, _))) => c.label_at(u.lower, upper),
+                        _ => c.label.clone(),
+                    },
                     units_outside,
                     excess,
                     sums,
                     floor,
+                    chosen_upper,
                 })
             }
             _ => return None,
@@ -1048,7 +1219,7 @@ pub fn choose<R: Rng + CryptoRng + ?Sized>(
         noisy.totals.as_deref(),
         noise_per_row,
     );
-    chosen.clamp = noisy.clamp;
+    chosen.clamp = noisy.clamp_estimate(choice, &chosen);
     Ok(chosen)
 }
 
@@ -1060,11 +1231,95 @@ struct NoisyHistograms {
     rows: Vec<f64>,
     groups: Option<Vec<f64>>,
     totals: Option<Vec<f64>>,
-    clamp: Option<ClampEstimate>,
+    clamp: Option<NoisyClamp>,
+}
+
+/// The clamp's noisy histograms: distances outside the bounds (or, when the upper bound is
+/// chosen, each unit's largest value) and absolute clamped sums, with the count at or below
+/// which a bucket reads as empty.
+#[derive(Debug, Clone)]
+struct NoisyClamp {
+    excess: Vec<f64>,
+    largest: Vec<f64>,
+    sums: Vec<f64>,
+    floor: f64,
 }
 
 impl NoisyHistograms {
-    /// Noises the histograms the upstream returned for `choice` (rows of histogram number,
+    /// What clamping removes at the caps of `chosen`: the estimate at the bounds, or, when
+    /// the upper bound is chosen, the bound [`choose_upper`] picks and what it removes.
+    fn clamp_estimate(&self, choice: &BoundsChoice, chosen: &ChosenBounds) -> Option<ClampEstimate> {
+        let (c, n) = (choice.clamp.as_ref()?, self.clamp.as_ref()?);
+        Some(match &c.upper {
+            None => estimate_clamp(c, &n.excess, &n.sums, n.floor),
+            Some(u) => {
+                let at_caps = choice.noise_with_total(
+                    1.0,
+                    chosen.groups_per_unit,
+                    chosen.rows_per_unit,
+                    chosen.rows_total,
+                ) / choice.noise_with_total(1.0, choice.groups, choice.ceiling, None);
+                choose_upper(c, u, n, at_caps, choice.cells)
+            }
+        })
+    }
+}
+
+/// The upper bound among `u`'s candidates that minimises what clamping there removes per
+/// group (`cells` groups; from the noisy histogram of each unit's largest value, each bucket
+/// at its midpoint, one value per unit: a lower estimate) plus the answer's 95 % noise bound
+/// on its sum at that bound (`u.noise_at_ceiling` scaled by `at_caps`, the chosen caps' share
+/// of the ceilings' sensitivity, and by the bound), the larger on a tie; with what it removes
+/// as a share of the units' absolute clamped sums at the ceiling. Post-processing of the
+/// noisy counts.
+fn choose_upper(
+    c: &ClampChoice,
+    u: &UpperChoice,
+    n: &NoisyClamp,
+    at_caps: f64,
+    cells: f64,
+) -> ClampEstimate {
+    let edges = u.edges();
+    let mid = real_midpoints(&edges);
+    let whole: f64 = n
+        .sums
+        .iter()
+        .zip(real_midpoints(&c.edges.sums))
+        .map(|(n, m)| n * m)
+        .sum();
+    // Bucket j + 1 onwards holds the units whose largest value is at least candidate j.
+    let above = |j: usize, upper: f64| -> (f64, f64) {
+        n.largest
+            .iter()
+            .zip(&mid)
+            .skip(j + 1)
+            .fold((0.0, 0.0), |(units, removed), (count, m)| {
+                (units + count, removed + count * (m - upper).max(0.0))
+            })
+    };
+    let mut best: Option<(f64, usize)> = None;
+    for (j, &upper) in u.candidates.iter().enumerate() {
+        let (_, removed) = above(j, upper);
+        let error = removed / cells + u.noise_at_ceiling * at_caps * u.noise_ratio(upper);
+        if best.is_none_or(|(e, _)| error <= e) {
+            best = Some((error, j));
+        }
+    }
+    let j = best.map_or(u.candidates.len() - 1, |(_, j)| j);
+    let upper = u.candidates[j];
+    let (units, removed) = above(j, upper);
+    ClampEstimate {
+        aggregate: c.edges.aggregate,
+        label: c.label_at(u.lower, upper),
+        units_outside: units,
+        excess: removed,
+        sums: (whole - removed).max(0.0),
+        floor: n.floor,
+        chosen_upper: Some((upper, u.ceiling)),
+    }
+}
+
+impl NoisyHistograms {    /// Noises the histograms the upstream returned for `choice` (rows of histogram number,
     /// bucket number, count). [`Error::Internal`] on a row that is not (histogram, bucket,
     /// count) with both in range.
     fn new<R: Rng + CryptoRng + ?Sized>(
@@ -1075,12 +1330,17 @@ impl NoisyHistograms {
         let mut exact = vec![0i128; choice.edges.len() + 1];
         let mut exact_groups = vec![0i128; choice.group_edges.len() + 1];
         let mut exact_totals = vec![0i128; choice.totals.len() + 1];
-        let (mut exact_excess, mut exact_sums) = match &choice.clamp {
+        let (mut exact_excess, mut exact_sums, mut exact_largest) = match &choice.clamp {
             Some(c) => (
                 vec![0i128; c.edges.excess.len() + 1],
                 vec![0i128; c.edges.sums.len() + 1],
+                vec![0i128; c.edges.largest.len() + 1],
             ),
-            None => (Vec::new(), Vec::new()),
+            None => (Vec::new(), Vec::new(), Vec::new()),
+        };
+        let (estimates, chooses) = match &choice.clamp {
+            Some(c) => (c.upper.is_none(), c.upper.is_some()),
+            None => (false, false),
         };
         for row in &rows.rows {
             let parse = |i: usize| -> Result<i128> {
@@ -1092,8 +1352,9 @@ impl NoisyHistograms {
             let part = match parse(0)? {
                 0 => &mut exact,
                 1 if choice.group_noise.is_some() => &mut exact_groups,
-                2 if choice.clamp.is_some() => &mut exact_excess,
+                2 if estimates => &mut exact_excess,
                 3 if choice.clamp.is_some() => &mut exact_sums,
+                5 if chooses => &mut exact_largest,
                 4 if choice.total_noise.is_some() => &mut exact_totals,
                 _ => return Err(Error::internal("a contribution histogram part")),
             };
@@ -1127,13 +1388,21 @@ impl NoisyHistograms {
             .as_ref()
             .map(|noise| release(noise, &exact_totals));
         let clamp = choice.clamp.as_ref().map(|c| {
-            let excess = release(&c.noise, &exact_excess);
+            // The histogram that is not computed stays empty (`release` of no buckets).
+            let excess = release(&c.noise, if estimates { &exact_excess } else { &[] });
+            let largest = release(&c.noise, if chooses { &exact_largest } else { &[] });
             let sums = release(&c.noise, &exact_sums);
+            let buckets = excess.len().max(largest.len()).max(1);
             let floor = c
                 .noise
-                .error_bound(0.05 / excess.len().max(1) as f64)
+                .error_bound(0.05 / buckets as f64)
                 .unwrap_or(0.0);
-            estimate_clamp(c, &excess, &sums, floor)
+            NoisyClamp {
+                excess,
+                largest,
+                sums,
+                floor,
+            }
         });
         Ok(NoisyHistograms {
             rows: noisy,
@@ -1204,9 +1473,10 @@ impl ContributionProfile {
         Removal::new(&self.choice, &self.noisy.rows, self.noisy.groups.as_deref()).rows()
     }
 
-    /// What clamping removes, when the choice estimated it.
-    pub fn clamp(&self) -> Option<&ClampEstimate> {
-        self.noisy.clamp.as_ref()
+    /// What clamping removes, when the choice estimated it: at the bounds, or, when the upper
+    /// bound is chosen, at the bound a query with the caps of `chosen` would take.
+    pub fn clamp(&self, chosen: &ChosenBounds) -> Option<ClampEstimate> {
+        self.noisy.clamp_estimate(&self.choice, chosen)
     }
 
     /// The caps a query with this choice would take at `noise_per_row`
@@ -1219,7 +1489,7 @@ impl ContributionProfile {
             self.noisy.totals.as_deref(),
             noise_per_row,
         );
-        chosen.clamp = self.noisy.clamp.clone();
+        chosen.clamp = self.noisy.clamp_estimate(&self.choice, &chosen);
         chosen
     }
 }
@@ -1241,6 +1511,7 @@ fn estimate_clamp(c: &ClampChoice, excess: &[f64], sums: &[f64], floor: f64) -> 
         excess: total(excess, &c.edges.excess),
         sums: total(sums, &c.edges.sums),
         floor,
+        chosen_upper: None,
     }
 }
 
@@ -1652,8 +1923,11 @@ mod tests {
                 aggregate: 0,
                 excess: doubling_edges(2000.0, -6, 16),
                 sums: doubling_edges(2000.0, -6, 10),
+                largest: Vec::new(),
             },
             label: "cost in [0, 2000]".into(),
+            name: "cost".into(),
+            upper: None,
             noise: Noise::laplace(1.0, 0.025).expect("noise"),
             epsilon: 0.05,
         }
@@ -1693,6 +1967,115 @@ mod tests {
         far[c.edges.excess.len()] = 1.0;
         let e = estimate_clamp(&c, &far, &sums, 0.0);
         assert_eq!(e.excess, 2000.0 * 65536.0);
+    }
+
+    /// A choice of the upper bound of cost in [0, 200000] (the ceiling; the answer's sum has a
+    /// 95 % noise bound of `noise` there).
+    fn upper_choice(noise: f64) -> ClampChoice {
+        let mut u = UpperChoice::new(0.0, 200_000.0, false);
+        u.noise_at_ceiling = noise;
+        ClampChoice {
+            edges: rewrite::ClampEdges {
+                aggregate: 0,
+                excess: Vec::new(),
+                sums: doubling_edges(200_000.0, -6, 10),
+                largest: u.edges(),
+            },
+            upper: Some(u),
+            label: "cost in [0, 200000]".into(),
+            ..clamp_choice()
+        }
+    }
+
+    #[test]
+    fn the_upper_bound_weighs_what_clamping_removes_against_the_noise() {
+        let c = upper_choice(1_000_000.0);
+        let u = c.upper.clone().expect("upper");
+        assert_eq!(u.candidates.last(), Some(&200_000.0));
+        assert_eq!(u.candidates.len(), 21);
+        assert!(u.candidates.windows(2).all(|w| w[0] < w[1]));
+        // 10,000 units whose largest value is in [3125, 6250) (the bucket after candidate
+        // 3125), 50 units' in [100000, 200000); clamped sums: 10,050 units around 1,500.
+        let bucket = |x: f64| u.edges().iter().filter(|&&e| e <= x).count();
+        let mut largest = vec![0.0; u.edges().len() + 1];
+        largest[bucket(4000.0)] = 10_000.0;
+        largest[bucket(150_000.0)] = 50.0;
+        let mut sums = vec![0.0; c.edges.sums.len() + 1];
+        sums[bucket_of(&c.edges.sums, 1500.0)] = 10_050.0;
+        let n = NoisyClamp {
+            excess: Vec::new(),
+            largest,
+            sums,
+            floor: 10.0,
+        };
+        // One group, the noise at the ceiling 1,000,000: the bound just above the 10,000
+        // units (6250) removes 50 · (150000 − 6250) ≈ 7.2M, more than the noise it saves; at
+        // the ceiling nothing is removed but the noise is 1M: 200000 wins over 6250 only when
+        // removing costs more than the noise saved.
+        let e = choose_upper(&c, &u, &n, 1.0, 1.0);
+        let (upper, ceiling) = e.chosen_upper().expect("chosen");
+        assert_eq!(ceiling, 200_000.0);
+        assert!(upper >= 100_000.0, "{e:?}");
+        // Spread over 100 groups, removing the 50 units' values costs 72,000 per group, less
+        // than the noise a lower bound saves: the bound drops to just above the 10,000 units.
+        let e = choose_upper(&c, &u, &n, 1.0, 100.0);
+        let (upper, _) = e.chosen_upper().expect("chosen");
+        assert_eq!(upper, 6250.0, "{e:?}");
+        assert_eq!(e.units_outside(), 50.0);
+        assert!(e.share() > 0.0 && e.share() < 1.0);
+        assert!(e.label().ends_with("in [0, 6250]"), "{}", e.label());
+        assert!(e.notice().contains("about 50 unit(s) have values above 6250"), "{}", e.notice());
+        // Caps with a hundredth of the ceilings' sensitivity make the noise at the ceiling
+        // 10,000, less than what any lower bound removes per group: the ceiling.
+        let cheap = choose_upper(&c, &u, &n, 0.01, 100.0);
+        assert_eq!(cheap.chosen_upper().expect("chosen").0, 200_000.0, "{cheap:?}");
+        assert_eq!(cheap.share(), 0.0);
+        // Nothing above the smallest candidate: the smallest bound.
+        let n0 = NoisyClamp {
+            largest: vec![0.0; u.edges().len() + 1],
+            ..n.clone()
+        };
+        let e = choose_upper(&c, &u, &n0, 1.0, 1.0);
+        assert_eq!(e.chosen_upper().expect("chosen").0, u.candidates[0]);
+        assert_eq!(e.share(), 0.0);
+    }
+
+    /// The bucket of `x` among `edges` (as `width_bucket`: how many edges are at most `x`).
+    fn bucket_of(edges: &[f64], x: f64) -> usize {
+        edges.iter().filter(|&&e| e <= x).count()
+    }
+
+    #[test]
+    fn a_chosen_upper_bound_reads_back_only_among_the_candidates() {
+        let mut ch = choice(64, 1.0);
+        ch.clamp = Some(upper_choice(1000.0));
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[1] = 8000.0;
+        let mut chosen = pick(&ch, &noisy, None, 0.01);
+        let c = ch.clamp.as_ref().expect("clamp");
+        let u = c.upper.as_ref().expect("upper");
+        let mut largest = vec![0.0; u.edges().len() + 1];
+        largest[5] = 100.0;
+        let n = NoisyClamp {
+            excess: Vec::new(),
+            largest,
+            sums: vec![0.0; c.edges.sums.len() + 1],
+            floor: 1.0,
+        };
+        chosen.clamp = Some(choose_upper(c, u, &n, 1.0, 1.0));
+        assert!(chosen.clamp_upper().is_some());
+        let payload = chosen.stored_with(b"m");
+        let (back, rest) = ChosenBounds::stored(&payload, &ch).expect("read back");
+        assert_eq!((back, rest), (chosen.clone(), &b"m"[..]));
+        // An upper bound that is no candidate (the ceiling doubled) is not read back.
+        let mut raised = payload.clone();
+        let at = payload.len() - 1 - 8;
+        raised[at..at + 8].copy_from_slice(&400_000f64.to_bits().to_be_bytes());
+        assert!(ChosenBounds::stored(&raised, &ch).is_none());
+        // Nor by a choice that estimates at the policy's bounds.
+        let mut other = choice(64, 1.0);
+        other.clamp = Some(clamp_choice());
+        assert!(ChosenBounds::stored(&payload, &other).is_none());
     }
 
     #[test]

@@ -594,6 +594,9 @@ pub struct ClampEdges {
     pub excess: Vec<f64>,
     /// Edges of the per-unit absolute sum of clamped values, ascending.
     pub sums: Vec<f64>,
+    /// When the upper bound is chosen: the edges of each unit's largest value (as written),
+    /// ascending. The distance histogram is then not computed (`excess` is empty).
+    pub largest: Vec<f64>,
 }
 
 /// The SQL of the contribution histograms a query's caps are chosen from
@@ -606,7 +609,9 @@ pub struct ClampEdges {
 /// before stage 3). With `clamp`, two more: `(2, bucket, units)` of each unit's total distance
 /// of the aggregate's argument from its clamped value (units with none left out), and
 /// `(3, bucket, units)` of the absolute value of each unit's sum of clamped values (units
-/// with none left out), both over all of the unit's rows after WHERE. With `totals`, one more:
+/// with none left out), both over all of the unit's rows after WHERE; when the clamp's upper
+/// bound is chosen, `(5, bucket, units)` of each unit's largest value of the argument as
+/// written (units with none left out) instead of the first. With `totals`, one more:
 /// `(4, bucket, units)` of each unit's rows over the pairs stage 3 keeps, each pair's at most
 /// the plan's cap on rows. `None` when every row is its own unit (nothing to choose). Its rows
 /// are private like a release's: they reach the analyst only through the noise of
@@ -624,7 +629,7 @@ pub fn contributions(
         || empty(edges.totals)
         || edges
             .clamp
-            .is_some_and(|c| c.excess.is_empty() || c.sums.is_empty())
+            .is_some_and(|c| c.sums.is_empty() || c.excess.is_empty() == c.largest.is_empty())
     {
         return Ok(None);
     }
@@ -994,11 +999,20 @@ fn statement_ending(
             let numbers = |edges: &[f64]| -> Sql {
                 Sql::join(edges.iter().map(|x| sql!("{}", Number(*x))), ", ")
             };
-            statement.push(sql!(
-                " UNION ALL SELECT 2, width_bucket(__dp_x, ARRAY[{}]::numeric[]), COUNT(*) FROM (SELECT __dp_unit, SUM({}) AS __dp_x FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_excess WHERE __dp_x > 0 GROUP BY 2",
-                numbers(&clamp.excess),
-                e
-            ));
+            if clamp.largest.is_empty() {
+                statement.push(sql!(
+                    " UNION ALL SELECT 2, width_bucket(__dp_x, ARRAY[{}]::numeric[]), COUNT(*) FROM (SELECT __dp_unit, SUM({}) AS __dp_x FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_excess WHERE __dp_x > 0 GROUP BY 2",
+                    numbers(&clamp.excess),
+                    e
+                ));
+            } else {
+                // Each unit's largest value as written, over its rows after WHERE.
+                statement.push(sql!(
+                    " UNION ALL SELECT 5, width_bucket(__dp_x, ARRAY[{}]::numeric[]), COUNT(*) FROM (SELECT __dp_unit, CAST(MAX({}) AS numeric) AS __dp_x FROM __dp_rows GROUP BY __dp_unit) AS __dp_largest WHERE __dp_x IS NOT NULL GROUP BY 2",
+                    numbers(&clamp.largest),
+                    Name("x", 0)
+                ));
+            }
             statement.push(sql!(
                 " UNION ALL SELECT 3, width_bucket(__dp_x, ARRAY[{}]::numeric[]), COUNT(*) FROM (SELECT __dp_unit, ABS(SUM({})) AS __dp_x FROM __dp_per_unit GROUP BY __dp_unit) AS __dp_sums WHERE __dp_x > 0 GROUP BY 2",
                 numbers(&clamp.sums),
