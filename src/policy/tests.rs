@@ -446,3 +446,34 @@ fn a_malformed_period_is_named_by_its_path() {
         "{e:?}"
     );
 }
+
+#[test]
+fn an_upper_ceiling_lies_above_upper_of_a_non_negative_column() {
+    let with = |spec: &str| minimal("").replace("x: { type: numeric, lower: 0, upper: 10 }", spec);
+    let p = parse(&with("x: { type: numeric, lower: 0, upper: 10, upper_ceiling: 1000 }"))
+        .expect("valid");
+    let t = p.table("s.t").expect("table");
+    assert_eq!(t.column("x").and_then(|c| c.upper_ceiling), Some(1000.0));
+    assert_eq!(t.column("uid").and_then(|c| c.upper_ceiling), None);
+    for (spec, problem) in [
+        (
+            "x: { type: numeric, lower: 0, upper: 10, upper_ceiling: 10 }",
+            "s.t.columns.x.upper_ceiling: must be a finite number above upper (10)",
+        ),
+        (
+            "x: { type: numeric, lower: -1, upper: 10, upper_ceiling: 100 }",
+            "s.t.columns.x.upper_ceiling: needs lower >= 0",
+        ),
+        (
+            "x: { type: numeric, upper_ceiling: 100 }",
+            "s.t.columns.x: upper_ceiling needs lower and upper",
+        ),
+        (
+            "x: { type: numeric, lower: 0, upper: 10, upper_ceiling: 1.0e16 }",
+            "s.t.columns.x.upper_ceiling: must lie within",
+        ),
+    ] {
+        let e = errors(&with(spec));
+        assert!(e.iter().any(|m| m.contains(problem)), "{spec}: {e:?}");
+    }
+}

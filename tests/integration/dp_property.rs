@@ -104,10 +104,18 @@ const CHOSEN_QUERIES: [&str; 4] = [
 ];
 
 /// The plan, rewrite and mechanisms of `sql` under the demo policy with the visits' caps as
-/// ceilings ([`crate::support::ceiling_policy_text`]), and how it chooses its caps.
+/// ceilings ([`crate::support::ceiling_policy_text`]) and an `upper_ceiling` of 200,000 on
+/// visits.cost (so SUM and AVG of it choose their upper bound too), and how it chooses.
 fn compile_choosing(sql: &str) -> (Compiled, release::bounds::ChoicePlan) {
-    let policy = policy::parse(&crate::support::ceiling_policy_text())
-        .unwrap_or_else(|e| panic!("the ceiling policy is valid: {e}"));
+    let line = "      cost:       { type: numeric, lower: 0, upper: 2000 }";
+    let text = crate::support::ceiling_policy_text();
+    assert!(text.contains(line), "the demo policy's cost bounds moved");
+    let text = text.replace(
+        line,
+        "      cost:       { type: numeric, lower: 0, upper: 2000, upper_ceiling: 200000 }",
+    );
+    let policy =
+        policy::parse(&text).unwrap_or_else(|e| panic!("the ceiling policy is valid: {e}"));
     let compiled = compile_under(&policy, sql);
     let choice = release::bounds::ChoicePlan::new(
         &compiled.plan,
@@ -230,6 +238,8 @@ struct ChosenCase {
     rows_per_unit: u64,
     /// The cap on a unit's rows over all its groups, when chosen.
     rows_total: Option<u64>,
+    /// The answer's rewrite at the chosen caps and bounds.
+    rewrite: Rewrite,
     /// The chosen caps' L1 sensitivity in rows (`Plan::row_sensitivity`).
     l1_rows: f64,
     ceiling: u64,
@@ -336,6 +346,7 @@ async fn load_neighbours() -> Neighbours {
             groups_ceiling: choice.choice.groups_ceiling(),
             rows_per_unit: at_cap.plan.max_rows_per_unit(),
             rows_total: at_cap.plan.max_rows_total(),
+            rewrite: at_cap.rewrite.clone(),
             l1_rows: at_cap.plan.row_sensitivity().0,
             ceiling: choice.choice.ceiling(),
             answer: [answer, answer2],
@@ -442,13 +453,15 @@ async fn chosen_bounds_stay_within_their_claimed_sensitivity() {
         // Histogram 0 (rows per pair) has sensitivity max_groups_per_unit, histogram 1
         // (groups per unit) 1, and with a SUM or AVG the clamp's: 2 (units by their distance
         // outside the bounds: the heavy user may have none, so it may not move) and 3 (units by
-        // their clamped sum) 1 each; 4 (units by their rows over all groups) 1.
+        // their clamped sum) 1 each; 4 (units by their rows over all groups) 1; 5 (units by their
+        // largest value, in place of 2 when the upper bound is chosen) 1.
         for (part, claimed, moves) in [
             (0, case.groups_ceiling, true),
             (1, 1, true),
             (2, 1, false),
             (3, 1, true),
             (4, 1, true),
+            (5, 1, true),
         ] {
             let l1: i64 = buckets
                 .iter()
@@ -462,6 +475,21 @@ async fn chosen_bounds_stay_within_their_claimed_sensitivity() {
                 ));
             }
         }
+        // SUM and AVG of cost choose its upper bound, from histogram 5, within the ceiling.
+        if sql.contains("(cost)") {
+            if !buckets.iter().any(|(h, _)| *h == 5) {
+                failures.push(format!("{sql}: no histogram of each unit's largest cost"));
+            }
+            let uppers: Vec<f64> = case
+                .rewrite
+                .arguments
+                .iter()
+                .filter_map(|a| a.bounds.map(|b| b.upper))
+                .collect();
+            if uppers.iter().any(|&u| u > 200_000.0) {
+                failures.push(format!("{sql}: an upper bound above the ceiling: {uppers:?}"));
+            }
+        }
         if case.rows_per_unit > case.ceiling || case.rows_per_unit < 2 {
             failures.push(format!(
                 "{sql}: chose {} outside [2, {}]",
@@ -470,8 +498,9 @@ async fn chosen_bounds_stay_within_their_claimed_sensitivity() {
         }
         let [a_d, a_d2] = &case.answer;
         let keys: BTreeSet<&Vec<Option<String>>> = a_d.keys().chain(a_d2.keys()).collect();
-        // The measures are the same at any cap; their contributions are the chosen cap's.
-        let rewrite = compile_choosing(sql).0.rewrite;
+        // The measures are the same at any cap; their contributions are the chosen caps' and
+        // bounds'.
+        let rewrite = &case.rewrite;
         let m = rewrite.measures.len();
         let mut changed = 0u64;
         // Per measure that grows with rows, the change summed over the groups: at most what

@@ -1251,7 +1251,7 @@ fn chosen_payload(
     total: u64,
     clamped: Option<u64>,
 ) -> Vec<u8> {
-    let mut out = b"pgdp-chosen-bounds-2".to_vec();
+    let mut out = b"pgdp-chosen-bounds-3".to_vec();
     for n in [rows, groups, ceiling, groups_ceiling, 1, total] {
         out.extend_from_slice(&n.to_be_bytes());
     }
