@@ -647,7 +647,7 @@ impl Plan {
             .iter()
             .map(|a| match (&upper, a.upper_ceiling, a.bounds, &a.argument) {
                 (Some((argument, upper)), Some(ceiling), Some(b), Some(x))
-                    if x == argument && *upper > b.lower =>
+                    if x == argument && *upper > b.lower && self.may_raise_upper(a) =>
                 {
                     Aggregate {
                         bounds: Some(Bounds {
@@ -700,7 +700,9 @@ impl Plan {
                 .aggregates
                 .iter()
                 .map(|a| match (a.upper_ceiling, a.bounds) {
-                    (Some(ceiling), Some(b)) => Aggregate {
+                    // Only when every aggregate of the argument may raise it (a variance of the
+                    // same argument keeps the policy's bounds, and so do its sum and average).
+                    (Some(ceiling), Some(b)) if self.may_raise_upper(a) => Aggregate {
                         bounds: Some(Bounds {
                             upper: ceiling.max(b.upper),
                             ..b
@@ -712,6 +714,17 @@ impl Plan {
                 .collect(),
             ..self.clone()
         }
+    }
+
+    /// Whether the upper bound of `aggregate`'s argument may be chosen: it has an
+    /// `upper_ceiling`, and so has every other aggregate of the same argument and bounds.
+    fn may_raise_upper(&self, aggregate: &Aggregate) -> bool {
+        aggregate.upper_ceiling.is_some()
+            && self.aggregates.iter().all(|a| {
+                a.argument != aggregate.argument
+                    || a.bounds != aggregate.bounds
+                    || a.upper_ceiling.is_some()
+            })
     }
 
     /// The plan of the contribution histogram ([`crate::dp::rewrite::contributions`]): the same

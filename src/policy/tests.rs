@@ -450,8 +450,10 @@ fn a_malformed_period_is_named_by_its_path() {
 #[test]
 fn an_upper_ceiling_lies_above_upper_of_a_non_negative_column() {
     let with = |spec: &str| minimal("").replace("x: { type: numeric, lower: 0, upper: 10 }", spec);
-    let p = parse(&with("x: { type: numeric, lower: 0, upper: 10, upper_ceiling: 1000 }"))
-        .expect("valid");
+    let p = parse(&with(
+        "x: { type: numeric, lower: 0, upper: 10, upper_ceiling: 1000 }",
+    ))
+    .expect("valid");
     let t = p.table("s.t").expect("table");
     assert_eq!(t.column("x").and_then(|c| c.upper_ceiling), Some(1000.0));
     assert_eq!(t.column("uid").and_then(|c| c.upper_ceiling), None);

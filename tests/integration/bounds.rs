@@ -384,12 +384,17 @@ async fn a_too_inaccurate_answer_is_an_error_for_tools_that_never_show_notices()
 
 #[tokio::test]
 async fn the_mean_of_a_clamped_column_states_what_clamping_removed() {
-    // The demo's visit costs are clamped into [0, 2000], but 0.1 % of the visits cost 5,000 to
-    // 200,000 and carry about half of the total: AVG(cost) is about half of PostgreSQL's. The
-    // NOTICE estimates that share from DP histograms of each person's values outside the bounds,
-    // and the _error95 of the mean reaches PostgreSQL's answer. With a stated limit on the
-    // relative error, a dashboard gets an error instead of the mean.
-    let proxy = Proxy::with_policy(policy(true), 66).await;
+    // Without the demo's upper_ceiling, visit costs are clamped into [0, 2000], but 0.1 % of
+    // the visits cost 5,000 to 200,000 and carry about half of the total: AVG(cost) is about
+    // half of PostgreSQL's. The NOTICE estimates that share from DP histograms of each person's
+    // values outside the bounds, and the _error95 of the mean reaches PostgreSQL's answer. With
+    // a stated limit on the relative error, a dashboard gets an error instead of the mean.
+    let text = crate::support::ceiling_policy_text().replace(", upper_ceiling: 200000", "");
+    assert!(
+        !text.contains("upper_ceiling"),
+        "the demo policy has another upper_ceiling"
+    );
+    let proxy = Proxy::with_policy(pgdp::policy::parse(&text).expect("a valid policy"), 66).await;
     let session = proxy.connect().await;
     session
         .simple_rows("SET pgdp.accuracy = on")
@@ -518,7 +523,8 @@ async fn suggest_shows_what_each_cap_would_remove_from_dp_histograms() {
         "a grid for grouped counts: {text}"
     );
     assert!(
-        text.contains("values outside the bounds (visits.cost in [0, 2000])"),
+        text.contains("upper bound chosen (visits.cost in [0, ")
+            && text.contains("the policy allows up to 200000)"),
         "{text}"
     );
     assert!(
@@ -535,20 +541,19 @@ async fn suggest_shows_what_each_cap_would_remove_from_dp_histograms() {
 
 #[tokio::test]
 async fn a_chosen_upper_bound_brings_the_mean_of_a_heavy_tailed_column_closer() {
-    // With `upper_ceiling: 200000` on visits.cost (every visit's cost is at most 200,000), a
+    // With the demo's `upper_ceiling: 200000` on visits.cost (no visit costs more), a
     // query may clamp cost anywhere up to 200,000, chosen from a DP histogram of each person's
     // largest cost against the noise of the sum at that bound. Under the policy's [0, 2000]
     // the mean is about half of PostgreSQL's (the test above); with the bound chosen it is
     // nearer, and the NOTICE and EXPLAIN say which bound was taken and from what.
     let text = crate::support::ceiling_policy_text();
-    let line = "      cost:       { type: numeric, lower: 0, upper: 2000 }";
-    assert!(text.contains(line), "the demo policy's cost bounds moved");
-    let text = text.replace(
-        line,
-        "      cost:       { type: numeric, lower: 0, upper: 2000, upper_ceiling: 200000 }",
+    assert!(
+        text.contains(
+            "cost:       { type: numeric, lower: 0, upper: 2000, upper_ceiling: 200000 }"
+        ),
+        "the demo policy's cost bounds moved"
     );
-    let policy = pgdp::policy::parse(&text).expect("a valid policy");
-    let proxy = Proxy::with_policy(policy, 67).await;
+    let proxy = Proxy::with_policy(policy(true), 67).await;
     let session = proxy.connect().await;
     let explain = session
         .simple_rows("EXPLAIN SELECT AVG(cost) FROM demo.visits")
@@ -597,6 +602,20 @@ async fn a_chosen_upper_bound_brings_the_mean_of_a_heavy_tailed_column_closer() 
     assert!(
         (mean - truth).abs() < 0.25 * truth,
         "{mean} against {truth} (upper bound {upper}): {notices:?}"
+    );
+    // A variance of the same argument keeps the policy's bounds for all of them (its noise
+    // grows with the bound's square, which the choice does not weigh): caps chosen, bound not.
+    session
+        .simple_rows("SELECT AVG(cost), STDDEV(cost) FROM demo.visits")
+        .await
+        .expect("the mean and deviation");
+    let notices = session.take_notices();
+    assert!(chosen_cap(&notices).is_some(), "{notices:?}");
+    assert!(
+        !notices
+            .iter()
+            .any(|n| n.contains("clamped at an upper bound chosen")),
+        "{notices:?}"
     );
     session.assert_alive("after a chosen bound").await;
 }

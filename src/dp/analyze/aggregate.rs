@@ -155,7 +155,11 @@ impl<'a> Analyzer<'a> {
             kind,
             argument: Some(canonical_argument.clone()),
             bounds: Some(bounds),
-            upper_ceiling: info.upper_ceiling.filter(|_| bounds.lower >= 0.0),
+            // Only sums and averages choose an upper bound (a variance's noise grows with its
+            // square, which the choice does not weigh).
+            upper_ceiling: info.upper_ceiling.filter(|_| {
+                bounds.lower >= 0.0 && matches!(kind, AggregateKind::Sum | AggregateKind::Avg)
+            }),
             text: format!("{}({text})", kind.sql_name()),
             result: CellType::of_aggregate(family, argument_type(&info)),
             integral: kind == AggregateKind::Sum

@@ -558,9 +558,11 @@ impl BoundsChoice {
                     ms.iter()
                         .any(|&m| matches!(rewrite.measures.get(m), Some(Measure::SumCentered(_))))
                 });
+                // Only when the ceilings' plan raised the bound (every aggregate of the
+                // argument may choose it: `Plan::at_ceilings`).
                 let upper = aggregate
                     .upper_ceiling
-                    .filter(|_| b.lower >= 0.0)
+                    .filter(|&c| b.lower >= 0.0 && c == b.upper)
                     .map(|_| UpperChoice::new(b.lower, b.upper, centered))
                     .filter(|u| u.candidates.len() > 1);
                 let label = super::clamp_label(plan, argument, b);
@@ -742,7 +744,11 @@ impl BoundsChoice {
             self.ceiling,
             self.cells
         )];
-        if let Some(u) = self.clamp.as_ref().and_then(|c| c.upper.as_ref().map(|u| (c, u))) {
+        if let Some(u) = self
+            .clamp
+            .as_ref()
+            .and_then(|c| c.upper.as_ref().map(|u| (c, u)))
+        {
             let (clamp, u) = u;
             lines.push(format!(
                 "upper bound chosen per query: {} clamped at one of {} upper bounds up to the policy's upper_ceiling of {}, from a DP histogram of each unit's largest value (Laplace, sensitivity 1, epsilon {}), minimising what clamping removes per group plus the 95% noise bound of the sum; with a DP histogram of each unit's clamped sum (epsilon {}) the answer's NOTICE states the share of the sum removed, and the _error95 of SUM and AVG of it include it",
@@ -1248,7 +1254,11 @@ struct NoisyClamp {
 impl NoisyHistograms {
     /// What clamping removes at the caps of `chosen`: the estimate at the bounds, or, when
     /// the upper bound is chosen, the bound [`choose_upper`] picks and what it removes.
-    fn clamp_estimate(&self, choice: &BoundsChoice, chosen: &ChosenBounds) -> Option<ClampEstimate> {
+    fn clamp_estimate(
+        &self,
+        choice: &BoundsChoice,
+        chosen: &ChosenBounds,
+    ) -> Option<ClampEstimate> {
         let (c, n) = (choice.clamp.as_ref()?, self.clamp.as_ref()?);
         Some(match &c.upper {
             None => estimate_clamp(c, &n.excess, &n.sums, n.floor),
@@ -1319,7 +1329,8 @@ fn choose_upper(
     }
 }
 
-impl NoisyHistograms {    /// Noises the histograms the upstream returned for `choice` (rows of histogram number,
+impl NoisyHistograms {
+    /// Noises the histograms the upstream returned for `choice` (rows of histogram number,
     /// bucket number, count). [`Error::Internal`] on a row that is not (histogram, bucket,
     /// count) with both in range.
     fn new<R: Rng + CryptoRng + ?Sized>(
@@ -1393,10 +1404,7 @@ impl NoisyHistograms {    /// Noises the histograms the upstream returned for `c
             let largest = release(&c.noise, if chooses { &exact_largest } else { &[] });
             let sums = release(&c.noise, &exact_sums);
             let buckets = excess.len().max(largest.len()).max(1);
-            let floor = c
-                .noise
-                .error_bound(0.05 / buckets as f64)
-                .unwrap_or(0.0);
+            let floor = c.noise.error_bound(0.05 / buckets as f64).unwrap_or(0.0);
             NoisyClamp {
                 excess,
                 largest,
@@ -2024,11 +2032,20 @@ mod tests {
         assert_eq!(e.units_outside(), 50.0);
         assert!(e.share() > 0.0 && e.share() < 1.0);
         assert!(e.label().ends_with("in [0, 6250]"), "{}", e.label());
-        assert!(e.notice().contains("about 50 unit(s) have values above 6250"), "{}", e.notice());
+        assert!(
+            e.notice()
+                .contains("about 50 unit(s) have values above 6250"),
+            "{}",
+            e.notice()
+        );
         // Caps with a hundredth of the ceilings' sensitivity make the noise at the ceiling
         // 10,000, less than what any lower bound removes per group: the ceiling.
         let cheap = choose_upper(&c, &u, &n, 0.01, 100.0);
-        assert_eq!(cheap.chosen_upper().expect("chosen").0, 200_000.0, "{cheap:?}");
+        assert_eq!(
+            cheap.chosen_upper().expect("chosen").0,
+            200_000.0,
+            "{cheap:?}"
+        );
         assert_eq!(cheap.share(), 0.0);
         // Nothing above the smallest candidate: the smallest bound.
         let n0 = NoisyClamp {
