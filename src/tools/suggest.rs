@@ -253,7 +253,14 @@ async fn statement<R: Rng + CryptoRng + ?Sized>(
         fmt_count(c.noise_with_total(noise_per_row, g, cap, chosen.rows_total()))
     );
     if let Some(clamp) = profile.clamp(&chosen) {
-        if let Some((upper, ceiling)) = clamp.chosen_upper() {
+        if let Some((upper, ceiling)) = clamp.chosen_upper().filter(|_| !clamp.detected()) {
+            let _ = writeln!(
+                text,
+                "    upper bound chosen ({}, the policy allows up to {ceiling}): no unit's largest value above {upper} detected (buckets of {} units or fewer read as empty)",
+                clamp.label(),
+                fmt_count(clamp.floor().ceil())
+            );
+        } else if let Some((upper, ceiling)) = clamp.chosen_upper() {
             let _ = writeln!(
                 text,
                 "    upper bound chosen ({}, the policy allows up to {ceiling}): about {} unit(s) have values above {upper}; clamping removes at least about {} of the sum of absolute values (one value per unit counted; buckets of {} units or fewer read as empty)",

@@ -864,6 +864,13 @@ impl ClampEstimate {
     /// The NOTICE's clause.
     fn notice(&self) -> String {
         if let Some((upper, ceiling)) = self.chosen_upper {
+            if self.excess <= 0.0 {
+                return format!(
+                    "; {} clamped at an upper bound chosen from a DP histogram of each unit's largest value (the policy allows up to {ceiling}): no unit's largest value above {upper} was detected (buckets of {} units or fewer read as empty)",
+                    self.label,
+                    self.floor.ceil()
+                );
+            }
             return format!(
                 "; {} clamped at an upper bound chosen from a DP histogram of each unit's largest value (the policy allows up to {ceiling}): about {} unit(s) have values above {upper}, and clamping removed at least about {} of the sum of its absolute values (one value per unit counted; buckets of {} units or fewer read as empty), so SUM and AVG of it are low by about that share, and their _error95 includes it",
                 self.label,
