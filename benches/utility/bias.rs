@@ -15,6 +15,10 @@
 //! then `release::release` at the chosen cap on that cap's rows (fetched once per cap).
 
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The caps a query chose: rows per group, groups per unit, a total, and a chosen upper bound
+/// (as the NOTICE prints it).
+pub type Caps = (u64, u64, Option<u64>, Option<String>);
 use std::fmt::Write as _;
 
 use pgdp::dp::release::{self, bounds, Budget, PrivateRows};
@@ -51,9 +55,9 @@ pub struct BiasRow {
     pub label: &'static str,
     pub before: f64,
     pub after: f64,
-    /// The caps (rows per group, groups per unit, total per unit) the choice took over the
-    /// repetitions (empty: the query does not choose).
-    pub caps: BTreeSet<(u64, u64, Option<u64>)>,
+    /// The caps (rows per group, groups per unit, total per unit, upper bound) the choice took
+    /// over the repetitions (empty: the query does not choose).
+    pub caps: BTreeSet<Caps>,
 }
 
 /// Relative errors of `answers` against `plain`, over every true group and aggregate.
@@ -137,7 +141,7 @@ pub async fn measure(
         }
         Some(choice) => {
             let histogram = simple_rows(direct, choice.sql.as_str()).await?;
-            let mut at_cap: BTreeMap<(u64, u64, Option<u64>), PrivateRows> = BTreeMap::new();
+            let mut at_cap: BTreeMap<Caps, PrivateRows> = BTreeMap::new();
             for _ in 0..reps {
                 let chosen = bounds::choose(
                     &choice.choice,
@@ -149,12 +153,14 @@ pub async fn measure(
                 let (p, r, m) = choice
                     .answer(&plan, &chosen, &[], secret, false)
                     .map_err(err)?;
+                // The rewritten SQL depends on the caps and on a chosen upper bound.
                 let caps_of = (
                     chosen.rows_per_unit(),
                     chosen.groups_per_unit(),
                     chosen.rows_total(),
+                    chosen.clamp_upper().map(|(_, u)| u.to_string()),
                 );
-                caps.insert(caps_of);
+                caps.insert(caps_of.clone());
                 let rows = match at_cap.entry(caps_of) {
                     std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
                     std::collections::btree_map::Entry::Vacant(v) => {
@@ -187,11 +193,11 @@ pub fn report(rows: &[BiasRow], reps: usize) -> Res<String> {
     )?;
     writeln!(
         r,
-        "ε = 1, Laplace, {reps} repetitions per query. **Before**: the demo policy's caps (10 visits and 20 prescriptions per person and group). **After**: the demo policy as shipped (`choose_bounds: true`), whose tables' caps rise to ceilings of 40 visits and 120 prescriptions in 16 groups per person: each query spends 10 % of its ε on DP histograms of its contributions and chooses its caps from them (docs/privacy.md, \"Contribution bounds chosen per query\"). The error is `|released − exact| / |exact|` over every true group and aggregate (a group not released counts as 100 %), against the plain SQL's answer on PostgreSQL, not the capped statistic: it counts both noise and the bias of the caps. Each query's median; quantile queries are left out (their error is in ranks, above).\n"
+        "ε = 1, Laplace, {reps} repetitions per query. **Before**: the demo policy's caps (10 visits and 20 prescriptions per person and group). **After**: the demo policy as shipped (`choose_bounds: true`), whose tables' caps rise to ceilings of 40 visits and 120 prescriptions in 16 groups per person, and cost's upper bound to 200,000: each query spends 10 % of its ε (15 % with a SUM or AVG of cost) on DP histograms of its contributions and chooses its caps and cost's upper bound from them (docs/privacy.md, \"Contribution bounds chosen per query\"). The error is `|released − exact| / |exact|` over every true group and aggregate (a group not released counts as 100 %), against the plain SQL's answer on PostgreSQL, not the capped statistic: it counts both noise and the bias of the caps. Each query's median; quantile queries are left out (their error is in ranks, above).\n"
     )?;
     writeln!(
         r,
-        "| # | query | before | after | caps chosen (rows per group × groups per person, ≤ rows per person in all when a total is chosen) |"
+        "| # | query | before | after | caps chosen (rows per group × groups per person, ≤ rows per person in all when a total is chosen; a chosen upper bound of cost) |"
     )?;
     writeln!(r, "|---|---|---|---|---|")?;
     for row in rows {
@@ -200,9 +206,15 @@ pub fn report(rows: &[BiasRow], reps: usize) -> Res<String> {
         } else {
             row.caps
                 .iter()
-                .map(|(c, g, t)| match t {
-                    Some(t) => format!("{c}×{g} ≤{t}"),
-                    None => format!("{c}×{g}"),
+                .map(|(c, g, t, u)| {
+                    let caps = match t {
+                        Some(t) => format!("{c}×{g} ≤{t}"),
+                        None => format!("{c}×{g}"),
+                    };
+                    match u {
+                        Some(u) => format!("{caps} (upper bound {u})"),
+                        None => caps,
+                    }
                 })
                 .collect::<Vec<_>>()
                 .join(", ")
