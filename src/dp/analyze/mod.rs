@@ -27,6 +27,7 @@
 //! - Analysis does no I/O.
 
 mod aggregate;
+mod denominator;
 mod expr;
 mod from;
 mod functions;
@@ -69,7 +70,14 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
         return plan;
     }
     let grouped = distinct_as_grouping(query);
-    analyze_with(grouped.as_ref().unwrap_or(query), ctx, false)
+    let query = grouped.as_ref().unwrap_or(query);
+    // A count of the same rows as a denominator: the sum of the released groups' counts.
+    if let Some(rewritten) = denominator::as_window(query) {
+        let plan = analyze_with(&rewritten, ctx, false)?;
+        denominator::check(&plan, &rewritten)?;
+        return Ok(plan);
+    }
+    analyze_with(query, ctx, false)
 }
 
 /// [`analyze`] of a query that is no outer query over an aggregate subquery; with
