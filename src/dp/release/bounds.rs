@@ -1284,7 +1284,8 @@ impl NoisyHistograms {
 
 /// The upper bound among `u`'s candidates that minimises what clamping there removes per
 /// group (`cells` groups; from the noisy histogram of each unit's largest value, each bucket
-/// at its midpoint, one value per unit: a lower estimate) plus the answer's 95 % noise bound
+/// at its midpoint, one value per unit: a lower estimate; the buckets below the ceiling read
+/// raw, those above it floored) plus the answer's 95 % noise bound
 /// on its sum at that bound (`u.noise_at_ceiling` scaled by `at_caps`, the chosen caps' share
 /// of the ceilings' sensitivity, and by the bound), the larger on a tie; with what it removes
 /// as a share of the units' absolute clamped sums at the ceiling. Post-processing of the
@@ -1304,15 +1305,34 @@ fn choose_upper(
         .zip(real_midpoints(&c.edges.sums))
         .map(|(n, m)| n * m)
         .sum();
-    // Bucket j + 1 onwards holds the units whose largest value is at least candidate j.
+    // Bucket j + 1 onwards holds the units whose largest value is at least candidate j. The
+    // candidates' own buckets (below the ceiling) are read raw: a heavy tail spreads over many
+    // buckets each below the noise floor, and their unbiased noisy counts sum to its weight,
+    // where flooring each would read it as none. The buckets at and beyond the ceiling, far
+    // wider in value, are floored as elsewhere, so that their noise alone does not count as
+    // units with values eight times the ceiling.
+    let ceiling_bucket = u.candidates.len();
+    let counts: Vec<f64> = n
+        .largest
+        .iter()
+        .enumerate()
+        .map(|(b, &x)| {
+            if b < ceiling_bucket || x > n.floor {
+                x
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let above = |j: usize, upper: f64| -> (f64, f64) {
-        n.largest
+        let (units, removed) = counts
             .iter()
             .zip(&mid)
             .skip(j + 1)
             .fold((0.0, 0.0), |(units, removed), (count, m)| {
                 (units + count, removed + count * (m - upper).max(0.0))
-            })
+            });
+        (units.max(0.0), removed.max(0.0))
     };
     let mut best: Option<(f64, usize)> = None;
     for (j, &upper) in u.candidates.iter().enumerate() {
@@ -1386,30 +1406,39 @@ impl NoisyHistograms {
         // (Bonferroni: with 95 % probability no empty bucket passes) reads as empty: every
         // empty bucket's noise would otherwise count as pairs, and those beyond the ceiling as
         // many rows each (post-processing).
-        let mut release = |noise: &Noise, exact: &[i128]| -> Vec<f64> {
-            let floor = noise
-                .error_bound(0.05 / exact.len().max(1) as f64)
-                .unwrap_or(0.0);
+        let mut draw = |noise: &Noise, exact: &[i128]| -> Vec<f64> {
             exact
                 .iter()
                 .map(|&e| noise.release_integer(rng, e) as f64)
+                .collect()
+        };
+        let floored = |noise: &Noise, noisy: Vec<f64>| -> Vec<f64> {
+            let floor = noise
+                .error_bound(0.05 / noisy.len().max(1) as f64)
+                .unwrap_or(0.0);
+            noisy
+                .into_iter()
                 .map(|x| if x > floor { x } else { 0.0 })
                 .collect()
         };
-        let noisy = release(&choice.noise, &exact);
+        let noisy = floored(&choice.noise, draw(&choice.noise, &exact));
         let groups = choice
             .group_noise
             .as_ref()
-            .map(|noise| release(noise, &exact_groups));
+            .map(|noise| floored(noise, draw(noise, &exact_groups)));
         let totals = choice
             .total_noise
             .as_ref()
-            .map(|noise| release(noise, &exact_totals));
+            .map(|noise| floored(noise, draw(noise, &exact_totals)));
         let clamp = choice.clamp.as_ref().map(|c| {
             // The histogram that is not computed stays empty (`release` of no buckets).
-            let excess = release(&c.noise, if estimates { &exact_excess } else { &[] });
-            let largest = release(&c.noise, if chooses { &exact_largest } else { &[] });
-            let sums = release(&c.noise, &exact_sums);
+            let excess = floored(
+                &c.noise,
+                draw(&c.noise, if estimates { &exact_excess } else { &[] }),
+            );
+            // Read raw below the ceiling (see `choose_upper`), floored above it.
+            let largest = draw(&c.noise, if chooses { &exact_largest } else { &[] });
+            let sums = floored(&c.noise, draw(&c.noise, &exact_sums));
             let buckets = excess.len().max(largest.len()).max(1);
             let floor = c.noise.error_bound(0.05 / buckets as f64).unwrap_or(0.0);
             NoisyClamp {
