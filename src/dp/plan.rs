@@ -305,7 +305,7 @@ pub struct Aggregate {
     pub argument: Option<Canonical>,
     /// Bounds of the argument, for sums, averages and variances.
     pub bounds: Option<Bounds>,
-    /// For a SUM, AVG or variance of a bare column whose policy has an `upper_ceiling`: how
+    /// For a SUM or AVG of a bare column whose policy has an `upper_ceiling`: how
     /// far a query that chooses its bounds may raise `bounds.upper` ([`Plan::at_ceilings`],
     /// [`Plan::with_chosen_bounds`]); `None` otherwise.
     pub upper_ceiling: Option<f64>,
@@ -624,8 +624,8 @@ impl Plan {
     }
 
     /// The same query run with the caps on rows per unit and group and on groups per unit that
-    /// [`crate::dp::release::bounds::choose`] chose for it under a charge: never above this
-    /// plan's own (the policy's).
+    /// [`crate::dp::release::bounds::choose`] chose for it under a charge, and the clamp's upper
+    /// bound when it chose one: never above this plan's ceilings (the policy's).
     pub fn with_chosen_bounds(&self, chosen: &crate::dp::release::bounds::ChosenBounds) -> Plan {
         let rows = chosen.rows_per_unit.clamp(1, self.rows_ceiling);
         let groups = chosen.groups_per_unit.clamp(1, self.groups_ceiling);

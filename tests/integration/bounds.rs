@@ -62,6 +62,16 @@ async fn count(session: &Session, sql: &str) -> Vec<(Option<String>, i64)> {
         .collect()
 }
 
+/// PostgreSQL's own AVG(cost) over the demo's visits.
+async fn postgres_mean_cost() -> f64 {
+    crate::support::upstream_client()
+        .await
+        .query_one("SELECT AVG(cost)::float8 FROM demo.visits", &[])
+        .await
+        .expect("PostgreSQL's mean")
+        .get(0)
+}
+
 /// The cap a chosen-bounds NOTICE states (`at most N row(s) per unit`).
 fn chosen_cap(notices: &[String]) -> Option<u64> {
     notices.iter().find_map(|n| {
@@ -422,12 +432,7 @@ async fn the_mean_of_a_clamped_column_states_what_clamping_removed() {
             .unwrap_or_else(|| panic!("{rows:?}"))
     };
     let (mean, error95) = (number(0), number(1));
-    let client = crate::support::upstream_client().await;
-    let truth: f64 = client
-        .query_one("SELECT AVG(cost)::float8 FROM demo.visits", &[])
-        .await
-        .expect("PostgreSQL's mean")
-        .get(0);
+    let truth = postgres_mean_cost().await;
     let clause = notices
         .iter()
         .find_map(|n| n.split("clamping removed about ").nth(1))
@@ -573,12 +578,7 @@ async fn a_chosen_upper_bound_brings_the_mean_of_a_heavy_tailed_column_closer() 
         .as_deref()
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("{rows:?}"));
-    let client = crate::support::upstream_client().await;
-    let truth: f64 = client
-        .query_one("SELECT AVG(cost)::float8 FROM demo.visits", &[])
-        .await
-        .expect("PostgreSQL's mean")
-        .get(0);
+    let truth = postgres_mean_cost().await;
     let clause = notices
         .iter()
         .find_map(|n| n.split("visits.cost in [0, ").nth(1))
