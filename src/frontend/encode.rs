@@ -178,6 +178,55 @@ fn cell_text(cell: Cell) -> Option<String> {
     }
 }
 
+/// PostgreSQL prints a `double precision` in fixed notation when its decimal exponent is
+/// below this (DBL_DIG), and from -4 up; in exponent notation otherwise.
+const FLOAT8_FIXED_DIGITS: i32 = 15;
+/// The same for `real` (FLT_DIG).
+const FLOAT4_FIXED_DIGITS: i32 = 6;
+
+/// A real as PostgreSQL's `float8out`/`float4out` print it with the default
+/// `extra_float_digits` (1): the shortest digits that read back as the same value, given here
+/// as Rust's shortest exponent form (`format!("{v:e}")`: `4.2e1`, `-1e-5`, `NaN`, `inf`),
+/// in fixed notation (`42`, `0.0001`) when the exponent lies in [-4, `fixed_digits`), as
+/// `1e-05`, `2.5e+16` otherwise, and `NaN`, `Infinity`, `-Infinity`.
+fn real_text(scientific: &str, fixed_digits: i32) -> String {
+    match scientific {
+        "NaN" => return "NaN".into(),
+        "inf" => return "Infinity".into(),
+        "-inf" => return "-Infinity".into(),
+        _ => {}
+    }
+    let Some((mantissa, exponent)) = scientific.split_once('e') else {
+        return scientific.to_string();
+    };
+    let Ok(exponent) = exponent.parse::<i32>() else {
+        return scientific.to_string();
+    };
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    if exponent < -4 || exponent >= fixed_digits {
+        let exponent_sign = if exponent < 0 { '-' } else { '+' };
+        return format!(
+            "{sign}{mantissa}e{exponent_sign}{:02}",
+            exponent.unsigned_abs()
+        );
+    }
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let fixed = if exponent < 0 {
+        format!("0.{}{digits}", "0".repeat((-exponent - 1) as usize))
+    } else {
+        let whole = (exponent + 1) as usize;
+        if digits.len() <= whole {
+            format!("{digits}{}", "0".repeat(whole - digits.len()))
+        } else {
+            format!("{}.{}", &digits[..whole], &digits[whole..])
+        }
+    };
+    format!("{sign}{fixed}")
+}
+
 /// Encodes one released or computed cell as a value of column type `ty`, in `format`.
 fn encode_cell(
     encoder: &mut DataRowEncoder,
@@ -212,6 +261,23 @@ fn encode_cell(
         (CellType::Int2, Cell::Int(i)) => {
             let v = i16::try_from(i).map_err(|_| unsupported("an out-of-range integer"))?;
             encoder.encode_field_with_type_and_format(&v, &wire, format, &options)
+        }
+        // Reals in text as PostgreSQL prints them (`42`, `1e+16`), not as pgwire does (`42.0`).
+        (CellType::Float8, Cell::Float(f)) if format == FieldFormat::Text => {
+            let text = real_text(&format!("{f:e}"), FLOAT8_FIXED_DIGITS);
+            encoder.encode_field_with_type_and_format(&text, &wire, format, &options)
+        }
+        (CellType::Float8, Cell::Int(i)) if format == FieldFormat::Text => {
+            let text = real_text(&format!("{:e}", i as f64), FLOAT8_FIXED_DIGITS);
+            encoder.encode_field_with_type_and_format(&text, &wire, format, &options)
+        }
+        (CellType::Float4, Cell::Float(f)) if format == FieldFormat::Text => {
+            let text = real_text(&format!("{:e}", f as f32), FLOAT4_FIXED_DIGITS);
+            encoder.encode_field_with_type_and_format(&text, &wire, format, &options)
+        }
+        (CellType::Float4, Cell::Int(i)) if format == FieldFormat::Text => {
+            let text = real_text(&format!("{:e}", i as f32), FLOAT4_FIXED_DIGITS);
+            encoder.encode_field_with_type_and_format(&text, &wire, format, &options)
         }
         (CellType::Float8, Cell::Float(f)) => {
             encoder.encode_field_with_type_and_format(&f, &wire, format, &options)
@@ -330,5 +396,53 @@ pub(super) fn rows_per_execute(requested: i32) -> i32 {
         0
     } else {
         requested.min(cap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reals_print_as_postgresql_prints_them() {
+        // PostgreSQL 15: SELECT 1e15::float8, 1e14::float8, … (psql -At).
+        let float8 = [
+            (1e15, "1e+15"),
+            (1e14, "100000000000000"),
+            (123456789012345.6, "123456789012345.6"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (42.0, "42"),
+            (-0.0, "-0"),
+            (0.0, "0"),
+            (2.5e16, "2.5e+16"),
+            (1e100, "1e+100"),
+            (1.5e-7, "1.5e-07"),
+            (0.3060798822390917, "0.3060798822390917"),
+            (-1753.6665677683845, "-1753.6665677683845"),
+            (f64::NAN, "NaN"),
+            (f64::NEG_INFINITY, "-Infinity"),
+            (f64::INFINITY, "Infinity"),
+        ];
+        for (v, want) in float8 {
+            assert_eq!(
+                real_text(&format!("{v:e}"), FLOAT8_FIXED_DIGITS),
+                want,
+                "{v}"
+            );
+        }
+        let float4: [(f32, &str); 4] = [
+            (1e6, "1e+06"),
+            (1e5, "100000"),
+            (123456.7, "123456.7"),
+            (0.1, "0.1"),
+        ];
+        for (v, want) in float4 {
+            assert_eq!(
+                real_text(&format!("{v:e}"), FLOAT4_FIXED_DIGITS),
+                want,
+                "{v}"
+            );
+        }
     }
 }

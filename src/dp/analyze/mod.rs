@@ -32,6 +32,7 @@ mod expr;
 mod from;
 mod functions;
 mod grouping;
+mod moments;
 mod post;
 mod scope;
 mod semijoin;
@@ -170,6 +171,13 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         Some(e) => a.where_clause(e)?,
         None => (None, Vec::new()),
     };
+
+    // corr, covar_*, regr_*: expressions over bounded sums of the same rows, analysed as the
+    // statement (moments.rs).
+    if moments::calls_bivariate(query) {
+        let rewritten = a.bivariate_as_sums(query)?;
+        return analyze_with(&rewritten, ctx, post_processed);
+    }
 
     // GROUP BY keys, and with ROLLUP / CUBE / GROUPING SETS the grouping sets over them.
     let group_by = grouping::group_by(&select.group_by)?;

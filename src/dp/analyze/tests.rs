@@ -1259,3 +1259,83 @@ fn existence_refusals_hint_the_same_question_as_a_count() {
         analyze_sql(sql, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// corr, covar_*, regr_*: post-processing of bounded sums (moments.rs)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn bivariate_statistics_are_post_processing_of_bounded_sums() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    // corr needs the count and the five centred sums, each released once.
+    let plan = analyze_sql("SELECT corr(income, age) FROM demo.people", &ctx).expect("answered");
+    let aggregates: Vec<String> = plan.aggregates.iter().map(|a| short(&a.text)).collect();
+    assert_eq!(aggregates.len(), 6, "{aggregates:?}");
+    assert!(
+        aggregates.iter().any(|a| a.starts_with("count(CASE WHEN")),
+        "{aggregates:?}"
+    );
+    let text = summary(&plan);
+    assert!(text.contains("out=[corr=c0]"), "{text}");
+    // Centred on the bounds' midpoints: age in [0, 100] → ±50, income in [0, 250000] → ±125000,
+    // so the product's sum has bounds ±6.25e6 (not 2.5e7 uncentred).
+    assert!(text.contains("[-6250000,6250000]"), "{text}");
+    assert!(text.contains("[-50,50]"), "{text}");
+    assert!(text.contains("AS DOUBLE PRECISION"), "{text}");
+    // The statistic is clipped into its range: no noisy value reads as a correlation above 1.
+    assert!(text.contains("GREATEST(-(1), LEAST(1,"), "{text}");
+    // A slope needs the count and four sums; regr_count is the count alone, a bare aggregate.
+    let plan =
+        analyze_sql("SELECT regr_slope(income, age) FROM demo.people", &ctx).expect("answered");
+    assert_eq!(plan.aggregates.len(), 5, "{}", summary(&plan));
+    let plan =
+        analyze_sql("SELECT regr_count(income, age) FROM demo.people", &ctx).expect("answered");
+    let text = summary(&plan);
+    assert!(text.contains("out=[regr_count=a0]"), "{text}");
+    assert!(plan.post.is_none(), "{text}");
+    // Calls share their sums: a slope and an intercept over the same arguments, grouped, with FILTER.
+    let plan = analyze_sql(
+        "SELECT sex, regr_slope(income, age) AS b, regr_intercept(income, age) FILTER (WHERE region = 'NO') AS a FROM demo.people GROUP BY sex ORDER BY corr(income, age)",
+        &ctx,
+    )
+    .expect("answered");
+    let text = summary(&plan);
+    assert!(text.contains("out=[sex=k0, b=c1, a=c2]"), "{text}");
+    // slope: 5; the filtered intercept: 5 of its own; corr adds the sum of Y² only.
+    assert_eq!(plan.aggregates.len(), 5 + 5 + 1, "{text}");
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            (
+                "corr over a window",
+                "SELECT corr(income, age) OVER () FROM demo.people",
+                Refused(S::FEATURE_NOT_SUPPORTED),
+            ),
+            (
+                "corr distinct",
+                "SELECT corr(DISTINCT income, age) FROM demo.people",
+                Refused(S::FEATURE_NOT_SUPPORTED),
+            ),
+            (
+                "corr of one argument",
+                "SELECT corr(income) FROM demo.people",
+                Refused(S::SYNTAX_ERROR),
+            ),
+            (
+                "corr of text",
+                "SELECT corr(income, sex) FROM demo.people",
+                Refused(S::SYNTAX_ERROR),
+            ),
+            (
+                "corr of an unbounded expression",
+                "SELECT corr(income * income, age / age) FROM demo.people",
+                Refused(S::INSUFFICIENT_PRIVILEGE),
+            ),
+        ],
+    );
+}

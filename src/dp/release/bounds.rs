@@ -410,6 +410,11 @@ fn clamp_aggregate(plan: &Plan, rewrite: &Rewrite) -> Option<usize> {
             agg.kind,
             crate::dp::plan::AggregateKind::Sum | crate::dp::plan::AggregateKind::Avg
         ) && agg.argument.is_some()
+            // An argument clamped explicitly never leaves its bounds: nothing to estimate.
+            && agg
+                .argument
+                .as_ref()
+                .is_some_and(|a| super::clamps::explicit_clamps(a).is_none())
             && agg.bounds.is_some_and(|b| b.upper > b.lower)
             && rewrite.aggregate_measures.get(a).is_some_and(|ms| {
                 ms.iter().any(|&m| {

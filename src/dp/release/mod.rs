@@ -32,12 +32,15 @@ use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::{ColumnType, Mechanism};
 
 pub mod bounds;
+mod clamps;
 pub mod derive;
 mod grouping;
 pub mod measures;
 pub mod post;
 pub mod rows;
 
+use clamps::clamp_label;
+pub use clamps::clamped_arguments;
 pub use grouping::derived_set as derived_grouping_set;
 pub use measures::{derived_key, measures_key, NoisyMeasures};
 pub use rows::{PrivateRows, Released, TextRows};
@@ -1274,11 +1277,22 @@ pub fn evaluate(p: &Post, keys: &[Cell], aggregates: &[Cell]) -> Cell {
 /// rows out: each privacy unit counts with at most `max_rows_per_unit` rows in each of at most
 /// `max_groups_per_unit` groups, so a COUNT or SUM is the capped total, below the table's where
 /// units have more rows; and the per-unit values of subqueries that the policy's row cap bounds
-/// ([`Plan::unit_caps`]). `None` when the caps cannot bind (one row and one group per unit, no
-/// such per-unit value) or the query has no COUNT or SUM of rows. Policy facts only: nothing
-/// here depends on the data.
+/// ([`Plan::unit_caps`]); and the bounds its sums, averages and variances clamp their
+/// arguments into ([`clamped_arguments`]), which alone bias a query over a table of one row per
+/// unit (`AVG(income)`, `corr(income, age)`). `None` when the caps cannot bind (one row and one
+/// group per unit, no such per-unit value) and nothing is clamped, or the query has no COUNT or
+/// SUM of rows. Policy facts only: nothing here depends on the data.
 pub fn capped_statistic(plan: &Plan) -> Option<String> {
-    let rows = rows_capped_statistic(plan);
+    let clamped = clamped_arguments(plan);
+    let rows = rows_capped_statistic(plan, &clamped).or_else(|| {
+        // Without caps on rows the clamp is the only bias: named on its own.
+        (!clamped.is_empty()).then(|| {
+            format!(
+                "values are clamped into their bounds ({}), so SUM, AVG, variances and the statistics computed from them describe the clamped values, which differ from the table's where values lie outside the bounds",
+                clamped.join(", ")
+            )
+        })
+    });
     let units = (!plan.unit_caps.is_empty()).then(|| {
         format!(
             "per-unit values left without a bound are bounded by the policy's cap on rows per unit: {} (write LEAST(…) in the subquery to choose another bound)",
@@ -1291,33 +1305,8 @@ pub fn capped_statistic(plan: &Plan) -> Option<String> {
     }
 }
 
-/// The arguments of the plan's sums, averages and variances with the bounds their values are
-/// clamped into, as `cost in [0, 2000]`, each once: a bias that neither a chosen cap's
-/// estimate nor `_error95` counts.
-pub fn clamped_arguments(plan: &Plan) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for a in &plan.aggregates {
-        let clamped = matches!(
-            a.kind,
-            AggregateKind::Sum
-                | AggregateKind::Avg
-                | AggregateKind::VarSamp
-                | AggregateKind::VarPop
-                | AggregateKind::StddevSamp
-                | AggregateKind::StddevPop
-        );
-        if let (true, Some(arg), Some(b)) = (clamped, &a.argument, a.bounds) {
-            let text = clamp_label(plan, arg, b);
-            if !out.contains(&text) {
-                out.push(text);
-            }
-        }
-    }
-    out
-}
-
 /// The capped-statistic note of the plan's own caps on rows and groups per unit.
-fn rows_capped_statistic(plan: &Plan) -> Option<String> {
+fn rows_capped_statistic(plan: &Plan, clamped: &[String]) -> Option<String> {
     let rows_capped = plan.max_rows_per_unit > 1;
     let groups_capped = plan.max_groups_per_unit > 1 && !plan.keys.is_empty();
     let sums_rows = plan.aggregates.iter().any(|a| {
@@ -1337,24 +1326,15 @@ fn rows_capped_statistic(plan: &Plan) -> Option<String> {
     } else {
         String::new()
     };
+    let clamped = if clamped.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", clamped.join(", "))
+    };
     Some(format!(
-        "a capped statistic: each privacy unit counts with at most {} row(s){groups} (the policy's caps) and values are clamped into their bounds, so COUNT and SUM estimate the capped total, which is below the table's where units have more rows",
+        "a capped statistic: each privacy unit counts with at most {} row(s){groups} (the policy's caps) and values are clamped into their bounds{clamped}, so COUNT and SUM estimate the capped total, which is below the table's where units have more rows",
         plan.max_rows_per_unit
     ))
-}
-
-/// How a NOTICE names an argument clamped into its bounds: `visits.cost in [0, 2000]`.
-pub(super) fn clamp_label(
-    plan: &Plan,
-    argument: &crate::dp::plan::Canonical,
-    b: crate::policy::Bounds,
-) -> String {
-    format!(
-        "{} in [{}, {}]",
-        analyst_text(plan, argument.as_str()),
-        b.lower,
-        b.upper
-    )
 }
 
 /// A measure's label in the analyst's terms: the generated table aliases (`"__dp_t0"."age"`)
