@@ -156,10 +156,56 @@ fn ceilings_default_to_the_caps_and_never_lower_them() {
 }
 
 #[test]
-fn bounds_only_on_numeric_columns() {
+fn bounds_only_on_numeric_and_date_columns() {
     let text = minimal("").replace("k: { type: text,", "k: { type: text, lower: 0, upper: 1,");
     let e = errors(&text);
-    assert!(e[0].contains("bounds need a numeric column"), "{e:?}");
+    assert!(
+        e[0].contains("bounds need a numeric or date column"),
+        "{e:?}"
+    );
+    // A date column's bounds are dates, stored as days since 2000-01-01.
+    let dated = minimal("").replace(
+        "k: { type: text,",
+        "d: { type: date, lower: '1999-12-31', upper: 2026-12-31 }\n      k: { type: text,",
+    );
+    let policy = crate::policy::parse(&dated).unwrap_or_else(|e| panic!("{e}"));
+    let column = policy
+        .tables
+        .values()
+        .flat_map(|t| t.columns.iter().find(|c| c.name == "d"))
+        .next()
+        .expect("column d");
+    let b = column.bounds.expect("bounds");
+    assert_eq!((b.lower, b.upper), (-1.0, 9861.0));
+    for (bounds, error) in [
+        ("lower: 0, upper: 10", "a date column's bounds are dates"),
+        ("lower: '2020-02-30', upper: '2021-01-01'", "is not a date"),
+        (
+            "lower: '2021-01-01', upper: '2020-01-01'",
+            "must be below upper",
+        ),
+        (
+            "lower: '2020-01-01', upper: '2021-01-01', upper_ceiling: 20000",
+            "needs a numeric column",
+        ),
+    ] {
+        let text = minimal("").replace(
+            "k: { type: text,",
+            &format!("d: {{ type: date, {bounds} }}\n      k: {{ type: text,"),
+        );
+        let e = errors(&text);
+        assert!(e.iter().any(|x| x.contains(error)), "{bounds}: {e:?}");
+    }
+    let numeric = minimal("").replace(
+        "k: { type: text,",
+        "x: { type: integer, lower: '2020-01-01', upper: 5 }\n      k: { type: text,",
+    );
+    let e = errors(&numeric);
+    assert!(
+        e.iter()
+            .any(|x| x.contains("a numeric column's bounds are numbers")),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -96,15 +96,45 @@ pub(super) struct RawPathStep {
     key: String,
 }
 
+/// A bound as written: a number, or for a `date` column a date `'YYYY-MM-DD'`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawBound {
+    Number(f64),
+    Text(String),
+}
+
+impl RawBound {
+    /// The bound in the column's terms: the number itself, or for a date column the date's
+    /// day number since 2000-01-01 (PostgreSQL's date epoch), which `date - DATE '2000-01-01'`
+    /// gives upstream.
+    fn value(&self, ty: ColumnType) -> std::result::Result<f64, String> {
+        match (self, ty) {
+            (RawBound::Number(x), t) if t.is_numeric() => Ok(*x),
+            (RawBound::Text(text), ColumnType::Date) => crate::datetime::Date::parse(text.trim())
+                .map(|d| d.days_since_2000() as f64)
+                .ok_or_else(|| format!("{text:?} is not a date YYYY-MM-DD")),
+            (_, ColumnType::Date) => {
+                Err("a date column's bounds are dates, e.g. '2015-01-01'".into())
+            }
+            (_, t) if t.is_numeric() => Err("a numeric column's bounds are numbers".into()),
+            (_, t) => Err(format!(
+                "bounds need a numeric or date column, not {}",
+                t.name()
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawColumn {
     #[serde(rename = "type")]
     ty: String,
     #[serde(default)]
-    lower: Option<f64>,
+    lower: Option<RawBound>,
     #[serde(default)]
-    upper: Option<f64>,
+    upper: Option<RawBound>,
     #[serde(default)]
     upper_ceiling: Option<f64>,
     #[serde(default)]
@@ -573,18 +603,22 @@ pub(super) fn validate(
                 p.add(&format!("{cpath}.type"), format!("unknown type {:?}", c.ty));
                 continue;
             };
-            let bounds = match (c.lower, c.upper) {
+            let bounds = match (&c.lower, &c.upper) {
                 (None, None) => None,
                 (Some(lower), Some(upper)) => {
                     let mut ok = true;
-                    if !ty.is_numeric() {
-                        p.add(
-                            &cpath,
-                            format!("bounds need a numeric column, not {}", ty.name()),
-                        );
-                        ok = false;
-                    }
-                    if !lower.is_finite() || !upper.is_finite() {
+                    let mut value = |b: &RawBound, key: &str| match b.value(ty) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            p.add(&format!("{cpath}.{key}"), e);
+                            ok = false;
+                            0.0
+                        }
+                    };
+                    let (lower, upper) = (value(lower, "lower"), value(upper, "upper"));
+                    if !ok {
+                        // Reported above.
+                    } else if !lower.is_finite() || !upper.is_finite() {
                         p.add(&cpath, "bounds must be finite");
                         ok = false;
                     } else if lower >= upper {
@@ -617,7 +651,13 @@ pub(super) fn validate(
                     None
                 }
                 (Some(ceiling), Some(b)) => {
-                    if !ceiling.is_finite() || ceiling <= b.upper {
+                    if !ty.is_numeric() {
+                        p.add(
+                            &format!("{cpath}.upper_ceiling"),
+                            "needs a numeric column (only sums and averages choose an upper bound)",
+                        );
+                        None
+                    } else if !ceiling.is_finite() || ceiling <= b.upper {
                         p.add(
                             &format!("{cpath}.upper_ceiling"),
                             format!("must be a finite number above upper ({})", b.upper),

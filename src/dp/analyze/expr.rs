@@ -98,7 +98,12 @@ impl<'a> Analyzer<'a> {
                 // A malformed date fails upstream after the charge: check it here.
                 let text = crate::literal::string_value(&ts.value.value).unwrap_or_default();
                 check_text_of_type(text, ty)?;
-                Ok(Info::constant(Some(ty), None))
+                // A date's value is its day number, the unit of date columns' bounds.
+                let day = match ty {
+                    ColumnType::Date => crate::datetime::Date::parse(text.trim()).map(|d| d.days_since_2000() as f64),
+                    _ => None,
+                };
+                Ok(Info::constant(Some(ty), day))
             }
             Expr::Nested(inner) => self.expr(inner, role),
             Expr::UnaryOp { op, expr } => {
@@ -150,7 +155,12 @@ impl<'a> Analyzer<'a> {
                         let guarded = date_difference_guard(left.as_ref().clone(), right.as_ref().clone());
                         *e = Expr::Nested(Box::new(guarded));
                         let declared = Some("integer".to_string());
-                        Ok(Info { declared, ..Info::derived(Some(ColumnType::Integer), &[&l, &r], None) })
+                        // Day numbers (bounds of dates) subtract like numbers.
+                        let bounds = match (l.bounds, r.bounds) {
+                            (Some((a, b)), Some((c, d))) => Some((a - d, b - c)),
+                            _ => None,
+                        };
+                        Ok(Info { declared, ..Info::derived(Some(ColumnType::Integer), &[&l, &r], bounds) })
                     }
                     B::Plus | B::Minus | B::Multiply => {
                         let numeric = |i: &Info| i.ty.is_none_or(|t| t.is_numeric());

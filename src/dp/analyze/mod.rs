@@ -27,6 +27,7 @@
 //! - Analysis does no I/O.
 
 mod aggregate;
+mod dates;
 mod denominator;
 mod expr;
 mod from;
@@ -176,6 +177,10 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
     // statement (moments.rs).
     if moments::calls_bivariate(query) {
         let rewritten = a.bivariate_as_sums(query)?;
+        return analyze_with(&rewritten, ctx, post_processed);
+    }
+    // MIN, MAX, MEDIAN, PERCENTILE_DISC of a date: the quantile of its day number (dates.rs).
+    if let Some(rewritten) = a.date_quantiles_as_days(query)? {
         return analyze_with(&rewritten, ctx, post_processed);
     }
 

@@ -58,13 +58,9 @@ fn bivariate(name: &str) -> Option<Bivariate> {
     })
 }
 
-/// Whether `e` is a call of one of them (not over a window).
-fn call(e: &Expr) -> Option<(&ast::Function, Bivariate)> {
-    let Expr::Function(f) = e else {
-        return None;
-    };
-    let kind = bivariate(&function_name(&f.name).ok()?)?;
-    Some((f, kind))
+/// Which of them `f` calls.
+fn call_of(f: &ast::Function) -> Option<Bivariate> {
+    bivariate(&function_name(&f.name).ok()?)
 }
 
 /// Whether the select list, HAVING or ORDER BY of `query` calls one of them.
@@ -72,7 +68,7 @@ pub(super) fn calls_bivariate(query: &ast::Query) -> bool {
     let mut found = false;
     let mut look = |e: &Expr| {
         let _ = ast::visit_expressions(e, |x| {
-            found |= call(x).is_some();
+            found |= matches!(x, Expr::Function(f) if call_of(f).is_some());
             std::ops::ControlFlow::<()>::Continue(())
         });
     };
@@ -271,11 +267,28 @@ impl Moments {
     }
 }
 
+/// What [`Analyzer::rewrite_calls`] does with one function call: `Ok(None)` keeps it.
+pub(super) type CallRewrite = fn(&mut Analyzer<'_>, &ast::Function) -> Result<Option<Expr>>;
+
 impl Analyzer<'_> {
     /// `query` with every two-argument statistical aggregate in its select list, HAVING and
     /// ORDER BY replaced by its expression over bounded sums (see the module's invariants);
     /// the caller analyses the result as the analyst's statement.
     pub(super) fn bivariate_as_sums(&mut self, query: &ast::Query) -> Result<ast::Query> {
+        self.rewrite_calls(query, |this, f| match call_of(f) {
+            Some(kind) => this.bivariate_expression(f, kind).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    /// `query` with each function call of its select list, HAVING and ORDER BY that `rewrite`
+    /// replaces (innermost first) replaced; a bare select item so replaced keeps PostgreSQL's
+    /// column name, the function's.
+    pub(super) fn rewrite_calls(
+        &mut self,
+        query: &ast::Query,
+        rewrite: CallRewrite,
+    ) -> Result<ast::Query> {
         let mut rewritten = query.clone();
         let mut failure = None;
         let mut expand = |e: &mut Expr, this: &mut Self| {
@@ -283,9 +296,10 @@ impl Analyzer<'_> {
                 if failure.is_some() {
                     return std::ops::ControlFlow::<()>::Break(());
                 }
-                if let Some((f, kind)) = call(x) {
-                    match this.bivariate_expression(f, kind) {
-                        Ok(expanded) => *x = expanded,
+                if let Expr::Function(f) = x {
+                    match rewrite(this, f) {
+                        Ok(Some(expanded)) => *x = expanded,
+                        Ok(None) => {}
                         Err(err) => failure = Some(err),
                     }
                 }
@@ -295,11 +309,14 @@ impl Analyzer<'_> {
         if let SetExpr::Select(select) = rewritten.body.as_mut() {
             for item in select.projection.iter_mut() {
                 match item {
-                    // A bare call keeps PostgreSQL's column name: the function's.
                     SelectItem::UnnamedExpr(e) => {
-                        let name = call(e).and_then(|(f, _)| function_name(&f.name).ok());
+                        let name = match &*e {
+                            Expr::Function(f) => function_name(&f.name).ok(),
+                            _ => None,
+                        };
+                        let before = e.clone();
                         expand(e, self);
-                        if let Some(name) = name {
+                        if let (Some(name), true) = (name, *e != before) {
                             *item = SelectItem::ExprWithAlias {
                                 expr: e.clone(),
                                 alias: Ident::new(name),

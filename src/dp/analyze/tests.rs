@@ -663,8 +663,9 @@ fn subqueries() {
             ("per-unit bare column", "SELECT AVG(n) FROM (SELECT person_id, clinic, LEAST(COUNT(*), 10) AS n FROM demo.visits GROUP BY person_id) t", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
             // Windows partitioned by the privacy unit in a row-level view (analyze::window).
             ("window visit number as a key", "WITH v AS (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date) AS visit_no FROM demo.visits) SELECT visit_no, COUNT(*) FROM v WHERE visit_no <= 3 GROUP BY visit_no", Accepted("unit=t1.person_id caps=(g5,r10) tables=[v:sub] where=t1.visit_no <= 3 keys=[t1.visit_no:integer:private] aggs=[count(*)] out=[visit_no=k0, count=a0]")),
-            ("window days since first unclamped", "WITH v AS (SELECT person_id, visit_date - MIN(visit_date) OVER (PARTITION BY person_id) AS days FROM demo.visits) SELECT AVG(days) FROM v", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
-            ("window days since first", "WITH v AS (SELECT person_id, LEAST(GREATEST(visit_date - MIN(visit_date) OVER (PARTITION BY person_id ORDER BY visit_date), 0), 3650) AS days FROM demo.visits) SELECT AVG(days) FROM v", Accepted("unit=t1.person_id caps=(g1,r10) tables=[v:sub] keys=[] aggs=[avg(t1.days)[0,3650]] out=[avg=a0]")),
+            ("window days since first, bounded by the policy's dates", "WITH v AS (SELECT person_id, visit_date - MIN(visit_date) OVER (PARTITION BY person_id) AS days FROM demo.visits) SELECT AVG(days) FROM v", Accepted("unit=t1.person_id caps=(g1,r10) tables=[v:sub] keys=[] aggs=[avg(t1.days)[-2556,2556]] out=[avg=a0]")),
+            ("window ids since first unclamped", "WITH v AS (SELECT person_id, visit_id - MIN(visit_id) OVER (PARTITION BY person_id) AS days FROM demo.visits) SELECT AVG(days) FROM v", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
+            ("window days since first", "WITH v AS (SELECT person_id, LEAST(GREATEST(visit_date - MIN(visit_date) OVER (PARTITION BY person_id ORDER BY visit_date), 0), 3650) AS days FROM demo.visits) SELECT AVG(days) FROM v", Accepted("unit=t1.person_id caps=(g1,r10) tables=[v:sub] keys=[] aggs=[avg(t1.days)[0,2556]] out=[avg=a0]")),
             ("date difference", "SELECT AVG(LEAST(GREATEST(visit_date - DATE '2020-01-01', 0), 2000)) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[avg(LEAST(GREATEST((CASE WHEN pg_catalog.isfinite(visit_date) AND pg_catalog.isfinite(DATE '2020-01-01') THEN (visit_date) - (DATE '2020-01-01') END), 0), 2000))[0,2000]] out=[avg=a0]")),
             ("date difference with an untyped literal", "SELECT COUNT(*) FROM demo.visits WHERE visit_date - '2020-01-01' > 10", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
             ("window clamped rank", "SELECT SUM(n) FROM (SELECT person_id, LEAST(COUNT(*) OVER (PARTITION BY person_id), 10) AS n FROM demo.visits) t", Accepted("unit=t1.person_id caps=(g1,r10) tables=[t:sub] keys=[] aggs=[sum(t1.n)[0,10]] out=[sum=a0]")),
@@ -1054,7 +1055,7 @@ fn refusals_name_what_the_analyst_wrote() {
             "the bounds of t.\"n\" are not known",
         ),
         (
-            "SELECT SUM(per_person.n) FROM (SELECT person_id, MAX(visit_date) - MIN(visit_date) AS n FROM demo.visits GROUP BY person_id) AS per_person",
+            "SELECT SUM(per_person.n) FROM (SELECT person_id, MAX(visit_id) - MIN(visit_id) AS n FROM demo.visits GROUP BY person_id) AS per_person",
             "the bounds of per_person.\"n\" are not known",
         ),
     ] {
@@ -1336,6 +1337,50 @@ fn bivariate_statistics_are_post_processing_of_bounded_sums() {
                 "SELECT corr(income * income, age / age) FROM demo.people",
                 Refused(S::INSUFFICIENT_PRIVILEGE),
             ),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// MIN / MAX / MEDIAN / PERCENTILE_DISC of a date: a quantile of day numbers (dates.rs)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn date_quantiles_are_quantiles_of_day_numbers() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    let plan = analyze_sql(
+        "SELECT MIN(visit_date), MAX(visit_date) AS last FROM demo.visits",
+        &ctx,
+    )
+    .expect("answered");
+    let text = summary(&plan);
+    // The policy's dates 2020-01-01 and 2026-12-31 are days 7305 and 9861 since 2000-01-01.
+    assert!(text.contains("[7305,9861]"), "{text}");
+    assert!(text.contains("out=[min=c0, last=c1]"), "{text}");
+    assert!(
+        text.contains("DATE '2000-01-01' + CAST(pg_catalog.round("),
+        "{text}"
+    );
+    assert_eq!(plan.aggregates.len(), 2, "{text}");
+    // Per group, and PERCENTILE_DISC; a numeric quantile beside them is unchanged.
+    let plan = analyze_sql(
+        "SELECT clinic, percentile_disc(0.5) WITHIN GROUP (ORDER BY visit_date) AS mid, MAX(cost) FROM demo.visits GROUP BY clinic",
+        &ctx,
+    )
+    .expect("answered");
+    let text = summary(&plan);
+    assert!(text.contains("out=[clinic=k0, mid=c1, max=a1]"), "{text}");
+    use SqlState as S;
+    check(
+        On::Demo,
+        &[
+            ("a date without bounds", "SELECT MIN(d) FROM (SELECT person_id, CAST(date_trunc('month', visit_date) AS date) AS d FROM demo.visits) t", Refused(S::INSUFFICIENT_PRIVILEGE)),
+            ("percentile_cont of a date", "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY visit_date) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("the days between dates sum with bounds", "SELECT SUM(visit_date - DATE '2020-01-01') FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum((CASE WHEN pg_catalog.isfinite(visit_date) AND pg_catalog.isfinite(DATE '2020-01-01') THEN (visit_date) - (DATE '2020-01-01') END))[0,2556]] out=[sum=a0]")),
         ],
     );
 }

@@ -1,0 +1,96 @@
+//! `MIN`, `MAX`, `MEDIAN` and `PERCENTILE_DISC` of a date (the BI card "first and last date"):
+//! the DP quantile of the date's day number, `d - DATE '2000-01-01'`, turned back into a date.
+//!
+//! # Invariants
+//! - A call over a `date` argument is replaced, before the statement is analysed again, by
+//!   `DATE '2000-01-01' + CAST(ROUND(<call>(d - DATE '2000-01-01')) AS integer)`: the quantile
+//!   of an integer with the column's bounds (the policy's `lower`/`upper` dates, as day numbers)
+//!   through the quantile mechanism like any number's, and the date computed from the released
+//!   value by PostgreSQL as post-processing. Its type is `date`, as PostgreSQL's `MIN(date)`.
+//! - A date argument without bounds is refused (42501) with the policy keys to declare; nothing
+//!   about the data decides the bounds.
+//! - `PERCENTILE_CONT` of a date is refused by PostgreSQL itself and stays refused here.
+
+use super::moments::CallRewrite;
+use super::*;
+
+/// PostgreSQL's date epoch, whose day number is 0.
+const EPOCH: &str = "DATE '2000-01-01'";
+
+impl Analyzer<'_> {
+    /// `query` with every quantile of a date replaced (see the module's invariants), or
+    /// `None` when it has none.
+    pub(super) fn date_quantiles_as_days(
+        &mut self,
+        query: &ast::Query,
+    ) -> Result<Option<ast::Query>> {
+        let mut found = false;
+        let _ = ast::visit_expressions(query, |e| {
+            found |= matches!(e, Expr::Function(f) if quantile_name(f).is_some());
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        if !found {
+            return Ok(None);
+        }
+        let rewrite: CallRewrite = |this, f| this.date_quantile(f);
+        let rewritten = self.rewrite_calls(query, rewrite)?;
+        Ok((rewritten != *query).then_some(rewritten))
+    }
+
+    /// One call as the date of its quantile of day numbers, or `None` when it is no quantile of
+    /// a date (the ordinary path analyses it, and reports what is wrong with it).
+    fn date_quantile(&mut self, f: &ast::Function) -> Result<Option<Expr>> {
+        let Some(name) = quantile_name(f) else {
+            return Ok(None);
+        };
+        if f.over.is_some() {
+            return Ok(None);
+        }
+        let mut call = f.clone();
+        let argument: &mut Expr = if name == "percentile_disc" {
+            match call.within_group.as_mut_slice() {
+                [ob] => &mut ob.expr,
+                _ => return Ok(None),
+            }
+        } else {
+            match &mut call.args {
+                FunctionArguments::List(list) => match list.args.as_mut_slice() {
+                    [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => e,
+                    _ => return Ok(None),
+                },
+                _ => return Ok(None),
+            }
+        };
+        let Ok(info) = self.expr(&mut argument.clone(), Role::Argument) else {
+            return Ok(None);
+        };
+        if info.ty != Some(ColumnType::Date) {
+            return Ok(None);
+        }
+        if info.bounds.is_none() {
+            let column = info.column.as_deref().unwrap_or("the date column");
+            return Err(Error::forbidden(
+                format!("{name} of {argument} needs bounds on its dates"),
+                format!("Declare the range of {column} in the policy as dates, e.g. lower: '2015-01-01', upper: '2026-12-31'; a DP quantile is computed over bounded values."),
+            ));
+        }
+        let days = parse_expr(&format!("({argument}) - {EPOCH}"))?;
+        *argument = days;
+        parse_expr(&format!("({EPOCH} + CAST(ROUND({call}) AS integer))")).map(Some)
+    }
+}
+
+/// The name of a quantile call that has a date form.
+fn quantile_name(f: &ast::Function) -> Option<String> {
+    let name = function_name(&f.name).ok()?;
+    matches!(name.as_str(), "min" | "max" | "median" | "percentile_disc").then_some(name)
+}
+
+fn parse_expr(text: &str) -> Result<Expr> {
+    let dialect = sqlparser::dialect::PostgreSqlDialect {};
+    sqlparser::parser::Parser::new(&dialect)
+        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
+        .try_with_sql(text)
+        .and_then(|mut p| p.parse_expr())
+        .map_err(|e| Error::internal(format!("a date quantile did not parse: {e}")))
+}
