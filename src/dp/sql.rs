@@ -218,6 +218,24 @@ impl Fragment for Ident<'_> {
     }
 }
 
+/// The positional expression arguments of a call, in order (named and wildcard arguments left
+/// out; none for a call without an argument list).
+pub fn expression_arguments(f: &sqlparser::ast::Function) -> Vec<&Expr> {
+    match &f.args {
+        sqlparser::ast::FunctionArguments::List(list) => list
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                sqlparser::ast::FunctionArg::Unnamed(sqlparser::ast::FunctionArgExpr::Expr(e)) => {
+                    Some(e)
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// A table of FROM with its alias: `"schema"."name" AS "alias"`, or a subquery rendered by
 /// `source` (the rewrite binds its parameters there) `(…) AS "alias"`.
 pub fn relation(table: &TableRef, source: impl Fn(&Query) -> Result<Sql>) -> Result<Sql> {

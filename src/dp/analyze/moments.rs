@@ -376,14 +376,7 @@ impl Analyzer<'_> {
                 format!("Call {name}(y, x) over all rows, or aggregate per privacy unit in a subquery first."),
             ));
         }
-        let arguments: Vec<&Expr> = list
-            .args
-            .iter()
-            .filter_map(|a| match a {
-                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
-                _ => None,
-            })
-            .collect();
+        let arguments = crate::dp::sql::expression_arguments(f);
         let [y, x] = arguments.as_slice() else {
             return Err(Error::Syntax {
                 message: format!("function {name} takes two arguments, {name}(y, x)"),

@@ -11,7 +11,7 @@
 //! named: their bounds are exact. Display only: nothing here changes what is computed or
 //! charged.
 
-use sqlparser::ast::{self, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Value};
+use sqlparser::ast::{self, Expr, Value};
 
 use crate::dp::plan::{AggregateKind, Canonical, Plan};
 use crate::policy::Bounds;
@@ -151,17 +151,7 @@ fn clamp_of(f: &ast::Function) -> Option<(String, f64, f64)> {
 
 /// A function's name and its two positional arguments.
 fn call(f: &ast::Function) -> Option<(String, [&Expr; 2])> {
-    let FunctionArguments::List(list) = &f.args else {
-        return None;
-    };
-    let args: Vec<&Expr> = list
-        .args
-        .iter()
-        .filter_map(|a| match a {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
-            _ => None,
-        })
-        .collect();
+    let args = crate::dp::sql::expression_arguments(f);
     let [a, b] = args.as_slice() else {
         return None;
     };
