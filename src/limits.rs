@@ -74,12 +74,12 @@ pub const CONNECTIONS_PER_ANALYST_MAX: usize = 200;
 /// sockets are closed without a message.
 pub const CONNECTIONS_REFUSING_MAX: usize = 64;
 
-/// Failed logins of one user name from one client IP address within [`AUTH_FAILURE_WINDOW_MS`]
-/// after which further logins of that user from that address are refused (FATAL 53300) until
+/// The default (a policy's `login_throttle` may set another) of failed logins of one user name
+/// from one client IP address within [`AUTH_FAILURE_WINDOW_MS`] after which further logins of that user from that address are refused (FATAL 53300) until
 /// the window ends; other users behind the address (a BI server's) are served.
 pub const AUTH_FAILURES_PER_USER_MAX: u32 = 10;
 
-/// Failed logins from one client IP address, all user names together, within
+/// The default of failed logins from one client IP address, all user names together, within
 /// [`AUTH_FAILURE_WINDOW_MS`] after which every login from that address is refused (FATAL 53300)
 /// until the window ends: a spray over many user names.
 pub const AUTH_FAILURES_PER_ADDRESS_MAX: u32 = 100;
@@ -87,6 +87,10 @@ pub const AUTH_FAILURES_PER_ADDRESS_MAX: u32 = 100;
 /// The window in which failed logins of one user from one IP address, and of one address, are
 /// counted; it starts at the first failure and is not extended by refused attempts.
 pub const AUTH_FAILURE_WINDOW_MS: u64 = 60_000;
+
+/// The windows a policy's `login_throttle.window_s` may set, in seconds: at least a second,
+/// at most a day.
+pub const AUTH_FAILURE_WINDOW_S_RANGE: (u64, u64) = (1, 86_400);
 
 /// Entries each failed-login table (per user and address; per address) remembers at once (fixed
 /// capacity: when it is full, an expired entry or else the oldest is forgotten to make room).

@@ -115,14 +115,6 @@ pub struct ConnectionLimits {
     pub message_bytes_max: usize,
     /// Named prepared statements one connection may hold; Parse of one more is refused (54000).
     pub prepared_statements_max: usize,
-    /// Failed logins of one user from one IP address within `auth_failure_window_ms` after
-    /// which that user's logins from that address are refused (53300) until the window ends.
-    pub auth_failures_per_user_max: u32,
-    /// Failed logins from one IP address, all users together, within `auth_failure_window_ms`
-    /// after which every login from that address is refused (53300) until the window ends.
-    pub auth_failures_per_address_max: u32,
-    /// The window in which failed logins are counted.
-    pub auth_failure_window_ms: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -133,9 +125,6 @@ impl Default for ConnectionLimits {
             startup_timeout_ms: limits::STARTUP_TIMEOUT_MS,
             message_bytes_max: limits::MESSAGE_BYTES_MAX,
             prepared_statements_max: limits::PREPARED_STATEMENTS_PER_CONNECTION_MAX,
-            auth_failures_per_user_max: limits::AUTH_FAILURES_PER_USER_MAX,
-            auth_failures_per_address_max: limits::AUTH_FAILURES_PER_ADDRESS_MAX,
-            auth_failure_window_ms: limits::AUTH_FAILURE_WINDOW_MS,
         }
     }
 }
@@ -474,9 +463,12 @@ impl Startup {
             _ => "authentication protocol error",
         };
         let peer = client.socket_addr();
-        let counted = self
-            .throttle
-            .record_failure(peer.ip(), &user, Instant::now());
+        let counted = self.throttle.record_failure(
+            peer.ip(),
+            &user,
+            Instant::now(),
+            &self.live.current().policy.login_throttle,
+        );
         self.metrics.login_failed();
         tracing::warn!(
             user,
@@ -535,7 +527,11 @@ impl StartupHandler for Startup {
                     }));
                 }
                 let user = client.metadata().get("user").cloned().unwrap_or_default();
-                if let Some(lockout) = self.throttle.refuses(peer.ip(), &user, Instant::now()) {
+                let throttle = self.live.current().policy.login_throttle;
+                if let Some(lockout) =
+                    self.throttle
+                        .refuses(peer.ip(), &user, Instant::now(), &throttle)
+                {
                     let scope = match lockout {
                         Lockout::User => "for this user from this address",
                         Lockout::Address => "from this address",
@@ -627,12 +623,7 @@ impl Handlers {
             plain: SaslMechanisms::new(vec![Arc::new(scram)]),
             secure: SaslMechanisms::new(vec![Arc::new(secure_scram)]),
             admission: Arc::new(Admission::new(front.limits.connections_per_analyst_max)),
-            throttle: Throttle::new(
-                front.limits.auth_failures_per_user_max,
-                front.limits.auth_failures_per_address_max,
-                Duration::from_millis(front.limits.auth_failure_window_ms),
-                limits::AUTH_FAILURE_PEERS_MAX,
-            ),
+            throttle: Throttle::new(limits::AUTH_FAILURE_PEERS_MAX),
             live: live.clone(),
             require_tls: front.require_tls,
             metrics: live.current().metrics.clone(),

@@ -25,6 +25,8 @@ use std::hash::Hash;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use crate::policy::LoginThrottle;
+
 /// Bytes of a user name the table keys on (PostgreSQL's `NAMEDATALEN` − 1).
 const USER_BYTES_MAX: usize = 63;
 
@@ -54,36 +56,54 @@ pub(super) struct Counted {
 }
 
 impl Throttle {
-    pub(super) fn new(
-        per_user_max: u32,
-        per_address_max: u32,
-        window: Duration,
-        peers_max: usize,
-    ) -> Throttle {
+    pub(super) fn new(peers_max: usize) -> Throttle {
         Throttle {
-            logins: FailureTable::new(per_user_max, window, peers_max),
-            addresses: FailureTable::new(per_address_max, window, peers_max),
+            logins: FailureTable::new(peers_max),
+            addresses: FailureTable::new(peers_max),
         }
     }
 
-    /// Whether a login of `user` from `ip` is refused at `now`, and by which limit.
-    pub(super) fn refuses(&self, ip: IpAddr, user: &str, now: Instant) -> Option<Lockout> {
-        if self.addresses.refuses(&ip, now) {
+    /// Whether a login of `user` from `ip` is refused at `now` under `limits`, and by which
+    /// limit.
+    pub(super) fn refuses(
+        &self,
+        ip: IpAddr,
+        user: &str,
+        now: Instant,
+        limits: &LoginThrottle,
+    ) -> Option<Lockout> {
+        if self
+            .addresses
+            .refuses(&ip, now, limits.failures_per_address, limits.window)
+        {
             Some(Lockout::Address)
-        } else if self.logins.refuses(&(ip, key_user(user)), now) {
+        } else if self.logins.refuses(
+            &(ip, key_user(user)),
+            now,
+            limits.failures_per_user,
+            limits.window,
+        ) {
             Some(Lockout::User)
         } else {
             None
         }
     }
 
-    /// Counts a failed login of `user` from `ip` at `now`.
-    pub(super) fn record_failure(&self, ip: IpAddr, user: &str, now: Instant) -> Counted {
-        let user = self.logins.record(&(ip, key_user(user)), now);
-        let address = self.addresses.record(&ip, now);
-        let locked = if address == self.addresses.failures_max {
+    /// Counts a failed login of `user` from `ip` at `now` under `limits`.
+    pub(super) fn record_failure(
+        &self,
+        ip: IpAddr,
+        user: &str,
+        now: Instant,
+        limits: &LoginThrottle,
+    ) -> Counted {
+        let user = self
+            .logins
+            .record(&(ip, key_user(user)), now, limits.window);
+        let address = self.addresses.record(&ip, now, limits.window);
+        let locked = if address == limits.failures_per_address {
             Some(Lockout::Address)
-        } else if user == self.logins.failures_max {
+        } else if user == limits.failures_per_user {
             Some(Lockout::User)
         } else {
             None
@@ -108,8 +128,6 @@ fn key_user(user: &str) -> String {
 /// Failures per key in windows, with a fixed capacity.
 #[derive(Debug)]
 struct FailureTable<K> {
-    failures_max: u32,
-    window: Duration,
     peers_max: usize,
     table: std::sync::Mutex<HashMap<K, Failures>>,
 }
@@ -122,10 +140,8 @@ struct Failures {
 }
 
 impl<K: Eq + Hash + Clone> FailureTable<K> {
-    fn new(failures_max: u32, window: Duration, peers_max: usize) -> Self {
+    fn new(peers_max: usize) -> Self {
         FailureTable {
-            failures_max,
-            window,
             peers_max: peers_max.max(1),
             table: std::sync::Mutex::new(HashMap::new()),
         }
@@ -136,17 +152,16 @@ impl<K: Eq + Hash + Clone> FailureTable<K> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn refuses(&self, key: &K, now: Instant) -> bool {
+    fn refuses(&self, key: &K, now: Instant, failures_max: u32, window: Duration) -> bool {
         self.table().get(key).is_some_and(|f| {
-            now.saturating_duration_since(f.since) < self.window && f.count >= self.failures_max
+            now.saturating_duration_since(f.since) < window && f.count >= failures_max
         })
     }
 
     /// Counts a failure of `key` at `now`; returns the failures of its current window.
-    fn record(&self, key: &K, now: Instant) -> u32 {
+    fn record(&self, key: &K, now: Instant, window: Duration) -> u32 {
         let mut table = self.table();
         if !table.contains_key(key) && table.len() >= self.peers_max {
-            let window = self.window;
             let victim = table
                 .iter()
                 .find(|(_, f)| now.saturating_duration_since(f.since) >= window)
@@ -160,7 +175,7 @@ impl<K: Eq + Hash + Clone> FailureTable<K> {
             since: now,
             count: 0,
         });
-        if now.saturating_duration_since(entry.since) >= self.window {
+        if now.saturating_duration_since(entry.since) >= window {
             *entry = Failures {
                 since: now,
                 count: 0,
@@ -184,41 +199,50 @@ mod tests {
         IpAddr::from([10, 0, 0, last])
     }
 
+    fn limits(per_user: u32, per_address: u32, window_s: u64) -> LoginThrottle {
+        LoginThrottle {
+            failures_per_user: per_user,
+            failures_per_address: per_address,
+            window: Duration::from_secs(window_s),
+        }
+    }
+
     #[test]
     fn refuses_after_the_maximum_until_the_window_ends() {
-        let throttle = Throttle::new(3, 100, Duration::from_secs(60), 16);
+        let throttle = Throttle::new(16);
+        let l = &limits(3, 100, 60);
         let t0 = Instant::now();
         for n in 1..=3 {
-            assert_eq!(throttle.refuses(ip(1), "ana", t0), None);
-            assert_eq!(throttle.record_failure(ip(1), "ana", t0).user, n);
+            assert_eq!(throttle.refuses(ip(1), "ana", t0, l), None);
+            assert_eq!(throttle.record_failure(ip(1), "ana", t0, l).user, n);
         }
         assert_eq!(
-            throttle.record_failure(ip(1), "ana", t0).locked,
+            throttle.record_failure(ip(1), "ana", t0, l).locked,
             None,
             "the lockout is reported once, when it starts"
         );
         assert_eq!(
-            throttle.refuses(ip(1), "ana", t0 + Duration::from_secs(59)),
+            throttle.refuses(ip(1), "ana", t0 + Duration::from_secs(59), l),
             Some(Lockout::User)
         );
         assert_eq!(
-            throttle.refuses(ip(2), "ana", t0),
+            throttle.refuses(ip(2), "ana", t0, l),
             None,
             "other addresses are not affected"
         );
         assert_eq!(
-            throttle.refuses(ip(1), "bob", t0),
+            throttle.refuses(ip(1), "bob", t0, l),
             None,
             "nor other users behind the same address"
         );
         assert_eq!(
-            throttle.refuses(ip(1), "ana", t0 + Duration::from_secs(60)),
+            throttle.refuses(ip(1), "ana", t0 + Duration::from_secs(60), l),
             None
         );
         // A failure after the window starts a new one.
         assert_eq!(
             throttle
-                .record_failure(ip(1), "ana", t0 + Duration::from_secs(61))
+                .record_failure(ip(1), "ana", t0 + Duration::from_secs(61), l)
                 .user,
             1
         );
@@ -226,20 +250,21 @@ mod tests {
 
     #[test]
     fn a_spray_over_many_users_locks_the_address_out() {
-        let throttle = Throttle::new(3, 10, Duration::from_secs(60), 64);
+        let throttle = Throttle::new(64);
+        let l = &limits(3, 10, 60);
         let t0 = Instant::now();
         let mut locked = Vec::new();
         for n in 0..10 {
-            let counted = throttle.record_failure(ip(1), &format!("user{n}"), t0);
+            let counted = throttle.record_failure(ip(1), &format!("user{n}"), t0, l);
             assert_eq!(counted.user, 1);
             locked.extend(counted.locked);
         }
         assert_eq!(locked, vec![Lockout::Address]);
         assert_eq!(
-            throttle.refuses(ip(1), "someone-else", t0),
+            throttle.refuses(ip(1), "someone-else", t0, l),
             Some(Lockout::Address)
         );
-        assert_eq!(throttle.refuses(ip(2), "user0", t0), None);
+        assert_eq!(throttle.refuses(ip(2), "user0", t0, l), None);
     }
 
     #[test]
@@ -251,25 +276,30 @@ mod tests {
 
     #[test]
     fn the_table_never_grows_past_its_capacity() {
-        let table = FailureTable::new(3, Duration::from_secs(60), 4);
+        let table = FailureTable::new(4);
+        let window = Duration::from_secs(60);
         let t0 = Instant::now();
         for n in 0..100u8 {
-            table.record(&ip(n), t0 + Duration::from_millis(u64::from(n)));
+            table.record(&ip(n), t0 + Duration::from_millis(u64::from(n)), window);
             assert!(table.len() <= 4);
         }
         // The newest addresses are the ones remembered.
-        assert_eq!(table.record(&ip(99), t0 + Duration::from_secs(1)), 2);
+        assert_eq!(
+            table.record(&ip(99), t0 + Duration::from_secs(1), window),
+            2
+        );
     }
 
     #[test]
     fn expired_entries_are_dropped_before_live_ones() {
-        let table = FailureTable::new(2, Duration::from_secs(10), 2);
+        let table = FailureTable::new(2);
+        let window = Duration::from_secs(10);
         let t0 = Instant::now();
-        table.record(&ip(1), t0 + Duration::from_secs(5));
-        table.record(&ip(1), t0 + Duration::from_secs(5));
-        table.record(&ip(2), t0);
+        table.record(&ip(1), t0 + Duration::from_secs(5), window);
+        table.record(&ip(1), t0 + Duration::from_secs(5), window);
+        table.record(&ip(2), t0, window);
         // At t0 + 12 s the entry of ip(2) has expired, that of ip(1) has not.
-        table.record(&ip(3), t0 + Duration::from_secs(12));
-        assert!(table.refuses(&ip(1), t0 + Duration::from_secs(12)));
+        table.record(&ip(3), t0 + Duration::from_secs(12), window);
+        assert!(table.refuses(&ip(1), t0 + Duration::from_secs(12), 2, window));
     }
 }

@@ -64,10 +64,37 @@ pub struct Policy {
     pub replay_lifetime: Duration,
     /// When DP answers may leave (`release_schedule`); `None`: as soon as they are ready.
     pub release_schedule: Option<ReleaseSchedule>,
+    /// The failed-login throttle (`login_throttle`; the defaults of `limits.rs` when absent).
+    pub login_throttle: LoginThrottle,
     /// Analysts by name.
     pub analysts: BTreeMap<String, Analyst>,
     /// Tables by qualified name `schema.table`.
     pub tables: BTreeMap<String, Table>,
+}
+
+/// When failed logins lock a login out (`login_throttle`): after `failures_per_user` failures
+/// of one user name from one client address within `window`, that user's logins from there
+/// are refused (FATAL 53300) until the window ends, other users behind the address served;
+/// after `failures_per_address` from one address (many user names), every login from it.
+/// Read at each login, so a reload applies to the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginThrottle {
+    /// Failures of one user from one address that lock that login out.
+    pub failures_per_user: u32,
+    /// Failures from one address, all user names together, that lock the address out.
+    pub failures_per_address: u32,
+    /// The window failures are counted in, from the first.
+    pub window: Duration,
+}
+
+impl Default for LoginThrottle {
+    fn default() -> LoginThrottle {
+        LoginThrottle {
+            failures_per_user: limits::AUTH_FAILURES_PER_USER_MAX,
+            failures_per_address: limits::AUTH_FAILURES_PER_ADDRESS_MAX,
+            window: Duration::from_millis(limits::AUTH_FAILURE_WINDOW_MS),
+        }
+    }
 }
 
 /// Per-query defaults.

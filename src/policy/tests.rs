@@ -525,3 +525,39 @@ fn an_upper_ceiling_lies_above_upper_of_a_non_negative_column() {
         assert!(e.iter().any(|m| m.contains(problem)), "{spec}: {e:?}");
     }
 }
+
+#[test]
+fn login_throttle_is_a_policy_setting_with_safe_limits() {
+    let default = parse(&minimal("")).expect("valid");
+    assert_eq!(default.login_throttle, LoginThrottle::default());
+    let set = parse(&format!(
+        "login_throttle: {{ failures_per_user: 5, failures_per_address: 50, window_s: 300 }}\n{}",
+        minimal("")
+    ))
+    .expect("valid");
+    assert_eq!(
+        set.login_throttle,
+        LoginThrottle {
+            failures_per_user: 5,
+            failures_per_address: 50,
+            window: std::time::Duration::from_secs(300),
+        }
+    );
+    for (throttle, error) in [
+        (
+            "{ failures_per_user: 2 }",
+            "login_throttle.failures_per_user: must be at least 3",
+        ),
+        (
+            "{ failures_per_user: 20, failures_per_address: 10 }",
+            "login_throttle.failures_per_address: must be at least failures_per_user (20)",
+        ),
+        (
+            "{ window_s: 0 }",
+            "login_throttle.window_s: must be between 1 and 86400 seconds, not 0",
+        ),
+    ] {
+        let e = errors(&format!("login_throttle: {throttle}\n{}", minimal("")));
+        assert!(e.iter().any(|x| x.starts_with(error)), "{throttle}: {e:?}");
+    }
+}

@@ -17,6 +17,8 @@ pub(super) struct RawPolicy {
     replay_lifetime_s: Option<u64>,
     #[serde(default)]
     release_schedule: Option<RawReleaseSchedule>,
+    #[serde(default)]
+    login_throttle: Option<RawLoginThrottle>,
     analysts: BTreeMap<String, RawAnalyst>,
     tables: BTreeMap<String, RawTable>,
 }
@@ -28,6 +30,17 @@ pub(super) struct RawDefaults {
     delta: Option<f64>,
     mechanism: Option<String>,
     choose_bounds: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLoginThrottle {
+    #[serde(default)]
+    failures_per_user: Option<u32>,
+    #[serde(default)]
+    failures_per_address: Option<u32>,
+    #[serde(default)]
+    window_s: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -167,6 +180,44 @@ pub(super) fn check_delta(p: &mut Problems, path: &str, delta: f64) {
     if !delta.is_finite() || !(0.0..1.0).contains(&delta) {
         p.add(path, format!("delta must be in [0, 1), got {delta}"));
     }
+}
+
+/// `login_throttle`: each key defaults to `limits.rs`; a user must be able to mistype twice
+/// (`failures_per_user >= 3`), the address-wide limit is at least the per-user one, and the
+/// window lies within [`limits::AUTH_FAILURE_WINDOW_S_RANGE`].
+fn validate_login_throttle(p: &mut Problems, t: &RawLoginThrottle) -> LoginThrottle {
+    let d = LoginThrottle::default();
+    let mut out = LoginThrottle {
+        failures_per_user: t.failures_per_user.unwrap_or(d.failures_per_user),
+        failures_per_address: t.failures_per_address.unwrap_or(d.failures_per_address),
+        window: t.window_s.map_or(d.window, std::time::Duration::from_secs),
+    };
+    if out.failures_per_user < 3 {
+        p.add(
+            "login_throttle.failures_per_user",
+            "must be at least 3 (a user who mistypes a password twice must not be locked out)",
+        );
+        out.failures_per_user = d.failures_per_user;
+    }
+    if out.failures_per_address < out.failures_per_user {
+        p.add(
+            "login_throttle.failures_per_address",
+            format!(
+                "must be at least failures_per_user ({}): it counts every user name from the address",
+                out.failures_per_user
+            ),
+        );
+        out.failures_per_address = d.failures_per_address.max(out.failures_per_user);
+    }
+    let (low, high) = limits::AUTH_FAILURE_WINDOW_S_RANGE;
+    if let Some(w) = t.window_s.filter(|w| !(low..=high).contains(w)) {
+        p.add(
+            "login_throttle.window_s",
+            format!("must be between {low} and {high} seconds, not {w}"),
+        );
+        out.window = d.window;
+    }
+    out
 }
 
 pub(super) fn validate_budget(p: &mut Problems, path: &str, raw: &RawBudget) -> BudgetSpec {
@@ -501,6 +552,11 @@ pub(super) fn validate(
             .map_err(|e| p.add("release_schedule", e))
             .ok()
     });
+
+    let login_throttle = match &raw.login_throttle {
+        None => LoginThrottle::default(),
+        Some(t) => validate_login_throttle(&mut p, t),
+    };
 
     let mut analysts = BTreeMap::new();
     if raw.analysts.is_empty() {
@@ -881,6 +937,7 @@ pub(super) fn validate(
                     .unwrap_or(limits::REPLAY_LIFETIME_DEFAULT_S),
             ),
             release_schedule,
+            login_throttle,
             analysts,
             tables,
         })

@@ -9,13 +9,12 @@
 
 use std::net::SocketAddr;
 
-use pgdp::frontend::ConnectionLimits;
 use pgdp::server::Options;
 use tokio::net::TcpSocket;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, NoTls};
 
-use crate::support::{assert_code, demo_policy, Proxy, ANALYST, DATABASE, PASSWORD};
+use crate::support::{assert_code, Proxy, ANALYST, DATABASE, PASSWORD};
 
 /// PostgreSQL's message for a failed password login.
 fn failed_for(user: &str) -> String {
@@ -142,19 +141,13 @@ async fn connect_as_from(
 #[tokio::test]
 async fn repeated_failures_from_one_address_are_throttled_others_are_served() {
     let failures_max = 3;
-    let proxy = Proxy::with_options(
-        demo_policy(),
-        42,
-        Options {
-            limits: ConnectionLimits {
-                auth_failures_per_user_max: failures_max,
-                auth_failure_window_ms: 600_000,
-                ..ConnectionLimits::default()
-            },
-            ..Options::default()
-        },
-    )
-    .await;
+    // The limit is the policy's (login_throttle), not a constant of pgdp's.
+    let text = format!(
+        "login_throttle: {{ failures_per_user: {failures_max}, window_s: 600 }}\n{}",
+        crate::support::demo_policy_text()
+    );
+    let policy = pgdp::policy::parse(&text).expect("the demo policy with a login throttle");
+    let proxy = Proxy::with_options(policy, 42, Options::default()).await;
     let port = proxy.port();
     let guesser = [127, 0, 0, 2];
     for _ in 0..failures_max {
@@ -191,6 +184,21 @@ async fn repeated_failures_from_one_address_are_throttled_others_are_served() {
     assert_password_failure(&e, ANALYST);
     proxy.connect().await.assert_alive("throttling").await;
     drop(client);
+    // The limit is read at each login: a reload that raises it lets the locked-out login in
+    // again (its failures are kept: 3 of the new 10).
+    let raised = text.replacen(
+        &format!("failures_per_user: {failures_max},"),
+        "failures_per_user: 10,",
+        1,
+    );
+    proxy
+        .reload(pgdp::policy::parse(&raised).expect("the raised throttle"))
+        .await;
+    let client = connect_from(guesser, port, PASSWORD)
+        .await
+        .expect("after the reload the locked-out address logs in");
+    client.simple_query("SELECT 1").await.expect("and queries");
+    drop(client);
     proxy.stop().await;
 }
 
@@ -211,22 +219,12 @@ async fn two_analysts_behind_one_address_one_locked_out_the_other_served() {
         &format!("\n  second:\n{analyst_block}\n  analyst:\n"),
         1,
     );
-    let policy = pgdp::policy::parse(&text).expect("a policy with two analysts");
     let (per_user, per_address) = (3, 6);
-    let proxy = Proxy::with_options(
-        policy,
-        43,
-        Options {
-            limits: ConnectionLimits {
-                auth_failures_per_user_max: per_user,
-                auth_failures_per_address_max: per_address,
-                auth_failure_window_ms: 600_000,
-                ..ConnectionLimits::default()
-            },
-            ..Options::default()
-        },
-    )
-    .await;
+    let text = format!(
+        "login_throttle: {{ failures_per_user: {per_user}, failures_per_address: {per_address}, window_s: 600 }}\n{text}"
+    );
+    let policy = pgdp::policy::parse(&text).expect("a policy with two analysts");
+    let proxy = Proxy::with_options(policy, 43, Options::default()).await;
     let port = proxy.port();
     let bi_server = [127, 0, 0, 4];
     for _ in 0..per_user {

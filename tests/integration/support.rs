@@ -155,6 +155,16 @@ impl Proxy {
         &self.ledger_dsn
     }
 
+    /// Reloads the running server's policy, as SIGHUP does.
+    pub async fn reload(&self, policy: Policy) {
+        self.running
+            .as_ref()
+            .expect("server running")
+            .reload(policy)
+            .await
+            .expect("reload");
+    }
+
     /// The port pgdp listens on.
     pub fn port(&self) -> u16 {
         self.running.as_ref().expect("server running").addr.port()
