@@ -549,7 +549,9 @@ impl Session {
                     });
                 } else if let Some(note) = release::capped_statistic(&plan) {
                     notices.push(Notice {
-                        message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
+                        message: format!(
+                            "pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"
+                        ),
                     });
                 }
                 self.served = Some(Served::Replayed);
@@ -1151,7 +1153,7 @@ fn answer_notices(
         });
     } else if let Some(note) = release::capped_statistic(plan) {
         notices.push(Notice {
-            message: format!("pgdp: {note} (EXPLAIN shows the caps and the SQL)"),
+            message: format!("pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"),
         });
     }
     if released.truncated() {
