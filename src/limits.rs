@@ -20,6 +20,10 @@ pub const WINDOW_FRAME_OFFSET_MAX: u64 = 100_000;
 /// Most buckets of `ntile(n)` over a window partitioned by the privacy unit.
 pub const NTILE_BUCKETS_MAX: u64 = 100_000;
 
+/// Most branches of a set operation over DP queries (`… UNION ALL …`): each is a release of its
+/// own, charged on its own.
+pub const SET_OPERATION_BRANCHES_MAX: usize = 8;
+
 /// Most aggregates in one DP query.
 pub const AGGREGATES_PER_QUERY_MAX: usize = 16;
 

@@ -21,6 +21,7 @@ use crate::output::{Cell, CellType, OutColumn};
 use crate::policy::BudgetSpec;
 use crate::upstream::{ColumnFact, Placement};
 
+use super::route::Route;
 use super::{ClientRows, Notice, Session, Shared};
 
 /// A policy budget as exact ledger limits (rounded down: never in the analyst's favour), per
@@ -253,6 +254,9 @@ impl Session {
         if let Some(series) = super::series::split(query) {
             return Box::pin(self.dp_columns(shared, &series.outer)).await;
         }
+        if let Some(set) = super::setop::split(query)? {
+            return self.set_operation_columns(shared, &set).await;
+        }
         let plan = analyze::analyze(query, &self.context(shared))?;
         Ok(self.answer_shape(shared, query, &plan).await?.columns)
     }
@@ -323,6 +327,130 @@ impl Session {
         let mut notices = inner.notices().to_vec();
         notices.extend(answer.notices().iter().cloned());
         Ok(answer.with_notices(notices))
+    }
+
+    /// A set operation over DP queries ([`super::setop`]): every branch planned and the
+    /// answer's columns described first, so that a refusal comes before any charge; then each
+    /// branch released (and charged) in order, as the DP query it is; then the set operation
+    /// evaluated by PostgreSQL over the released rows. The NOTICEs of every charge go before
+    /// the answer, with one that sums them.
+    async fn set_operation(
+        &mut self,
+        shared: &Shared,
+        set: &super::setop::SetOperation,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let columns = self.set_operation_columns(shared, set).await?;
+        let secret = shared.secret().await?;
+        for branch in &set.branches {
+            if matches!(super::route::route_query(branch)?, Route::Dp(_))
+                && self.public_sql(shared, branch).await?.is_none()
+                && super::series::split(branch).is_none()
+            {
+                self.plan_dp(shared, branch, params, secret).await?;
+            }
+        }
+        let shadow = shared.shadow.as_ref().ok_or_else(no_shadow_for_sets)?;
+        let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
+        let mut parts = Vec::with_capacity(set.branches.len());
+        let (mut charged, mut total) = (0, crate::budget::Cost::default());
+        for branch in &set.branches {
+            let charges = self.charges;
+            let part = match super::route::route_query(branch)? {
+                Route::Constant(items) => self.constants(shared, items)?,
+                Route::Dp(_) => Box::pin(self.dp_query(shared, branch, params)).await?,
+                _ => return Err(branch_refusal(branch)),
+            };
+            parts.push(part);
+            if let (true, Some(cost)) = (self.charges > charges, self.last_cost) {
+                charged += 1;
+                total = total + cost;
+            }
+        }
+        let who = self.analyst.name.clone();
+        let answer = ClientRows::combined(
+            parts,
+            columns,
+            |released| set.evaluation_sql(released),
+            |sql| {
+                let sql = format!("{zone}{sql}");
+                async move { shadow.evaluate(&who, &sql).await }
+            },
+        )
+        .await
+        .map_err(|e| match e {
+            Error::PostProcessing {
+                state,
+                message,
+                hint,
+            } => Error::PostProcessing {
+                state,
+                hint,
+                message: format!(
+                    "{message} (in the set operation over released answers; the charges for them stand)"
+                ),
+            },
+            other => other,
+        })?;
+        // First the sum of what the branches were charged, then each branch's NOTICEs.
+        let n = set.branches.len();
+        let sum = match (charged, total.rho.is_zero()) {
+            (0, _) => "nothing".to_string(),
+            (_, true) => format!("epsilon={}, delta={}", total.epsilon, total.delta),
+            (_, false) => format!(
+                "epsilon={}, rho={} (zCDP), delta={}",
+                total.epsilon,
+                total.rho.ceil_significant(RHO_DIGITS),
+                total.delta
+            ),
+        };
+        let free = if charged < n {
+            "; the others were free (answered again, or public)"
+        } else {
+            ""
+        };
+        let mut notices = vec![Notice {
+            message: format!(
+                "pgdp: charged {sum}; the sum for the {n} branches of this set operation, each a release charged on its own ({charged} now{free}; their NOTICEs follow); groups and their total asked in one query with GROUP BY ROLLUP (…) are one release"
+            ),
+        }];
+        notices.extend(answer.notices().iter().cloned());
+        Ok(answer.with_notices(notices))
+    }
+
+    /// The columns of a set operation over DP queries, as PostgreSQL types the set operation
+    /// over its branches' released columns (described on the shadow catalog, never run).
+    async fn set_operation_columns(
+        &self,
+        shared: &Shared,
+        set: &super::setop::SetOperation,
+    ) -> Result<Vec<OutColumn>> {
+        let mut described = Vec::with_capacity(set.branches.len());
+        for branch in &set.branches {
+            described.push(match super::route::route_query(branch)? {
+                Route::Constant(items) => self.constants(shared, items)?.columns().to_vec(),
+                Route::Dp(_) => Box::pin(self.dp_columns(shared, branch)).await?,
+                _ => return Err(branch_refusal(branch)),
+            });
+        }
+        let none: Vec<Vec<Cell>> = Vec::new();
+        let parts: Vec<(&[OutColumn], &[Vec<Cell>])> = described
+            .iter()
+            .map(|c| (c.as_slice(), none.as_slice()))
+            .collect();
+        let sql = set.evaluation_sql(&parts)?;
+        let shadow = shared.shadow.as_ref().ok_or_else(no_shadow_for_sets)?;
+        let mut columns = Vec::new();
+        for (name, oid, type_name) in shadow.post_columns(&sql).await? {
+            let ty = CellType::released(oid).ok_or_else(|| {
+                Error::unsupported(
+                    format!("the column {name} of type {type_name}"),
+                    "pgdp sends numbers, text, booleans, dates and timestamps; cast the expression to one of them.",
+                )
+            })?;
+            columns.push(OutColumn::new(name, ty));
+        }
+        Ok(columns)
     }
 
     /// A query over public tables alone ([`rewrite::public`]): public data, answered as
@@ -417,6 +545,9 @@ impl Session {
         }
         if let Some(series) = super::series::split(query) {
             return self.series_limit(shared, &series, params).await;
+        }
+        if let Some(set) = super::setop::split(query)? {
+            return self.set_operation(shared, &set, params).await;
         }
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) =
@@ -986,6 +1117,27 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
     ) -> Result<ClientRows> {
+        if let Some(set) = super::setop::split(query)? {
+            // Each branch's plan under a heading; the set operation itself is post-processing.
+            let mut lines = vec![vec![Cell::Text(format!(
+                "set operation of {} branches, each a release charged on its own; PostgreSQL evaluates the set operation, its ORDER BY and LIMIT over the released rows",
+                set.branches.len()
+            ))]];
+            for (i, branch) in set.branches.iter().enumerate() {
+                lines.push(vec![Cell::Text(format!("branch {}: {branch}", i + 1))]);
+                match super::route::route_query(branch)? {
+                    Route::Constant(_) => {
+                        lines.push(vec![Cell::Text("constants: no release, no charge".into())]);
+                    }
+                    Route::Dp(_) => {
+                        let explained = Box::pin(self.explain(shared, branch, params)).await?;
+                        lines.extend(explained.rows().iter().cloned());
+                    }
+                    _ => return Err(branch_refusal(branch)),
+                }
+            }
+            return Ok(ClientRows::computed(explain_columns(), lines));
+        }
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) =
             self.plan_dp_placed(shared, query, params, secret).await?;
@@ -1026,6 +1178,23 @@ impl Session {
         }
         Ok(ClientRows::computed(explain_columns(), lines))
     }
+}
+
+/// The refusal of a branch of a set operation that is neither a DP query nor a SELECT of
+/// constants (a catalog query, the budget view, set_config).
+fn branch_refusal(branch: &ast::Query) -> Error {
+    Error::unsupported(
+        format!("the branch {branch} of a set operation"),
+        "Each branch of a UNION, INTERSECT or EXCEPT is a DP query over the data or a SELECT of constants; run catalog queries and settings on their own.",
+    )
+}
+
+/// The refusal of a set operation where there is no shadow catalog to evaluate it on.
+fn no_shadow_for_sets() -> Error {
+    Error::unsupported(
+        "UNION, INTERSECT and EXCEPT on this server",
+        "pgdp evaluates them with PostgreSQL on its shadow catalog, which this server does not have; run each branch as a query of its own.",
+    )
 }
 
 /// Whether `plan` could be answered by adding up the cells of a finer release

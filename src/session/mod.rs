@@ -22,6 +22,7 @@ pub mod settings;
 
 mod fold;
 mod series;
+mod setop;
 
 mod budget;
 mod constant;

@@ -4,7 +4,8 @@
 //! data-free shadow catalog ([`ClientRows::catalog`]), from public tables alone
 //! ([`ClientRows::public`], rows only the upstream's public queries make), or from values the session computed
 //! itself ([`ClientRows::computed`]: constants, settings, the budget view, and the rows of a
-//! release held by a cursor). The first two take types that only the release and the shadow
+//! release held by a cursor), or from PostgreSQL's evaluation of a set operation over such rows
+//! ([`ClientRows::combined`], which takes them). The first two take types that only the release and the shadow
 //! catalog can make; the last is visible inside [`crate::session`] only. Upstream rows of a DP
 //! query are [`crate::dp::release::PrivateRows`], which none of these accepts.
 //!
@@ -124,6 +125,47 @@ impl ClientRows {
             rows,
             notices: Vec::new(),
         }
+    }
+
+    /// The answer of a set operation over the answers `parts` of its branches
+    /// ([`super::setop`]): `run` evaluates the SQL that `sql` writes from their columns and rows
+    /// (on the shadow catalog), read as `columns` (the types the shadow gave the same SQL without
+    /// rows, before anything was charged); the notices of every part go before it, in order.
+    pub(in crate::session) async fn combined<S, F, Fut>(
+        parts: Vec<ClientRows>,
+        columns: Vec<OutColumn>,
+        sql: S,
+        run: F,
+    ) -> crate::error::Result<ClientRows>
+    where
+        S: FnOnce(&[(&[OutColumn], &[Vec<Cell>])]) -> crate::error::Result<String>,
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = crate::error::Result<crate::dp::release::TextRows>>,
+    {
+        let released: Vec<(&[OutColumn], &[Vec<Cell>])> = parts
+            .iter()
+            .map(|p| (p.columns.as_slice(), p.rows.as_slice()))
+            .collect();
+        let text = run(sql(&released)?).await?;
+        let mut rows = Vec::with_capacity(text.len());
+        for row in text {
+            if row.len() != columns.len() {
+                return Err(crate::error::Error::internal(
+                    "a set operation answered another width",
+                ));
+            }
+            rows.push(
+                row.into_iter()
+                    .zip(&columns)
+                    .map(|(t, c)| Cell::of_text(c.ty, t))
+                    .collect(),
+            );
+        }
+        Ok(ClientRows {
+            columns,
+            rows,
+            notices: parts.into_iter().flat_map(|p| p.notices).collect(),
+        })
     }
 
     /// The same rows with `notices` sent before them.

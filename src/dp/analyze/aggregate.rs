@@ -261,6 +261,7 @@ impl<'a> Analyzer<'a> {
             column: None,
             declared: None,
             uses_unit: false,
+            integer: ty == ColumnType::Integer,
         })
     }
 

@@ -45,6 +45,7 @@ impl<'a> Analyzer<'a> {
                 column: Some(format!("{}.{}", r.table, col)),
                 declared: Some(column.declared_type.clone()),
                 uses_unit: unit,
+                integer: column.ty == ColumnType::Integer,
             };
             *e = canonical(&r.alias, &col);
             return Ok(info);
@@ -125,7 +126,7 @@ impl<'a> Analyzer<'a> {
                         }
                         let b = info.bounds.map(|(l, u)| (-u, -l));
                         let ty = info.ty.map(|t| if t == ColumnType::Integer { ColumnType::Numeric } else { t });
-                        Ok(Info::derived(ty, &[&info], b))
+                        Ok(Info { integer: info.integer, ..Info::derived(ty, &[&info], b) })
                     }
                     UnaryOperator::Plus => Ok(info),
                     _ => Err(unsupported_here(&format!("the operator {op}"))),
@@ -185,7 +186,8 @@ impl<'a> Analyzer<'a> {
                         // Integer arithmetic can overflow (a data-dependent error): compute in numeric.
                         **left = as_numeric(left.as_ref().clone(), &l);
                         **right = as_numeric(right.as_ref().clone(), &r);
-                        Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
+                        let integer = l.integer && r.integer;
+                        Ok(Info { integer, ..Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds) })
                     }
                     B::Divide => {
                         let divisor_literal = r.constant && r.bounds.is_some_and(|(v, _)| v != 0.0);
@@ -201,6 +203,13 @@ impl<'a> Analyzer<'a> {
                         let divisor = as_numeric(right.as_ref().clone(), &r);
                         **left = as_numeric(left.as_ref().clone(), &l);
                         **right = nullif_zero(divisor);
+                        if l.integer && r.integer {
+                            // Integer division truncates toward zero (7 / 2 = 3, -7 / 2 = -3):
+                            // div() of the numerics is that quotient, exact, with no overflow.
+                            let bounds = bounds.map(|(x, y): (f64, f64)| (x.trunc(), y.trunc()));
+                            *e = integer_division(left.as_ref().clone(), right.as_ref().clone());
+                            return Ok(Info { integer: true, ..Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds) });
+                        }
                         Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
                     }
                     B::StringConcat => Ok(Info::derived(Some(ColumnType::Text), &[&l, &r], None)),
@@ -382,7 +391,7 @@ impl<'a> Analyzer<'a> {
                     ));
                 }
                 let bounds = if target.is_numeric() { i.bounds } else { None };
-                Ok(Info { ty: Some(target), bounds, upper_ceiling: None, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit })
+                Ok(Info { ty: Some(target), bounds, upper_ceiling: None, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit, integer: target == ColumnType::Integer })
             }
             Expr::Extract { field, expr, .. } => {
                 let i = self.expr(expr, role)?;

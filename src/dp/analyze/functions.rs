@@ -454,7 +454,14 @@ fn datetime_guard(x: Expr, lower: &str, upper: &str) -> Expr {
 }
 
 /// Functions pgdp's guards emit (`pg_catalog`-qualified) that analysts do not call themselves.
-pub const GUARD_FUNCTIONS: [&str; 1] = ["isfinite"];
+pub const GUARD_FUNCTIONS: [&str; 2] = ["isfinite", "div"];
+
+/// `a / b` of two integers as PostgreSQL computes it, the quotient truncated toward zero
+/// (7 / 2 = 3, -7 / 2 = -3), over `a` and `b` already cast to numeric (no overflow error that
+/// depends on the data) and `b` guarded by NULLIF: `div` of numerics is that quotient, exact.
+pub(super) fn integer_division(a: Expr, b: Expr) -> Expr {
+    Expr::Function(function_call("pg_catalog.div", vec![a, b]))
+}
 
 /// `a - b` of two dates made total: PostgreSQL answers the number of days (an integer; the
 /// widest difference, 2147483455, fits) except when either date is ±infinity, where it fails

@@ -104,7 +104,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         SetExpr::Select(s) => s,
         SetExpr::SetOperation { left, .. } => {
             return Err(Error::unsupported(
-                "set operations (UNION, INTERSECT, EXCEPT)",
+                "set operations (UNION, INTERSECT, EXCEPT) inside a subquery or CTE",
                 set_operation_hint(left),
             ))
         }
@@ -650,6 +650,11 @@ struct Info {
     declared: Option<String>,
     /// Whether it reads the privacy unit (never a group key, even with a public domain).
     uses_unit: bool,
+    /// Whether PostgreSQL types it as an integer (smallint, integer, bigint), which `ty` does not
+    /// always say: pgdp computes `+ - *` of integers in numeric (no overflow error that depends
+    /// on the data) and types the result numeric, but `/` of two integers must stay integer
+    /// division, truncated toward zero, as the analyst's SQL means.
+    integer: bool,
 }
 
 impl Info {
@@ -664,6 +669,7 @@ impl Info {
             column: None,
             declared: None,
             uses_unit: false,
+            integer: ty == Some(ColumnType::Integer),
         }
     }
 
@@ -678,6 +684,7 @@ impl Info {
             column: None,
             declared: None,
             uses_unit: parts.iter().any(|p| p.uses_unit),
+            integer: ty == Some(ColumnType::Integer),
         }
     }
 }
@@ -884,9 +891,10 @@ enum Shaped {
 #[cfg(test)]
 mod tests;
 
-/// The hint of a refused set operation: a total row above the groups (`… GROUP BY k UNION ALL
-/// SELECT 'all', …`) is one grouping-sets query, shown with the first branch's keys; otherwise
-/// each branch is its own query.
+/// The hint of a set operation refused inside a subquery or CTE (at the top of a statement the
+/// session answers it, [`crate::session`]'s set operations): the same set operation at the top,
+/// or, for a total row above the groups (`… GROUP BY k UNION ALL SELECT 'all', …`), one
+/// grouping-sets query, shown with the first branch's keys.
 fn set_operation_hint(left: &SetExpr) -> String {
     let keys = match left {
         SetExpr::Select(s) => match &s.group_by {
@@ -902,8 +910,8 @@ fn set_operation_hint(left: &SetExpr) -> String {
     };
     match keys {
         Some(k) => format!(
-            "For the groups and a total row above them, ask for both in one query: GROUP BY ROLLUP ({k}) (or GROUP BY GROUPING SETS (({k}), ())), one release charged once, whose total row has NULL keys (label it with CASE WHEN GROUPING({k}) = 1 THEN 'all' ELSE … END). Otherwise run each aggregate query separately; each is charged on its own."
+            "Write the set operation at the top of the statement, where each branch is a DP query charged on its own. For the groups and a total row above them, one query is one release: GROUP BY ROLLUP ({k}) (or GROUP BY GROUPING SETS (({k}), ())), whose total row has NULL keys (label it with CASE WHEN GROUPING({k}) = 1 THEN 'all' ELSE … END)."
         ),
-        None => "Run each aggregate query separately; each is charged on its own (for groups and their total, one query with GROUP BY ROLLUP (…) is one release).".to_string(),
+        None => "Write the set operation at the top of the statement, where each branch is a DP query charged on its own (for groups and their total, one query with GROUP BY ROLLUP (…) is one release).".to_string(),
     }
 }

@@ -334,6 +334,7 @@ impl<'a> Analyzer<'a> {
                     column: None,
                     declared,
                     uses_unit: x.uses_unit,
+                    integer: x.integer,
                 }
             }
             (W::Sum | W::Avg, Some(x)) => {
@@ -376,6 +377,7 @@ impl<'a> Analyzer<'a> {
                     column: None,
                     declared: Some(declared),
                     uses_unit: false,
+                    integer: ty == ColumnType::Integer,
                 }
             }
             _ => return Err(Error::internal("a window function without its argument")),
@@ -397,6 +399,7 @@ fn ranked(ty: ColumnType, declared: &str, bounds: (f64, f64)) -> Info {
         column: None,
         declared: Some(declared.to_string()),
         uses_unit: false,
+        integer: ty == ColumnType::Integer,
     }
 }
 

@@ -59,6 +59,34 @@ pub fn post_sql(
     inputs: &[CellType],
     rows: &[Vec<Cell>],
 ) -> Result<String> {
+    let columns: Vec<(String, ReadAs)> = names
+        .iter()
+        .zip(inputs)
+        .map(|(c, ty)| (c.name.clone(), ReadAs::Typed(*ty)))
+        .collect();
+    let sql = format!(
+        "WITH \"{RELEASED_RELATION}\" AS ({}) {}",
+        rows_relation(&columns, rows),
+        post.sql()
+    );
+    crate::dp::rewrite::check_one_statement(&sql)?;
+    Ok(sql)
+}
+
+/// How [`rows_relation`] reads a column of released rows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadAs {
+    /// The cell's text, cast to the type.
+    Typed(CellType),
+    /// Not read: the SQL of an untyped literal (`NULL`, `'all'`) every row of a branch selects,
+    /// written as such so that PostgreSQL resolves its type with the other branches' as it does
+    /// for the analyst's statement.
+    Constant(String),
+}
+
+/// A `SELECT` whose rows are `rows` (released rows: keys and noisy values), written into it as
+/// one JSON literal, with `columns` named and read as given. With no rows it still types them.
+pub fn rows_relation(columns: &[(String, ReadAs)], rows: &[Vec<Cell>]) -> String {
     let mut json = String::from("[");
     for (r, row) in rows.iter().enumerate() {
         if r > 0 {
@@ -77,26 +105,24 @@ pub fn post_sql(
         json.push(']');
     }
     json.push(']');
-    let columns: Vec<String> = names
+    let items: Vec<String> = columns
         .iter()
-        .zip(inputs)
         .enumerate()
-        .map(|(i, (c, ty))| {
-            format!(
-                "(\"__dp_row\" ->> {i})::{} AS \"{}\"",
-                ty.sql_name(),
-                c.name
-            )
+        .map(|(i, (name, read))| {
+            let name = sqlparser::ast::Ident::with_quote('"', name);
+            match read {
+                ReadAs::Typed(ty) => {
+                    format!("(\"__dp_row\" ->> {i})::{} AS {name}", ty.sql_name())
+                }
+                ReadAs::Constant(sql) => format!("{sql} AS {name}"),
+            }
         })
         .collect();
-    let sql = format!(
-        "WITH \"{RELEASED_RELATION}\" AS (SELECT {} FROM pg_catalog.jsonb_array_elements({}::jsonb) AS \"__dp_in\"(\"__dp_row\")) {}",
-        columns.join(", "),
+    format!(
+        "SELECT {} FROM pg_catalog.jsonb_array_elements({}::jsonb) AS \"__dp_in\"(\"__dp_row\")",
+        items.join(", "),
         escape_literal(&json),
-        post.sql()
-    );
-    crate::dp::rewrite::check_one_statement(&sql)?;
-    Ok(sql)
+    )
 }
 
 impl Released {
