@@ -251,11 +251,12 @@ impl Session {
         if let Some(sql) = self.public_sql(shared, query).await? {
             return self.public_columns(shared, &sql).await;
         }
+        let (set, calendar) = (super::setop::split(query)?, super::calendar::split(query)?);
+        if let Some(composite) = Composite::of(&set, &calendar) {
+            return self.composite_columns(shared, composite).await;
+        }
         if let Some(series) = super::series::split(query) {
             return Box::pin(self.dp_columns(shared, &series.outer)).await;
-        }
-        if let Some(set) = super::setop::split(query)? {
-            return self.set_operation_columns(shared, &set).await;
         }
         let plan = analyze::analyze(query, &self.context(shared))?;
         Ok(self.answer_shape(shared, query, &plan).await?.columns)
@@ -329,20 +330,21 @@ impl Session {
         Ok(answer.with_notices(notices))
     }
 
-    /// A set operation over DP queries ([`super::setop`]): every branch planned and the
-    /// answer's columns described first, so that a refusal comes before any charge; then each
-    /// branch released (and charged) in order, as the DP query it is; then the set operation
-    /// evaluated by PostgreSQL over the released rows. The NOTICEs of every charge go before
-    /// the answer, with one that sums them.
-    async fn set_operation(
+    /// A statement of released DP queries ([`Composite`]: a set operation, a calendar): every
+    /// branch planned and the answer's columns described first, so that a refusal comes before
+    /// any charge; then each branch released (and charged) in order, as the DP query it is;
+    /// then the statement evaluated by PostgreSQL over the released rows. The NOTICEs of every
+    /// charge go before the answer; for a set operation, after one that sums them.
+    async fn composite(
         &mut self,
         shared: &Shared,
-        set: &super::setop::SetOperation,
+        composite: Composite<'_>,
         params: &[Option<String>],
     ) -> Result<ClientRows> {
-        let columns = self.set_operation_columns(shared, set).await?;
+        let columns = self.composite_columns(shared, composite).await?;
         let secret = shared.secret().await?;
-        for branch in &set.branches {
+        let branches = composite.branches();
+        for branch in branches {
             if matches!(super::route::route_query(branch)?, Route::Dp(_))
                 && self.public_sql(shared, branch).await?.is_none()
                 && super::series::split(branch).is_none()
@@ -350,11 +352,14 @@ impl Session {
                 self.plan_dp(shared, branch, params, secret).await?;
             }
         }
-        let shadow = shared.shadow.as_ref().ok_or_else(no_shadow_for_sets)?;
+        let shadow = shared
+            .shadow
+            .as_ref()
+            .ok_or_else(|| no_shadow_for(composite))?;
         let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
-        let mut parts = Vec::with_capacity(set.branches.len());
+        let mut parts = Vec::with_capacity(branches.len());
         let (mut charged, mut total) = (0, crate::budget::Cost::default());
-        for branch in &set.branches {
+        for branch in branches {
             let charges = self.charges;
             let part = match super::route::route_query(branch)? {
                 Route::Constant(items) => self.constants(shared, items)?,
@@ -367,11 +372,12 @@ impl Session {
                 total = total + cost;
             }
         }
+        let released: Vec<usize> = parts.iter().map(|p| p.rows().len()).collect();
         let who = self.analyst.name.clone();
         let answer = ClientRows::combined(
             parts,
             columns,
-            |released| set.evaluation_sql(released),
+            |released| composite.evaluation_sql(released),
             |sql| {
                 let sql = format!("{zone}{sql}");
                 async move { shadow.evaluate(&who, &sql).await }
@@ -387,13 +393,26 @@ impl Session {
                 state,
                 hint,
                 message: format!(
-                    "{message} (in the set operation over released answers; the charges for them stand)"
+                    "{message} (in the {} over released answers; the charges for them stand)",
+                    composite.what()
                 ),
             },
             other => other,
         })?;
+        if let Composite::Calendar(_) = composite {
+            // Which series values found no released group is post-processing; why is not: the
+            // data may have none, or too few people to pass partition selection.
+            let mut notices = answer.notices().to_vec();
+            notices.push(Notice {
+                message: format!(
+                    "pgdp: the calendar's subquery released {} group(s); a series value with no released group is NULL in the join (or your COALESCE's value): the data has none, or too few people for partition selection at this epsilon (EXPLAIN the subquery for its threshold)",
+                    released.first().copied().unwrap_or(0)
+                ),
+            });
+            return Ok(answer.with_notices(notices));
+        }
         // First the sum of what the branches were charged, then each branch's NOTICEs.
-        let n = set.branches.len();
+        let n = branches.len();
         let sum = match (charged, total.rho.is_zero()) {
             (0, _) => "nothing".to_string(),
             (_, true) => format!("epsilon={}, delta={}", total.epsilon, total.delta),
@@ -418,15 +437,16 @@ impl Session {
         Ok(answer.with_notices(notices))
     }
 
-    /// The columns of a set operation over DP queries, as PostgreSQL types the set operation
-    /// over its branches' released columns (described on the shadow catalog, never run).
-    async fn set_operation_columns(
+    /// The columns of a [`Composite`] statement, as PostgreSQL types it over its branches'
+    /// released columns (described on the shadow catalog, never run).
+    async fn composite_columns(
         &self,
         shared: &Shared,
-        set: &super::setop::SetOperation,
+        composite: Composite<'_>,
     ) -> Result<Vec<OutColumn>> {
-        let mut described = Vec::with_capacity(set.branches.len());
-        for branch in &set.branches {
+        let branches = composite.branches();
+        let mut described = Vec::with_capacity(branches.len());
+        for branch in branches {
             described.push(match super::route::route_query(branch)? {
                 Route::Constant(items) => self.constants(shared, items)?.columns().to_vec(),
                 Route::Dp(_) => Box::pin(self.dp_columns(shared, branch)).await?,
@@ -438,8 +458,11 @@ impl Session {
             .iter()
             .map(|c| (c.as_slice(), none.as_slice()))
             .collect();
-        let sql = set.evaluation_sql(&parts)?;
-        let shadow = shared.shadow.as_ref().ok_or_else(no_shadow_for_sets)?;
+        let sql = composite.evaluation_sql(&parts)?;
+        let shadow = shared
+            .shadow
+            .as_ref()
+            .ok_or_else(|| no_shadow_for(composite))?;
         let mut columns = Vec::new();
         for (name, oid, type_name) in shadow.post_columns(&sql).await? {
             let ty = CellType::released(oid).ok_or_else(|| {
@@ -543,11 +566,12 @@ impl Session {
         if let Some(sql) = self.public_sql(shared, query).await? {
             return self.public_rows(shared, &sql).await;
         }
+        let (set, calendar) = (super::setop::split(query)?, super::calendar::split(query)?);
+        if let Some(composite) = Composite::of(&set, &calendar) {
+            return self.composite(shared, composite, params).await;
+        }
         if let Some(series) = super::series::split(query) {
             return self.series_limit(shared, &series, params).await;
-        }
-        if let Some(set) = super::setop::split(query)? {
-            return self.set_operation(shared, &set, params).await;
         }
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) =
@@ -1117,13 +1141,16 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
     ) -> Result<ClientRows> {
-        if let Some(set) = super::setop::split(query)? {
-            // Each branch's plan under a heading; the set operation itself is post-processing.
+        let (set, calendar) = (super::setop::split(query)?, super::calendar::split(query)?);
+        if let Some(composite) = Composite::of(&set, &calendar) {
+            // Each branch's plan under a heading; the rest is post-processing.
+            let branches = composite.branches();
             let mut lines = vec![vec![Cell::Text(format!(
-                "set operation of {} branches, each a release charged on its own; PostgreSQL evaluates the set operation, its ORDER BY and LIMIT over the released rows",
-                set.branches.len()
+                "{} of {} release(s), each charged on its own; PostgreSQL evaluates the rest of the statement over the released rows",
+                composite.what(),
+                branches.len()
             ))]];
-            for (i, branch) in set.branches.iter().enumerate() {
+            for (i, branch) in branches.iter().enumerate() {
                 lines.push(vec![Cell::Text(format!("branch {}: {branch}", i + 1))]);
                 match super::route::route_query(branch)? {
                     Route::Constant(_) => {
@@ -1189,11 +1216,59 @@ fn branch_refusal(branch: &ast::Query) -> Error {
     )
 }
 
-/// The refusal of a set operation where there is no shadow catalog to evaluate it on.
-fn no_shadow_for_sets() -> Error {
+/// A statement answered by releasing DP queries, its branches, and evaluating the rest over
+/// their released rows with PostgreSQL: post-processing.
+#[derive(Clone, Copy)]
+enum Composite<'q> {
+    /// UNION, INTERSECT, EXCEPT ([`super::setop`]).
+    Set(&'q super::setop::SetOperation),
+    /// generate_series joined to an aggregate subquery ([`super::calendar`]).
+    Calendar(&'q super::calendar::Calendar),
+}
+
+impl<'q> Composite<'q> {
+    /// The statement's composite form, if it has one.
+    fn of(
+        set: &'q Option<super::setop::SetOperation>,
+        calendar: &'q Option<super::calendar::Calendar>,
+    ) -> Option<Composite<'q>> {
+        match (set, calendar) {
+            (Some(set), _) => Some(Composite::Set(set)),
+            (None, Some(calendar)) => Some(Composite::Calendar(calendar)),
+            (None, None) => None,
+        }
+    }
+
+    /// The DP queries (or SELECTs of constants) released first.
+    fn branches(self) -> &'q [ast::Query] {
+        match self {
+            Composite::Set(set) => &set.branches,
+            Composite::Calendar(calendar) => std::slice::from_ref(&calendar.inner),
+        }
+    }
+
+    /// The SQL that evaluates the statement over the branches' released columns and rows.
+    fn evaluation_sql(self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<String> {
+        match self {
+            Composite::Set(set) => set.evaluation_sql(parts),
+            Composite::Calendar(calendar) => calendar.evaluation_sql(parts),
+        }
+    }
+
+    /// The statement's kind, for messages.
+    fn what(self) -> &'static str {
+        match self {
+            Composite::Set(_) => "set operation",
+            Composite::Calendar(_) => "calendar",
+        }
+    }
+}
+
+/// The refusal of a [`Composite`] statement where there is no shadow catalog to evaluate it on.
+fn no_shadow_for(composite: Composite<'_>) -> Error {
     Error::unsupported(
-        "UNION, INTERSECT and EXCEPT on this server",
-        "pgdp evaluates them with PostgreSQL on its shadow catalog, which this server does not have; run each branch as a query of its own.",
+        format!("a {} on this server", composite.what()),
+        "pgdp evaluates it with PostgreSQL on its shadow catalog, which this server does not have; run each aggregate query on its own.",
     )
 }
 

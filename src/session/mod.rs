@@ -20,6 +20,7 @@ pub mod bind;
 pub mod classify;
 pub mod settings;
 
+mod calendar;
 mod fold;
 mod series;
 mod setop;

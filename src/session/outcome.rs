@@ -147,6 +147,12 @@ impl ClientRows {
             .map(|p| (p.columns.as_slice(), p.rows.as_slice()))
             .collect();
         let text = run(sql(&released)?).await?;
+        if text.len() > crate::limits::GROUPS_RELEASED_MAX {
+            return Err(crate::error::Error::LimitExceeded {
+                what: "the rows of an answer evaluated over released rows".into(),
+                limit: crate::limits::GROUPS_RELEASED_MAX as u64,
+            });
+        }
         let mut rows = Vec::with_capacity(text.len());
         for row in text {
             if row.len() != columns.len() {

@@ -218,7 +218,7 @@ impl<F: FnMut(&TableFactor)> Visitor for Relations<F> {
 }
 
 /// Refuses a call of a function outside [`PUBLIC_FUNCTIONS`] and the total functions.
-fn check_functions(query: &ast::Query) -> Result<()> {
+pub(crate) fn check_functions(query: &ast::Query) -> Result<()> {
     let mut refused = None;
     let _ = ast::visit_expressions(query, |e| {
         if let Expr::Function(f) = e {
