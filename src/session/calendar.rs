@@ -25,7 +25,7 @@ use std::ops::ControlFlow;
 
 use sqlparser::ast::{self, Expr, SetExpr, TableFactor};
 
-use crate::dp::release::post::{rows_relation, ReadAs};
+use crate::dp::release::post::{parsed_relation, rows_relation, ReadAs};
 use crate::error::{Error, Result};
 use crate::output::{Cell, OutColumn};
 
@@ -177,12 +177,7 @@ pub fn split(query: &ast::Query) -> Result<Option<Calendar>> {
 /// `statement` with its one non-series FROM item replaced by a derived table of `sql` under
 /// the item's alias (or, for a CTE, its name).
 fn replace_subquery(statement: &mut ast::Query, sql: &str) -> Result<()> {
-    let parsed =
-        sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::PostgreSqlDialect {}, sql)
-            .map_err(|_| Error::internal("released rows as SQL"))?;
-    let Some(ast::Statement::Query(rows)) = parsed.into_iter().next() else {
-        return Err(Error::internal("released rows as SQL"));
-    };
+    let rows = parsed_relation(sql)?;
     let SetExpr::Select(select) = statement.body.as_mut() else {
         return Err(Error::internal("a calendar without its SELECT"));
     };
@@ -243,13 +238,7 @@ mod tests {
     use super::*;
 
     fn query(sql: &str) -> ast::Query {
-        let parsed =
-            sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::PostgreSqlDialect {}, sql)
-                .expect("parses");
-        match parsed.into_iter().next() {
-            Some(ast::Statement::Query(q)) => *q,
-            _ => panic!("not a query"),
-        }
+        *parsed_relation(sql).expect("a query")
     }
 
     const CALENDAR: &str = "SELECT d.m, COALESCE(v.n, 0) AS visits FROM generate_series(DATE '2024-01-01', DATE '2024-12-01', INTERVAL '1 month') AS d(m) LEFT JOIN (SELECT date_trunc('month', visit_date) AS m, COUNT(*) AS n FROM demo.visits GROUP BY 1) AS v ON v.m = d.m ORDER BY 1";

@@ -463,17 +463,7 @@ impl Session {
             .shadow
             .as_ref()
             .ok_or_else(|| no_shadow_for(composite))?;
-        let mut columns = Vec::new();
-        for (name, oid, type_name) in shadow.post_columns(&sql).await? {
-            let ty = CellType::released(oid).ok_or_else(|| {
-                Error::unsupported(
-                    format!("the column {name} of type {type_name}"),
-                    "pgdp sends numbers, text, booleans, dates and timestamps; cast the expression to one of them.",
-                )
-            })?;
-            columns.push(OutColumn::new(name, ty));
-        }
-        Ok(columns)
+        released_columns(shadow.post_columns(&sql).await?)
     }
 
     /// A query over public tables alone ([`rewrite::public`]): public data, answered as
@@ -540,16 +530,7 @@ impl Session {
             })
             .collect();
         let typing = release::post::post_sql(post, &own, &inputs, &[])?;
-        let mut columns = Vec::new();
-        for (name, oid, type_name) in shadow.post_columns(&typing).await? {
-            let ty = CellType::released(oid).ok_or_else(|| {
-                Error::unsupported(
-                    format!("the column {name} of type {type_name}"),
-                    "pgdp sends numbers, text, booleans, dates and timestamps; cast the expression to one of them.",
-                )
-            })?;
-            columns.push(OutColumn::new(name, ty));
-        }
+        let columns = released_columns(shadow.post_columns(&typing).await?)?;
         Ok(AnswerShape {
             columns,
             inputs: Some(inputs),
@@ -1214,6 +1195,23 @@ fn branch_refusal(branch: &ast::Query) -> Error {
         format!("the branch {branch} of a set operation"),
         "Each branch of a UNION, INTERSECT or EXCEPT is a DP query over the data or a SELECT of constants; run catalog queries and settings on their own.",
     )
+}
+
+/// The columns of SQL evaluated over released rows, as the shadow catalog described them
+/// (name, type OID, type name): each of a type pgdp sends, or a refusal naming it.
+fn released_columns(described: Vec<(String, u32, String)>) -> Result<Vec<OutColumn>> {
+    described
+        .into_iter()
+        .map(|(name, oid, type_name)| {
+            let ty = CellType::released(oid).ok_or_else(|| {
+                Error::unsupported(
+                    format!("the column {name} of type {type_name}"),
+                    "pgdp sends numbers, text, booleans, dates and timestamps; cast the expression to one of them.",
+                )
+            })?;
+            Ok(OutColumn::new(name, ty))
+        })
+        .collect()
 }
 
 /// A statement answered by releasing DP queries, its branches, and evaluating the rest over

@@ -21,7 +21,7 @@
 
 use sqlparser::ast::{self, Expr, LimitClause, OrderByKind, SetExpr, Value};
 
-use crate::dp::release::post::{rows_relation, ReadAs};
+use crate::dp::release::post::{parsed_relation, rows_relation, ReadAs};
 use crate::error::{Error, Result};
 use crate::limits::SET_OPERATION_BRANCHES_MAX;
 use crate::output::{Cell, CellType, OutColumn};
@@ -243,16 +243,8 @@ fn replace_leaves(body: &mut SetExpr, relations: &mut impl Iterator<Item = Strin
             let sql = relations
                 .next()
                 .ok_or_else(|| Error::internal("fewer released parts than branches"))?;
-            let parsed = sqlparser::parser::Parser::parse_sql(
-                &sqlparser::dialect::PostgreSqlDialect {},
-                &sql,
-            )
-            .map_err(|_| Error::internal("released rows as SQL"))?;
-            let Some(ast::Statement::Query(query)) = parsed.into_iter().next() else {
-                return Err(Error::internal("released rows as SQL"));
-            };
             // Parenthesised, so that the relation is one operand whatever the operators around it.
-            *leaf = SetExpr::Query(query);
+            *leaf = SetExpr::Query(parsed_relation(&sql)?);
             Ok(())
         }
     }
@@ -263,13 +255,7 @@ mod tests {
     use super::*;
 
     fn query(sql: &str) -> ast::Query {
-        let parsed =
-            sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::PostgreSqlDialect {}, sql)
-                .expect("parses");
-        match parsed.into_iter().next() {
-            Some(ast::Statement::Query(q)) => *q,
-            _ => panic!("not a query"),
-        }
+        *parsed_relation(sql).expect("a query")
     }
 
     #[test]

@@ -275,7 +275,21 @@ async fn catalog_queries_read_a_replica_that_holds_the_shadow_build_and_else_the
     // Replay stops; a reload adds s.visits to the policy and rebuilds the shadow on the
     // primary. The replica's shadow still lacks it, so catalog queries read the primary's.
     let shadow_db = format!("{DATABASE}_pgdp_catalog");
-    let replica_shadow = connect(&standby.dsn(&shadow_db)).await;
+    // The shadow database was created on the primary when pgdp started; on a loaded machine
+    // the replica may not have replayed its creation yet.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let replica_shadow = loop {
+        match tokio_postgres::connect(&standby.dsn(&shadow_db), NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                break client;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the replica never replayed the shadow database: {e}"),
+        }
+    };
     let replica_postgres = connect(&standby.dsn("postgres")).await;
     replica_postgres
         .batch_execute("SELECT pg_catalog.pg_wal_replay_pause()")

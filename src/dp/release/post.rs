@@ -84,6 +84,17 @@ pub enum ReadAs {
     Constant(String),
 }
 
+/// [`rows_relation`]'s SQL (or other SQL pgdp wrote) as a query to put into a statement.
+pub fn parsed_relation(sql: &str) -> Result<Box<sqlparser::ast::Query>> {
+    let parsed =
+        sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::PostgreSqlDialect {}, sql)
+            .map_err(|_| Error::internal("released rows as SQL"))?;
+    match parsed.into_iter().next() {
+        Some(sqlparser::ast::Statement::Query(query)) => Ok(query),
+        _ => Err(Error::internal("released rows as SQL")),
+    }
+}
+
 /// A `SELECT` whose rows are `rows` (released rows: keys and noisy values), written into it as
 /// one JSON literal, with `columns` named and read as given. With no rows it still types them.
 pub fn rows_relation(columns: &[(String, ReadAs)], rows: &[Vec<Cell>]) -> String {
