@@ -362,6 +362,17 @@ pub enum PublicKeys {
     },
 }
 
+/// The values one output column's group key can take in the statement around the query,
+/// computed from that statement's constants alone: a calendar's `generate_series`, whose values
+/// are the only keys its join can match ([`Plan::list_key`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedKey {
+    /// The query's output column (as PostgreSQL names it).
+    pub column: String,
+    /// The values, as the upstream prints the key's type (no NULL: a NULL key matches nothing).
+    pub values: Vec<Option<String>>,
+}
+
 /// One output column of the query.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
@@ -1082,6 +1093,41 @@ impl Plan {
     /// Whether every key's domain is public, so no partition selection is needed.
     pub fn keys_public(&self) -> bool {
         self.keys.iter().all(|k| k.public != PublicKeys::No)
+    }
+
+    /// The group key that output column `column` releases, when listing its values
+    /// ([`Plan::list_key`]) would make every key public: the column is a key without a public
+    /// domain, every other key has one, and there are no grouping sets.
+    pub fn listable_key(&self, column: &str) -> Option<usize> {
+        if self.grouping_sets.is_some() {
+            return None;
+        }
+        let k = self.outputs.iter().find_map(|o| match o.source {
+            OutputSource::Key(k) if o.name == column => Some(k),
+            _ => None,
+        })?;
+        let others_public = self
+            .keys
+            .iter()
+            .enumerate()
+            .all(|(i, key)| i == k || key.public != PublicKeys::No);
+        (self.keys.get(k)?.public == PublicKeys::No && others_public).then_some(k)
+    }
+
+    /// Gives the key of [`ListedKey::column`] the listed values as its public domain (not
+    /// exhaustive), if [`Plan::listable_key`] finds it; returns whether it did. Every listed
+    /// value is then released with its noisy aggregates and no partition selection runs.
+    /// Sound only because the values are public: the caller computes them from the statement's
+    /// constants alone (a calendar's series), never from data.
+    pub fn list_key(&mut self, listed: &ListedKey) -> bool {
+        let Some(k) = self.listable_key(&listed.column) else {
+            return false;
+        };
+        self.keys[k].public = PublicKeys::Listed {
+            values: listed.values.clone(),
+            exhaustive: false,
+        };
+        true
     }
 }
 

@@ -27,7 +27,7 @@ use sqlparser::ast::{self, Expr, SetExpr, TableFactor};
 
 use crate::dp::release::post::{parsed_relation, rows_relation, ReadAs};
 use crate::error::{Error, Result};
-use crate::output::{Cell, OutColumn};
+use crate::output::{Cell, CellType, OutColumn};
 
 /// A statement joining `generate_series` to one aggregate subquery.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +36,25 @@ pub struct Calendar {
     pub inner: ast::Query,
     /// The statement without its CTEs, its subquery still in place (replaced on evaluation).
     template: ast::Query,
+    /// The join of the series to the subquery's key, when the series' values are the only keys
+    /// the join can match ([`Calendar::key_domain_sql`]).
+    pub key: Option<SeriesKey>,
+}
+
+/// An equality `v.column = <series expression>` in the ON of an inner join or a LEFT JOIN that
+/// preserves the series: a row of the subquery reaches the answer only if its `column` equals a
+/// value of the expression over the series, so those values are the subquery key's domain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesKey {
+    /// The subquery's output column (as PostgreSQL names it).
+    pub column: String,
+    /// The other side of the equality: reads only the series (and constants).
+    matched: Expr,
+    /// The series, as written in FROM.
+    series: Vec<TableFactor>,
+    /// `date_trunc`'s unit when the subquery's column is `date_trunc('unit', …)`: only values
+    /// truncated to it can be keys.
+    truncation: Option<String>,
 }
 
 /// The hint of a refused calendar.
@@ -171,7 +190,150 @@ pub fn split(query: &ast::Query) -> Result<Option<Calendar>> {
         }
         inner.with = Some(with.clone());
     }
-    Ok(Some(Calendar { inner, template }))
+    let key = series_key(from, &inner, &series);
+    Ok(Some(Calendar {
+        inner,
+        template,
+        key,
+    }))
+}
+
+/// The name a FROM item's columns are qualified with: its alias, or a CTE's name.
+fn qualifier(factor: &TableFactor) -> Option<String> {
+    match factor {
+        TableFactor::Derived { alias, .. } | TableFactor::Table { alias, .. }
+            if alias.is_some() =>
+        {
+            alias.as_ref().map(|a| folded(&a.name))
+        }
+        TableFactor::Table { name, .. } => name.0.last().and_then(|p| p.as_ident()).map(folded),
+        _ => None,
+    }
+}
+
+/// An identifier as PostgreSQL names it: unquoted ones fold to lower case.
+fn folded(ident: &ast::Ident) -> String {
+    match ident.quote_style {
+        Some(_) => ident.value.clone(),
+        None => ident.value.to_lowercase(),
+    }
+}
+
+/// The [`SeriesKey`] of a calendar whose subquery is joined (inner, or LEFT JOIN with the
+/// subquery on the right) on `alias.column = <expression of the series>`.
+fn series_key(
+    from: &ast::TableWithJoins,
+    inner: &ast::Query,
+    series: &[&TableFactor],
+) -> Option<SeriesKey> {
+    use ast::{JoinConstraint, JoinOperator};
+    let join = from.joins.iter().find(|j| !is_series(&j.relation))?;
+    let (JoinOperator::Join(JoinConstraint::On(on))
+    | JoinOperator::Inner(JoinConstraint::On(on))
+    | JoinOperator::Left(JoinConstraint::On(on))
+    | JoinOperator::LeftOuter(JoinConstraint::On(on))) = &join.join_operator
+    else {
+        return None;
+    };
+    let alias = qualifier(&join.relation)?;
+    let mut conjuncts = Vec::new();
+    conjuncts_of(on, &mut conjuncts);
+    let (column, matched) = conjuncts.into_iter().find_map(|c| match c {
+        Expr::BinaryOp {
+            left,
+            op: ast::BinaryOperator::Eq,
+            right,
+        } => subquery_column(left, &alias)
+            .filter(|_| reads_series_only(right, &alias))
+            .map(|col| (col, right.as_ref().clone()))
+            .or_else(|| {
+                subquery_column(right, &alias)
+                    .filter(|_| reads_series_only(left, &alias))
+                    .map(|col| (col, left.as_ref().clone()))
+            }),
+        _ => None,
+    })?;
+    Some(SeriesKey {
+        truncation: truncation_of(inner, &column),
+        column,
+        matched,
+        series: series.iter().map(|f| (*f).clone()).collect(),
+    })
+}
+
+/// `e` split at its top-level ANDs.
+fn conjuncts_of<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match e {
+        Expr::BinaryOp {
+            left,
+            op: ast::BinaryOperator::And,
+            right,
+        } => {
+            conjuncts_of(left, out);
+            conjuncts_of(right, out);
+        }
+        Expr::Nested(inner) => conjuncts_of(inner, out),
+        other => out.push(other),
+    }
+}
+
+/// `alias.column` as the column's name.
+fn subquery_column(e: &Expr, alias: &str) -> Option<String> {
+    match e {
+        Expr::CompoundIdentifier(parts) => match parts.as_slice() {
+            [a, column] if folded(a) == alias => Some(folded(column)),
+            _ => None,
+        },
+        Expr::Nested(inner) => subquery_column(inner, alias),
+        _ => None,
+    }
+}
+
+/// Whether `e` reads only qualified columns of relations other than `alias` (the series) and
+/// constants: no bare column, which could be the subquery's.
+fn reads_series_only(e: &Expr, alias: &str) -> bool {
+    let mut series_only = true;
+    let mut columns = 0;
+    let _ = ast::visit_expressions(e, |x| {
+        match x {
+            Expr::Identifier(_) | Expr::Subquery(_) | Expr::Exists { .. } => series_only = false,
+            Expr::CompoundIdentifier(parts) => {
+                columns += 1;
+                series_only &= parts.first().is_some_and(|a| folded(a) != alias);
+            }
+            _ => {}
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    series_only && columns > 0
+}
+
+/// The unit of `date_trunc('unit', …)` when the subquery's output `column` is that call.
+fn truncation_of(inner: &ast::Query, column: &str) -> Option<String> {
+    let SetExpr::Select(select) = inner.body.as_ref() else {
+        return None;
+    };
+    let expr = select.projection.iter().find_map(|item| match item {
+        ast::SelectItem::ExprWithAlias { expr, alias } if folded(alias) == column => Some(expr),
+        _ => None,
+    })?;
+    let Expr::Function(f) = expr else {
+        return None;
+    };
+    let name = f.name.0.last()?.as_ident()?.value.to_ascii_lowercase();
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    match (name.as_str(), list.args.as_slice()) {
+        (
+            "date_trunc",
+            [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(Expr::Value(v))), _],
+        ) => match &v.value {
+            ast::Value::SingleQuotedString(unit) => Some(unit.to_ascii_lowercase()),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// `statement` with its one non-series FROM item replaced by a derived table of `sql` under
@@ -215,6 +377,30 @@ fn replace_subquery(statement: &mut ast::Query, sql: &str) -> Result<()> {
 }
 
 impl Calendar {
+    /// The SQL that lists, as text of the subquery's key type `ty`, the distinct non-NULL values
+    /// the series gives the join's other side (truncated values only, for a `date_trunc` key),
+    /// at most `limit` + 1 of them. Reads the statement's constants only.
+    pub fn key_domain_sql(&self, ty: CellType, limit: usize) -> Option<String> {
+        let key = self.key.as_ref()?;
+        let series: Vec<String> = key.series.iter().map(ToString::to_string).collect();
+        let truncated = match &key.truncation {
+            Some(unit) => format!(
+                " AND date_trunc({}, \"__dp_v\") = \"__dp_v\"",
+                Expr::value(ast::Value::SingleQuotedString(unit.clone()))
+            ),
+            None => String::new(),
+        };
+        let sql = format!(
+            "SELECT DISTINCT CAST(\"__dp_v\" AS text) FROM (SELECT CAST({} AS {}) AS \"__dp_v\" FROM {}) AS \"__dp_series\" WHERE \"__dp_v\" IS NOT NULL{truncated} LIMIT {}",
+            key.matched,
+            ty.sql_name(),
+            series.join(", "),
+            limit + 1
+        );
+        crate::dp::rewrite::check_one_statement(&sql).ok()?;
+        Some(sql)
+    }
+
     /// The SQL that evaluates the statement over `parts` (the subquery's released columns and
     /// rows, the one part). With no rows it types the answer.
     pub fn evaluation_sql(&self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<String> {
@@ -263,6 +449,49 @@ mod tests {
         let sql = calendar.evaluation_sql(&[(&columns, &rows)]).expect("sql");
         assert!(!sql.contains("demo"), "{sql}");
         assert!(sql.contains("AS v ON v.m = d.m"), "{sql}");
+    }
+
+    #[test]
+    fn the_series_values_are_the_keys_a_left_join_can_match() {
+        let calendar = split(&query(CALENDAR))
+            .expect("accepted")
+            .expect("a calendar");
+        let key = calendar.key.as_ref().expect("a series key");
+        assert_eq!(key.column, "m");
+        assert_eq!(key.truncation.as_deref(), Some("month"));
+        let sql = calendar
+            .key_domain_sql(CellType::Timestamptz, 4096)
+            .expect("domain SQL");
+        assert_eq!(
+            sql,
+            "SELECT DISTINCT CAST(\"__dp_v\" AS text) FROM (SELECT CAST(d.m AS timestamptz) AS \"__dp_v\" FROM generate_series(DATE '2024-01-01', DATE '2024-12-01', INTERVAL '1 month') AS d (m)) AS \"__dp_series\" WHERE \"__dp_v\" IS NOT NULL AND date_trunc('month', \"__dp_v\") = \"__dp_v\" LIMIT 4097"
+        );
+        // The other side first, an inner join, a CTE: the same key.
+        for sql in [
+            "SELECT d.x, v.n FROM generate_series(0, 100) AS d(x) JOIN (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) AS v ON d.x = v.a",
+            "WITH v AS (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) SELECT d.x, v.n FROM generate_series(0, 100) AS d(x) LEFT JOIN v ON (d.x = v.a AND v.n > 0)",
+        ] {
+            let calendar = split(&query(sql)).expect("accepted").expect("a calendar");
+            assert_eq!(calendar.key.as_ref().map(|k| k.column.as_str()), Some("a"), "{sql}");
+            assert!(calendar.key.as_ref().is_some_and(|k| k.truncation.is_none()));
+        }
+    }
+
+    #[test]
+    fn a_join_that_keeps_unmatched_subquery_rows_lists_nothing() {
+        for sql in [
+            // The subquery's rows are kept whether they match or not.
+            "SELECT d.x, v.n FROM generate_series(0, 100) AS d(x) RIGHT JOIN (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) AS v ON d.x = v.a",
+            "SELECT d.x, v.n FROM generate_series(0, 100) AS d(x) FULL JOIN (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) AS v ON d.x = v.a",
+            "SELECT d.x, v.n FROM (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) AS v LEFT JOIN generate_series(0, 100) AS d(x) ON d.x = v.a",
+            // No equality with the series alone.
+            "SELECT d.x, v.n FROM generate_series(0, 100) AS d(x) LEFT JOIN (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) AS v ON d.x < v.a",
+            "SELECT d.x, v.n FROM generate_series(0, 100) AS d(x) LEFT JOIN (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) AS v ON v.n = v.a",
+            "SELECT d.x, v.n FROM generate_series(0, 100) AS d(x) CROSS JOIN (SELECT age AS a, COUNT(*) AS n FROM demo.people GROUP BY age) AS v",
+        ] {
+            let calendar = split(&query(sql)).expect("accepted").expect("a calendar");
+            assert_eq!(calendar.key, None, "{sql}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use sqlparser::ast;
 
 use crate::budget::{self, Fixed, Limit};
 use crate::dp::analyze;
-use crate::dp::plan::Plan;
+use crate::dp::plan::{ListedKey, Plan};
 use crate::dp::release::{self, Released};
 use crate::dp::rewrite::{self, Rewrite};
 use crate::error::{Error, Result};
@@ -117,10 +117,14 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
         secret: &str,
+        listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let started = std::time::Instant::now();
         let mut plan = analyze::analyze(query, &self.context(shared))?;
         shared.metrics.stage(Stage::Analyse, started.elapsed());
+        if let Some(listed) = listed {
+            plan.list_key(listed);
+        }
         let facts = &shared.catalog_facts;
         plan.assume_unique_unit(|key| facts.holds(ColumnFact::Unique, key));
         plan.assume_unit_lookup(|key| facts.holds(ColumnFact::Unique, key));
@@ -149,8 +153,9 @@ impl Session {
         params: &[Option<String>],
         secret: &str,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
-        let (plan, rewrite, mechanisms, _) =
-            self.plan_dp_placed(shared, query, params, secret).await?;
+        let (plan, rewrite, mechanisms, _) = self
+            .plan_dp_placed(shared, query, params, secret, None)
+            .await?;
         Ok((plan, rewrite, mechanisms))
     }
 
@@ -164,9 +169,10 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
         secret: &str,
+        listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms, Placement)> {
         let (plan, rewrite, mechanisms) = self
-            .plan_dp_for_one_server(shared, query, params, secret)
+            .plan_dp_for_one_server(shared, query, params, secret, listed)
             .await?;
         let tables: Vec<(String, Option<String>)> = tables_read(&plan, &shared.policy)
             .into_iter()
@@ -208,8 +214,9 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
         secret: &str,
+        listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
-        let prepared = self.prepare_dp(shared, query, params, secret)?;
+        let prepared = self.prepare_dp(shared, query, params, secret, listed)?;
         let facts = &shared.catalog_facts;
         let mut unit_key: Vec<(String, String)> = prepared.0.unit_key().into_iter().collect();
         unit_key.extend(prepared.0.unit_lookup_keys());
@@ -236,7 +243,7 @@ impl Session {
             Err(_) => false,
         };
         if learnt {
-            self.prepare_dp(shared, query, params, secret)
+            self.prepare_dp(shared, query, params, secret, listed)
         } else {
             Ok(prepared)
         }
@@ -357,13 +364,19 @@ impl Session {
             .as_ref()
             .ok_or_else(|| no_shadow_for(composite))?;
         let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
+        let listed = match composite {
+            Composite::Calendar(calendar) => self.calendar_listed(shared, calendar).await?,
+            Composite::Set(_) => None,
+        };
         let mut parts = Vec::with_capacity(branches.len());
         let (mut charged, mut total) = (0, crate::budget::Cost::default());
         for branch in branches {
             let charges = self.charges;
             let part = match super::route::route_query(branch)? {
                 Route::Constant(items) => self.constants(shared, items)?,
-                Route::Dp(_) => Box::pin(self.dp_query(shared, branch, params)).await?,
+                Route::Dp(_) => {
+                    Box::pin(self.dp_query_listed(shared, branch, params, listed.as_ref())).await?
+                }
                 _ => return Err(branch_refusal(branch)),
             };
             parts.push(part);
@@ -384,30 +397,31 @@ impl Session {
             },
         )
         .await
-        .map_err(|e| match e {
-            Error::PostProcessing {
-                state,
-                message,
-                hint,
-            } => Error::PostProcessing {
-                state,
-                hint,
-                message: format!(
-                    "{message} (in the {} over released answers; the charges for them stand)",
+        .map_err(|e| {
+            after_release(
+                e,
+                &format!(
+                    "in the {} over released answers; the charges for them stand",
                     composite.what()
                 ),
-            },
-            other => other,
+            )
         })?;
         if let Composite::Calendar(_) = composite {
             // Which series values found no released group is post-processing; why is not: the
             // data may have none, or too few people to pass partition selection.
             let mut notices = answer.notices().to_vec();
+            let released = released.first().copied().unwrap_or(0);
             notices.push(Notice {
-                message: format!(
-                    "pgdp: the calendar's subquery released {} group(s); a series value with no released group is NULL in the join (or your COALESCE's value): the data has none, or too few people for partition selection at this epsilon (EXPLAIN the subquery for its threshold)",
-                    released.first().copied().unwrap_or(0)
-                ),
+                message: match &listed {
+                    Some(listed) => format!(
+                        "pgdp: the calendar's series gave the subquery's key {} its {} value(s) as a public domain: each was released with its noisy value and no partition selection, so a value without data has a noisy value near zero, not NULL",
+                        listed.column,
+                        listed.values.len()
+                    ),
+                    None => format!(
+                        "pgdp: the calendar's subquery released {released} group(s); a series value with no released group is NULL in the join (or your COALESCE's value): the data has none, or too few people for partition selection at this epsilon (EXPLAIN the subquery for its threshold)"
+                    ),
+                },
             });
             return Ok(answer.with_notices(notices));
         }
@@ -435,6 +449,51 @@ impl Session {
         }];
         notices.extend(answer.notices().iter().cloned());
         Ok(answer.with_notices(notices))
+    }
+
+    /// The values of a calendar subquery's key that its series can match
+    /// ([`super::calendar::SeriesKey`]), evaluated from the statement's constants on the shadow
+    /// catalog in the session's time zone, as text of the key's type: when listing them makes
+    /// every key of the subquery public ([`Plan::listable_key`]) and there are at most
+    /// [`crate::limits::PUBLIC_KEY_COMBINATIONS_MAX`]. `None` leaves partition selection.
+    async fn calendar_listed(
+        &self,
+        shared: &Shared,
+        calendar: &super::calendar::Calendar,
+    ) -> Result<Option<ListedKey>> {
+        let (Some(key), Some(shadow)) = (&calendar.key, &shared.shadow) else {
+            return Ok(None);
+        };
+        let plan = analyze::analyze(&calendar.inner, &self.context(shared))?;
+        if plan.listable_key(&key.column).is_none() {
+            return Ok(None);
+        }
+        let columns = self
+            .answer_shape(shared, &calendar.inner, &plan)
+            .await?
+            .columns;
+        let Some(ty) = columns.iter().find(|c| c.name == key.column).map(|c| c.ty) else {
+            return Ok(None);
+        };
+        let most = crate::limits::PUBLIC_KEY_COMBINATIONS_MAX;
+        let Some(sql) = calendar.key_domain_sql(ty, most) else {
+            return Ok(None);
+        };
+        let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
+        let rows = shadow
+            .evaluate(&self.analyst.name, &format!("{zone}{sql}"))
+            .await?;
+        let values: Vec<Option<String>> = rows
+            .into_iter()
+            .filter_map(|row| row.into_iter().next())
+            .collect();
+        if values.is_empty() || values.len() > most {
+            return Ok(None);
+        }
+        Ok(Some(ListedKey {
+            column: key.column.clone(),
+            values,
+        }))
     }
 
     /// The columns of a [`Composite`] statement, as PostgreSQL types it over its branches'
@@ -544,6 +603,18 @@ impl Session {
         query: &ast::Query,
         params: &[Option<String>],
     ) -> Result<ClientRows> {
+        self.dp_query_listed(shared, query, params, None).await
+    }
+
+    /// [`Session::dp_query`], with the values of one key listed by the statement around it
+    /// ([`Plan::list_key`]: a calendar's series), which are then its public domain.
+    async fn dp_query_listed(
+        &mut self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        listed: Option<&ListedKey>,
+    ) -> Result<ClientRows> {
         if let Some(sql) = self.public_sql(shared, query).await? {
             return self.public_rows(shared, &sql).await;
         }
@@ -555,8 +626,9 @@ impl Session {
             return self.series_limit(shared, &series, params).await;
         }
         let secret = shared.secret().await?;
-        let (plan, rewrite, mechanisms, placement) =
-            self.plan_dp_placed(shared, query, params, secret).await?;
+        let (plan, rewrite, mechanisms, placement) = self
+            .plan_dp_placed(shared, query, params, secret, listed)
+            .await?;
         // A row of a table with a unit path has one unit only if each key of the path is unique.
         shared
             .upstream
@@ -603,6 +675,15 @@ impl Session {
             key
         };
         let key = in_zone(key, &self.settings.time_zone);
+        // Keys listed by the statement around the query are another answer to it.
+        let key = match listed {
+            Some(listed) => {
+                let values: Vec<&str> =
+                    listed.values.iter().flatten().map(String::as_str).collect();
+                budget::fingerprint(&[&key, "listed", &listed.column, &values.join("\u{1f}")])
+            }
+            None => key,
+        };
         // Under pgdp.max_relative_error the answer may be a refusal: its entry is the refusal
         // (REFUSED_PAYLOAD), and the rows are stored under the key without the setting, so that
         // asking again without it replays them, free.
@@ -889,38 +970,15 @@ impl Session {
             Err(e) => return Err(e),
         };
         // 6. Post-processing by PostgreSQL over the released rows, on the shadow catalog.
-        let released = match (&shape.inputs, &shared.shadow) {
-            (Some(inputs), Some(shadow)) => {
-                let who = analyst.clone();
-                let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
-                let evaluated = released
-                    .post_processed(&plan, inputs, shape.columns, |sql| {
-                        let sql = format!("{zone}{sql}");
-                        async move { shadow.evaluate(&who, &sql).await }
-                    })
-                    .await;
-                match evaluated {
-                    Ok(r) => r,
-                    Err(e) => {
-                        ledger.set_outcome(charge_id, "post-processing failed");
-                        return Err(match e {
-                            Error::PostProcessing {
-                                state,
-                                message,
-                                hint,
-                            } => Error::PostProcessing {
-                                state,
-                                hint,
-                                message: format!(
-                                    "{message} (in the post-processing of released values; the charge for them stands)"
-                                ),
-                            },
-                            other => other,
-                        });
-                    }
-                }
+        let released = match self.post_process(shared, &plan, released, shape).await {
+            Ok(released) => released,
+            Err(e) => {
+                ledger.set_outcome(charge_id, "post-processing failed");
+                return Err(after_release(
+                    e,
+                    "in the post-processing of released values; the charge for them stands",
+                ));
             }
-            _ => released.retyped(shape.columns),
         };
         shared.metrics.stage(Stage::Release, started.elapsed());
         let answer = released.replay_payload();
@@ -1077,19 +1135,10 @@ impl Session {
         let shape = self.answer_shape(shared, query, plan).await?;
         let released =
             release::finish(plan, rewrite, mechanisms, measures, self.settings.accuracy)?;
-        let released = match (&shape.inputs, &shared.shadow) {
-            (Some(inputs), Some(shadow)) => {
-                let who = self.analyst.name.clone();
-                let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
-                released
-                    .post_processed(plan, inputs, shape.columns, |sql| {
-                        let sql = format!("{zone}{sql}");
-                        async move { shadow.evaluate(&who, &sql).await }
-                    })
-                    .await?
-            }
-            _ => released.retyped(shape.columns),
-        };
+        let released = self
+            .post_process(shared, plan, released, shape)
+            .await
+            .map_err(|e| after_release(e, "in the post-processing of released values"))?;
         let limit = limit_of(&self.analyst.budget)?;
         let (balance, window) = shared
             .ledger
@@ -1114,6 +1163,31 @@ impl Session {
         Ok(ClientRows::released(released, notices))
     }
 
+    /// The answer from released rows: PostgreSQL's post-processing over them on the shadow
+    /// catalog where the answer needs it ([`AnswerShape::inputs`]), else the rows retyped to
+    /// the answer's columns.
+    async fn post_process(
+        &self,
+        shared: &Shared,
+        plan: &Plan,
+        released: Released,
+        shape: AnswerShape,
+    ) -> Result<Released> {
+        match (&shape.inputs, &shared.shadow) {
+            (Some(inputs), Some(shadow)) => {
+                let who = self.analyst.name.clone();
+                let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
+                released
+                    .post_processed(plan, inputs, shape.columns, |sql| {
+                        let sql = format!("{zone}{sql}");
+                        async move { shadow.evaluate(&who, &sql).await }
+                    })
+                    .await
+            }
+            _ => Ok(released.retyped(shape.columns)),
+        }
+    }
+
     /// EXPLAIN: the plan, the upstream SQL (secret redacted), the mechanisms and their cost.
     /// Touches neither the upstream's data nor the budget.
     pub(super) async fn explain(
@@ -1121,6 +1195,18 @@ impl Session {
         shared: &Shared,
         query: &ast::Query,
         params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        self.explain_listed(shared, query, params, None).await
+    }
+
+    /// [`Session::explain`] of a query whose key `listed` names has listed values
+    /// ([`Session::dp_query_listed`]).
+    async fn explain_listed(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        listed: Option<&ListedKey>,
     ) -> Result<ClientRows> {
         let (set, calendar) = (super::setop::split(query)?, super::calendar::split(query)?);
         if let Some(composite) = Composite::of(&set, &calendar) {
@@ -1138,7 +1224,22 @@ impl Session {
                         lines.push(vec![Cell::Text("constants: no release, no charge".into())]);
                     }
                     Route::Dp(_) => {
-                        let explained = Box::pin(self.explain(shared, branch, params)).await?;
+                        let listed = match composite {
+                            Composite::Calendar(calendar) => {
+                                self.calendar_listed(shared, calendar).await?
+                            }
+                            Composite::Set(_) => None,
+                        };
+                        if let Some(listed) = &listed {
+                            lines.push(vec![Cell::Text(format!(
+                                "the series lists the {} value(s) of the key {}: its public domain, no partition selection",
+                                listed.values.len(),
+                                listed.column
+                            ))]);
+                        }
+                        let explained =
+                            Box::pin(self.explain_listed(shared, branch, params, listed.as_ref()))
+                                .await?;
                         lines.extend(explained.rows().iter().cloned());
                     }
                     _ => return Err(branch_refusal(branch)),
@@ -1147,8 +1248,9 @@ impl Session {
             return Ok(ClientRows::computed(explain_columns(), lines));
         }
         let secret = shared.secret().await?;
-        let (plan, rewrite, mechanisms, placement) =
-            self.plan_dp_placed(shared, query, params, secret).await?;
+        let (plan, rewrite, mechanisms, placement) = self
+            .plan_dp_placed(shared, query, params, secret, listed)
+            .await?;
         let mut text = release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget);
         if self.settings.choose_bounds {
             let domains = self.public_domains(shared, &plan, params).await?;
@@ -1185,6 +1287,23 @@ impl Session {
             ))]);
         }
         Ok(ClientRows::computed(explain_columns(), lines))
+    }
+}
+
+/// PostgreSQL's error from evaluating SQL over released values, its message saying `where`
+/// (and that the charge stands); any other error unchanged.
+fn after_release(e: Error, place: &str) -> Error {
+    match e {
+        Error::PostProcessing {
+            state,
+            message,
+            hint,
+        } => Error::PostProcessing {
+            state,
+            hint,
+            message: format!("{message} ({place})"),
+        },
+        other => other,
     }
 }
 

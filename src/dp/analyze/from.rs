@@ -272,7 +272,7 @@ impl<'a> Analyzer<'a> {
         self.add_table(&twj.relation)?;
         let mut conditions = Vec::new();
         for join in &twj.joins {
-            let (constraint, left) = match &join.join_operator {
+            let (constraint, mut left) = match &join.join_operator {
                 JoinOperator::Join(c) | JoinOperator::Inner(c) => (c, false),
                 JoinOperator::Left(c) | JoinOperator::LeftOuter(c) => (c, true),
                 _ => {
@@ -302,12 +302,15 @@ impl<'a> Analyzer<'a> {
                     ));
                 }
                 if r.private && !(0..right).any(|i| self.tables[i].0.private) {
-                    return Err(Error::unsupported(
-                        format!("a LEFT JOIN of the private table {visible} to public tables"),
-                        "Put the private table first: FROM demo.people p LEFT JOIN demo.regions r ON …",
-                    ));
+                    // Public rows kept, private rows joined to them: every public row is a group
+                    // (the keys' public domain), so the rows that reach an aggregate are those
+                    // of the inner join; what differs (the NULL-extended rows) is refused after
+                    // the select list is read (`check_public_rows_kept`).
+                    self.public_rows_kept = Some(visible.clone());
+                    left = false;
+                } else {
+                    self.tables[right].0.nullable = true;
                 }
-                self.tables[right].0.nullable = true;
             }
             let condition = match constraint {
                 JoinConstraint::Using(names) => {

@@ -41,7 +41,7 @@ pub(in crate::dp) use semijoin::conjuncts;
 mod window;
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sqlparser::ast::{
     self, BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
@@ -148,6 +148,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         unique_keys: Vec::new(),
         unit_caps: Vec::new(),
         windows_allowed: false,
+        public_rows_kept: None,
     };
     if let Some(refusal) = from::exists_without_from(select) {
         return Err(refusal);
@@ -282,6 +283,16 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             what: "the number of aggregates".into(),
             limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
         });
+    }
+
+    if let Some(table) = &a.public_rows_kept {
+        let private: BTreeSet<String> = a
+            .tables
+            .iter()
+            .filter(|t| t.0.private)
+            .map(|t| t.0.alias.clone())
+            .collect();
+        check_public_rows_kept(table, &private, &keys, &aggregates)?;
     }
 
     // Contribution bounds: the loosest of the private tables joined (all share the unit).
@@ -712,6 +723,54 @@ struct Analyzer<'a> {
     /// Whether a window partitioned by the privacy unit may appear here: only while a select
     /// item of a row-level view is analysed (`window` module docs).
     windows_allowed: bool,
+    /// The private table a LEFT JOIN joins to public tables first
+    /// (`regions r LEFT JOIN people p …`), analysed as the inner join
+    /// ([`check_public_rows_kept`]).
+    public_rows_kept: Option<String>,
+}
+
+/// A private table LEFT JOINed to public tables (`regions r LEFT JOIN people p ON p.region =
+/// r.region GROUP BY r.name`) keeps every public row, with NULLs where no private row matches.
+/// pgdp answers it as the inner join with keys of the public tables only: their public domain
+/// releases every public row's group, with a noisy zero where no private row matches, as the
+/// analyst asked. The rows an aggregate reads are then the same in both joins, except that the
+/// NULL-extended row counts in `COUNT(*)` and in aggregates of the public tables' columns, so
+/// those are refused (with the form that counts the private rows), and so is a key of the
+/// private table (its NULL group is not in any public domain).
+fn check_public_rows_kept(
+    table: &str,
+    private: &BTreeSet<String>,
+    keys: &[GroupKey],
+    aggregates: &[Aggregate],
+) -> Result<()> {
+    let reads_private = |c: &Canonical| {
+        c.aliases()
+            .is_none_or(|aliases| aliases.iter().any(|a| private.contains(a)))
+    };
+    for key in keys {
+        if reads_private(&key.expr) || key.public == PublicKeys::No {
+            return Err(Error::unsupported(
+                format!("a group key of {table} in a LEFT JOIN that keeps public rows"),
+                format!("Group by columns of the public tables only (each of their rows is then a group, with a noisy zero where {table} has no row), or put {table} first: FROM {table} LEFT JOIN …"),
+            ));
+        }
+    }
+    for aggregate in aggregates {
+        let private_argument = match (&aggregate.kind, &aggregate.argument) {
+            (AggregateKind::CountUnits, _) => true,
+            (_, Some(argument)) => argument.aliases().is_some_and(|aliases| {
+                !aliases.is_empty() && aliases.iter().all(|a| private.contains(a))
+            }),
+            (_, None) => false,
+        };
+        if !private_argument {
+            return Err(Error::unsupported(
+                format!("{} over a LEFT JOIN that keeps public rows", aggregate.text),
+                format!("A public row without a match in {table} is one row of NULLs, which COUNT(*) counts; count or aggregate a column of {table} instead, e.g. COUNT({table}.<column>), which is 0 (with noise) for such a row."),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn ident_lower(i: &Ident) -> String {

@@ -883,6 +883,7 @@ fn outer_plan(
         unique_keys: Vec::new(),
         unit_caps: Vec::new(),
         windows_allowed: false,
+        public_rows_kept: None,
     };
     let mut st = Staging {
         keys: &[],

@@ -956,7 +956,9 @@ fn refusals_unsupported() {
             ("natural join", "SELECT COUNT(*) FROM demo.visits NATURAL JOIN demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("join on inequality", "SELECT COUNT(*) FROM demo.visits v JOIN demo.people p ON v.person_id < p.person_id", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("left join of a table with a unit path", "SELECT COUNT(*) FROM demo.visits v LEFT JOIN demo.prescriptions r USING (visit_id)", Refused(S::FEATURE_NOT_SUPPORTED)),
-            ("left join of a private table to a public one", "SELECT COUNT(*) FROM demo.regions r LEFT JOIN demo.people p USING (region)", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("count(*) over a left join that keeps public rows", "SELECT r.name, COUNT(*) FROM demo.regions r LEFT JOIN demo.people p USING (region) GROUP BY r.name", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("a public column aggregated over a left join that keeps public rows", "SELECT r.name, SUM(r.population) FROM demo.regions r LEFT JOIN demo.people p USING (region) GROUP BY r.name", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("a private key over a left join that keeps public rows", "SELECT p.sex, COUNT(p.person_id) FROM demo.regions r LEFT JOIN demo.people p USING (region) GROUP BY p.sex", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("select distinct with an aggregate", "SELECT DISTINCT COUNT(*) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("quantile filter", "SELECT MEDIAN(cost) FILTER (WHERE cost > 10) FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("filter with window", "SELECT COUNT(*) FILTER (WHERE cost > 10) OVER () FROM demo.visits", Refused(S::FEATURE_NOT_SUPPORTED)),
@@ -1194,6 +1196,8 @@ fn left_joins_on_the_unit_and_distinct_keys() {
             ("select distinct", "SELECT DISTINCT diagnosis FROM demo.visits", Accepted("unit=person_id caps=(g5,r10) keys=[diagnosis:text:private] aggs=[] out=[diagnosis=k0]")),
             ("keys without aggregate", "SELECT region FROM demo.people GROUP BY region", Accepted("unit=person_id caps=(g1,r1) keys=[region:text:listed[CE, EA, IS, NE, NO, NW, SE, SO, SW, WE]] aggs=[] out=[region=k0]")),
             ("select all", "SELECT ALL COUNT(*) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(*)] out=[count=a0]")),
+            // Issue 42: a public table first, a private one LEFT JOINed: every public row a group.
+            ("left join keeping public rows", "SELECT r.name, COUNT(p.person_id), AVG(p.income) FROM demo.regions r LEFT JOIN demo.people p ON p.region = r.region GROUP BY r.name", Accepted("unit=t1.person_id caps=(g1,r1) tables=[demo.regions:public, demo.people:private] on=[region = t1.region] keys=[name:text:table demo.regions.name] aggs=[count(t1.person_id), avg(t1.income)[0,250000]] out=[name=k0, count=a0, avg=a1]")),
         ],
     );
 }
