@@ -157,6 +157,15 @@ impl Cost {
         rho: Fixed::ZERO,
     };
 
+    /// Whether this cost is at least `other` in every part: a charge of `self` pays for a
+    /// release of cost `other`.
+    pub fn covers(&self, other: &Cost) -> bool {
+        self.epsilon >= other.epsilon
+            && self.pure_rho >= other.pure_rho
+            && self.delta >= other.delta
+            && self.rho >= other.rho
+    }
+
     /// A pure ε-DP cost of one component.
     pub fn pure(epsilon: Fixed) -> Cost {
         Cost::pure_parts(&[epsilon])

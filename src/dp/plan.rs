@@ -530,7 +530,7 @@ pub fn row_sensitivity(rows: u64, groups: u64, total: Option<u64>) -> (f64, f64)
 /// The one change allowed from outside is [`Plan::assume_unique_unit`], which decides from the
 /// plan's own unit key.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0616
 /// // A plan cannot be edited outside the DP pipeline, e.g. to lift its caps.
 /// fn lift(plan: &mut pgdp::dp::plan::Plan) {
 ///     plan.max_rows_per_unit = u64::MAX;

@@ -38,13 +38,13 @@ pub trait Fragment {
 /// assert_eq!(piece.to_string(), "2.5");
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// // Text is not a fragment: it cannot be spliced into generated SQL.
 /// let analyst = String::from("1; DROP TABLE demo.people");
 /// let _ = pgdp::dp::sql::Piece(&analyst);
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// // Nor is a string slice.
 /// let _ = pgdp::dp::sql::Piece(&"SELECT income FROM demo.people");
 /// ```

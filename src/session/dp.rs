@@ -838,49 +838,35 @@ impl Session {
         // 2b. A cap on rows per unit chosen for this query from a DP histogram of its data
         // (release::bounds), decided now so that the charge covers the histogram and the answer.
         let choice = self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
-        let cost = choice.as_ref().map_or(mechanisms.cost, |c| c.cost);
 
         // 3. Charge, durably, before the upstream sees the statement; an upstream connection is
-        // taken first, so an unreachable upstream refuses (57P03) without spending.
+        // taken first, so an unreachable upstream refuses (57P03) without spending. The charge
+        // is bound to the statement it pays for (`Charged`): the upstream runs nothing else.
         let connection = shared.upstream.get_for_read().await?;
-        let limit = limit_of(&self.analyst.budget)?;
-        let dataset_limit = match &shared.policy.dataset_budget {
-            Some(b) => Some(limit_of(b)?),
-            None => None,
-        };
-        let started = std::time::Instant::now();
-        let receipt = ledger
-            .charge_leased(
-                &analyst,
-                &limit,
-                dataset_limit.as_ref(),
-                &cost,
-                &key,
-                budget.mechanism.name(),
-                &tables_read(&plan, &shared.policy),
-            )
-            .await?;
-        shared.metrics.stage(Stage::Ledger, started.elapsed());
-        let charge_id = receipt.id();
-        let balance = *receipt.balance();
-        let window = receipt.window();
-        shared.metrics.charged(&analyst, &cost, &balance);
-        self.last_cost = Some(cost);
-        self.charges += 1;
+        let tables = tables_read(&plan, &shared.policy);
+        let mechanism = budget.mechanism.name();
 
-        // 3b. The contribution histogram under the same receipt, its noise, the cap it chooses,
-        // and the answer's plan, rewrite and mechanisms at that cap (the cost charged above).
-        let (plan, rewrite, mechanisms, connection, chosen) = match &choice {
-            None => (plan, rewrite, mechanisms, connection, None),
+        // 3b. With a cap chosen for this query: the charge covers the contribution histogram
+        // and the answer at any cap it may choose; the histogram runs under it, then its noise
+        // chooses the cap, and the charge passes to the answer's plan, rewrite and mechanisms at
+        // that cap (which cost no more: `Charged::narrowed`).
+        let (plan, rewrite, mechanisms, connection, chosen, charged) = match &choice {
+            None => {
+                let statement = release::Statement::of(&rewrite, &mechanisms);
+                let charged = self
+                    .charge(shared, statement, &key, mechanism, &tables)
+                    .await?;
+                (plan, rewrite, mechanisms, connection, None, charged)
+            }
             Some(choice) => {
+                let statement = release::ChoiceStatement::of(choice);
+                let charged = self
+                    .charge(shared, statement, &key, mechanism, &tables)
+                    .await?;
+                let charge_id = charged.receipt().id();
                 let started = std::time::Instant::now();
                 let histogram = connection
-                    .run_choice_query(
-                        &choice.sql,
-                        &self.settings.time_zone,
-                        &receipt,
-                        &self.cancel,
-                    )
+                    .run_choice_query(&charged, &self.settings.time_zone, &self.cancel)
                     .await;
                 shared.metrics.stage(Stage::Upstream, started.elapsed());
                 let chosen = histogram.and_then(|rows| {
@@ -899,9 +885,10 @@ impl Session {
                         secret,
                         matches!(placement, Placement::ByUnit { .. }),
                     )?;
-                    Ok((p, r, m, chosen))
+                    let charged = charged.narrowed(|_| Ok(release::Statement::of(&r, &m)))?;
+                    Ok((p, r, m, chosen, charged))
                 });
-                let (p, r, m, chosen) = match answer {
+                let (p, r, m, chosen, charged) = match answer {
                     Ok(a) => a,
                     Err(e) => {
                         ledger.set_outcome(charge_id, "choosing bounds failed");
@@ -915,19 +902,18 @@ impl Session {
                         return Err(e);
                     }
                 };
-                (p, r, m, connection, Some(chosen))
+                (p, r, m, connection, Some(chosen), charged)
             }
         };
+        let charge_id = charged.receipt().id();
+        let balance = *charged.receipt().balance();
+        let window = charged.receipt().window();
+        let cost = choice.as_ref().map_or(mechanisms.cost, |c| c.cost());
 
-        // 4. The upstream, which takes the receipt; a failure keeps the charge.
+        // 4. The upstream, which takes the charged statement; a failure keeps the charge.
         let started = std::time::Instant::now();
         let rows = match connection
-            .run_release_query(
-                &rewrite.sql,
-                &self.settings.time_zone,
-                receipt,
-                &self.cancel,
-            )
+            .run_release_query(charged, &self.settings.time_zone, &self.cancel)
             .await
         {
             Ok(rows) => rows,
@@ -1034,6 +1020,44 @@ impl Session {
             chosen.as_ref(),
         );
         Ok(ClientRows::released(released, notices))
+    }
+
+    /// Charges `item`'s own cost to the analyst (and the dataset's budget), durably, and
+    /// counts it for the session's NOTICEs and the metrics: the item bound to its receipt.
+    async fn charge<T: budget::Priced>(
+        &mut self,
+        shared: &Shared,
+        item: T,
+        fingerprint: &str,
+        mechanism: &str,
+        tables: &[String],
+    ) -> Result<budget::Charged<T>> {
+        let limit = limit_of(&self.analyst.budget)?;
+        let dataset_limit = match &shared.policy.dataset_budget {
+            Some(b) => Some(limit_of(b)?),
+            None => None,
+        };
+        let cost = item.cost();
+        let started = std::time::Instant::now();
+        let charged = shared
+            .ledger
+            .charge_for(
+                &self.analyst.name,
+                &limit,
+                dataset_limit.as_ref(),
+                item,
+                fingerprint,
+                mechanism,
+                tables,
+            )
+            .await?;
+        shared.metrics.stage(Stage::Ledger, started.elapsed());
+        shared
+            .metrics
+            .charged(&self.analyst.name, &cost, charged.receipt().balance());
+        self.last_cost = Some(cost);
+        self.charges += 1;
+        Ok(charged)
     }
 
     /// The public domains of `plan`'s keys when they are all public, read from public tables
@@ -1260,7 +1284,7 @@ impl Session {
                 // After the cost line: the query's cost with the histogram, then the rule.
                 let mut added = vec![format!(
                     "cost with the choice of bounds: {} (epsilon {} for the histograms, the rest for the answer; the measures below are those of the tables' caps at the whole epsilon, which run with pgdp.choose_bounds off; the answer's are at the chosen caps and the rest)",
-                    choice.cost,
+                    choice.cost(),
                     choice.choice.epsilon()
                 )];
                 added.extend(choice.choice.explain());

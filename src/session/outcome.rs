@@ -9,7 +9,7 @@
 //! catalog can make; the last is visible inside [`crate::session`] only. Upstream rows of a DP
 //! query are [`crate::dp::release::PrivateRows`], which none of these accepts.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0624
 //! // Outside the session, rows cannot be made up from arbitrary cells.
 //! use pgdp::output::{Cell, CellType, OutColumn};
 //! let rows = pgdp::session::ClientRows::computed(
@@ -28,7 +28,7 @@
 //!
 //! and private upstream rows are not, nor become them by any conversion:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! fn send(rows: pgdp::dp::release::PrivateRows) -> pgdp::session::Outcome {
 //!     pgdp::session::Outcome::Rows(rows.into())
 //! }

@@ -349,7 +349,7 @@ fn cte_names(query: &ast::Query) -> BTreeSet<String> {
 /// A catalog query that [`check`] admitted, with its parameters bound, as the text to run on the
 /// shadow catalog ([`super::Shadow`]): the only SQL the shadow runs for an analyst.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0423
 /// let sql = pgdp::upstream::catalog::CatalogSql("SELECT * FROM pg_stat_activity".into());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]

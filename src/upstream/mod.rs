@@ -3,14 +3,14 @@
 //!
 //! Invariants:
 //! - The only ways to run SQL on the upstream database from outside this module are
-//!   [`Pooled::run_release_query`], which takes the [`UpstreamSql`] that the rewrite built and
-//!   the [`Receipt`] of its durable charge (by value: one charge, one run) and returns
+//!   [`Pooled::run_release_query`], which takes a rewrite's [`Statement`] bound to the receipt of
+//!   the durable charge of its own cost ([`Charged`], by value: one charge, one run) and returns
 //!   [`PrivateRows`] that only the release can read; [`Upstream::run_public_query`], which takes
 //!   [`PublicSql`] over a public table; and the fixed catalog lookups of [`catalog_facts`]. The
 //!   pooled client itself is private to this module.
 //! - Each runs as one `READ ONLY` transaction with a `statement_timeout` of
 //!   [`limits::STATEMENT_TIMEOUT_MS`], reading at most [`limits::UPSTREAM_ROWS_MAX`] rows; a
-//!   rewrite in the partitionwise shape ([`UpstreamSql::partitionwise`]) also turns on
+//!   rewrite in the partitionwise shape ([`crate::dp::rewrite::UpstreamSql::partitionwise`]) also turns on
 //!   partitionwise aggregation and joins for its transaction ([`partitioning`]).
 //! - Upstream error text is never returned: it can contain row values. It is logged here (at
 //!   `warn`) and the caller receives [`Error::Upstream`], [`Error::Canceled`] or
@@ -27,40 +27,52 @@
 //!   connection, so pgdp serves again as soon as the upstream is back. The shadow catalog is
 //!   built on first use if it could not be built at start ([`Shadow::ensure`]).
 //!
-//! The order "charge, then run, then release" is therefore the only one that compiles:
+//! The order "charge, then run, then release" is therefore the only one that compiles, and the
+//! charge is the statement's own:
 //!
 //! ```no_run
-//! # use pgdp::budget::{Cost, Ledger, Limit};
-//! # use pgdp::dp::{release, rewrite::Rewrite};
+//! # use pgdp::budget::{Ledger, Limit};
+//! # use pgdp::dp::release::{self, Mechanisms, Statement};
+//! # use pgdp::dp::rewrite::Rewrite;
 //! # use pgdp::upstream::{Cancel, Upstream};
-//! # async fn run(upstream: &Upstream, ledger: &Ledger, rewrite: &Rewrite, limit: &Limit,
-//! #               cost: &Cost, cancel: &Cancel) -> pgdp::Result<release::PrivateRows> {
+//! # async fn run(upstream: &Upstream, ledger: &Ledger, rewrite: &Rewrite, mechanisms: &Mechanisms,
+//! #               limit: &Limit, cancel: &Cancel) -> pgdp::Result<release::PrivateRows> {
 //! let connection = upstream.get().await?;
-//! let receipt = ledger.charge("alice", limit, None, cost, "fingerprint", "laplace").await?;
-//! let rows = connection.run_release_query(&rewrite.sql, "UTC", receipt, cancel).await?;
+//! let statement = Statement::of(rewrite, mechanisms);
+//! let charged = ledger.charge_for("alice", limit, None, statement, "fingerprint", "laplace", &[]).await?;
+//! let rows = connection.run_release_query(charged, "UTC", cancel).await?;
 //! # Ok(rows) }
 //! ```
 //!
-//! ```compile_fail
-//! // Running without a charge does not compile: there is no receipt to pass.
+//! ```compile_fail,E0308
+//! // Running a statement without its charge does not compile: a statement is not a charged one.
+//! # use pgdp::dp::release::{self, Mechanisms, Statement};
 //! # use pgdp::dp::rewrite::Rewrite;
 //! # use pgdp::upstream::{Cancel, Upstream};
-//! # async fn run(upstream: &Upstream, rewrite: &Rewrite, cancel: &Cancel) -> pgdp::Result<()> {
-//! let rows = upstream.get().await?.run_release_query(&rewrite.sql, "UTC", cancel).await?;
-//! # Ok(()) }
+//! # async fn run(upstream: &Upstream, rewrite: &Rewrite, mechanisms: &Mechanisms,
+//! #               cancel: &Cancel) -> pgdp::Result<release::PrivateRows> {
+//! let connection = upstream.get().await?;
+//! let statement = Statement::of(rewrite, mechanisms);
+//! let rows = connection.run_release_query(statement, "UTC", cancel).await?;
+//! # Ok(rows) }
 //! ```
 //!
-//! ```compile_fail
-//! // Nor does running SQL other than a rewrite's, even with a receipt.
-//! # use pgdp::budget::Receipt;
+//! ```compile_fail,E0382
+//! // Nor does running one charge twice: the charged statement moves into the first run.
+//! # use pgdp::budget::{Ledger, Limit};
+//! # use pgdp::dp::release::{self, Mechanisms, Statement};
+//! # use pgdp::dp::rewrite::Rewrite;
 //! # use pgdp::upstream::{Cancel, Upstream};
-//! # async fn run(upstream: &Upstream, receipt: Receipt, cancel: &Cancel) -> pgdp::Result<()> {
-//! let rows = upstream.get().await?
-//!     .run_release_query("SELECT income FROM demo.people", "UTC", receipt, cancel).await?;
-//! # Ok(()) }
+//! # async fn run(upstream: &Upstream, ledger: &Ledger, rewrite: &Rewrite, mechanisms: &Mechanisms,
+//! #               limit: &Limit, cancel: &Cancel) -> pgdp::Result<release::PrivateRows> {
+//! let statement = Statement::of(rewrite, mechanisms);
+//! let charged = ledger.charge_for("alice", limit, None, statement, "fingerprint", "laplace", &[]).await?;
+//! let _ = upstream.get().await?.run_release_query(charged, "UTC", cancel).await?;
+//! let rows = upstream.get().await?.run_release_query(charged, "UTC", cancel).await?;
+//! # Ok(rows) }
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0624
 //! // Nor does reaching the pooled client to run SQL of one's own.
 //! # use pgdp::upstream::Upstream;
 //! # async fn run(upstream: &Upstream) -> pgdp::Result<()> {
@@ -77,9 +89,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::budget::Receipt;
-use crate::dp::release::{PrivateRows, TextRows};
-use crate::dp::rewrite::{PublicSql, UpstreamSql};
+use crate::budget::Charged;
+use crate::dp::release::{ChoiceStatement, PrivateRows, Statement, TextRows};
+use crate::dp::rewrite::PublicSql;
 use crate::dsn::Dsn;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -123,20 +135,23 @@ pub struct Pooled<'a> {
 }
 
 impl Pooled<'_> {
-    /// Runs a DP query's rewritten SQL, charged by `receipt`, in a read-only transaction with
-    /// pgdp's statement timeout, and returns its rows for the release alone to read. `cancel` can
-    /// stop it from another task (a CancelRequest, the client going away). The receipt is
-    /// consumed: a failure after this point keeps the charge. `time_zone` is the analyst's
-    /// session `TimeZone`, under which PostgreSQL computes the same SQL (`date_trunc` of a date
-    /// or a `timestamptz`, the text of a `timestamptz` key); [`time_zone_setting`] checks it.
+    /// Runs a charged DP query's statement in a read-only transaction with pgdp's statement
+    /// timeout, and returns its rows for the release alone to read. The charge is consumed with
+    /// the statement it paid for (`Charged` binds them: a charge for one statement cannot run
+    /// another), so a failure after this point keeps the charge and no charge runs twice.
+    /// `cancel` can stop it from another task (a CancelRequest, the client going away).
+    /// `time_zone` is the analyst's session `TimeZone`, under which PostgreSQL computes the
+    /// same SQL (`date_trunc` of a date or a `timestamptz`, the text of a `timestamptz` key);
+    /// [`time_zone_setting`] checks it.
     pub async fn run_release_query(
         self,
-        sql: &UpstreamSql,
+        charged: Charged<Statement>,
         time_zone: &str,
-        receipt: Receipt,
         cancel: &Cancel,
     ) -> Result<PrivateRows> {
+        let (statement, receipt) = charged.into_parts();
         tracing::debug!(charge = %receipt.id(), "running a charged DP query upstream");
+        let sql = statement.sql();
         // A rewrite in the partitionwise shape reads tables partitioned by their unit: the
         // planner may then aggregate (and join) per partition, on the shards that hold them.
         let mut settings = time_zone_setting(time_zone)?;
@@ -148,20 +163,19 @@ impl Pooled<'_> {
             .map(PrivateRows::new)
     }
 
-    /// Runs the contribution histogram of a charged query
-    /// ([`crate::dp::rewrite::contributions`]) under the same `receipt` its answer will take:
-    /// the charge covers both (the histogram's share of ε and the answer's), so the receipt is
-    /// only borrowed here. Its rows are private like a release's.
+    /// Runs the contribution histogram of a query that chooses its cap
+    /// ([`crate::dp::rewrite::contributions`]), charged with the answer it chooses the cap for
+    /// ([`ChoiceStatement`]): the charge is only borrowed here, and passes to the answer's
+    /// statement through `Charged::narrowed`. Its rows are private like a release's.
     pub async fn run_choice_query(
         self,
-        sql: &UpstreamSql,
+        charged: &Charged<ChoiceStatement>,
         time_zone: &str,
-        receipt: &Receipt,
         cancel: &Cancel,
     ) -> Result<PrivateRows> {
-        tracing::debug!(charge = %receipt.id(), "choosing a charged DP query's bounds upstream");
+        tracing::debug!(charge = %charged.receipt().id(), "choosing a charged DP query's bounds upstream");
         let settings = time_zone_setting(time_zone)?;
-        self.run_read_only(sql.as_str(), &settings, cancel)
+        self.run_read_only(charged.item().histogram().as_str(), &settings, cancel)
             .await
             .map(PrivateRows::new)
     }

@@ -301,10 +301,11 @@ impl Balance {
     }
 }
 
-/// Proof that a charge was committed durably: what running a DP query's SQL on the upstream
-/// requires (`upstream::Pooled::run_release_query` takes it by value, so one charge covers one
-/// run). Only [`Ledger::charge`] makes one: its fields are private and it has no other
-/// constructor, not even `Clone`.
+/// Proof that a charge was committed durably. Bound to the statement it pays for
+/// ([`Charged`], made by [`Ledger::charge_for`]) it is what running a DP query's SQL on the
+/// upstream requires (`upstream::Pooled::run_release_query` takes the charged statement by
+/// value, so one charge covers one run). Only the ledger's charges make one: its fields are
+/// private and it has no other constructor, not even `Clone`.
 ///
 /// Its parts are public values that anyone may hold and read:
 ///
@@ -319,7 +320,7 @@ impl Balance {
 /// but a receipt cannot be assembled from them outside the budget module (its fields are
 /// private: the same parts, of the right types, do not make one):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0451
 /// use pgdp::budget::{Balance, ChargeId, Receipt, Window};
 /// fn forge(id: ChargeId, balance: Balance, window: Option<Window>) -> Receipt {
 ///     Receipt { id, balance, window }
@@ -334,7 +335,7 @@ impl Balance {
 /// }
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0599
 /// fn twice(r: pgdp::budget::Receipt) -> (pgdp::budget::Receipt, pgdp::budget::Receipt) {
 ///     (r.clone(), r)
 /// }
@@ -396,6 +397,79 @@ impl Receipt {
     /// For a renewing limit, the window the charge was admitted in (and the balance is of).
     pub fn window(&self) -> Option<Window> {
         self.window
+    }
+}
+
+/// What a charge pays for: an item that states its own cost, so that the ledger takes the cost
+/// it charges from the item it pays for ([`Ledger::charge_for`]) and never from an argument
+/// beside it.
+pub trait Priced {
+    /// What releasing the item costs.
+    fn cost(&self) -> Cost;
+}
+
+/// An item together with the receipt of the durable charge of its own cost
+/// ([`Priced::cost`]): the charge bound to what it pays for. Only [`Ledger::charge_for`] makes
+/// one (its fields are private, and it is neither `Clone` nor `Copy`), so a charge for one item
+/// cannot pay for another; [`Charged::narrowed`] hands it on only to an item that costs no more.
+/// Running a DP query upstream takes a `Charged` statement by value
+/// (`upstream::Pooled::run_release_query`): one charge, one run.
+///
+/// Its parts can be read:
+///
+/// ```
+/// use pgdp::budget::{Charged, Priced, Receipt};
+/// fn parts<T: Priced>(c: &Charged<T>) -> (&T, &Receipt) {
+///     (c.item(), c.receipt())
+/// }
+/// ```
+///
+/// but an item cannot be put under another item's charge, however it is made:
+///
+/// ```compile_fail,E0451
+/// use pgdp::budget::{Charged, Priced};
+/// fn swap<T: Priced>(paid: Charged<T>, other: T) -> Charged<T> {
+///     let (_, receipt) = paid.into_parts();
+///     Charged { item: other, receipt }
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Charged<T> {
+    item: T,
+    receipt: Receipt,
+}
+
+impl<T: Priced> Charged<T> {
+    /// The item charged for.
+    pub fn item(&self) -> &T {
+        &self.item
+    }
+
+    /// The receipt of its charge.
+    pub fn receipt(&self) -> &Receipt {
+        &self.receipt
+    }
+
+    /// The item and the receipt, apart: the item can no longer be run as charged.
+    pub fn into_parts(self) -> (T, Receipt) {
+        (self.item, self.receipt)
+    }
+
+    /// The same charge for the item `narrow` makes of this one (a query's answer at the cap
+    /// chosen from the charged histogram), provided that item costs no more than this one:
+    /// an internal error otherwise, and the charge stays spent.
+    pub fn narrowed<U: Priced>(self, narrow: impl FnOnce(T) -> Result<U>) -> Result<Charged<U>> {
+        let paid = self.item.cost();
+        let item = narrow(self.item)?;
+        if !paid.covers(&item.cost()) {
+            return Err(Error::internal(
+                "a release costs more than the charge it was handed",
+            ));
+        }
+        Ok(Charged {
+            item,
+            receipt: self.receipt,
+        })
     }
 }
 
@@ -722,6 +796,34 @@ impl Ledger {
                 tables,
             )
             .await
+    }
+
+    /// Charges `item`'s own cost ([`Priced::cost`]) as [`Ledger::charge_leased`] does, and
+    /// returns the item bound to the receipt: what running it upstream requires.
+    #[allow(clippy::too_many_arguments)] // as charge_reading
+    pub async fn charge_for<T: Priced>(
+        &self,
+        analyst: &str,
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        item: T,
+        fingerprint: &str,
+        mechanism: &str,
+        tables: &[String],
+    ) -> Result<Charged<T>> {
+        let cost = item.cost();
+        let receipt = self
+            .charge_leased(
+                analyst,
+                limit,
+                dataset_limit,
+                &cost,
+                fingerprint,
+                mechanism,
+                tables,
+            )
+            .await?;
+        Ok(Charged { item, receipt })
     }
 
     /// Tests only: moves this process's view of the ledger's clock by `offset_us` microseconds

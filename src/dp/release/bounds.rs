@@ -60,11 +60,17 @@ pub struct ChoicePlan {
     pub at_ceiling: Mechanisms,
     /// The query's rewrite at the ceilings ([`Plan::at_ceilings`]), for the noise per row.
     ceiling_rewrite: Rewrite,
-    /// The histogram's cost (pure ε) plus the answer's.
-    pub cost: Cost,
+    /// The histogram's cost (pure ε) plus the answer's ([`ChoicePlan::cost`]; private, as the
+    /// price a charge takes: [`super::ChoiceStatement`]).
+    cost: Cost,
 }
 
 impl ChoicePlan {
+    /// The histogram's cost (pure ε) plus the answer's at any cap.
+    pub fn cost(&self) -> Cost {
+        self.cost
+    }
+
     /// The choice for `plan` (at the policy's caps, with its `rewrite`), whose mechanisms at
     /// the query's whole budget are `mechanisms`: `None` when nothing is chosen
     /// ([`BoundsChoice::new`]) or when `pgdp.max_error` chose the budget (its target is stated

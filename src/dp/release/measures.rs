@@ -33,7 +33,7 @@
 //!
 //! and cannot be made up: every field given, of its type, does not compile (they are private):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0451
 //! let forged = pgdp::dp::release::NoisyMeasures {
 //!     keys: 0,
 //!     measures: 1,

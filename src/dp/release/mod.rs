@@ -38,12 +38,14 @@ mod grouping;
 pub mod measures;
 pub mod post;
 pub mod rows;
+mod statement;
 
 use clamps::clamp_label;
 pub use clamps::clamped_arguments;
 pub use grouping::derived_set as derived_grouping_set;
 pub use measures::{derived_key, measures_key, NoisyMeasures};
 pub use rows::{PrivateRows, Released, TextRows};
+pub use statement::{ChoiceStatement, Statement};
 
 /// Privacy parameters of one query (from the session settings).
 #[derive(Debug, Clone, Copy, PartialEq)]

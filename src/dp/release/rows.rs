@@ -11,14 +11,14 @@
 //!   (from a [`Released`]) and [`Released::replayed`], which decodes a payload that
 //!   [`Released::replay_payload`] wrote for an earlier release.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0616
 //! // Reading upstream rows outside the release does not compile.
 //! fn peek(rows: &pgdp::dp::release::PrivateRows) -> usize {
 //!     rows.rows.len()
 //! }
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0451
 //! // Nor does making released rows out of other cells.
 //! use pgdp::output::Cell;
 //! let released = pgdp::dp::release::Released {

@@ -61,7 +61,7 @@ pub use partitionwise::partitionwise;
 /// (its field is private and it has no public constructor), so the upstream's
 /// `run_release_query` cannot be handed an analyst's text or SQL assembled elsewhere.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0451
 /// // Analyst text (or any string) cannot pass as upstream SQL.
 /// let sql = pgdp::dp::rewrite::UpstreamSql { text: "SELECT * FROM demo.people".to_string(), partitionwise: false };
 /// ```
@@ -102,7 +102,7 @@ impl std::fmt::Display for UpstreamSql {
 /// SQL that reads only public tables and literals, built by [`domain::public_domain`] (the public
 /// domain of a query's keys) and [`public::public_query`] (a query over public tables alone).
 ///
-/// ```compile_fail
+/// ```compile_fail,E0423
 /// let sql = pgdp::dp::rewrite::PublicSql("SELECT income FROM demo.people".to_string());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
