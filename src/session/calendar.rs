@@ -237,8 +237,8 @@ fn series_key(
     };
     let alias = qualifier(&join.relation)?;
     let mut conjuncts = Vec::new();
-    conjuncts_of(on, &mut conjuncts);
-    let (column, matched) = conjuncts.into_iter().find_map(|c| match c {
+    crate::dp::rewrite::domain::split_and(on.clone(), &mut conjuncts);
+    let (column, matched) = conjuncts.iter().find_map(|c| match unnested(c) {
         Expr::BinaryOp {
             left,
             op: ast::BinaryOperator::Eq,
@@ -261,19 +261,11 @@ fn series_key(
     })
 }
 
-/// `e` split at its top-level ANDs.
-fn conjuncts_of<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+/// `e` without the parentheses around it.
+fn unnested(e: &Expr) -> &Expr {
     match e {
-        Expr::BinaryOp {
-            left,
-            op: ast::BinaryOperator::And,
-            right,
-        } => {
-            conjuncts_of(left, out);
-            conjuncts_of(right, out);
-        }
-        Expr::Nested(inner) => conjuncts_of(inner, out),
-        other => out.push(other),
+        Expr::Nested(inner) => unnested(inner),
+        other => other,
     }
 }
 

@@ -186,7 +186,9 @@ fn bound_conjuncts(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<Exp
     Ok(out)
 }
 
-fn split_and(e: Expr, out: &mut Vec<Expr>) {
+/// `e` split at its top-level ANDs (through parentheses); a parenthesised conjunct keeps its
+/// parentheses, so the parts can be joined with AND again.
+pub(crate) fn split_and(e: Expr, out: &mut Vec<Expr>) {
     match e {
         Expr::BinaryOp {
             left,
