@@ -616,6 +616,8 @@ fn clipped_value(plan: &Plan, rw: &Rewrite, i: usize, g: &Clipped) -> f64 {
             };
             pgdp::dp::mechanism::bucket_value(exact_quantile_bucket(h, *permille), b.lower, b.upper)
         }
+        // Whether the count is nonzero, as 1 or 0 (without noise any nonzero count is detected).
+        AggregateKind::Detected => f64::from(u8::from(g.measures[ms[0]] > 0.0)),
         AggregateKind::Avg
         | AggregateKind::VarPop
         | AggregateKind::VarSamp

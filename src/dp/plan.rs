@@ -275,6 +275,12 @@ pub enum AggregateKind {
         /// The quantile × 1000, in 0..=1000.
         permille: u16,
     },
+    /// Whether a count of rows (`argument` `None`) or of an argument's values is detected above
+    /// its noise: its noisy value exceeds the 95 % bound of that noise (a `boolean`). Made only
+    /// by the questions of existence (`bool_or`, `bool_and`, `every`, `EXISTS`) the analysis
+    /// rewrites into counts ([`crate::dp::analyze`], existence.rs); it shares the count's
+    /// measure, so it costs nothing beyond the count.
+    Detected,
 }
 
 impl AggregateKind {
@@ -292,6 +298,7 @@ impl AggregateKind {
             AggregateKind::StddevPop => "stddev_pop",
             AggregateKind::CountDistinct => "count_distinct",
             AggregateKind::Quantile { .. } => "quantile",
+            AggregateKind::Detected => "detected",
         }
     }
 }

@@ -742,7 +742,7 @@ impl Session {
         shared
             .metrics
             .replay_lookup(Lookup::Answer, replay.is_some());
-        if let Some(detail) = replay.as_deref().and_then(refused_detail) {
+        if let Some(detail) = replay.as_ref().and_then(refused_detail) {
             self.served = Some(Served::Replayed);
             return Err(Error::TooInaccurate { detail });
         }
@@ -757,6 +757,9 @@ impl Session {
                         remaining_text(&balance, window, false)
                     ),
                 }];
+                if let Some(note) = release::detection_note(&plan, &rewrite, &mechanisms) {
+                    notices.push(Notice { message: note });
+                }
                 let chose = self.settings.choose_bounds
                     && mechanisms.max_error.is_none()
                     && release::bounds::may_choose(&plan, &rewrite);
@@ -783,11 +786,11 @@ impl Session {
             .replay_lookup(Lookup::Measures, stored.is_some());
         // 1c. Derivation: the sums of the cells of a finer release of this analyst over public
         // keys (release::derive), free. (Under pgdp.choose_bounds there is no derived key.)
-        let drawn = stored.as_deref().and_then(|p| {
+        let drawn = stored.as_ref().and_then(|p| {
             release::NoisyMeasures::from_payload(p, &plan, &rewrite)
                 .filter(|m| m.derived_from().is_none())
         });
-        let summed = derived.as_deref().and_then(|p| {
+        let summed = derived.as_ref().and_then(|p| {
             release::NoisyMeasures::from_payload(p, &plan, &rewrite)
                 .filter(|m| m.derived_from().is_some())
         });
@@ -812,12 +815,13 @@ impl Session {
                 self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
             let at_chosen = choice.as_ref().and_then(|choice| {
                 let (chosen, rest) =
-                    release::bounds::ChosenBounds::stored(payload, &choice.choice)?;
+                    release::bounds::ChosenBounds::stored(payload.bytes(), &choice.choice)?;
+                let rest = payload.suffix(rest)?;
                 let partitionwise = matches!(placement, Placement::ByUnit { .. });
                 let (p, r, m) = choice
                     .answer(&plan, &chosen, params, secret, partitionwise)
                     .ok()?;
-                let measures = release::NoisyMeasures::from_payload(rest, &p, &r)
+                let measures = release::NoisyMeasures::from_payload(&rest, &p, &r)
                     .filter(|m| m.derived_from().is_none())?;
                 Some((p, r, m, chosen, measures))
             });
@@ -1015,7 +1019,7 @@ impl Session {
         }
         let notices = answer_notices(
             charge_notice(&cost, &balance, window),
-            &plan,
+            (&plan, &rewrite, &mechanisms),
             &released,
             chosen.as_ref(),
         );
@@ -1183,7 +1187,7 @@ impl Session {
                 remaining_text(&balance, window, false)
             ),
         };
-        let notices = answer_notices(first, plan, &released, chosen);
+        let notices = answer_notices(first, (plan, rewrite, mechanisms), &released, chosen);
         Ok(ClientRows::released(released, notices))
     }
 
@@ -1448,8 +1452,9 @@ struct AnswerShape {
 const REFUSED_PAYLOAD: &[u8] = b"pgdp-refused-too-inaccurate\x1f";
 
 /// The detail of a refusal stored for replay, if `payload` is one.
-fn refused_detail(payload: &[u8]) -> Option<String> {
-    payload
+fn refused_detail(stored: &budget::Stored) -> Option<String> {
+    stored
+        .bytes()
         .strip_prefix(REFUSED_PAYLOAD)
         .map(|d| String::from_utf8_lossy(d).into_owned())
 }
@@ -1497,7 +1502,8 @@ const RHO_DIGITS: u32 = 6;
 /// Significant digits of the ε a ρ charge took, rounded up.
 const TAKEN_DIGITS: u32 = 3;
 
-/// The NOTICEs of an answer: `first` (what it cost, or where it came from), then whether a
+/// The NOTICEs of an answer: `first` (what it cost, or where it came from), then what a
+/// question of existence's answer means ([`release::detection_note`]), whether a
 /// statistic was capped and whether groups were cut at the release limit.
 ///
 /// With a cap chosen for the query, its NOTICE ([`release::bounds::ChosenBounds::notice`]: the
@@ -1505,11 +1511,14 @@ const TAKEN_DIGITS: u32 = 3;
 /// policy's cap on groups per unit when it can bind.
 fn answer_notices(
     first: String,
-    plan: &Plan,
+    (plan, rewrite, mechanisms): (&Plan, &Rewrite, &release::Mechanisms),
     released: &Released,
     chosen: Option<&release::bounds::ChosenBounds>,
 ) -> Vec<Notice> {
     let mut notices = vec![Notice { message: first }];
+    if let Some(note) = release::detection_note(plan, rewrite, mechanisms) {
+        notices.push(Notice { message: note });
+    }
     if let Some(chosen) = chosen {
         let groups = if !chosen.groups_chosen()
             && plan.max_groups_per_unit() > 1

@@ -559,7 +559,8 @@ async fn replay_cache_first_writer_wins_and_expires() {
             .replay_get("alice", &key, hour)
             .await
             .unwrap()
-            .as_deref(),
+            .as_ref()
+            .map(pgdp::budget::Stored::bytes),
         Some(&b"first"[..])
     );
     // Keys are per analyst.
@@ -589,7 +590,8 @@ async fn replay_cache_first_writer_wins_and_expires() {
             .replay_get("alice", &key, hour)
             .await
             .unwrap()
-            .as_deref(),
+            .as_ref()
+            .map(pgdp::budget::Stored::bytes),
         Some(&b"fresh"[..])
     );
 

@@ -11,7 +11,7 @@
 //! - `types`: DP answers with the column names and types PostgreSQL gives the same SQL, equal in
 //!   the text and binary formats;
 //! - `analyst`: SQL a new analyst types (issue 42): per-unit count histograms, width_bucket keys,
-//!   and EXISTS / bool_or refused with a count that runs;
+//!   and EXISTS / bool_or / bool_and / every answered from detected noisy counts;
 //! - `attacks`: the attack corpus in `tests/attacks/`;
 //! - `drivers`: the SQL that ORMs, drivers and BI tools generate (bound LIMIT and OFFSET, time
 //!   ranges, public tables alone, DISTINCT lists, their set-up statements), through tokio-postgres;

@@ -126,11 +126,13 @@ mod admin;
 mod group_commit;
 mod journal;
 mod lease;
+mod stored;
 mod window;
 pub use admin::{
     Account, Accounts, AdminAction, AdminRecord, AuditEvent, AuditFilter, GrantRequest,
 };
 use group_commit::*;
+pub use stored::Stored;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -868,16 +870,16 @@ impl Ledger {
         analyst: &str,
         keys: &[&str],
         lifetime: Duration,
-    ) -> Result<Vec<Option<Vec<u8>>>> {
+    ) -> Result<Vec<Option<Stored>>> {
         if lifetime.is_zero() {
             return Ok(vec![None; keys.len()]);
         }
-        let mut found: Vec<Option<Vec<u8>>> = keys
+        let mut found: Vec<Option<Stored>> = keys
             .iter()
             .map(|key| {
                 self.journal
                     .pending_replay(analyst, key)
-                    .map(|p| p.as_ref().clone())
+                    .map(|p| Stored::read(p.as_ref().clone()))
             })
             .collect();
         let missing: Vec<&str> = keys
@@ -921,7 +923,7 @@ impl Ledger {
         for (key, payload) in rows {
             for (slot, wanted) in found.iter_mut().zip(keys) {
                 if slot.is_none() && *wanted == key {
-                    *slot = Some(payload.clone());
+                    *slot = Some(Stored::read(payload.clone()));
                 }
             }
         }
@@ -1047,7 +1049,7 @@ impl Ledger {
         analyst: &str,
         key: &str,
         lifetime: Duration,
-    ) -> Result<Option<Vec<u8>>> {
+    ) -> Result<Option<Stored>> {
         if lifetime.is_zero() {
             return Ok(None);
         }
@@ -1072,7 +1074,7 @@ impl Ledger {
             let payload =
                 result.and_then(|row| row.map(|row| row.try_get::<_, Vec<u8>>(0)).transpose());
             if let Some(done) = attempts.settle(payload.map_err(Fault::from)) {
-                return done;
+                return done.map(|found| found.map(Stored::read));
             }
         }
     }

@@ -33,6 +33,9 @@ impl<'a> Analyzer<'a> {
         if f.over.is_some() {
             return Err(window_refusal());
         }
+        if kind == AggregateKind::Detected {
+            return self.detected_aggregate(f).map(Some);
+        }
         if let (Some(condition), false) =
             (&f.filter, matches!(kind, AggregateKind::Quantile { .. }))
         {

@@ -175,6 +175,7 @@ pub(super) fn aggregate_kind(name: &str) -> Option<AggregateKind> {
         "min" | "max" | "median" | "percentile_cont" | "percentile_disc" => {
             AggregateKind::Quantile { permille: 0 }
         }
+        super::existence::DETECTED_FUNCTION => AggregateKind::Detected,
         _ => return None,
     })
 }
@@ -613,12 +614,13 @@ pub(super) fn date_to_timestamp_guard(x: Expr) -> Expr {
     datetime_guard(x, "4714-11-24 BC", DATETIME_UPPER_SAFE)
 }
 
-/// The refusal of `bool_or(c)`, `bool_and(c)` and `every(c)` anywhere in `query`: whether any
-/// (or every) row satisfies `c` can hinge on one person, so it is not released. The hint shows
-/// the count that answers the same question (`bool_or(c)` is `COUNT(*) FILTER (WHERE c) > 0`;
-/// `bool_and(c)` and `every(c)` are `COUNT(*) FILTER (WHERE NOT (c)) = 0`, NULLs ignored as
-/// they ignore them) with the analyst's own condition, and the whole statement so rewritten
-/// when the calls are whole select items of the top query. `None` without such a call.
+/// The refusal of `bool_or(c)`, `bool_and(c)` and `every(c)` where no noisy count answers them:
+/// in a subquery (a per-person value), WHERE or GROUP BY (those of the select list, HAVING and
+/// ORDER BY were rewritten into detected counts before, existence.rs). The hint shows the
+/// per-person value that asks the same question, which a per-person subquery can aggregate:
+/// `bool_or(c)` is `LEAST(COUNT(CASE WHEN c THEN 1 END), 1)` (1 where some row meets `c`, 0
+/// where none does), `bool_and(c)` and `every(c)` are `1 - LEAST(COUNT(CASE WHEN NOT (c) THEN 1
+/// END), 1)`, with the analyst's own condition. `None` without such a call.
 pub(super) fn boolean_aggregate_refusal(query: &ast::Query) -> Option<Error> {
     // (name as written, its condition, whether it asks "any")
     let mut calls: Vec<(String, String, bool)> = Vec::new();
@@ -629,58 +631,19 @@ pub(super) fn boolean_aggregate_refusal(query: &ast::Query) -> Option<Error> {
         std::ops::ControlFlow::<()>::Continue(())
     });
     let (name, condition, any) = calls.first()?.clone();
-    let count = |condition: &str, any: bool| {
-        if any {
-            format!("COUNT(*) FILTER (WHERE {condition})")
-        } else {
-            format!("COUNT(*) FILTER (WHERE NOT ({condition}))")
-        }
+    let value = if any {
+        format!("LEAST(COUNT(CASE WHEN {condition} THEN 1 END), 1)")
+    } else {
+        format!("1 - LEAST(COUNT(CASE WHEN NOT ({condition}) THEN 1 END), 1)")
     };
-    let mut hint = format!(
-        "Count the rows that answer it and read the noisy count: {name}({condition}) is {} {}",
-        count(&condition, any),
-        if any { "> 0" } else { "= 0" },
+    let hint = format!(
+        "bool_or, bool_and and every are answered from noisy counts in the select list, HAVING and ORDER BY of the query itself; per person, {name}({condition}) is {value}"
     );
-    // The statement with each call, a whole select item of the top query, replaced by its count.
-    if let SetExpr::Select(select) = query.body.as_ref() {
-        let mut rewritten = query.clone();
-        let mut replaced = 0;
-        if let SetExpr::Select(out) = rewritten.body.as_mut() {
-            for item in out.projection.iter_mut() {
-                let (e, alias) = match item {
-                    SelectItem::UnnamedExpr(e) => (e, None),
-                    SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.clone())),
-                    _ => continue,
-                };
-                let Some((name, condition, any)) = boolean_aggregate(e) else {
-                    continue;
-                };
-                let text = count(&condition, any);
-                let dialect = sqlparser::dialect::PostgreSqlDialect {};
-                let Ok(parsed) = sqlparser::parser::Parser::new(&dialect)
-                    .try_with_sql(&text)
-                    .and_then(|mut p| p.parse_expr())
-                else {
-                    continue;
-                };
-                // PostgreSQL names the column after the function; the count keeps that name.
-                let alias = alias.unwrap_or_else(|| Ident::new(name.to_ascii_lowercase()));
-                *item = SelectItem::ExprWithAlias {
-                    expr: parsed,
-                    alias,
-                };
-                replaced += 1;
-            }
-        }
-        if replaced == calls.len() && !select.projection.is_empty() {
-            hint.push_str(&format!(", e.g. {rewritten}"));
-        }
-    }
     // Literals as the analyst wrote them (classification dollar-quotes them).
     let hint = crate::literal::for_display(&hint);
     Some(Error::forbidden(
         format!(
-            "{name}: whether {} row satisfies the condition can hinge on one person, and is not released",
+            "{name} here: whether {} row satisfies the condition can hinge on one person, and only the query's own select list, HAVING and ORDER BY answer it from noisy counts",
             if any { "any" } else { "every" }
         ),
         hint,

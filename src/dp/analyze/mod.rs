@@ -29,6 +29,7 @@
 mod aggregate;
 mod dates;
 mod denominator;
+mod existence;
 mod expr;
 mod from;
 mod functions;
@@ -86,7 +87,12 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
 /// `post_processed`, its select list, HAVING, ORDER BY and LIMIT always become
 /// [`PostProcessing`] (the outer query then wraps that SQL).
 fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Result<Plan> {
-    // Over data (an outer query over released rows may use them: post-processing).
+    // bool_or / bool_and / every in the select list, HAVING or ORDER BY, and SELECT EXISTS (…):
+    // tests on noisy counts of the same rows (existence.rs).
+    if let Some(rewritten) = existence::as_counts(query)? {
+        return analyze_with(&rewritten, ctx, post_processed);
+    }
+    // Elsewhere over data (an outer query over released rows may use them: post-processing).
     if let Some(refusal) = boolean_aggregate_refusal(query) {
         return Err(refusal);
     }
@@ -494,6 +500,12 @@ fn reject_reserved(query: &ast::Query) -> Result<()> {
             Expr::CompoundIdentifier(parts) => parts
                 .iter()
                 .any(|i| i.value.to_ascii_lowercase().starts_with(RESERVED_PREFIX)),
+            // The functions pgdp's own rewrites write (existence.rs).
+            Expr::Function(f) => f
+                .name
+                .0
+                .iter()
+                .any(|p| p.to_string().to_ascii_lowercase().contains(RESERVED_PREFIX)),
             _ => false,
         };
         found |= hit;

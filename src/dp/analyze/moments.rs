@@ -267,6 +267,68 @@ impl Moments {
     }
 }
 
+/// `query` with each function call of its select list, HAVING and ORDER BY that `rewrite`
+/// replaces (innermost first) replaced; a bare select item so replaced keeps PostgreSQL's
+/// column name, the function's.
+pub(super) fn rewrite_calls_with(
+    query: &ast::Query,
+    mut rewrite: impl FnMut(&ast::Function) -> Result<Option<Expr>>,
+) -> Result<ast::Query> {
+    let mut rewritten = query.clone();
+    let mut failure = None;
+    let mut expand = |e: &mut Expr| {
+        let _ = ast::visit_expressions_mut(e, |x| {
+            if failure.is_some() {
+                return std::ops::ControlFlow::<()>::Break(());
+            }
+            if let Expr::Function(f) = x {
+                match rewrite(f) {
+                    Ok(Some(expanded)) => *x = expanded,
+                    Ok(None) => {}
+                    Err(err) => failure = Some(err),
+                }
+            }
+            std::ops::ControlFlow::Continue(())
+        });
+    };
+    if let SetExpr::Select(select) = rewritten.body.as_mut() {
+        for item in select.projection.iter_mut() {
+            match item {
+                SelectItem::UnnamedExpr(e) => {
+                    let name = match &*e {
+                        Expr::Function(f) => function_name(&f.name).ok(),
+                        _ => None,
+                    };
+                    let before = e.clone();
+                    expand(e);
+                    if let (Some(name), true) = (name, *e != before) {
+                        *item = SelectItem::ExprWithAlias {
+                            expr: e.clone(),
+                            alias: Ident::new(name),
+                        };
+                    }
+                }
+                SelectItem::ExprWithAlias { expr, .. } => expand(expr),
+                _ => {}
+            }
+        }
+        if let Some(h) = select.having.as_mut() {
+            expand(h);
+        }
+    }
+    if let Some(order_by) = rewritten.order_by.as_mut() {
+        if let ast::OrderByKind::Expressions(items) = &mut order_by.kind {
+            for o in items {
+                expand(&mut o.expr);
+            }
+        }
+    }
+    match failure {
+        Some(err) => Err(err),
+        None => Ok(rewritten),
+    }
+}
+
 /// What [`Analyzer::rewrite_calls`] does with one function call: `Ok(None)` keeps it.
 pub(super) type CallRewrite = fn(&mut Analyzer<'_>, &ast::Function) -> Result<Option<Expr>>;
 
@@ -282,66 +344,13 @@ impl Analyzer<'_> {
     }
 
     /// `query` with each function call of its select list, HAVING and ORDER BY that `rewrite`
-    /// replaces (innermost first) replaced; a bare select item so replaced keeps PostgreSQL's
-    /// column name, the function's.
+    /// replaces ([`rewrite_calls_with`]).
     pub(super) fn rewrite_calls(
         &mut self,
         query: &ast::Query,
         rewrite: CallRewrite,
     ) -> Result<ast::Query> {
-        let mut rewritten = query.clone();
-        let mut failure = None;
-        let mut expand = |e: &mut Expr, this: &mut Self| {
-            let _ = ast::visit_expressions_mut(e, |x| {
-                if failure.is_some() {
-                    return std::ops::ControlFlow::<()>::Break(());
-                }
-                if let Expr::Function(f) = x {
-                    match rewrite(this, f) {
-                        Ok(Some(expanded)) => *x = expanded,
-                        Ok(None) => {}
-                        Err(err) => failure = Some(err),
-                    }
-                }
-                std::ops::ControlFlow::Continue(())
-            });
-        };
-        if let SetExpr::Select(select) = rewritten.body.as_mut() {
-            for item in select.projection.iter_mut() {
-                match item {
-                    SelectItem::UnnamedExpr(e) => {
-                        let name = match &*e {
-                            Expr::Function(f) => function_name(&f.name).ok(),
-                            _ => None,
-                        };
-                        let before = e.clone();
-                        expand(e, self);
-                        if let (Some(name), true) = (name, *e != before) {
-                            *item = SelectItem::ExprWithAlias {
-                                expr: e.clone(),
-                                alias: Ident::new(name),
-                            };
-                        }
-                    }
-                    SelectItem::ExprWithAlias { expr, .. } => expand(expr, self),
-                    _ => {}
-                }
-            }
-            if let Some(h) = select.having.as_mut() {
-                expand(h, self);
-            }
-        }
-        if let Some(order_by) = rewritten.order_by.as_mut() {
-            if let ast::OrderByKind::Expressions(items) = &mut order_by.kind {
-                for o in items {
-                    expand(&mut o.expr, self);
-                }
-            }
-        }
-        match failure {
-            Some(err) => Err(err),
-            None => Ok(rewritten),
-        }
+        rewrite_calls_with(query, |f| rewrite(self, f))
     }
 
     /// One call as its expression over bounded sums, cast to PostgreSQL's result type.

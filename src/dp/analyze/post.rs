@@ -284,7 +284,8 @@ impl Analyzer<'_> {
                 let agg = self
                     .aggregate(&original)?
                     .ok_or_else(|| Error::internal("an aggregate was not recognised"))?;
-                let i = st.push(agg, &original);
+                // The shadow catalog types a detected count as the `boolean` it is.
+                let i = st.push(agg, &existence::for_typing(&original));
                 *e = released_column('a', i);
                 return Ok(());
             }

@@ -10,7 +10,8 @@
 //!   [`super::derive`], which adds up the cells of one [`super::measure`] drew (then it carries a
 //!   [`Derivation`]: how many cells each group adds and the error bounds of those sums), or read
 //!   back by [`NoisyMeasures::from_payload`] from a payload [`NoisyMeasures::payload`] wrote for
-//!   an earlier release of the same analyst. Its fields are private to [`crate::dp::release`].
+//!   an earlier release of the same analyst, as the ledger returns it ([`Stored`], which only
+//!   the ledger makes). Its fields are private to [`crate::dp::release`].
 //! - Measures derived from an earlier, finer release are stored only under a
 //!   [`derived_key`], never under a [`measures_key`] (the session checks
 //!   [`NoisyMeasures::derived_from`] on both paths).
@@ -22,12 +23,23 @@
 //!   domain), and nothing they do not (HAVING, ORDER BY, LIMIT, aliases, expressions over the
 //!   aggregates, the text's spelling).
 //!
-//! Outside the release, noisy measures come only from a payload the release wrote:
+//! Outside the release, noisy measures come only from a payload the release wrote, as the
+//! ledger stored it:
 //!
 //! ```
+//! # use pgdp::budget::Stored;
 //! # use pgdp::dp::{plan::Plan, release::NoisyMeasures, rewrite::Rewrite};
-//! fn read(payload: &[u8], plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
-//!     NoisyMeasures::from_payload(payload, plan, rewrite)
+//! fn read(stored: &Stored, plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
+//!     NoisyMeasures::from_payload(stored, plan, rewrite)
+//! }
+//! ```
+//!
+//! never from bytes a caller made:
+//!
+//! ```compile_fail,E0308
+//! # use pgdp::dp::{plan::Plan, release::NoisyMeasures, rewrite::Rewrite};
+//! fn forge(bytes: &[u8], plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
+//!     NoisyMeasures::from_payload(bytes, plan, rewrite)
 //! }
 //! ```
 //!
@@ -42,6 +54,7 @@
 //! };
 //! ```
 
+use crate::budget::Stored;
 use crate::dp::plan::Plan;
 use crate::dp::rewrite::domain::{Part, Source};
 use crate::dp::rewrite::Rewrite;
@@ -173,8 +186,8 @@ impl NoisyMeasures {
     /// ([`NoisyMeasures::payload`], found under the same [`measures_key`]). `None` for a payload
     /// it did not write, or one of another shape (keys or measures per group), which is then
     /// not reused.
-    pub fn from_payload(payload: &[u8], plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
-        let measures = decode(payload)?;
+    pub fn from_payload(stored: &Stored, plan: &Plan, rewrite: &Rewrite) -> Option<NoisyMeasures> {
+        let measures = decode(stored.bytes())?;
         // With grouping sets each group also carries its set's index, as a last key text.
         let keys = plan.keys.len() + usize::from(plan.grouping_sets.is_some());
         (measures.keys == keys && measures.measures == rewrite.measures.len()).then_some(measures)

@@ -817,6 +817,7 @@ pub fn finish(
                 agg.bounds,
                 &rewrite.aggregate_measures[i],
                 noisy,
+                bounds.0,
                 mechanisms,
             );
             aggregate_values.push(match value {
@@ -1101,6 +1102,7 @@ fn derive(
     bounds: Option<crate::policy::Bounds>,
     ms: &[usize],
     noisy: &[f64],
+    bounds95: &[f64],
     m: &Mechanisms,
 ) -> Cell {
     let count = |x: f64| Cell::Int(x.round().max(0.0).min(i64::MAX as f64) as i64);
@@ -1117,6 +1119,9 @@ fn derive(
         | AggregateKind::CountUnits
         | AggregateKind::CountDistinct => count(noisy[ms[0]]),
         AggregateKind::Quantile { .. } => real(noisy[ms[0]]),
+        // A count detected above its noise: its noisy value beyond the noise's 95 % bound (a
+        // public number), so a count of 0 reads as detected with probability at most 2.5 %.
+        AggregateKind::Detected => Cell::Bool(noisy[ms[0]] > bounds95[ms[0]]),
         AggregateKind::Sum => {
             // Derived from the count and centered sum of AVG's measures when the query has
             // both (rewrite::measures): sum = centered sum + midpoint × count.
@@ -1305,6 +1310,37 @@ pub fn capped_statistic(plan: &Plan) -> Option<String> {
         (Some(r), Some(u)) => Some(format!("{r}; {u}")),
         (r, u) => r.or(u),
     }
+}
+
+/// The NOTICE of an answer to questions of existence ([`AggregateKind::Detected`]:
+/// `bool_or`, `bool_and`, `every`, `EXISTS`): what a detected count is and the largest 95 %
+/// noise bound such a count is compared with (with grouping sets, over their releases).
+/// `None` without one. Public facts only: the bound depends on the mechanism, not the data.
+pub fn detection_note(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms) -> Option<String> {
+    let measures: Vec<usize> = plan
+        .aggregates
+        .iter()
+        .zip(&rewrite.aggregate_measures)
+        .filter(|(a, _)| a.kind == AggregateKind::Detected)
+        .filter_map(|(_, ms)| ms.first().copied())
+        .collect();
+    if measures.is_empty() {
+        return None;
+    }
+    let releases: Vec<&Mechanisms> = if mechanisms.sets.is_empty() {
+        vec![mechanisms]
+    } else {
+        mechanisms.sets.iter().collect()
+    };
+    let bound = releases
+        .iter()
+        .flat_map(|m| measures.iter().filter_map(|&i| m.noises.get(i)))
+        .filter_map(|n| n.error_bound(0.05).ok())
+        .fold(0.0_f64, f64::max);
+    Some(format!(
+        "pgdp: bool_or, bool_and, every and EXISTS are answered from noisy counts of the rows that meet (or, for bool_and and every, fail) the condition: such a count is taken as nonzero only where it exceeds its 95% noise bound (about {} rows here), which a count of 0 does at most 2.5% of the time; so true from bool_or or EXISTS (false from bool_and) is reliable, while a condition met (failed) by fewer rows than about that reads as not met, and NULL means the rows where the condition is not NULL were not detected either; COUNT(*) FILTER (WHERE …) gives the count itself",
+        round_for_message(bound)
+    ))
 }
 
 /// The capped-statistic note of the plan's own caps on rows and groups per unit.

@@ -9,7 +9,9 @@
 //! - A [`Released`] cannot be built from arbitrary cells: its fields are private and its only
 //!   constructors are [`super::finish`] (from noisy measures), [`Released::post_processed`]
 //!   (from a [`Released`]) and [`Released::replayed`], which decodes a payload that
-//!   [`Released::replay_payload`] wrote for an earlier release.
+//!   [`Released::replay_payload`] wrote for an earlier release, as the ledger returns it (a
+//!   [`Stored`], which only the ledger makes; bytes of any other origin do not compile:
+//!   `Released::replayed(columns, &bytes[..])` is a type error).
 //!
 //! ```compile_fail,E0616
 //! // Reading upstream rows outside the release does not compile.
@@ -28,6 +30,7 @@
 //! };
 //! ```
 
+use crate::budget::Stored;
 use crate::limits;
 use crate::output::{Cell, OutColumn};
 
@@ -103,10 +106,11 @@ impl Released {
     }
 
     /// An earlier release of the same query, read back from the replay cache: the same noisy
-    /// answer again (post-processing of a release; it costs nothing). `None` if the payload is
-    /// not one [`Released::replay_payload`] wrote.
-    pub fn replayed(columns: Vec<OutColumn>, payload: &[u8]) -> Option<Released> {
-        let rows = decode_rows(payload)?;
+    /// answer again (post-processing of a release; it costs nothing). Only the ledger makes a
+    /// [`Stored`], so replayed rows are rows a release of this analyst stored. `None` if the
+    /// bytes are not ones [`Released::replay_payload`] wrote.
+    pub fn replayed(columns: Vec<OutColumn>, stored: &Stored) -> Option<Released> {
+        let rows = decode_rows(stored.bytes())?;
         let released = Released {
             columns: Vec::new(),
             rows,

@@ -3,6 +3,7 @@
 //! plans from analysed SQL over the demo policy, upstream rows written by hand, seeded noise.
 //! The layering test lets a `tests.rs` classify SQL as the session does.
 
+use crate::budget::Stored;
 use crate::dp::plan::Context;
 use crate::dp::rewrite::{self, Rewrite};
 use crate::output::Cell;
@@ -214,13 +215,18 @@ fn groups_dropped_by_partition_selection_are_not_kept() {
     let keys: Vec<_> = measures.groups.iter().map(|(k, _)| k.clone()).collect();
     assert_eq!(keys, vec![vec![Some("common".to_string())]]);
     // What is stored is what was kept, and it reads back for the same plan only.
-    let back = NoisyMeasures::from_payload(&measures.payload(), &plan, &rewrite).expect("reads");
+    let back = NoisyMeasures::from_payload(&Stored::for_tests(measures.payload()), &plan, &rewrite)
+        .expect("reads");
     assert_eq!(back, measures);
     let (other_plan, other_rewrite, _, _) =
         prepared(&policy, "SELECT COUNT(*) FROM demo.people", LAPLACE);
     assert_eq!(
-        NoisyMeasures::from_payload(&measures.payload(), &other_plan, &other_rewrite)
-            .map(|m| m.len()),
+        NoisyMeasures::from_payload(
+            &Stored::for_tests(measures.payload()),
+            &other_plan,
+            &other_rewrite
+        )
+        .map(|m| m.len()),
         None,
         "another shape of measures is not reused"
     );
@@ -764,7 +770,8 @@ fn a_coarser_grouping_is_derived_under_the_key_of_the_coarser_query() {
     assert!(!released.rows().is_empty());
     let payload = derived.payload();
     assert_eq!(
-        NoisyMeasures::from_payload(&payload, &cplan, &crewrite).as_ref(),
+        NoisyMeasures::from_payload(&Stored::for_tests(payload.clone()), &cplan, &crewrite)
+            .as_ref(),
         Some(derived)
     );
     // The grand total too.

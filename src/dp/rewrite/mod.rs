@@ -333,7 +333,8 @@ fn measures_with(
             (AggregateKind::CountRows, _) => vec![Measure::Rows],
             (AggregateKind::CountUnits, _) if units_as_rows => vec![Measure::Rows],
             (AggregateKind::CountUnits, _) => vec![Measure::Units],
-            (AggregateKind::CountValues, Some(a)) => vec![count(a)],
+            // A detected count shares its count's measure (no noise of its own).
+            (AggregateKind::CountValues | AggregateKind::Detected, Some(a)) => vec![count(a)],
             // Minimal measures: where the query also has the count and centered sum of the
             // same argument (AVG, VARIANCE, STDDEV), the sum is derived from them by
             // post-processing (sum = centered sum + midpoint × count), not noised apart.
