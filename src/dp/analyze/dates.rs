@@ -87,10 +87,5 @@ fn quantile_name(f: &ast::Function) -> Option<String> {
 }
 
 fn parse_expr(text: &str) -> Result<Expr> {
-    let dialect = sqlparser::dialect::PostgreSqlDialect {};
-    sqlparser::parser::Parser::new(&dialect)
-        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
-        .try_with_sql(text)
-        .and_then(|mut p| p.parse_expr())
-        .map_err(|e| Error::internal(format!("a date quantile did not parse: {e}")))
+    parse_own_expr(text, "a date quantile")
 }

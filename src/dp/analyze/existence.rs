@@ -45,12 +45,7 @@ fn existence_call(f: &ast::Function) -> Option<bool> {
 }
 
 fn parse(text: &str) -> Result<Expr> {
-    let dialect = sqlparser::dialect::PostgreSqlDialect {};
-    sqlparser::parser::Parser::new(&dialect)
-        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
-        .try_with_sql(text)
-        .and_then(|mut p| p.parse_expr())
-        .map_err(|e| Error::internal(format!("a question of existence as counts: {e}")))
+    parse_own_expr(text, "a question of existence as counts")
 }
 
 /// `query` with its questions of existence as tests on noisy counts (module docs), or `None`

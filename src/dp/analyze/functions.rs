@@ -163,6 +163,17 @@ pub(super) fn function_name(name: &ObjectName) -> Result<String> {
     }
 }
 
+/// An expression pgdp's own rewrites wrote as text (`what` names it): parsed, or an internal
+/// error, since the text came from pgdp, not the analyst.
+pub(super) fn parse_own_expr(text: &str, what: &str) -> Result<Expr> {
+    let dialect = sqlparser::dialect::PostgreSqlDialect {};
+    sqlparser::parser::Parser::new(&dialect)
+        .with_recursion_limit(limits::PARSER_DEPTH_MAX)
+        .try_with_sql(text)
+        .and_then(|mut p| p.parse_expr())
+        .map_err(|e| Error::internal(format!("{what} did not parse: {e}")))
+}
+
 pub(super) fn aggregate_kind(name: &str) -> Option<AggregateKind> {
     Some(match name {
         "count" => AggregateKind::CountRows,
