@@ -138,9 +138,9 @@ pub const RESULT_TYPES_CACHED_MAX: usize = 4_096;
 /// uses a handful, and the oldest is forgotten first.
 pub const RHO_FOR_CACHED_MAX: usize = 64;
 
-/// (ε, δ) limits whose per-order Rényi budgets the accountant remembers
-/// (`budget::accountant::renyi_budgets`): one per analyst and window, and the dataset's; the
-/// oldest is forgotten first.
+/// (ε, δ) limits whose per-order Rényi budgets and zCDP budget the accountant remembers
+/// (`budget::accountant::budgets`): one per analyst and window, and the dataset's; the oldest
+/// is forgotten first.
 pub const RENYI_BUDGETS_CACHED_MAX: usize = 256;
 
 /// (sensitivity, ρ) pairs whose Gaussian scale the mechanism remembers

@@ -757,7 +757,9 @@ impl Session {
                         remaining_text(&balance, window, false)
                     ),
                 }];
-                if let Some(note) = release::detection_note(&plan, &rewrite, &mechanisms) {
+                // A replay keeps no measures: the bound of one draw (a grouping set's own
+                // release), which understates it only for an answer derived from finer cells.
+                if let Some(note) = release::detection_note(&plan, &rewrite, &mechanisms, None) {
                     notices.push(Notice { message: note });
                 }
                 let chose = self.settings.choose_bounds
@@ -1020,7 +1022,7 @@ impl Session {
         let notices = answer_notices(
             charge_notice(&cost, &balance, window),
             (&plan, &rewrite, &mechanisms),
-            &released,
+            (&released, &measures),
             chosen.as_ref(),
         );
         Ok(ClientRows::released(released, notices))
@@ -1187,7 +1189,12 @@ impl Session {
                 remaining_text(&balance, window, false)
             ),
         };
-        let notices = answer_notices(first, (plan, rewrite, mechanisms), &released, chosen);
+        let notices = answer_notices(
+            first,
+            (plan, rewrite, mechanisms),
+            (&released, measures),
+            chosen,
+        );
         Ok(ClientRows::released(released, notices))
     }
 
@@ -1512,11 +1519,11 @@ const TAKEN_DIGITS: u32 = 3;
 fn answer_notices(
     first: String,
     (plan, rewrite, mechanisms): (&Plan, &Rewrite, &release::Mechanisms),
-    released: &Released,
+    (released, measures): (&Released, &release::NoisyMeasures),
     chosen: Option<&release::bounds::ChosenBounds>,
 ) -> Vec<Notice> {
     let mut notices = vec![Notice { message: first }];
-    if let Some(note) = release::detection_note(plan, rewrite, mechanisms) {
+    if let Some(note) = release::detection_note(plan, rewrite, mechanisms, Some(measures)) {
         notices.push(Notice { message: note });
     }
     if let Some(chosen) = chosen {

@@ -609,10 +609,11 @@ async fn a_message_with_a_refused_statement_runs_and_charges_nothing() {
     proxy.stop().await;
 }
 
-/// Issue 16: Gaussian queries are recorded as zCDP ρ and composed by the accountant's Rényi
-/// filter. At the noise of ε = 1, δ = 10⁻⁷ per query (σ ≈ 4.8 for a count), the demo analyst's
-/// budget (ε = 10, δ = 10⁻⁵) admitted 10 such counts by basic composition; now it admits more
-/// than 60, and then refuses with 53400. Every answer's NOTICE states the ρ charged and left.
+/// Issues 16 and 45: Gaussian queries are recorded as zCDP ρ and composed by the accountant's
+/// zCDP member. At the noise of ε = 1, δ = 10⁻⁷ per query (σ ≈ 4.8 for a count), the demo
+/// analyst's budget (ε = 10, δ = 10⁻⁵) admitted 10 such counts by basic composition and 69 by
+/// the grid of Rényi orders alone; now it admits 82, and then refuses with 53400. Every answer's
+/// NOTICE states the ρ charged and left.
 #[tokio::test]
 async fn gaussian_counts_are_composed_in_zcdp_and_last_far_longer() {
     let proxy = Proxy::start(64).await;
@@ -627,11 +628,13 @@ async fn gaussian_counts_are_composed_in_zcdp_and_last_far_longer() {
                 assert_eq!(rows.len(), 1);
                 let notices = s.take_notices();
                 assert!(
-                    // ρ, and what it took in ε: never "epsilon=0".
+                    // ρ, and what it took in ε (the drop of the largest pure ε still admitted:
+                    // about 1.03 for the first, less for the next): never "epsilon=0".
                     notices
                         .iter()
                         .any(|n| n.starts_with("pgdp: charged rho=0.0")
-                            && n.contains(" (zCDP), delta=0: about epsilon=0.")
+                            && n.contains(" (zCDP), delta=0: about epsilon=")
+                            && !n.contains("about epsilon=0 ")
                             && n.contains(" of the budget; remaining epsilon=")),
                     "{notices:?}"
                 );
@@ -641,10 +644,10 @@ async fn gaussian_counts_are_composed_in_zcdp_and_last_far_longer() {
             Err(e) => break e,
         }
     };
-    // 69 at this noise (σ ≈ 4.8: δ = 10⁻⁷ per query calibrates less noise than the σ ≈ 5.4 of
-    // the accountant's unit test); basic composition answered 10.
+    // 82 at this noise (σ ≈ 4.8: δ = 10⁻⁷ per query calibrates less noise than the σ ≈ 5.39 of
+    // the accountant's unit test); the grid of orders alone answered 69, basic composition 10.
     assert!(
-        answered >= 60,
+        answered >= 80,
         "only {answered} Gaussian counts were answered"
     );
     assert_eq!(code(&refusal).code(), "53400", "{refusal:?}");

@@ -528,7 +528,7 @@ async fn reset_once(
     }
     tx.query(
         ZERO_CURRENT_WINDOWS,
-        &[&analyst, &now, &renyi_literal(&Spent::ZERO.renyi)],
+        &[&analyst, &now, &divergences_literal(&Spent::ZERO)],
     )
     .await?;
     let mut windows = super::window::WindowTotals::default();
@@ -546,7 +546,7 @@ async fn reset_once(
             &text(reserved.epsilon),
             &text(reserved.delta),
             &text(reserved.rho),
-            &renyi_literal(&reserved.renyi),
+            &divergences_literal(&reserved),
         ],
     )
     .await?;

@@ -319,7 +319,7 @@ pub(super) async fn record_charges(
         epsilons.push(text(total.epsilon));
         deltas.push(text(total.delta));
         rhos.push(text(total.rho));
-        renyis.push(renyi_literal(&total.renyi));
+        renyis.push(divergences_literal(total));
         counts.push(*n);
     }
     let log = |f: fn(&ChargeRequest) -> String| admitted.iter().map(|r| f(r)).collect::<Vec<_>>();
@@ -336,7 +336,7 @@ pub(super) async fn record_charges(
                 &text(dataset.epsilon),
                 &text(dataset.delta),
                 &text(dataset.rho),
-                &renyi_literal(&dataset.renyi),
+                &divergences_literal(dataset),
                 &(admitted.len() as i64),
                 &log(|r| r.analyst.clone()),
                 &log(|r| r.fingerprint.clone()),
@@ -362,8 +362,11 @@ pub(super) async fn record_charges(
     Ok(ids)
 }
 
-/// Reads `(epsilon::text, delta::text, rho::text, renyi::text)` from column `first` on. A NULL
-/// `renyi` (a row written by schema version 1) is bounded by the sums ([`Spent::from_sums`]).
+/// Reads `(epsilon::text, delta::text, rho::text, renyi::text)` from column `first` on. The
+/// `renyi` array holds the per-order totals, then the zCDP total ([`divergences_literal`]). A
+/// NULL `renyi` (a row written by schema version 1) is bounded by the sums, and an array of the
+/// per-order totals alone (written before the zCDP member) has its zCDP total bounded by them
+/// ([`Spent::from_sums`]).
 pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
     let amount = |text: &str| -> Result<Fixed, Fault> {
         Fixed::from_numeric_text(text)
@@ -383,10 +386,26 @@ pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
         .split(',')
         .map(amount)
         .collect::<Result<Vec<Fixed>, Fault>>()?;
+    let (values, zcdp) = match values.len() {
+        n if n == ORDER_COUNT => (values, sums.zcdp),
+        n if n == ORDER_COUNT + 1 => {
+            let zcdp = values[ORDER_COUNT];
+            (values[..ORDER_COUNT].to_vec(), zcdp)
+        }
+        _ => {
+            return Err(Fault::Corrupt(
+                "per-order totals do not match this pgdp's orders",
+            ))
+        }
+    };
     let renyi: Renyi = values
         .try_into()
         .map_err(|_| Fault::Corrupt("per-order totals do not match this pgdp's orders"))?;
-    Ok(Spent { renyi, ..sums })
+    Ok(Spent {
+        renyi,
+        zcdp,
+        ..sums
+    })
 }
 
 /// Reads `(granted_epsilon::text, granted_delta::text)` from column `first` on: what grants
@@ -409,8 +428,14 @@ pub(super) fn text_array_literal(items: &[String]) -> String {
     format!("{{{}}}", quoted.join(","))
 }
 
-/// The per-order totals as a PostgreSQL array literal of exact decimals.
-pub(super) fn renyi_literal(renyi: &Renyi) -> String {
-    let values: Vec<String> = renyi.iter().map(|x| x.to_numeric_text()).collect();
+/// The per-order totals of `spent`, then its zCDP total, as a PostgreSQL array literal of exact
+/// decimals (the `renyi` column).
+pub(super) fn divergences_literal(spent: &Spent) -> String {
+    let values: Vec<String> = spent
+        .renyi
+        .iter()
+        .chain(std::iter::once(&spent.zcdp))
+        .map(|x| x.to_numeric_text())
+        .collect();
     format!("{{{}}}", values.join(","))
 }

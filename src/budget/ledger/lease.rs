@@ -533,12 +533,12 @@ async fn set_totals(
             &text(spent.epsilon),
             &text(spent.delta),
             &text(spent.rho),
-            &renyi_literal(&spent.renyi),
+            &divergences_literal(spent),
             &charges,
             &text(dataset.epsilon),
             &text(dataset.delta),
             &text(dataset.rho),
-            &renyi_literal(&dataset.renyi),
+            &divergences_literal(dataset),
         ],
     )
     .await?;
@@ -568,7 +568,7 @@ async fn close_in(
                 &text(used.epsilon),
                 &text(used.delta),
                 &text(used.rho),
-                &renyi_literal(&used.renyi),
+                &divergences_literal(used),
             ],
         )
         .await?
@@ -742,7 +742,7 @@ async fn reserve_once(
                 &text(reserved.epsilon),
                 &text(reserved.delta),
                 &text(reserved.rho),
-                &renyi_literal(&reserved.renyi),
+                &divergences_literal(&reserved),
                 &period(slice_windows.analyst),
                 &start(slice_windows.analyst),
                 &period(slice_windows.dataset),

@@ -41,8 +41,9 @@
 //!     epsilon    numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),  -- Σ pure ε
 //!     delta      numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),    -- Σ δ
 //!     rho        numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),      -- Σ zCDP ρ
-//!     renyi      numeric[],  -- Σ Rényi divergence bound per order of accountant::ORDERS
-//!                            -- (NULL: a version-1 row, bounded by the sums)
+//!     renyi      numeric[],  -- Σ Rényi divergence bound per order of accountant::ORDERS,
+//!                            -- then Σ zCDP ρ (ρ_pure + ρ); NULL: a version-1 row, bounded
+//!                            -- by the sums; without the last: bounded by ε²/2 + ρ
 //!     charges    bigint NOT NULL DEFAULT 0,   -- since the last reset
 //!     updated_at timestamptz NOT NULL DEFAULT now(),
 //!     granted_epsilon, granted_delta numeric NOT NULL DEFAULT 0);  -- added to the policy limit
@@ -146,7 +147,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 use tracing::warn;
 
-use super::accountant::{admit, remaining, Cost, Limit, Refusal, Remaining, Renyi, Scope, Spent};
+use super::accountant::{
+    admit, remaining, Cost, Limit, Refusal, Remaining, Renyi, Scope, Spent, ORDER_COUNT,
+};
 use super::fixed::Fixed;
 use super::window::Window;
 use crate::dsn::Dsn;

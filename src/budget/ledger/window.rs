@@ -166,7 +166,7 @@ impl WindowTotals {
                 text(spent.epsilon),
                 text(spent.delta),
                 text(spent.rho),
-                renyi_literal(&spent.renyi),
+                divergences_literal(spent),
             );
             match &key.analyst {
                 Some(analyst) => {

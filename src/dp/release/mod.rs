@@ -553,7 +553,7 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
             }
             crate::dp::plan::OutputSource::Aggregate(i) => {
                 out.push(OutColumn::new(o.name.clone(), plan.aggregates[i].result));
-                if accuracy {
+                if accuracy && states_error(plan, i) {
                     out.push(OutColumn::new(
                         format!("{}_error95", o.name),
                         CellType::Float8,
@@ -567,6 +567,15 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
         }
     }
     out
+}
+
+/// Whether aggregate `i` has an `_error95` column under `pgdp.accuracy`: every aggregate but a
+/// question of existence ([`AggregateKind::Detected`]), whose boolean has no error bound (its
+/// NOTICE states the detection bound instead).
+fn states_error(plan: &Plan, i: usize) -> bool {
+    plan.aggregates
+        .get(i)
+        .is_some_and(|a| a.kind != AggregateKind::Detected)
 }
 
 /// Some cells of one upstream row, as text (a group's keys or its statistics).
@@ -591,7 +600,11 @@ pub fn described_columns(
             Some(ty) if !is_aggregate || ty.is_number() => out[at].ty = *ty,
             _ => {}
         }
-        at += 1 + usize::from(is_aggregate && accuracy);
+        let error_column = match o.source {
+            crate::dp::plan::OutputSource::Aggregate(i) => accuracy && states_error(plan, i),
+            _ => false,
+        };
+        at += 1 + usize::from(error_column);
     }
     out
 }
@@ -906,7 +919,7 @@ pub fn finish(
                 crate::dp::plan::OutputSource::Key(i) => row.push(key_cells[i].clone()),
                 crate::dp::plan::OutputSource::Aggregate(i) => {
                     row.push(aggregate_values[i].clone());
-                    if accuracy {
+                    if accuracy && states_error(plan, i) {
                         row.push(errors.get(i).cloned().unwrap_or(Cell::Null));
                     }
                 }
@@ -1314,29 +1327,47 @@ pub fn capped_statistic(plan: &Plan) -> Option<String> {
 
 /// The NOTICE of an answer to questions of existence ([`AggregateKind::Detected`]:
 /// `bool_or`, `bool_and`, `every`, `EXISTS`): what a detected count is and the largest 95 %
-/// noise bound such a count is compared with (with grouping sets, over their releases).
-/// `None` without one. Public facts only: the bound depends on the mechanism, not the data.
-pub fn detection_note(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms) -> Option<String> {
-    let measures: Vec<usize> = plan
+/// noise bound such a count was compared with: over the grouping sets' releases, or, for
+/// `measures` derived from finer cells, over the groups' bounds of their summed noises (what
+/// [`finish`] compares with). `None` without one. Public facts only: the bound depends on the
+/// mechanism and the number of released cells summed, not on the data.
+pub fn detection_note(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    measures: Option<&NoisyMeasures>,
+) -> Option<String> {
+    let detected: Vec<usize> = plan
         .aggregates
         .iter()
         .zip(&rewrite.aggregate_measures)
         .filter(|(a, _)| a.kind == AggregateKind::Detected)
         .filter_map(|(_, ms)| ms.first().copied())
         .collect();
-    if measures.is_empty() {
+    if detected.is_empty() {
         return None;
     }
-    let releases: Vec<&Mechanisms> = if mechanisms.sets.is_empty() {
-        vec![mechanisms]
-    } else {
-        mechanisms.sets.iter().collect()
+    let bound = match measures.and_then(|m| m.derivation.as_ref()) {
+        Some(d) => d
+            .bounds
+            .iter()
+            .flat_map(|(bounds95, _)| detected.iter().filter_map(|&i| bounds95.get(i)))
+            .copied()
+            .filter(|b| b.is_finite())
+            .fold(0.0_f64, f64::max),
+        None => {
+            let releases: Vec<&Mechanisms> = if mechanisms.sets.is_empty() {
+                vec![mechanisms]
+            } else {
+                mechanisms.sets.iter().collect()
+            };
+            releases
+                .iter()
+                .flat_map(|m| detected.iter().filter_map(|&i| m.noises.get(i)))
+                .filter_map(|n| n.error_bound(0.05).ok())
+                .fold(0.0_f64, f64::max)
+        }
     };
-    let bound = releases
-        .iter()
-        .flat_map(|m| measures.iter().filter_map(|&i| m.noises.get(i)))
-        .filter_map(|n| n.error_bound(0.05).ok())
-        .fold(0.0_f64, f64::max);
     Some(format!(
         "pgdp: bool_or, bool_and, every and EXISTS are answered from noisy counts of the rows that meet (or, for bool_and and every, fail) the condition: such a count is taken as nonzero only where it exceeds its 95% noise bound (about {} rows here), which a count of 0 does at most 2.5% of the time; so true from bool_or or EXISTS (false from bool_and) is reliable, while a condition met (failed) by fewer rows than about that reads as not met, and NULL means the rows where the condition is not NULL were not detected either; COUNT(*) FILTER (WHERE …) gives the count itself",
         round_for_message(bound)
@@ -1496,6 +1527,26 @@ pub fn explain(
             n.kind(),
             mechanisms.sensitivities[j],
             n.scale()
+        ));
+    }
+    // Questions of existence (bool_or, bool_and, every, EXISTS): detection tests of counts.
+    let mut detected: Vec<usize> = plan
+        .aggregates
+        .iter()
+        .zip(&rewrite.aggregate_measures)
+        .filter(|(a, _)| a.kind == AggregateKind::Detected)
+        .filter_map(|(_, ms)| ms.first().copied())
+        .collect();
+    detected.dedup();
+    for j in detected {
+        let bound = mechanisms
+            .noises
+            .get(j)
+            .and_then(|n| n.error_bound(0.05).ok())
+            .map_or_else(|| "?".to_string(), |b| format!("{b:.4}"));
+        lines.push(format!(
+            "  question of existence: the noisy {} is taken as nonzero (the condition met) only above its 95% error bound ±{bound}; no noise or epsilon of its own (post-processing)",
+            analyst_text(plan, &rewrite.measures[j].label(&rewrite.arguments)),
         ));
     }
     let mut not_null: Vec<&crate::dp::plan::Canonical> = Vec::new();

@@ -1080,3 +1080,34 @@ fn under_one_row_per_unit_the_count_of_units_is_the_count_of_rows() {
         assert_eq!(rewrite.measures, measures, "{sql}");
     }
 }
+
+/// Under `pgdp.accuracy` a question of existence has no `_error95` column (a boolean has no
+/// error bound; its NOTICE states the detection bound), while a count keeps its own; EXPLAIN
+/// names the detection test and its bound.
+#[test]
+fn a_question_of_existence_has_no_error_column() {
+    let policy = policy();
+    let (plan, rewrite, mechanisms, _) = prepared(
+        &policy,
+        "SELECT EXISTS (SELECT 1 FROM demo.people WHERE age > 100)",
+        LAPLACE,
+    );
+    let names: Vec<String> = columns(&plan, true).into_iter().map(|c| c.name).collect();
+    assert_eq!(names, vec!["exists".to_string()]);
+    // EXPLAIN says the answer is a detection test of the count, at its noise's bound.
+    let lines = explain(&plan, &rewrite, &mechanisms, LAPLACE);
+    let bound = mechanisms.noises[0].error_bound(0.05).expect("a bound");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("question of existence") && l.contains(&format!("±{bound:.4}"))),
+        "{lines:#?}"
+    );
+    let (plan, _, _, _) = prepared(
+        &policy,
+        "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+        LAPLACE,
+    );
+    let names: Vec<String> = columns(&plan, true).into_iter().map(|c| c.name).collect();
+    assert_eq!(names, vec!["region", "count", "count_error95"]);
+}
