@@ -412,10 +412,17 @@ fn zcdp_budget(epsilon: Fixed, delta: Fixed) -> Option<Fixed> {
         zcdp_to_epsilon(Fixed::from_units(units), delta).is_some_and(|e| e <= epsilon)
     };
     // A ρ-zCDP conversion is at least ρ, so ρ = ε + 1 never fits.
-    let (mut lo, mut hi) = (0_u128, epsilon.saturating_add(Fixed::ONE).units());
+    let hi = epsilon.saturating_add(Fixed::ONE).units();
     if fits(hi) {
         return None;
     }
+    let lo = largest_fitting(0, hi, fits);
+    (lo > 0).then(|| Fixed::from_units(lo))
+}
+
+/// The largest n in [lo, hi) with `fits(n)`, by bisection, for a monotone `fits` (true up to
+/// some point, false after) with `fits(lo)` true (or taken as true) and `fits(hi)` false.
+fn largest_fitting(mut lo: u128, mut hi: u128, fits: impl Fn(u128) -> bool) -> u128 {
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if fits(mid) {
@@ -424,7 +431,7 @@ fn zcdp_budget(epsilon: Fixed, delta: Fixed) -> Option<Fixed> {
             hi = mid;
         }
     }
-    (lo > 0).then(|| Fixed::from_units(lo))
+    lo
 }
 
 /// (ln(|Λ|/δ_Λ) − ln α)/(α − 1) + ln(1 − 1/α) plus a safety margin: what the conversion at
@@ -916,18 +923,10 @@ pub fn repeats(limit: &Limit, spent: &Spent, cost: &Cost) -> u64 {
     if fits(max) {
         return max;
     }
-    // within(spent + k·cost) holds for k = lo and fails for k = hi; it is monotone in k since
+    // within(spent + k·cost) holds for k = 0 and fails for k = max; it is monotone in k since
     // every total only grows with k.
-    let (mut lo, mut hi) = (0, max);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
+    let k = largest_fitting(0, u128::from(max), |k| u64::try_from(k).is_ok_and(&fits));
+    u64::try_from(k).unwrap_or(0)
 }
 
 /// [`remaining`] understates what is left by 1/`REMAINING_SHRINK_DIVISOR` of itself (10⁻⁹), so

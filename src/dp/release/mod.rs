@@ -1337,13 +1337,7 @@ pub fn detection_note(
     mechanisms: &Mechanisms,
     measures: Option<&NoisyMeasures>,
 ) -> Option<String> {
-    let detected: Vec<usize> = plan
-        .aggregates
-        .iter()
-        .zip(&rewrite.aggregate_measures)
-        .filter(|(a, _)| a.kind == AggregateKind::Detected)
-        .filter_map(|(_, ms)| ms.first().copied())
-        .collect();
+    let detected = detected_measures(plan, rewrite);
     if detected.is_empty() {
         return None;
     }
@@ -1372,6 +1366,20 @@ pub fn detection_note(
         "pgdp: bool_or, bool_and, every and EXISTS are answered from noisy counts of the rows that meet (or, for bool_and and every, fail) the condition: such a count is taken as nonzero only where it exceeds its 95% noise bound (about {} rows here), which a count of 0 does at most 2.5% of the time; so true from bool_or or EXISTS (false from bool_and) is reliable, while a condition met (failed) by fewer rows than about that reads as not met, and NULL means the rows where the condition is not NULL were not detected either; COUNT(*) FILTER (WHERE …) gives the count itself",
         round_for_message(bound)
     ))
+}
+
+/// The measures that questions of existence ([`AggregateKind::Detected`]) test, each once.
+fn detected_measures(plan: &Plan, rewrite: &Rewrite) -> Vec<usize> {
+    let mut detected: Vec<usize> = plan
+        .aggregates
+        .iter()
+        .zip(&rewrite.aggregate_measures)
+        .filter(|(a, _)| a.kind == AggregateKind::Detected)
+        .filter_map(|(_, ms)| ms.first().copied())
+        .collect();
+    detected.sort_unstable();
+    detected.dedup();
+    detected
 }
 
 /// The capped-statistic note of the plan's own caps on rows and groups per unit.
@@ -1530,15 +1538,7 @@ pub fn explain(
         ));
     }
     // Questions of existence (bool_or, bool_and, every, EXISTS): detection tests of counts.
-    let mut detected: Vec<usize> = plan
-        .aggregates
-        .iter()
-        .zip(&rewrite.aggregate_measures)
-        .filter(|(a, _)| a.kind == AggregateKind::Detected)
-        .filter_map(|(_, ms)| ms.first().copied())
-        .collect();
-    detected.dedup();
-    for j in detected {
+    for j in detected_measures(plan, rewrite) {
         let bound = mechanisms
             .noises
             .get(j)
