@@ -121,6 +121,33 @@ impl Dsn {
         }
     }
 
+    /// The servers of the DSN as `host:port` (a Unix socket directory with its port), for logs
+    /// (never the password): libpq's reading, one port for every host when one is given, 5432
+    /// when none.
+    pub fn endpoints(&self) -> String {
+        let ports = self.config.get_ports();
+        let port = |i: usize| {
+            ports
+                .get(i)
+                .or(ports.first().filter(|_| ports.len() == 1))
+                .copied()
+                .unwrap_or(5432)
+        };
+        let hosts = self.config.get_hosts();
+        if hosts.is_empty() {
+            return format!("localhost:{}", port(0));
+        }
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| match h {
+                Host::Tcp(name) => format!("{name}:{}", port(i)),
+                Host::Unix(path) => format!("{}:{}", path.display(), port(i)),
+            })
+            .collect::<Vec<String>>()
+            .join(",")
+    }
+
     /// Opens one connection, whose connection task runs in the background until the client is
     /// dropped or the server goes away (`what` names it in the debug log then).
     pub async fn connect(&self, what: &'static str) -> Result<Client, tokio_postgres::Error> {
@@ -490,6 +517,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for TlsSt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Logs name each server with its port, as libpq reads the DSN, and never the password.
+    #[test]
+    fn endpoints_name_every_host_with_its_port() {
+        let endpoints = |dsn: &str| Dsn::parse(dsn).expect("parses").endpoints();
+        assert_eq!(
+            endpoints("host=10.0.0.7 port=5433 user=u password=hunter2"),
+            "10.0.0.7:5433"
+        );
+        assert_eq!(endpoints("postgres://u@replica/x"), "replica:5432");
+        assert_eq!(endpoints("host=a,b port=5433 user=u"), "a:5433,b:5433");
+        assert_eq!(endpoints("host=a,b port=5433,5434 user=u"), "a:5433,b:5434");
+        assert_eq!(endpoints("user=u"), "localhost:5432");
+        assert!(!endpoints("postgres://u:hunter2@h:6000/x").contains("hunter2"));
+    }
 
     #[test]
     fn tls_keys_are_taken_out_of_key_value_strings() {

@@ -164,7 +164,7 @@ async fn verify_tls(which: &'static str, text: &str) -> Result<(), StartError> {
         .application_name("pgdp");
     match dsn.connect(which).await {
         Ok(_) => {
-            tracing::info!(which, host = %dsn.hosts(), "verified TLS to the server");
+            tracing::info!(which, endpoint = %dsn.endpoints(), "verified TLS to the server");
             Ok(())
         }
         Err(e) => match crate::dsn::tls_failure(&e) {
@@ -174,7 +174,7 @@ async fn verify_tls(which: &'static str, text: &str) -> Result<(), StartError> {
                 reason,
             }),
             None => {
-                tracing::warn!(which, host = %dsn.hosts(), error = %e, "cannot check TLS at start: server unreachable");
+                tracing::warn!(which, endpoint = %dsn.endpoints(), error = %e, "cannot check TLS at start: server unreachable");
                 Ok(())
             }
         },

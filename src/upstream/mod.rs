@@ -111,6 +111,8 @@ pub use shadow::Shadow;
 /// The upstream database.
 pub struct Upstream {
     dsn: Dsn,
+    /// What this server is to pgdp, for logs.
+    role: Role,
     idle: Mutex<Vec<Client>>,
     permits: Arc<Semaphore>,
     server_version: Mutex<Option<String>>,
@@ -122,6 +124,29 @@ pub struct Upstream {
     /// The health endpoint's own connection ([`Upstream::ping`]), outside the pool, so a check
     /// never waits for a pooled connection while every one is busy.
     probe: tokio::sync::Mutex<Option<Client>>,
+}
+
+/// What a server is to pgdp, named in its log lines with its `host:port`
+/// ([`crate::dsn::Dsn::endpoints`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The upstream PostgreSQL (the primary).
+    Upstream,
+    /// A streaming replica of the upstream.
+    Replica,
+    /// The shadow catalog's database, on the upstream or a replica.
+    ShadowCatalog,
+}
+
+impl Role {
+    /// The name in log lines.
+    fn name(self) -> &'static str {
+        match self {
+            Role::Upstream => "upstream",
+            Role::Replica => "replica",
+            Role::ShadowCatalog => "shadow catalog",
+        }
+    }
 }
 
 /// A pooled connection; returned to the pool when dropped unless marked broken.
@@ -213,7 +238,12 @@ impl Pooled<'_> {
                 Err(RowsFault::TooMany(limit)) => return Err(limit),
                 Err(RowsFault::Db(e)) => e,
             };
-            tracing::warn!(error = %e, "upstream DP statement failed");
+            tracing::warn!(
+                error = %e,
+                server = self.backend.role.name(),
+                endpoint = %self.backend.dsn.endpoints(),
+                "DP statement failed"
+            );
             if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
                 return Err(Error::Canceled {
                     reason: requested
@@ -274,7 +304,8 @@ impl Drop for Pooled<'_> {
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
-            .field("host", &self.dsn.hosts())
+            .field("role", &self.role)
+            .field("endpoint", &self.dsn.endpoints())
             .field("dbname", &self.dsn.config().get_dbname())
             .finish()
     }
@@ -304,14 +335,19 @@ impl Upstream {
         dsn.config_mut()
             .connect_timeout(Duration::from_millis(limits::UPSTREAM_CONNECT_TIMEOUT_MS))
             .application_name("pgdp");
-        Ok(Upstream::with_dsn(dsn, limits::UPSTREAM_POOL_SIZE))
+        Ok(Upstream::with_dsn(
+            dsn,
+            limits::UPSTREAM_POOL_SIZE,
+            Role::Upstream,
+        ))
     }
 
-    /// A pool of at most `pool_size` connections for `dsn` (the shadow catalog uses this for
-    /// its own database).
-    fn with_dsn(dsn: Dsn, pool_size: usize) -> Upstream {
+    /// A pool of at most `pool_size` connections for `dsn`, a server of that `role` (the shadow
+    /// catalog uses this for its own database).
+    fn with_dsn(dsn: Dsn, pool_size: usize, role: Role) -> Upstream {
         Upstream {
             dsn,
+            role,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(pool_size)),
             server_version: Mutex::new(None),
@@ -336,7 +372,12 @@ impl Upstream {
         if !standby_dsns.is_empty() {
             let servers = standby_dsns
                 .iter()
-                .map(|d| Upstream::new(d))
+                .map(|d| {
+                    Upstream::new(d).map(|mut server| {
+                        server.role = Role::Replica;
+                        server
+                    })
+                })
                 .collect::<Result<Vec<_>>>()?;
             let (low, high) = limits::STANDBY_LAG_MAX_RANGE_MS;
             primary.standbys = Some(standby::Standbys::new(servers, lag_max_ms.clamp(low, high)));
@@ -352,11 +393,11 @@ impl Upstream {
         }
     }
 
-    /// Each standby's health as of the last check, by host (for logs and tests).
+    /// Each standby's health as of the last check, by `host:port` (for logs and tests).
     pub fn standby_health(&self) -> Vec<(String, standby::Health)> {
         self.standbys.as_ref().map_or_else(Vec::new, |set| {
             (0..set.servers.len())
-                .map(|i| (set.servers[i].dsn.hosts(), set.health(i)))
+                .map(|i| (set.servers[i].dsn.endpoints(), set.health(i)))
                 .collect()
         })
     }
@@ -406,8 +447,13 @@ impl Upstream {
     }
 
     async fn connect(&self) -> Result<Client> {
-        let client = self.dsn.connect("upstream").await.map_err(|e| {
-            tracing::warn!(error = %e, host = %self.dsn.hosts(), "cannot connect to the upstream");
+        let client = self.dsn.connect(self.role.name()).await.map_err(|e| {
+            tracing::warn!(
+                error = %e,
+                server = self.role.name(),
+                endpoint = %self.dsn.endpoints(),
+                "cannot connect"
+            );
             Error::UpstreamUnavailable
         })?;
         if self.cached_server_version().is_none() {
@@ -418,12 +464,22 @@ impl Upstream {
                     // record the version logs it.
                     if let Ok(mut v) = self.server_version.lock() {
                         if v.is_none() {
-                            tracing::info!(server_version = %version, "upstream reachable");
+                            tracing::info!(
+                                server = self.role.name(),
+                                endpoint = %self.dsn.endpoints(),
+                                server_version = %version,
+                                "reachable"
+                            );
                             *v = Some(version);
                         }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read the upstream's server_version"),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    server = self.role.name(),
+                    endpoint = %self.dsn.endpoints(),
+                    "cannot read server_version"
+                ),
             }
         }
         Ok(client)
@@ -494,7 +550,12 @@ impl Upstream {
                 Ok(())
             }
             Err(e) => {
-                tracing::warn!(error = %e, "upstream health check failed");
+                tracing::warn!(
+                    error = %e,
+                    server = self.role.name(),
+                    endpoint = %self.dsn.endpoints(),
+                    "health check failed"
+                );
                 Err(Error::UpstreamUnavailable)
             }
         }

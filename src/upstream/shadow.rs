@@ -26,7 +26,7 @@ use crate::output::{Cell, CellType, OutColumn};
 
 use super::catalog::CatalogSql;
 use super::standby::{self, View};
-use super::{collect_rows, is_connection_error, Dsn, TextRows, Upstream};
+use super::{collect_rows, is_connection_error, Dsn, Role, TextRows, Upstream};
 
 /// The answer of a catalog query on the shadow catalog: columns with their type OIDs, and text
 /// rows. Only [`Shadow::run`] makes one, so rows sent as catalog rows come from the shadow
@@ -227,7 +227,7 @@ async fn build(upstream: &Source, policy: &crate::policy::Policy) -> Result<Buil
     match built {
         Err(Error::UpstreamUnavailable) => {
             // Tell "down" from "up but refusing": only the former is worth waiting for.
-            let probe = Upstream::with_dsn(upstream.primary.clone(), 1);
+            let probe = Upstream::with_dsn(upstream.primary.clone(), 1, Role::Upstream);
             let reachable = probe.get().await.is_ok();
             Err(if reachable {
                 no_shadow()
@@ -342,7 +342,11 @@ impl Shadow {
 }
 
 async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<Built> {
-    let upstream = Upstream::with_dsn(source.primary.clone(), limits::UPSTREAM_POOL_SIZE);
+    let upstream = Upstream::with_dsn(
+        source.primary.clone(),
+        limits::UPSTREAM_POOL_SIZE,
+        Role::Upstream,
+    );
     let dbname = format!("{}_pgdp_catalog", upstream.dbname().unwrap_or("postgres"));
     let conn = upstream.get().await?;
     let fail = |what: &'static str| {
@@ -529,7 +533,7 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
     drop(conn);
     let mut dsn = upstream.dsn.clone();
     dsn.config_mut().dbname(&dbname);
-    let backend = Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE);
+    let backend = Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE, Role::ShadowCatalog);
     // The database's comment names the build it holds: a process whose build is the same
     // (another pgdp with the same policy and upstream) leaves it alone instead of dropping and
     // recreating the schemas under the other processes' catalog queries.
@@ -580,7 +584,7 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
                 .map(|dsn| {
                     let mut dsn = dsn.clone();
                     dsn.config_mut().dbname(&dbname);
-                    Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE)
+                    Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE, Role::ShadowCatalog)
                 })
                 .collect(),
             built_lsn,
@@ -653,7 +657,7 @@ impl Built {
             Err(Failure::Failed(error)) => Some(Err(error)),
             Err(Failure::Lost { down, .. }) => {
                 tracing::info!(
-                    standby = %replica.dsn.hosts(),
+                    standby = %replica.dsn.endpoints(),
                     down,
                     "shadow catalog read lost its replica: once more on the primary"
                 );

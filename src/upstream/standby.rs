@@ -128,7 +128,7 @@ impl View {
 impl Standbys {
     pub(super) fn new(servers: Vec<Upstream>, lag_max_ms: u64) -> Standbys {
         let view = View {
-            hosts: servers.iter().map(|s| s.dsn.hosts()).collect(),
+            hosts: servers.iter().map(|s| s.dsn.endpoints()).collect(),
             health: servers
                 .iter()
                 .map(|_| Mutex::new(Health::Unknown))

@@ -1225,11 +1225,11 @@ async fn open(config: &Dsn) -> Result<Client> {
     let client = match tokio::time::timeout(timeout, config.connect("privacy ledger")).await {
         Ok(Ok(client)) => client,
         Ok(Err(error)) => {
-            warn!(error = %error, host = %config.hosts(), "cannot connect to the privacy ledger");
+            warn!(error = %error, endpoint = %config.endpoints(), "cannot connect to the privacy ledger");
             return Err(Error::LedgerUnavailable);
         }
         Err(_) => {
-            warn!(host = %config.hosts(), "connecting to the privacy ledger timed out");
+            warn!(endpoint = %config.endpoints(), "connecting to the privacy ledger timed out");
             return Err(Error::LedgerUnavailable);
         }
     };
