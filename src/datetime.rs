@@ -142,6 +142,34 @@ pub fn timestamp_micros(text: &str, with_zone: bool) -> Option<i64> {
     Some(total)
 }
 
+/// Seconds between 1970-01-01 00:00:00 and 2000-01-01 00:00:00 (PostgreSQL's two epochs).
+const SECONDS_1970_TO_2000: i64 = 946_684_800;
+
+/// A date `YYYY-MM-DD` (its midnight) or a timestamp as [`timestamp_micros`] reads it, as
+/// seconds since 1970-01-01 00:00:00: what `EXTRACT(EPOCH FROM ts)` gives for it. With
+/// `with_zone`, an offset may follow the time (`Z` or none is UTC); without, none may.
+pub fn epoch_seconds(text: &str, with_zone: bool) -> Option<f64> {
+    let text = text.trim();
+    let text = if text.len() == 10 {
+        format!("{text} 00:00:00")
+    } else {
+        text.to_string()
+    };
+    let text = match text.strip_suffix(['Z', 'z']) {
+        Some(utc) if with_zone => format!("{utc}+00"),
+        Some(_) => return None,
+        None => text,
+    };
+    let has_offset = text.get(10..).is_some_and(|rest| rest.contains(['+', '-']));
+    let text = if with_zone && !has_offset {
+        format!("{text}+00")
+    } else {
+        text
+    };
+    let micros = timestamp_micros(&text, with_zone)?;
+    Some((micros as f64) / 1e6 + SECONDS_1970_TO_2000 as f64)
+}
+
 impl fmt::Display for Date {
     /// ISO `YYYY-MM-DD`, as PostgreSQL prints a date with `DateStyle` ISO.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -204,6 +232,33 @@ mod tests {
             Date::from_days_since_2000(-730_119).to_string(),
             "0001-01-01"
         );
+    }
+
+    #[test]
+    fn bounds_read_as_postgresqls_epoch_seconds() {
+        // SELECT EXTRACT(EPOCH FROM TIMESTAMP '2020-01-01 00:00:00') → 1577836800
+        assert_eq!(epoch_seconds("2020-01-01", false), Some(1_577_836_800.0));
+        assert_eq!(
+            epoch_seconds("2020-01-01 06:30:15", false),
+            Some(1_577_860_215.0)
+        );
+        assert_eq!(epoch_seconds("2020-01-01 06:00:00+02", false), None);
+        // timestamptz: an offset, Z, or none (UTC).
+        assert_eq!(
+            epoch_seconds("2020-01-01 06:00:00+02", true),
+            Some(1_577_851_200.0)
+        );
+        assert_eq!(
+            epoch_seconds("2020-01-01 04:00:00Z", true),
+            Some(1_577_851_200.0)
+        );
+        assert_eq!(
+            epoch_seconds("2020-01-01 04:00:00", true),
+            Some(1_577_851_200.0)
+        );
+        assert_eq!(epoch_seconds("1969-12-31", true), Some(-86_400.0));
+        assert_eq!(epoch_seconds("2020-13-01", false), None);
+        assert_eq!(epoch_seconds("yesterday", true), None);
     }
 
     #[test]

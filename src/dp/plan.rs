@@ -424,6 +424,11 @@ pub const RELEASED_RELATION: &str = "__dp_released";
 pub struct PostProcessing {
     /// The SQL over [`RELEASED_RELATION`], one select item per output column.
     pub(in crate::dp) sql: String,
+    /// [`PostProcessing::sql`] with a column `<name>_error95` after each output that is an
+    /// aggregate as released, read from the column `e<i>` of [`RELEASED_RELATION`] (the 95%
+    /// error bound of aggregate `i`): the SQL under `pgdp.accuracy`. `None` where the outputs
+    /// are not the released aggregates (an outer query over an aggregate subquery, DISTINCT).
+    pub(in crate::dp) errors: Option<String>,
     /// The analyst's statement with the group keys and the aggregates as its select list (and
     /// no HAVING, ORDER BY or LIMIT): described on the shadow catalog, it gives the PostgreSQL
     /// types of the released relation's columns.
@@ -434,6 +439,11 @@ impl PostProcessing {
     /// The SQL over [`RELEASED_RELATION`].
     pub fn sql(&self) -> &str {
         &self.sql
+    }
+
+    /// The SQL over [`RELEASED_RELATION`] with `_error95` columns, if the outputs have them.
+    pub fn with_errors(&self) -> Option<&str> {
+        self.errors.as_deref()
     }
 
     /// The statement whose description types the released relation.

@@ -802,7 +802,8 @@ where
         Outcome::Rows(answer) => {
             let (columns, rows, notices) = answer.into_parts();
             for n in notices {
-                let info = ErrorInfo::new("NOTICE".to_owned(), "00000".to_owned(), n.message);
+                let info =
+                    ErrorInfo::new("NOTICE".to_owned(), "00000".to_owned(), n.into_message());
                 client
                     .feed(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(
                         info,

@@ -450,6 +450,13 @@ impl ColumnType {
     }
 }
 
+/// Whether a declared timestamp type carries a time zone (`timestamptz`,
+/// `timestamp(3) with time zone`).
+pub fn with_time_zone(declared: &str) -> bool {
+    let d = declared.trim().to_ascii_lowercase();
+    d.starts_with("timestamptz") || d.ends_with("with time zone")
+}
+
 impl Policy {
     /// The table of that qualified, lower-cased name.
     pub fn table(&self, qualified: &str) -> Option<&Table> {

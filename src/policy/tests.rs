@@ -160,7 +160,7 @@ fn bounds_only_on_numeric_and_date_columns() {
     let text = minimal("").replace("k: { type: text,", "k: { type: text, lower: 0, upper: 1,");
     let e = errors(&text);
     assert!(
-        e[0].contains("bounds need a numeric or date column"),
+        e[0].contains("bounds need a numeric, date or timestamp column"),
         "{e:?}"
     );
     // A date column's bounds are dates, stored as days since 2000-01-01.
@@ -195,6 +195,63 @@ fn bounds_only_on_numeric_and_date_columns() {
         );
         let e = errors(&text);
         assert!(e.iter().any(|x| x.contains(error)), "{bounds}: {e:?}");
+    }
+    // A timestamp column's bounds are dates or timestamps, stored as epoch seconds; a
+    // timestamptz bound may carry an offset (UTC without one), a timestamp's may not.
+    for (ty, bounds, expected) in [
+        (
+            "timestamp",
+            "lower: '2020-01-01', upper: '2020-01-02 12:00:00'",
+            Ok((1_577_836_800.0, 1_577_966_400.0)),
+        ),
+        (
+            "timestamptz",
+            "lower: '2020-01-01 02:00:00+02', upper: '2020-01-02T12:00:00Z'",
+            Ok((1_577_836_800.0, 1_577_966_400.0)),
+        ),
+        (
+            "timestamp(6) with time zone",
+            "lower: '2020-01-01', upper: '2020-01-02 14:00:00+02'",
+            Ok((1_577_836_800.0, 1_577_966_400.0)),
+        ),
+        (
+            "timestamp",
+            "lower: '2020-01-01 02:00:00+02', upper: '2021-01-01'",
+            Err("no offset: the column has no time zone"),
+        ),
+        (
+            "timestamptz",
+            "lower: 0, upper: 10",
+            Err("a timestamp column's bounds are dates or timestamps"),
+        ),
+        (
+            "timestamp",
+            "lower: '2020-01-01', upper: '2021-01-01', upper_ceiling: 2000000000",
+            Err("needs a numeric column"),
+        ),
+    ] {
+        let text = minimal("").replace(
+            "k: { type: text,",
+            &format!("t: {{ type: {ty}, {bounds} }}\n      k: {{ type: text,"),
+        );
+        match expected {
+            Ok((lower, upper)) => {
+                let policy =
+                    crate::policy::parse(&text).unwrap_or_else(|e| panic!("{bounds}: {e}"));
+                let b = policy
+                    .tables
+                    .values()
+                    .flat_map(|t| t.columns.iter().find(|c| c.name == "t"))
+                    .next()
+                    .and_then(|c| c.bounds)
+                    .expect("bounds");
+                assert_eq!((b.lower, b.upper), (lower, upper), "{ty} {bounds}");
+            }
+            Err(error) => {
+                let e = errors(&text);
+                assert!(e.iter().any(|x| x.contains(error)), "{bounds}: {e:?}");
+            }
+        }
     }
     let numeric = minimal("").replace(
         "k: { type: text,",

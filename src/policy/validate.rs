@@ -109,7 +109,8 @@ pub(super) struct RawPathStep {
     key: String,
 }
 
-/// A bound as written: a number, or for a `date` column a date `'YYYY-MM-DD'`.
+/// A bound as written: a number, or for a `date` column a date `'YYYY-MM-DD'`, or for a
+/// `timestamp` / `timestamptz` column a date or a timestamp `'YYYY-MM-DD HH:MM:SS[±HH[:MM]]'`.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub(super) enum RawBound {
@@ -118,10 +119,11 @@ pub(super) enum RawBound {
 }
 
 impl RawBound {
-    /// The bound in the column's terms: the number itself, or for a date column the date's
-    /// day number since 2000-01-01 (PostgreSQL's date epoch), which `date - DATE '2000-01-01'`
-    /// gives upstream.
-    fn value(&self, ty: ColumnType) -> std::result::Result<f64, String> {
+    /// The bound in the column's terms: the number itself, for a date column the date's day
+    /// number since 2000-01-01 (PostgreSQL's date epoch), which `date - DATE '2000-01-01'` gives
+    /// upstream, and for a timestamp column its seconds since 1970-01-01 00:00:00, which
+    /// `EXTRACT(EPOCH FROM ts)` gives upstream (of a `timestamptz` bound without an offset, UTC).
+    fn value(&self, ty: ColumnType, declared: &str) -> std::result::Result<f64, String> {
         match (self, ty) {
             (RawBound::Number(x), t) if t.is_numeric() => Ok(*x),
             (RawBound::Text(text), ColumnType::Date) => crate::datetime::Date::parse(text.trim())
@@ -130,9 +132,27 @@ impl RawBound {
             (_, ColumnType::Date) => {
                 Err("a date column's bounds are dates, e.g. '2015-01-01'".into())
             }
+            (RawBound::Text(text), ColumnType::Timestamp) => {
+                crate::datetime::epoch_seconds(text, super::with_time_zone(declared)).ok_or_else(
+                    || {
+                        format!(
+                            "{text:?} is not a date YYYY-MM-DD or a timestamp YYYY-MM-DD HH:MM:SS{}",
+                            if super::with_time_zone(declared) {
+                                " (an offset such as +02 may follow; UTC without one)"
+                            } else {
+                                " (no offset: the column has no time zone)"
+                            }
+                        )
+                    },
+                )
+            }
+            (_, ColumnType::Timestamp) => Err(
+                "a timestamp column's bounds are dates or timestamps, e.g. '2015-01-01' or '2015-01-01 06:00:00'"
+                    .into(),
+            ),
             (_, t) if t.is_numeric() => Err("a numeric column's bounds are numbers".into()),
             (_, t) => Err(format!(
-                "bounds need a numeric or date column, not {}",
+                "bounds need a numeric, date or timestamp column, not {}",
                 t.name()
             )),
         }
@@ -663,7 +683,7 @@ pub(super) fn validate(
                 (None, None) => None,
                 (Some(lower), Some(upper)) => {
                     let mut ok = true;
-                    let mut value = |b: &RawBound, key: &str| match b.value(ty) {
+                    let mut value = |b: &RawBound, key: &str| match b.value(ty, &c.ty) {
                         Ok(x) => x,
                         Err(e) => {
                             p.add(&format!("{cpath}.{key}"), e);

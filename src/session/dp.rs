@@ -411,8 +411,7 @@ impl Session {
             // data may have none, or too few people to pass partition selection.
             let mut notices = answer.notices().to_vec();
             let released = released.first().copied().unwrap_or(0);
-            notices.push(Notice {
-                message: match &listed {
+            notices.push(Notice::new(match &listed {
                     Some(listed) => format!(
                         "pgdp: the calendar's series gave the subquery's key {} its {} value(s) as a public domain: each was released with its noisy value and no partition selection, so a value without data has a noisy value near zero, not NULL",
                         listed.column,
@@ -421,8 +420,7 @@ impl Session {
                     None => format!(
                         "pgdp: the calendar's subquery released {released} group(s); a series value with no released group is NULL in the join (or your COALESCE's value): the data has none, or too few people for partition selection at this epsilon (EXPLAIN the subquery for its threshold)"
                     ),
-                },
-            });
+                }));
             return Ok(answer.with_notices(notices));
         }
         // First the sum of what the branches were charged, then each branch's NOTICEs.
@@ -442,11 +440,9 @@ impl Session {
         } else {
             ""
         };
-        let mut notices = vec![Notice {
-            message: format!(
+        let mut notices = vec![Notice::new(format!(
                 "pgdp: charged {sum}; the sum for the {n} branches of this set operation, each a release charged on its own ({charged} now{free}; their NOTICEs follow); groups and their total asked in one query with GROUP BY ROLLUP (…) are one release"
-            ),
-        }];
+            ))];
         notices.extend(answer.notices().iter().cloned());
         Ok(answer.with_notices(notices))
     }
@@ -572,11 +568,14 @@ impl Session {
         })?;
         // The released relation's types: as PostgreSQL types the keys and aggregates of the
         // analyst's statement, else pgdp's own.
-        let own = release::columns(plan, false);
+        // The released relation: keys, aggregates and groupings as the measures statement
+        // describes them, then under pgdp.accuracy the `e<i>` bounds (float8, pgdp's own).
+        let own = release::columns(plan, self.settings.accuracy);
+        let measured = release::columns(plan, false).len();
         let described = shadow
             .result_types(post.measures_statement(), &search_path)
             .await
-            .filter(|d| d.len() == own.len())
+            .filter(|d| d.len() == measured)
             .unwrap_or_default();
         let inputs: Vec<CellType> = own
             .iter()
@@ -588,7 +587,7 @@ impl Session {
                     .unwrap_or(c.ty)
             })
             .collect();
-        let typing = release::post::post_sql(post, &own, &inputs, &[])?;
+        let typing = release::post::post_sql(post, self.settings.accuracy, &own, &inputs, &[])?;
         let columns = released_columns(shadow.post_columns(&typing).await?)?;
         Ok(AnswerShape {
             columns,
@@ -751,30 +750,24 @@ impl Session {
             if let Some(replayed) = Released::replayed(columns, &payload) {
                 let limit = limit_of(&self.analyst.budget)?;
                 let (balance, window) = ledger.balance_with_window(&analyst, &limit).await?;
-                let mut notices = vec![Notice {
-                    message: format!(
+                let mut notices = vec![Notice::new(format!(
                         "pgdp: identical query answered again from the replay cache; charged nothing; {}",
                         remaining_text(&balance, window, false)
-                    ),
-                }];
+                    ))];
                 // A replay keeps no measures: the bound of one draw (a grouping set's own
                 // release), which understates it only for an answer derived from finer cells.
                 if let Some(note) = release::detection_note(&plan, &rewrite, &mechanisms, None) {
-                    notices.push(Notice { message: note });
+                    notices.push(Notice::new(note));
                 }
                 let chose = self.settings.choose_bounds
                     && mechanisms.max_error.is_none()
                     && release::bounds::may_choose(&plan, &rewrite);
                 if chose {
-                    notices.push(Notice {
-                        message: "pgdp: the contribution bound of this answer was chosen when it was first released; that answer's NOTICE stated it and the rows it removed".into(),
-                    });
+                    notices.push(Notice::new("pgdp: the contribution bound of this answer was chosen when it was first released; that answer's NOTICE stated it and the rows it removed"));
                 } else if let Some(note) = release::capped_statistic(&plan) {
-                    notices.push(Notice {
-                        message: format!(
-                            "pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"
-                        ),
-                    });
+                    notices.push(Notice::new(format!(
+                        "pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"
+                    )));
                 }
                 self.served = Some(Served::Replayed);
                 return Ok(ClientRows::released(replayed, notices));
@@ -1213,7 +1206,7 @@ impl Session {
                 let who = self.analyst.name.clone();
                 let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
                 released
-                    .post_processed(plan, inputs, shape.columns, |sql| {
+                    .post_processed(plan, self.settings.accuracy, inputs, shape.columns, |sql| {
                         let sql = format!("{zone}{sql}");
                         async move { shadow.evaluate(&who, &sql).await }
                     })
@@ -1522,9 +1515,9 @@ fn answer_notices(
     (released, measures): (&Released, &release::NoisyMeasures),
     chosen: Option<&release::bounds::ChosenBounds>,
 ) -> Vec<Notice> {
-    let mut notices = vec![Notice { message: first }];
+    let mut notices = vec![Notice::new(first)];
     if let Some(note) = release::detection_note(plan, rewrite, mechanisms, Some(measures)) {
-        notices.push(Notice { message: note });
+        notices.push(Notice::new(note));
     }
     if let Some(chosen) = chosen {
         let groups = if !chosen.groups_chosen()
@@ -1549,21 +1542,17 @@ fn answer_notices(
                 clamped.join(", ")
             )
         };
-        notices.push(Notice {
-            message: format!("{}{groups}{clamped}", chosen.notice()),
-        });
+        notices.push(Notice::new(format!("{}{groups}{clamped}", chosen.notice())));
     } else if let Some(note) = release::capped_statistic(plan) {
-        notices.push(Notice {
-            message: format!("pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"),
-        });
+        notices.push(Notice::new(format!(
+            "pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"
+        )));
     }
     if released.truncated() {
-        notices.push(Notice {
-            message: format!(
-                "pgdp: only the first {} groups were returned",
-                crate::limits::GROUPS_RELEASED_MAX
-            ),
-        });
+        notices.push(Notice::new(format!(
+            "pgdp: only the first {} groups were returned",
+            crate::limits::GROUPS_RELEASED_MAX
+        )));
     }
     notices
 }

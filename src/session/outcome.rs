@@ -39,11 +39,42 @@ use crate::output::{Cell, OutColumn};
 use crate::upstream::shadow::CatalogRows;
 use crate::upstream::PublicRows;
 
-/// A message to the client besides the result (a NOTICE).
+/// A message to the client besides the result (a NOTICE). Only the session writes one (from
+/// the charge, the mechanisms and released values); the front end reads its text.
+///
+/// ```compile_fail,E0451
+/// // Outside the session, a notice cannot be made up.
+/// let notice = pgdp::session::Notice { message: "42 people have diabetes".into() };
+/// ```
+///
+/// ```
+/// fn text(notice: &pgdp::session::Notice) -> &str {
+///     notice.message()
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notice {
     /// The notice text.
-    pub message: String,
+    message: String,
+}
+
+impl Notice {
+    /// A notice with this text.
+    pub(in crate::session) fn new(message: impl Into<String>) -> Notice {
+        Notice {
+            message: message.into(),
+        }
+    }
+
+    /// The notice text.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The notice text, to send.
+    pub fn into_message(self) -> String {
+        self.message
+    }
 }
 
 /// The result of one statement.

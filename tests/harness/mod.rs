@@ -219,7 +219,10 @@ impl TestDb {
     pub async fn drop_db(mut self) {
         self.dropped = true;
         if !self.shared {
-            drop_database(upstream().await.admin_dsn(), &self.name).await;
+            let admin = upstream().await.admin_dsn();
+            drop_database(admin, &self.name).await;
+            // The shadow catalog a pgdp over this database built beside it.
+            drop_database(admin, &format!("{}{SHADOW_SUFFIX}", self.name)).await;
         }
     }
 }
@@ -370,8 +373,12 @@ pub async fn drop_databases_of_dead_processes(upstream: &Upstream) {
     }
 }
 
-/// The process id inside a [`fresh_database`] name.
+/// The suffix of the shadow catalog database pgdp builds beside its upstream database.
+const SHADOW_SUFFIX: &str = "_pgdp_catalog";
+
+/// The process id inside a [`fresh_database`] name (or its shadow catalog's).
 pub fn owner_pid(name: &str) -> Option<u32> {
+    let name = name.strip_suffix(SHADOW_SUFFIX).unwrap_or(name);
     let rest = name.strip_prefix(FRESH_PREFIX)?;
     let mut parts = rest.rsplit('_');
     let _counter: u32 = parts.next()?.parse().ok()?;

@@ -275,3 +275,175 @@ async fn existence_questions_are_answered_from_detected_counts() {
         .expect_err("reserved");
     assert!(err.as_db_error().is_some(), "{err:?}");
 }
+
+/// A policy over `app.events` (timestamps of events per person) in the database `app_ts`, for
+/// the demo analyst with a budget every test query fits in.
+const TIMESTAMPS_POLICY: &str = r#"
+database: app_ts
+analysts:
+  analyst:
+    scram_verifier: "SCRAM-SHA-256$4096:cGdkcC1kZW1vLXNhbHQtMQ==$lInLWt8gswE0sagso62TdobVlP/4N1mG//OTC1uOjxU=:Cs+4xOdBEHF3GmuzWiAu/lrFp8VOJ+dfMKys15hYAlg="
+    budget: { epsilon: 1000, delta: 1.0e-5, epsilon_per_query_max: 100 }
+tables:
+  app.events:
+    kind: private
+    privacy_unit: person_id
+    max_groups_per_unit: 1
+    max_rows_per_unit: 3
+    columns:
+      person_id: { type: bigint }
+      at:        { type: timestamptz, lower: '2020-01-01', upper: '2026-12-31 23:59:59' }
+      local_at:  { type: timestamp, lower: '2020-01-01', upper: '2026-12-31 23:59:59' }
+      noted:     { type: timestamp }
+"#;
+
+/// Issue 42's BI card "first and last date" over timestamps: `MIN` / `MAX` of a `timestamptz`
+/// and a `timestamp` column with declared bounds are DP quantiles of their epoch seconds,
+/// answered with PostgreSQL's column types (`timestamptz`, `timestamp`), printed in the session's
+/// time zone as PostgreSQL prints them, and within a few weeks of PostgreSQL's answer: 9,000
+/// events of 3,000 people over 2024, bounds 2020…2026 (the quantile's buckets are about 10 days;
+/// MIN and MAX are its 1st and 99th percentiles, about 4 days inside the data's ends).
+/// A timestamp without bounds is refused (42501) with the policy keys to declare.
+#[tokio::test]
+async fn first_and_last_timestamps_are_dp_quantiles_of_postgresqls_types() {
+    let db = crate::harness::fresh_database("timestamps").await;
+    let up = db.client().await;
+    up.batch_execute(
+        "CREATE SCHEMA app;
+         CREATE TABLE app.events (person_id bigint NOT NULL, at timestamptz, local_at timestamp, noted timestamp);
+         INSERT INTO app.events
+           SELECT p, t, t AT TIME ZONE 'UTC', NULL
+           FROM generate_series(1, 3000) p, generate_series(1, 3) k,
+                LATERAL (SELECT TIMESTAMPTZ '2024-01-01 00:00:00+00'
+                          + ((p * 37 + k * 101) % 366) * INTERVAL '1 day'
+                          + (p % 86400) * INTERVAL '1 second' AS t) s;
+         ANALYZE app.events;",
+    )
+    .await
+    .expect("timestamps loaded");
+    let policy = pgdp::policy::parse(TIMESTAMPS_POLICY).expect("policy");
+    let proxy = Proxy::with_upstream(db.dsn(), policy, 145).await;
+    let s = Session::open(&proxy.dsn_for("analyst", "analyst", "app_ts"))
+        .await
+        .expect("connect");
+    s.simple_query("SET pgdp.epsilon = 20").await.expect("SET");
+    let sql =
+        "SELECT MIN(at) AS first, MAX(at) AS last, MIN(local_at), MAX(local_at) FROM app.events";
+    assert_eq!(
+        described(&s, sql).await,
+        described(&up, sql).await,
+        "PostgreSQL's names and types"
+    );
+    let expected = rows(&up, sql, 4).await;
+    let answered = rows(&s, sql, 4).await;
+    let seconds = |text: &Option<String>, with_zone: bool| {
+        let text = text.as_deref().expect("a timestamp");
+        pgdp::datetime::epoch_seconds(text, with_zone)
+            .unwrap_or_else(|| panic!("{text} is not a timestamp as PostgreSQL prints it"))
+    };
+    for (i, with_zone) in [true, true, false, false].into_iter().enumerate() {
+        let (dp, pg) = (
+            seconds(&answered[0][i], with_zone),
+            seconds(&expected[0][i], with_zone),
+        );
+        assert!(
+            (dp - pg).abs() <= 30.0 * 86_400.0,
+            "column {i}: {:?} against PostgreSQL's {:?}",
+            answered[0][i],
+            expected[0][i]
+        );
+        assert_eq!(dp.fract(), 0.0, "whole seconds: {:?}", answered[0][i]);
+    }
+    // The session's time zone prints a timestamptz as PostgreSQL prints it; a timestamp has none.
+    s.simple_query("SET TimeZone = 'Asia/Kolkata'")
+        .await
+        .expect("SET");
+    let zoned = rows(&s, sql, 4).await;
+    assert!(
+        zoned[0][0]
+            .as_deref()
+            .is_some_and(|t| t.ends_with("+05:30")),
+        "{zoned:?}"
+    );
+    assert_eq!(zoned[0][2], answered[0][2], "replayed: the same release");
+    // A monotone function of the answer, as the refusal's hint says: post-processing.
+    let day = "SELECT date_trunc('day', MIN(local_at)) AS first_day FROM app.events";
+    assert_eq!(described(&s, day).await, described(&up, day).await);
+    let first_day = rows(&s, day, 1).await;
+    assert!(
+        first_day[0][0]
+            .as_deref()
+            .is_some_and(|t| t.ends_with(" 00:00:00")),
+        "{first_day:?}"
+    );
+    for refused in [
+        "SELECT MAX(noted) FROM app.events",
+        "SELECT MIN(date_trunc('day', at)) FROM app.events",
+    ] {
+        let e = assert_code(
+            s.simple_query(refused).await,
+            &SqlState::INSUFFICIENT_PRIVILEGE,
+            refused,
+        );
+        let hint = e
+            .as_db_error()
+            .and_then(|d| d.hint())
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            hint.contains("app.events.noted") || hint.contains("date_trunc('day', min(ts))"),
+            "{refused}: {hint}"
+        );
+    }
+    s.assert_alive("the refusals").await;
+    drop(s);
+    proxy.stop().await;
+    db.drop_db().await;
+}
+
+/// Under `SET pgdp.accuracy = on`, a statement with post-processing (here `ROUND(AVG(…))` and an
+/// ORDER BY position) keeps the `_error95` column of each aggregate that is released as is,
+/// with PostgreSQL's types for the rest and the ORDER BY position still meaning the analyst's
+/// column: the same bound as the statement without the expression states for the same count.
+#[tokio::test]
+async fn error_bounds_stay_beside_released_aggregates_under_post_processing() {
+    let proxy = rich_proxy(146).await;
+    let s: Session = proxy.connect().await;
+    s.simple_query("SET pgdp.accuracy = on").await.expect("SET");
+    let computed =
+        "SELECT region, COUNT(*), ROUND(AVG(income)) AS mean FROM demo.people GROUP BY region ORDER BY 3 DESC";
+    assert_eq!(
+        described(&s, computed).await,
+        [
+            "region text",
+            "count int8",
+            "count_error95 float8",
+            "mean numeric"
+        ]
+    );
+    let rows_computed = rows(&s, computed, 4).await;
+    assert_eq!(rows_computed.len(), 10, "{rows_computed:?}");
+    let means: Vec<f64> = rows_computed
+        .iter()
+        .map(|r| r[3].as_deref().expect("mean").parse().expect("number"))
+        .collect();
+    assert!(
+        means.windows(2).all(|w| w[0] >= w[1]),
+        "ORDER BY 3 is the mean: {means:?}"
+    );
+    // The plain statement over the same measures (answered from them, free) states the same
+    // bound for the same noisy count.
+    let plain = "SELECT region, COUNT(*), AVG(income) AS mean FROM demo.people GROUP BY region";
+    let rows_plain = rows(&s, plain, 3).await;
+    for r in &rows_computed {
+        let same = rows_plain
+            .iter()
+            .find(|p| p[0] == r[0])
+            .unwrap_or_else(|| panic!("{r:?} in {rows_plain:?}"));
+        assert_eq!(same[1], r[1], "the same noisy count");
+        assert_eq!(same[2], r[2], "the same bound");
+        let bound: f64 = r[2].as_deref().expect("bound").parse().expect("number");
+        assert!(bound > 0.0 && bound < 100.0, "{r:?}");
+    }
+    proxy.stop().await;
+}

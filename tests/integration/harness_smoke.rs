@@ -107,6 +107,8 @@ async fn databases_of_dead_processes_are_swept() {
 #[test]
 fn database_names_carry_the_process_id() {
     assert_eq!(harness::owner_pid("pgdp_t_a_b_42_7"), Some(42));
+    // The shadow catalog pgdp builds beside a test's database is swept with it.
+    assert_eq!(harness::owner_pid("pgdp_t_a_b_42_7_pgdp_catalog"), Some(42));
     assert_eq!(
         harness::owner_pid(&format!(
             "pgdp_test_demo_s1_v{}",

@@ -108,6 +108,8 @@ pub struct Proxy {
     policy: Policy,
     seed: u8,
     options: Options,
+    /// The upstream's DSN when it is not the demo database.
+    upstream: Option<String>,
 }
 
 impl Proxy {
@@ -123,9 +125,25 @@ impl Proxy {
 
     /// pgdp with `policy` and `options` (TLS, limits) over the demo data and a fresh ledger.
     pub async fn with_options(policy: Policy, seed: u8, options: Options) -> Proxy {
+        Proxy::over(None, policy, seed, options).await
+    }
+
+    /// pgdp with `policy` over the database `upstream` (a test's own tables) and a fresh ledger.
+    pub async fn with_upstream(upstream: &str, policy: Policy, seed: u8) -> Proxy {
+        Proxy::over(Some(upstream.to_string()), policy, seed, Options::default()).await
+    }
+
+    async fn over(upstream: Option<String>, policy: Policy, seed: u8, options: Options) -> Proxy {
         let ledger = harness::fresh_database("ledger").await;
         let ledger_dsn = ledger.dsn().to_string();
-        let running = start_server(policy.clone(), &ledger_dsn, seed, options.clone()).await;
+        let running = start_server(
+            upstream.as_deref(),
+            policy.clone(),
+            &ledger_dsn,
+            seed,
+            options.clone(),
+        )
+        .await;
         Proxy {
             running: Some(running),
             ledger: Some(ledger),
@@ -133,6 +151,7 @@ impl Proxy {
             policy,
             seed,
             options,
+            upstream,
         }
     }
 
@@ -141,6 +160,7 @@ impl Proxy {
         drop(self.running.take());
         self.running = Some(
             start_server(
+                self.upstream.as_deref(),
                 self.policy.clone(),
                 &self.ledger_dsn,
                 self.seed,
@@ -274,8 +294,17 @@ impl Proxy {
     }
 }
 
-async fn start_server(policy: Policy, ledger_dsn: &str, seed: u8, options: Options) -> Running {
-    let upstream = harness::demo_database(1).await.dsn().to_string();
+async fn start_server(
+    upstream: Option<&str>,
+    policy: Policy,
+    ledger_dsn: &str,
+    seed: u8,
+    options: Options,
+) -> Running {
+    let upstream = match upstream {
+        Some(dsn) => dsn.to_string(),
+        None => harness::demo_database(1).await.dsn().to_string(),
+    };
     server::start_with(
         Config {
             policy,

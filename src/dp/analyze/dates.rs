@@ -1,5 +1,6 @@
-//! `MIN`, `MAX`, `MEDIAN` and `PERCENTILE_DISC` of a date (the BI card "first and last date"):
-//! the DP quantile of the date's day number, `d - DATE '2000-01-01'`, turned back into a date.
+//! `MIN`, `MAX`, `MEDIAN` and `PERCENTILE_DISC` of a date or a timestamp (the BI card "first
+//! and last date"): the DP quantile of the date's day number, `d - DATE '2000-01-01'`, or of the
+//! timestamp's epoch seconds, `EXTRACT(EPOCH FROM ts)`, turned back into a date or timestamp.
 //!
 //! # Invariants
 //! - A call over a `date` argument is replaced, before the statement is analysed again, by
@@ -7,8 +8,16 @@
 //!   of an integer with the column's bounds (the policy's `lower`/`upper` dates, as day numbers)
 //!   through the quantile mechanism like any number's, and the date computed from the released
 //!   value by PostgreSQL as post-processing. Its type is `date`, as PostgreSQL's `MIN(date)`.
-//! - A date argument without bounds is refused (42501) with the policy keys to declare; nothing
-//!   about the data decides the bounds.
+//! - A call over a `timestamp` or `timestamptz` column is replaced by
+//!   `TIMESTAMP[TZ] '1970-01-01 00:00:00[+00]' + CAST(ROUND(<call>(LEAST(GREATEST(EXTRACT(EPOCH
+//!   FROM ts), L), U))) AS double precision) * INTERVAL '1 second'`, `L`/`U` the policy's bounds
+//!   as epoch seconds: the quantile of a number clamped into public bounds, the timestamp again
+//!   post-processing, of the column's own type (with or without time zone, from its declared
+//!   type), as PostgreSQL types `MIN(ts)`. Only a bare column has bounds: a timestamp's bounds
+//!   are never inherited by an expression (see `expr.rs`), and the hint for an expression shows
+//!   the monotone form (`date_trunc('day', MIN(ts))`).
+//! - A date or timestamp argument without bounds is refused (42501) with the policy keys to
+//!   declare; nothing about the data decides the bounds.
 //! - `PERCENTILE_CONT` of a date is refused by PostgreSQL itself and stays refused here.
 
 use super::moments::CallRewrite;
@@ -64,6 +73,14 @@ impl Analyzer<'_> {
         let Ok(info) = self.expr(&mut argument.clone(), Role::Argument) else {
             return Ok(None);
         };
+        if info.ty == Some(ColumnType::Timestamp) {
+            let (seconds, origin) = self.timestamp_seconds(&name, argument)?;
+            *argument = seconds;
+            return parse_expr(&format!(
+                "({origin} + CAST(ROUND({call}) AS double precision) * INTERVAL '1 second')"
+            ))
+            .map(Some);
+        }
         if info.ty != Some(ColumnType::Date) {
             return Ok(None);
         }
@@ -77,6 +94,44 @@ impl Analyzer<'_> {
         let days = parse_expr(&format!("({argument}) - {EPOCH}"))?;
         *argument = days;
         parse_expr(&format!("({EPOCH} + CAST(ROUND({call}) AS integer))")).map(Some)
+    }
+
+    /// The argument of a quantile of a timestamp as clamped epoch seconds, and the origin those
+    /// count from, of the column's type: see the module's invariants.
+    fn timestamp_seconds(&self, name: &str, argument: &Expr) -> Result<(Expr, &'static str)> {
+        let mut bare = argument;
+        while let Expr::Nested(inner) = bare {
+            bare = inner;
+        }
+        let column = match self.column_ref(bare) {
+            Ok(Some((idx, col))) => self.tables[idx]
+                .1
+                .column(&col)
+                .map(|c| (format!("{}.{}", self.tables[idx].0.table, c.name), c)),
+            _ => None,
+        };
+        let Some((qualified, column)) = column else {
+            return Err(Error::forbidden(
+                format!("{name} of the timestamp expression {argument}"),
+                format!("pgdp answers {name} of a timestamp column with declared bounds. For a monotone function of one, apply it to the answer: {name}(date_trunc('day', ts)) is date_trunc('day', {name}(ts)), post-processing of the same release."),
+            ));
+        };
+        let Some(bounds) = column.bounds else {
+            return Err(Error::forbidden(
+                format!("{name} of {argument} needs bounds on its timestamps"),
+                format!("Declare the range of {qualified} in the policy as dates or timestamps, e.g. lower: '2015-01-01', upper: '2026-12-31 23:59:59'; a DP quantile is computed over bounded values."),
+            ));
+        };
+        let seconds = parse_expr(&format!(
+            "LEAST(GREATEST(EXTRACT(EPOCH FROM {argument}), {}), {})",
+            bounds.lower, bounds.upper
+        ))?;
+        let origin = if crate::policy::with_time_zone(&column.declared_type) {
+            "TIMESTAMPTZ '1970-01-01 00:00:00+00'"
+        } else {
+            "TIMESTAMP '1970-01-01 00:00:00'"
+        };
+        Ok((seconds, origin))
     }
 }
 

@@ -37,7 +37,13 @@ impl<'a> Analyzer<'a> {
             };
             let info = Info {
                 ty: Some(column.ty),
-                bounds: column.bounds.map(|b| (b.lower, b.upper)),
+                // A timestamp's bounds are epoch seconds and serve only its quantiles
+                // (`dates.rs` reads them from the column): no expression inherits them, so none
+                // mixes them with a date's day numbers or a number's bounds.
+                bounds: column
+                    .bounds
+                    .filter(|_| column.ty != ColumnType::Timestamp)
+                    .map(|b| (b.lower, b.upper)),
                 upper_ceiling: column.upper_ceiling,
                 groupable: (column.groupable || !r.private) && !unit,
                 constant: false,

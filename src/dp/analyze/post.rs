@@ -473,6 +473,17 @@ impl Analyzer<'_> {
                 self.released_expr(pattern, st, inner)
             }
             Expr::Extract { expr, .. } => self.released_expr(expr, st, inner),
+            // An interval literal (`released_date + INTERVAL '1 day'`, and the seconds a timestamp
+            // quantile counts): a constant; a malformed one fails when the shadow catalog
+            // describes the statement, before anything is charged.
+            Expr::Interval(iv)
+                if matches!(
+                    iv.value.as_ref(),
+                    Expr::Value(v) if matches!(v.value, Value::SingleQuotedString(_))
+                ) =>
+            {
+                Ok(())
+            }
             Expr::Floor { expr, .. } | Expr::Ceil { expr, .. } => {
                 self.released_expr(expr, st, inner)
             }
@@ -647,27 +658,91 @@ impl Analyzer<'_> {
             .collect();
         sql.push_str(&list.join(", "));
         sql.push_str(&format!(" FROM {}", quoted(RELEASED_RELATION)));
+        let mut where_sql = String::new();
         if let Some(h) = &select.having {
             let mut h = h.clone();
             self.released_expr(&mut h, &mut st, Place::Having(&items))?;
-            sql.push_str(&format!(" WHERE {h}"));
+            where_sql = format!(" WHERE {h}");
         }
-        sql.push_str(&self.order_limit_sql(query, &mut st, &items, Some(items.len()))?);
+        sql.push_str(&where_sql);
+        let order_limit = self.order_limit(query, &mut st, &items, Some(items.len()))?;
         if st.aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
             return Err(Error::LimitExceeded {
                 what: "the number of aggregates".into(),
                 limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
             });
         }
+        // Under pgdp.accuracy: the same SQL with `<name>_error95` (the column `e<i>` of the
+        // released relation) after each output that is an aggregate as released. DISTINCT would
+        // compare the bounds too, so a DISTINCT select list has none.
+        let errors = select.distinct.is_none().then(|| {
+            let mut listed = Vec::new();
+            let mut positions = Vec::new();
+            for ((name, e), o) in items.iter().zip(&outputs) {
+                listed.push(format!("{e} AS {}", quoted(name)));
+                positions.push(listed.len());
+                if let OutputSource::Aggregate(i) = o.source {
+                    if st.aggregates[i].kind != AggregateKind::Detected {
+                        listed.push(format!(
+                            "{} AS {}",
+                            released_column('e', i),
+                            quoted(&format!("{name}_error95"))
+                        ));
+                    }
+                }
+            }
+            format!(
+                "SELECT {} FROM {}{}{}",
+                listed.join(", "),
+                quoted(RELEASED_RELATION),
+                where_sql,
+                order_limit.sql(|i| positions.get(i - 1).copied().unwrap_or(i))
+            )
+        });
+        sql.push_str(&order_limit.sql(|i| i));
         let measures = measures_statement(query, key_originals, &st.originals, sets)?;
         Ok((
             st.aggregates,
             outputs,
             PostProcessing {
                 sql,
+                errors,
                 measures: measures.to_string(),
             },
         ))
+    }
+}
+
+/// ` ORDER BY … LIMIT … OFFSET …` of post-processing SQL, printed with its output positions
+/// mapped (the select list with `_error95` columns has the outputs at other positions).
+pub(super) struct OrderLimit {
+    /// Each sort key, with its output position (1-based) when it is one.
+    sorted: Vec<(Option<usize>, ast::OrderByExpr)>,
+    /// ` LIMIT … OFFSET …`.
+    tail: String,
+}
+
+impl OrderLimit {
+    /// The clause, each output position `i` printed as `position(i)`.
+    pub(super) fn sql(&self, position: impl Fn(usize) -> usize) -> String {
+        let mut sql = String::new();
+        if !self.sorted.is_empty() {
+            let keys: Vec<String> = self
+                .sorted
+                .iter()
+                .map(|(at, o)| match at {
+                    Some(i) => {
+                        let mut o = o.clone();
+                        o.expr = Expr::value(Value::Number(position(*i).to_string(), false));
+                        o.to_string()
+                    }
+                    None => o.to_string(),
+                })
+                .collect();
+            sql.push_str(&format!(" ORDER BY {}", keys.join(", ")));
+        }
+        sql.push_str(&self.tail);
+        sql
     }
 }
 
@@ -675,19 +750,18 @@ impl Analyzer<'_> {
     /// ` ORDER BY … LIMIT … OFFSET …` of post-processing SQL: sort keys over released values,
     /// output names (`outputs`) and positions (checked against `width` when the number of
     /// output columns is known), and the literal LIMIT and OFFSET.
-    fn order_limit_sql(
+    fn order_limit(
         &mut self,
         query: &ast::Query,
         st: &mut Staging<'_>,
         outputs: &[(String, Expr)],
         width: Option<usize>,
-    ) -> Result<String> {
-        let mut sql = String::new();
+    ) -> Result<OrderLimit> {
+        let mut sorted = Vec::new();
         if let Some(ob) = &query.order_by {
             let ast::OrderByKind::Expressions(exprs) = &ob.kind else {
                 return Err(Error::unsupported("ORDER BY ALL", ORDER_BY_ALL_HINT));
             };
-            let mut sorted = Vec::new();
             for o in exprs {
                 if o.with_fill.is_some() {
                     return Err(Error::unsupported("WITH FILL", WITH_FILL_HINT));
@@ -708,21 +782,22 @@ impl Analyzer<'_> {
                             message: format!("ORDER BY position {i} is not in select list"),
                         });
                     }
+                    sorted.push((Some(i), o));
                 } else {
                     self.released_expr(&mut o.expr, st, Place::OrderBy(outputs))?;
+                    sorted.push((None, o));
                 }
-                sorted.push(o.to_string());
             }
-            sql.push_str(&format!(" ORDER BY {}", sorted.join(", ")));
         }
+        let mut tail = String::new();
         let (limit, offset) = limit_offset(query)?;
         if let Some(l) = limit {
-            sql.push_str(&format!(" LIMIT {l}"));
+            tail.push_str(&format!(" LIMIT {l}"));
         }
         if offset > 0 {
-            sql.push_str(&format!(" OFFSET {offset}"));
+            tail.push_str(&format!(" OFFSET {offset}"));
         }
-        Ok(sql)
+        Ok(OrderLimit { sorted, tail })
     }
 }
 
@@ -954,9 +1029,11 @@ fn outer_plan(
         a.released_expr(&mut w, &mut st, Place::Select)?;
         sql.push_str(&format!(" WHERE {w}"));
     }
-    sql.push_str(&a.order_limit_sql(query, &mut st, &item_names, None)?);
+    sql.push_str(&a.order_limit(query, &mut st, &item_names, None)?.sql(|i| i));
+    // The outer query's outputs are not the inner one's aggregates: no `_error95` columns.
     plan.post = Some(PostProcessing {
         sql,
+        errors: None,
         measures: post.measures,
     });
     Ok(plan)

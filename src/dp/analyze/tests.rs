@@ -1421,6 +1421,88 @@ fn bivariate_statistics_are_post_processing_of_bounded_sums() {
 // MIN / MAX / MEDIAN / PERCENTILE_DISC of a date: a quantile of day numbers (dates.rs)
 // ---------------------------------------------------------------------------------------------
 
+/// The demo policy with two timestamp columns on demo.visits: `seen_at` (timestamptz, bounded)
+/// and `logged` (timestamp, unbounded).
+fn timestamped_demo() -> Policy {
+    let line = "      visit_date: { type: date, groupable: true, lower: '2020-01-01', upper: '2026-12-31' }\n";
+    assert!(DEMO_YAML.contains(line));
+    let yaml = DEMO_YAML.replace(
+        line,
+        &format!("{line}      seen_at: {{ type: timestamp with time zone, lower: '2020-01-01', upper: '2026-12-31 23:59:59+00' }}\n      logged: {{ type: timestamp }}\n      entered: {{ type: timestamp(3), lower: '2020-01-01 06:00:00', upper: '2027-01-01' }}\n"),
+    );
+    crate::policy::parse(&yaml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn timestamp_quantiles_are_quantiles_of_clamped_epoch_seconds() {
+    let policy = timestamped_demo();
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    let plan = analyze_sql(
+        "SELECT MIN(seen_at), MAX(entered) AS last, median(seen_at) FROM demo.visits",
+        &ctx,
+    )
+    .expect("answered");
+    let text = summary(&plan);
+    // 2020-01-01 00:00 UTC is 1577836800 s after 1970; 2026-12-31 23:59:59 is 1798761599.
+    assert!(
+        text.contains("LEAST(GREATEST(EXTRACT(EPOCH FROM seen_at), 1577836800), 1798761599)"),
+        "{text}"
+    );
+    assert!(text.contains("[1577836800,1798761599]"), "{text}");
+    // The timestamp without time zone counts from its own midnight, 06:00 is 21600 s later.
+    assert!(text.contains("[1577858400,1798761600]"), "{text}");
+    assert!(
+        text.contains("TIMESTAMPTZ '1970-01-01 00:00:00+00' + CAST(pg_catalog.round("),
+        "{text}"
+    );
+    assert!(
+        text.contains("TIMESTAMP '1970-01-01 00:00:00' + CAST(pg_catalog.round("),
+        "{text}"
+    );
+    assert!(text.contains("INTERVAL '1 second'"), "{text}");
+    assert!(text.contains("out=[min=c0, last=c1, median=c2]"), "{text}");
+    assert_eq!(plan.aggregates.len(), 3, "{text}");
+    // A timestamp's bounds are its quantiles' alone: no expression inherits them.
+    let e = analyze_sql(
+        "SELECT MIN(date_trunc('day', seen_at)) FROM demo.visits",
+        &ctx,
+    )
+    .expect_err("an expression of a timestamp");
+    assert_eq!(e.sqlstate(), SqlState::INSUFFICIENT_PRIVILEGE);
+    assert!(
+        e.hint()
+            .is_some_and(|h| h.contains("date_trunc('day', min(ts))")),
+        "{e:?}"
+    );
+    let e = analyze_sql("SELECT MAX(logged) FROM demo.visits", &ctx).expect_err("no bounds");
+    assert_eq!(e.sqlstate(), SqlState::INSUFFICIENT_PRIVILEGE);
+    assert!(
+        e.hint()
+            .is_some_and(|h| h.contains("Declare the range of demo.visits.logged")),
+        "{e:?}"
+    );
+    // The monotone form the hint shows is answered: post-processing of the release.
+    analyze_sql(
+        "SELECT date_trunc('day', MIN(seen_at)) FROM demo.visits",
+        &ctx,
+    )
+    .expect("answered");
+    analyze_sql(
+        "SELECT COUNT(*) FROM demo.visits WHERE seen_at >= TIMESTAMPTZ '2024-01-01 00:00:00+00'",
+        &ctx,
+    )
+    .expect("a filter on a bounded timestamp is as before");
+    let e = analyze_sql(
+        "SELECT SUM(EXTRACT(EPOCH FROM seen_at)) FROM demo.visits",
+        &ctx,
+    )
+    .expect_err("a sum of epoch seconds has no bounds");
+    assert_eq!(e.sqlstate(), SqlState::INSUFFICIENT_PRIVILEGE);
+}
+
 #[test]
 fn date_quantiles_are_quantiles_of_day_numbers() {
     let policy = policy(On::Demo);
@@ -1459,4 +1541,37 @@ fn date_quantiles_are_quantiles_of_day_numbers() {
             ("the days between dates sum with bounds", "SELECT SUM(visit_date - DATE '2020-01-01') FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[sum((CASE WHEN pg_catalog.isfinite(visit_date) AND pg_catalog.isfinite(DATE '2020-01-01') THEN (visit_date) - (DATE '2020-01-01') END))[0,2556]] out=[sum=a0]")),
         ],
     );
+}
+
+/// Under `pgdp.accuracy`, post-processing keeps the `_error95` column of each output that is an
+/// aggregate as released, read from the released relation's `e<i>`, with ORDER BY positions
+/// moved past the added columns; computed outputs and outer queries have none.
+#[test]
+fn post_processing_keeps_the_error_bounds_of_released_aggregates() {
+    let policy = policy(On::Demo);
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    let plan = analyze_sql(
+        "SELECT clinic, COUNT(*), ROUND(AVG(cost), 2) AS avg_cost FROM demo.visits GROUP BY clinic HAVING COUNT(*) > 10 ORDER BY 3 DESC, 2 LIMIT 5",
+        &ctx,
+    )
+    .expect("answered");
+    let post = plan.post().expect("post-processing");
+    let errors = post.with_errors().expect("_error95 columns");
+    assert_eq!(
+        errors,
+        "SELECT \"__dp_released\".\"k0\" AS \"clinic\", \"__dp_released\".\"a0\" AS \"count\", \"__dp_released\".\"e0\" AS \"count_error95\", pg_catalog.round(\"__dp_released\".\"a1\", 2) AS \"avg_cost\" FROM \"__dp_released\" WHERE \"__dp_released\".\"a0\" > 10 ORDER BY 4 DESC, 2 LIMIT 5",
+        "{}",
+        post.sql()
+    );
+    assert!(
+        post.sql().ends_with("ORDER BY 3 DESC, 2 LIMIT 5"),
+        "{}",
+        post.sql()
+    );
+    let outer = "SELECT s.n FROM (SELECT clinic, COUNT(*) AS n FROM demo.visits GROUP BY clinic) AS s WHERE s.n > 5";
+    let plan = analyze_sql(outer, &ctx).expect("answered");
+    assert_eq!(plan.post().and_then(|p| p.with_errors()), None);
 }

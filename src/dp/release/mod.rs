@@ -542,6 +542,9 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
                 out.push(OutColumn::new(format!("g{i}"), CellType::Int4));
             }
         }
+        for i in error_inputs(plan, accuracy) {
+            out.push(OutColumn::new(format!("e{i}"), CellType::Float8));
+        }
         return out;
     }
     for o in &plan.outputs {
@@ -567,6 +570,18 @@ pub fn columns(plan: &Plan, accuracy: bool) -> Vec<OutColumn> {
         }
     }
     out
+}
+
+/// The aggregates whose 95% error bound the released relation of a plan with post-processing
+/// carries (as its column `e<i>`, after the keys, aggregates and groupings): under
+/// `pgdp.accuracy`, where the post-processing has `_error95` columns, each aggregate with one.
+pub fn error_inputs(plan: &Plan, accuracy: bool) -> Vec<usize> {
+    match plan.post() {
+        Some(post) if accuracy && post.with_errors().is_some() => (0..plan.aggregates.len())
+            .filter(|&i| states_error(plan, i))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Whether aggregate `i` has an `_error95` column under `pgdp.accuracy`: every aggregate but a
@@ -904,11 +919,16 @@ pub fn finish(
                     .collect(),
                 None => Vec::new(),
             };
+            let bounds: Vec<Cell> = error_inputs(plan, accuracy)
+                .into_iter()
+                .map(|i| errors.get(i).cloned().unwrap_or(Cell::Null))
+                .collect();
             rows_out.push(
                 key_cells
                     .into_iter()
                     .chain(aggregate_values)
                     .chain(groupings)
+                    .chain(bounds)
                     .collect(),
             );
             continue;

@@ -53,8 +53,12 @@ fn escape_literal(text: &str) -> String {
 /// prepares it before anything is charged). The SQL is checked to be one statement with no
 /// comment (an internal error otherwise), so no piece of the analyst's query can end it or hide
 /// what follows, whatever it prints as.
+///
+/// With `accuracy` (and `_error95` columns in `post`), the SQL with them, over a released
+/// relation that ends with the `e<i>` bounds ([`super::error_inputs`]).
 pub fn post_sql(
     post: &PostProcessing,
+    accuracy: bool,
     names: &[OutColumn],
     inputs: &[CellType],
     rows: &[Vec<Cell>],
@@ -67,7 +71,10 @@ pub fn post_sql(
     let sql = format!(
         "WITH \"{RELEASED_RELATION}\" AS ({}) {}",
         rows_relation(&columns, rows),
-        post.sql()
+        match (accuracy, post.with_errors()) {
+            (true, Some(errors)) => errors,
+            _ => post.sql(),
+        }
     );
     crate::dp::rewrite::check_one_statement(&sql)?;
     Ok(sql)
@@ -145,6 +152,7 @@ impl Released {
     pub async fn post_processed<F, Fut>(
         self,
         plan: &Plan,
+        accuracy: bool,
         inputs: &[CellType],
         columns: Vec<OutColumn>,
         run: F,
@@ -156,7 +164,7 @@ impl Released {
         let post = plan
             .post()
             .ok_or_else(|| Error::internal("post-processing of a plan without one"))?;
-        let names = super::columns(plan, false);
+        let names = super::columns(plan, accuracy);
         if names.len() != inputs.len() {
             return Err(Error::internal("released relation of another width"));
         }
@@ -167,7 +175,7 @@ impl Released {
             .map(|(c, ty)| OutColumn::new(c.name.clone(), *ty))
             .collect();
         let conformed = self.retyped(typed);
-        let sql = post_sql(post, &names, inputs, &conformed.rows)?;
+        let sql = post_sql(post, accuracy, &names, inputs, &conformed.rows)?;
         let rows = run(sql).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
