@@ -17,11 +17,12 @@ use crate::dp::release::{self, Released};
 use crate::dp::rewrite::{self, Rewrite};
 use crate::error::{Error, Result};
 use crate::metrics::{Lookup, Served, Stage};
-use crate::output::{Cell, CellType, OutColumn};
+use crate::output::{CellType, OutColumn};
 use crate::policy::BudgetSpec;
 use crate::upstream::{ColumnFact, Placement};
 
-use super::route::Route;
+use super::composite::Composite;
+use super::notices::{answer_notices, charge_notice, remaining_text};
 use super::{ClientRows, Notice, Session, Shared};
 
 /// A policy budget as exact ledger limits (rounded down: never in the analyst's favour), per
@@ -99,14 +100,6 @@ fn described_statement(query: &ast::Query) -> String {
     } else {
         text
     }
-}
-
-fn redact_secret(line: &str, secret: &str) -> String {
-    if secret.is_empty() {
-        return line.to_string();
-    }
-    line.replace(&secret.replace('\'', "''"), "<secret>")
-        .replace(&rewrite::ranking_seed(secret).to_string(), "<secret>")
 }
 
 impl Session {
@@ -271,7 +264,7 @@ impl Session {
 
     /// The upstream SQL of a query over public tables alone ([`rewrite::public`]), with each
     /// table's columns in the order the shadow catalog (built from the upstream) has them.
-    async fn public_sql(
+    pub(super) async fn public_sql(
         &self,
         shared: &Shared,
         query: &ast::Query,
@@ -337,190 +330,6 @@ impl Session {
         Ok(answer.with_notices(notices))
     }
 
-    /// A statement of released DP queries ([`Composite`]: a set operation, a calendar): every
-    /// branch planned and the answer's columns described first, so that a refusal comes before
-    /// any charge; then each branch released (and charged) in order, as the DP query it is;
-    /// then the statement evaluated by PostgreSQL over the released rows. The NOTICEs of every
-    /// charge go before the answer; for a set operation, after one that sums them.
-    async fn composite(
-        &mut self,
-        shared: &Shared,
-        composite: Composite<'_>,
-        params: &[Option<String>],
-    ) -> Result<ClientRows> {
-        let columns = self.composite_columns(shared, composite).await?;
-        let secret = shared.secret().await?;
-        let branches = composite.branches();
-        for branch in branches {
-            if matches!(super::route::route_query(branch)?, Route::Dp(_))
-                && self.public_sql(shared, branch).await?.is_none()
-                && super::series::split(branch).is_none()
-            {
-                self.plan_dp(shared, branch, params, secret).await?;
-            }
-        }
-        let shadow = shared
-            .shadow
-            .as_ref()
-            .ok_or_else(|| no_shadow_for(composite))?;
-        let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
-        let listed = match composite {
-            Composite::Calendar(calendar) => self.calendar_listed(shared, calendar).await?,
-            Composite::Set(_) => None,
-        };
-        let mut parts = Vec::with_capacity(branches.len());
-        let (mut charged, mut total) = (0, crate::budget::Cost::default());
-        for branch in branches {
-            let charges = self.charges;
-            let part = match super::route::route_query(branch)? {
-                Route::Constant(items) => self.constants(shared, items)?,
-                Route::Dp(_) => {
-                    Box::pin(self.dp_query_listed(shared, branch, params, listed.as_ref())).await?
-                }
-                _ => return Err(branch_refusal(branch)),
-            };
-            parts.push(part);
-            if let (true, Some(cost)) = (self.charges > charges, self.last_cost) {
-                charged += 1;
-                total = total + cost;
-            }
-        }
-        let released: Vec<usize> = parts.iter().map(|p| p.rows().len()).collect();
-        let who = self.analyst.name.clone();
-        let answer = ClientRows::combined(
-            parts,
-            columns,
-            |released| composite.evaluation_sql(released),
-            |sql| {
-                let sql = format!("{zone}{sql}");
-                async move { shadow.evaluate(&who, &sql).await }
-            },
-        )
-        .await
-        .map_err(|e| {
-            after_release(
-                e,
-                &format!(
-                    "in the {} over released answers; the charges for them stand",
-                    composite.what()
-                ),
-            )
-        })?;
-        if let Composite::Calendar(_) = composite {
-            // Which series values found no released group is post-processing; why is not: the
-            // data may have none, or too few people to pass partition selection.
-            let mut notices = answer.notices().to_vec();
-            let released = released.first().copied().unwrap_or(0);
-            notices.push(Notice::new(match &listed {
-                    Some(listed) => format!(
-                        "pgdp: the calendar's series gave the subquery's key {} its {} value(s) as a public domain: each was released with its noisy value and no partition selection, so a value without data has a noisy value near zero, not NULL",
-                        listed.column,
-                        listed.values.len()
-                    ),
-                    None => format!(
-                        "pgdp: the calendar's subquery released {released} group(s); a series value with no released group is NULL in the join (or your COALESCE's value): the data has none, or too few people for partition selection at this epsilon (EXPLAIN the subquery for its threshold)"
-                    ),
-                }));
-            return Ok(answer.with_notices(notices));
-        }
-        // First the sum of what the branches were charged, then each branch's NOTICEs.
-        let n = branches.len();
-        let sum = match (charged, total.rho.is_zero()) {
-            (0, _) => "nothing".to_string(),
-            (_, true) => format!("epsilon={}, delta={}", total.epsilon, total.delta),
-            (_, false) => format!(
-                "epsilon={}, rho={} (zCDP), delta={}",
-                total.epsilon,
-                total.rho.ceil_significant(RHO_DIGITS),
-                total.delta
-            ),
-        };
-        let free = if charged < n {
-            "; the others were free (answered again, or public)"
-        } else {
-            ""
-        };
-        let mut notices = vec![Notice::new(format!(
-                "pgdp: charged {sum}; the sum for the {n} branches of this set operation, each a release charged on its own ({charged} now{free}; their NOTICEs follow); groups and their total asked in one query with GROUP BY ROLLUP (…) are one release"
-            ))];
-        notices.extend(answer.notices().iter().cloned());
-        Ok(answer.with_notices(notices))
-    }
-
-    /// The values of a calendar subquery's key that its series can match
-    /// ([`super::calendar::SeriesKey`]), evaluated from the statement's constants on the shadow
-    /// catalog in the session's time zone, as text of the key's type: when listing them makes
-    /// every key of the subquery public ([`Plan::listable_key`]) and there are at most
-    /// [`crate::limits::PUBLIC_KEY_COMBINATIONS_MAX`]. `None` leaves partition selection.
-    async fn calendar_listed(
-        &self,
-        shared: &Shared,
-        calendar: &super::calendar::Calendar,
-    ) -> Result<Option<ListedKey>> {
-        let (Some(key), Some(shadow)) = (&calendar.key, &shared.shadow) else {
-            return Ok(None);
-        };
-        let plan = analyze::analyze(&calendar.inner, &self.context(shared))?;
-        if plan.listable_key(&key.column).is_none() {
-            return Ok(None);
-        }
-        let columns = self
-            .answer_shape(shared, &calendar.inner, &plan)
-            .await?
-            .columns;
-        let Some(ty) = columns.iter().find(|c| c.name == key.column).map(|c| c.ty) else {
-            return Ok(None);
-        };
-        let most = crate::limits::PUBLIC_KEY_COMBINATIONS_MAX;
-        let Some(sql) = calendar.key_domain_sql(ty, most) else {
-            return Ok(None);
-        };
-        let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
-        let rows = shadow
-            .evaluate(&self.analyst.name, &format!("{zone}{sql}"))
-            .await?;
-        let values: Vec<Option<String>> = rows
-            .into_iter()
-            .filter_map(|row| row.into_iter().next())
-            .collect();
-        if values.is_empty() || values.len() > most {
-            return Ok(None);
-        }
-        Ok(Some(ListedKey {
-            column: key.column.clone(),
-            values,
-        }))
-    }
-
-    /// The columns of a [`Composite`] statement, as PostgreSQL types it over its branches'
-    /// released columns (described on the shadow catalog, never run).
-    async fn composite_columns(
-        &self,
-        shared: &Shared,
-        composite: Composite<'_>,
-    ) -> Result<Vec<OutColumn>> {
-        let branches = composite.branches();
-        let mut described = Vec::with_capacity(branches.len());
-        for branch in branches {
-            described.push(match super::route::route_query(branch)? {
-                Route::Constant(items) => self.constants(shared, items)?.columns().to_vec(),
-                Route::Dp(_) => Box::pin(self.dp_columns(shared, branch)).await?,
-                _ => return Err(branch_refusal(branch)),
-            });
-        }
-        let none: Vec<Vec<Cell>> = Vec::new();
-        let parts: Vec<(&[OutColumn], &[Vec<Cell>])> = described
-            .iter()
-            .map(|c| (c.as_slice(), none.as_slice()))
-            .collect();
-        let sql = composite.evaluation_sql(&parts)?;
-        let shadow = shared
-            .shadow
-            .as_ref()
-            .ok_or_else(|| no_shadow_for(composite))?;
-        released_columns(shadow.post_columns(&sql).await?)
-    }
-
     /// A query over public tables alone ([`rewrite::public`]): public data, answered as
     /// PostgreSQL answers it, charged nothing.
     async fn public_rows(&self, shared: &Shared, sql: &rewrite::PublicSql) -> Result<ClientRows> {
@@ -538,7 +347,7 @@ impl Session {
     /// the shadow catalog can describe it (`release::described_columns`), else pgdp's own.
     /// For a plan with post-processing, the shadow catalog must type it (it evaluates it too),
     /// and PostgreSQL's refusal of that SQL is the answer's, before anything is charged.
-    async fn answer_shape(
+    pub(super) async fn answer_shape(
         &self,
         shared: &Shared,
         query: &ast::Query,
@@ -607,7 +416,7 @@ impl Session {
 
     /// [`Session::dp_query`], with the values of one key listed by the statement around it
     /// ([`Plan::list_key`]: a calendar's series), which are then its public domain.
-    async fn dp_query_listed(
+    pub(super) async fn dp_query_listed(
         &mut self,
         shared: &Shared,
         query: &ast::Query,
@@ -1061,7 +870,7 @@ impl Session {
 
     /// The public domains of `plan`'s keys when they are all public, read from public tables
     /// where the policy names one (no private data, no charge); empty otherwise.
-    async fn public_domains(
+    pub(super) async fn public_domains(
         &self,
         shared: &Shared,
         plan: &Plan,
@@ -1092,7 +901,7 @@ impl Session {
     /// ([`release::bounds::ChoicePlan`]); `None` when the setting is off or nothing is chosen.
     /// The objective weighs the rows a cap removes per group over the public domain's
     /// groups when the keys are public.
-    fn bounds_choice(
+    pub(super) fn bounds_choice(
         &self,
         plan: &Plan,
         rewrite: &Rewrite,
@@ -1215,112 +1024,11 @@ impl Session {
             _ => Ok(released.retyped(shape.columns)),
         }
     }
-
-    /// EXPLAIN: the plan, the upstream SQL (secret redacted), the mechanisms and their cost.
-    /// Touches neither the upstream's data nor the budget.
-    pub(super) async fn explain(
-        &self,
-        shared: &Shared,
-        query: &ast::Query,
-        params: &[Option<String>],
-    ) -> Result<ClientRows> {
-        self.explain_listed(shared, query, params, None).await
-    }
-
-    /// [`Session::explain`] of a query whose key `listed` names has listed values
-    /// ([`Session::dp_query_listed`]).
-    async fn explain_listed(
-        &self,
-        shared: &Shared,
-        query: &ast::Query,
-        params: &[Option<String>],
-        listed: Option<&ListedKey>,
-    ) -> Result<ClientRows> {
-        let (set, calendar) = (super::setop::split(query)?, super::calendar::split(query)?);
-        if let Some(composite) = Composite::of(&set, &calendar) {
-            // Each branch's plan under a heading; the rest is post-processing.
-            let branches = composite.branches();
-            let mut lines = vec![vec![Cell::Text(format!(
-                "{} of {} release(s), each charged on its own; PostgreSQL evaluates the rest of the statement over the released rows",
-                composite.what(),
-                branches.len()
-            ))]];
-            for (i, branch) in branches.iter().enumerate() {
-                lines.push(vec![Cell::Text(format!("branch {}: {branch}", i + 1))]);
-                match super::route::route_query(branch)? {
-                    Route::Constant(_) => {
-                        lines.push(vec![Cell::Text("constants: no release, no charge".into())]);
-                    }
-                    Route::Dp(_) => {
-                        let listed = match composite {
-                            Composite::Calendar(calendar) => {
-                                self.calendar_listed(shared, calendar).await?
-                            }
-                            Composite::Set(_) => None,
-                        };
-                        if let Some(listed) = &listed {
-                            lines.push(vec![Cell::Text(format!(
-                                "the series lists the {} value(s) of the key {}: its public domain, no partition selection",
-                                listed.values.len(),
-                                listed.column
-                            ))]);
-                        }
-                        let explained =
-                            Box::pin(self.explain_listed(shared, branch, params, listed.as_ref()))
-                                .await?;
-                        lines.extend(explained.rows().iter().cloned());
-                    }
-                    _ => return Err(branch_refusal(branch)),
-                }
-            }
-            return Ok(ClientRows::computed(explain_columns(), lines));
-        }
-        let secret = shared.secret().await?;
-        let (plan, rewrite, mechanisms, placement) = self
-            .plan_dp_placed(shared, query, params, secret, listed)
-            .await?;
-        let mut text = release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget);
-        if self.settings.choose_bounds {
-            let domains = self.public_domains(shared, &plan, params).await?;
-            if let Some(choice) =
-                self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?
-            {
-                // After the cost line: the query's cost with the histogram, then the rule.
-                let mut added = vec![format!(
-                    "cost with the choice of bounds: {} (epsilon {} for the histograms, the rest for the answer; the measures below are those of the tables' caps at the whole epsilon, which run with pgdp.choose_bounds off; the answer's are at the chosen caps and the rest)",
-                    choice.cost(),
-                    choice.choice.epsilon()
-                )];
-                added.extend(choice.choice.explain());
-                let at = 2.min(text.len());
-                text.splice(at..at, added);
-            }
-        }
-        let mut lines: Vec<Vec<Cell>> = text
-            .into_iter()
-            .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
-            .collect();
-        if let Some(line) = placement.explain() {
-            // Before the upstream SQL, which readers take to run to the end of the plan.
-            let at = lines
-                .iter()
-                .position(|l| matches!(l.first(), Some(Cell::Text(t)) if t == "upstream SQL:"))
-                .unwrap_or(lines.len());
-            lines.insert(at, vec![Cell::Text(line)]);
-        }
-        if let Some(schedule) = &shared.policy.release_schedule {
-            lines.push(vec![Cell::Text(format!(
-                "release schedule: {}",
-                schedule.describe()
-            ))]);
-        }
-        Ok(ClientRows::computed(explain_columns(), lines))
-    }
 }
 
 /// PostgreSQL's error from evaluating SQL over released values, its message saying `where`
 /// (and that the charge stands); any other error unchanged.
-fn after_release(e: Error, place: &str) -> Error {
+pub(super) fn after_release(e: Error, place: &str) -> Error {
     match e {
         Error::PostProcessing {
             state,
@@ -1335,18 +1043,9 @@ fn after_release(e: Error, place: &str) -> Error {
     }
 }
 
-/// The refusal of a branch of a set operation that is neither a DP query nor a SELECT of
-/// constants (a catalog query, the budget view, set_config).
-fn branch_refusal(branch: &ast::Query) -> Error {
-    Error::unsupported(
-        format!("the branch {branch} of a set operation"),
-        "Each branch of a UNION, INTERSECT or EXCEPT is a DP query over the data or a SELECT of constants; run catalog queries and settings on their own.",
-    )
-}
-
 /// The columns of SQL evaluated over released rows, as the shadow catalog described them
 /// (name, type OID, type name): each of a type pgdp sends, or a refusal naming it.
-fn released_columns(described: Vec<(String, u32, String)>) -> Result<Vec<OutColumn>> {
+pub(super) fn released_columns(described: Vec<(String, u32, String)>) -> Result<Vec<OutColumn>> {
     described
         .into_iter()
         .map(|(name, oid, type_name)| {
@@ -1359,62 +1058,6 @@ fn released_columns(described: Vec<(String, u32, String)>) -> Result<Vec<OutColu
             Ok(OutColumn::new(name, ty))
         })
         .collect()
-}
-
-/// A statement answered by releasing DP queries, its branches, and evaluating the rest over
-/// their released rows with PostgreSQL: post-processing.
-#[derive(Clone, Copy)]
-enum Composite<'q> {
-    /// UNION, INTERSECT, EXCEPT ([`super::setop`]).
-    Set(&'q super::setop::SetOperation),
-    /// generate_series joined to an aggregate subquery ([`super::calendar`]).
-    Calendar(&'q super::calendar::Calendar),
-}
-
-impl<'q> Composite<'q> {
-    /// The statement's composite form, if it has one.
-    fn of(
-        set: &'q Option<super::setop::SetOperation>,
-        calendar: &'q Option<super::calendar::Calendar>,
-    ) -> Option<Composite<'q>> {
-        match (set, calendar) {
-            (Some(set), _) => Some(Composite::Set(set)),
-            (None, Some(calendar)) => Some(Composite::Calendar(calendar)),
-            (None, None) => None,
-        }
-    }
-
-    /// The DP queries (or SELECTs of constants) released first.
-    fn branches(self) -> &'q [ast::Query] {
-        match self {
-            Composite::Set(set) => &set.branches,
-            Composite::Calendar(calendar) => std::slice::from_ref(&calendar.inner),
-        }
-    }
-
-    /// The SQL that evaluates the statement over the branches' released columns and rows.
-    fn evaluation_sql(self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<String> {
-        match self {
-            Composite::Set(set) => set.evaluation_sql(parts),
-            Composite::Calendar(calendar) => calendar.evaluation_sql(parts),
-        }
-    }
-
-    /// The statement's kind, for messages.
-    fn what(self) -> &'static str {
-        match self {
-            Composite::Set(_) => "set operation",
-            Composite::Calendar(_) => "calendar",
-        }
-    }
-}
-
-/// The refusal of a [`Composite`] statement where there is no shadow catalog to evaluate it on.
-fn no_shadow_for(composite: Composite<'_>) -> Error {
-    Error::unsupported(
-        format!("a {} on this server", composite.what()),
-        "pgdp evaluates it with PostgreSQL on its shadow catalog, which this server does not have; run each aggregate query on its own.",
-    )
 }
 
 /// Whether `plan` could be answered by adding up the cells of a finer release
@@ -1442,8 +1085,8 @@ fn derivable(plan: &Plan, rewrite: &Rewrite) -> bool {
 
 /// The answer's columns, and for a plan with post-processing the PostgreSQL types of the
 /// released relation it reads.
-struct AnswerShape {
-    columns: Vec<OutColumn>,
+pub(super) struct AnswerShape {
+    pub(super) columns: Vec<OutColumn>,
     inputs: Option<Vec<CellType>>,
 }
 
@@ -1459,147 +1102,6 @@ fn refused_detail(stored: &budget::Stored) -> Option<String> {
         .map(|d| String::from_utf8_lossy(d).into_owned())
 }
 
-/// The one column of EXPLAIN.
-pub(super) fn explain_columns() -> Vec<OutColumn> {
-    vec![OutColumn::new("QUERY PLAN", CellType::Text)]
-}
-
-/// The NOTICE of a charged answer: what it cost and what is left, in the words of
-/// `budget::accountant`. A pure-ε charge reads `charged epsilon=…, delta=…`; a charge with
-/// zCDP ρ (Gaussian noise) states ρ, rounded up, and what it took in the analyst's currency,
-/// `about epsilon=… of the budget` ([`crate::budget::epsilon_taken`]), never `epsilon=0`.
-fn charge_notice(
-    cost: &crate::budget::Cost,
-    balance: &crate::budget::Balance,
-    window: Option<crate::budget::Window>,
-) -> String {
-    let charged = if cost.rho.is_zero() {
-        format!("epsilon={}, delta={}", cost.epsilon, cost.delta)
-    } else {
-        let rho = cost.rho.ceil_significant(RHO_DIGITS);
-        let pure = if cost.epsilon.is_zero() {
-            String::new()
-        } else {
-            format!("epsilon={} and ", cost.epsilon)
-        };
-        let taken = crate::budget::epsilon_taken(&balance.limit, &balance.spent, cost)
-            .ceil_significant(TAKEN_DIGITS);
-        format!(
-            "{pure}rho={rho} (zCDP), delta={}: about epsilon={taken} of the budget",
-            cost.delta
-        )
-    };
-    format!(
-        "pgdp: charged {charged}; {}; {}",
-        remaining_text(balance, window, !cost.rho.is_zero()),
-        repeats_text(&balance.limit, &balance.spent, cost)
-    )
-}
-
-/// Significant digits of a charged ρ in NOTICEs, rounded up (never less than was charged).
-const RHO_DIGITS: u32 = 6;
-
-/// Significant digits of the ε a ρ charge took, rounded up.
-const TAKEN_DIGITS: u32 = 3;
-
-/// The NOTICEs of an answer: `first` (what it cost, or where it came from), then what a
-/// question of existence's answer means ([`release::detection_note`]), whether a
-/// statistic was capped and whether groups were cut at the release limit.
-///
-/// With a cap chosen for the query, its NOTICE ([`release::bounds::ChosenBounds::notice`]: the
-/// cap, and the rows it is estimated to have removed) takes the place of the policy's, with the
-/// policy's cap on groups per unit when it can bind.
-fn answer_notices(
-    first: String,
-    (plan, rewrite, mechanisms): (&Plan, &Rewrite, &release::Mechanisms),
-    (released, measures): (&Released, &release::NoisyMeasures),
-    chosen: Option<&release::bounds::ChosenBounds>,
-) -> Vec<Notice> {
-    let mut notices = vec![Notice::new(first)];
-    if let Some(note) = release::detection_note(plan, rewrite, mechanisms, Some(measures)) {
-        notices.push(Notice::new(note));
-    }
-    if let Some(chosen) = chosen {
-        let groups = if !chosen.groups_chosen()
-            && plan.max_groups_per_unit() > 1
-            && !plan.keys().is_empty()
-        {
-            format!(
-                "; each unit also counts in at most {} group(s) (the policy's cap), which that estimate does not cover",
-                plan.max_groups_per_unit()
-            )
-        } else {
-            String::new()
-        };
-        let mut clamped = release::clamped_arguments(plan);
-        // The argument whose clamping was estimated has its own clause in the NOTICE.
-        clamped.retain(|c| Some(c.as_str()) != chosen.clamp_label());
-        let clamped = if clamped.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; values are still clamped into the policy's bounds ({}), a bias neither that estimate nor _error95 counts",
-                clamped.join(", ")
-            )
-        };
-        notices.push(Notice::new(format!("{}{groups}{clamped}", chosen.notice())));
-    } else if let Some(note) = release::capped_statistic(plan) {
-        notices.push(Notice::new(format!(
-            "pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"
-        )));
-    }
-    if released.truncated() {
-        notices.push(Notice::new(format!(
-            "pgdp: only the first {} groups were returned",
-            crate::limits::GROUPS_RELEASED_MAX
-        )));
-    }
-    notices
-}
-
-/// Significant digits of the remaining amounts in NOTICEs, rounded down (never more than is
-/// left).
-const REMAINING_DIGITS: u32 = 6;
-
-/// "remaining epsilon=… of …, delta=… of …", with ρ when `with_rho` or ρ was spent; for a
-/// renewing budget "remaining this day (until 2026-11-25 00:00 UTC): epsilon=…".
-fn remaining_text(
-    balance: &crate::budget::Balance,
-    window: Option<crate::budget::Window>,
-    with_rho: bool,
-) -> String {
-    let left_of = |x: crate::budget::Fixed| x.floor_significant(REMAINING_DIGITS);
-    let window = window.map_or(String::new(), |w| format!("{w}: "));
-    let mut left = format!(
-        "remaining {window}epsilon={} of {}, delta={} of {}",
-        left_of(balance.remaining.epsilon),
-        balance.limit.epsilon,
-        left_of(balance.remaining.delta),
-        balance.limit.delta
-    );
-    if with_rho || !balance.spent.rho.is_zero() {
-        left.push_str(&format!(", rho={} (zCDP)", left_of(balance.remaining.rho)));
-    }
-    left
-}
-
-/// "room for about N more queries like this one" in the analyst's budget
-/// ([`crate::budget::repeats`]), "at least N" at the counting limit.
-pub(super) fn repeats_text(
-    limit: &crate::budget::Limit,
-    spent: &crate::budget::Spent,
-    cost: &crate::budget::Cost,
-) -> String {
-    let k = crate::budget::repeats(limit, spent, cost);
-    let about = if k >= crate::limits::REPEATS_COUNTED_MAX {
-        "at least"
-    } else {
-        "about"
-    };
-    let queries = if k == 1 { "query" } else { "queries" };
-    format!("room for {about} {k} more {queries} like this one")
-}
-
 #[cfg(test)]
 mod tests {
     use super::described_statement;
@@ -1610,18 +1112,6 @@ mod tests {
             other => panic!("not a query: {other}"),
         };
         described_statement(&query)
-    }
-
-    #[test]
-    fn room_for_one_more_query_is_singular() {
-        use crate::budget::{Cost, Fixed, Limit, Spent};
-        let f = |x: f64| Fixed::from_f64_ceil(x).unwrap();
-        let limit = Limit::new(f(10.0), f(1e-5));
-        let cost = Cost::pure(f(0.5));
-        let text =
-            |spent: f64| super::repeats_text(&limit, &(Spent::ZERO + Cost::pure(f(spent))), &cost);
-        assert_eq!(text(9.5), "room for about 1 more query like this one");
-        assert_eq!(text(9.0), "room for about 2 more queries like this one");
     }
 
     #[test]

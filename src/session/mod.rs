@@ -21,6 +21,7 @@ pub mod classify;
 pub mod settings;
 
 mod calendar;
+mod composite;
 mod fold;
 mod series;
 mod setop;
@@ -29,8 +30,10 @@ mod budget;
 mod constant;
 mod cursor;
 mod dp;
+mod explain;
 mod live;
 mod message;
+mod notices;
 mod observe;
 mod outcome;
 mod route;
@@ -576,7 +579,7 @@ pub async fn describe(
             };
             session.dp_columns_before_bind(shared, query).await?
         }
-        Route::Explain(_) => dp::explain_columns(),
+        Route::Explain(_) => explain::explain_columns(),
     }))
 }
 

@@ -1,0 +1,270 @@
+//! Statements made of several releases: set operations (`UNION`, `INTERSECT`, `EXCEPT` at the
+//! top of a statement, each branch its own release) and calendars (a public series joined to an
+//! aggregate subquery), whose rest PostgreSQL evaluates over the released rows.
+//!
+//! Invariant: every branch is analysed, planned and its columns described before the first
+//! charge, so a refused branch costs nothing; the answer's rows are made only by
+//! `ClientRows::combined` from the branches' released rows (or constants).
+
+use sqlparser::ast;
+
+use crate::dp::analyze;
+use crate::dp::plan::ListedKey;
+use crate::error::{Error, Result};
+use crate::output::{Cell, OutColumn};
+
+use super::dp::{after_release, released_columns};
+use super::notices::RHO_DIGITS;
+use super::route::Route;
+use super::{ClientRows, Notice, Session, Shared};
+
+impl Session {
+    /// A statement of released DP queries ([`Composite`]: a set operation, a calendar): every
+    /// branch planned and the answer's columns described first, so that a refusal comes before
+    /// any charge; then each branch released (and charged) in order, as the DP query it is;
+    /// then the statement evaluated by PostgreSQL over the released rows. The NOTICEs of every
+    /// charge go before the answer; for a set operation, after one that sums them.
+    pub(super) async fn composite(
+        &mut self,
+        shared: &Shared,
+        composite: Composite<'_>,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let columns = self.composite_columns(shared, composite).await?;
+        let secret = shared.secret().await?;
+        let branches = composite.branches();
+        for branch in branches {
+            if matches!(super::route::route_query(branch)?, Route::Dp(_))
+                && self.public_sql(shared, branch).await?.is_none()
+                && super::series::split(branch).is_none()
+            {
+                self.plan_dp(shared, branch, params, secret).await?;
+            }
+        }
+        let shadow = shared
+            .shadow
+            .as_ref()
+            .ok_or_else(|| no_shadow_for(composite))?;
+        let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
+        let listed = match composite {
+            Composite::Calendar(calendar) => self.calendar_listed(shared, calendar).await?,
+            Composite::Set(_) => None,
+        };
+        let mut parts = Vec::with_capacity(branches.len());
+        let (mut charged, mut total) = (0, crate::budget::Cost::default());
+        for branch in branches {
+            let charges = self.charges;
+            let part = match super::route::route_query(branch)? {
+                Route::Constant(items) => self.constants(shared, items)?,
+                Route::Dp(_) => {
+                    Box::pin(self.dp_query_listed(shared, branch, params, listed.as_ref())).await?
+                }
+                _ => return Err(branch_refusal(branch)),
+            };
+            parts.push(part);
+            if let (true, Some(cost)) = (self.charges > charges, self.last_cost) {
+                charged += 1;
+                total = total + cost;
+            }
+        }
+        let released: Vec<usize> = parts.iter().map(|p| p.rows().len()).collect();
+        let who = self.analyst.name.clone();
+        let answer = ClientRows::combined(
+            parts,
+            columns,
+            |released| composite.evaluation_sql(released),
+            |sql| {
+                let sql = format!("{zone}{sql}");
+                async move { shadow.evaluate(&who, &sql).await }
+            },
+        )
+        .await
+        .map_err(|e| {
+            after_release(
+                e,
+                &format!(
+                    "in the {} over released answers; the charges for them stand",
+                    composite.what()
+                ),
+            )
+        })?;
+        if let Composite::Calendar(_) = composite {
+            // Which series values found no released group is post-processing; why is not: the
+            // data may have none, or too few people to pass partition selection.
+            let mut notices = answer.notices().to_vec();
+            let released = released.first().copied().unwrap_or(0);
+            notices.push(Notice::new(match &listed {
+                    Some(listed) => format!(
+                        "pgdp: the calendar's series gave the subquery's key {} its {} value(s) as a public domain: each was released with its noisy value and no partition selection, so a value without data has a noisy value near zero, not NULL",
+                        listed.column,
+                        listed.values.len()
+                    ),
+                    None => format!(
+                        "pgdp: the calendar's subquery released {released} group(s); a series value with no released group is NULL in the join (or your COALESCE's value): the data has none, or too few people for partition selection at this epsilon (EXPLAIN the subquery for its threshold)"
+                    ),
+                }));
+            return Ok(answer.with_notices(notices));
+        }
+        // First the sum of what the branches were charged, then each branch's NOTICEs.
+        let n = branches.len();
+        let sum = match (charged, total.rho.is_zero()) {
+            (0, _) => "nothing".to_string(),
+            (_, true) => format!("epsilon={}, delta={}", total.epsilon, total.delta),
+            (_, false) => format!(
+                "epsilon={}, rho={} (zCDP), delta={}",
+                total.epsilon,
+                total.rho.ceil_significant(RHO_DIGITS),
+                total.delta
+            ),
+        };
+        let free = if charged < n {
+            "; the others were free (answered again, or public)"
+        } else {
+            ""
+        };
+        let mut notices = vec![Notice::new(format!(
+                "pgdp: charged {sum}; the sum for the {n} branches of this set operation, each a release charged on its own ({charged} now{free}; their NOTICEs follow); groups and their total asked in one query with GROUP BY ROLLUP (…) are one release"
+            ))];
+        notices.extend(answer.notices().iter().cloned());
+        Ok(answer.with_notices(notices))
+    }
+
+    /// The values of a calendar subquery's key that its series can match
+    /// ([`super::calendar::SeriesKey`]), evaluated from the statement's constants on the shadow
+    /// catalog in the session's time zone, as text of the key's type: when listing them makes
+    /// every key of the subquery public ([`Plan::listable_key`]) and there are at most
+    /// [`crate::limits::PUBLIC_KEY_COMBINATIONS_MAX`]. `None` leaves partition selection.
+    pub(super) async fn calendar_listed(
+        &self,
+        shared: &Shared,
+        calendar: &super::calendar::Calendar,
+    ) -> Result<Option<ListedKey>> {
+        let (Some(key), Some(shadow)) = (&calendar.key, &shared.shadow) else {
+            return Ok(None);
+        };
+        let plan = analyze::analyze(&calendar.inner, &self.context(shared))?;
+        if plan.listable_key(&key.column).is_none() {
+            return Ok(None);
+        }
+        let columns = self
+            .answer_shape(shared, &calendar.inner, &plan)
+            .await?
+            .columns;
+        let Some(ty) = columns.iter().find(|c| c.name == key.column).map(|c| c.ty) else {
+            return Ok(None);
+        };
+        let most = crate::limits::PUBLIC_KEY_COMBINATIONS_MAX;
+        let Some(sql) = calendar.key_domain_sql(ty, most) else {
+            return Ok(None);
+        };
+        let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
+        let rows = shadow
+            .evaluate(&self.analyst.name, &format!("{zone}{sql}"))
+            .await?;
+        let values: Vec<Option<String>> = rows
+            .into_iter()
+            .filter_map(|row| row.into_iter().next())
+            .collect();
+        if values.is_empty() || values.len() > most {
+            return Ok(None);
+        }
+        Ok(Some(ListedKey {
+            column: key.column.clone(),
+            values,
+        }))
+    }
+
+    /// The columns of a [`Composite`] statement, as PostgreSQL types it over its branches'
+    /// released columns (described on the shadow catalog, never run).
+    pub(super) async fn composite_columns(
+        &self,
+        shared: &Shared,
+        composite: Composite<'_>,
+    ) -> Result<Vec<OutColumn>> {
+        let branches = composite.branches();
+        let mut described = Vec::with_capacity(branches.len());
+        for branch in branches {
+            described.push(match super::route::route_query(branch)? {
+                Route::Constant(items) => self.constants(shared, items)?.columns().to_vec(),
+                Route::Dp(_) => Box::pin(self.dp_columns(shared, branch)).await?,
+                _ => return Err(branch_refusal(branch)),
+            });
+        }
+        let none: Vec<Vec<Cell>> = Vec::new();
+        let parts: Vec<(&[OutColumn], &[Vec<Cell>])> = described
+            .iter()
+            .map(|c| (c.as_slice(), none.as_slice()))
+            .collect();
+        let sql = composite.evaluation_sql(&parts)?;
+        let shadow = shared
+            .shadow
+            .as_ref()
+            .ok_or_else(|| no_shadow_for(composite))?;
+        released_columns(shadow.post_columns(&sql).await?)
+    }
+}
+
+/// The refusal of a branch of a set operation that is neither a DP query nor a SELECT of
+/// constants (a catalog query, the budget view, set_config).
+pub(super) fn branch_refusal(branch: &ast::Query) -> Error {
+    Error::unsupported(
+        format!("the branch {branch} of a set operation"),
+        "Each branch of a UNION, INTERSECT or EXCEPT is a DP query over the data or a SELECT of constants; run catalog queries and settings on their own.",
+    )
+}
+
+/// A statement answered by releasing DP queries, its branches, and evaluating the rest over
+/// their released rows with PostgreSQL: post-processing.
+#[derive(Clone, Copy)]
+pub(super) enum Composite<'q> {
+    /// UNION, INTERSECT, EXCEPT ([`super::setop`]).
+    Set(&'q super::setop::SetOperation),
+    /// generate_series joined to an aggregate subquery ([`super::calendar`]).
+    Calendar(&'q super::calendar::Calendar),
+}
+
+impl<'q> Composite<'q> {
+    /// The statement's composite form, if it has one.
+    pub(super) fn of(
+        set: &'q Option<super::setop::SetOperation>,
+        calendar: &'q Option<super::calendar::Calendar>,
+    ) -> Option<Composite<'q>> {
+        match (set, calendar) {
+            (Some(set), _) => Some(Composite::Set(set)),
+            (None, Some(calendar)) => Some(Composite::Calendar(calendar)),
+            (None, None) => None,
+        }
+    }
+
+    /// The DP queries (or SELECTs of constants) released first.
+    pub(super) fn branches(self) -> &'q [ast::Query] {
+        match self {
+            Composite::Set(set) => &set.branches,
+            Composite::Calendar(calendar) => std::slice::from_ref(&calendar.inner),
+        }
+    }
+
+    /// The SQL that evaluates the statement over the branches' released columns and rows.
+    pub(super) fn evaluation_sql(self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<String> {
+        match self {
+            Composite::Set(set) => set.evaluation_sql(parts),
+            Composite::Calendar(calendar) => calendar.evaluation_sql(parts),
+        }
+    }
+
+    /// The statement's kind, for messages.
+    pub(super) fn what(self) -> &'static str {
+        match self {
+            Composite::Set(_) => "set operation",
+            Composite::Calendar(_) => "calendar",
+        }
+    }
+}
+
+/// The refusal of a [`Composite`] statement where there is no shadow catalog to evaluate it on.
+pub(super) fn no_shadow_for(composite: Composite<'_>) -> Error {
+    Error::unsupported(
+        format!("a {} on this server", composite.what()),
+        "pgdp evaluates it with PostgreSQL on its shadow catalog, which this server does not have; run each aggregate query on its own.",
+    )
+}

@@ -1,0 +1,133 @@
+//! EXPLAIN of a DP statement: the plan, the upstream SQL (the secret redacted), the mechanisms
+//! and their cost, for each branch of a set operation or calendar too.
+//!
+//! Invariant: touches neither the upstream's data nor the budget; what it prints is a function
+//! of the statement, the policy and the session's settings.
+
+use crate::dp::plan::ListedKey;
+use crate::dp::{release, rewrite};
+use crate::error::Result;
+use crate::output::{Cell, CellType, OutColumn};
+
+use super::composite::{branch_refusal, Composite};
+use super::route::Route;
+use super::{ClientRows, Session, Shared};
+
+use sqlparser::ast;
+
+impl Session {
+    /// EXPLAIN: the plan, the upstream SQL (secret redacted), the mechanisms and their cost.
+    /// Touches neither the upstream's data nor the budget.
+    pub(super) async fn explain(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        self.explain_listed(shared, query, params, None).await
+    }
+
+    /// [`Session::explain`] of a query whose key `listed` names has listed values
+    /// ([`Session::dp_query_listed`]).
+    pub(super) async fn explain_listed(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        listed: Option<&ListedKey>,
+    ) -> Result<ClientRows> {
+        let (set, calendar) = (super::setop::split(query)?, super::calendar::split(query)?);
+        if let Some(composite) = Composite::of(&set, &calendar) {
+            // Each branch's plan under a heading; the rest is post-processing.
+            let branches = composite.branches();
+            let mut lines = vec![vec![Cell::Text(format!(
+                "{} of {} release(s), each charged on its own; PostgreSQL evaluates the rest of the statement over the released rows",
+                composite.what(),
+                branches.len()
+            ))]];
+            for (i, branch) in branches.iter().enumerate() {
+                lines.push(vec![Cell::Text(format!("branch {}: {branch}", i + 1))]);
+                match super::route::route_query(branch)? {
+                    Route::Constant(_) => {
+                        lines.push(vec![Cell::Text("constants: no release, no charge".into())]);
+                    }
+                    Route::Dp(_) => {
+                        let listed = match composite {
+                            Composite::Calendar(calendar) => {
+                                self.calendar_listed(shared, calendar).await?
+                            }
+                            Composite::Set(_) => None,
+                        };
+                        if let Some(listed) = &listed {
+                            lines.push(vec![Cell::Text(format!(
+                                "the series lists the {} value(s) of the key {}: its public domain, no partition selection",
+                                listed.values.len(),
+                                listed.column
+                            ))]);
+                        }
+                        let explained =
+                            Box::pin(self.explain_listed(shared, branch, params, listed.as_ref()))
+                                .await?;
+                        lines.extend(explained.rows().iter().cloned());
+                    }
+                    _ => return Err(branch_refusal(branch)),
+                }
+            }
+            return Ok(ClientRows::computed(explain_columns(), lines));
+        }
+        let secret = shared.secret().await?;
+        let (plan, rewrite, mechanisms, placement) = self
+            .plan_dp_placed(shared, query, params, secret, listed)
+            .await?;
+        let mut text = release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget);
+        if self.settings.choose_bounds {
+            let domains = self.public_domains(shared, &plan, params).await?;
+            if let Some(choice) =
+                self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?
+            {
+                // After the cost line: the query's cost with the histogram, then the rule.
+                let mut added = vec![format!(
+                    "cost with the choice of bounds: {} (epsilon {} for the histograms, the rest for the answer; the measures below are those of the tables' caps at the whole epsilon, which run with pgdp.choose_bounds off; the answer's are at the chosen caps and the rest)",
+                    choice.cost(),
+                    choice.choice.epsilon()
+                )];
+                added.extend(choice.choice.explain());
+                let at = 2.min(text.len());
+                text.splice(at..at, added);
+            }
+        }
+        let mut lines: Vec<Vec<Cell>> = text
+            .into_iter()
+            .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
+            .collect();
+        if let Some(line) = placement.explain() {
+            // Before the upstream SQL, which readers take to run to the end of the plan.
+            let at = lines
+                .iter()
+                .position(|l| matches!(l.first(), Some(Cell::Text(t)) if t == "upstream SQL:"))
+                .unwrap_or(lines.len());
+            lines.insert(at, vec![Cell::Text(line)]);
+        }
+        if let Some(schedule) = &shared.policy.release_schedule {
+            lines.push(vec![Cell::Text(format!(
+                "release schedule: {}",
+                schedule.describe()
+            ))]);
+        }
+        Ok(ClientRows::computed(explain_columns(), lines))
+    }
+}
+
+/// The one column of EXPLAIN.
+pub(super) fn explain_columns() -> Vec<OutColumn> {
+    vec![OutColumn::new("QUERY PLAN", CellType::Text)]
+}
+
+/// `line` with the rewrite secret (and the ranking seed made from it) replaced by `<secret>`.
+fn redact_secret(line: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        return line.to_string();
+    }
+    line.replace(&secret.replace('\'', "''"), "<secret>")
+        .replace(&rewrite::ranking_seed(secret).to_string(), "<secret>")
+}
