@@ -17,7 +17,8 @@
 //!   about 5 % of adults, log-normal otherwise (median near 27,000), and between 1,000,000 and
 //!   50,000,000 for about 0.03 % of adults, so that clamping matters.
 //! - `demo.visits(visit_id bigint primary key, person_id bigint references demo.people,
-//!   visit_date date, clinic text, diagnosis text, cost numeric(10,2))`: about 1,000,000 × scale
+//!   visit_date date, clinic text, diagnosis text, cost numeric(10,2), checked_in timestamptz)`:
+//!   about 1,000,000 × scale
 //!   rows, `visit_id` from 1 to the row count. Each person has 0 to [`VISITS_PER_PERSON_MAX`]
 //!   visits: about 29 % none, a median of 5, and about 1.8 % heavy users with exactly 40.
 //!   `visit_date` lies in [`FIRST_VISIT_DATE`]..=[`LAST_VISIT_DATE`]. `clinic` is `C01`..`C50`
@@ -27,7 +28,8 @@
 //!   by only a handful of people). About 0.2 % of people with a visit also get a code of their own,
 //!   [`SINGLE_PERSON_DIAGNOSIS_PREFIX`] followed by their `person_id` (`Z99.4711`), on their first
 //!   visit: partition selection must hide those. `cost` is 0 for 3 % of visits, log-normal
-//!   (median near 70) for most, and 5,000 to 200,000 for 0.1 %.
+//!   (median near 70) for most, and 5,000 to 200,000 for 0.1 %. `checked_in` is the moment of the
+//!   visit: its date at a whole second between 07:00:00 and 18:59:59 UTC, uniform.
 //! - `demo.regions(region text primary key, name text, population int)`: the ten [`REGIONS`], a
 //!   public dimension table; `demo.people.region` references it.
 //! - `demo.prescriptions(prescription_id bigint primary key, visit_id bigint references
@@ -55,8 +57,9 @@ pub const SCHEMA: &str = "demo";
 
 /// Version of the generator. Bump it whenever the generated rows or the schema change, so that
 /// stored datasets are reloaded instead of reused (3: the columns the policy declares
-/// `exhaustive` are NOT NULL with a CHECK of their values).
-pub const VERSION: u32 = 3;
+/// `exhaustive` are NOT NULL with a CHECK of their values; 4: `visits.checked_in`, a
+/// `timestamptz`).
+pub const VERSION: u32 = 4;
 
 /// Largest accepted scale (10 million people, about 100 million visits).
 pub const SCALE_MAX: u32 = 100;
@@ -194,6 +197,7 @@ const SEED_PEOPLE_B: i64 = 102;
 const SEED_VISIT_COUNT: i64 = 200;
 const SEED_VISIT_A: i64 = 201;
 const SEED_VISIT_B: i64 = 202;
+const SEED_VISIT_TIME: i64 = 203;
 const SEED_PRESCRIPTION_COUNT: i64 = 300;
 const SEED_PRESCRIPTION: i64 = 301;
 
@@ -558,7 +562,8 @@ CREATE TABLE {SCHEMA}.visits (
     visit_date date CHECK (visit_date BETWEEN DATE '{FIRST_VISIT_DATE}' AND DATE '{LAST_VISIT_DATE}'),
     clinic text,
     diagnosis text,
-    cost numeric(10,2) CHECK (cost >= 0)
+    cost numeric(10,2) CHECK (cost >= 0),
+    checked_in timestamptz NOT NULL
 );
 CREATE TABLE {SCHEMA}.prescriptions (
     prescription_id bigint NOT NULL,
@@ -657,13 +662,13 @@ fn visits_sql(people: i64) -> String {
     let (u_common, u_cost) = (unit("h1", 0), unit("h1", 1));
     let u_amount = unit_open("h1", 2);
     let z = normal(&unit_open("h1", 2), &unit("h1", 3));
+    let u_time = unit("h2", 0);
     // Long tail: a log-uniform index into 20,000 codes gives Zipf-like frequencies (1/rank).
     let u_tail = "((((h0 >> 8) # (h1 >> 40)) & 65535)::float8 / 65536)";
     let max = VISITS_PER_PERSON_MAX;
     format!(
-        "INSERT INTO {SCHEMA}.visits (visit_id, person_id, visit_date, clinic, diagnosis, cost)
-SELECT visit_id, person_id,
-    DATE '{FIRST_VISIT_DATE}' + floor((DATE '{LAST_VISIT_DATE}' - DATE '{FIRST_VISIT_DATE}' + 1) * u_date)::int,
+        "INSERT INTO {SCHEMA}.visits (visit_id, person_id, visit_date, clinic, diagnosis, cost, checked_in)
+SELECT visit_id, person_id, visit_date,
     'C' || lpad((CASE WHEN u_away < 0.75 THEN home ELSE 1 + floor({CLINICS} * u_clinic)::int END)::text, 2, '0'),
     CASE WHEN k = 1 AND single THEN '{SINGLE_PERSON_DIAGNOSIS_PREFIX}' || person_id
         WHEN u_kind < 0.80 THEN (ARRAY[{common}])[1 + floor({common_len} * power(u_common, 2.2))::int]
@@ -671,16 +676,20 @@ SELECT visit_id, person_id,
     END,
     round((CASE WHEN u_cost < 0.03 THEN 0
         WHEN u_cost >= 0.999 THEN 5000 + 195000 * u_amount
-        ELSE exp(4.3 + 0.9 * z) END)::numeric, 2)
+        ELSE exp(4.3 + 0.9 * z) END)::numeric, 2),
+    (visit_date + TIME '07:00' + second_of_day * INTERVAL '1 second') AT TIME ZONE 'UTC'
 FROM (
     SELECT visit_id, person_id, k, home, single,
-        {u_date} AS u_date, {u_away} AS u_away, {u_clinic} AS u_clinic, {u_kind} AS u_kind,
+        DATE '{FIRST_VISIT_DATE}' + floor((DATE '{LAST_VISIT_DATE}' - DATE '{FIRST_VISIT_DATE}' + 1) * {u_date})::int AS visit_date,
+        floor(43200 * {u_time})::int AS second_of_day,
+        {u_away} AS u_away, {u_clinic} AS u_clinic, {u_kind} AS u_kind,
         {u_common} AS u_common, {u_cost} AS u_cost, {u_amount} AS u_amount, {z} AS z,
         least(19999, floor(exp(ln(20000) * {u_tail}))::int - 1) AS tail
     FROM (
         SELECT first_id + k AS visit_id, person_id, k, home, single,
             hashint8extended(first_id + k, {SEED_VISIT_A}) AS h0,
-            hashint8extended(first_id + k, {SEED_VISIT_B}) AS h1
+            hashint8extended(first_id + k, {SEED_VISIT_B}) AS h1,
+            hashint8extended(first_id + k, {SEED_VISIT_TIME}) AS h2
         FROM (
             SELECT person_id, n, home, single, sum(n) OVER (ORDER BY person_id) - n AS first_id
             FROM (
