@@ -122,7 +122,14 @@ fn statements(table: &Table) -> Vec<(String, Option<u64>)> {
         .iter()
         .filter(|c| c.groupable || c.public_values.is_some())
     {
-        let column = quote_ident(&c.name);
+        // A timestamp is grouped by the day, as analysts group it (a raw timestamp is nearly a
+        // key of its own per row).
+        let column = match c.ty {
+            crate::policy::ColumnType::Timestamp => {
+                format!("date_trunc('day', {})", quote_ident(&c.name))
+            }
+            _ => quote_ident(&c.name),
+        };
         out.push((
             format!("SELECT {column}, COUNT(*) FROM {name} GROUP BY {column}"),
             c.public_values.as_ref().map(|v| v.len() as u64),

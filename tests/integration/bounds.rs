@@ -537,9 +537,10 @@ async fn suggest_shows_what_each_cap_would_remove_from_dp_histograms() {
             && text.contains("nothing to choose"),
         "{text}"
     );
-    // 8 statements at 0.1 and 2 sums at 0.15.
+    // 8 statements at 0.1 (a count and 4 groupings of demo.visits, a timestamp's by the day; a
+    // count and 2 groupings of demo.prescriptions) and 2 sums at 0.15.
     assert!(
-        text.contains("epsilon spent on this report: 1 (pure DP"),
+        text.contains("epsilon spent on this report: 1.1 (pure DP"),
         "{text}"
     );
 }
