@@ -8,6 +8,7 @@ use crate::dp::plan::ListedKey;
 use crate::dp::{release, rewrite};
 use crate::error::Result;
 use crate::output::{Cell, CellType, OutColumn};
+use crate::upstream::Placement;
 
 use super::composite::{branch_refusal, Composite};
 use super::route::Route;
@@ -100,7 +101,13 @@ impl Session {
             .into_iter()
             .map(|l| vec![Cell::Text(redact_secret(&l, secret))])
             .collect();
-        if let Some(line) = placement.explain() {
+        let per_unit = match &placement {
+            Placement::ByUnit { tables } => {
+                rewrite::per_unit_stage(rewrite.sql.as_str(), tables, &shared.policy)?
+            }
+            _ => None,
+        };
+        if let Some(line) = placement.explain(per_unit.as_ref()) {
             // Before the upstream SQL, which readers take to run to the end of the plan.
             let at = lines
                 .iter()

@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use crate::dp::rewrite::PerUnitStage;
 use crate::error::{Error, Result};
 
 use super::Upstream;
@@ -66,15 +67,25 @@ pub enum Placement {
 }
 
 impl Placement {
-    /// One line for EXPLAIN, if the placement is worth a line. Names tables only: the partition
-    /// key of a table partitioned otherwise may be a column the policy does not declare.
-    pub fn explain(&self) -> Option<String> {
+    /// One line for EXPLAIN, if the placement is worth a line, with where the per-unit stage of
+    /// the statement can run (read from its text, [`crate::dp::rewrite::per_unit_stage`]). Names
+    /// tables and SQL constructs only: the partition key of a table partitioned otherwise may be
+    /// a column the policy does not declare.
+    pub fn explain(&self, per_unit: Option<&PerUnitStage>) -> Option<String> {
         match self {
             Placement::Unpartitioned => None,
-            Placement::ByUnit { tables } => Some(format!(
-                "upstream: {} partitioned by the privacy unit: the per-unit stages run partitionwise (enable_partitionwise_aggregate and enable_partitionwise_join set for this statement)",
-                tables.join(", ")
-            )),
+            Placement::ByUnit { tables } => {
+                let tables = tables.join(", ");
+                let settings = "enable_partitionwise_aggregate and enable_partitionwise_join set for this statement";
+                Some(match per_unit {
+                    Some(PerUnitStage::Coordinator { reason }) => format!(
+                        "upstream: {tables} partitioned by the privacy unit ({settings}), but the per-unit stage runs on the coordinator: every row of stage 1 (those that pass the WHERE) crosses from the shards, because {reason}"
+                    ),
+                    Some(PerUnitStage::Shippable) | None => format!(
+                        "upstream: {tables} partitioned by the privacy unit ({settings}): the per-unit stage can run on each shard, since every expression in it ships; PostgreSQL's planner sends it where its estimates favour it, and then one row per unit and group crosses to the coordinator"
+                    ),
+                })
+            }
             Placement::NotByUnit { table } => Some(format!(
                 "upstream: {table} is partitioned, but not by its privacy unit: the single-server shape"
             )),
@@ -256,6 +267,6 @@ mod tests {
         ]);
         assert_eq!(known.placement(&query), Placement::Unpartitioned);
         assert_eq!(known.unknown(&query), vec!["demo.visits".to_string()]);
-        assert_eq!(Placement::Unpartitioned.explain(), None);
+        assert_eq!(Placement::Unpartitioned.explain(None), None);
     }
 }

@@ -12,6 +12,10 @@
 //!   partitionwise shape, and PostgreSQL's `EXPLAIN VERBOSE` of it on the coordinator sends every
 //!   shard a remote SQL that groups by the unit (asynchronous foreign scans); without pgdp's
 //!   `SET LOCAL`s the shards send their rows ungrouped.
+//! - [`explain_says_when_the_per_unit_stage_stays_on_the_coordinator`]: for a grouping by a
+//!   stable date function, a quantile and a join with a table the shards do not hold, EXPLAIN
+//!   names the construct that keeps the per-unit stage on the coordinator, and the coordinator's
+//!   plan fetches every shard's rows ungrouped.
 //! - [`a_shard_that_is_down_refuses_and_keeps_the_charge`]: with one shard stopped a DP query is
 //!   refused with 57P03 and no rows, its charge stands, and answers come back with the shard.
 //! - [`a_table_partitioned_by_another_column_keeps_the_single_server_shape`]: on one server,
@@ -273,13 +277,80 @@ fn remote_sql(plan: &[String]) -> BTreeMap<String, String> {
         let line = line.trim();
         if let Some(rest) = line.strip_prefix("Relations: ") {
             relation = Some(rest.to_string());
-        } else if let Some(rest) = line.strip_prefix("->  Async Foreign Scan on ") {
+        } else if let Some(rest) = line
+            .strip_prefix("->  Async Foreign Scan on ")
+            .or_else(|| line.strip_prefix("->  Foreign Scan on "))
+        {
             relation = Some(rest.to_string());
         } else if let Some(sql) = line.strip_prefix("Remote SQL: ") {
             found.insert(relation.take().unwrap_or_default(), sql.to_string());
         }
     }
     found
+}
+
+/// The coordinator's `EXPLAIN (VERBOSE, COSTS OFF)` of `statement`, run after `settings` in a
+/// transaction: its lines.
+async fn coordinator_plan(coordinator: &Client, settings: &str, statement: &str) -> Vec<String> {
+    let rows = coordinator
+        .simple_query(&format!(
+            "BEGIN; {settings} EXPLAIN (VERBOSE, COSTS OFF) {statement}; ROLLBACK"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("EXPLAIN: {e}"));
+    rows.into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect()
+}
+
+/// EXPLAIN's claim that the per-unit stage runs on the coordinator is what the coordinator's
+/// plan does: for each shape, pgdp names the construct, and PostgreSQL's plan of the statement
+/// (in the partitionwise shape, with pgdp's settings) fetches every shard's rows ungrouped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_says_when_the_per_unit_stage_stays_on_the_coordinator() {
+    let shards = deployment().await;
+    let ledger = harness::fresh_database("shard_ledger").await;
+    let running = pgdp(shards.dsn(), &ledger).await;
+    let session = open(&running).await;
+    let coordinator = harness::connect(&shards.dsn()).await;
+
+    for (sql, construct) in [
+        (
+            "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+            "date_trunc of a date or timestamptz",
+        ),
+        (
+            "SELECT EXTRACT(hour FROM checked_in) AS h, COUNT(*) FROM demo.visits GROUP BY 1",
+            "EXTRACT from a timestamptz",
+        ),
+        ("SELECT MEDIAN(cost) FROM demo.visits", "window function"),
+        (
+            "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON r.region = p.region GROUP BY r.name",
+            "demo.regions is not partitioned by the privacy unit",
+        ),
+    ] {
+        let lines = explain(&session, sql).await;
+        assert!(
+            lines.iter().any(|l| l.starts_with("upstream: ")
+                && l.contains("the per-unit stage runs on the coordinator")
+                && l.contains(construct)),
+            "{sql}: {lines:#?}"
+        );
+        let (_, partitionwise) = compile(sql);
+        let plan = coordinator_plan(&coordinator, PARTITIONWISE, &partitionwise.sql).await;
+        let remote = remote_sql(&plan);
+        for shard in 0..SHARDS {
+            let ungrouped = remote.iter().any(|(relation, sql)| {
+                relation.contains(&format!("_shard_{shard}")) && !sql.contains(" GROUP BY ")
+            });
+            assert!(ungrouped, "{sql}, shard {shard}: {plan:#?}");
+        }
+    }
+    drop((session, running));
+    ledger.drop_db().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,9 +368,9 @@ async fn the_per_unit_stage_runs_on_every_shard() {
     ] {
         let lines = explain(&session, sql).await;
         assert!(
-            lines
-                .iter()
-                .any(|l| l.starts_with("upstream: ") && l.contains("partitioned by the privacy unit")),
+            lines.iter().any(|l| l.starts_with("upstream: ")
+                && l.contains("partitioned by the privacy unit")
+                && l.contains("the per-unit stage can run on each shard")),
             "{sql}: {lines:#?}"
         );
         let (one, partitionwise) = compile(sql);
@@ -307,24 +378,7 @@ async fn the_per_unit_stage_runs_on_every_shard() {
         let distinct = sql.contains("DISTINCT diagnosis");
         assert_eq!(text.contains("NOT MATERIALIZED"), distinct, "{sql}: {text}");
 
-        let plan = |settings: &'static str, statement: String| {
-            let coordinator = &coordinator;
-            async move {
-                let rows = coordinator
-                    .simple_query(&format!(
-                        "BEGIN; {settings} EXPLAIN (VERBOSE, COSTS OFF) {statement}; ROLLBACK"
-                    ))
-                    .await
-                    .unwrap_or_else(|e| panic!("EXPLAIN: {e}"));
-                rows.into_iter()
-                    .filter_map(|m| match m {
-                        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                        _ => None,
-                    })
-                    .collect::<Vec<String>>()
-            }
-        };
-        let pushed = plan(PARTITIONWISE, partitionwise.sql.to_string()).await;
+        let pushed = coordinator_plan(&coordinator, PARTITIONWISE, &partitionwise.sql).await;
         let remote = remote_sql(&pushed);
         for shard in 0..SHARDS {
             let grouped_by_unit = remote.iter().any(|(relation, sql)| {
@@ -339,7 +393,7 @@ async fn the_per_unit_stage_runs_on_every_shard() {
             "{sql}: {pushed:#?}"
         );
         // Without the settings pgdp adds, every shard sends its rows ungrouped.
-        let unpushed = plan("", one.sql.to_string()).await;
+        let unpushed = coordinator_plan(&coordinator, "", &one.sql).await;
         assert!(
             remote_sql(&unpushed)
                 .values()

@@ -52,9 +52,11 @@ mod grouping;
 mod lookup;
 mod partitionwise;
 pub mod public;
+mod ship;
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 pub use partitionwise::partitionwise;
+pub use ship::{per_unit_stage, PerUnitStage};
 
 /// The contribution-bounded SQL of one DP query, as [`rewrite`] built it from a [`Plan`]: the
 /// only SQL over private tables that pgdp runs on the upstream. Only this module can make one

@@ -1,0 +1,553 @@
+//! Where the per-unit stage of a statement in the partitionwise shape can run, read from its
+//! text: on each shard, or only on the coordinator, with the construct that keeps it there.
+//!
+//! `postgres_fdw` sends a shard an aggregate (stage 2, `GROUP BY` the unit) only when every
+//! expression in it and below it ships: built-in functions and operators that PostgreSQL marks
+//! immutable, no window function, and only foreign tables of that shard (so no join with a
+//! table the coordinator holds). Whether a shippable stage is then sent is the planner's choice,
+//! made from its estimates; pgdp does not ask for the plan, since a plan depends on the
+//! upstream's statistics, which are data. EXPLAIN states what the text allows and why.
+//!
+//! The constructs PostgreSQL 15 marks stable among those pgdp writes: `date_trunc` of a `date`
+//! or `timestamptz` (a `date` resolves to the `timestamptz` overload), `date_part` / `EXTRACT`
+//! of a `timestamptz`, `to_char` of anything, casts between `timestamptz` and `date` /
+//! `timestamp` / text, casts of any date or time to text, comparisons and arithmetic mixing a
+//! `timestamptz` with a `date` or `timestamp`, and a `timestamptz` plus or minus an interval.
+//!
+//! Invariants:
+//! - Pure and conservative: [`PerUnitStage::Coordinator`] whenever the text holds a construct
+//!   known not to ship; a type pgdp cannot infer counts as not temporal, so a claim of
+//!   [`PerUnitStage::Shippable`] may be wrong only for constructs outside the list above
+//!   (`tests/integration/shard.rs` checks both claims against the coordinator's plan).
+//! - The answer never depends on data: the text and the policy only.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{
+    self, BinaryOperator, DataType, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, SetExpr,
+    Statement, TableFactor,
+};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+use crate::error::{Error, Result};
+use crate::policy::{self, ColumnType, Policy};
+
+/// The CTE holding stage 1.
+const ROWS: &str = "__dp_rows";
+
+/// Where the per-unit stage of a partitionwise statement can run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PerUnitStage {
+    /// Every expression of stages 1 and 2 ships and every table of stage 1 is partitioned by
+    /// the unit: PostgreSQL may run the per-unit stage on each shard.
+    Shippable,
+    /// The per-unit stage runs on the coordinator, over every row of stage 1: `reason` names
+    /// the construct.
+    Coordinator {
+        /// Why, for EXPLAIN (names SQL constructs and tables, never a value).
+        reason: String,
+    },
+}
+
+/// The date and time types whose functions differ in volatility.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Date,
+    Timestamp,
+    TimestampTz,
+    Interval,
+}
+
+/// Where the per-unit stage of `sql` (a rewrite in the partitionwise shape) can run, when the
+/// tables in `sharded` are partitioned by their unit. `None` if the text has no stage 1.
+pub fn per_unit_stage(
+    sql: &str,
+    sharded: &[String],
+    policy: &Policy,
+) -> Result<Option<PerUnitStage>> {
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+        .map_err(|e| Error::internal(format!("a rewrite does not parse again: {e}")))?;
+    let [Statement::Query(query)] = statements.as_slice() else {
+        return Err(Error::internal("a rewrite is not one query"));
+    };
+    let Some(with) = &query.with else {
+        return Ok(None);
+    };
+    let Some(rows) = with.cte_tables.iter().find(|c| c.alias.name.value == ROWS) else {
+        return Ok(None);
+    };
+    let types = Types { policy };
+    // Stage 1: its tables, then every expression in it.
+    for name in base_tables(&rows.query) {
+        if !sharded.contains(&name) {
+            return Ok(Some(PerUnitStage::Coordinator {
+                reason: format!(
+                    "{name} is not partitioned by the privacy unit on the shards, so the rows are joined on the coordinator"
+                ),
+            }));
+        }
+    }
+    let mut scope = Scope::default();
+    types.scope_of_query(&rows.query, &mut scope);
+    if let Some(reason) = types.first_unshippable(&rows.query, &scope) {
+        return Ok(Some(PerUnitStage::Coordinator { reason }));
+    }
+    // The columns of stage 1, for the stages that read it.
+    let mut stage_one = BTreeMap::new();
+    if let SetExpr::Select(select) = rows.query.body.as_ref() {
+        for item in &select.projection {
+            if let ast::SelectItem::ExprWithAlias { expr, alias } = item {
+                stage_one.insert(alias.value.clone(), types.kind(expr, &scope));
+            }
+        }
+    }
+    let readers = with
+        .cte_tables
+        .iter()
+        .map(|c| (c.alias.name.value.as_str(), c.query.as_ref()))
+        .chain(std::iter::once(("the final stage", query.as_ref())));
+    for (name, reader) in readers {
+        let SetExpr::Select(select) = reader.body.as_ref() else {
+            continue;
+        };
+        let reads_rows = select.from.iter().any(|f| is_rows(&f.relation));
+        if !reads_rows || name == ROWS {
+            continue;
+        }
+        let mut window = false;
+        let _ = ast::visit_expressions(&**select, |e| {
+            if let Expr::Function(f) = e {
+                window |= f.over.is_some();
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        if window {
+            return Ok(Some(PerUnitStage::Coordinator {
+                reason: format!(
+                    "{name} ranks each unit's rows with a window function (distinct values and quantiles kept per unit), which postgres_fdw does not ship"
+                ),
+            }));
+        }
+        let mut reader_scope = Scope::default();
+        for (column, kind) in &stage_one {
+            reader_scope.columns.insert(column.clone(), *kind);
+        }
+        if let Some(reason) = types.first_unshippable(&**select, &reader_scope) {
+            return Ok(Some(PerUnitStage::Coordinator { reason }));
+        }
+    }
+    Ok(Some(PerUnitStage::Shippable))
+}
+
+fn is_rows(factor: &TableFactor) -> bool {
+    matches!(factor, TableFactor::Table { name, .. }
+        if matches!(name.0.as_slice(), [p] if p.as_ident().is_some_and(|i| i.value == ROWS)))
+}
+
+/// `schema.name` of a table reference, unquoted and lower-cased as the policy keys it.
+fn table_key(name: &ast::ObjectName) -> String {
+    name.0
+        .iter()
+        .map(|p| {
+            p.as_ident()
+                .map_or_else(|| p.to_string(), |i| i.value.clone())
+                .to_ascii_lowercase()
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The tables (not CTEs, which stage 1 never reads) named anywhere in `query`.
+fn base_tables(query: &ast::Query) -> Vec<String> {
+    let mut found = Vec::new();
+    let _ = ast::visit_relations(query, |name| {
+        let key = table_key(name);
+        if !found.contains(&key) {
+            found.push(key);
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+/// The temporal kinds of the columns an expression may name: `alias.column` for tables and
+/// derived tables in FROM, and bare names (the columns of stage 1 in later stages).
+#[derive(Debug, Default)]
+struct Scope {
+    qualified: BTreeMap<(String, String), Option<Kind>>,
+    columns: BTreeMap<String, Option<Kind>>,
+}
+
+struct Types<'a> {
+    policy: &'a Policy,
+}
+
+impl Types<'_> {
+    /// The kind of a policy table's column.
+    fn column_kind(&self, table: &str, column: &str) -> Option<Kind> {
+        let c = self.policy.tables.get(table)?.column(column)?;
+        match c.ty {
+            ColumnType::Date => Some(Kind::Date),
+            ColumnType::Timestamp if policy::with_time_zone(&c.declared_type) => {
+                Some(Kind::TimestampTz)
+            }
+            ColumnType::Timestamp => Some(Kind::Timestamp),
+            _ => None,
+        }
+    }
+
+    /// Adds the aliases of every table and derived table in `query` (at any depth) to `scope`.
+    fn scope_of_query(&self, query: &ast::Query, scope: &mut Scope) {
+        let SetExpr::Select(select) = query.body.as_ref() else {
+            return;
+        };
+        let factors = select
+            .from
+            .iter()
+            .flat_map(|f| std::iter::once(&f.relation).chain(f.joins.iter().map(|j| &j.relation)));
+        for factor in factors {
+            match factor {
+                TableFactor::Table { name, alias, .. } => {
+                    let table = table_key(name);
+                    let alias = alias
+                        .as_ref()
+                        .map_or_else(|| table.clone(), |a| a.name.value.clone());
+                    if let Some(t) = self.policy.tables.get(&table) {
+                        for c in &t.columns {
+                            scope.qualified.insert(
+                                (alias.clone(), c.name.clone()),
+                                self.column_kind(&table, &c.name),
+                            );
+                        }
+                    }
+                }
+                TableFactor::Derived {
+                    subquery, alias, ..
+                } => {
+                    let mut inner = Scope::default();
+                    self.scope_of_query(subquery, &mut inner);
+                    let Some(alias) = alias else { continue };
+                    if let SetExpr::Select(s) = subquery.body.as_ref() {
+                        for item in &s.projection {
+                            let (name, expr) = match item {
+                                ast::SelectItem::ExprWithAlias { expr, alias } => {
+                                    (alias.value.clone(), expr)
+                                }
+                                ast::SelectItem::UnnamedExpr(
+                                    e @ (Expr::Identifier(_) | Expr::CompoundIdentifier(_)),
+                                ) => (last_name(e).unwrap_or_default(), e),
+                                _ => continue,
+                            };
+                            scope.qualified.insert(
+                                (alias.name.value.clone(), name.to_ascii_lowercase()),
+                                self.kind(expr, &inner),
+                            );
+                        }
+                    }
+                    // The derived table's own scope, for expressions checked inside it.
+                    scope.qualified.extend(inner.qualified);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The first construct in `node` (every expression, at any depth) that does not ship.
+    fn first_unshippable<V: ast::Visit>(&self, node: &V, scope: &Scope) -> Option<String> {
+        let mut found = None;
+        let _ = ast::visit_expressions(node, |e| {
+            if let Some(reason) = self.unshippable(e, scope) {
+                found = Some(reason);
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        });
+        found
+    }
+
+    /// Why `e` itself (not its parts) does not ship, if it does not.
+    fn unshippable(&self, e: &Expr, scope: &Scope) -> Option<String> {
+        let tz = Some(Kind::TimestampTz);
+        match e {
+            Expr::Function(f) => {
+                let name = f.name.0.last()?.as_ident()?.value.to_ascii_lowercase();
+                let args = function_args(f);
+                if f.over.is_some() {
+                    return Some(format!(
+                        "{name}(…) OVER (…) in stage 1 is a window function, which postgres_fdw does not ship"
+                    ));
+                }
+                match name.as_str() {
+                    "to_char" => Some(stable("to_char formats by the session's settings")),
+                    "date_trunc" if args.len() == 3 => {
+                        Some(stable("date_trunc with a time zone"))
+                    }
+                    "date_trunc"
+                        if matches!(
+                            args.get(1).and_then(|a| self.kind(a, scope)),
+                            Some(Kind::Date | Kind::TimestampTz)
+                        ) =>
+                    {
+                        Some(stable(
+                            "date_trunc of a date or timestamptz is PostgreSQL's timestamptz overload, which reads the session's time zone",
+                        ))
+                    }
+                    "date_part" if args.get(1).and_then(|a| self.kind(a, scope)) == tz => Some(
+                        stable("date_part of a timestamptz reads the session's time zone"),
+                    ),
+                    _ => None,
+                }
+            }
+            Expr::Extract { expr, .. } if self.kind(expr, scope) == tz => Some(stable(
+                "EXTRACT from a timestamptz reads the session's time zone",
+            )),
+            Expr::Cast {
+                expr, data_type, ..
+            } => {
+                let from = self.kind(expr, scope);
+                let to = kind_of_type(data_type);
+                let literal = matches!(**expr, Expr::Value(_));
+                let text = matches!(
+                    data_type,
+                    DataType::Text | DataType::Varchar(_) | DataType::CharacterVarying(_)
+                );
+                let unshippable = match (from, to) {
+                    (Some(Kind::Date | Kind::Timestamp), Some(Kind::TimestampTz))
+                    | (Some(Kind::TimestampTz), Some(Kind::Date | Kind::Timestamp)) => true,
+                    (None, Some(Kind::TimestampTz)) => !literal,
+                    (Some(_), None) => text,
+                    _ => false,
+                };
+                unshippable.then(|| {
+                    stable(&format!(
+                        "the cast to {data_type} of a date or time reads the session's time zone or date style"
+                    ))
+                })
+            }
+            Expr::BinaryOp { left, op, right } => {
+                let (l, r) = (self.kind(left, scope), self.kind(right, scope));
+                let mixed = matches!(
+                    (l, r),
+                    (Some(Kind::TimestampTz), Some(Kind::Date | Kind::Timestamp))
+                        | (Some(Kind::Date | Kind::Timestamp), Some(Kind::TimestampTz))
+                );
+                let shifted = matches!(op, BinaryOperator::Plus | BinaryOperator::Minus)
+                    && matches!(
+                        (l, r),
+                        (Some(Kind::TimestampTz), Some(Kind::Interval))
+                            | (Some(Kind::Interval), Some(Kind::TimestampTz))
+                    );
+                if mixed {
+                    Some(stable(&format!(
+                        "{op} between a timestamptz and a date or timestamp reads the session's time zone"
+                    )))
+                } else if shifted {
+                    Some(stable(
+                        "a timestamptz plus or minus an interval reads the session's time zone",
+                    ))
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// The temporal kind of `e`'s value, if pgdp can tell it.
+    fn kind(&self, e: &Expr, scope: &Scope) -> Option<Kind> {
+        match e {
+            Expr::Nested(inner) => self.kind(inner, scope),
+            Expr::Identifier(i) => scope.columns.get(&i.value).copied().flatten(),
+            Expr::CompoundIdentifier(parts) => match parts.as_slice() {
+                [alias, column] => scope
+                    .qualified
+                    .get(&(alias.value.clone(), column.value.to_ascii_lowercase()))
+                    .copied()
+                    .flatten(),
+                _ => None,
+            },
+            Expr::Cast { data_type, .. } => kind_of_type(data_type),
+            Expr::TypedString(t) => kind_of_type(&t.data_type),
+            Expr::Interval(_) => Some(Kind::Interval),
+            Expr::Case {
+                conditions,
+                else_result,
+                ..
+            } => conditions
+                .iter()
+                .map(|c| &c.result)
+                .chain(else_result.as_deref())
+                .find_map(|r| self.kind(r, scope)),
+            Expr::BinaryOp { left, op, right } => {
+                let (l, r) = (self.kind(left, scope), self.kind(right, scope));
+                match (op, l, r) {
+                    (
+                        BinaryOperator::Plus | BinaryOperator::Minus,
+                        Some(Kind::Date),
+                        Some(Kind::Interval),
+                    )
+                    | (BinaryOperator::Plus, Some(Kind::Interval), Some(Kind::Date)) => {
+                        Some(Kind::Timestamp)
+                    }
+                    (BinaryOperator::Minus, Some(Kind::Date), Some(Kind::Date)) => None,
+                    (BinaryOperator::Minus, Some(a), Some(b)) if a == b => Some(Kind::Interval),
+                    (BinaryOperator::Plus | BinaryOperator::Minus, Some(k), _)
+                    | (BinaryOperator::Plus, _, Some(k)) => Some(k),
+                    _ => None,
+                }
+            }
+            Expr::Function(f) => {
+                let name = f.name.0.last()?.as_ident()?.value.to_ascii_lowercase();
+                let args = function_args(f);
+                match name.as_str() {
+                    "date_trunc" => match args.get(1).and_then(|a| self.kind(a, scope)) {
+                        Some(Kind::Timestamp) => Some(Kind::Timestamp),
+                        Some(Kind::Interval) => Some(Kind::Interval),
+                        _ => Some(Kind::TimestampTz),
+                    },
+                    "date_bin" => match args.get(1).and_then(|a| self.kind(a, scope)) {
+                        Some(Kind::Timestamp) => Some(Kind::Timestamp),
+                        _ => Some(Kind::TimestampTz),
+                    },
+                    "min" | "max" | "least" | "greatest" | "coalesce" | "nullif" => {
+                        args.iter().find_map(|a| self.kind(a, scope))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The reason a stable construct does not ship.
+fn stable(what: &str) -> String {
+    format!("{what} (stable in PostgreSQL), and postgres_fdw ships only immutable functions")
+}
+
+fn kind_of_type(t: &DataType) -> Option<Kind> {
+    match t {
+        DataType::Date => Some(Kind::Date),
+        DataType::Timestamp(_, tz) => Some(match tz {
+            ast::TimezoneInfo::WithTimeZone | ast::TimezoneInfo::Tz => Kind::TimestampTz,
+            _ => Kind::Timestamp,
+        }),
+        DataType::Interval { .. } => Some(Kind::Interval),
+        DataType::Custom(name, _) if table_key(name) == "timestamptz" => Some(Kind::TimestampTz),
+        _ => None,
+    }
+}
+
+fn last_name(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Identifier(i) => Some(i.value.to_ascii_lowercase()),
+        Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.to_ascii_lowercase()),
+        _ => None,
+    }
+}
+
+/// The plain arguments of a call, in order.
+fn function_args(f: &ast::Function) -> Vec<&Expr> {
+    match &f.args {
+        FunctionArguments::List(list) => list
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dp::analyze::{self, Context};
+    use crate::session::classify::{self, Statement as Classified};
+
+    const DEMO_YAML: &str = include_str!("../../../policies/demo.yaml");
+
+    /// The per-unit stage of `sql`'s partitionwise rewrite on the demo policy, with
+    /// demo.people and demo.visits sharded by the unit.
+    fn stage(sql: &str) -> PerUnitStage {
+        let policy = crate::policy::parse(DEMO_YAML).expect("demo policy");
+        let statements = classify::classify(sql).expect("classified");
+        let [Classified::Query(query)] = statements.as_slice() else {
+            panic!("{sql}: not one query");
+        };
+        let ctx = Context {
+            policy: &policy,
+            search_path: vec!["demo".into()],
+        };
+        let plan = analyze::analyze(query, &ctx).expect("analysed");
+        let rewrite = super::super::rewrite(&plan, &[], "s").expect("rewritten");
+        let rewrite = super::super::partitionwise(rewrite).expect("reshaped");
+        let sharded = ["demo.people".to_string(), "demo.visits".to_string()];
+        per_unit_stage(rewrite.sql.as_str(), &sharded, &policy)
+            .expect("read")
+            .expect("a stage 1")
+    }
+
+    fn reason(sql: &str) -> String {
+        match stage(sql) {
+            PerUnitStage::Coordinator { reason } => reason,
+            PerUnitStage::Shippable => panic!("{sql}: claimed shippable"),
+        }
+    }
+
+    #[test]
+    fn plain_columns_and_immutable_date_functions_ship() {
+        for sql in [
+            "SELECT diagnosis, COUNT(*), SUM(cost) FROM demo.visits GROUP BY diagnosis",
+            "SELECT COUNT(DISTINCT diagnosis) FROM demo.visits",
+            "SELECT p.education, COUNT(*) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id GROUP BY p.education",
+            "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT date_trunc('month', CAST(visit_date AS timestamp)) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT COUNT(*) FROM demo.visits WHERE checked_in >= TIMESTAMPTZ '2024-01-01 00:00:00+00'",
+        ] {
+            assert_eq!(stage(sql), PerUnitStage::Shippable, "{sql}");
+        }
+    }
+
+    #[test]
+    fn stable_date_functions_windows_and_local_tables_keep_the_stage_on_the_coordinator() {
+        let cases = [
+            (
+                "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+                "date_trunc of a date or timestamptz",
+            ),
+            (
+                "SELECT EXTRACT(hour FROM checked_in) AS h, COUNT(*) FROM demo.visits GROUP BY 1",
+                "EXTRACT from a timestamptz",
+            ),
+            (
+                "SELECT to_char(visit_date, 'YYYY-MM') AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+                "to_char",
+            ),
+            (
+                "SELECT MEDIAN(cost) FROM demo.visits",
+                "window function",
+            ),
+            (
+                "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON r.region = p.region GROUP BY r.name",
+                "demo.regions is not partitioned by the privacy unit",
+            ),
+            (
+                "SELECT date_trunc('month', first_visit) AS cohort, COUNT(*) FROM (SELECT person_id, MIN(visit_date) AS first_visit FROM demo.visits GROUP BY person_id) t GROUP BY 1",
+                "date_trunc of a date or timestamptz",
+            ),
+            (
+                "SELECT CAST(date_trunc('month', first_visit) AS date) AS cohort, COUNT(*) FROM (SELECT person_id, MIN(visit_date) AS first_visit FROM demo.visits GROUP BY person_id) t GROUP BY 1",
+                "stable in PostgreSQL",
+            ),
+        ];
+        for (sql, expected) in cases {
+            let reason = reason(sql);
+            assert!(reason.contains(expected), "{sql}: {reason}");
+        }
+    }
+}
