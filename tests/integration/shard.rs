@@ -326,6 +326,14 @@ async fn explain_says_when_the_per_unit_stage_stays_on_the_coordinator() {
             "SELECT EXTRACT(hour FROM checked_in) AS h, COUNT(*) FROM demo.visits GROUP BY 1",
             "EXTRACT from a timestamptz",
         ),
+        (
+            "SELECT date_trunc('month', CAST(visit_date AS timestamp)) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+            "date_trunc takes its unit as text",
+        ),
+        (
+            "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+            "EXTRACT takes its field as text",
+        ),
         ("SELECT MEDIAN(cost) FROM demo.visits", "window function"),
         (
             "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON r.region = p.region GROUP BY r.name",

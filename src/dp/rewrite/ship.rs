@@ -13,6 +13,11 @@
 //! of a `timestamptz`, `to_char` of anything, casts between `timestamptz` and `date` /
 //! `timestamp` / text, casts of any date or time to text, comparisons and arithmetic mixing a
 //! `timestamptz` with a `date` or `timestamp`, and a `timestamptz` plus or minus an interval.
+//! Immutable but not shipped either: a function whose text input is not a column of the
+//! foreign table (postgres_fdw 15 requires a function's input collation to come from a foreign
+//! column): `date_trunc` and `date_part` (the unit), `EXTRACT` (the field), and the hash of text
+//! that chooses a unit's groups when it may keep only one (`hashtextextended`). Plain columns,
+//! comparisons with literals, arithmetic, `CASE` and `width_bucket` ship.
 //!
 //! Invariants:
 //! - Pure and conservative: [`PerUnitStage::Coordinator`] whenever the text holds a construct
@@ -134,8 +139,39 @@ pub fn per_unit_stage(
         for (column, kind) in &stage_one {
             reader_scope.columns.insert(column.clone(), *kind);
         }
-        if let Some(reason) = types.first_unshippable(&**select, &reader_scope) {
-            return Ok(Some(PerUnitStage::Coordinator { reason }));
+        // A cast of a grouping column in the select list is computed by the coordinator over
+        // the grouped rows (postgres_fdw ships the grouping and computes such an expression
+        // locally): only the rest must ship.
+        let grouped: Vec<&Expr> = match &select.group_by {
+            ast::GroupByExpr::Expressions(exprs, _) => exprs.iter().collect(),
+            ast::GroupByExpr::All(_) => Vec::new(),
+        };
+        let computed_after = |e: &Expr| {
+            matches!(e, Expr::Cast { expr, .. }
+                if matches!(**expr, Expr::Identifier(_)) && grouped.contains(&&**expr))
+        };
+        for item in &select.projection {
+            let expr = match item {
+                ast::SelectItem::UnnamedExpr(e)
+                | ast::SelectItem::ExprWithAlias { expr: e, .. } => e,
+                _ => continue,
+            };
+            if computed_after(expr) {
+                continue;
+            }
+            if let Some(reason) = types.first_unshippable(expr, &reader_scope) {
+                return Ok(Some(PerUnitStage::Coordinator { reason }));
+            }
+        }
+        let rest = grouped
+            .iter()
+            .copied()
+            .chain(select.selection.as_ref())
+            .chain(select.having.as_ref());
+        for expr in rest {
+            if let Some(reason) = types.first_unshippable(expr, &reader_scope) {
+                return Ok(Some(PerUnitStage::Coordinator { reason }));
+            }
         }
     }
     Ok(Some(PerUnitStage::Shippable))
@@ -297,12 +333,19 @@ impl Types<'_> {
                     "date_part" if args.get(1).and_then(|a| self.kind(a, scope)) == tz => Some(
                         stable("date_part of a timestamptz reads the session's time zone"),
                     ),
+                    "date_trunc" | "date_part" => Some(text_input(&format!(
+                        "{name} takes its unit as text"
+                    ))),
+                    "hashtextextended" => {
+                        Some(text_input("the choice of a unit's groups hashes text"))
+                    }
                     _ => None,
                 }
             }
             Expr::Extract { expr, .. } if self.kind(expr, scope) == tz => Some(stable(
                 "EXTRACT from a timestamptz reads the session's time zone",
             )),
+            Expr::Extract { .. } => Some(text_input("EXTRACT takes its field as text")),
             Expr::Cast {
                 expr, data_type, ..
             } => {
@@ -422,6 +465,13 @@ impl Types<'_> {
     }
 }
 
+/// The reason a function with a text input that is not a column does not ship: postgres_fdw
+/// (PostgreSQL 15) sends a function whose input collation comes from a foreign table's column
+/// only, and a text literal or a cast to text has none.
+fn text_input(what: &str) -> String {
+    format!("{what} that is not a column of the table, and postgres_fdw (PostgreSQL 15) ships no function whose text input does not come from a column")
+}
+
 /// The reason a stable construct does not ship.
 fn stable(what: &str) -> String {
     format!("{what} (stable in PostgreSQL), and postgres_fdw ships only immutable functions")
@@ -500,13 +550,13 @@ mod tests {
     }
 
     #[test]
-    fn plain_columns_and_immutable_date_functions_ship() {
+    fn plain_columns_comparisons_and_buckets_ship() {
         for sql in [
             "SELECT diagnosis, COUNT(*), SUM(cost) FROM demo.visits GROUP BY diagnosis",
             "SELECT COUNT(DISTINCT diagnosis) FROM demo.visits",
             "SELECT p.education, COUNT(*) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id GROUP BY p.education",
-            "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
-            "SELECT date_trunc('month', CAST(visit_date AS timestamp)) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT visit_date, COUNT(*) FROM demo.visits WHERE diagnosis = 'J06' GROUP BY 1",
+            "SELECT width_bucket(cost, 0, 2000, 4) AS b, COUNT(*) FROM demo.visits GROUP BY 1",
             "SELECT COUNT(*) FROM demo.visits WHERE checked_in >= TIMESTAMPTZ '2024-01-01 00:00:00+00'",
         ] {
             assert_eq!(stage(sql), PerUnitStage::Shippable, "{sql}");
@@ -514,11 +564,23 @@ mod tests {
     }
 
     #[test]
-    fn stable_date_functions_windows_and_local_tables_keep_the_stage_on_the_coordinator() {
+    fn date_functions_text_inputs_windows_and_local_tables_keep_the_stage_on_the_coordinator() {
         let cases = [
             (
                 "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
                 "date_trunc of a date or timestamptz",
+            ),
+            (
+                "SELECT date_trunc('month', CAST(visit_date AS timestamp)) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+                "date_trunc takes its unit as text",
+            ),
+            (
+                "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+                "EXTRACT takes its field as text",
+            ),
+            (
+                "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n",
+                "hashes text",
             ),
             (
                 "SELECT EXTRACT(hour FROM checked_in) AS h, COUNT(*) FROM demo.visits GROUP BY 1",
