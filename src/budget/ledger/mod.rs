@@ -97,7 +97,7 @@
 //! transaction-scoped advisory lock when any table is missing, so processes starting together do
 //! not race. A role without CREATE rights can use a ledger whose tables a DBA created beforehand.
 //! A ledger of schema version 1, 2, 3 or 4 is migrated in place under the same lock, one version
-//! at a time ([`MIGRATE_1_TO_2`], [`MIGRATE_2_TO_3`], [`MIGRATE_3_TO_4`], [`MIGRATE_4_TO_5`]).
+//! at a time ([`schema`]).
 //!
 //! # Renewing budgets
 //! A [`Limit`] with a `period` covers each calendar window of it ([`crate::budget::window`]):
@@ -127,12 +127,17 @@ mod admin;
 mod group_commit;
 mod journal;
 mod lease;
+mod receipt;
+mod schema;
 mod stored;
 mod window;
 pub use admin::{
     Account, Accounts, AdminAction, AdminRecord, AuditEvent, AuditFilter, GrantRequest,
 };
 use group_commit::*;
+pub use receipt::{Balance, ChargeId, Charged, Priced, Receipt};
+use schema::ensure_schema;
+pub use schema::SCHEMA_DDL;
 pub use stored::Stored;
 
 use std::collections::HashMap;
@@ -147,336 +152,16 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 use tracing::warn;
 
-use super::accountant::{
-    admit, remaining, Cost, Limit, Refusal, Remaining, Renyi, Scope, Spent, ORDER_COUNT,
-};
+use super::accountant::{admit, Cost, Limit, Refusal, Renyi, Scope, Spent, ORDER_COUNT};
 use super::fixed::Fixed;
 use super::window::Window;
 use crate::dsn::Dsn;
 use crate::limits::{CHARGES_PER_COMMIT_MAX, STATEMENT_TIMEOUT_MS, UPSTREAM_CONNECT_TIMEOUT_MS};
 use crate::{Error, Result};
 
-/// Version of the tables below, stored in `pgdp.meta`.
-const SCHEMA_VERSION: &str = "5";
-
-/// Key of the advisory lock that serialises schema creation (ASCII "pgdpledg").
-const SCHEMA_LOCK_KEY: i64 = 0x7067_6470_6c65_6467;
-
 /// Longest lifetime the replay cache honours (100 years), so the interval arithmetic in SQL
 /// cannot overflow.
 const REPLAY_LIFETIME_MAX_S: f64 = 100.0 * 365.25 * 24.0 * 3600.0;
-
-/// The DDL of the ledger, idempotent.
-pub const SCHEMA_DDL: &str = "
-CREATE SCHEMA IF NOT EXISTS pgdp;
-CREATE TABLE IF NOT EXISTS pgdp.meta (
-    key text PRIMARY KEY,
-    value text NOT NULL
-);
-INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '5') ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
-    analyst text PRIMARY KEY,
-    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
-    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
-    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
-    renyi numeric[],
-    charges bigint NOT NULL DEFAULT 0,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    granted_epsilon numeric NOT NULL DEFAULT 0 CHECK (granted_epsilon >= 0),
-    granted_delta numeric NOT NULL DEFAULT 0 CHECK (granted_delta >= 0)
-);
-CREATE TABLE IF NOT EXISTS pgdp.dataset_spent (
-    id boolean PRIMARY KEY DEFAULT true CHECK (id),
-    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
-    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
-    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
-    renyi numeric[],
-    charges bigint NOT NULL DEFAULT 0,
-    updated_at timestamptz NOT NULL DEFAULT now()
-);
-INSERT INTO pgdp.dataset_spent (id) VALUES (true) ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS pgdp.charge_log (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    analyst text NOT NULL,
-    charged_at timestamptz NOT NULL DEFAULT now(),
-    fingerprint text NOT NULL,
-    mechanism text NOT NULL,
-    epsilon numeric NOT NULL,
-    delta numeric NOT NULL,
-    rho numeric NOT NULL,
-    pure_rho numeric NOT NULL DEFAULT 0,
-    outcome text NOT NULL DEFAULT 'charged',
-    outcome_at timestamptz,
-    tables text[] NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS charge_log_analyst_idx ON pgdp.charge_log (analyst, charged_at);
-ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS lease_id bigint,
-    ADD COLUMN IF NOT EXISTS lease_seq bigint;
-CREATE INDEX IF NOT EXISTS charge_log_lease_idx ON pgdp.charge_log (lease_id, lease_seq)
-    WHERE lease_id IS NOT NULL;
-CREATE TABLE IF NOT EXISTS pgdp.lease (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    analyst text NOT NULL,
-    holder text NOT NULL,
-    granted_at timestamptz NOT NULL DEFAULT now(),
-    queries bigint NOT NULL CHECK (queries >= 1),
-    epsilon numeric NOT NULL CHECK (epsilon >= 0),
-    delta numeric NOT NULL CHECK (delta >= 0),
-    rho numeric NOT NULL CHECK (rho >= 0),
-    renyi numeric[] NOT NULL,
-    closed_at timestamptz,
-    charges bigint,
-    used_epsilon numeric,
-    used_delta numeric,
-    used_rho numeric,
-    used_renyi numeric[]
-);
-CREATE INDEX IF NOT EXISTS lease_open_idx ON pgdp.lease (analyst) WHERE closed_at IS NULL;
-ALTER TABLE pgdp.lease ADD COLUMN IF NOT EXISTS window_period text,
-    ADD COLUMN IF NOT EXISTS window_start timestamptz,
-    ADD COLUMN IF NOT EXISTS dataset_window_period text,
-    ADD COLUMN IF NOT EXISTS dataset_window_start timestamptz;
-CREATE TABLE IF NOT EXISTS pgdp.analyst_window_spent (
-    analyst text NOT NULL,
-    period text NOT NULL CHECK (period IN ('day', 'week', 'month')),
-    window_start timestamptz NOT NULL,
-    window_end timestamptz NOT NULL CHECK (window_end > window_start),
-    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
-    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
-    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
-    renyi numeric[],
-    charges bigint NOT NULL DEFAULT 0,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (analyst, period, window_start)
-);
-CREATE TABLE IF NOT EXISTS pgdp.dataset_window_spent (
-    period text NOT NULL CHECK (period IN ('day', 'week', 'month')),
-    window_start timestamptz NOT NULL,
-    window_end timestamptz NOT NULL CHECK (window_end > window_start),
-    epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
-    delta numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),
-    rho numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),
-    renyi numeric[],
-    charges bigint NOT NULL DEFAULT 0,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (period, window_start)
-);
-CREATE TABLE IF NOT EXISTS pgdp.replay_cache (
-    analyst text NOT NULL,
-    key text NOT NULL,
-    payload bytea NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (analyst, key)
-);
-CREATE INDEX IF NOT EXISTS replay_cache_created_at_idx ON pgdp.replay_cache (created_at);
-CREATE TABLE IF NOT EXISTS pgdp.admin_log (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL DEFAULT now(),
-    action text NOT NULL CHECK (action IN ('grant', 'reset')),
-    analyst text NOT NULL,
-    epsilon numeric NOT NULL,
-    delta numeric NOT NULL,
-    rho numeric NOT NULL DEFAULT 0,
-    reason text NOT NULL DEFAULT '',
-    made_by text NOT NULL,
-    ledger_role text NOT NULL DEFAULT current_user
-);
-CREATE INDEX IF NOT EXISTS admin_log_analyst_idx ON pgdp.admin_log (analyst, at);
-";
-
-/// An analyst's (or the dataset's) budget as of one moment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Balance {
-    /// The limit the balance was computed against.
-    pub limit: Limit,
-    /// Everything charged so far (in the current window, for a renewing limit: see
-    /// [`Ledger::balance_with_window`] and [`Receipt::window`]).
-    pub spent: Spent,
-    /// What is left of the limit (see [`remaining`]).
-    pub remaining: Remaining,
-}
-
-impl Balance {
-    fn new(limit: &Limit, spent: Spent) -> Balance {
-        Balance {
-            limit: *limit,
-            spent,
-            remaining: remaining(limit, &spent),
-        }
-    }
-}
-
-/// Proof that a charge was committed durably. Bound to the statement it pays for
-/// ([`Charged`], made by [`Ledger::charge_for`]) it is what running a DP query's SQL on the
-/// upstream requires (`upstream::Pooled::run_release_query` takes the charged statement by
-/// value, so one charge covers one run). Only the ledger's charges make one: its fields are
-/// private and it has no other constructor, not even `Clone`.
-///
-/// Its parts are public values that anyone may hold and read:
-///
-/// ```
-/// use pgdp::budget::{Balance, ChargeId, Receipt, Window};
-/// fn parts(r: &Receipt) -> (ChargeId, Balance, Option<Window>) {
-///     (r.id(), *r.balance(), r.window())
-/// }
-/// let _ = ChargeId::Logged(1);
-/// ```
-///
-/// but a receipt cannot be assembled from them outside the budget module (its fields are
-/// private: the same parts, of the right types, do not make one):
-///
-/// ```compile_fail,E0451
-/// use pgdp::budget::{Balance, ChargeId, Receipt, Window};
-/// fn forge(id: ChargeId, balance: Balance, window: Option<Window>) -> Receipt {
-///     Receipt { id, balance, window }
-/// }
-/// ```
-///
-/// Nor copied to cover a second run (it is neither `Clone` nor `Copy`; a receipt moves):
-///
-/// ```
-/// fn once(r: pgdp::budget::Receipt) -> pgdp::budget::Receipt {
-///     r
-/// }
-/// ```
-///
-/// ```compile_fail,E0599
-/// fn twice(r: pgdp::budget::Receipt) -> (pgdp::budget::Receipt, pgdp::budget::Receipt) {
-///     (r.clone(), r)
-/// }
-/// ```
-#[derive(Debug, PartialEq, Eq)]
-pub struct Receipt {
-    id: ChargeId,
-    balance: Balance,
-    window: Option<Window>,
-}
-
-/// Which audit row a charge has (or will have: a charge under a lease gets its row from the
-/// journal, after the answer).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ChargeId {
-    /// A charge committed on its own: its `pgdp.charge_log` id.
-    Logged(i64),
-    /// The `seq`-th charge under lease `lease` (`pgdp.charge_log.lease_id`, `lease_seq`).
-    Leased {
-        /// The `pgdp.lease` id.
-        lease: i64,
-        /// Its charges are numbered from 0 in the order they were made.
-        seq: i64,
-    },
-}
-
-impl ChargeId {
-    /// The `pgdp.charge_log` id of a charge committed on its own (a leased charge's row is
-    /// found by its lease and number instead).
-    pub fn logged(&self) -> Option<i64> {
-        match self {
-            ChargeId::Logged(id) => Some(*id),
-            ChargeId::Leased { .. } => None,
-        }
-    }
-}
-
-impl fmt::Display for ChargeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ChargeId::Logged(id) => write!(f, "{id}"),
-            ChargeId::Leased { lease, seq } => write!(f, "lease {lease} #{seq}"),
-        }
-    }
-}
-
-impl Receipt {
-    /// Which audit row the charge has, for [`Ledger::set_outcome`] and
-    /// [`Ledger::record_release`].
-    pub fn id(&self) -> ChargeId {
-        self.id
-    }
-
-    /// The analyst's balance right after the charge.
-    pub fn balance(&self) -> &Balance {
-        &self.balance
-    }
-
-    /// For a renewing limit, the window the charge was admitted in (and the balance is of).
-    pub fn window(&self) -> Option<Window> {
-        self.window
-    }
-}
-
-/// What a charge pays for: an item that states its own cost, so that the ledger takes the cost
-/// it charges from the item it pays for ([`Ledger::charge_for`]) and never from an argument
-/// beside it.
-pub trait Priced {
-    /// What releasing the item costs.
-    fn cost(&self) -> Cost;
-}
-
-/// An item together with the receipt of the durable charge of its own cost
-/// ([`Priced::cost`]): the charge bound to what it pays for. Only [`Ledger::charge_for`] makes
-/// one (its fields are private, and it is neither `Clone` nor `Copy`), so a charge for one item
-/// cannot pay for another; [`Charged::narrowed`] hands it on only to an item that costs no more.
-/// Running a DP query upstream takes a `Charged` statement by value
-/// (`upstream::Pooled::run_release_query`): one charge, one run.
-///
-/// Its parts can be read:
-///
-/// ```
-/// use pgdp::budget::{Charged, Priced, Receipt};
-/// fn parts<T: Priced>(c: &Charged<T>) -> (&T, &Receipt) {
-///     (c.item(), c.receipt())
-/// }
-/// ```
-///
-/// but an item cannot be put under another item's charge, however it is made:
-///
-/// ```compile_fail,E0451
-/// use pgdp::budget::{Charged, Priced};
-/// fn swap<T: Priced>(paid: Charged<T>, other: T) -> Charged<T> {
-///     let (_, receipt) = paid.into_parts();
-///     Charged { item: other, receipt }
-/// }
-/// ```
-#[derive(Debug)]
-pub struct Charged<T> {
-    item: T,
-    receipt: Receipt,
-}
-
-impl<T: Priced> Charged<T> {
-    /// The item charged for.
-    pub fn item(&self) -> &T {
-        &self.item
-    }
-
-    /// The receipt of its charge.
-    pub fn receipt(&self) -> &Receipt {
-        &self.receipt
-    }
-
-    /// The item and the receipt, apart: the item can no longer be run as charged.
-    pub fn into_parts(self) -> (T, Receipt) {
-        (self.item, self.receipt)
-    }
-
-    /// The same charge for the item `narrow` makes of this one (a query's answer at the cap
-    /// chosen from the charged histogram), provided that item costs no more than this one:
-    /// an internal error otherwise, and the charge stays spent.
-    pub fn narrowed<U: Priced>(self, narrow: impl FnOnce(T) -> Result<U>) -> Result<Charged<U>> {
-        let paid = self.item.cost();
-        let item = narrow(self.item)?;
-        if !paid.covers(&item.cost()) {
-            return Err(Error::internal(
-                "a release costs more than the charge it was handed",
-            ));
-        }
-        Ok(Charged {
-            item,
-            receipt: self.receipt,
-        })
-    }
-}
 
 /// The shared, durable privacy ledger. Cheap to share behind an `Arc`; each call takes one of a
 /// few connections.
@@ -1240,111 +925,6 @@ async fn open(config: &Dsn) -> Result<Client> {
     }
     Ok(client)
 }
-
-/// Creates the tables if any is missing (under an advisory lock) and checks the version.
-async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
-    let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK_KEY])
-        .await?;
-    let present: bool = tx
-        .query_one(
-            "SELECT to_regclass('pgdp.meta') IS NOT NULL
-                AND to_regclass('pgdp.analyst_spent') IS NOT NULL
-                AND to_regclass('pgdp.dataset_spent') IS NOT NULL
-                AND to_regclass('pgdp.charge_log') IS NOT NULL
-                AND to_regclass('pgdp.replay_cache') IS NOT NULL
-                AND to_regclass('pgdp.admin_log') IS NOT NULL
-                AND to_regclass('pgdp.lease') IS NOT NULL
-                AND to_regclass('pgdp.analyst_window_spent') IS NOT NULL
-                AND to_regclass('pgdp.dataset_window_spent') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .try_get(0)?;
-    if !present {
-        tx.batch_execute(SCHEMA_DDL).await?;
-    }
-    let version: Option<String> = tx
-        .query_opt(
-            "SELECT value FROM pgdp.meta WHERE key = 'schema_version'",
-            &[],
-        )
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()?;
-    // Each step migrates one version to the next, in order, under the lock.
-    let mut version = version;
-    if version.as_deref() == Some("1") {
-        tx.batch_execute(MIGRATE_1_TO_2).await?;
-        version = Some("2".to_string());
-    }
-    if version.as_deref() == Some("2") {
-        tx.batch_execute(MIGRATE_2_TO_3).await?;
-        version = Some("3".to_string());
-    }
-    if version.as_deref() == Some("3") {
-        tx.batch_execute(MIGRATE_3_TO_4).await?;
-        version = Some("4".to_string());
-    }
-    if version.as_deref() == Some("4") {
-        tx.batch_execute(MIGRATE_4_TO_5).await?;
-        version = Some("5".to_string());
-    }
-    if version.as_deref() != Some(SCHEMA_VERSION) {
-        return Err(Fault::Corrupt(
-            "pgdp.meta schema_version is not the one this pgdp understands",
-        ));
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// Migrates a ledger of schema version 1 (sums only) to version 2, under the schema lock: the
-/// per-order totals start NULL, which reads as the bound from the sums
-/// ([`Spent::from_sums`]), and the audit log gains each charge's ρ of its pure parts (0 for the
-/// old rows, whose ε alone bounds them). A version-1 pgdp refuses the migrated ledger.
-const MIGRATE_1_TO_2: &str = "
-ALTER TABLE pgdp.analyst_spent ADD COLUMN IF NOT EXISTS renyi numeric[];
-ALTER TABLE pgdp.dataset_spent ADD COLUMN IF NOT EXISTS renyi numeric[];
-ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS pure_rho numeric NOT NULL DEFAULT 0;
-UPDATE pgdp.meta SET value = '2' WHERE key = 'schema_version';
-";
-
-/// Migrates a ledger of schema version 2 to version 3, under the schema lock: analysts' rows gain
-/// the grants added to their policy limit (0 for existing rows: their limit is the policy's, as
-/// before), the audit log gains the tables each charge read (empty for the old rows, which did
-/// not record them), and `pgdp.admin_log` records grants and resets (created by [`SCHEMA_DDL`],
-/// which runs first because the table is missing). A version-2 pgdp refuses the migrated ledger.
-const MIGRATE_2_TO_3: &str = "
-ALTER TABLE pgdp.analyst_spent
-    ADD COLUMN IF NOT EXISTS granted_epsilon numeric NOT NULL DEFAULT 0 CHECK (granted_epsilon >= 0),
-    ADD COLUMN IF NOT EXISTS granted_delta numeric NOT NULL DEFAULT 0 CHECK (granted_delta >= 0);
-ALTER TABLE pgdp.charge_log ADD COLUMN IF NOT EXISTS tables text[] NOT NULL DEFAULT '{}';
-UPDATE pgdp.meta SET value = '3' WHERE key = 'schema_version';
-";
-
-/// Migrates a ledger of schema version 3 to version 4, under the schema lock: `pgdp.lease`
-/// holds budget slices and the audit log says which slice covered a charge (NULL for charges
-/// committed on their own). [`SCHEMA_DDL`], which runs first because `pgdp.lease` is missing,
-/// creates both; this only records the version. A version-3 pgdp refuses the migrated ledger.
-const MIGRATE_3_TO_4: &str = "
-UPDATE pgdp.meta SET value = '4' WHERE key = 'schema_version';
-";
-
-/// Migrates a ledger of schema version 4 to version 5, under the schema lock: the per-window
-/// totals of renewing budgets (`pgdp.analyst_window_spent`, `pgdp.dataset_window_spent`) and
-/// the window each budget slice was reserved in (`pgdp.lease.window_*`, NULL for slices of
-/// budgets that do not renew, which all version-4 slices are). [`SCHEMA_DDL`], which runs first
-/// because the window tables are missing, creates them; the existing totals are not touched, so
-/// budgets without a `period` go on exactly as before. A version-4 pgdp refuses the migrated
-/// ledger.
-const MIGRATE_4_TO_5: &str = "
-ALTER TABLE pgdp.lease ADD COLUMN IF NOT EXISTS window_period text,
-    ADD COLUMN IF NOT EXISTS window_start timestamptz,
-    ADD COLUMN IF NOT EXISTS dataset_window_period text,
-    ADD COLUMN IF NOT EXISTS dataset_window_start timestamptz;
-UPDATE pgdp.meta SET value = '5' WHERE key = 'schema_version';
-";
 
 /// Stores a released answer unless one is there (first writer wins).
 const REPLAY_PUT: &str = "INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)
