@@ -81,7 +81,10 @@ impl Placement {
                     Some(PerUnitStage::Coordinator { reason }) => format!(
                         "upstream: {tables} partitioned by the privacy unit ({settings}), but the per-unit stage runs on the coordinator: every row of stage 1 (those that pass the WHERE) crosses from the shards, because {reason}"
                     ),
-                    Some(PerUnitStage::Shippable) | None => format!(
+                    None => format!(
+                        "upstream: {tables} partitioned by the privacy unit ({settings}); pgdp cannot tell from the statement's text where its per-unit stage runs"
+                    ),
+                    Some(PerUnitStage::Shippable) => format!(
                         "upstream: {tables} partitioned by the privacy unit ({settings}): the per-unit stage can run on each shard, since every expression in it ships; PostgreSQL's planner sends it where its estimates favour it, and then one row per unit and group crosses to the coordinator"
                     ),
                 })
