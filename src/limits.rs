@@ -24,6 +24,10 @@ pub const NTILE_BUCKETS_MAX: u64 = 100_000;
 /// own, charged on its own.
 pub const SET_OPERATION_BRANCHES_MAX: usize = 8;
 
+/// Most distinct scalar subqueries in one statement (`… / (SELECT COUNT(*) FROM …)`), each
+/// released and charged on its own before the statement.
+pub const SCALAR_SUBQUERIES_MAX: usize = 8;
+
 /// Most aggregates in one DP query.
 pub const AGGREGATES_PER_QUERY_MAX: usize = 16;
 

@@ -1,21 +1,27 @@
 //! Statements made of several releases: set operations (`UNION`, `INTERSECT`, `EXCEPT` at the
 //! top of a statement, each branch its own release) and calendars (a public series joined to an
-//! aggregate subquery), whose rest PostgreSQL evaluates over the released rows.
+//! aggregate subquery), whose rest PostgreSQL evaluates over the released rows; and statements
+//! with scalar subqueries ([`super::scalar`]), each subquery released first, the statement then
+//! answered with the released values in its text.
 //!
-//! Invariant: every branch is analysed, planned and its columns described before the first
-//! charge, so a refused branch costs nothing; the answer's rows are made only by
-//! `ClientRows::combined` from the branches' released rows (or constants).
+//! Invariant: every branch (every subquery, and the statement with stand-ins of their values)
+//! is analysed, planned and its columns described before the first charge, so a refused branch
+//! costs nothing; the answer's rows are made only by `ClientRows::combined` from the branches'
+//! released rows (or constants), or, for scalar subqueries, by answering the statement with
+//! their released values as literals.
 
 use sqlparser::ast;
 
 use crate::dp::analyze;
 use crate::dp::plan::ListedKey;
 use crate::error::{Error, Result};
-use crate::output::{Cell, OutColumn};
+use crate::output::{Cell, CellType, OutColumn};
 
+use super::classify::Statement;
 use super::dp::{after_release, released_columns};
 use super::notices::RHO_DIGITS;
 use super::route::Route;
+use super::scalar::{ScalarSplit, ScalarValue};
 use super::{ClientRows, Notice, Session, Shared};
 
 impl Session {
@@ -107,16 +113,7 @@ impl Session {
         }
         // First the sum of what the branches were charged, then each branch's NOTICEs.
         let n = branches.len();
-        let sum = match (charged, total.rho.is_zero()) {
-            (0, _) => "nothing".to_string(),
-            (_, true) => format!("epsilon={}, delta={}", total.epsilon, total.delta),
-            (_, false) => format!(
-                "epsilon={}, rho={} (zCDP), delta={}",
-                total.epsilon,
-                total.rho.ceil_significant(RHO_DIGITS),
-                total.delta
-            ),
-        };
+        let sum = charged_sum(charged, total);
         let free = if charged < n {
             "; the others were free (answered again, or public)"
         } else {
@@ -202,6 +199,198 @@ impl Session {
             .ok_or_else(|| no_shadow_for(composite))?;
         released_columns(shadow.post_columns(&sql).await?)
     }
+}
+
+/// The sum of `charged` releases' costs, for a NOTICE: `nothing`, or `epsilon=…, delta=…`.
+fn charged_sum(charged: usize, total: crate::budget::Cost) -> String {
+    match (charged, total.rho.is_zero()) {
+        (0, _) => "nothing".to_string(),
+        (_, true) => format!("epsilon={}, delta={}", total.epsilon, total.delta),
+        (_, false) => format!(
+            "epsilon={}, rho={} (zCDP), delta={}",
+            total.epsilon,
+            total.rho.ceil_significant(RHO_DIGITS),
+            total.delta
+        ),
+    }
+}
+
+/// A statement's scalar subqueries to release first, with each one's column (name, type).
+pub(super) struct Scalars {
+    pub(super) split: ScalarSplit,
+    /// The subqueries as released: each with its own time constants folded.
+    pub(super) released: Vec<ast::Query>,
+    pub(super) described: Vec<(String, CellType)>,
+    /// The statement with a stand-in of each value, its time constants folded: what is
+    /// described and explained before the first charge.
+    pub(super) stand_in: ast::Query,
+}
+
+impl Session {
+    /// The scalar subqueries of `query` to release before it ([`super::scalar`]): only when
+    /// the statement as written is refused by analysis (a statement answered in one release
+    /// keeps it), and every subquery is a DP query answerable on its own. Checked before any
+    /// charge: each subquery described, and the statement with stand-ins of their values
+    /// described as what it becomes. A subquery that reads the outer query's columns leaves the
+    /// statement's own refusal.
+    pub(super) async fn scalars(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+    ) -> Result<Option<Scalars>> {
+        let Some(split) = super::scalar::split(query)? else {
+            return Ok(None);
+        };
+        let refusal = match analyze::analyze(query, &self.context(shared)) {
+            Ok(_) => return Ok(None),
+            Err(e) => e,
+        };
+        let mut described = Vec::with_capacity(split.subqueries.len());
+        let mut released = Vec::with_capacity(split.subqueries.len());
+        for subquery in &split.subqueries {
+            if !matches!(super::route::route_query(subquery)?, Route::Dp(_)) {
+                return Err(refusal);
+            }
+            let subquery = self.time_folded(shared, subquery.clone()).await?;
+            let columns = match Box::pin(self.dp_columns(shared, &subquery)).await {
+                Ok(columns) => columns,
+                // Correlated (or a typo): the statement's own refusal says what it is.
+                Err(Error::UnknownColumn { .. } | Error::UnknownTable { .. }) => {
+                    return Err(refusal)
+                }
+                Err(e) => return Err(e),
+            };
+            // Under pgdp.accuracy its error bound follows: the value is the first column.
+            let column = columns
+                .first()
+                .ok_or_else(|| Error::internal("a scalar subquery without a column"))?;
+            described.push((column.name.clone(), column.ty));
+            released.push(subquery);
+        }
+        let stand_in = split.with_stand_ins(&described)?;
+        let stand_in = self.time_folded(shared, stand_in).await?;
+        Box::pin(self.statement_columns(shared, &stand_in)).await?;
+        Ok(Some(Scalars {
+            split,
+            released,
+            described,
+            stand_in,
+        }))
+    }
+
+    /// `statement` with its time constants folded ([`super::fold`]): an expression over a
+    /// subquery's value and the clock (`current_date - (SELECT …) * interval '1 day'`) is
+    /// constant once the value is in place.
+    async fn time_folded(&self, shared: &Shared, statement: ast::Query) -> Result<ast::Query> {
+        let statement = Statement::Query(Box::new(statement));
+        Ok(match self.fold_time(shared, &statement).await? {
+            Some(Statement::Query(folded)) => *folded,
+            _ => match statement {
+                Statement::Query(q) => *q,
+                _ => return Err(Error::internal("a query that is not one")),
+            },
+        })
+    }
+
+    /// The columns of a statement whose scalar subqueries are values: a DP query, or constants.
+    pub(super) async fn statement_columns(
+        &self,
+        shared: &Shared,
+        statement: &ast::Query,
+    ) -> Result<Vec<OutColumn>> {
+        match super::route::route_query(statement)? {
+            Route::Constant(items) => Ok(self.constants(shared, items)?.columns().to_vec()),
+            Route::Dp(_) => Box::pin(self.dp_columns(shared, statement)).await,
+            // Constants pgdp's evaluator does not cover: PostgreSQL's, on the shadow catalog.
+            Route::Catalog(query) => self.catalog_columns(shared, query).await,
+            _ => Err(scalar_statement_refusal(statement)),
+        }
+    }
+
+    /// Releases (and charges) each scalar subquery in turn, then answers the statement with
+    /// their released values in its text; the NOTICEs of every charge go before the answer,
+    /// after one that sums them.
+    pub(super) async fn scalar_release(
+        &mut self,
+        shared: &Shared,
+        scalars: &Scalars,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let mut values = Vec::with_capacity(scalars.described.len());
+        let mut notices = Vec::new();
+        let (mut charged, mut total) = (0, crate::budget::Cost::default());
+        for (subquery, (name, ty)) in scalars.released.iter().zip(&scalars.described) {
+            let charges = self.charges;
+            let part = Box::pin(self.dp_query(shared, subquery, params)).await?;
+            if let (true, Some(cost)) = (self.charges > charges, self.last_cost) {
+                charged += 1;
+                total = total + cost;
+            }
+            let cell = match part.rows() {
+                [] => Cell::Null,
+                [row] => row.first().cloned().unwrap_or(Cell::Null),
+                // A subquery over public tables alone may return several rows: PostgreSQL's
+                // error; its rows are public, and a DP release of one aggregate has one row.
+                _ => {
+                    return Err(Error::PostProcessing {
+                        state: tokio_postgres::error::SqlState::CARDINALITY_VIOLATION,
+                        message: "more than one row returned by a subquery used as an expression"
+                            .into(),
+                        hint: Some(format!("The subquery {subquery} returned {} rows; a scalar subquery is one value: add a WHERE that keeps one row, or aggregate it.", part.rows().len())),
+                    })
+                }
+            };
+            values.push(ScalarValue {
+                cell,
+                ty: *ty,
+                name: name.clone(),
+            });
+            notices.extend(part.notices().iter().cloned());
+        }
+        let statement = scalars.split.substitute(&values)?;
+        let statement = self.time_folded(shared, statement).await?;
+        let charges = self.charges;
+        let answer = match super::route::route_query(&statement)? {
+            Route::Constant(items) => self.constants(shared, items),
+            Route::Dp(_) => Box::pin(self.dp_query(shared, &statement, params)).await,
+            Route::Catalog(query) => self.catalog_rows(shared, query, params).await,
+            _ => Err(scalar_statement_refusal(&statement)),
+        }
+        .map_err(|e| {
+            let place = format!(
+                "in the statement over its released subqueries; the charges for them stand: {}",
+                charged_sum(charged, total)
+            );
+            match e {
+                // Refused for budget after the subqueries' charges: say what they took.
+                Error::BudgetExhausted { detail } if charged > 0 => Error::BudgetExhausted {
+                    detail: format!("{detail} ({place})"),
+                },
+                other => after_release(other, &place),
+            }
+        })?;
+        if let (true, Some(cost)) = (self.charges > charges, self.last_cost) {
+            charged += 1;
+            total = total + cost;
+        }
+        let n = values.len();
+        let mut all = vec![Notice::new(format!(
+            "pgdp: charged {}; the sum for this statement's {n} scalar subquery(ies), each released and charged on its own first (its noisy value then a constant of the statement), and the statement itself ({charged} charged now; their NOTICEs follow); aggregates of the same rows asked in one query are one release",
+            charged_sum(charged, total)
+        ))];
+        all.extend(notices);
+        all.extend(answer.notices().iter().cloned());
+        Ok(answer.with_notices(all))
+    }
+}
+
+/// The refusal of a statement that, with its subqueries' values in place, is neither a DP
+/// query nor a SELECT of constants.
+fn scalar_statement_refusal(statement: &ast::Query) -> Error {
+    Error::unsupported(
+        format!("the statement {statement} over released subqueries"),
+        "With each scalar subquery's released value in its place, a statement is answered as a DP query over the data or a SELECT of constants pgdp evaluates; ask for the subqueries' aggregates on their own.",
+    )
 }
 
 /// The refusal of a branch of a set operation that is neither a DP query nor a SELECT of

@@ -258,6 +258,9 @@ impl Session {
         if let Some(series) = super::series::split(query) {
             return Box::pin(self.dp_columns(shared, &series.outer)).await;
         }
+        if let Some(scalars) = self.scalars(shared, query).await? {
+            return self.statement_columns(shared, &scalars.stand_in).await;
+        }
         let plan = analyze::analyze(query, &self.context(shared))?;
         Ok(self.answer_shape(shared, query, &plan).await?.columns)
     }
@@ -432,6 +435,9 @@ impl Session {
         }
         if let Some(series) = super::series::split(query) {
             return self.series_limit(shared, &series, params).await;
+        }
+        if let Some(scalars) = self.scalars(shared, query).await? {
+            return self.scalar_release(shared, &scalars, params).await;
         }
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) = self

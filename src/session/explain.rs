@@ -76,6 +76,29 @@ impl Session {
             }
             return Ok(ClientRows::computed(explain_columns(), lines));
         }
+        if let Some(scalars) = self.scalars(shared, query).await? {
+            let n = scalars.split.subqueries.len();
+            let mut lines = vec![vec![Cell::Text(format!(
+                "statement with {n} scalar subquery(ies), each released and charged on its own first; its noisy value then stands in the statement as a constant, and the statement is answered as what it has become"
+            ))]];
+            for (i, subquery) in scalars.released.iter().enumerate() {
+                lines.push(vec![Cell::Text(format!("subquery {}: {subquery}", i + 1))]);
+                let explained = Box::pin(self.explain(shared, subquery, params)).await?;
+                lines.extend(explained.rows().iter().cloned());
+            }
+            let stand_in = &scalars.stand_in;
+            lines.push(vec![Cell::Text(format!(
+                "the statement, with a stand-in value of each subquery's type where its released value will be: {stand_in}"
+            ))]);
+            match super::route::route_query(stand_in)? {
+                Route::Dp(_) => {
+                    let explained = Box::pin(self.explain(shared, stand_in, params)).await?;
+                    lines.extend(explained.rows().iter().cloned());
+                }
+                _ => lines.push(vec![Cell::Text("constants: no release, no charge".into())]),
+            }
+            return Ok(ClientRows::computed(explain_columns(), lines));
+        }
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) = self
             .plan_dp_placed(shared, query, params, secret, listed)

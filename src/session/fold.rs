@@ -44,12 +44,10 @@ const HELPER_FUNCTIONS: &[&str] = &["date_trunc", "date_part", "make_interval"];
 pub fn foldable(query: &ast::Query) -> Vec<Expr> {
     let mut copy = query.clone();
     let mut found = Vec::new();
-    let _ = copy.visit(&mut Folder {
-        replace: |e: &Expr| {
-            found.push(e.clone());
-            Some(Expr::value(Value::Null))
-        },
-    });
+    let _ = copy.visit(&mut Folder::new(|e: &Expr| {
+        found.push(e.clone());
+        Some(Expr::value(Value::Null))
+    }));
     found
 }
 
@@ -76,13 +74,11 @@ pub fn substitute(query: &ast::Query, values: &[(Option<String>, String)]) -> Re
     let mut folded = query.clone();
     let mut next = literals.into_iter();
     let mut missing = false;
-    let _ = folded.visit(&mut Folder {
-        replace: |_: &Expr| {
-            let literal = next.next();
-            missing |= literal.is_none();
-            literal
-        },
-    });
+    let _ = folded.visit(&mut Folder::new(|_: &Expr| {
+        let literal = next.next();
+        missing |= literal.is_none();
+        literal
+    }));
     if missing || next.next().is_some() {
         return Err(Error::internal(
             "folded constants do not match their expressions",
@@ -166,15 +162,87 @@ fn literal(text: Option<&str>, ty: &str) -> Result<Expr> {
 /// Replaces each maximal foldable expression (pre-order) by what `replace` returns for it.
 struct Folder<F> {
     replace: F,
+    /// Inside an expression left whole for after its subqueries' release: how deep.
+    skip: usize,
+}
+
+impl<F> Folder<F> {
+    fn new(replace: F) -> Folder<F> {
+        Folder { replace, skip: 0 }
+    }
 }
 
 impl<F: FnMut(&Expr) -> Option<Expr>> VisitorMut for Folder<F> {
     type Break = ();
 
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        if self.skip > 0 {
+            self.skip += 1;
+            return ControlFlow::Continue(());
+        }
+        // `current_date - (SELECT MAX(age) FROM …) * interval '1 day'`: constant once the
+        // subquery's released value stands in it ([`super::scalar`]), and folded whole then;
+        // folding `current_date` alone now would leave date arithmetic no analysis reads.
+        if waits_for_subqueries(expr) {
+            self.skip = 1;
+            return ControlFlow::Continue(());
+        }
         if is_constant(expr) && calls_time_function(expr) {
             if let Some(replacement) = (self.replace)(expr) {
                 *expr = replacement;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, _expr: &mut Expr) -> ControlFlow<()> {
+        self.skip = self.skip.saturating_sub(1);
+        ControlFlow::Continue(())
+    }
+}
+
+/// Whether `e` is a constant expression over the clock but for scalar subqueries in it (not
+/// inside them): `current_date - (SELECT …) * interval '1 day'`.
+fn waits_for_subqueries(e: &Expr) -> bool {
+    let has_subquery = ast::visit_expressions(e, |inner| match inner {
+        Expr::Subquery(_) => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break();
+    if !has_subquery || !is_constant_with(e, true) {
+        return false;
+    }
+    let mut outside = OutsideQueries {
+        depth: 0,
+        found: false,
+    };
+    let _ = sqlparser::ast::Visit::visit(e, &mut outside);
+    outside.found
+}
+
+/// Finds a call of one of [`TIME_FUNCTIONS`] outside any subquery.
+struct OutsideQueries {
+    depth: usize,
+    found: bool,
+}
+
+impl sqlparser::ast::Visitor for OutsideQueries {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
+        self.depth += 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
+        self.depth -= 1;
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        if let Expr::Function(f) = expr {
+            if self.depth == 0 && TIME_FUNCTIONS.contains(&function_name(f).as_str()) {
+                self.found = true;
             }
         }
         ControlFlow::Continue(())
@@ -192,7 +260,14 @@ fn function_name(f: &ast::Function) -> String {
 /// Whether `e` is built only from literals, the time and helper functions, casts, intervals
 /// and arithmetic.
 fn is_constant(e: &Expr) -> bool {
+    is_constant_with(e, false)
+}
+
+/// [`is_constant`], a scalar subquery counting as a constant when `subqueries` says so.
+fn is_constant_with(e: &Expr, subqueries: bool) -> bool {
+    let is_constant = |e: &Expr| is_constant_with(e, subqueries);
     match e {
+        Expr::Subquery(_) => subqueries,
         Expr::Value(v) => !matches!(v.value, Value::Placeholder(_)),
         Expr::TypedString(_) => true,
         Expr::Interval(i) => is_constant(&i.value),
@@ -289,6 +364,21 @@ mod tests {
         assert_eq!(
             texts("SELECT COUNT(*) FROM v WHERE d <= CURRENT_DATE"),
             ["CURRENT_DATE"]
+        );
+    }
+
+    #[test]
+    fn an_expression_waiting_for_a_subquerys_value_is_folded_whole_later() {
+        // Left whole: folded after the subquery's release puts its value in place.
+        assert!(texts("SELECT COUNT(*) FROM v WHERE d >= current_date - (SELECT MAX(age) FROM p) * INTERVAL '1 day'").is_empty());
+        // The clock inside a subquery is still folded, there.
+        assert_eq!(
+            texts("SELECT COUNT(*) * 1.0 / (SELECT COUNT(*) FROM v WHERE d >= current_date - 30) FROM v WHERE d >= current_date - 365"),
+            ["current_date - 30", "current_date - 365"]
+        );
+        assert_eq!(
+            texts("SELECT COUNT(*) FROM v WHERE d >= current_date - (SELECT MAX(age) FROM p WHERE d < now()) * INTERVAL '1 day'"),
+            Vec::<String>::new()
         );
     }
 

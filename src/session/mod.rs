@@ -23,6 +23,7 @@ pub mod settings;
 mod calendar;
 mod composite;
 mod fold;
+mod scalar;
 mod series;
 mod setop;
 
@@ -338,16 +339,7 @@ impl Session {
             Route::Budget(columns) => self.budget_view(shared, columns).await,
             Route::Constant(items) => self.constants(shared, items),
             Route::SetConfig(call) => self.set_config(shared, &call, params).await,
-            Route::Catalog(query) => {
-                let sql = crate::upstream::catalog::check(query, params, &|name| {
-                    Ok(self.settings.show(name, &self.server_version)?.1)
-                })?;
-                let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
-                let search_path = self.catalog_search_path(shared);
-                Ok(ClientRows::catalog(
-                    shadow.run(&self.analyst.name, &sql, &search_path).await?,
-                ))
-            }
+            Route::Catalog(query) => self.catalog_rows(shared, query, params).await,
             Route::Dp(query) => match shared.policy.release_schedule {
                 None => self.dp_query(shared, query, params).await,
                 Some(schedule) => {
@@ -564,13 +556,7 @@ pub async fn describe(
             })
             .collect::<Result<Vec<_>>>()?,
         Route::SetConfig(call) => vec![OutColumn::new(call.column, CellType::Text)],
-        Route::Catalog(query) => {
-            let sql = crate::upstream::catalog::check(query, &[], &|name| {
-                Ok(session.settings.show(name, &session.server_version)?.1)
-            })?;
-            let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
-            shadow.describe(&sql).await?
-        }
+        Route::Catalog(query) => session.catalog_columns(shared, query).await?,
         Route::Dp(query) => {
             let folded = session.fold_time(shared, statement).await?;
             let query = match &folded {
@@ -584,6 +570,37 @@ pub async fn describe(
 }
 
 impl Session {
+    /// A query of catalog relations (or of constants pgdp does not evaluate itself), checked
+    /// against the allow-lists and run on the data-free shadow catalog.
+    pub(super) async fn catalog_rows(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let sql = crate::upstream::catalog::check(query, params, &|name| {
+            Ok(self.settings.show(name, &self.server_version)?.1)
+        })?;
+        let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
+        let search_path = self.catalog_search_path(shared);
+        Ok(ClientRows::catalog(
+            shadow.run(&self.analyst.name, &sql, &search_path).await?,
+        ))
+    }
+
+    /// The columns of [`Session::catalog_rows`]' answer, described on the shadow catalog.
+    pub(super) async fn catalog_columns(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+    ) -> Result<Vec<OutColumn>> {
+        let sql = crate::upstream::catalog::check(query, &[], &|name| {
+            Ok(self.settings.show(name, &self.server_version)?.1)
+        })?;
+        let shadow = shared.shadow.as_ref().ok_or_else(no_shadow)?;
+        shadow.describe(&sql).await
+    }
+
     /// The columns of a DP query's answer, described before Bind.
     async fn dp_columns_before_bind(
         &self,

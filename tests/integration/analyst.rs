@@ -447,3 +447,141 @@ async fn error_bounds_stay_beside_released_aggregates_under_post_processing() {
     }
     proxy.stop().await;
 }
+
+/// Issue 42's scalar subqueries: a subquery of one aggregate that reads only its own tables is
+/// released first and charged on its own, and its noisy value is a literal of the statement.
+/// Compared with PostgreSQL's answer at ε 100 per release (Laplace scale of a count of people
+/// 1/100; the mean age's and a share's errors are far inside the tolerances stated below), with
+/// PostgreSQL's column types, the charge of every release, and the refusals before any charge.
+#[tokio::test]
+async fn scalar_subqueries_are_releases_of_their_own_before_the_statement() {
+    let proxy = rich_proxy(147).await;
+    let s: Session = proxy.connect().await;
+    let up = upstream_client().await;
+    s.simple_query("SET pgdp.epsilon = 100").await.expect("SET");
+    let number =
+        |v: &Option<String>| -> f64 { v.as_deref().expect("a value").parse().expect("a number") };
+    // (statement, columns, releases charged, tolerance per column against PostgreSQL)
+    let cases: [(&str, usize, f64, &[f64]); 4] = [
+        // Another WHERE: the total is a count of all people (scale 0.01), the numerator too.
+        (
+            "SELECT COUNT(*) * 1.0 / (SELECT COUNT(*) FROM demo.people) AS share FROM demo.people WHERE age > 60",
+            1,
+            200.0,
+            &[0.001],
+        ),
+        // A threshold from the data: the mean age (sum over count, each at scale ~1), then the
+        // count above it: people near the mean age are many, so allow one year's worth (~2%).
+        (
+            "SELECT COUNT(*) AS older FROM demo.people WHERE age > (SELECT AVG(age) FROM demo.people)",
+            1,
+            200.0,
+            &[2500.0],
+        ),
+        // A row of totals: two releases (the count of people is the first case's, answered
+        // again free), then constants, free.
+        (
+            "SELECT (SELECT COUNT(*) FROM demo.people) AS people, (SELECT COUNT(DISTINCT region) FROM demo.people) AS regions",
+            2,
+            100.0,
+            &[1.0, 1.0],
+        ),
+        // HAVING over a released value (free again): the regions above a twentieth of all people.
+        (
+            "SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region HAVING COUNT(*) > (SELECT COUNT(*) FROM demo.people) / 20 ORDER BY region",
+            2,
+            100.0,
+            &[0.0, 1.0],
+        ),
+    ];
+    for (sql, width, charge, tolerance) in cases {
+        assert_eq!(described(&s, sql).await, described(&up, sql).await, "{sql}");
+        let expected = rows(&up, sql, width).await;
+        let before = s.budget().await;
+        s.take_notices();
+        let answered = rows(&s, sql, width).await;
+        let spent = s.budget().await.epsilon_spent - before.epsilon_spent;
+        assert!((spent - charge).abs() < 1e-6, "{sql}: charged {spent}");
+        let notices = s.take_notices().join("\n");
+        assert!(
+            notices.starts_with(&format!(
+                "pgdp: charged epsilon={charge}, delta=0; the sum for this statement's"
+            )),
+            "{sql}: {notices}"
+        );
+        assert_eq!(
+            answered.len(),
+            expected.len(),
+            "{sql}: {answered:?} {expected:?}"
+        );
+        for (a, e) in answered.iter().zip(&expected) {
+            for (i, t) in tolerance.iter().enumerate() {
+                if *t == 0.0 {
+                    assert_eq!(a[i], e[i], "{sql}");
+                } else {
+                    let (a, e) = (number(&a[i]), number(&e[i]));
+                    assert!((a - e).abs() <= *t, "{sql}: column {i}: {a} against {e}");
+                }
+            }
+        }
+        // Asked again: every release is a replay, free.
+        let before = s.budget().await;
+        rows(&s, sql, width).await;
+        assert_eq!(
+            s.budget().await.epsilon_spent,
+            before.epsilon_spent,
+            "{sql}: replay"
+        );
+    }
+    // Refused before anything is charged: a correlated subquery (0A000), raw rows with a
+    // released threshold (42501), a subquery refused on its own (42501).
+    for (sql, code) in [
+        (
+            "SELECT COUNT(*) FROM demo.people p WHERE income > (SELECT AVG(income) FROM demo.people) AND age > (SELECT AVG(age) FROM demo.people q WHERE q.region = p.region)",
+            &SqlState::FEATURE_NOT_SUPPORTED,
+        ),
+        (
+            "SELECT person_id FROM demo.people WHERE age > (SELECT AVG(age) FROM demo.people)",
+            &SqlState::INSUFFICIENT_PRIVILEGE,
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE cost > (SELECT AVG(visit_id) FROM demo.visits)",
+            &SqlState::INSUFFICIENT_PRIVILEGE,
+        ),
+    ] {
+        let before = s.budget().await;
+        assert_code(s.simple_query(sql).await, code, sql);
+        assert_eq!(
+            s.budget().await.epsilon_spent,
+            before.epsilon_spent,
+            "{sql}: charged"
+        );
+    }
+    // EXPLAIN shows each release and the statement with a stand-in, charging nothing.
+    let before = s.budget().await;
+    let plan: Vec<String> = rows(
+        &s,
+        "EXPLAIN SELECT COUNT(*) FROM demo.people WHERE income > (SELECT AVG(income) FROM demo.people)",
+        1,
+    )
+    .await
+    .into_iter()
+    .filter_map(|r| r[0].clone())
+    .collect();
+    assert!(
+        plan[0].starts_with("statement with 1 scalar subquery(ies)")
+            && plan
+                .iter()
+                .any(|l| l == "subquery 1: SELECT AVG(income) FROM demo.people")
+            && plan
+                .iter()
+                .any(|l| l.contains("WHERE income > CAST('1' AS NUMERIC)")),
+        "{plan:#?}"
+    );
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        before.epsilon_spent,
+        "EXPLAIN"
+    );
+    proxy.stop().await;
+}

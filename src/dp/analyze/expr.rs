@@ -455,7 +455,7 @@ impl<'a> Analyzer<'a> {
             )),
             Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. } => Err(Error::unsupported(
                 "subqueries in expressions",
-                "A semijoin on the privacy unit is answered as a condition of the query's WHERE on its own (ANDed with the others): person_id IN (SELECT person_id FROM demo.visits WHERE …) or [NOT] EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND …). Other subqueries over private data are not supported; use a join on the privacy unit or a public table.",
+                "A scalar subquery that reads only its own tables, one aggregate without GROUP BY such as (SELECT AVG(cost) FROM demo.visits), is released first, charged on its own, and its noisy value used as a constant; one that reads the outer query's columns (correlated) is not supported. A semijoin on the privacy unit is answered as a condition of the query's WHERE on its own (ANDed with the others): person_id IN (SELECT person_id FROM demo.visits WHERE …) or [NOT] EXISTS (SELECT 1 FROM demo.visits v WHERE v.person_id = p.person_id AND …). Other subqueries over private data are not supported; use a join on the privacy unit or a public table.",
             )),
             other => Err(unsupported_here(&format!("the expression {other}"))),
         }

@@ -492,7 +492,7 @@ impl Analyzer<'_> {
             // the same question is one query of t, its condition moved into FILTER.
             Expr::Subquery(_) => Err(Error::unsupported(
                 format!("the subquery {e} in an expression over aggregates"),
-                "Ask for the numerator and the denominator in one query of the table, one release charged once: move the numerator's WHERE condition into FILTER, as in SELECT COUNT(*) FILTER (WHERE <condition>) * 1.0 / COUNT(*) FROM <table>; for each group's share of all rows, divide by SUM(COUNT(*)) OVER (), as in SELECT <key>, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () FROM <table> GROUP BY <key>.",
+                "pgdp releases a scalar subquery that reads only its own tables first, charged on its own, and uses its noisy value as a constant; this one reads the outer query's columns (a correlated subquery), or is not one aggregate without GROUP BY. Or ask for the numerator and the denominator in one query of the table, one release charged once: move the numerator's WHERE condition into FILTER, as in SELECT COUNT(*) FILTER (WHERE <condition>) * 1.0 / COUNT(*) FROM <table>; for each group's share of all rows, divide by SUM(COUNT(*)) OVER (), as in SELECT <key>, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () FROM <table> GROUP BY <key>.",
             )),
             other => Err(Error::unsupported(
                 format!("{other} in an expression over aggregates"),
