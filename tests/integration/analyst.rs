@@ -557,6 +557,17 @@ async fn scalar_subqueries_are_releases_of_their_own_before_the_statement() {
             "{sql}: charged"
         );
     }
+    // A bound parameter inside the subquery, through the extended protocol (Describe before
+    // Bind, then Execute): the same answer as PostgreSQL's, within the threshold's tolerance.
+    let sql = "SELECT COUNT(*) AS older FROM demo.people WHERE age > (SELECT AVG(age) FROM demo.people WHERE region = $1)";
+    let statement = s.prepare(sql).await.expect("prepare");
+    let got: i64 = s
+        .query_one(&statement, &[&"NO"])
+        .await
+        .expect("execute")
+        .get(0);
+    let expected: i64 = up.query_one(sql, &[&"NO"]).await.expect("upstream").get(0);
+    assert!((got - expected).abs() <= 2500, "{got} against {expected}");
     // EXPLAIN shows each release and the statement with a stand-in, charging nothing.
     let before = s.budget().await;
     let plan: Vec<String> = rows(
