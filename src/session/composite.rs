@@ -37,16 +37,15 @@ impl Session {
         params: &[Option<String>],
     ) -> Result<ClientRows> {
         let columns = self.composite_columns(shared, composite).await?;
-        let secret = shared.secret().await?;
         let branches = composite.branches();
+        // Every branch planned (a refusal of any costs nothing), and what they will be charged
+        // checked against the budget as one, before the first charge.
+        let mut costs = Vec::new();
         for branch in branches {
-            if matches!(super::route::route_query(branch)?, Route::Dp(_))
-                && self.public_sql(shared, branch).await?.is_none()
-                && super::series::split(branch).is_none()
-            {
-                self.plan_dp(shared, branch, params, secret).await?;
-            }
+            costs.extend(self.planned_costs(shared, branch, params, None).await?);
         }
+        self.afford(shared, &costs, &format!("of this {}", composite.what()))
+            .await?;
         let shadow = shared
             .shadow
             .as_ref()
@@ -316,6 +315,17 @@ impl Session {
         scalars: &Scalars,
         params: &[Option<String>],
     ) -> Result<ClientRows> {
+        // What the subqueries and the statement will be charged, checked as one first.
+        let mut costs = Vec::new();
+        for statement in scalars.released.iter().chain([&scalars.stand_in]) {
+            costs.extend(Box::pin(self.planned_costs(shared, statement, params, None)).await?);
+        }
+        self.afford(
+            shared,
+            &costs,
+            "of this statement's scalar subqueries and the statement over their values",
+        )
+        .await?;
         let mut values = Vec::with_capacity(scalars.described.len());
         let mut notices = Vec::new();
         let (mut charged, mut total) = (0, crate::budget::Cost::default());

@@ -10,20 +10,19 @@
 
 use sqlparser::ast;
 
-use crate::budget::{self, Fixed, Limit};
+use crate::budget::{Fixed, Limit};
 use crate::dp::analyze;
 use crate::dp::plan::{ListedKey, Plan};
 use crate::dp::release::{self, Released};
 use crate::dp::rewrite::{self, Rewrite};
 use crate::error::{Error, Result};
-use crate::metrics::{Lookup, Served, Stage};
+use crate::metrics::Stage;
 use crate::output::{CellType, OutColumn};
 use crate::policy::BudgetSpec;
 use crate::upstream::{ColumnFact, Placement};
 
 use super::composite::Composite;
-use super::notices::{answer_notices, charge_notice, remaining_text};
-use super::{ClientRows, Notice, Session, Shared};
+use super::{ClientRows, Session, Shared};
 
 /// A policy budget as exact ledger limits (rounded down: never in the analyst's favour), per
 /// window of its `period` when it renews.
@@ -36,7 +35,7 @@ pub fn limit_of(spec: &BudgetSpec) -> Result<Limit> {
 /// The policy tables `plan` reads, sorted, each once, for the audit log (`pgdp audit`): the
 /// tables of FROM and of semijoins, and the policy tables inside the SQL pgdp built for derived
 /// tables and unit paths. Names only: no value of the query enters the log.
-fn tables_read(plan: &Plan, policy: &crate::policy::Policy) -> Vec<String> {
+pub(super) fn tables_read(plan: &Plan, policy: &crate::policy::Policy) -> Vec<String> {
     let mut names = std::collections::BTreeSet::new();
     let refs = plan
         .tables()
@@ -439,439 +438,23 @@ impl Session {
         if let Some(scalars) = self.scalars(shared, query).await? {
             return self.scalar_release(shared, &scalars, params).await;
         }
-        let secret = shared.secret().await?;
-        let (plan, rewrite, mechanisms, placement) = self
-            .plan_dp_placed(shared, query, params, secret, listed)
-            .await?;
-        // A row of a table with a unit path has one unit only if each key of the path is unique.
-        shared
-            .upstream
-            .verify_unique_keys(&shared.catalog_facts, plan.unique_keys())
-            .await?;
-        let budget = mechanisms.budget;
-        // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
-        // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
-        // and every privacy setting.
-        let query_text = query.to_string();
-        let bound: Vec<String> = params
-            .iter()
-            .map(|p| {
-                p.as_deref()
-                    .map(|v| format!("v{v}"))
-                    .unwrap_or_else(|| "null".into())
-            })
-            .collect();
-        let bound = bound.join("\u{1f}");
-        let key = budget::fingerprint(&[
-            &query_text,
-            &bound,
-            rewrite.sql.as_str(),
-            &budget.epsilon.to_string(),
-            &budget.delta.to_string(),
-            budget.mechanism.name(),
-            if self.settings.accuracy {
-                "accuracy"
-            } else {
-                ""
-            },
-        ]);
-        // Unclamped means are another answer to the same query; the default keeps the keys
-        // stored before the setting existed.
-        let key = if self.settings.clamp_means {
-            key
-        } else {
-            budget::fingerprint(&[&key, "unclamped means"])
-        };
-        // A cap chosen per query is another answer to the same query.
-        let key = if self.settings.choose_bounds {
-            budget::fingerprint(&[&key, "chosen bounds"])
-        } else {
-            key
-        };
-        let key = in_zone(key, &self.settings.time_zone);
-        // Keys listed by the statement around the query are another answer to it.
-        let key = match listed {
-            Some(listed) => {
-                let values: Vec<&str> =
-                    listed.values.iter().flatten().map(String::as_str).collect();
-                budget::fingerprint(&[&key, "listed", &listed.column, &values.join("\u{1f}")])
-            }
-            None => key,
-        };
-        // Under pgdp.max_relative_error the answer may be a refusal: its entry is the refusal
-        // (REFUSED_PAYLOAD), and the rows are stored under the key without the setting, so that
-        // asking again without it replays them, free.
-        let rows_key = key.clone();
-        let key = match self.settings.max_relative_error {
-            Some(share) => budget::fingerprint(&[&key, &format!("max_relative_error={share}")]),
-            None => key,
-        };
-        let ledger = &shared.ledger;
-        let analyst = self.analyst.name.clone();
-
-        // The key of the noisy measures this query needs, for reuse (1b).
-        let measures_key = {
-            let domain = if plan.keys_public() {
-                rewrite::domain::public_domain(&plan, params)?
-            } else {
-                Vec::new()
-            };
-            let key = release::measures_key(&plan, &rewrite, &mechanisms, params, &domain);
-            // Measures at chosen caps are stored with those caps (their noise is that caps'),
-            // under a key of their own, so such a query reuses none stored at the tables' caps
-            // and a query at the tables' caps none stored at chosen ones.
-            let key = if self.settings.choose_bounds {
-                budget::fingerprint(&[&key, "chosen bounds"])
-            } else {
-                key
-            };
-            in_zone(key, &self.settings.time_zone)
-        };
-        // The key of measures derived for this grouping from a finer release of the analyst's
-        // (issue 16 part 3), when this query could be answered so.
-        let derived_key = (derivable(&plan, &rewrite) && !self.settings.choose_bounds)
-            .then(|| release::derived_key(&measures_key));
-        // All looked up at once, in one ledger round trip.
-        let started = std::time::Instant::now();
-        // A ledger that cannot be read is a miss: the query is then charged like a new one
-        // (under a budget slice reserved before the ledger went down, if one covers it), which
-        // costs the analyst at most a second charge and never releases anything uncharged.
-        let mut keys: Vec<&str> = vec![&key, &measures_key];
-        keys.extend(derived_key.as_deref());
-        let looked_up = ledger
-            .replay_lookup(&analyst, &keys, shared.policy.replay_lifetime)
-            .await;
-        if looked_up.is_err() {
-            shared.metrics.ledger_failed();
-        }
-        let mut found = looked_up.unwrap_or_default().into_iter();
-        shared.metrics.stage(Stage::Ledger, started.elapsed());
-        let (replay, stored, derived) = (
-            found.next().flatten(),
-            found.next().flatten(),
-            found.next().flatten(),
-        );
-
-        // 1. Replay: the same query again gets the same noisy answer, free.
-        shared
-            .metrics
-            .replay_lookup(Lookup::Answer, replay.is_some());
-        if let Some(detail) = replay.as_ref().and_then(refused_detail) {
-            self.served = Some(Served::Replayed);
-            return Err(Error::TooInaccurate { detail });
-        }
-        if let Some(payload) = replay {
-            let columns = self.answer_shape(shared, query, &plan).await?.columns;
-            if let Some(replayed) = Released::replayed(columns, &payload) {
-                let limit = limit_of(&self.analyst.budget)?;
-                let (balance, window) = ledger.balance_with_window(&analyst, &limit).await?;
-                let mut notices = vec![Notice::new(format!(
-                        "pgdp: identical query answered again from the replay cache; charged nothing; {}",
-                        remaining_text(&balance, window, false)
-                    ))];
-                // A replay keeps no measures: the bound of one draw (a grouping set's own
-                // release), which understates it only for an answer derived from finer cells.
-                if let Some(note) = release::detection_note(&plan, &rewrite, &mechanisms, None) {
-                    notices.push(Notice::new(note));
-                }
-                let chose = self.settings.choose_bounds
-                    && mechanisms.max_error.is_none()
-                    && release::bounds::may_choose(&plan, &rewrite);
-                if chose {
-                    notices.push(Notice::new("pgdp: the contribution bound of this answer was chosen when it was first released; that answer's NOTICE stated it and the rows it removed"));
-                } else if let Some(note) = release::capped_statistic(&plan) {
-                    notices.push(Notice::new(format!(
-                        "pgdp: {note} (EXPLAIN shows the caps, the bounds and the SQL)"
-                    )));
-                }
-                self.served = Some(Served::Replayed);
-                return Ok(ClientRows::released(replayed, notices));
-            }
-        }
-
-        // 1b. Reuse: the noisy measures an earlier release of this analyst drew for the same
-        // measures and mechanisms, post-processed again for this query, free.
-        shared
-            .metrics
-            .replay_lookup(Lookup::Measures, stored.is_some());
-        // 1c. Derivation: the sums of the cells of a finer release of this analyst over public
-        // keys (release::derive), free. (Under pgdp.choose_bounds there is no derived key.)
-        let drawn = stored.as_ref().and_then(|p| {
-            release::NoisyMeasures::from_payload(p, &plan, &rewrite)
-                .filter(|m| m.derived_from().is_none())
-        });
-        let summed = derived.as_ref().and_then(|p| {
-            release::NoisyMeasures::from_payload(p, &plan, &rewrite)
-                .filter(|m| m.derived_from().is_some())
-        });
-        if let Some(measures) = drawn.or(summed) {
-            self.served = Some(Served::Reused);
-            return self
-                .reuse(
-                    shared,
-                    query,
-                    (&plan, &rewrite, &mechanisms),
-                    &measures,
-                    None,
-                )
-                .await;
-        }
-        // Measures released at caps chosen for an earlier query with the same measures key:
-        // that query's choice (the same plan, budget and candidates) at the caps it chose,
-        // which the payload carries (released values).
-        if let (Some(payload), true) = (&stored, self.settings.choose_bounds) {
-            let domains = self.public_domains(shared, &plan, params).await?;
-            let choice =
-                self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
-            let at_chosen = choice.as_ref().and_then(|choice| {
-                let (chosen, rest) =
-                    release::bounds::ChosenBounds::stored(payload.bytes(), &choice.choice)?;
-                let rest = payload.suffix(rest)?;
-                let partitionwise = matches!(placement, Placement::ByUnit { .. });
-                let (p, r, m) = choice
-                    .answer(&plan, &chosen, params, secret, partitionwise)
-                    .ok()?;
-                let measures = release::NoisyMeasures::from_payload(&rest, &p, &r)
-                    .filter(|m| m.derived_from().is_none())?;
-                Some((p, r, m, chosen, measures))
-            });
-            if let Some((p, r, m, chosen, measures)) = at_chosen {
-                self.served = Some(Served::Reused);
-                return self
-                    .reuse(shared, query, (&p, &r, &m), &measures, Some(&chosen))
-                    .await;
-            }
-        }
-
-        // The answer's column types, described on the shadow catalog before anything is charged.
-        let shape = self.answer_shape(shared, query, &plan).await?;
-
-        // 2. Public domains read from public tables (no private data, no charge).
-        let domains = self.public_domains(shared, &plan, params).await?;
-
-        // 2b. A cap on rows per unit chosen for this query from a DP histogram of its data
-        // (release::bounds), decided now so that the charge covers the histogram and the answer.
-        let choice = self.bounds_choice(&plan, &rewrite, &mechanisms, params, secret, &domains)?;
-
-        // 3. Charge, durably, before the upstream sees the statement; an upstream connection is
-        // taken first, so an unreachable upstream refuses (57P03) without spending. The charge
-        // is bound to the statement it pays for (`Charged`): the upstream runs nothing else.
-        let connection = shared.upstream.get_for_read().await?;
-        let tables = tables_read(&plan, &shared.policy);
-        let mechanism = budget.mechanism.name();
-
-        // 3b. With a cap chosen for this query: the charge covers the contribution histogram
-        // and the answer at any cap it may choose; the histogram runs under it, then its noise
-        // chooses the cap, and the charge passes to the answer's plan, rewrite and mechanisms at
-        // that cap (which cost no more: `Charged::narrowed`).
-        let (plan, rewrite, mechanisms, connection, chosen, charged) = match &choice {
-            None => {
-                let statement = release::Statement::of(&rewrite, &mechanisms);
-                let charged = self
-                    .charge(shared, statement, &key, mechanism, &tables)
-                    .await?;
-                (plan, rewrite, mechanisms, connection, None, charged)
-            }
-            Some(choice) => {
-                let statement = release::ChoiceStatement::of(choice);
-                let charged = self
-                    .charge(shared, statement, &key, mechanism, &tables)
-                    .await?;
-                let charge_id = charged.receipt().id();
-                let started = std::time::Instant::now();
-                let histogram = connection
-                    .run_choice_query(&charged, &self.settings.time_zone, &self.cancel)
-                    .await;
-                shared.metrics.stage(Stage::Upstream, started.elapsed());
-                let chosen = histogram.and_then(|rows| {
-                    release::bounds::choose(
-                        &choice.choice,
-                        &rows,
-                        choice.noise_per_row(),
-                        &mut self.rng,
-                    )
-                });
-                let answer = chosen.and_then(|chosen| {
-                    let (p, r, m) = choice.answer(
-                        &plan,
-                        &chosen,
-                        params,
-                        secret,
-                        matches!(placement, Placement::ByUnit { .. }),
-                    )?;
-                    let charged = charged.narrowed(|_| Ok(release::Statement::of(&r, &m)))?;
-                    Ok((p, r, m, chosen, charged))
-                });
-                let (p, r, m, chosen, charged) = match answer {
-                    Ok(a) => a,
-                    Err(e) => {
-                        ledger.set_outcome(charge_id, "choosing bounds failed");
-                        return Err(e);
-                    }
-                };
-                let connection = match shared.upstream.get_for_read().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        ledger.set_outcome(charge_id, "upstream failed");
-                        return Err(e);
-                    }
-                };
-                (p, r, m, connection, Some(chosen), charged)
-            }
-        };
-        let charge_id = charged.receipt().id();
-        let balance = *charged.receipt().balance();
-        let window = charged.receipt().window();
-        let cost = choice.as_ref().map_or(mechanisms.cost, |c| c.cost());
-
-        // 4. The upstream, which takes the charged statement; a failure keeps the charge.
-        let started = std::time::Instant::now();
-        let rows = match connection
-            .run_release_query(charged, &self.settings.time_zone, &self.cancel)
-            .await
+        let planned = self.planned(shared, query, params, listed).await?;
+        let found = self.found(shared, &planned).await;
+        if let Some(answer) = self
+            .answered_from_ledger(shared, query, params, &planned, found)
+            .await?
         {
-            Ok(rows) => rows,
-            Err(e) => {
-                ledger.set_outcome(charge_id, "upstream failed");
-                return Err(e);
-            }
-        };
-
-        shared.metrics.stage(Stage::Upstream, started.elapsed());
-
-        // 5. Noise (the only way to read the rows), then post-processing of the noisy measures.
-        let started = std::time::Instant::now();
-        let measures =
-            release::measure(&plan, &rewrite, &mechanisms, &rows, &domains, &mut self.rng)?;
-        // Under pgdp.max_relative_error, a refusal is kept with the rows it refuses, which are
-        // stored for a replay without the setting.
-        let (released, refused) = match release::finish(
-            &plan,
-            &rewrite,
-            &mechanisms,
-            &measures,
-            self.settings.accuracy,
-        ) {
-            Ok(released) => (released, None),
-            Err(Error::TooInaccurate { detail }) => {
-                let unchecked = release::Mechanisms {
-                    max_relative_error: None,
-                    ..mechanisms.clone()
-                };
-                let released = release::finish(
-                    &plan,
-                    &rewrite,
-                    &unchecked,
-                    &measures,
-                    self.settings.accuracy,
-                )?;
-                (released, Some(detail))
-            }
-            Err(e) => return Err(e),
-        };
-        // 6. Post-processing by PostgreSQL over the released rows, on the shadow catalog.
-        let released = match self.post_process(shared, &plan, released, shape).await {
-            Ok(released) => released,
-            Err(e) => {
-                ledger.set_outcome(charge_id, "post-processing failed");
-                return Err(after_release(
-                    e,
-                    "in the post-processing of released values; the charge for them stands",
-                ));
-            }
-        };
-        shared.metrics.stage(Stage::Release, started.elapsed());
-        let answer = released.replay_payload();
-        let measured = measures.payload();
-        let refusal: Vec<u8> = refused
-            .as_ref()
-            .map(|d| [REFUSED_PAYLOAD, d.as_bytes()].concat())
-            .unwrap_or_default();
-        let mut entries: Vec<(&str, &[u8])> = match &refused {
-            None => vec![(&key, &answer)],
-            Some(_) => vec![(&key, &refusal), (&rows_key, &answer)],
-        };
-        // At chosen caps, the caps go with the measures: a later query with the same measures
-        // key reads both, and is answered at those caps.
-        let measured = match &chosen {
-            Some(chosen) => chosen.stored_with(&measured),
-            None => measured,
-        };
-        if measures.storable() {
-            entries.push((&measures_key, &measured));
+            return Ok(answer);
         }
-        // Coarser groupings are derived only from measures at the tables' caps.
-        let storable = measures.storable() && chosen.is_none();
-        // The coarser groupings this release answers (release::derive), each under the key the
-        // coarser query itself will look up.
-        let coarser: Vec<(String, Vec<u8>)> = if storable {
-            release::derive::coarser_releases(
-                &plan,
-                &rewrite,
-                &mechanisms,
-                &measures,
-                params,
-                secret,
-                matches!(placement, Placement::ByUnit { .. }),
-            )
-            .into_iter()
-            .map(|(k, m)| (in_zone(k, &self.settings.time_zone), m.payload()))
-            .collect()
-        } else {
-            Vec::new()
-        };
-        entries.extend(coarser.iter().map(|(k, p)| (k.as_str(), p.as_slice())));
-        // Written by the ledger's journal after the answer has left.
-        ledger.record_release(charge_id, &analyst, &entries);
-        self.served = Some(Served::AnsweredDp);
-        if let Some(detail) = refused {
-            return Err(Error::TooInaccurate { detail });
-        }
-        let notices = answer_notices(
-            charge_notice(&cost, &balance, window),
-            (&plan, &rewrite, &mechanisms),
-            (&released, &measures),
-            chosen.as_ref(),
-        );
-        Ok(ClientRows::released(released, notices))
-    }
-
-    /// Charges `item`'s own cost to the analyst (and the dataset's budget), durably, and
-    /// counts it for the session's NOTICEs and the metrics: the item bound to its receipt.
-    async fn charge<T: budget::Priced>(
-        &mut self,
-        shared: &Shared,
-        item: T,
-        fingerprint: &str,
-        mechanism: &str,
-        tables: &[String],
-    ) -> Result<budget::Charged<T>> {
-        let limit = limit_of(&self.analyst.budget)?;
-        let dataset_limit = match &shared.policy.dataset_budget {
-            Some(b) => Some(limit_of(b)?),
-            None => None,
-        };
-        let cost = item.cost();
-        let started = std::time::Instant::now();
-        let charged = shared
-            .ledger
-            .charge_for(
-                &self.analyst.name,
-                &limit,
-                dataset_limit.as_ref(),
-                item,
-                fingerprint,
-                mechanism,
-                tables,
-            )
+        // The answer's column types, described on the shadow catalog before anything is charged.
+        let shape = self.answer_shape(shared, query, &planned.plan).await?;
+        // Public domains read from public tables (no private data, no charge).
+        let domains = self.public_domains(shared, &planned.plan, params).await?;
+        let charging = self
+            .charge_release(shared, planned, params, &domains)
             .await?;
-        shared.metrics.stage(Stage::Ledger, started.elapsed());
-        shared
-            .metrics
-            .charged(&self.analyst.name, &cost, charged.receipt().balance());
-        self.last_cost = Some(cost);
-        self.charges += 1;
-        Ok(charged)
+        let measured = self.measured(shared, charging, &domains).await?;
+        self.release(shared, params, measured, shape).await
     }
 
     /// The public domains of `plan`'s keys when they are all public, read from public tables
@@ -956,60 +539,10 @@ impl Session {
         answer
     }
 
-    /// A DP query answered from noisy measures an earlier release of the same analyst stored
-    /// under the same [`release::measures_key`], or the sums of a finer release's cells stored
-    /// under its [`release::derived_key`]: [`release::finish`] and the post-processing by
-    /// PostgreSQL run again over them, for this query's HAVING, ORDER BY, LIMIT, expressions
-    /// and names. Post-processing of released values: nothing is charged, nothing reaches the
-    /// upstream.
-    async fn reuse(
-        &self,
-        shared: &Shared,
-        query: &ast::Query,
-        (plan, rewrite, mechanisms): (&Plan, &Rewrite, &release::Mechanisms),
-        measures: &release::NoisyMeasures,
-        chosen: Option<&release::bounds::ChosenBounds>,
-    ) -> Result<ClientRows> {
-        let shape = self.answer_shape(shared, query, plan).await?;
-        let released =
-            release::finish(plan, rewrite, mechanisms, measures, self.settings.accuracy)?;
-        let released = self
-            .post_process(shared, plan, released, shape)
-            .await
-            .map_err(|e| after_release(e, "in the post-processing of released values"))?;
-        let limit = limit_of(&self.analyst.budget)?;
-        let (balance, window) = shared
-            .ledger
-            .balance_with_window(&self.analyst.name, &limit)
-            .await?;
-        let first = match measures.derived_from() {
-            None if chosen.is_some() => format!(
-                "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping and noise, at the contribution bounds that query chose; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
-                remaining_text(&balance, window, false)
-            ),
-            None => format!(
-                "pgdp: answered from the noisy measures released for an earlier query (same tables, filters, grouping, bounds and noise; HAVING, ORDER BY, LIMIT and expressions recomputed over them); charged nothing; {}",
-                remaining_text(&balance, window, false)
-            ),
-            Some(from) => format!(
-                "pgdp: derived from the noisy measures released for an earlier query grouped by ({from}) (same tables, filters, bounds and noise): each group is the sum of up to {} of its cells, so its noise is the sum of that many independent noises (variances add; SET pgdp.accuracy = on shows each bound); charged nothing; {}",
-                measures.cells_max(),
-                remaining_text(&balance, window, false)
-            ),
-        };
-        let notices = answer_notices(
-            first,
-            (plan, rewrite, mechanisms),
-            (&released, measures),
-            chosen,
-        );
-        Ok(ClientRows::released(released, notices))
-    }
-
     /// The answer from released rows: PostgreSQL's post-processing over them on the shadow
     /// catalog where the answer needs it ([`AnswerShape::inputs`]), else the rows retyped to
     /// the answer's columns.
-    async fn post_process(
+    pub(super) async fn post_process(
         &self,
         shared: &Shared,
         plan: &Plan,
@@ -1066,46 +599,11 @@ pub(super) fn released_columns(described: Vec<(String, u32, String)>) -> Result<
         .collect()
 }
 
-/// Whether `plan` could be answered by adding up the cells of a finer release
-/// ([`release::derive`]): no grouping sets, public keys, fewer than
-/// [`crate::limits::COARSER_GROUPINGS_KEYS_MAX`] of them, additive measures.
-/// A replay or measures key of an answer computed in the session's `time_zone`: PostgreSQL
-/// computes `date_trunc` of a date or a `timestamptz`, and prints a `timestamptz`, in the
-/// session's zone, so an answer computed in another zone is another answer. Keys of the
-/// default zone (UTC) are unchanged, so entries stored before zones were part of the key
-/// still match.
-fn in_zone(key: String, time_zone: &str) -> String {
-    if time_zone == "UTC" {
-        key
-    } else {
-        format!("{key}@TimeZone={time_zone}")
-    }
-}
-
-fn derivable(plan: &Plan, rewrite: &Rewrite) -> bool {
-    plan.grouping_sets().is_none()
-        && plan.keys_public()
-        && plan.keys().len() < crate::limits::COARSER_GROUPINGS_KEYS_MAX
-        && release::derive::additive(rewrite)
-}
-
 /// The answer's columns, and for a plan with post-processing the PostgreSQL types of the
 /// released relation it reads.
 pub(super) struct AnswerShape {
     pub(super) columns: Vec<OutColumn>,
     inputs: Option<Vec<CellType>>,
-}
-
-/// The replay entry of an answer refused under `pgdp.max_relative_error`: this prefix, then the
-/// refusal's detail (never the start of a replay payload of rows).
-const REFUSED_PAYLOAD: &[u8] = b"pgdp-refused-too-inaccurate\x1f";
-
-/// The detail of a refusal stored for replay, if `payload` is one.
-fn refused_detail(stored: &budget::Stored) -> Option<String> {
-    stored
-        .bytes()
-        .strip_prefix(REFUSED_PAYLOAD)
-        .map(|d| String::from_utf8_lossy(d).into_owned())
 }
 
 #[cfg(test)]

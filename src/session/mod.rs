@@ -27,6 +27,7 @@ mod scalar;
 mod series;
 mod setop;
 
+mod afford;
 mod budget;
 mod constant;
 mod cursor;
@@ -37,6 +38,7 @@ mod message;
 mod notices;
 mod observe;
 mod outcome;
+mod pipeline;
 mod route;
 
 pub use dp::limit_of;

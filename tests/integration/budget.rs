@@ -1285,3 +1285,55 @@ async fn a_daily_budget_admits_again_in_a_new_day_and_keeps_the_old_one_at_its_l
         .expect("SHOW pgdp.budget");
     assert_eq!(row.columns().len(), 8, "a renewing budget shows renews_at");
 }
+
+/// Issue 42: a statement of several releases (a set operation's branches, scalar subqueries
+/// and the statement over their values) is checked against the budget as one before its first
+/// charge. One whose releases do not fit together is refused (53400) with nothing charged,
+/// where each release's own charge would have spent the first ones and lost them with the
+/// statement; a release already in the ledger (a replay) is not counted.
+#[tokio::test]
+async fn a_statement_of_several_releases_is_refused_whole_when_they_do_not_fit() {
+    let proxy = Proxy::start(148).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.epsilon = 2").await.expect("SET");
+    for i in 0..4 {
+        s.query(&distinct_query(i), &[]).await.expect("answered");
+    }
+    assert_eq!(s.budget().await.epsilon_spent, 8.0);
+    // Each statement below is two new releases of ε 2, with 2 left.
+    let union = format!("{} UNION ALL {}", distinct_query(4), distinct_query(5));
+    let scalar = "SELECT COUNT(*) FROM demo.people WHERE age > (SELECT AVG(age) FROM demo.people)";
+    for (sql, names) in [
+        (union.as_str(), "of this set operation"),
+        (scalar, "of this statement's scalar subqueries"),
+    ] {
+        let refusal = s.simple_query(sql).await.expect_err(sql);
+        assert_eq!(
+            code(&refusal),
+            &SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+            "{sql}"
+        );
+        let message = refusal
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_default();
+        assert!(
+            message.contains(&format!("the sum of the 2 releases {names}"))
+                && message.contains("requested ε=4")
+                && message.contains("nothing was charged"),
+            "{sql}: {message}"
+        );
+        assert_eq!(s.budget().await.epsilon_spent, 8.0, "{sql}: charged");
+        s.assert_alive(sql).await;
+    }
+    // A branch answered before is a replay, free: the one new release fits in the 2 left.
+    let union = format!("{} UNION ALL {}", distinct_query(0), distinct_query(4));
+    let answered = s.simple_query(&union).await.expect("answered");
+    let rows = answered
+        .iter()
+        .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+        .count();
+    assert_eq!(rows, 2);
+    assert_eq!(s.budget().await.epsilon_spent, 10.0);
+    proxy.stop().await;
+}
