@@ -3,12 +3,7 @@
 //! contribution caps, filter, group keys and whether their domain is public, aggregates with
 //! their bounds, outputs, HAVING, ORDER BY, LIMIT and parameters). Plain data; no I/O.
 
-use std::collections::BTreeSet;
-use std::ops::ControlFlow;
-
 use sqlparser::ast::{self, Expr};
-use sqlparser::dialect::PostgreSqlDialect;
-use sqlparser::parser::Parser;
 
 use crate::policy::{Bounds, ColumnType, Policy};
 
@@ -16,6 +11,13 @@ use crate::policy::{Bounds, ColumnType, Policy};
 pub const RESERVED_PREFIX: &str = "__dp_";
 
 pub use crate::limits::{INTEGER_DOMAIN_VALUES_MAX, JOINED_TABLES_MAX, VIEW_TABLES_MAX};
+
+mod column;
+mod output;
+pub use column::{aliases, Canonical, ColumnRef, JoinOn};
+pub use output::{
+    Output, OutputSource, Parameter, Post, PostOp, PostProcessing, SortKey, RELEASED_RELATION,
+};
 
 /// Context of the analysis: the session's view of the policy.
 #[derive(Debug, Clone)]
@@ -43,146 +45,6 @@ pub struct TableRef {
     /// have no match, so they have no public domain of their own (the NULL group is released,
     /// or not, by partition selection like any data-dependent group).
     pub nullable: bool,
-}
-
-/// A column of a table in FROM, named through the table's generated alias: printed as the
-/// canonical `"__dp_tN"."column"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ColumnRef {
-    /// The alias `__dp_tN` of the table in FROM.
-    pub alias: String,
-    /// The declared column.
-    pub column: String,
-}
-
-impl ColumnRef {
-    /// The column `column` of the table aliased `alias`.
-    pub fn new(alias: &str, column: &str) -> ColumnRef {
-        ColumnRef {
-            alias: alias.to_string(),
-            column: column.to_string(),
-        }
-    }
-
-    /// The column whose canonical expression ([`ColumnRef::expr`]) is `text`, if it is one.
-    pub fn of_canonical(text: &Canonical) -> Option<ColumnRef> {
-        let (alias, column) = text.as_str().strip_prefix('"')?.split_once("\".\"")?;
-        let column = column.strip_suffix('"')?.replace("\"\"", "\"");
-        let candidate = ColumnRef::new(alias, &column);
-        (Canonical::of(&candidate.expr()) == *text).then_some(candidate)
-    }
-
-    /// The canonical expression `"alias"."column"`.
-    pub fn expr(&self) -> Expr {
-        Expr::CompoundIdentifier(vec![
-            ast::Ident::with_quote('"', self.alias.as_str()),
-            ast::Ident::with_quote('"', self.column.as_str()),
-        ])
-    }
-}
-
-impl std::fmt::Display for ColumnRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.expr())
-    }
-}
-
-/// The canonical SQL text of an expression that analysis parsed and checked: sqlparser's printing
-/// of the AST, with columns named `"__dp_tN"."column"`. Made only from an [`Expr`] (or a
-/// [`ColumnRef`]), never from text, so the rewrite can splice it into upstream SQL as a typed
-/// fragment; equal texts mean equal expressions (HAVING and ORDER BY match aggregates by it).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Canonical(String);
-
-impl Canonical {
-    /// The printing of `expr`.
-    pub fn of(expr: &Expr) -> Canonical {
-        Canonical(expr.to_string())
-    }
-
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The aliases `__dp_tN` of the tables the expression reads (see [`aliases`]).
-    pub fn aliases(&self) -> Option<BTreeSet<String>> {
-        let expr = Parser::new(&PostgreSqlDialect {})
-            .try_with_sql(&self.0)
-            .and_then(|mut p| p.parse_expr())
-            .ok()?;
-        aliases(&expr)
-    }
-}
-
-/// The aliases of the tables an expression reads, when every column in it is named
-/// `"alias"."column"` and it has no subquery; `None` otherwise (the expression is then placed
-/// nowhere: callers keep the form that does not need to know).
-pub fn aliases(e: &Expr) -> Option<BTreeSet<String>> {
-    let mut found = BTreeSet::new();
-    let flow = ast::visit_expressions(e, |e| match e {
-        Expr::CompoundIdentifier(parts) => match parts.as_slice() {
-            [alias, _] => {
-                found.insert(alias.value.clone());
-                ControlFlow::Continue(())
-            }
-            _ => ControlFlow::Break(()),
-        },
-        Expr::Identifier(_)
-        | Expr::CompoundFieldAccess { .. }
-        | Expr::Subquery(_)
-        | Expr::Exists { .. }
-        | Expr::InSubquery { .. }
-        | Expr::Wildcard(_)
-        | Expr::QualifiedWildcard(..) => ControlFlow::Break(()),
-        Expr::Function(f) if matches!(f.args, ast::FunctionArguments::Subquery(_)) => {
-            ControlFlow::Break(())
-        }
-        _ => ControlFlow::Continue(()),
-    });
-    flow.is_continue().then_some(found)
-}
-
-impl std::fmt::Display for Canonical {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl PartialEq<str> for Canonical {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<String> for Canonical {
-    fn eq(&self, other: &String) -> bool {
-        &self.0 == other
-    }
-}
-
-/// A join's condition: equalities between columns of the tables before it and of the joined
-/// table (`ON a.x = b.y AND …`, `USING (…)`, a unit path's key), and whether it is a
-/// `LEFT JOIN` (only of a public table: every row before it is kept, so each privacy unit's
-/// rows are what they are without the join, and the caps bound them as for an inner join).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JoinOn {
-    /// The equalities, ANDed.
-    pub on: Vec<(ColumnRef, ColumnRef)>,
-    /// `LEFT JOIN` rather than `JOIN`.
-    pub left: bool,
-}
-
-impl std::fmt::Display for JoinOn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, (l, r)) in self.on.iter().enumerate() {
-            if i > 0 {
-                f.write_str(" AND ")?;
-            }
-            write!(f, "{l} = {r}")?;
-        }
-        Ok(())
-    }
 }
 
 /// A semijoin on the privacy unit: a condition of WHERE that keeps a row when its privacy unit
@@ -378,152 +240,6 @@ pub struct ListedKey {
     pub column: String,
     /// The values, as the upstream prints the key's type (no NULL: a NULL key matches nothing).
     pub values: Vec<Option<String>>,
-}
-
-/// One output column of the query.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Output {
-    /// Output column name.
-    pub name: String,
-    /// What the column is.
-    pub source: OutputSource,
-}
-
-/// Where an output column comes from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum OutputSource {
-    /// The value of group key `i`.
-    Key(usize),
-    /// The released value of aggregate `i`.
-    Aggregate(usize),
-    /// An expression over released values that PostgreSQL evaluates after the release
-    /// ([`PostProcessing`]): the select item `i` of its SQL.
-    Computed(usize),
-    /// `GROUPING(…)` of the keys listed (by index), with grouping sets: an int4 bit mask, the
-    /// first key the highest bit, a bit set where the key is not in the row's grouping set.
-    Grouping(Vec<usize>),
-}
-
-/// Name of the relation of released values in [`PostProcessing::sql`]: one row per released
-/// group, with the columns `k0`, `k1`, … (the group keys) and `a0`, `a1`, … (the released
-/// aggregates), and with grouping sets `g0`, `g1`, … (1 where the key is not in the row's
-/// grouping set, else 0: what `GROUPING(key)` gives).
-pub const RELEASED_RELATION: &str = "__dp_released";
-
-/// Post-processing of released values that PostgreSQL itself evaluates, so that its functions,
-/// operators, casts, windows, sort order and result types are PostgreSQL's: `ROUND(AVG(x), 2)`,
-/// `100.0 * COUNT(*) / SUM(COUNT(*)) OVER ()`, CASE over aggregates, HAVING / ORDER BY / LIMIT
-/// on them, an outer query over an aggregate subquery.
-///
-/// Invariants (checked by [`crate::dp::analyze`]): [`PostProcessing::sql`] reads no table; its
-/// only relation is [`RELEASED_RELATION`] (released keys and noisy aggregates), its only other
-/// inputs are the query's literals, and it calls only pure built-in functions from an
-/// allow-list. It runs on the shadow catalog (no rows) after the release, so it is
-/// post-processing: it costs no budget and reveals nothing beyond the released values.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PostProcessing {
-    /// The SQL over [`RELEASED_RELATION`], one select item per output column.
-    pub(in crate::dp) sql: String,
-    /// [`PostProcessing::sql`] with a column `<name>_error95` after each output that is an
-    /// aggregate as released, read from the column `e<i>` of [`RELEASED_RELATION`] (the 95%
-    /// error bound of aggregate `i`): the SQL under `pgdp.accuracy`. `None` where the outputs
-    /// are not the released aggregates (an outer query over an aggregate subquery, DISTINCT).
-    pub(in crate::dp) errors: Option<String>,
-    /// The analyst's statement with the group keys and the aggregates as its select list (and
-    /// no HAVING, ORDER BY or LIMIT): described on the shadow catalog, it gives the PostgreSQL
-    /// types of the released relation's columns.
-    pub(in crate::dp) measures: String,
-}
-
-impl PostProcessing {
-    /// The SQL over [`RELEASED_RELATION`].
-    pub fn sql(&self) -> &str {
-        &self.sql
-    }
-
-    /// The SQL over [`RELEASED_RELATION`] with `_error95` columns, if the outputs have them.
-    pub fn with_errors(&self) -> Option<&str> {
-        self.errors.as_deref()
-    }
-
-    /// The statement whose description types the released relation.
-    pub fn measures_statement(&self) -> &str {
-        &self.measures
-    }
-}
-
-/// A post-processing predicate or sort expression over released values.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Post {
-    /// Output or aggregate value by index into `Plan::aggregates`.
-    Aggregate(usize),
-    /// Group key value.
-    Key(usize),
-    /// A literal number.
-    Number(f64),
-    /// A literal string.
-    Text(String),
-    /// NULL.
-    Null,
-    /// A comparison or arithmetic / boolean operator.
-    Binary(Box<Post>, PostOp, Box<Post>),
-    /// NOT.
-    Not(Box<Post>),
-    /// Unary minus.
-    Negate(Box<Post>),
-    /// IS NULL / IS NOT NULL.
-    IsNull(Box<Post>, bool),
-}
-
-/// Operators allowed in HAVING.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PostOp {
-    /// `=`
-    Eq,
-    /// `<>`
-    NotEq,
-    /// `<`
-    Lt,
-    /// `<=`
-    LtEq,
-    /// `>`
-    Gt,
-    /// `>=`
-    GtEq,
-    /// `AND`
-    And,
-    /// `OR`
-    Or,
-    /// `+`
-    Plus,
-    /// `-`
-    Minus,
-    /// `*`
-    Multiply,
-    /// `/`
-    Divide,
-}
-
-/// An ORDER BY item applied by pgdp to released rows.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SortKey {
-    /// The value to sort by.
-    pub value: Post,
-    /// Ascending?
-    pub ascending: bool,
-    /// NULLs first?
-    pub nulls_first: bool,
-}
-
-/// A parameter `$n` of the extended protocol.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Parameter {
-    /// 1-based index.
-    pub index: usize,
-    /// Type inferred from the context (the column compared with).
-    pub ty: ColumnType,
-    /// The declared SQL type of that column, when the parameter is compared with a column.
-    pub declared: Option<String>,
 }
 
 /// What one unit's rows can add to a statistic that grows with them, in rows, under caps of
@@ -1150,6 +866,11 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::parser::Parser;
+
     use super::*;
 
     fn parse(text: &str) -> Expr {

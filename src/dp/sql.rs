@@ -72,9 +72,19 @@ macro_rules! sql {
 pub(crate) use sql;
 
 impl Sql {
-    /// Only for [`sql!`]: its template is a literal and its pieces are fragments.
-    #[doc(hidden)]
-    pub fn assembled(text: String) -> Sql {
+    /// Only for [`sql!`]: its template is a literal and its pieces are fragments. Crate-private
+    /// (the macro is too), so no caller outside pgdp can label text as SQL:
+    ///
+    /// ```compile_fail,E0624
+    /// let _ = pgdp::dp::sql::Sql::assembled("SELECT * FROM demo.people".to_string());
+    /// ```
+    ///
+    /// whereas pgdp's own literal text is a fragment:
+    ///
+    /// ```
+    /// let _ = pgdp::dp::sql::Sql::text("COUNT(*)");
+    /// ```
+    pub(crate) fn assembled(text: String) -> Sql {
         Sql(text)
     }
 
