@@ -253,9 +253,13 @@ impl Session {
             let subquery = self.time_folded(shared, subquery.clone()).await?;
             let columns = match Box::pin(self.dp_columns(shared, &subquery)).await {
                 Ok(columns) => columns,
-                // Correlated (or a typo): the statement's own refusal says what it is.
-                Err(Error::UnknownColumn { .. } | Error::UnknownTable { .. }) => {
-                    return Err(refusal)
+                // Correlated (or a typo): refused as what it is, before the statement's own
+                // refusal, which may name a clock left for after the subquery's release.
+                Err(Error::UnknownColumn { name }) => {
+                    return Err(outside_refusal(&subquery, &format!("column {name}")))
+                }
+                Err(Error::UnknownTable { name }) => {
+                    return Err(outside_refusal(&subquery, &format!("table {name}")))
                 }
                 Err(e) => return Err(e),
             };
@@ -392,6 +396,15 @@ impl Session {
         all.extend(answer.notices().iter().cloned());
         Ok(answer.with_notices(all))
     }
+}
+
+/// The refusal of a scalar subquery that names a column or table (`what`) outside its own FROM:
+/// correlated with the outer query, or misspelt.
+fn outside_refusal(subquery: &ast::Query, what: &str) -> Error {
+    Error::unsupported(
+        format!("the scalar subquery ({subquery}), which names {what} outside its own FROM (a correlated subquery reads the outer query's columns),"),
+        "A scalar subquery is answered when every column it names belongs to its own FROM: one aggregate without GROUP BY, released first and charged on its own, its noisy value then a constant of the statement. A correlated subquery is a value per outer row computed from other rows; ask for the per-key values as a query of their own (SELECT region, AVG(age) FROM demo.people GROUP BY region), or check the spelling of the name.",
+    )
 }
 
 /// The refusal of a statement that, with its subqueries' values in place, is neither a DP

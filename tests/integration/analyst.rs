@@ -557,6 +557,27 @@ async fn scalar_subqueries_are_releases_of_their_own_before_the_statement() {
             "{sql}: charged"
         );
     }
+    // A correlated subquery is refused as such, also inside a clock expression (whose clock
+    // was left for after a release that never comes).
+    for sql in [
+        "SELECT COUNT(*) FROM demo.people p WHERE age > (SELECT AVG(age) FROM demo.people q WHERE q.region = p.region)",
+        "SELECT COUNT(*) FROM demo.visits v WHERE visit_date >= current_date - (SELECT MAX(age) FROM demo.people p WHERE p.person_id = v.person_id) * interval '1 day'",
+    ] {
+        let refusal = assert_code(
+            s.simple_query(sql).await,
+            &SqlState::FEATURE_NOT_SUPPORTED,
+            sql,
+        );
+        let message = refusal
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_default();
+        assert!(
+            message.starts_with("the scalar subquery (SELECT")
+                && message.contains("outside its own FROM (a correlated subquery"),
+            "{sql}: {message}"
+        );
+    }
     // A bound parameter inside the subquery, through the extended protocol (Describe before
     // Bind, then Execute): the same answer as PostgreSQL's, within the threshold's tolerance.
     let sql = "SELECT COUNT(*) AS older FROM demo.people WHERE age > (SELECT AVG(age) FROM demo.people WHERE region = $1)";
