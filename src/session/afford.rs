@@ -17,7 +17,9 @@
 //! are already in the ledger (or it reads only public tables or constants), else its
 //! mechanisms' cost (at a cap chosen per query, the choice's cost). Within one statement, a
 //! later release derived from an earlier one's new measures is counted as charged, so the sum
-//! can overstate the statement's cost, never understate it.
+//! can overstate the statement's cost. It can also understate it, which the ledger's own
+//! charges then catch: a top-k join's second release (planned over the first's keys) is not
+//! counted, and an entry found now may expire before its release asks for it.
 
 use sqlparser::ast;
 
