@@ -82,6 +82,9 @@ pub enum StartError {
     /// The upstream DSN is invalid.
     #[error("invalid upstream DSN")]
     Upstream,
+    /// Keys the policy declares unique (`unique_keys`) that hold a value twice upstream.
+    #[error("the policy declares {} unique, but the upstream holds a value of each twice: remove the duplicates, or drop the column from its table's unique_keys", .0.iter().map(|(t, c)| format!("{t}.{c}")).collect::<Vec<_>>().join(", "))]
+    DeclaredKeys(Vec<(String, String)>),
     /// `require_tls` without a certificate: no client could ever connect.
     #[error("--require-tls needs a certificate (--tls-cert and --tls-key)")]
     RequireTlsWithoutCertificate,
@@ -261,16 +264,20 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
             .min(crate::limits::SLICE_QUERIES_MAX),
     );
     let shadow = crate::upstream::Shadow::new(&backend, &config.policy);
-    match backend.server_version().await {
+    let reachable = match backend.server_version().await {
         Ok(_) => {
             if let Err(e) = shadow.ensure().await {
                 tracing::warn!(error = %e, "no shadow catalog yet: catalog queries will retry it");
             }
+            true
         }
-        Err(_) => tracing::warn!(
-            "upstream unreachable at start: DP and catalog queries are refused (57P03) until it is back"
-        ),
-    }
+        Err(_) => {
+            tracing::warn!(
+                "upstream unreachable at start: DP and catalog queries are refused (57P03) until it is back"
+            );
+            false
+        }
+    };
     let mut shared = Shared::new(config.policy, backend, ledger, Some(shadow))
         .await
         .map_err(StartError::Ledger)?;
@@ -278,6 +285,21 @@ pub async fn start_with(config: Config, options: Options) -> Result<Running, Sta
         tracing::warn!(
             "privacy ledger unreachable at start: DP queries are refused (57P03) until it is back"
         );
+    }
+    if reachable {
+        match shared
+            .upstream
+            .verify_declared_keys(&shared.column_facts)
+            .await
+        {
+            Ok(duplicated) if !duplicated.is_empty() => {
+                return Err(StartError::DeclaredKeys(duplicated))
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot verify the policy's declared unique keys at start: they are verified on first need")
+            }
+        }
     }
     shared.noise_seed = config.noise_seed;
     Upstream::watch_standbys(&shared.upstream);

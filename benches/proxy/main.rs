@@ -71,6 +71,7 @@ use pgdp::dp::rewrite;
 use pgdp::policy::{Mechanism, Policy};
 use pgdp::server::{self, Config, Running};
 use pgdp::session::classify::{self, Statement};
+use pgdp::session::Shared;
 use rand::rngs::ChaCha20Rng;
 use rand::SeedableRng;
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -608,11 +609,12 @@ async fn start_server_with(policy: Policy, upstream: &str, ledger: &LedgerDb) ->
 
 /// The upstream SQL pgdp sends for `template` (the alias does not change it), so that baselines
 /// run exactly what pgdp runs. pgdp's own EXPLAIN shows that SQL with the ranking seed redacted;
-/// the bench rewrites the query itself in the general form, in the unique-unit form (which pgdp
-/// picks when the catalog says the unit column is unique) and in the lookup form (when it says
-/// a joined table has one row per unit) and keeps the one whose redacted text is the one pgdp
-/// shows. Fails if none is.
-async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str) -> Res<String> {
+/// the bench rewrites the query itself with the facts pgdp learnt from the upstream's catalog
+/// for it (the unique-unit form when the unit column is unique, the lookup form when a joined
+/// table has one row per unit, counts of `NOT NULL` columns as rows) and checks that its
+/// redacted text is the one pgdp shows. Fails if it is not.
+async fn rewritten(proxy: &Client, shared: &Shared, secret: &str, template: &str) -> Res<String> {
+    let policy = shared.policy.as_ref();
     let sql = template.replace("{n}", "0");
     let explained = simple_rows(proxy, &format!("EXPLAIN {sql}")).await?;
     let lines: Vec<String> = explained
@@ -639,17 +641,17 @@ async fn rewritten(proxy: &Client, policy: &Policy, secret: &str, template: &str
         search_path: vec![pgdp::tools::demo::SCHEMA.to_string()],
     };
     let seed = rewrite::ranking_seed(secret).to_string();
-    let forms = [(false, false), (true, false), (false, true)];
-    for (unit_unique, lookup) in forms {
-        let mut plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
-        plan.assume_unique_unit(|_| unit_unique);
-        plan.assume_unit_lookup(|_| lookup);
-        let upstream = rewrite::rewrite(&plan, &[], secret)
-            .map_err(|e| fail(format!("{sql}: {e}")))?
-            .sql;
-        if upstream.replace(&seed, "<secret>") == shown {
-            return Ok(upstream.to_string());
-        }
+    // pgdp's EXPLAIN above learnt them: the facts it planned with.
+    let facts = shared.column_facts.as_ref();
+    let mut plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
+    plan.assume_unique_unit(facts);
+    plan.assume_unit_lookup(facts);
+    plan.assume_not_null(facts);
+    let upstream = rewrite::rewrite(&plan, &[], secret)
+        .map_err(|e| fail(format!("{sql}: {e}")))?
+        .sql;
+    if upstream.replace(&seed, "<secret>") == shown {
+        return Ok(upstream.to_string());
     }
     Err(fail(format!(
         "{sql}: the bench cannot reproduce the upstream SQL pgdp's EXPLAIN shows: {shown}"
@@ -911,7 +913,6 @@ async fn bench_scale(
     };
     let s = &fewer;
     let shared = running.shared();
-    let policy = &shared.policy;
     let secret = shared.secret().await?;
     let port = running.addr.port();
     let proxy = connect(&proxy_dsn(port)).await?;
@@ -926,7 +927,7 @@ async fn bench_scale(
     eprintln!("scale {scale}: 1. proxy overhead");
     let mut overhead = Vec::new();
     for (query, target) in &OVERHEAD {
-        let sql = rewritten(&proxy, policy, secret, query.template).await?;
+        let sql = rewritten(&proxy, &shared, secret, query.template).await?;
         let series = series(
             s,
             &[
@@ -954,7 +955,7 @@ async fn bench_scale(
 
     eprintln!("scale {scale}: 2. cost of privacy");
     let mut plans = String::new();
-    let privacy = privacy_figure(s, &proxy, &direct, policy, secret, &mut plans).await?;
+    let privacy = privacy_figure(s, &proxy, &direct, &shared, secret, &mut plans).await?;
 
     // Figure 8 at the first scale only: the table is the same at every scale.
     let mut dup = Vec::new();
@@ -962,7 +963,7 @@ async fn bench_scale(
         eprintln!("scale {scale}: 8. non-unique unit column ({DUP_TABLE})");
         for (query, floor) in &DUP {
             let plain = query.template.replace("{n}", "0");
-            let sql = rewritten(&proxy, policy, secret, query.template).await?;
+            let sql = rewritten(&proxy, &shared, secret, query.template).await?;
             let series = series(
                 s,
                 &[
@@ -1006,7 +1007,7 @@ async fn bench_scale(
     eprintln!("scale {scale}: 3. throughput");
     let mut throughput = Vec::new();
     for query in &THROUGHPUT {
-        let sql = rewritten(&proxy, policy, secret, query.template).await?;
+        let sql = rewritten(&proxy, &shared, secret, query.template).await?;
         let mut levels = Vec::new();
         for &clients in &s.clients {
             let (direct_qps, _) = load_test(s, demo, &sql, false, clients).await?;
@@ -1052,7 +1053,7 @@ async fn bench_scale(
     let mut groups = Vec::new();
     for query in &SCALING_GROUPS {
         let plain = query.template.replace("{n}", "0");
-        let sql = rewritten(&proxy, policy, secret, query.template).await?;
+        let sql = rewritten(&proxy, &shared, secret, query.template).await?;
         let candidates = simple_rows(&direct, &sql).await?.len() as u64;
         let series = series(
             s,
@@ -1209,7 +1210,7 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     let off_dsn = proxy_dsn(off.addr.port());
     let leased_client = connect(&leased_dsn).await?;
     let off_client = connect(&off_dsn).await?;
-    let sql = rewritten(&leased_client, &shared.policy, secret, template).await?;
+    let sql = rewritten(&leased_client, &shared, secret, template).await?;
     let direct = connect(&demo).await?;
     let forwarded_dsn = forwarder(&demo).await?;
     let forwarded = match &forwarded_dsn {
@@ -1381,14 +1382,14 @@ async fn privacy_figure(
     s: &Settings,
     proxy: &Client,
     direct: &Client,
-    policy: &Policy,
+    shared: &Shared,
     secret: &str,
     plans: &mut String,
 ) -> Res<Vec<Privacy>> {
     let mut privacy = Vec::new();
     for (query, floor, target) in &PRIVACY {
         let plain = query.template.replace("{n}", "0");
-        let sql = rewritten(proxy, policy, secret, query.template).await?;
+        let sql = rewritten(proxy, shared, secret, query.template).await?;
         let series = series(
             s,
             &[
@@ -1487,8 +1488,7 @@ async fn privacy_only(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<()
         };
         eprintln!("scale {scale}: 2. cost of privacy");
         let mut plans = String::new();
-        let privacy =
-            privacy_figure(&fewer, &proxy, &direct, &shared.policy, secret, &mut plans).await?;
+        let privacy = privacy_figure(&fewer, &proxy, &direct, &shared, secret, &mut plans).await?;
         writeln!(report, "\n### Scale {scale}\n")?;
         privacy_table(&mut report, &privacy)?;
         if !s.smoke {

@@ -13,8 +13,13 @@ pub const RESERVED_PREFIX: &str = "__dp_";
 pub use crate::limits::{INTEGER_DOMAIN_VALUES_MAX, JOINED_TABLES_MAX, VIEW_TABLES_MAX};
 
 mod column;
+mod facts;
 mod output;
 pub use column::{aliases, Canonical, ColumnRef, JoinOn};
+pub(crate) use facts::seal;
+#[cfg(test)]
+pub(crate) use facts::Stated;
+pub use facts::UpstreamFacts;
 pub use output::{
     Output, OutputSource, Parameter, Post, PostOp, PostProcessing, SortKey, RELEASED_RELATION,
 };
@@ -634,10 +639,10 @@ impl Plan {
     }
 
     /// Lets the rewrite use the unique-unit form (docs/privacy.md, "Unique units") if the plan
-    /// has a unit key ([`Plan::unit_key`]) and `is_unique` says the upstream declares it unique;
+    /// has a unit key ([`Plan::unit_key`]) and `facts` say the upstream holds it unique;
     /// otherwise keeps the general form, which is always sound. Returns what it decided.
-    pub fn assume_unique_unit(&mut self, is_unique: impl Fn(&(String, String)) -> bool) -> bool {
-        self.unit_unique = self.unit_key().is_some_and(|key| is_unique(&key));
+    pub fn assume_unique_unit(&mut self, facts: &impl UpstreamFacts) -> bool {
+        self.unit_unique = self.unit_key().is_some_and(|key| facts.unique(&key));
         self.unit_unique
     }
 
@@ -664,14 +669,14 @@ impl Plan {
         found
     }
 
-    /// Records which of [`Plan::column_arguments`] `is_not_null` says the upstream declares
+    /// Records which of [`Plan::column_arguments`] `facts` say the upstream declares
     /// `NOT NULL` ([`Plan::not_null`]); the others keep a count of their own values, which is
     /// always sound.
-    pub fn assume_not_null(&mut self, is_not_null: impl Fn(&(String, String)) -> bool) {
+    pub fn assume_not_null(&mut self, facts: &impl UpstreamFacts) {
         self.not_null = self
             .column_arguments()
             .into_iter()
-            .filter(|(_, column)| is_not_null(column))
+            .filter(|(_, column)| facts.not_null(column))
             .map(|(argument, _)| argument)
             .collect();
     }
@@ -722,7 +727,7 @@ impl Plan {
     }
 
     /// Lets the rewrite aggregate below the plan's join (docs/privacy.md, "Lookups on the
-    /// privacy unit") when `is_unique` says the upstream declares a lookup side's key unique;
+    /// privacy unit") when `facts` say the upstream holds a lookup side's key unique;
     /// otherwise keeps the general form, which is always sound. Returns what it decided.
     ///
     /// When every key reads the lookup table alone, each unit's rows share one lookup row and
@@ -731,11 +736,11 @@ impl Plan {
     /// per unit whatever the data, and the lookup form has one by the key's uniqueness, the
     /// fact the form itself rests on; the uniqueness also makes the cap cost nothing (no unit
     /// has a second group to drop).
-    pub fn assume_unit_lookup(&mut self, is_unique: impl Fn(&(String, String)) -> bool) -> bool {
+    pub fn assume_unit_lookup(&mut self, facts: &impl UpstreamFacts) -> bool {
         self.unit_lookup = self
             .unit_lookup_candidates()
             .into_iter()
-            .find(|l| is_unique(&(l.table.clone(), l.key.column.clone())));
+            .find(|l| facts.unique(&(l.table.clone(), l.key.column.clone())));
         if self.keys_follow_unit() {
             self.max_groups_per_unit = 1;
             self.groups_ceiling = 1;

@@ -295,6 +295,10 @@ pub struct PrivateTable {
     /// Most rows per unit and group a query that chooses its caps may choose (`ceilings`; at
     /// least `max_rows_per_unit`).
     pub rows_ceiling: u64,
+    /// Columns the policy declares unique (`unique_keys`) where the upstream's catalog cannot
+    /// state it (a partitioned table of foreign partitions): pgdp reads the table to verify
+    /// each at start, on reload and on first need, and then treats it as a unique key.
+    pub unique_keys: Vec<String>,
 }
 
 impl PrivateTable {
@@ -458,6 +462,20 @@ pub fn with_time_zone(declared: &str) -> bool {
 }
 
 impl Policy {
+    /// The `(table, column)` pairs the policy declares unique (the private tables'
+    /// `unique_keys`), to be verified on the upstream before pgdp relies on them.
+    pub fn declared_unique_keys(&self) -> std::collections::BTreeSet<(String, String)> {
+        self.tables
+            .values()
+            .filter_map(|t| t.private().map(|p| (t.qualified_name(), p)))
+            .flat_map(|(table, p)| {
+                p.unique_keys
+                    .iter()
+                    .map(move |column| (table.clone(), column.clone()))
+            })
+            .collect()
+    }
+
     /// The table of that qualified, lower-cased name.
     pub fn table(&self, qualified: &str) -> Option<&Table> {
         self.tables.get(qualified)

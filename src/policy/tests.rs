@@ -156,6 +156,44 @@ fn ceilings_default_to_the_caps_and_never_lower_them() {
 }
 
 #[test]
+fn unique_keys_name_declared_columns_of_private_tables_once() {
+    let declared = minimal("").replace(
+        "    max_rows_per_unit: 3\n",
+        "    max_rows_per_unit: 3\n    unique_keys: [UID]\n",
+    );
+    let p = parse(&declared).expect("valid");
+    let pt = p.table("s.t").and_then(|t| t.private()).expect("private");
+    assert_eq!(pt.unique_keys, vec!["uid".to_string()]);
+    assert_eq!(
+        p.declared_unique_keys().into_iter().collect::<Vec<_>>(),
+        vec![("s.t".to_string(), "uid".to_string())]
+    );
+    assert!(parse(&minimal(""))
+        .expect("valid")
+        .declared_unique_keys()
+        .is_empty());
+
+    let wrong = minimal("").replace(
+        "    max_rows_per_unit: 3\n",
+        "    max_rows_per_unit: 3\n    unique_keys: [nope, x, x]\n",
+    );
+    assert_eq!(
+        errors(&wrong),
+        vec![
+            "tables.s.t.unique_keys[0]: column nope is not declared in columns",
+            "tables.s.t.unique_keys[2]: named twice",
+        ]
+    );
+    let public = errors(&minimal(
+        "  s.d:\n    kind: public\n    unique_keys: [a]\n    columns:\n      a: { type: text }\n",
+    ));
+    assert_eq!(
+        public,
+        vec!["tables.s.d.unique_keys: only a private table's unique keys matter to pgdp (unit paths and one row per unit)"]
+    );
+}
+
+#[test]
 fn bounds_only_on_numeric_and_date_columns() {
     let text = minimal("").replace("k: { type: text,", "k: { type: text, lower: 0, upper: 1,");
     let e = errors(&text);

@@ -87,7 +87,33 @@ pub(super) struct RawTable {
     max_rows_per_unit: Option<u64>,
     #[serde(default)]
     ceilings: Option<RawCeilings>,
+    #[serde(default)]
+    unique_keys: Option<Vec<String>>,
     columns: BTreeMap<String, RawColumn>,
+}
+
+/// A private table's `unique_keys`, lower-cased: each a declared column, named once.
+fn unique_keys(
+    p: &mut Problems,
+    path: &str,
+    raw: Option<&[String]>,
+    columns: &[Column],
+) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for (i, key) in raw.unwrap_or_default().iter().enumerate() {
+        let key = key.to_ascii_lowercase();
+        if !columns.iter().any(|c| c.name == key) {
+            p.add(
+                &format!("{path}.unique_keys[{i}]"),
+                format!("column {key} is not declared in columns"),
+            );
+        } else if keys.contains(&key) {
+            p.add(&format!("{path}.unique_keys[{i}]"), "named twice");
+        } else {
+            keys.push(key);
+        }
+    }
+    keys
 }
 
 /// A private table's `ceilings`: how far a query that chooses its caps (`pgdp.choose_bounds`)
@@ -816,6 +842,12 @@ pub(super) fn validate(
                         );
                     }
                 }
+                if t.unique_keys.is_some() {
+                    p.add(
+                        &format!("{path}.unique_keys"),
+                        "only a private table's unique keys matter to pgdp (unit paths and one row per unit)",
+                    );
+                }
                 TableKind::Public
             }
             "private" => {
@@ -905,6 +937,7 @@ pub(super) fn validate(
                     max_rows_per_unit: rows,
                     groups_ceiling,
                     rows_ceiling,
+                    unique_keys: unique_keys(&mut p, &path, t.unique_keys.as_deref(), &columns),
                 })
             }
             other => {

@@ -117,10 +117,10 @@ impl Session {
         if let Some(listed) = listed {
             plan.list_key(listed);
         }
-        let facts = &shared.catalog_facts;
-        plan.assume_unique_unit(|key| facts.holds(ColumnFact::Unique, key));
-        plan.assume_unit_lookup(|key| facts.holds(ColumnFact::Unique, key));
-        plan.assume_not_null(|column| facts.holds(ColumnFact::NotNull, column));
+        let facts = shared.column_facts.as_ref();
+        plan.assume_unique_unit(facts);
+        plan.assume_unit_lookup(facts);
+        plan.assume_not_null(facts);
         let started = std::time::Instant::now();
         let rewrite = rewrite::rewrite(&plan, params, secret)?;
         shared.metrics.stage(Stage::Rewrite, started.elapsed());
@@ -209,7 +209,7 @@ impl Session {
         listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let prepared = self.prepare_dp(shared, query, params, secret, listed)?;
-        let facts = &shared.catalog_facts;
+        let facts = &shared.column_facts;
         let mut unit_key: Vec<(String, String)> = prepared.0.unit_key().into_iter().collect();
         unit_key.extend(prepared.0.unit_lookup_keys());
         let columns: Vec<(String, String)> = prepared

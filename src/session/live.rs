@@ -1,8 +1,9 @@
 //! The server's shared state across policy reloads (SIGHUP, `pgdp reload`).
 //!
 //! [`Live`] holds the current [`Shared`] and swaps it whole when a new policy is loaded: the
-//! upstream, the ledger and the learnt unique keys carry over; the policy, the shadow catalog
-//! built from it and the group-choice secret are the new policy's.
+//! upstream, the ledger and the facts learnt from the upstream's catalog carry over; the policy,
+//! the shadow catalog built from it, its declared unique keys (verified before the swap) and
+//! the group-choice secret are the new policy's.
 //!
 //! Invariants:
 //! - A statement sees one policy from start to end: the front end takes [`Live::current`] once
@@ -11,8 +12,8 @@
 //!   policy it started with).
 //! - Only a validated [`Policy`] can be loaded (the type has no other constructor than
 //!   validation), and the swap is all or nothing: a policy that fails validation never reaches
-//!   [`Live::reload`], and one that [`Live::reload`] refuses (another logical database name)
-//!   leaves the current one in force.
+//!   [`Live::reload`], and one that [`Live::reload`] refuses (another logical database name, a
+//!   declared unique key the upstream holds a value of twice) leaves the current one in force.
 //! - Each reload bumps the generation. A session compares its generation with the snapshot's
 //!   before every statement ([`super::Session::follow_policy`]): an analyst the new policy still
 //!   lists continues under the new budget, caps and tables; a removed one's sessions end with
@@ -83,7 +84,9 @@ impl Live {
     /// Puts `policy` in force for every statement that starts from now on. The shadow catalog
     /// is rebuilt for it before the swap (a failure to build it is logged, and catalog queries
     /// retry it, as at start). Refused, changing nothing, if the policy serves another logical
-    /// database: clients connected to the old name would otherwise be answered for the new one.
+    /// database (clients connected to the old name would otherwise be answered for the new
+    /// one), or if it declares a unique key (`unique_keys`) that a read of its table finds a
+    /// value of twice; a key that cannot be read now is verified on first need.
     pub async fn reload(&self, policy: Policy) -> Result<Reloaded> {
         let _one_at_a_time = self.reloading.lock().await;
         let old = self.current();
@@ -104,6 +107,23 @@ impl Live {
         }
         let reloaded = changes(&old.policy, &policy, old.generation + 1);
         let next = old.successor(policy, shadow);
+        match next.upstream.verify_declared_keys(&next.column_facts).await {
+            Ok(duplicated) if !duplicated.is_empty() => {
+                let keys: Vec<String> =
+                    duplicated.iter().map(|(t, c)| format!("{t}.{c}")).collect();
+                return Err(Error::forbidden(
+                    format!(
+                        "the new policy declares {} unique, but the upstream holds a value of each twice: the reload is refused and the current policy stays in force",
+                        keys.join(", ")
+                    ),
+                    "Remove the duplicate values upstream, or drop the column from its table's unique_keys, and reload again.",
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "reload: cannot verify the new policy's declared unique keys: they are verified on first need")
+            }
+        }
         match self.current.write() {
             Ok(mut guard) => *guard = Arc::new(next),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(next),

@@ -76,12 +76,13 @@ pub struct Shared {
     secret: tokio::sync::OnceCell<String>,
     /// The shadow catalog answering introspection, if it could be built.
     pub shadow: Option<crate::upstream::Shadow>,
-    /// What the upstream's catalog says about columns pgdp relies on (unique unit-path keys,
-    /// `NOT NULL` aggregate arguments), learnt on first need (kept across reloads: they are
-    /// facts about the upstream, not the policy).
-    pub catalog_facts: Arc<crate::upstream::CatalogFacts>,
+    /// What pgdp knows about columns it relies on (unique unit-path keys, `NOT NULL` aggregate
+    /// arguments): the upstream catalog's facts, learnt on first need and kept across reloads
+    /// (they are facts about the upstream, not the policy), and this policy's declared unique
+    /// keys with what reading their tables found (verified afresh for each policy).
+    pub column_facts: Arc<crate::upstream::ColumnFacts>,
     /// How the upstream partitions the private tables, learnt on first need (kept across
-    /// reloads, like `catalog_facts`).
+    /// reloads, like the catalog's facts).
     pub partitioning: Arc<crate::upstream::Partitioning>,
     /// How many reloads produced this state (0: the policy pgdp started with).
     pub generation: u64,
@@ -102,13 +103,15 @@ impl Shared {
         shadow: Option<crate::upstream::Shadow>,
     ) -> Result<Shared> {
         let secret = tokio::sync::OnceCell::new_with(policy.secret.clone());
+        let column_facts =
+            crate::upstream::ColumnFacts::new(Arc::default(), policy.declared_unique_keys());
         Ok(Shared {
             policy: Arc::new(policy),
             upstream: Arc::new(upstream),
             ledger: Arc::new(ledger),
             secret,
             shadow,
-            catalog_facts: Arc::default(),
+            column_facts: Arc::new(column_facts),
             partitioning: Arc::default(),
             generation: 0,
             noise_seed: None,
@@ -117,19 +120,24 @@ impl Shared {
     }
 
     /// The state after a reload to `policy`: the same upstream, ledger, catalog facts and
-    /// metrics, the new policy's shadow catalog and secret, and the next generation.
+    /// metrics, the new policy's shadow catalog, secret and declared unique keys (not verified
+    /// yet), and the next generation.
     pub(super) fn successor(
         &self,
         policy: Policy,
         shadow: Option<crate::upstream::Shadow>,
     ) -> Shared {
+        let column_facts = crate::upstream::ColumnFacts::new(
+            self.column_facts.catalog(),
+            policy.declared_unique_keys(),
+        );
         Shared {
             secret: tokio::sync::OnceCell::new_with(policy.secret.clone()),
             policy: Arc::new(policy),
             upstream: self.upstream.clone(),
             ledger: self.ledger.clone(),
             shadow,
-            catalog_facts: self.catalog_facts.clone(),
+            column_facts: Arc::new(column_facts),
             partitioning: self.partitioning.clone(),
             metrics: self.metrics.clone(),
             generation: self.generation + 1,

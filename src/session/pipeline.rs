@@ -138,7 +138,7 @@ impl Session {
         // A row of a table with a unit path has one unit only if each key of the path is unique.
         shared
             .upstream
-            .verify_unique_keys(&shared.catalog_facts, plan.unique_keys())
+            .verify_unique_keys(&shared.column_facts, plan.unique_keys())
             .await?;
         let keys = self.release_keys(query, params, listed, (&plan, &rewrite, &mechanisms))?;
         Ok(Planned {

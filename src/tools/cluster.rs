@@ -232,6 +232,19 @@ impl Cluster {
         self.wait_until_ready().await
     }
 
+    /// Restarts the server with `settings` appended to its `postgresql.conf` (e.g.
+    /// `shared_preload_libraries`, which takes effect only at start).
+    pub async fn configure(&self, settings: &str) -> Result<(), ClusterError> {
+        self.stop().await?;
+        let conf = self.data_dir.join("postgresql.conf");
+        let mut text =
+            std::fs::read_to_string(&conf).map_err(io_error("reading postgresql.conf"))?;
+        text.push_str(settings);
+        text.push('\n');
+        std::fs::write(&conf, text).map_err(io_error("writing postgresql.conf"))?;
+        self.resume().await
+    }
+
     /// Restarts the server with `ssl = on`, serving `certificate` (PEM chain) and `key` (PEM),
     /// which are copied into the data directory with the owner and mode PostgreSQL insists on.
     /// For tests of verified TLS to the upstream; plain connections are still accepted.

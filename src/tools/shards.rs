@@ -16,7 +16,8 @@
 //!   grouping on the shard; both then join on the coordinator); the
 //!   public table `demo.regions` as a local copy; and `demo.prescriptions` as a local table only
 //!   (it has no unit column: its unit is reached through `visits.visit_id`, which cannot be
-//!   declared unique on a partitioned table with foreign partitions, so pgdp refuses it there).
+//!   declared unique on a partitioned table with foreign partitions, so pgdp refuses it there
+//!   unless the policy declares the key, `unique_keys`, and a read of the table confirms it).
 //!
 //! Rows are routed with PostgreSQL's own hash partitioning: the source computes
 //! `satisfies_hash_partition` against a temporary table partitioned like the coordinator's, and

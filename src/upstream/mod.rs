@@ -6,7 +6,7 @@
 //!   [`Pooled::run_release_query`], which takes a rewrite's [`Statement`] bound to the receipt of
 //!   the durable charge of its own cost ([`Charged`], by value: one charge, one run) and returns
 //!   [`PrivateRows`] that only the release can read; [`Upstream::run_public_query`], which takes
-//!   [`PublicSql`] over a public table; and the fixed catalog lookups of [`catalog_facts`]. The
+//!   [`PublicSql`] over a public table; and the fixed lookups of [`catalog_facts`]. The
 //!   pooled client itself is private to this module.
 //! - Each runs as one `READ ONLY` transaction with a `statement_timeout` of
 //!   [`limits::STATEMENT_TIMEOUT_MS`], reading at most [`limits::UPSTREAM_ROWS_MAX`] rows; a
@@ -104,7 +104,7 @@ pub mod shadow;
 pub mod standby;
 
 pub use cancel::{Cancel, CancelReason};
-pub use catalog_facts::{CatalogFacts, ColumnFact};
+pub use catalog_facts::{CatalogFacts, ColumnFact, ColumnFacts};
 pub use partitioning::{Partitioning, Placement};
 pub use shadow::Shadow;
 

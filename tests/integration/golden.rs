@@ -32,7 +32,7 @@ use pgdp::dp::release::{self, Budget, Mechanisms};
 use pgdp::dp::rewrite::{self, Rewrite};
 use pgdp::policy::{self, Mechanism, Policy};
 use pgdp::session::classify::{self, Statement};
-use pgdp::upstream::catalog_facts::UNIQUE_KEY_SQL;
+use pgdp::upstream::{ColumnFact, ColumnFacts, Upstream};
 use sqlparser::ast::{self, Expr};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
@@ -825,6 +825,23 @@ async fn golden_sql_runs_on_postgres() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// demo.people.person_id, the unit column of the demo's one-row-per-person table.
+fn person_id() -> (String, String) {
+    ("demo.people".into(), "person_id".into())
+}
+
+/// What the upstream catalog of `db` says of `keys` being unique, learnt as pgdp learns it:
+/// the only way a plan is told that a column is unique (the facts are sealed).
+async fn upstream_facts(db: &harness::TestDb, keys: &[(String, String)]) -> ColumnFacts {
+    let upstream = Upstream::new(db.dsn()).expect("the test database's DSN");
+    let facts = ColumnFacts::default();
+    upstream
+        .learn_column_facts(&facts, ColumnFact::Unique, keys)
+        .await
+        .expect("catalog lookup");
+    facts
+}
+
 /// When every row is its own unit (one table whose unit column is unique upstream, as
 /// demo.people.person_id is), the rewrite skips the per-unit aggregation and the ranking. Its SQL
 /// must give exactly the rows of the general form, for every corpus case it applies to.
@@ -833,6 +850,7 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
     let policy = demo_policy();
     let db = harness::demo_database(1).await;
     let client = db.client().await;
+    let person_facts = upstream_facts(&db, &[person_id()]).await;
     let mut compared = 0;
     for file in corpus() {
         for case in &file.cases {
@@ -846,7 +864,7 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
                 continue;
             }
             let mut plan = c.plan.clone();
-            plan.assume_unique_unit(|_| true);
+            assert!(plan.assume_unique_unit(&person_facts), "{}", case.at());
             let flat = rewrite::rewrite(&plan, &case.params, SECRET).unwrap();
             assert_eq!(flat.measures, c.rewrite.measures, "{}", case.at());
             let general = text_rows(&client, &c.rewrite.sql).await.unwrap();
@@ -907,6 +925,7 @@ async fn fast_shape_gives_the_statistics_of_the_reference_shape() {
         rows.sort();
         rows
     };
+    let person_facts = upstream_facts(&db, &[person_id()]).await;
     let (mut general, mut flat, mut below) = (0, 0, 0);
     for file in corpus() {
         for case in &file.cases {
@@ -919,24 +938,13 @@ async fn fast_shape_gives_the_statistics_of_the_reference_shape() {
             let mut plans = vec![c.plan.clone()];
             if c.plan.unit_key() == Some(("demo.people".into(), "person_id".into())) {
                 let mut unique = c.plan.clone();
-                unique.assume_unique_unit(|_| true);
+                assert!(unique.assume_unique_unit(&person_facts), "{}", case.at());
                 plans.push(unique);
             }
             // Where the join has a side with one row per unit, as the upstream catalog says.
-            let mut unique_keys = Vec::new();
-            for (table, column) in c.plan.unit_lookup_keys() {
-                let name = format!("\"{}\"", table.replace('.', "\".\""));
-                let unique: bool = client
-                    .query_one(UNIQUE_KEY_SQL, &[&name, &column])
-                    .await
-                    .expect("catalog lookup")
-                    .get(0);
-                if unique {
-                    unique_keys.push((table, column));
-                }
-            }
+            let lookup_facts = upstream_facts(&db, &c.plan.unit_lookup_keys()).await;
             let mut joined = c.plan.clone();
-            if joined.assume_unit_lookup(|key| unique_keys.contains(key)) {
+            if joined.assume_unit_lookup(&lookup_facts) {
                 plans.push(joined);
             }
             for plan in plans {
@@ -977,6 +985,7 @@ async fn units_without_values_add_nothing_to_sums() {
     )
     .await
     .expect("runs");
+    let person_facts = upstream_facts(&db, &[person_id()]).await;
     let number =
         |t: &Option<String>| -> f64 { t.as_deref().expect("a value").parse().expect("numeric") };
     // With AVG the sum is derived from the count and the centred sum (sum = centred + 125000 ×
@@ -987,7 +996,7 @@ async fn units_without_values_add_nothing_to_sums() {
     ] {
         let c = compile(&policy, sql, &[]).expect("accepted");
         let mut unique = c.plan.clone();
-        unique.assume_unique_unit(|_| true);
+        assert!(unique.assume_unique_unit(&person_facts), "{sql}");
         for shape in [rewrite::Shape::Reference, rewrite::Shape::Fast] {
             for plan in [&c.plan, &unique] {
                 let rw = rewrite::rewrite_shaped(plan, &[], SECRET, shape).expect("rewrites");

@@ -32,6 +32,8 @@
 //! - `shard`: a coordinator whose private tables are hash-partitioned by the privacy unit over
 //!   `postgres_fdw` shards, all throwaway clusters: answers, pushdown, a shard that is down,
 //!   and partitioning by another column;
+//! - `citus`: the same on Citus where it is installed (`.ci/setup-citus`; skipped, saying so,
+//!   elsewhere): answers of one server and the coordinator's distributed plan;
 //! - `metrics`: the `--metrics` endpoint scraped over HTTP (counters, histograms, `/health`);
 //! - `readme`: README.md's psql transcripts, run as one psql session and compared (or, with
 //!   `PGDP_BLESS=1`, rewritten).
@@ -56,6 +58,7 @@ mod attacks;
 mod auth;
 mod bounds;
 mod budget;
+mod citus;
 mod clients;
 mod datetime_ranges;
 mod dp;

@@ -22,6 +22,13 @@
 //!   a table partitioned by `visit_id` gets the single-server shape, one partitioned by the unit
 //!   the partitionwise shape, and both answer as the unpartitioned table does.
 //!
+//! - [`declared_unique_keys_answer_on_the_coordinator_as_on_one_server`]: the coordinator has
+//!   no primary key on its partitioned tables of foreign partitions; with the policy's
+//!   `unique_keys` (verified by reading the tables at start) `demo.prescriptions` is answered
+//!   instead of refused, the people–visits join takes its one-group-per-person form, and both
+//!   answer as one server does; a declared key that holds a value twice stops pgdp at start and
+//!   is refused at reload, the policy in force staying.
+//!
 //! The sharded deployment is built once per test process and shared under a lock (the fault
 //! test stops a shard), so these tests run one at a time.
 
@@ -575,4 +582,135 @@ async fn a_table_partitioned_by_another_column_keeps_the_single_server_shape() {
     for db in databases {
         db.drop_db().await;
     }
+}
+
+/// `policy` with `column` of `table` declared unique (`unique_keys`).
+fn declare_unique(policy: &mut Policy, table: &str, column: &str) {
+    let Some(pgdp::policy::TableKind::Private(private)) =
+        policy.tables.get_mut(table).map(|t| &mut t.kind)
+    else {
+        panic!("{table} is a private table of the policy");
+    };
+    private.unique_keys.push(column.into());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_unique_keys_answer_on_the_coordinator_as_on_one_server() {
+    let shards = deployment().await;
+    let source = harness::demo_database(1).await;
+    let start = |policy: Policy, upstream: String, ledger: String| {
+        server::start_with(
+            Config {
+                policy,
+                upstream,
+                ledger: Some(ledger),
+                listen: "127.0.0.1:0".into(),
+                noise_seed: Some([31; 32]),
+            },
+            Options::default(),
+        )
+    };
+    let mut declared = policy();
+    declare_unique(&mut declared, "demo.visits", "visit_id");
+    declare_unique(&mut declared, "demo.people", "person_id");
+    let prescriptions =
+        "SELECT drug, COUNT(*), SUM(quantity) FROM demo.prescriptions GROUP BY drug";
+    let join = QUERIES
+        .iter()
+        .find(|q| q.contains("JOIN demo.people"))
+        .expect("the people-visits join");
+
+    // Without the declaration the coordinator cannot say visit_id is unique: refused.
+    let ledger = harness::fresh_database("shard_ledger").await;
+    let running = pgdp(shards.dsn(), &ledger).await;
+    let session = open(&running).await;
+    let refused = session
+        .simple_rows(prescriptions)
+        .await
+        .expect_err("refused without a unique visit_id");
+    assert_eq!(
+        code(&refused),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "{refused:?}"
+    );
+    let hint = refused
+        .as_db_error()
+        .and_then(|e| e.hint())
+        .unwrap_or_default()
+        .to_string();
+    assert!(hint.contains("unique_keys"), "{hint}");
+    let general = explain(&session, join).await;
+    assert!(
+        !general.iter().any(|l| l.starts_with("groups per unit: 1")),
+        "{general:#?}"
+    );
+    drop((session, running));
+    ledger.drop_db().await;
+
+    // With it, the coordinator answers as one server (whose catalog has the primary keys).
+    let mut answers = Vec::new();
+    let mut explained = Vec::new();
+    for (policy, upstream) in [
+        (policy(), source.dsn().to_string()),
+        (declared.clone(), shards.dsn()),
+    ] {
+        let ledger = harness::fresh_database("shard_ledger").await;
+        let running = start(policy, upstream, ledger.dsn().to_string())
+            .await
+            .expect("pgdp starts");
+        let session = open(&running).await;
+        let mut answered = Vec::new();
+        for sql in [prescriptions, join] {
+            let mut rows = session
+                .simple_rows(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            rows.sort();
+            answered.push(rows);
+        }
+        answers.push(answered);
+        explained.push(explain(&session, join).await);
+        drop((session, running));
+        ledger.drop_db().await;
+    }
+    assert_eq!(answers[1], answers[0]);
+    assert_eq!(answers[0][0].len(), 12, "{:?}", answers[0][0]);
+    for lines in &explained {
+        assert!(
+            lines.iter().any(|l| l.starts_with("groups per unit: 1")),
+            "{lines:#?}"
+        );
+    }
+
+    // A declared key that holds a value twice: pgdp does not start with it...
+    let mut false_key = declared.clone();
+    declare_unique(&mut false_key, "demo.visits", "clinic");
+    let ledger = harness::fresh_database("shard_ledger").await;
+    match start(false_key.clone(), shards.dsn(), ledger.dsn().to_string()).await {
+        Err(e) => {
+            let message = e.to_string();
+            assert!(message.contains("demo.visits.clinic"), "{message}");
+            assert!(!message.contains("visit_id"), "{message}");
+        }
+        Ok(_) => panic!("pgdp started with a false unique key"),
+    }
+    // ... nor takes it at reload, and keeps serving under the policy in force.
+    let running = start(declared, shards.dsn(), ledger.dsn().to_string())
+        .await
+        .expect("pgdp starts");
+    let refused = running
+        .reload(false_key)
+        .await
+        .expect_err("the reload is refused");
+    assert!(
+        refused.to_string().contains("demo.visits.clinic"),
+        "{refused}"
+    );
+    let session = open(&running).await;
+    session
+        .simple_rows(prescriptions)
+        .await
+        .expect("answered under the policy in force");
+    drop((session, running));
+    ledger.drop_db().await;
 }

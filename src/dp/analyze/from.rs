@@ -224,6 +224,7 @@ impl<'a> Analyzer<'a> {
             max_rows_per_unit: caps.max_rows_per_unit,
             groups_ceiling: caps.groups_ceiling,
             rows_ceiling: caps.rows_ceiling,
+            unique_keys: caps.unique_keys.clone(),
         });
         Ok((query, owned))
     }

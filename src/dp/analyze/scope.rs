@@ -447,6 +447,7 @@ impl<'a> Analyzer<'a> {
                 max_rows_per_unit,
                 groups_ceiling,
                 rows_ceiling,
+                unique_keys: Vec::new(),
             }),
             columns,
         };

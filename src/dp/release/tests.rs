@@ -952,7 +952,7 @@ fn a_count_of_a_not_null_column_is_the_count_of_rows() {
         .map(|(t, c)| (t.to_string(), c.to_string()));
     assert_eq!(columns, expected);
 
-    plan.assume_not_null(age_not_null);
+    plan.assume_not_null(&crate::dp::plan::Stated(age_not_null));
     let rewrite = rewrite::rewrite(&plan, &[], SECRET).expect("rewrites");
     let mechanisms = super::mechanisms(&plan, &rewrite, LAPLACE).expect("mechanisms");
     // COUNT(age) and the count of AVG(age) are COUNT(*)'s measure; income keeps its own.
@@ -1003,7 +1003,7 @@ fn only_plain_columns_of_tables_never_null_extended_can_be_counted_as_rows() {
         "SELECT SUM(quantity) FROM demo.prescriptions",
     ] {
         let (mut plan, _, _, _) = prepared(&policy, sql, LAPLACE);
-        plan.assume_not_null(|_| true);
+        plan.assume_not_null(&crate::dp::plan::Stated(|_: &(String, String)| true));
         let rewrite = rewrite::rewrite(&plan, &[], SECRET).expect("rewrites");
         assert!(
             !rewrite.measures.contains(&rewrite::Measure::Rows),

@@ -1,0 +1,264 @@
+//! Citus, where it is installed (`bash .ci/setup-citus <citus-source-dir>`): a coordinator and
+//! two workers, throwaway clusters started from the installed binaries with the extension
+//! preloaded ([`pgdp::tools::citus`]), `demo.people` and `demo.visits` distributed by
+//! `person_id` and co-located, `demo.regions` a reference table, `demo.prescriptions` a local
+//! table of the coordinator, the data copied from the demo dataset (scale 1) of the test
+//! upstream ("one server").
+//!
+//! - [`citus_gives_the_answers_of_one_server`]: two pgdp with the same secret and noise seed,
+//!   one over one server and one over the Citus coordinator, release the same noisy rows and
+//!   spend the same budget for docs/queries.md-style statements (counts, sums, averages,
+//!   partition selection, distinct counts, a median, the people–visits join, the public-table
+//!   join); `demo.prescriptions`, whose unit path key `visits.visit_id` Citus cannot declare
+//!   unique, is refused without the policy's `unique_keys` and answered as on one server with it.
+//! - [`the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks`]: the statement pgdp sends
+//!   (its EXPLAIN's upstream SQL with the secret's seed put back), planned by the coordinator:
+//!   a Citus distributed plan over all 32 shards whose tasks group by `person_id` for counts,
+//!   sums and the join (the unique-unit form over `demo.people` has no per-unit stage, and
+//!   nothing is pulled either); a distinct count and a median, which read pgdp's first CTE twice, are
+//!   planned with a distributed subplan whose rows are pulled to the coordinator.
+//!
+//! Where Citus is not installed (CI cannot fetch its source) each test says on standard error
+//! that the Citus suite was skipped, and passes. The deployment is built once per test process
+//! and shared under a lock.
+
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
+use tokio_postgres::error::SqlState;
+
+use pgdp::dp::rewrite;
+use pgdp::policy::{Policy, TableKind};
+use pgdp::server::{self, Config, Options, Running};
+use pgdp::tools::citus::{Citus, CitusError, SHARD_COUNT};
+
+use crate::harness;
+use crate::support::{
+    code, policy_with_budget, Session, ANALYST, DATABASE as POLICY_DATABASE, PASSWORD,
+};
+
+/// Workers of the deployment.
+const WORKERS: usize = 2;
+
+/// The group-choice secret of every pgdp here: the same choice on both upstreams.
+const SECRET: &str = "citus-tests-group-choice-secret";
+
+/// Statements of docs/queries.md's kinds, answered on both upstreams.
+const QUERIES: &[&str] = &[
+    "SELECT COUNT(*) FROM demo.visits",
+    "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
+    "SELECT sex, AVG(income) FROM demo.people GROUP BY sex",
+    "SELECT region, SUM(cost) FROM demo.visits v JOIN demo.people p USING (person_id) GROUP BY region",
+    "SELECT r.name, COUNT(*) FROM demo.people p JOIN demo.regions r ON r.region = p.region GROUP BY r.name",
+    "SELECT COUNT(DISTINCT clinic) FROM demo.visits",
+    "SELECT MEDIAN(cost) FROM demo.visits",
+    "SELECT clinic, COUNT(DISTINCT person_id) FROM demo.visits WHERE cost > 100 GROUP BY clinic",
+    "SELECT drug, COUNT(*), SUM(quantity) FROM demo.prescriptions GROUP BY drug",
+];
+
+static DEPLOYMENT: OnceCell<Option<Mutex<Citus>>> = OnceCell::const_new();
+
+/// The shared deployment, locked for the caller's test; `None` (said on standard error) where
+/// Citus is not installed.
+async fn deployment(test: &str) -> Option<MutexGuard<'static, Citus>> {
+    let citus = DEPLOYMENT
+        .get_or_init(|| async {
+            let source = harness::demo_database(1).await;
+            let client = harness::connect(source.dsn()).await;
+            match Citus::start_demo(&client, WORKERS).await {
+                Ok(citus) => {
+                    citus
+                        .stop_when_process_exits()
+                        .unwrap_or_else(|e| panic!("cannot arrange Citus' clean-up: {e}"));
+                    Some(Mutex::new(citus))
+                }
+                Err(CitusError::NotInstalled(why)) => {
+                    eprintln!("citus: the Citus suite is skipped: Citus is not installed ({why}); build it with `bash .ci/setup-citus <citus-source-dir>`");
+                    None
+                }
+                Err(e) => panic!("the Citus deployment: {e}"),
+            }
+        })
+        .await;
+    match citus {
+        Some(citus) => Some(citus.lock().await),
+        None => {
+            eprintln!("citus: {test}: skipped (Citus is not installed)");
+            None
+        }
+    }
+}
+
+/// The demo policy with this file's secret, `demo.visits.visit_id` declared unique if `declare`.
+fn policy(declare: bool) -> Policy {
+    let mut policy = policy_with_budget(1000, 2);
+    policy.secret = Some(SECRET.into());
+    if declare {
+        let Some(TableKind::Private(visits)) =
+            policy.tables.get_mut("demo.visits").map(|t| &mut t.kind)
+        else {
+            panic!("demo.visits is a private table of the demo policy");
+        };
+        visits.unique_keys.push("visit_id".into());
+    }
+    policy
+}
+
+/// pgdp over `upstream` with `policy`, a noise seed and a fresh ledger.
+async fn pgdp(policy: Policy, upstream: String, ledger: &harness::TestDb) -> Running {
+    server::start_with(
+        Config {
+            policy,
+            upstream,
+            ledger: Some(ledger.dsn().to_string()),
+            listen: "127.0.0.1:0".into(),
+            noise_seed: Some([37; 32]),
+        },
+        Options::default(),
+    )
+    .await
+    .expect("pgdp starts")
+}
+
+async fn open(running: &Running) -> Session {
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={ANALYST} password={PASSWORD} dbname={POLICY_DATABASE} sslmode=disable",
+        running.addr.port()
+    );
+    Session::open(&dsn).await.expect("connect to pgdp")
+}
+
+/// The rows of `sql` through `session`, sorted.
+async fn sorted(session: &Session, sql: &str) -> Vec<Vec<Option<String>>> {
+    let mut rows = session
+        .simple_rows(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows.sort();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn citus_gives_the_answers_of_one_server() {
+    let Some(citus) = deployment("citus_gives_the_answers_of_one_server").await else {
+        return;
+    };
+    let single = harness::demo_database(1).await;
+
+    // Without the declaration, Citus' catalog cannot say visit_id is unique: refused.
+    let ledger = harness::fresh_database("citus_ledger").await;
+    let running = pgdp(policy(false), citus.dsn(), &ledger).await;
+    let session = open(&running).await;
+    let prescriptions = QUERIES[QUERIES.len() - 1];
+    let refused = session
+        .simple_rows(prescriptions)
+        .await
+        .expect_err("refused without a unique visit_id");
+    assert_eq!(
+        code(&refused),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "{refused:?}"
+    );
+    drop((session, running));
+    ledger.drop_db().await;
+
+    let mut answers = Vec::new();
+    let mut budgets = Vec::new();
+    for (declare, upstream) in [(false, single.dsn().to_string()), (true, citus.dsn())] {
+        let ledger = harness::fresh_database("citus_ledger").await;
+        let running = pgdp(policy(declare), upstream, &ledger).await;
+        let session = open(&running).await;
+        let mut answered = Vec::new();
+        for sql in QUERIES {
+            answered.push(sorted(&session, sql).await);
+        }
+        answers.push(answered);
+        budgets.push(session.budget().await);
+        drop((session, running));
+        ledger.drop_db().await;
+    }
+    for (q, sql) in QUERIES.iter().enumerate() {
+        assert!(!answers[0][q].is_empty(), "{sql}");
+        assert_eq!(answers[1][q], answers[0][q], "{sql}");
+    }
+    assert_eq!(budgets[0], budgets[1]);
+}
+
+/// pgdp's upstream SQL for `sql` as its EXPLAIN shows it, with the secret's seed put back.
+async fn upstream_sql(session: &Session, sql: &str) -> String {
+    let lines: Vec<String> = session
+        .simple_rows(&format!("EXPLAIN {sql}"))
+        .await
+        .unwrap_or_else(|e| panic!("EXPLAIN {sql}: {e}"))
+        .into_iter()
+        .filter_map(|row| row.into_iter().next().flatten())
+        .collect();
+    let start = lines
+        .iter()
+        .position(|l| l == "upstream SQL:")
+        .unwrap_or_else(|| panic!("{sql}: no upstream SQL in {lines:#?}"));
+    lines[start + 1..]
+        .iter()
+        .map(|l| l.trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace("<secret>", &rewrite::ranking_seed(SECRET).to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
+    let Some(citus) =
+        deployment("the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks").await
+    else {
+        return;
+    };
+    let ledger = harness::fresh_database("citus_ledger").await;
+    let running = pgdp(policy(true), citus.dsn(), &ledger).await;
+    let session = open(&running).await;
+    let coordinator = harness::connect(&citus.dsn()).await;
+    let plan = |sql: String| {
+        let coordinator = &coordinator;
+        async move {
+            coordinator
+                .simple_query(&format!("EXPLAIN (VERBOSE, COSTS OFF) {sql}"))
+                .await
+                .unwrap_or_else(|e| panic!("EXPLAIN on the coordinator: {e}\n{sql}"))
+                .into_iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                    _ => None,
+                })
+                .collect::<Vec<String>>()
+        }
+    };
+    let tasks = format!("Task Count: {SHARD_COUNT}");
+    // demo.people has one row per person (its primary key): pgdp's unique-unit form has no
+    // per-unit stage, and its plan is the same distributed aggregate without one.
+    for (sql, per_unit_stage) in [(QUERIES[1], true), (QUERIES[2], false), (QUERIES[3], true)] {
+        let lines = plan(upstream_sql(&session, sql).await).await;
+        let text = lines.join("\n");
+        assert!(
+            text.contains("Custom Scan (Citus Adaptive)"),
+            "{sql}\n{text}"
+        );
+        assert!(text.contains(&tasks), "{sql}: every shard\n{text}");
+        assert!(
+            !text.contains("Distributed Subplan"),
+            "{sql}: nothing pulled to the coordinator\n{text}"
+        );
+        assert_eq!(
+            lines
+                .iter()
+                .any(|l| l.contains("Group Key:") && l.contains("person_id")),
+            per_unit_stage,
+            "{sql}: the tasks group by the unit\n{text}"
+        );
+    }
+    for sql in [QUERIES[5], QUERIES[6]] {
+        let text = plan(upstream_sql(&session, sql).await).await.join("\n");
+        assert!(
+            text.contains("Distributed Subplan"),
+            "{sql}: pulled to the coordinator\n{text}"
+        );
+    }
+    drop((session, running));
+    ledger.drop_db().await;
+}
