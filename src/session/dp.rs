@@ -176,7 +176,20 @@ impl Session {
                 }
             })
             .collect();
-        let unknown = shared.partitioning.unknown(&tables);
+        // Public tables too: on Citus, whether each is a reference table (EXPLAIN's claim).
+        let public: Vec<(String, Option<String>)> = tables_read(&plan, &shared.policy)
+            .into_iter()
+            .filter(|name| {
+                shared
+                    .policy
+                    .tables
+                    .get(name)
+                    .is_some_and(|t| t.private().is_none())
+            })
+            .map(|name| (name, None))
+            .collect();
+        let mut unknown = shared.partitioning.unknown(&tables);
+        unknown.extend(shared.partitioning.unknown(&public));
         if !unknown.is_empty() {
             // A failed lookup is tried again on the next query; until then, one server's shape.
             let _ = shared

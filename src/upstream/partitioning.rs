@@ -13,8 +13,13 @@
 //!   equivalent statements and never weakens a privacy argument. A table partitioned by anything
 //!   other than its unit (another column, an expression, several columns) gets the single-server
 //!   shape, in which no stage relies on where rows are ([`Placement::NotByUnit`]).
-//! - The lookup reads the catalog only ([`PARTITION_KEY_SQL`]), never a row of any table; a
-//!   failed lookup leaves the single-server shape and is tried again on the next query.
+//! - The lookup reads the catalog only ([`PARTITION_KEY_SQL`], and on a Citus coordinator
+//!   [`CITUS_SQL`] and [`DISTRIBUTION_SQL`]), never a row of any table; a failed lookup leaves
+//!   the single-server shape and is tried again on the next query.
+//!
+//! On Citus (docs/scale-out.md) private tables distributed by their unit and co-located keep
+//! the single-server shape, which Citus plans inside each worker's tasks where it can;
+//! [`Placement::Distributed`] only lets EXPLAIN say where the per-unit stage runs.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -34,15 +39,32 @@ pub const PARTITION_KEY_SQL: &str = "SELECT CASE WHEN p.partnatts = 1 AND p.part
      ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] \
      WHERE p.partrelid = pg_catalog.to_regclass($1)";
 
+/// Whether the upstream is a Citus coordinator (its distribution catalog exists). Reads the
+/// catalog only.
+pub const CITUS_SQL: &str =
+    "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL";
+
+/// On a Citus coordinator, for table `$1` (a quoted qualified name): one row if Citus manages
+/// it, with its distribution method (`h` hash, `n` a reference table, others) and for a hash
+/// distributed table the name of its distribution column; no row for a local table. Reads the
+/// catalog only.
+pub const DISTRIBUTION_SQL: &str = "SELECT p.partmethod::text, CASE WHEN p.partmethod = 'h' \
+     THEN pg_catalog.column_to_column_name(p.logicalrelid, p.partkey) END \
+     FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = pg_catalog.to_regclass($1)";
+
 /// How the upstream partitions one table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartitionKey {
-    /// Not a partitioned table.
+    /// Not a partitioned table (on Citus: a local table of the coordinator).
     None,
     /// Partitioned by exactly this column.
     Column(String),
     /// Partitioned by an expression or by several columns (the key's definition, for the log).
     Other(String),
+    /// On Citus: hash-distributed by exactly this column.
+    Distributed(String),
+    /// On Citus: a reference table, a copy on every node.
+    Reference,
 }
 
 /// Where the per-unit work of a query can run, from the partitioning of the private tables it
@@ -63,6 +85,13 @@ pub enum Placement {
     NotByUnit {
         /// The first such table.
         table: String,
+    },
+    /// On a Citus coordinator, every distributed private table of the query is distributed by
+    /// its privacy unit: the single-server shape, which Citus runs in the workers' tasks as far
+    /// as its planner can ([`crate::dp::rewrite::per_unit_stage_on_citus`] says how far).
+    Distributed {
+        /// The tables distributed by their unit.
+        tables: Vec<String>,
     },
 }
 
@@ -92,6 +121,20 @@ impl Placement {
             Placement::NotByUnit { table } => Some(format!(
                 "upstream: {table} is partitioned, but not by its privacy unit: the single-server shape"
             )),
+            Placement::Distributed { tables } => {
+                let tables = tables.join(", ");
+                Some(match per_unit {
+                    Some(PerUnitStage::Coordinator { reason }) => format!(
+                        "upstream: Citus: {tables} distributed by the privacy unit, but {reason}"
+                    ),
+                    None => format!(
+                        "upstream: Citus: {tables} distributed by the privacy unit; pgdp cannot tell from the statement's text where its per-unit stage runs"
+                    ),
+                    Some(PerUnitStage::Shippable) => format!(
+                        "upstream: Citus: {tables} distributed by the privacy unit: the per-unit stage runs in the workers' tasks, each shard's rows grouped by the unit where they are, and partial aggregates per group cross to the coordinator"
+                    ),
+                })
+            }
         }
     }
 }
@@ -100,6 +143,8 @@ impl Placement {
 #[derive(Debug, Default)]
 pub struct Partitioning {
     known: Mutex<BTreeMap<String, PartitionKey>>,
+    /// Whether the upstream is a Citus coordinator ([`CITUS_SQL`]), once looked up.
+    citus: Mutex<Option<bool>>,
 }
 
 impl Partitioning {
@@ -111,11 +156,15 @@ impl Partitioning {
             return Placement::Unpartitioned;
         };
         let mut by_unit = Vec::new();
+        let mut distributed = Vec::new();
         for (table, unit) in tables {
             match (known.get(table), unit) {
-                (None | Some(PartitionKey::None), _) => {}
+                (None | Some(PartitionKey::None | PartitionKey::Reference), _) => {}
                 (Some(PartitionKey::Column(column)), Some(unit)) if column == unit => {
                     by_unit.push(table.clone());
+                }
+                (Some(PartitionKey::Distributed(column)), Some(unit)) if column == unit => {
+                    distributed.push(table.clone());
                 }
                 (Some(_), _) => {
                     return Placement::NotByUnit {
@@ -124,11 +173,27 @@ impl Partitioning {
                 }
             }
         }
-        if by_unit.is_empty() {
-            Placement::Unpartitioned
-        } else {
+        if !by_unit.is_empty() {
             Placement::ByUnit { tables: by_unit }
+        } else if !distributed.is_empty() {
+            Placement::Distributed {
+                tables: distributed,
+            }
+        } else {
+            Placement::Unpartitioned
         }
+    }
+
+    /// The tables among `tables` that are Citus reference tables.
+    pub fn reference_tables(&self, tables: &[String]) -> Vec<String> {
+        let Ok(known) = self.known.lock() else {
+            return Vec::new();
+        };
+        tables
+            .iter()
+            .filter(|t| known.get(*t) == Some(&PartitionKey::Reference))
+            .cloned()
+            .collect()
     }
 
     /// The tables among `tables` not looked up yet.
@@ -161,10 +226,30 @@ impl Upstream {
             return Ok(());
         }
         let mut conn = self.get().await?;
+        let citus = match known.citus.lock().ok().and_then(|c| *c) {
+            Some(citus) => citus,
+            None => match conn.client().query_one(CITUS_SQL, &[]).await {
+                Ok(row) => {
+                    let citus: bool = row.try_get(0).unwrap_or(false);
+                    if let Ok(mut known) = known.citus.lock() {
+                        *known = Some(citus);
+                    }
+                    if citus {
+                        tracing::info!("the upstream is a Citus coordinator");
+                    }
+                    citus
+                }
+                Err(e) => {
+                    conn.discard();
+                    tracing::warn!(error = %e, "Citus catalog lookup");
+                    return Err(Error::UpstreamUnavailable);
+                }
+            },
+        };
         for table in tables {
             let qualified = super::quoted_table(table)?;
             let rows = conn.client().query(PARTITION_KEY_SQL, &[&qualified]).await;
-            let key = match rows {
+            let mut key = match rows {
                 Ok(rows) => match rows.first() {
                     None => PartitionKey::None,
                     Some(row) => {
@@ -182,8 +267,34 @@ impl Upstream {
                     return Err(Error::UpstreamUnavailable);
                 }
             };
+            if citus && key == PartitionKey::None {
+                key = match conn.client().query(DISTRIBUTION_SQL, &[&qualified]).await {
+                    Ok(rows) => match rows.first() {
+                        None => PartitionKey::None,
+                        Some(row) => {
+                            let method: String = row.try_get(0).unwrap_or_default();
+                            let column: Option<String> = row.try_get(1).unwrap_or(None);
+                            match (method.as_str(), column) {
+                                ("n", _) => PartitionKey::Reference,
+                                ("h", Some(column)) => PartitionKey::Distributed(column),
+                                (other, _) => PartitionKey::Other(format!(
+                                    "Citus distribution method {other}"
+                                )),
+                            }
+                        }
+                    },
+                    Err(e) => {
+                        conn.discard();
+                        tracing::warn!(error = %e, "Citus distribution lookup");
+                        return Err(Error::UpstreamUnavailable);
+                    }
+                };
+            }
             match &key {
-                PartitionKey::None => {}
+                PartitionKey::None | PartitionKey::Reference => {}
+                PartitionKey::Distributed(column) => {
+                    tracing::info!(%table, %column, "upstream table is distributed by Citus")
+                }
                 PartitionKey::Column(column) => {
                     tracing::info!(%table, %column, "upstream table is partitioned")
                 }
@@ -258,6 +369,49 @@ mod tests {
                 "{query:?}"
             );
         }
+    }
+
+    #[test]
+    fn on_citus_tables_distributed_by_their_unit_are_placed_distributed() {
+        let known = Partitioning::default();
+        known.record(
+            "demo.people".into(),
+            PartitionKey::Distributed("person_id".into()),
+        );
+        known.record(
+            "demo.visits".into(),
+            PartitionKey::Distributed("person_id".into()),
+        );
+        known.record("demo.regions".into(), PartitionKey::Reference);
+        known.record(
+            "demo.other".into(),
+            PartitionKey::Distributed("visit_id".into()),
+        );
+        let query = tables(&[
+            ("demo.visits", Some("person_id")),
+            ("demo.people", Some("person_id")),
+            ("demo.regions", None),
+        ]);
+        assert_eq!(
+            known.placement(&query),
+            Placement::Distributed {
+                tables: vec!["demo.visits".into(), "demo.people".into()]
+            }
+        );
+        assert_eq!(
+            known.reference_tables(&["demo.regions".into(), "demo.visits".into()]),
+            vec!["demo.regions".to_string()]
+        );
+        assert!(matches!(
+            known.placement(&tables(&[("demo.other", Some("person_id"))])),
+            Placement::NotByUnit { .. }
+        ));
+        let line = Placement::Distributed {
+            tables: vec!["demo.visits".into()],
+        }
+        .explain(Some(&PerUnitStage::Shippable))
+        .expect("a line");
+        assert!(line.starts_with("upstream: Citus: demo.visits"), "{line}");
     }
 
     #[test]

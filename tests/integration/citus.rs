@@ -16,7 +16,9 @@
 //!   a Citus distributed plan over all 32 shards whose tasks group by `person_id` for counts,
 //!   sums and the join (the unique-unit form over `demo.people` has no per-unit stage, and
 //!   nothing is pulled either); a distinct count and a median, which read pgdp's first CTE twice, are
-//!   planned with a distributed subplan whose rows are pulled to the coordinator.
+//!   planned with a distributed subplan whose rows are pulled to the coordinator; and for every
+//!   statement pgdp's EXPLAIN line (`upstream: Citus: …`) claims a distributed subplan exactly
+//!   where the coordinator plans one, and the per-unit stage in the workers' tasks elsewhere.
 //!
 //! Where Citus is not installed (CI cannot fetch its source) each test says on standard error
 //! that the Citus suite was skipped, and passes. The deployment is built once per test process
@@ -259,6 +261,45 @@ async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
             "{sql}: pulled to the coordinator\n{text}"
         );
     }
+    // pgdp's EXPLAIN says where the per-unit stage runs, and the coordinator agrees: a claim of
+    // a distributed subplan exactly where the coordinator plans one.
+    let mut claimed = Vec::new();
+    for sql in QUERIES {
+        let lines: Vec<String> = session
+            .simple_rows(&format!("EXPLAIN {sql}"))
+            .await
+            .unwrap_or_else(|e| panic!("EXPLAIN {sql}: {e}"))
+            .into_iter()
+            .filter_map(|row| row.into_iter().next().flatten())
+            .collect();
+        let claim = lines
+            .iter()
+            .find(|l| l.starts_with("upstream: Citus: "))
+            .unwrap_or_else(|| panic!("{sql}: no Citus line in {lines:#?}"))
+            .clone();
+        let text = plan(upstream_sql(&session, sql).await).await.join("\n");
+        let subplan = claim.contains("distributed subplan");
+        assert_eq!(
+            subplan,
+            text.contains("Distributed Subplan"),
+            "{sql}: pgdp says {claim:?}; the coordinator plans\n{text}"
+        );
+        if !subplan {
+            assert!(
+                claim.contains("runs in the workers' tasks"),
+                "{sql}: {claim}"
+            );
+        }
+        claimed.push(subplan);
+    }
+    // A distinct count of another column and the median read their per-unit rows twice; the
+    // prescriptions are a local table of the coordinator. A count of distinct units per group
+    // reads them once and stays in the tasks.
+    assert_eq!(
+        claimed,
+        [false, false, false, false, false, true, true, false, true],
+        "{QUERIES:#?}"
+    );
     drop((session, running));
     ledger.drop_db().await;
 }

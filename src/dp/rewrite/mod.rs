@@ -59,7 +59,7 @@ use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 pub use measure::{measures, Argument, Measure};
 pub use partitionwise::partitionwise;
-pub use ship::{per_unit_stage, PerUnitStage};
+pub use ship::{per_unit_stage, per_unit_stage_on_citus, PerUnitStage};
 use stages::{Stages, ValueStage};
 
 /// The contribution-bounded SQL of one DP query, as [`rewrite`] built it from a [`Plan`]: the

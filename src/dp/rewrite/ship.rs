@@ -177,6 +177,73 @@ pub fn per_unit_stage(
     Ok(Some(PerUnitStage::Shippable))
 }
 
+/// Where the per-unit stage of `sql` (a rewrite in the single-server shape) runs on a Citus
+/// coordinator whose tables `distributed` are distributed by their privacy unit (co-located)
+/// and `reference` are reference tables. Citus runs a query over co-located tables grouped by
+/// their distribution column inside each worker's tasks; it plans as a distributed subplan,
+/// whose rows go through the coordinator, a table that is neither (a local table of the
+/// coordinator: its rows are sent to the workers) and a CTE over distributed tables that the
+/// statement reads more than once (its rows are pulled to the coordinator). `None` if the text
+/// has no stage 1.
+pub fn per_unit_stage_on_citus(
+    sql: &str,
+    distributed: &[String],
+    reference: &[String],
+) -> Result<Option<PerUnitStage>> {
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+        .map_err(|e| Error::internal(format!("a rewrite does not parse again: {e}")))?;
+    let [Statement::Query(query)] = statements.as_slice() else {
+        return Err(Error::internal("a rewrite is not one query"));
+    };
+    let Some(with) = &query.with else {
+        return Ok(None);
+    };
+    let Some(rows) = with.cte_tables.iter().find(|c| c.alias.name.value == ROWS) else {
+        return Ok(None);
+    };
+    let ctes: Vec<&str> = with
+        .cte_tables
+        .iter()
+        .map(|c| c.alias.name.value.as_str())
+        .collect();
+    for name in base_tables(&rows.query) {
+        if !distributed.contains(&name)
+            && !reference.contains(&name)
+            && !ctes.contains(&name.as_str())
+        {
+            return Ok(Some(PerUnitStage::Coordinator {
+                reason: format!(
+                    "{name} is a local table of the coordinator, so Citus first sends its rows (those stage 1 reads) to the workers as a distributed subplan"
+                ),
+            }));
+        }
+    }
+    // The CTEs over distributed rows: stage 1, and every CTE that reads one of them.
+    let mut over_rows: Vec<&str> = vec![ROWS];
+    for cte in &with.cte_tables {
+        let reads = base_tables(&cte.query);
+        if reads.iter().any(|t| over_rows.contains(&t.as_str())) {
+            over_rows.push(cte.alias.name.value.as_str());
+        }
+    }
+    let mut reads: BTreeMap<String, usize> = BTreeMap::new();
+    let _ = ast::visit_relations(query.as_ref(), |name| {
+        *reads.entry(table_key(name)).or_default() += 1;
+        ControlFlow::<()>::Continue(())
+    });
+    if let Some(twice) = over_rows
+        .iter()
+        .find(|c| reads.get(**c).copied().unwrap_or(0) > 1)
+    {
+        return Ok(Some(PerUnitStage::Coordinator {
+            reason: format!(
+                "the statement reads {twice} (per-unit rows) more than once, so Citus runs it as a distributed subplan whose rows, one per unit and group, are pulled to the coordinator"
+            ),
+        }));
+    }
+    Ok(Some(PerUnitStage::Shippable))
+}
+
 fn is_rows(factor: &TableFactor) -> bool {
     matches!(factor, TableFactor::Table { name, .. }
         if matches!(name.0.as_slice(), [p] if p.as_ident().is_some_and(|i| i.value == ROWS)))
@@ -547,6 +614,55 @@ mod tests {
 
     /// Grouping sets are branches under `UNION ALL`, each with its own stage 1: no claim
     /// (EXPLAIN says pgdp cannot tell), never a claim about the first branch alone.
+    /// [`per_unit_stage_on_citus`] of `sql`'s rewrite on the demo policy, with people and
+    /// visits distributed by the unit and regions a reference table.
+    fn citus_stage_of(sql: &str) -> Option<PerUnitStage> {
+        let policy = crate::policy::parse(DEMO_YAML).expect("demo policy");
+        let statements = classify::classify(sql).expect("classified");
+        let [Classified::Query(query)] = statements.as_slice() else {
+            panic!("{sql}: not one query");
+        };
+        let ctx = Context {
+            policy: &policy,
+            search_path: vec!["demo".into()],
+        };
+        let plan = analyze::analyze(query, &ctx).expect("analysed");
+        let rewrite = super::super::rewrite(&plan, &[], "s").expect("rewritten");
+        let distributed = ["demo.people".to_string(), "demo.visits".to_string()];
+        let reference = ["demo.regions".to_string()];
+        per_unit_stage_on_citus(rewrite.sql.as_str(), &distributed, &reference).expect("read")
+    }
+
+    #[test]
+    fn on_citus_rows_read_twice_and_local_tables_go_through_a_subplan() {
+        for sql in [
+            "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
+            "SELECT region, SUM(cost) FROM demo.visits v JOIN demo.people p USING (person_id) GROUP BY region",
+            "SELECT r.name, COUNT(*) FROM demo.visits v JOIN demo.people p USING (person_id) JOIN demo.regions r ON r.region = p.region GROUP BY r.name",
+            "SELECT clinic, COUNT(DISTINCT person_id) FROM demo.visits GROUP BY clinic",
+        ] {
+            assert_eq!(citus_stage_of(sql), Some(PerUnitStage::Shippable), "{sql}");
+        }
+        for (sql, reason) in [
+            (
+                "SELECT COUNT(DISTINCT clinic) FROM demo.visits",
+                "more than once",
+            ),
+            ("SELECT MEDIAN(cost) FROM demo.visits", "more than once"),
+            (
+                "SELECT drug, COUNT(*) FROM demo.prescriptions GROUP BY drug",
+                "demo.prescriptions is a local table",
+            ),
+        ] {
+            match citus_stage_of(sql) {
+                Some(PerUnitStage::Coordinator { reason: why }) => {
+                    assert!(why.contains(reason), "{sql}: {why}")
+                }
+                other => panic!("{sql}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn a_statement_without_one_stage_one_gets_no_claim() {
         let sql = "SELECT sex, region, COUNT(*) FROM demo.people GROUP BY GROUPING SETS ((sex), (region))";
