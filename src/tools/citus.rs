@@ -28,7 +28,7 @@
 //!
 //! Errors are [`CitusError`], local to this tool-side module like [`ClusterError`].
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::cluster::{Cluster, ClusterError};
 
@@ -50,6 +50,15 @@ pub const REFERENCE: [&str; 1] = ["regions"];
 
 /// Tables local to the coordinator.
 pub const COORDINATOR_ONLY: [&str; 1] = ["prescriptions"];
+
+/// Every table of the demo, each once.
+fn tables() -> impl Iterator<Item = &'static str> {
+    DISTRIBUTED
+        .iter()
+        .map(|(t, _)| *t)
+        .chain(REFERENCE)
+        .chain(COORDINATOR_ONLY)
+}
 
 /// What every node's `postgresql.conf` gets.
 const SETTINGS: &str = "shared_preload_libraries = 'citus'";
@@ -80,6 +89,12 @@ pub enum CitusError {
     /// An invalid number of workers.
     #[error("a Citus deployment has 1 to {WORKERS_MAX} workers, not {0}")]
     InvalidCount(usize),
+}
+
+impl From<super::FailedStep> for CitusError {
+    fn from(failed: super::FailedStep) -> CitusError {
+        sql_error(failed.step)(failed.source)
+    }
 }
 
 fn sql_error(step: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> CitusError {
@@ -229,12 +244,7 @@ impl Citus {
     /// Every table's rows from `source`, through the coordinator; then the keys Citus allows.
     async fn copy_rows(&self, source: &Client) -> Result<(), CitusError> {
         let client = connect(&self.dsn()).await?;
-        for table in DISTRIBUTED
-            .iter()
-            .map(|(t, _)| *t)
-            .chain(REFERENCE)
-            .chain(COORDINATOR_ONLY)
-        {
+        for table in tables() {
             copy(source, &client, table).await?;
         }
         // One statement at a time: Citus propagates each to the shards in a transaction of its
@@ -263,12 +273,7 @@ impl Citus {
     /// lookup by the unit (routed to one shard) finds the person.
     async fn check_against(&self, source: &Client) -> Result<(), CitusError> {
         let client = connect(&self.dsn()).await?;
-        for table in DISTRIBUTED
-            .iter()
-            .map(|(t, _)| *t)
-            .chain(REFERENCE)
-            .chain(COORDINATOR_ONLY)
-        {
+        for table in tables() {
             let count = format!("SELECT count(*) FROM demo.{table}");
             let here: i64 = client
                 .query_one(count.as_str(), &[])
@@ -303,36 +308,11 @@ impl Citus {
 /// Streams `demo.<table>` from `from` into the same table on `to` in COPY's text format (which
 /// Citus routes row by row to the shards).
 async fn copy(from: &Client, to: &Client, table: &str) -> Result<(), CitusError> {
-    use futures::{SinkExt, StreamExt};
-    let out = from
-        .copy_out(format!("COPY demo.{table} TO STDOUT").as_str())
-        .await
-        .map_err(sql_error(format!("reading demo.{table}")))?;
-    let sink = to
-        .copy_in(format!("COPY demo.{table} FROM STDIN").as_str())
-        .await
-        .map_err(sql_error(format!("writing demo.{table}")))?;
-    let mut out = std::pin::pin!(out);
-    let mut sink = std::pin::pin!(sink);
-    while let Some(chunk) = out.next().await {
-        let chunk = chunk.map_err(sql_error(format!("reading demo.{table}")))?;
-        sink.send(chunk)
-            .await
-            .map_err(sql_error(format!("writing demo.{table}")))?;
-    }
-    sink.as_mut()
-        .finish()
-        .await
-        .map_err(sql_error(format!("writing demo.{table}")))?;
-    Ok(())
+    let select = format!("SELECT * FROM demo.{table}");
+    Ok(super::copy_rows(from, &select, to, table, "").await?)
 }
 
 /// Connects to `dsn` and drives the connection on the current runtime.
 async fn connect(dsn: &str) -> Result<Client, CitusError> {
-    let (client, connection) = tokio_postgres::connect(dsn, NoTls)
-        .await
-        .map_err(sql_error("connecting"))?;
-    // The connection task ends by itself once the client is dropped.
-    tokio::spawn(connection);
-    Ok(client)
+    Ok(super::connect(dsn).await?)
 }

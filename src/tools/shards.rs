@@ -31,8 +31,7 @@
 //!
 //! Errors are [`ShardsError`], local to this tool-side module like [`ClusterError`].
 
-use futures::{SinkExt, StreamExt};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::cluster::{Cluster, ClusterError, SUPERUSER};
 
@@ -72,6 +71,12 @@ pub enum ShardsError {
     /// The number of shards is 0 or above [`SHARDS_MAX`].
     #[error("the number of shards must be between 1 and {SHARDS_MAX}, got {0}")]
     InvalidCount(usize),
+}
+
+impl From<super::FailedStep> for ShardsError {
+    fn from(failed: super::FailedStep) -> ShardsError {
+        sql_error(failed.step)(failed.source)
+    }
 }
 
 fn sql_error(step: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> ShardsError {
@@ -322,35 +327,10 @@ impl Shards {
 
 /// Streams the rows of `select` on `from` into `demo.<table>` on `to`, in COPY's binary format.
 async fn copy(from: &Client, select: &str, to: &Client, table: &str) -> Result<(), ShardsError> {
-    let out = from
-        .copy_out(format!("COPY ({select}) TO STDOUT (FORMAT binary)").as_str())
-        .await
-        .map_err(sql_error(format!("reading demo.{table}")))?;
-    let sink = to
-        .copy_in(format!("COPY demo.{table} FROM STDIN (FORMAT binary)").as_str())
-        .await
-        .map_err(sql_error(format!("writing demo.{table}")))?;
-    let mut out = std::pin::pin!(out);
-    let mut sink = std::pin::pin!(sink);
-    while let Some(chunk) = out.next().await {
-        let chunk = chunk.map_err(sql_error(format!("reading demo.{table}")))?;
-        sink.send(chunk)
-            .await
-            .map_err(sql_error(format!("writing demo.{table}")))?;
-    }
-    sink.as_mut()
-        .finish()
-        .await
-        .map_err(sql_error(format!("writing demo.{table}")))?;
-    Ok(())
+    Ok(super::copy_rows(from, select, to, table, "(FORMAT binary)").await?)
 }
 
 /// Connects to `dsn` and drives the connection on the current runtime.
 async fn connect(dsn: &str) -> Result<Client, ShardsError> {
-    let (client, connection) = tokio_postgres::connect(dsn, NoTls)
-        .await
-        .map_err(sql_error("connecting"))?;
-    // The connection task ends by itself once the client is dropped.
-    tokio::spawn(connection);
-    Ok(client)
+    Ok(super::connect(dsn).await?)
 }

@@ -184,15 +184,20 @@ async fn citus_gives_the_answers_of_one_server() {
     assert_eq!(budgets[0], budgets[1]);
 }
 
-/// pgdp's upstream SQL for `sql` as its EXPLAIN shows it, with the secret's seed put back.
-async fn upstream_sql(session: &Session, sql: &str) -> String {
-    let lines: Vec<String> = session
+/// The lines of pgdp's EXPLAIN of `sql`.
+async fn explain(session: &Session, sql: &str) -> Vec<String> {
+    session
         .simple_rows(&format!("EXPLAIN {sql}"))
         .await
         .unwrap_or_else(|e| panic!("EXPLAIN {sql}: {e}"))
         .into_iter()
         .filter_map(|row| row.into_iter().next().flatten())
-        .collect();
+        .collect()
+}
+
+/// pgdp's upstream SQL for `sql` as its EXPLAIN shows it, with the secret's seed put back.
+async fn upstream_sql(session: &Session, sql: &str) -> String {
+    let lines = explain(session, sql).await;
     let start = lines
         .iter()
         .position(|l| l == "upstream SQL:")
@@ -265,13 +270,7 @@ async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
     // a distributed subplan exactly where the coordinator plans one.
     let mut claimed = Vec::new();
     for sql in QUERIES {
-        let lines: Vec<String> = session
-            .simple_rows(&format!("EXPLAIN {sql}"))
-            .await
-            .unwrap_or_else(|e| panic!("EXPLAIN {sql}: {e}"))
-            .into_iter()
-            .filter_map(|row| row.into_iter().next().flatten())
-            .collect();
+        let lines = explain(&session, sql).await;
         let claim = lines
             .iter()
             .find(|l| l.starts_with("upstream: Citus: "))
