@@ -239,12 +239,46 @@ pub enum PublicKeys {
 /// The values one output column's group key can take in the statement around the query,
 /// computed from that statement's constants alone: a calendar's `generate_series`, whose values
 /// are the only keys its join can match ([`Plan::list_key`]).
+///
+/// Listed values are released without partition selection, so they must never come from data:
+/// only pgdp makes one (the constructor is crate-private, the fields private), from the shadow
+/// catalog's evaluation of the series' constants.
+///
+/// ```compile_fail,E0451
+/// // A list of values from elsewhere (the data, say) cannot be made into a public domain.
+/// let _ = pgdp::dp::plan::ListedKey { column: "diagnosis".into(), values: vec![Some("J45".into())] };
+/// ```
+///
+/// ```
+/// // Reading one is public.
+/// fn listed(key: &pgdp::dp::plan::ListedKey) -> (&str, usize) {
+///     (key.column(), key.values().len())
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedKey {
     /// The query's output column (as PostgreSQL names it).
-    pub column: String,
+    column: String,
     /// The values, as the upstream prints the key's type (no NULL: a NULL key matches nothing).
-    pub values: Vec<Option<String>>,
+    values: Vec<Option<String>>,
+}
+
+impl ListedKey {
+    /// The values of output column `column` that the statement's constants alone give (the
+    /// session's calendars, evaluated on the data-free shadow catalog).
+    pub(crate) fn new(column: String, values: Vec<Option<String>>) -> ListedKey {
+        ListedKey { column, values }
+    }
+
+    /// The query's output column (as PostgreSQL names it).
+    pub fn column(&self) -> &str {
+        &self.column
+    }
+
+    /// The listed values.
+    pub fn values(&self) -> &[Option<String>] {
+        &self.values
+    }
 }
 
 /// What one unit's rows can add to a statistic that grows with them, in rows, under caps of

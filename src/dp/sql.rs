@@ -121,6 +121,76 @@ impl Sql {
     }
 }
 
+/// SQL for the shadow catalog, the data-free PostgreSQL database pgdp keeps beside the upstream
+/// (its tables have the upstream's columns and no rows, its public tables their declared
+/// columns): it types statements and evaluates post-processing, set operations, calendars and
+/// folded constants over values written into it as literals.
+///
+/// Invariant: its text reads no upstream data. It is made only inside pgdp (the constructor is
+/// crate-private) from released rows written as literals
+/// ([`crate::dp::release::post::post_sql`], the session's set operations and calendars), from
+/// constant expressions of the analyst's statement (time folding, a calendar's series) or from the
+/// policy's names, so no caller outside pgdp can send text of its own to the shadow catalog, and
+/// what the shadow answers ([`crate::dp::release::Evaluated`]) is a function of released values
+/// and constants.
+///
+/// ```compile_fail,E0624
+/// let _ = pgdp::dp::sql::ShadowSql::new("SELECT 1".to_string());
+/// ```
+///
+/// whereas post-processing SQL over released rows is one:
+///
+/// ```
+/// use pgdp::dp::analyze::{analyze, Context};
+/// let policy = pgdp::policy::parse(include_str!(concat!(
+///     env!("CARGO_MANIFEST_DIR"),
+///     "/policies/demo.yaml"
+/// )))
+/// .expect("policy");
+/// let query = match pgdp::session::classify::classify("SELECT COUNT(*) * 2 AS twice FROM demo.people")
+///     .expect("one query")
+///     .pop()
+/// {
+///     Some(pgdp::session::classify::Statement::Query(q)) => q,
+///     _ => unreachable!(),
+/// };
+/// let ctx = Context { policy: &policy, search_path: vec!["demo".to_string()] };
+/// let plan = analyze(&query, &ctx).expect("admitted");
+/// let post = plan.post().expect("an expression over an aggregate is post-processing");
+/// let names = pgdp::dp::release::columns(&plan, false);
+/// let inputs: Vec<_> = names.iter().map(|c| c.ty).collect();
+/// let sql: pgdp::dp::sql::ShadowSql =
+///     pgdp::dp::release::post::post_sql(post, false, &names, &inputs, &[]).expect("sql");
+/// assert!(sql.as_str().contains("jsonb_array_elements"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowSql(String);
+
+impl ShadowSql {
+    /// Only pgdp's own SQL for the shadow catalog (see the type's invariant).
+    pub(crate) fn new(text: String) -> ShadowSql {
+        ShadowSql(text)
+    }
+
+    /// The same SQL after `setting`, the session's `SET LOCAL TimeZone …; ` from
+    /// [`crate::upstream::time_zone_setting`] (checked there), so dates and times read and print
+    /// in the analyst's zone.
+    pub(crate) fn in_zone(self, setting: &str) -> ShadowSql {
+        ShadowSql(format!("{setting}{}", self.0))
+    }
+
+    /// The text, for the shadow catalog's connection.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ShadowSql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 impl<T: Fragment + ?Sized> Fragment for &T {
     fn write_sql(&self, out: &mut String) {
         (**self).write_sql(out);

@@ -26,6 +26,7 @@ use std::ops::ControlFlow;
 use sqlparser::ast::{self, Expr, SetExpr, TableFactor};
 
 use crate::dp::release::post::{parsed_relation, rows_relation, ReadAs};
+use crate::dp::sql::ShadowSql;
 use crate::error::{Error, Result};
 use crate::output::{Cell, CellType, OutColumn};
 
@@ -372,7 +373,7 @@ impl Calendar {
     /// The SQL that lists, as text of the subquery's key type `ty`, the distinct non-NULL values
     /// the series gives the join's other side (truncated values only, for a `date_trunc` key),
     /// at most `limit` + 1 of them. Reads the statement's constants only.
-    pub fn key_domain_sql(&self, ty: CellType, limit: usize) -> Option<String> {
+    pub fn key_domain_sql(&self, ty: CellType, limit: usize) -> Option<ShadowSql> {
         let key = self.key.as_ref()?;
         let series: Vec<String> = key.series.iter().map(ToString::to_string).collect();
         let truncated = match &key.truncation {
@@ -390,12 +391,12 @@ impl Calendar {
             limit + 1
         );
         crate::dp::rewrite::check_one_statement(&sql).ok()?;
-        Some(sql)
+        Some(ShadowSql::new(sql))
     }
 
     /// The SQL that evaluates the statement over `parts` (the subquery's released columns and
     /// rows, the one part). With no rows it types the answer.
-    pub fn evaluation_sql(&self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<String> {
+    pub fn evaluation_sql(&self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<ShadowSql> {
         let [(columns, rows)] = parts else {
             return Err(Error::internal("a calendar of another number of parts"));
         };
@@ -407,7 +408,7 @@ impl Calendar {
         replace_subquery(&mut statement, &rows_relation(&read, rows))?;
         let sql = statement.to_string();
         crate::dp::rewrite::check_one_statement(&sql)?;
-        Ok(sql)
+        Ok(ShadowSql::new(sql))
     }
 }
 
@@ -438,7 +439,10 @@ mod tests {
             Cell::Text("2024-01-01 00:00:00+00".into()),
             Cell::Int(41),
         ]];
-        let sql = calendar.evaluation_sql(&[(&columns, &rows)]).expect("sql");
+        let sql = calendar
+            .evaluation_sql(&[(&columns, &rows)])
+            .expect("sql")
+            .to_string();
         assert!(!sql.contains("demo"), "{sql}");
         assert!(sql.contains("AS v ON v.m = d.m"), "{sql}");
     }
@@ -453,7 +457,8 @@ mod tests {
         assert_eq!(key.truncation.as_deref(), Some("month"));
         let sql = calendar
             .key_domain_sql(CellType::Timestamptz, 4096)
-            .expect("domain SQL");
+            .expect("domain SQL")
+            .to_string();
         assert_eq!(
             sql,
             "SELECT DISTINCT CAST(\"__dp_v\" AS text) FROM (SELECT CAST(d.m AS timestamptz) AS \"__dp_v\" FROM generate_series(DATE '2024-01-01', DATE '2024-12-01', INTERVAL '1 month') AS d (m)) AS \"__dp_series\" WHERE \"__dp_v\" IS NOT NULL AND date_trunc('month', \"__dp_v\") = \"__dp_v\" LIMIT 4097"

@@ -79,7 +79,7 @@ impl Session {
             columns,
             |released| composite.evaluation_sql(released),
             |sql| {
-                let sql = format!("{zone}{sql}");
+                let sql = sql.in_zone(&zone);
                 async move { shadow.evaluate(&who, &sql).await }
             },
         )
@@ -101,8 +101,8 @@ impl Session {
             notices.push(Notice::new(match &listed {
                     Some(listed) => format!(
                         "pgdp: the calendar's series gave the subquery's key {} its {} value(s) as a public domain: each was released with its noisy value and no partition selection, so a value without data has a noisy value near zero, not NULL",
-                        listed.column,
-                        listed.values.len()
+                        listed.column(),
+                        listed.values().len()
                     ),
                     None => format!(
                         "pgdp: the calendar's subquery released {released} group(s); a series value with no released group is NULL in the join (or your COALESCE's value): the data has none, or too few people for partition selection at this epsilon (EXPLAIN the subquery for its threshold)"
@@ -155,19 +155,17 @@ impl Session {
         };
         let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
         let rows = shadow
-            .evaluate(&self.analyst.name, &format!("{zone}{sql}"))
+            .evaluate(&self.analyst.name, &sql.in_zone(&zone))
             .await?;
         let values: Vec<Option<String>> = rows
+            .into_rows()
             .into_iter()
             .filter_map(|row| row.into_iter().next())
             .collect();
         if values.is_empty() || values.len() > most {
             return Ok(None);
         }
-        Ok(Some(ListedKey {
-            column: key.column.clone(),
-            values,
-        }))
+        Ok(Some(ListedKey::new(key.column.clone(), values)))
     }
 
     /// The columns of a [`Composite`] statement, as PostgreSQL types it over its branches'
@@ -457,7 +455,10 @@ impl<'q> Composite<'q> {
     }
 
     /// The SQL that evaluates the statement over the branches' released columns and rows.
-    pub(super) fn evaluation_sql(self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<String> {
+    pub(super) fn evaluation_sql(
+        self,
+        parts: &[(&[OutColumn], &[Vec<Cell>])],
+    ) -> Result<crate::dp::sql::ShadowSql> {
         match self {
             Composite::Set(set) => set.evaluation_sql(parts),
             Composite::Calendar(calendar) => calendar.evaluation_sql(parts),

@@ -291,11 +291,12 @@ impl Session {
         let mut order = std::collections::BTreeMap::new();
         if let Some(shadow) = &shared.shadow {
             for table in tables {
-                let sql = format!(
+                // The policy's names of a public table, whose declared columns the shadow has.
+                let sql = crate::dp::sql::ShadowSql::new(format!(
                     "SELECT * FROM {}.{}",
                     ast::Ident::with_quote('"', &table.schema),
                     ast::Ident::with_quote('"', &table.name)
-                );
+                ));
                 if let Ok(columns) = shadow.post_columns(&sql).await {
                     let names = columns.into_iter().map(|(name, _, _)| name).collect();
                     order.insert(table.qualified_name(), names);
@@ -320,7 +321,7 @@ impl Session {
             )
         })?;
         Ok(shadow
-            .post_columns(sql.as_str())
+            .post_columns(&sql.shadow())
             .await?
             .into_iter()
             .map(|(name, oid, _)| OutColumn::new(name, CellType::Raw(oid)))
@@ -568,7 +569,7 @@ impl Session {
                 let zone = crate::upstream::time_zone_setting(&self.settings.time_zone)?;
                 released
                     .post_processed(plan, self.settings.accuracy, inputs, shape.columns, |sql| {
-                        let sql = format!("{zone}{sql}");
+                        let sql = sql.in_zone(&zone);
                         async move { shadow.evaluate(&who, &sql).await }
                     })
                     .await

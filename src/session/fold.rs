@@ -19,6 +19,7 @@ use std::ops::ControlFlow;
 
 use sqlparser::ast::{self, Expr, Value, VisitMut, VisitorMut};
 
+use crate::dp::sql::ShadowSql;
 use crate::error::{Error, Result};
 
 /// Functions whose value is the statement's start time or a date built from literals: an
@@ -53,15 +54,16 @@ pub fn foldable(query: &ast::Query) -> Vec<Expr> {
 
 /// The SQL that evaluates `expressions` on the shadow catalog, in `time_zone`: one row with,
 /// per expression, its value as text and its type's name.
-pub fn evaluation_sql(expressions: &[Expr], time_zone_setting: &str) -> String {
+pub fn evaluation_sql(expressions: &[Expr], time_zone_setting: &str) -> ShadowSql {
     let items: Vec<String> = expressions
         .iter()
         .map(|e| format!("CAST(({e}) AS TEXT), pg_typeof(({e}))::text"))
         .collect();
-    format!(
-        "{time_zone_setting}SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres'; SELECT {}",
+    ShadowSql::new(format!(
+        "SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres'; SELECT {}",
         items.join(", ")
-    )
+    ))
+    .in_zone(time_zone_setting)
 }
 
 /// `query` with its maximal foldable expressions replaced, in order, by the literals of
@@ -410,7 +412,7 @@ mod tests {
             "SELECT COUNT(*) FROM v WHERE d >= TIMESTAMP '2025-11-25 00:00:00' AND t < TIMESTAMP WITH TIME ZONE '2026-11-25 18:00:00.123+00' AND y = CAST(2026 AS NUMERIC) AND e = DATE '2024-01-31' AND i < TIMESTAMP '2026-12-25 00:00:00'"
         );
         assert!(substitute(&q, &[]).is_err());
-        let sql = evaluation_sql(&foldable(&q), "SET LOCAL TimeZone = 'UTC'; ");
+        let sql = evaluation_sql(&foldable(&q), "SET LOCAL TimeZone = 'UTC'; ").to_string();
         assert!(
             sql.starts_with("SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle"),
             "{sql}"

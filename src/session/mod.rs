@@ -513,9 +513,8 @@ impl Session {
         let Some(shadow) = &shared.shadow else {
             return Ok(());
         };
-        let sql = format!(
-            "{}SELECT 1",
-            crate::upstream::time_zone_setting(&self.settings.time_zone)?
+        let sql = crate::dp::sql::ShadowSql::new("SELECT 1".to_string()).in_zone(
+            &crate::upstream::time_zone_setting(&self.settings.time_zone)?,
         );
         match shadow.evaluate(&self.analyst.name, &sql).await {
             Ok(_) => Ok(()),
@@ -771,6 +770,7 @@ impl Session {
             )
             .await?;
         let row = rows
+            .into_rows()
             .into_iter()
             .next()
             .filter(|row| row.len() == 2 * expressions.len())

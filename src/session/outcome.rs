@@ -169,15 +169,17 @@ impl ClientRows {
         run: F,
     ) -> crate::error::Result<ClientRows>
     where
-        S: FnOnce(&[(&[OutColumn], &[Vec<Cell>])]) -> crate::error::Result<String>,
-        F: FnOnce(String) -> Fut,
-        Fut: std::future::Future<Output = crate::error::Result<crate::dp::release::TextRows>>,
+        S: FnOnce(
+            &[(&[OutColumn], &[Vec<Cell>])],
+        ) -> crate::error::Result<crate::dp::sql::ShadowSql>,
+        F: FnOnce(crate::dp::sql::ShadowSql) -> Fut,
+        Fut: std::future::Future<Output = crate::error::Result<crate::dp::release::Evaluated>>,
     {
         let released: Vec<(&[OutColumn], &[Vec<Cell>])> = parts
             .iter()
             .map(|p| (p.columns.as_slice(), p.rows.as_slice()))
             .collect();
-        let text = run(sql(&released)?).await?;
+        let text = run(sql(&released)?).await?.into_rows();
         if text.len() > crate::limits::GROUPS_RELEASED_MAX {
             return Err(crate::error::Error::LimitExceeded {
                 what: "the rows of an answer evaluated over released rows".into(),

@@ -629,9 +629,13 @@ impl Session {
         // Keys listed by the statement around the query are another answer to it.
         let key = match listed {
             Some(listed) => {
-                let values: Vec<&str> =
-                    listed.values.iter().flatten().map(String::as_str).collect();
-                budget::fingerprint(&[&key, "listed", &listed.column, &values.join("\u{1f}")])
+                let values: Vec<&str> = listed
+                    .values()
+                    .iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .collect();
+                budget::fingerprint(&[&key, "listed", listed.column(), &values.join("\u{1f}")])
             }
             None => key,
         };

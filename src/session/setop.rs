@@ -22,6 +22,7 @@
 use sqlparser::ast::{self, Expr, LimitClause, OrderByKind, SetExpr, Value};
 
 use crate::dp::release::post::{parsed_relation, rows_relation, ReadAs};
+use crate::dp::sql::ShadowSql;
 use crate::error::{Error, Result};
 use crate::limits::SET_OPERATION_BRANCHES_MAX;
 use crate::output::{Cell, CellType, OutColumn};
@@ -194,7 +195,7 @@ impl SetOperation {
     /// each branch in order: the statement with each leaf replaced by its rows. With no rows it
     /// types the answer (PostgreSQL's refusal of the statement, a type mismatch or a different
     /// number of columns, comes from there, before anything is charged).
-    pub fn evaluation_sql(&self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<String> {
+    pub fn evaluation_sql(&self, parts: &[(&[OutColumn], &[Vec<Cell>])]) -> Result<ShadowSql> {
         if parts.len() != self.branches.len() {
             return Err(Error::internal("released parts of another set operation"));
         }
@@ -216,7 +217,7 @@ impl SetOperation {
         replace_leaves(statement.body.as_mut(), &mut next)?;
         let sql = statement.to_string();
         crate::dp::rewrite::check_one_statement(&sql)?;
-        Ok(sql)
+        Ok(ShadowSql::new(sql))
     }
 }
 
@@ -294,7 +295,8 @@ mod tests {
         let total = vec![vec![Cell::Null, Cell::Int(21)]];
         let sql = set
             .evaluation_sql(&[(&first, &rows), (&second, &total)])
-            .expect("sql");
+            .expect("sql")
+            .to_string();
         assert!(!sql.contains("demo"), "{sql}");
         assert!(sql.contains("NULL AS \"?column?\""), "{sql}");
         assert!(sql.contains("::INT8 AS \"n\""), "{sql}");

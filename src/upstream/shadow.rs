@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::dp::release::Evaluated;
+use crate::dp::sql::ShadowSql;
 use crate::error::{Error, Result};
 use crate::limits;
 
@@ -294,15 +296,19 @@ impl Shadow {
     /// ([`crate::dp::release::post::post_sql`]), prepared and never run; PostgreSQL's error if
     /// it does not prepare (an unknown function, a type mismatch …). Nothing is charged yet when
     /// this is called.
-    pub async fn post_columns(&self, sql: &str) -> Result<Vec<(String, u32, String)>> {
-        self.built().await?.post_columns(sql).await
+    pub async fn post_columns(&self, sql: &ShadowSql) -> Result<Vec<(String, u32, String)>> {
+        self.built().await?.post_columns(sql.as_str()).await
     }
 
     /// Evaluates post-processing SQL over released values for `analyst` (sharing the
     /// analyst's permits of catalog queries) and returns its text rows, or PostgreSQL's error.
-    pub async fn evaluate(&self, analyst: &str, sql: &str) -> Result<TextRows> {
+    /// SQL of pgdp's own ([`ShadowSql`]) is all it runs, and its answer is an [`Evaluated`],
+    /// which nothing else makes.
+    pub async fn evaluate(&self, analyst: &str, sql: &ShadowSql) -> Result<Evaluated> {
         let _permit = self.permit(analyst).await?;
-        self.built().await?.evaluate(sql).await
+        Ok(Evaluated::new(
+            self.built().await?.evaluate(sql.as_str()).await?,
+        ))
     }
 
     async fn permit(&self, analyst: &str) -> Result<tokio::sync::OwnedSemaphorePermit> {

@@ -445,6 +445,40 @@ async fn error_bounds_stay_beside_released_aggregates_under_post_processing() {
         let bound: f64 = r[2].as_deref().expect("bound").parse().expect("number");
         assert!(bound > 0.0 && bound < 100.0, "{r:?}");
     }
+    // Metabase's outer query over the question's SQL: the item that is the inner count keeps
+    // its bound (named after the outer item), from the same measures (free) and equal to it.
+    let metabase = "SELECT \"source\".\"region\" AS \"region\", \"source\".\"count\" AS \"visits\" FROM (SELECT region, COUNT(*), AVG(income) AS mean FROM demo.people GROUP BY region) AS \"source\" ORDER BY 2 DESC LIMIT 1048575";
+    assert_eq!(
+        described(&s, metabase).await,
+        ["region text", "visits int8", "visits_error95 float8"]
+    );
+    let spent = s.budget().await.epsilon_spent;
+    let rows_outer = rows(&s, metabase, 3).await;
+    assert_eq!(rows_outer.len(), 10, "{rows_outer:?}");
+    for r in &rows_outer {
+        let same = rows_plain
+            .iter()
+            .find(|p| p[0] == r[0])
+            .unwrap_or_else(|| panic!("{r:?} in {rows_plain:?}"));
+        assert_eq!(
+            (&same[1], &same[2]),
+            (&r[1], &r[2]),
+            "the same count and bound"
+        );
+    }
+    let counts: Vec<i64> = rows_outer
+        .iter()
+        .map(|r| r[1].as_deref().expect("count").parse().expect("integer"))
+        .collect();
+    assert!(
+        counts.windows(2).all(|w| w[0] >= w[1]),
+        "ORDER BY 2: {counts:?}"
+    );
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        spent,
+        "answered from the same measures"
+    );
     proxy.stop().await;
 }
 

@@ -31,10 +31,12 @@ mod dates;
 mod denominator;
 mod existence;
 mod expr;
+mod fields;
 mod from;
 mod functions;
 mod grouping;
 mod moments;
+mod outer;
 mod post;
 mod scope;
 mod semijoin;
@@ -69,7 +71,7 @@ pub use window::is_window_function;
 /// Analyses a query. Refusals carry a SQLSTATE and a hint.
 pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     reject_reserved(query)?;
-    if let Some(plan) = post::outer_query(query, ctx) {
+    if let Some(plan) = outer::outer_query(query, ctx) {
         return plan;
     }
     let grouped = distinct_as_grouping(query);
@@ -223,7 +225,7 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         };
         // `EXTRACT(…)::int`: grouped by the EXTRACT, cast after the release (same groups).
         let written = resolved(g)?;
-        let original = expr::integer_cast_of_whole_field(&written).unwrap_or(written);
+        let original = fields::integer_cast_of_whole_field(&written).unwrap_or(written);
         let mut e = original.clone();
         let info = a.expr(&mut e, Role::Key)?;
         if !info.groupable {

@@ -1,8 +1,8 @@
 //! Post-processing that PostgreSQL evaluates over released values ([`PostProcessing`]): select
 //! items that are expressions over aggregates and keys (`ROUND(AVG(x), 2)`,
 //! `SUM(cost) / COUNT(DISTINCT person_id)`, `100.0 * COUNT(*) / SUM(COUNT(*)) OVER ()`, CASE,
-//! casts), HAVING, ORDER BY and LIMIT on them, and an outer query over an aggregate subquery
-//! (the form Metabase wraps every question in).
+//! casts), HAVING, ORDER BY and LIMIT on them (an outer query over an aggregate subquery, the
+//! form Metabase wraps every question in, is [`super::outer`]).
 //!
 //! Invariants:
 //! - Each aggregate is replaced by the column `a<i>` of [`RELEASED_RELATION`] and released
@@ -598,7 +598,7 @@ impl Analyzer<'_> {
 /// PostgreSQL evaluates.
 pub(super) type Staged = (Vec<Aggregate>, Vec<Output>, PostProcessing);
 
-fn quoted(name: &str) -> String {
+pub(super) fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
@@ -723,6 +723,11 @@ pub(super) struct OrderLimit {
 }
 
 impl OrderLimit {
+    /// Whether a sort key is an output position.
+    pub(super) fn by_position(&self) -> bool {
+        self.sorted.iter().any(|(at, _)| at.is_some())
+    }
+
     /// The clause, each output position `i` printed as `position(i)`.
     pub(super) fn sql(&self, position: impl Fn(usize) -> usize) -> String {
         let mut sql = String::new();
@@ -750,7 +755,7 @@ impl Analyzer<'_> {
     /// ` ORDER BY … LIMIT … OFFSET …` of post-processing SQL: sort keys over released values,
     /// output names (`outputs`) and positions (checked against `width` when the number of
     /// output columns is known), and the literal LIMIT and OFFSET.
-    fn order_limit(
+    pub(super) fn order_limit(
         &mut self,
         query: &ast::Query,
         st: &mut Staging<'_>,
@@ -849,192 +854,4 @@ fn measures_statement(
         }
     }
     Ok(q)
-}
-
-/// The outer query of `SELECT … FROM (<aggregate query>) AS s …` (how Metabase wraps every
-/// question, and what analysts write to filter or rank aggregates): the inner query is the DP
-/// query, and the outer one post-processing of its released rows. `None` when `query` is not of
-/// that form: one derived table in FROM, no aggregate, GROUP BY or HAVING outside it.
-pub(super) fn outer_query(query: &ast::Query, ctx: &Context) -> Option<Result<Plan>> {
-    let SetExpr::Select(outer) = query.body.as_ref() else {
-        return None;
-    };
-    let [from] = outer.from.as_slice() else {
-        return None;
-    };
-    let TableFactor::Derived {
-        lateral: false,
-        subquery,
-        alias,
-        sample: None,
-    } = &from.relation
-    else {
-        return None;
-    };
-    let items_aggregate = outer.projection.iter().any(|item| match item {
-        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
-            contains_aggregate(e)
-        }
-        _ => false,
-    });
-    let grouped =
-        !matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
-    if !from.joins.is_empty() || items_aggregate || grouped || outer.having.is_some() {
-        return None;
-    }
-    // Only an aggregate subquery (not one grouped by the privacy unit, which the main analysis
-    // reads as a per-unit table).
-    let SetExpr::Select(inner) = subquery.body.as_ref() else {
-        return None;
-    };
-    let inner_aggregates = inner.projection.iter().any(|item| match item {
-        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
-            contains_aggregate(e)
-        }
-        _ => false,
-    });
-    if !inner_aggregates {
-        return None;
-    }
-    Some(outer_plan(query, outer, subquery, alias.as_ref(), ctx))
-}
-
-fn outer_plan(
-    query: &ast::Query,
-    outer: &ast::Select,
-    subquery: &ast::Query,
-    alias: Option<&ast::TableAlias>,
-    ctx: &Context,
-) -> Result<Plan> {
-    if outer.distinct.is_some()
-        || outer.into.is_some()
-        || outer.qualify.is_some()
-        || !outer.named_window.is_empty()
-        || outer.top.is_some()
-        || outer.prewhere.is_some()
-        || !outer.lateral_views.is_empty()
-        || !query.locks.is_empty()
-        || query.fetch.is_some()
-    {
-        return Err(Error::unsupported(
-            "this clause on the rows of an aggregate subquery",
-            "The outer query may have a select list, WHERE, ORDER BY, LIMIT and OFFSET.",
-        ));
-    }
-    let alias_name = match alias {
-        Some(a) if !a.columns.is_empty() => {
-            return Err(Error::unsupported(
-                "column lists on a subquery alias",
-                "Name the columns inside the subquery with AS.",
-            ))
-        }
-        Some(a) => ident_lower(&a.name),
-        None => String::new(),
-    };
-    // The outer WITH list belongs to the inner (DP) query.
-    let mut inner_query = subquery.clone();
-    if inner_query.with.is_none() {
-        inner_query.with = query.with.clone();
-    } else if query.with.is_some() {
-        return Err(Error::unsupported(
-            "WITH both outside and inside an aggregate subquery",
-            "Put the CTEs in one WITH list.",
-        ));
-    }
-    let mut plan = analyze_with(&inner_query, ctx, true)?;
-    let post = plan
-        .post
-        .take()
-        .ok_or_else(|| Error::internal("an aggregate subquery without post-processing"))?;
-    let names: Vec<String> = plan.outputs.iter().map(|o| o.name.clone()).collect();
-
-    let mut a = Analyzer {
-        ctx,
-        tables: Vec::new(),
-        parameters: BTreeMap::new(),
-        ctes: Vec::new(),
-        expanding: Vec::new(),
-        next_alias: 0,
-        view_hints: BTreeMap::new(),
-        unique_keys: Vec::new(),
-        unit_caps: Vec::new(),
-        windows_allowed: false,
-        public_rows_kept: None,
-    };
-    let mut st = Staging {
-        keys: &[],
-        sets: None,
-        outer: Some((alias_name.as_str(), &names)),
-        aggregates: Vec::new(),
-        originals: Vec::new(),
-    };
-    let mut items = Vec::new();
-    let mut item_names: Vec<(String, Expr)> = Vec::new();
-    for item in &outer.projection {
-        match item {
-            SelectItem::Wildcard(o)
-                if o.opt_exclude.is_none()
-                    && o.opt_except.is_none()
-                    && o.opt_replace.is_none()
-                    && o.opt_rename.is_none() =>
-            {
-                items.push("*".to_string())
-            }
-            SelectItem::QualifiedWildcard(
-                ast::SelectItemQualifiedWildcardKind::ObjectName(n),
-                o,
-            ) if o.opt_exclude.is_none()
-                && o.opt_except.is_none()
-                && o.opt_replace.is_none()
-                && o.opt_rename.is_none()
-                && matches!(n.0.as_slice(), [p] if p.as_ident().is_some_and(|i| ident_lower(i) == alias_name)) =>
-            {
-                items.push(format!("{}.*", quoted(&alias_name)))
-            }
-            SelectItem::UnnamedExpr(e) => {
-                let mut e = e.clone();
-                a.released_expr(&mut e, &mut st, Place::Select)?;
-                item_names.push((default_name(&e), e.clone()));
-                items.push(e.to_string());
-            }
-            SelectItem::ExprWithAlias { expr, alias } => {
-                let mut e = expr.clone();
-                a.released_expr(&mut e, &mut st, Place::Select)?;
-                if alias.value.starts_with(RESERVED_PREFIX) {
-                    return Err(reserved_refusal());
-                }
-                item_names.push((ident_lower(alias), e.clone()));
-                items.push(format!("{e} AS {alias}"));
-            }
-            _ => {
-                return Err(Error::unsupported(
-                    "this select item on the rows of an aggregate subquery",
-                    "Select the subquery's columns by name, with AS for new names, or \"source\".* of the whole subquery.",
-                ))
-            }
-        }
-    }
-    let from_alias = if alias_name.is_empty() {
-        "\"__dp_subquery\"".to_string()
-    } else {
-        quoted(&alias_name)
-    };
-    let mut sql = format!(
-        "SELECT {} FROM ({}) AS {from_alias}",
-        items.join(", "),
-        post.sql
-    );
-    if let Some(w) = &outer.selection {
-        let mut w = w.clone();
-        a.released_expr(&mut w, &mut st, Place::Select)?;
-        sql.push_str(&format!(" WHERE {w}"));
-    }
-    sql.push_str(&a.order_limit(query, &mut st, &item_names, None)?.sql(|i| i));
-    // The outer query's outputs are not the inner one's aggregates: no `_error95` columns.
-    plan.post = Some(PostProcessing {
-        sql,
-        errors: None,
-        measures: post.measures,
-    });
-    Ok(plan)
 }

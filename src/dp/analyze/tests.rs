@@ -1545,7 +1545,8 @@ fn date_quantiles_are_quantiles_of_day_numbers() {
 
 /// Under `pgdp.accuracy`, post-processing keeps the `_error95` column of each output that is an
 /// aggregate as released, read from the released relation's `e<i>`, with ORDER BY positions
-/// moved past the added columns; computed outputs and outer queries have none.
+/// moved past the added columns; computed outputs have none, an outer query's bare references to
+/// the inner aggregates keep theirs.
 #[test]
 fn post_processing_keeps_the_error_bounds_of_released_aggregates() {
     let policy = policy(On::Demo);
@@ -1571,7 +1572,29 @@ fn post_processing_keeps_the_error_bounds_of_released_aggregates() {
         "{}",
         post.sql()
     );
-    let outer = "SELECT s.n FROM (SELECT clinic, COUNT(*) AS n FROM demo.visits GROUP BY clinic) AS s WHERE s.n > 5";
+    // Metabase's form: the outer query's item that is the inner aggregate keeps its bound, named
+    // after the outer item; a key and an expression over the aggregate get none.
+    let outer = "SELECT \"source\".\"clinic\" AS \"clinic\", \"source\".\"n\" AS \"visits\", s2 FROM (SELECT clinic, COUNT(*) AS n, COUNT(*) * 2 AS s2 FROM demo.visits GROUP BY clinic) AS \"source\" WHERE \"source\".\"n\" > 5 ORDER BY 2 DESC LIMIT 2000";
     let plan = analyze_sql(outer, &ctx).expect("answered");
+    let post = plan.post().expect("post-processing");
+    let errors = post.with_errors().expect("_error95 columns");
+    assert!(
+        errors.starts_with("SELECT \"source\".\"clinic\" AS \"clinic\", \"source\".\"n\" AS \"visits\", \"source\".\"n_error95\" AS \"visits_error95\", s2 FROM (SELECT "),
+        "{errors}"
+    );
+    assert!(errors.contains("AS \"n_error95\""), "{errors}");
+    assert!(
+        errors.ends_with("AS \"source\" WHERE \"source\".\"n\" > 5 ORDER BY 2 DESC LIMIT 2000"),
+        "{errors}"
+    );
+    assert!(!errors.contains("s2_error95"), "{errors}");
+    // `*` keeps the inner bounds; beside a sort by position, none.
+    let star = "SELECT * FROM (SELECT clinic, COUNT(*) AS n FROM demo.visits GROUP BY clinic) AS s";
+    let plan = analyze_sql(star, &ctx).expect("answered");
+    assert!(plan
+        .post()
+        .and_then(|p| p.with_errors())
+        .is_some_and(|e| e.starts_with("SELECT * FROM (") && e.contains("\"n_error95\"")));
+    let plan = analyze_sql(&format!("{star} ORDER BY 2"), &ctx).expect("answered");
     assert_eq!(plan.post().and_then(|p| p.with_errors()), None);
 }

@@ -52,7 +52,7 @@ use explain::analyst_text;
 pub use explain::{capped_statistic, detection_note, explain};
 pub use grouping::derived_set as derived_grouping_set;
 pub use measures::{derived_key, measures_key, NoisyMeasures};
-pub use rows::{PrivateRows, Released, TextRows};
+pub use rows::{Evaluated, PrivateRows, Released, TextRows};
 pub use statement::{ChoiceStatement, Statement};
 
 fn key_cell(text: Option<&str>, ty: ColumnType) -> Cell {

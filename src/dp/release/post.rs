@@ -5,16 +5,19 @@
 //! - The only rows the SQL reads are a [`Released`]'s, written into it as one JSON literal: the
 //!   released keys and noisy aggregates, nothing from the upstream.
 //! - Its answer becomes a [`Released`] again only through [`Released::post_processed`], which
-//!   takes the released rows it is computed from; so rows from post-processing are released
-//!   rows, and the typed pipeline's rule that client rows come from a release still holds.
+//!   takes the released rows it is computed from and the shadow catalog's [`Evaluated`] answer
+//!   to the [`ShadowSql`] it wrote over them (neither can be made outside pgdp); so rows from
+//!   post-processing are released rows, and the typed pipeline's rule that client rows come
+//!   from a release still holds.
 
 use std::future::Future;
 
 use crate::dp::plan::{Plan, PostProcessing, RELEASED_RELATION};
+use crate::dp::sql::ShadowSql;
 use crate::error::{Error, Result};
 use crate::output::{Cell, CellType, OutColumn};
 
-use super::{Released, TextRows};
+use super::{Evaluated, Released};
 
 /// A cell as PostgreSQL's text input reads it back (the text pgdp sends for it).
 fn cell_text(cell: &Cell) -> Option<String> {
@@ -62,7 +65,7 @@ pub fn post_sql(
     names: &[OutColumn],
     inputs: &[CellType],
     rows: &[Vec<Cell>],
-) -> Result<String> {
+) -> Result<ShadowSql> {
     let columns: Vec<(String, ReadAs)> = names
         .iter()
         .zip(inputs)
@@ -77,7 +80,7 @@ pub fn post_sql(
         }
     );
     crate::dp::rewrite::check_one_statement(&sql)?;
-    Ok(sql)
+    Ok(ShadowSql::new(sql))
 }
 
 /// How [`rows_relation`] reads a column of released rows.
@@ -145,8 +148,10 @@ pub fn rows_relation(columns: &[(String, ReadAs)], rows: &[Vec<Cell>]) -> String
 
 impl Released {
     /// The analyst's answer from released rows of a plan with post-processing: `run` evaluates
-    /// the SQL of [`post_sql`] over these rows (on the shadow catalog) and returns its text
-    /// rows, read as `columns` (the types the shadow gave the same SQL before the charge).
+    /// the SQL of [`post_sql`] over these rows on the shadow catalog
+    /// ([`crate::upstream::Shadow::evaluate`], the only maker of [`Evaluated`] rows, so `run`
+    /// cannot answer rows of another origin), read as `columns` (the types the shadow gave the
+    /// same SQL before the charge).
     /// `inputs` are the released relation's PostgreSQL types, which the rows are first
     /// conformed to.
     pub async fn post_processed<F, Fut>(
@@ -158,8 +163,8 @@ impl Released {
         run: F,
     ) -> Result<Released>
     where
-        F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<TextRows>>,
+        F: FnOnce(ShadowSql) -> Fut,
+        Fut: Future<Output = Result<Evaluated>>,
     {
         let post = plan
             .post()
@@ -176,7 +181,7 @@ impl Released {
             .collect();
         let conformed = self.retyped(typed);
         let sql = post_sql(post, accuracy, &names, inputs, &conformed.rows)?;
-        let rows = run(sql).await?;
+        let rows = run(sql).await?.into_rows();
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             if row.len() != columns.len() {

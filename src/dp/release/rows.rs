@@ -37,6 +37,46 @@ use crate::output::{Cell, OutColumn};
 /// Rows as PostgreSQL's text format: one `Option<String>` per column (None = NULL).
 pub type TextRows = Vec<Vec<Option<String>>>;
 
+/// The text rows the shadow catalog answered for a [`crate::dp::sql::ShadowSql`]: values computed
+/// from released rows and constants only. Made only by [`crate::upstream::Shadow::evaluate`] (the
+/// constructor is crate-private), so [`Released::post_processed`] cannot be handed rows of any
+/// other origin:
+///
+/// ```compile_fail,E0624
+/// let _ = pgdp::dp::release::Evaluated::new(vec![vec![Some("42".to_string())]]);
+/// ```
+///
+/// ```
+/// // Reading them is public: they are released values.
+/// fn width(rows: pgdp::dp::release::Evaluated) -> usize {
+///     rows.into_rows().first().map_or(0, Vec::len)
+/// }
+/// ```
+#[derive(Debug, Default)]
+pub struct Evaluated(TextRows);
+
+impl Evaluated {
+    /// Rows the shadow catalog answered ([`crate::upstream::Shadow::evaluate`] only).
+    pub(crate) fn new(rows: TextRows) -> Evaluated {
+        Evaluated(rows)
+    }
+
+    /// The rows, as PostgreSQL's text format.
+    pub fn into_rows(self) -> TextRows {
+        self.0
+    }
+
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// The rows the upstream returned for a DP query's [`crate::dp::rewrite::UpstreamSql`]: exact
 /// per-group statistics of private data. Opaque: only [`super::release`] reads them.
 #[derive(Default)]

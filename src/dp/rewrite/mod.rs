@@ -119,6 +119,12 @@ impl PublicSql {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The same SQL for the shadow catalog, which has the public tables' declared columns (and
+    /// no rows): to type it before the upstream runs it.
+    pub fn shadow(&self) -> crate::dp::sql::ShadowSql {
+        crate::dp::sql::ShadowSql::new(self.0.clone())
+    }
 }
 
 /// The rewrite of a plan.

@@ -1,0 +1,268 @@
+//! An outer query over an aggregate subquery, `SELECT … FROM (<aggregate query>) AS s …` (the
+//! form Metabase wraps every question in, and what analysts write to filter or rank aggregates):
+//! the inner query is the DP query, the outer one post-processing of its released rows.
+//!
+//! Invariants: as [`super::post`]'s. The outer query reads only the inner query's output
+//! columns (released values), through the same checks as any post-processing; under
+//! `pgdp.accuracy` an outer item that is an inner aggregate itself keeps that aggregate's
+//! `_error95`, read from the inner query's released bounds (public).
+
+use super::post::{quoted, Place, Staging};
+use super::*;
+
+/// The outer query of `SELECT … FROM (<aggregate query>) AS s …` (how Metabase wraps every
+/// question, and what analysts write to filter or rank aggregates): the inner query is the DP
+/// query, and the outer one post-processing of its released rows. `None` when `query` is not of
+/// that form: one derived table in FROM, no aggregate, GROUP BY or HAVING outside it.
+pub(super) fn outer_query(query: &ast::Query, ctx: &Context) -> Option<Result<Plan>> {
+    let SetExpr::Select(outer) = query.body.as_ref() else {
+        return None;
+    };
+    let [from] = outer.from.as_slice() else {
+        return None;
+    };
+    let TableFactor::Derived {
+        lateral: false,
+        subquery,
+        alias,
+        sample: None,
+    } = &from.relation
+    else {
+        return None;
+    };
+    let items_aggregate = outer.projection.iter().any(|item| match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+            contains_aggregate(e)
+        }
+        _ => false,
+    });
+    let grouped =
+        !matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    if !from.joins.is_empty() || items_aggregate || grouped || outer.having.is_some() {
+        return None;
+    }
+    // Only an aggregate subquery (not one grouped by the privacy unit, which the main analysis
+    // reads as a per-unit table).
+    let SetExpr::Select(inner) = subquery.body.as_ref() else {
+        return None;
+    };
+    let inner_aggregates = inner.projection.iter().any(|item| match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+            contains_aggregate(e)
+        }
+        _ => false,
+    });
+    if !inner_aggregates {
+        return None;
+    }
+    Some(outer_plan(query, outer, subquery, alias.as_ref(), ctx))
+}
+
+fn outer_plan(
+    query: &ast::Query,
+    outer: &ast::Select,
+    subquery: &ast::Query,
+    alias: Option<&ast::TableAlias>,
+    ctx: &Context,
+) -> Result<Plan> {
+    if outer.distinct.is_some()
+        || outer.into.is_some()
+        || outer.qualify.is_some()
+        || !outer.named_window.is_empty()
+        || outer.top.is_some()
+        || outer.prewhere.is_some()
+        || !outer.lateral_views.is_empty()
+        || !query.locks.is_empty()
+        || query.fetch.is_some()
+    {
+        return Err(Error::unsupported(
+            "this clause on the rows of an aggregate subquery",
+            "The outer query may have a select list, WHERE, ORDER BY, LIMIT and OFFSET.",
+        ));
+    }
+    let alias_name = match alias {
+        Some(a) if !a.columns.is_empty() => {
+            return Err(Error::unsupported(
+                "column lists on a subquery alias",
+                "Name the columns inside the subquery with AS.",
+            ))
+        }
+        Some(a) => ident_lower(&a.name),
+        None => String::new(),
+    };
+    // The outer WITH list belongs to the inner (DP) query.
+    let mut inner_query = subquery.clone();
+    if inner_query.with.is_none() {
+        inner_query.with = query.with.clone();
+    } else if query.with.is_some() {
+        return Err(Error::unsupported(
+            "WITH both outside and inside an aggregate subquery",
+            "Put the CTEs in one WITH list.",
+        ));
+    }
+    let mut plan = analyze_with(&inner_query, ctx, true)?;
+    let post = plan
+        .post
+        .take()
+        .ok_or_else(|| Error::internal("an aggregate subquery without post-processing"))?;
+    let names: Vec<String> = plan.outputs.iter().map(|o| o.name.clone()).collect();
+
+    let mut a = Analyzer {
+        ctx,
+        tables: Vec::new(),
+        parameters: BTreeMap::new(),
+        ctes: Vec::new(),
+        expanding: Vec::new(),
+        next_alias: 0,
+        view_hints: BTreeMap::new(),
+        unique_keys: Vec::new(),
+        unit_caps: Vec::new(),
+        windows_allowed: false,
+        public_rows_kept: None,
+    };
+    let mut st = Staging {
+        keys: &[],
+        sets: None,
+        outer: Some((alias_name.as_str(), &names)),
+        aggregates: Vec::new(),
+        originals: Vec::new(),
+    };
+    // The inner outputs that have an `_error95` column under pgdp.accuracy (an aggregate as
+    // released, not a question of existence), when the inner post-processing has them.
+    let with_errors: Vec<&str> = match post.errors {
+        Some(_) => plan
+            .outputs
+            .iter()
+            .filter(|o| {
+                matches!(o.source, OutputSource::Aggregate(i)
+                    if plan.aggregates.get(i).is_some_and(|a| a.kind != AggregateKind::Detected))
+            })
+            .map(|o| o.name.as_str())
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut items = Vec::new();
+    let mut item_names: Vec<(String, Expr)> = Vec::new();
+    // Per select item: the inner output whose `_error95` follows it (a bare reference to an
+    // aggregate with one), and the name it has in the outer query; `None` for `*` items.
+    let mut errors_of: Vec<Option<Option<(String, String)>>> = Vec::new();
+    for item in &outer.projection {
+        match item {
+            SelectItem::Wildcard(o)
+                if o.opt_exclude.is_none()
+                    && o.opt_except.is_none()
+                    && o.opt_replace.is_none()
+                    && o.opt_rename.is_none() =>
+            {
+                items.push("*".to_string());
+                errors_of.push(None);
+            }
+            SelectItem::QualifiedWildcard(
+                ast::SelectItemQualifiedWildcardKind::ObjectName(n),
+                o,
+            ) if o.opt_exclude.is_none()
+                && o.opt_except.is_none()
+                && o.opt_replace.is_none()
+                && o.opt_rename.is_none()
+                && matches!(n.0.as_slice(), [p] if p.as_ident().is_some_and(|i| ident_lower(i) == alias_name)) =>
+            {
+                items.push(format!("{}.*", quoted(&alias_name)));
+                errors_of.push(None);
+            }
+            SelectItem::UnnamedExpr(e) => {
+                let referenced = inner_reference(e, &alias_name, &with_errors);
+                let mut e = e.clone();
+                a.released_expr(&mut e, &mut st, Place::Select)?;
+                let name = default_name(&e);
+                errors_of.push(Some(referenced.map(|r| (r, name.clone()))));
+                item_names.push((name, e.clone()));
+                items.push(e.to_string());
+            }
+            SelectItem::ExprWithAlias { expr, alias } => {
+                let referenced = inner_reference(expr, &alias_name, &with_errors);
+                let mut e = expr.clone();
+                a.released_expr(&mut e, &mut st, Place::Select)?;
+                if alias.value.starts_with(RESERVED_PREFIX) {
+                    return Err(reserved_refusal());
+                }
+                errors_of.push(Some(referenced.map(|r| (r, ident_lower(alias)))));
+                item_names.push((ident_lower(alias), e.clone()));
+                items.push(format!("{e} AS {alias}"));
+            }
+            _ => {
+                return Err(Error::unsupported(
+                    "this select item on the rows of an aggregate subquery",
+                    "Select the subquery's columns by name, with AS for new names, or \"source\".* of the whole subquery.",
+                ))
+            }
+        }
+    }
+    let from_alias = if alias_name.is_empty() {
+        "\"__dp_subquery\"".to_string()
+    } else {
+        quoted(&alias_name)
+    };
+    let mut where_sql = String::new();
+    if let Some(w) = &outer.selection {
+        let mut w = w.clone();
+        a.released_expr(&mut w, &mut st, Place::Select)?;
+        where_sql = format!(" WHERE {w}");
+    }
+    let order_limit = a.order_limit(query, &mut st, &item_names, None)?;
+    let sql = format!(
+        "SELECT {} FROM ({}) AS {from_alias}{where_sql}{}",
+        items.join(", "),
+        post.sql,
+        order_limit.sql(|i| i)
+    );
+    // Under pgdp.accuracy: an item that is the inner query's aggregate itself (Metabase's
+    // `"source"."count"`) keeps its `_error95`, read from the inner query's, and `*` brings the
+    // inner's along. An expression over it gets none (its bound is not its input's), and with
+    // `*` a sort by position keeps none (the positions would move).
+    let wildcard = errors_of.iter().any(Option::is_none);
+    let errors = post
+        .errors
+        .as_ref()
+        .filter(|_| !(wildcard && order_limit.by_position()))
+        .map(|inner_errors| {
+            let mut listed = Vec::new();
+            let mut positions = Vec::new();
+            for (item, error) in items.iter().zip(&errors_of) {
+                listed.push(item.clone());
+                positions.push(listed.len());
+                if let Some(Some((inner, name))) = error {
+                    listed.push(format!(
+                        "{from_alias}.{} AS {}",
+                        quoted(&format!("{inner}_error95")),
+                        quoted(&format!("{name}_error95"))
+                    ));
+                }
+            }
+            format!(
+                "SELECT {} FROM ({inner_errors}) AS {from_alias}{where_sql}{}",
+                listed.join(", "),
+                order_limit.sql(|i| positions.get(i - 1).copied().unwrap_or(i))
+            )
+        });
+    plan.post = Some(PostProcessing {
+        sql,
+        errors,
+        measures: post.measures,
+    });
+    Ok(plan)
+}
+
+/// The inner output a select item of an outer query is (a bare column reference to it, alone or
+/// qualified by the subquery's alias), if it is one of `outputs`.
+fn inner_reference(e: &Expr, alias: &str, outputs: &[&str]) -> Option<String> {
+    let name = match e {
+        Expr::Identifier(i) => ident_lower(i),
+        Expr::CompoundIdentifier(parts) => match parts.as_slice() {
+            [q, i] if ident_lower(q) == alias => ident_lower(i),
+            _ => return None,
+        },
+        Expr::Nested(inner) => return inner_reference(inner, alias, outputs),
+        _ => return None,
+    };
+    outputs.contains(&name.as_str()).then_some(name)
+}
