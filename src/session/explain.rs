@@ -1,5 +1,6 @@
 //! EXPLAIN of a DP statement: the plan, the upstream SQL (the secret redacted), the mechanisms
-//! and their cost, for each branch of a set operation or calendar too.
+//! and their cost, for each release of a set operation, calendar, top-k join or statement with
+//! scalar subqueries too.
 //!
 //! Invariant: touches neither the upstream's data nor the budget; what it prints is a function
 //! of the statement, the policy and the session's settings.
@@ -62,8 +63,8 @@ impl Session {
                         if let Some(listed) = &listed {
                             lines.push(vec![Cell::Text(format!(
                                 "the series lists the {} value(s) of the key {}: its public domain, no partition selection",
-                                listed.values.len(),
-                                listed.column
+                                listed.values().len(),
+                                listed.column()
                             ))]);
                         }
                         let explained =
@@ -74,6 +75,38 @@ impl Session {
                     _ => return Err(branch_refusal(branch)),
                 }
             }
+            let mut costs = Vec::new();
+            for branch in branches {
+                costs.extend(Box::pin(self.planned_costs(shared, branch, params, None)).await?);
+            }
+            lines.push(planned_charge(&costs));
+            return Ok(ClientRows::computed(explain_columns(), lines));
+        }
+        if let Some(series) = super::series::split(query) {
+            // The inner release, then the main query restricted to its keys: a stand-in key of
+            // each key's type where the released keys will be (the same mechanisms and cost).
+            let mut lines = vec![vec![Cell::Text(
+                "top-k join of 2 releases, each charged on its own: the inner aggregate is released first, and its released keys then restrict the main query".into(),
+            )]];
+            lines.push(vec![Cell::Text(format!("inner: {}", series.inner))]);
+            let explained = Box::pin(self.explain(shared, &series.inner, params)).await?;
+            lines.extend(explained.rows().iter().cloned());
+            let columns = Box::pin(self.dp_columns(shared, &series.inner)).await?;
+            let names: Vec<String> = columns.iter().map(|c| c.name.clone()).collect();
+            let stand_in: Vec<Cell> = columns
+                .iter()
+                .map(|c| super::scalar::stand_in(c.ty))
+                .collect();
+            let outer = super::series::restrict(&series, &names, &[stand_in])?;
+            lines.push(vec![Cell::Text(format!(
+                "main query, with a stand-in value where each released key will be: {outer}"
+            ))]);
+            let explained = Box::pin(self.explain(shared, &outer, params)).await?;
+            lines.extend(explained.rows().iter().cloned());
+            let mut costs =
+                Box::pin(self.planned_costs(shared, &series.inner, params, None)).await?;
+            costs.extend(Box::pin(self.planned_costs(shared, &outer, params, None)).await?);
+            lines.push(planned_charge(&costs));
             return Ok(ClientRows::computed(explain_columns(), lines));
         }
         if let Some(scalars) = self.scalars(shared, query).await? {
@@ -97,6 +130,8 @@ impl Session {
                 }
                 _ => lines.push(vec![Cell::Text("constants: no release, no charge".into())]),
             }
+            let costs = Box::pin(self.planned_costs(shared, query, params, None)).await?;
+            lines.push(planned_charge(&costs));
             return Ok(ClientRows::computed(explain_columns(), lines));
         }
         let secret = shared.secret().await?;
@@ -165,4 +200,16 @@ fn redact_secret(line: &str, secret: &str) -> String {
     }
     line.replace(&secret.replace('\'', "''"), "<secret>")
         .replace(&rewrite::ranking_seed(secret).to_string(), "<secret>")
+}
+
+/// The last line of EXPLAIN of a statement of several releases: what they are planned to be
+/// charged together (as the session's check before the first charge sums them).
+fn planned_charge(costs: &[crate::budget::Cost]) -> Vec<Cell> {
+    let total = costs
+        .iter()
+        .fold(crate::budget::Cost::default(), |sum, cost| sum + *cost);
+    vec![Cell::Text(format!(
+        "planned charge of the statement: {total}, the sum of {} release(s) charged on their own (a release whose answer or noisy measures the ledger already holds is free, and counts nothing here)",
+        costs.len()
+    ))]
 }

@@ -149,7 +149,7 @@ impl ScalarSplit {
 }
 
 /// A value of type `ty` that plans as any other value of it would.
-fn stand_in(ty: CellType) -> Cell {
+pub(super) fn stand_in(ty: CellType) -> Cell {
     match ty {
         // One, not zero: a divisor's stand-in must not fail where the value would not.
         CellType::Int8 | CellType::Int4 | CellType::Int2 => Cell::Int(1),

@@ -18,7 +18,9 @@
 //! - `tools_node`, `tools_python`, `tools_superset`: those tools themselves, through their APIs;
 //! - `clients`: the real clients (pgjdbc, psqlODBC, psycopg 2 and 3, SQLAlchemy, node-postgres,
 //!   psql) in `tests/clients/`;
-//! - `golden`: the rewrite corpus in `tests/cases/`;
+//! - `golden`: the rewrite corpus in `tests/cases/*.case`; `golden_session`: the EXPLAIN corpus of
+//!   the session's forms (time folding, set operations, calendars, scalar subqueries) in
+//!   `tests/cases/*.explain`;
 //! - `datetime_ranges`: the SQL pgdp sends over dates and timestamps at the ends of their ranges;
 //! - `dp_property`: neighbouring databases and the empirical sensitivity of the rewrites;
 //! - `fuzz_smoke`: the fuzz targets of `fuzz/` over their seeds and bounded mutations;
@@ -67,6 +69,7 @@ mod drivers;
 mod faults;
 mod fuzz_smoke;
 mod golden;
+mod golden_session;
 mod harness_smoke;
 mod keypath;
 mod lease;

@@ -208,7 +208,13 @@ pub fn explain(
             ),
         },
     ];
-    if let Some(choice) = mechanisms.choice {
+    if mechanisms.choice.is_some() && mechanisms.noises.is_empty() {
+        // Keys alone: no measure to compare the mechanisms by.
+        lines.push(format!(
+            "mechanism chosen by pgdp (pgdp.mechanism = auto): {}, as there are no noisy measures to compare by (the keys alone, released by partition selection)",
+            budget.mechanism.name()
+        ));
+    } else if let Some(choice) = mechanisms.choice {
         let mean = |m: Option<f64>| m.map_or("not possible".to_string(), |b| format!("{b:.4}"));
         lines.push(format!(
             "mechanism chosen by pgdp (pgdp.mechanism = auto): {}, the smaller geometric mean of the measures' 95% error bounds (laplace {}, gaussian {})",

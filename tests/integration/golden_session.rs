@@ -1,0 +1,311 @@
+//! The golden EXPLAIN corpus of the session's forms: statements that pgdp answers as several
+//! releases or after folding constants (time folding, set operations, calendars, scalar
+//! subqueries, top-k joins), which the rewrite corpus (`golden`, analyser-level) cannot reach.
+//!
+//! The corpus lives in `tests/cases/*.explain` (format in `tests/cases/README.md`). Each case's
+//! `EXPLAIN` is run through a real pgdp over the demo dataset (fixed secret and seed, session time
+//! zone UTC), so the text is what the session itself plans: the split into releases, each
+//! release's upstream SQL and mechanisms, the folded constants and the series' public domain.
+//! Values that depend on the day the test runs are replaced by the case's placeholders (`fold:`
+//! lines: an expression evaluated by PostgreSQL in UTC, and the placeholder its value becomes).
+//! `PGDP_BLESS=1 cargo test --test integration golden_session::` rewrites the `explain:` lines of
+//! every case whose kind (explained / refused) did not change; review the diff. EXPLAIN charges
+//! nothing: the test checks the budget is untouched at the end.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::harness;
+use crate::support::Proxy;
+
+/// The corpus must stay at least this large.
+const CASES_MIN: usize = 12;
+
+/// Set to `1` to rewrite the expected lines of the corpus.
+const BLESS_ENV: &str = "PGDP_BLESS";
+
+/// What a case expects.
+#[derive(Debug, Clone, PartialEq)]
+enum Expected {
+    /// EXPLAIN's lines, with the case's placeholders.
+    Explained(Vec<String>),
+    /// Refused with this SQLSTATE.
+    Refused(String),
+}
+
+/// One case: a statement, its placeholders and what EXPLAIN says of it.
+#[derive(Debug, Clone)]
+struct Case {
+    line: usize,
+    /// `#` lines just before the case, kept when blessing.
+    comments: Vec<String>,
+    name: String,
+    notes: Vec<String>,
+    sql: String,
+    /// `(expression, placeholder)`: the expression's value today, as text, reads as the
+    /// placeholder in EXPLAIN's lines.
+    folds: Vec<(String, String)>,
+    expected: Expected,
+}
+
+struct CaseFile {
+    path: PathBuf,
+    header: Vec<String>,
+    cases: Vec<Case>,
+}
+
+fn corpus() -> Vec<CaseFile> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("tests/cases exists")
+        .map(|e| e.expect("readable directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "explain"))
+        .collect();
+    paths.sort();
+    paths.iter().map(|p| parse(p)).collect()
+}
+
+fn parse(path: &Path) -> CaseFile {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let mut header = Vec::new();
+    let mut cases: Vec<Case> = Vec::new();
+    let mut pending = Vec::new();
+    let mut explain: Option<Vec<String>> = None;
+    let mut error: Option<String> = None;
+    let finish =
+        |cases: &mut Vec<Case>, explain: &mut Option<Vec<String>>, error: &mut Option<String>| {
+            let Some(case) = cases.last_mut() else { return };
+            case.expected = match (explain.take(), error.take()) {
+                (Some(lines), None) => Expected::Explained(lines),
+                (None, Some(code)) => Expected::Refused(code),
+                _ => panic!(
+                    "{}:{}: a case needs `explain:` lines or one `error:`, not both",
+                    path.display(),
+                    case.line
+                ),
+            };
+        };
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_end();
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with('#') {
+            if cases.is_empty() && pending.is_empty() && header.len() == i {
+                header.push(line.to_string());
+            } else {
+                pending.push(line.to_string());
+            }
+            continue;
+        }
+        let (key, value) = line
+            .strip_prefix("-- ")
+            .and_then(|rest| rest.split_once(':'))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}:{}: expected `-- key: value` or `# comment`",
+                    path.display(),
+                    i + 1
+                )
+            });
+        let value = value.strip_prefix(' ').unwrap_or(value).to_string();
+        if key == "name" {
+            finish(&mut cases, &mut explain, &mut error);
+            cases.push(Case {
+                line: i + 1,
+                comments: std::mem::take(&mut pending),
+                name: value,
+                notes: Vec::new(),
+                sql: String::new(),
+                folds: Vec::new(),
+                expected: Expected::Refused(String::new()),
+            });
+            continue;
+        }
+        let case = cases
+            .last_mut()
+            .unwrap_or_else(|| panic!("{}:{}: `{key}:` before `name:`", path.display(), i + 1));
+        match key {
+            "note" => case.notes.push(value),
+            "sql" => {
+                if !case.sql.is_empty() {
+                    case.sql.push(' ');
+                }
+                case.sql.push_str(&value);
+            }
+            "fold" => {
+                let (expression, placeholder) = value.rsplit_once(" = ").unwrap_or_else(|| {
+                    panic!(
+                        "{}:{}: `fold: <expression> = <placeholder>`",
+                        path.display(),
+                        i + 1
+                    )
+                });
+                case.folds
+                    .push((expression.to_string(), placeholder.to_string()));
+            }
+            "explain" => explain.get_or_insert_with(Vec::new).push(value),
+            "error" => error = Some(value),
+            other => panic!("{}:{}: unknown key `{other}`", path.display(), i + 1),
+        }
+    }
+    finish(&mut cases, &mut explain, &mut error);
+    CaseFile {
+        path: path.to_path_buf(),
+        header,
+        cases,
+    }
+}
+
+fn render(file: &CaseFile) -> String {
+    let mut out = String::new();
+    for h in &file.header {
+        let _ = writeln!(out, "{h}");
+    }
+    for case in &file.cases {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        for c in &case.comments {
+            let _ = writeln!(out, "{c}");
+        }
+        let _ = writeln!(out, "-- name: {}", case.name);
+        for n in &case.notes {
+            let _ = writeln!(out, "-- note: {n}");
+        }
+        let _ = writeln!(out, "-- sql: {}", case.sql);
+        for (expression, placeholder) in &case.folds {
+            let _ = writeln!(out, "-- fold: {expression} = {placeholder}");
+        }
+        match &case.expected {
+            Expected::Explained(lines) => {
+                for l in lines {
+                    let _ = writeln!(out, "-- explain:{}{l}", if l.is_empty() { "" } else { " " });
+                }
+            }
+            Expected::Refused(code) => {
+                let _ = writeln!(out, "-- error: {code}");
+            }
+        }
+    }
+    out
+}
+
+/// `lines` with each fold's value today (as PostgreSQL writes it in UTC with ISO dates, the
+/// settings pgdp folds with) replaced by its placeholder, longest value first.
+async fn with_placeholders(
+    upstream: &tokio_postgres::Client,
+    folds: &[(String, String)],
+    lines: Vec<String>,
+) -> Vec<String> {
+    let mut values = Vec::new();
+    for (expression, placeholder) in folds {
+        let sql = format!(
+            "BEGIN; SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres'; SELECT CAST(({expression}) AS text); COMMIT"
+        );
+        let messages = upstream
+            .simple_query(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("fold {expression}: {e}"));
+        let value = messages
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("fold {expression}: no value"));
+        values.push((value, placeholder.clone()));
+    }
+    values.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+    lines
+        .into_iter()
+        .map(|mut l| {
+            for (value, placeholder) in &values {
+                l = l.replace(value.as_str(), placeholder);
+            }
+            l
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn session_forms_explain() {
+    let bless = std::env::var(BLESS_ENV).is_ok_and(|v| v == "1");
+    let files = corpus();
+    let total: usize = files.iter().map(|f| f.cases.len()).sum();
+    assert!(total >= CASES_MIN, "only {total} session-form cases");
+    for file in files.iter().filter(|_| !bless) {
+        assert_eq!(
+            std::fs::read_to_string(&file.path).expect("readable"),
+            render(file),
+            "{} is not in canonical form (blessing would rewrite it)",
+            file.path.display()
+        );
+    }
+
+    let db = harness::demo_database(1).await;
+    let upstream = db.client().await;
+    let proxy = Proxy::start(149).await;
+    let s = proxy.connect().await;
+    s.simple_rows("SET TimeZone = 'UTC'")
+        .await
+        .expect("SET TimeZone");
+    let mut failures = Vec::new();
+    for mut file in files {
+        let mut changed = false;
+        for case in &mut file.cases {
+            let at = format!("{}:{} ({})", file.path.display(), case.line, case.name);
+            let actual = match s.simple_rows(&format!("EXPLAIN {}", case.sql)).await {
+                Ok(rows) => {
+                    let lines = rows
+                        .into_iter()
+                        .map(|r| r.into_iter().flatten().collect::<Vec<_>>().join(" | "))
+                        .collect();
+                    Expected::Explained(with_placeholders(&upstream, &case.folds, lines).await)
+                }
+                Err(e) => Expected::Refused(
+                    e.code()
+                        .map(|c| c.code().to_string())
+                        .unwrap_or_else(|| format!("no SQLSTATE: {e}")),
+                ),
+            };
+            if actual == case.expected {
+                continue;
+            }
+            let same_kind =
+                std::mem::discriminant(&actual) == std::mem::discriminant(&case.expected);
+            if bless && same_kind {
+                case.expected = actual;
+                changed = true;
+                continue;
+            }
+            failures.push(format!(
+                "{at}:\n  expected: {:#?}\n  actual:   {actual:#?}{}",
+                case.expected,
+                if same_kind {
+                    "\n  (PGDP_BLESS=1 updates it)"
+                } else {
+                    "\n  (explained/refused changed: edit the case by hand)"
+                }
+            ));
+        }
+        if changed {
+            std::fs::write(&file.path, render(&file))
+                .unwrap_or_else(|e| panic!("cannot bless {}: {e}", file.path.display()));
+        }
+    }
+    let budget = s.budget().await;
+    assert_eq!(
+        (budget.epsilon_spent, budget.delta_spent),
+        (0.0, 0.0),
+        "EXPLAIN charged"
+    );
+    proxy.stop().await;
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
