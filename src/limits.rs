@@ -422,3 +422,12 @@ const _: () = assert!(METRICS_CONNECTIONS_MAX >= 1 && METRICS_REQUEST_BYTES_MAX 
 /// of units until it is certain, about `2·ln(1/δ')/ε'`): beyond it (a tiny ε per group), pgdp
 /// uses Laplace thresholding, which needs no table.
 pub const SELECTION_TABLE_MAX: usize = 100_000;
+
+/// The most cells of a synopsis's public domain (private multiplicative weights,
+/// [`crate::dp::mechanism::pmw`]): each update reweights every cell
+/// [`crate::dp::mechanism::pmw::REWEIGHT_PASSES`] times per measurement (16,384 cells × 200
+/// measurements × 20 passes: about 65 million steps for the last update).
+pub const SYNOPSIS_CELLS_MAX: usize = 16_384;
+
+/// The most update rounds of a synopsis: its budget is split into `2T + 1` parts.
+pub const SYNOPSIS_ROUNDS_MAX: usize = 200;

@@ -13,6 +13,8 @@
 //! - `partition`: [`PartitionSelection`] for group keys that are not public.
 //! - `quantile`: report-noisy-max over a bucketed histogram for quantiles, MIN and MAX
 //!   ([`noisy_quantile_bucket`]).
+//! - `pmw`: private multiplicative weights, a synopsis answering a stream of counting queries
+//!   over a public domain with a budget fixed in advance ([`pmw::Synopsis`]).
 //!
 //! Invariants:
 //! - Pure: no I/O, no global state, no clock. Randomness is a parameter
@@ -45,6 +47,7 @@
 mod exact;
 mod noise;
 mod partition;
+pub mod pmw;
 mod quantile;
 mod sample;
 #[cfg(test)]
