@@ -50,8 +50,14 @@ pub const UPSTREAM_ROWS_MAX: usize = 1_000_000;
 /// Most combinations of public group values pgdp zero-fills.
 pub const PUBLIC_KEY_COMBINATIONS_MAX: usize = GROUPS_RELEASED_MAX;
 
-/// Statement timeout set on every upstream DP statement.
+/// Statement timeout set on every upstream DP statement, unless the policy's
+/// `statement_timeout_s` says otherwise.
 pub const STATEMENT_TIMEOUT_MS: u64 = 60_000;
+
+/// The longest `statement_timeout_s` a policy may set (a day): a sharded grouping of a large
+/// table can take minutes, but a statement that never ends would hold an upstream connection
+/// and the analyst's session for ever.
+pub const STATEMENT_TIMEOUT_MAX_S: u64 = 86_400;
 
 /// `statement_timeout` of a catalog query on the shadow catalog (which holds no rows). Client and
 /// BI-tool introspection takes milliseconds there; the limit bounds the upstream server's CPU a

@@ -62,6 +62,9 @@ pub struct Policy {
     pub dataset_budget: Option<BudgetSpec>,
     /// How long an identical query from the same analyst is answered from the replay cache.
     pub replay_lifetime: Duration,
+    /// The `statement_timeout` of every upstream DP statement (`statement_timeout_s`, 60 s by
+    /// default): past it the statement is cancelled (57014) and its charge stands.
+    pub statement_timeout: Duration,
     /// When DP answers may leave (`release_schedule`); `None`: as soon as they are ready.
     pub release_schedule: Option<ReleaseSchedule>,
     /// The failed-login throttle (`login_throttle`; the defaults of `limits.rs` when absent).

@@ -656,3 +656,24 @@ fn login_throttle_is_a_policy_setting_with_safe_limits() {
         assert!(e.iter().any(|x| x.starts_with(error)), "{throttle}: {e:?}");
     }
 }
+
+/// `statement_timeout_s` bounds every upstream DP statement: 60 s unless the policy says
+/// otherwise, between 1 s and a day.
+#[test]
+fn statement_timeout_is_a_policy_setting_within_its_range() {
+    let default = parse(&minimal("")).expect("valid");
+    assert_eq!(
+        default.statement_timeout,
+        std::time::Duration::from_secs(60)
+    );
+    let long = parse(&format!("statement_timeout_s: 600\n{}", minimal(""))).expect("valid");
+    assert_eq!(long.statement_timeout, std::time::Duration::from_secs(600));
+    for bad in ["0", "86401"] {
+        let e = errors(&format!("statement_timeout_s: {bad}\n{}", minimal("")));
+        assert!(
+            e.iter()
+                .any(|m| m.contains("statement_timeout_s") && m.contains("between 1 and 86400")),
+            "{bad}: {e:?}"
+        );
+    }
+}

@@ -16,6 +16,8 @@ pub(super) struct RawPolicy {
     #[serde(default)]
     replay_lifetime_s: Option<u64>,
     #[serde(default)]
+    statement_timeout_s: Option<u64>,
+    #[serde(default)]
     release_schedule: Option<RawReleaseSchedule>,
     #[serde(default)]
     login_throttle: Option<RawLoginThrottle>,
@@ -974,6 +976,19 @@ pub(super) fn validate(
 
     resolve_unit_paths(&mut p, &raw_paths, &mut tables);
 
+    let statement_timeout_s = raw
+        .statement_timeout_s
+        .unwrap_or(limits::STATEMENT_TIMEOUT_MS / 1000);
+    if !(1..=limits::STATEMENT_TIMEOUT_MAX_S).contains(&statement_timeout_s) {
+        p.add(
+            "statement_timeout_s",
+            format!(
+                "must be between 1 and {} seconds, not {statement_timeout_s}",
+                limits::STATEMENT_TIMEOUT_MAX_S
+            ),
+        );
+    }
+
     if p.0.is_empty() {
         Ok(Policy {
             database: raw.database,
@@ -989,6 +1004,7 @@ pub(super) fn validate(
                 raw.replay_lifetime_s
                     .unwrap_or(limits::REPLAY_LIFETIME_DEFAULT_S),
             ),
+            statement_timeout: Duration::from_secs(statement_timeout_s),
             release_schedule,
             login_throttle,
             analysts,

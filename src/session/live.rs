@@ -58,6 +58,9 @@ pub struct Reloaded {
 impl Live {
     /// The state of a server at start (generation 0).
     pub fn new(shared: Shared) -> Live {
+        shared
+            .upstream
+            .set_statement_timeout(timeout_ms(&shared.policy));
         let (generation, _) = watch::channel(shared.generation);
         Live {
             current: RwLock::new(Arc::new(shared)),
@@ -124,6 +127,8 @@ impl Live {
                 tracing::warn!(error = %e, "reload: cannot verify the new policy's declared unique keys: they are verified on first need")
             }
         }
+        next.upstream
+            .set_statement_timeout(timeout_ms(&next.policy));
         match self.current.write() {
             Ok(mut guard) => *guard = Arc::new(next),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(next),
@@ -131,6 +136,11 @@ impl Live {
         self.generation.send_replace(reloaded.generation);
         Ok(reloaded)
     }
+}
+
+/// The policy's `statement_timeout_s`, in milliseconds.
+fn timeout_ms(policy: &crate::policy::Policy) -> u64 {
+    u64::try_from(policy.statement_timeout.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The analysts and tables that differ between two policies.

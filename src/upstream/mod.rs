@@ -116,8 +116,8 @@ pub struct Upstream {
     idle: Mutex<Vec<Client>>,
     permits: Arc<Semaphore>,
     server_version: Mutex<Option<String>>,
-    /// The `statement_timeout` of DP statements: [`limits::STATEMENT_TIMEOUT_MS`] unless lowered
-    /// by [`Upstream::lower_statement_timeout`].
+    /// The `statement_timeout` of DP statements: [`limits::STATEMENT_TIMEOUT_MS`] until the
+    /// policy's is set ([`Upstream::set_statement_timeout`]).
     statement_timeout_ms: AtomicU64,
     /// Streaming replicas serving reads ([`Upstream::get_for_read`]); none for a standby itself.
     standbys: Option<standby::Standbys>,
@@ -430,14 +430,14 @@ impl Upstream {
         self.get().await
     }
 
-    /// Lowers the statement timeout of DP statements to `ms` (never above
-    /// [`limits::STATEMENT_TIMEOUT_MS`], never below 1 ms). For tests of slow upstreams and for
-    /// operators who want a tighter bound.
-    pub fn lower_statement_timeout(&self, ms: u64) {
-        let ms = ms.clamp(1, limits::STATEMENT_TIMEOUT_MS);
+    /// Sets the statement timeout of DP statements to `ms` (the policy's
+    /// `statement_timeout_s`, at start and at each reload; never above
+    /// [`limits::STATEMENT_TIMEOUT_MAX_S`], never below 1 ms), on the primary and every standby.
+    pub fn set_statement_timeout(&self, ms: u64) {
+        let ms = ms.clamp(1, limits::STATEMENT_TIMEOUT_MAX_S * 1000);
         self.statement_timeout_ms.store(ms, Ordering::Relaxed);
         for standby in self.standbys.iter().flat_map(|s| &s.servers) {
-            standby.lower_statement_timeout(ms);
+            standby.set_statement_timeout(ms);
         }
     }
 

@@ -286,11 +286,13 @@ async fn upstream_restart_mid_session_reconnects() {
     ledger_db.drop_db().await;
 }
 
+/// The policy's `statement_timeout_s` (1 s here, as an operator would set it in the policy
+/// file) bounds every DP statement: past it 57014, and the charge stands.
 #[tokio::test]
 async fn statement_timeout_gives_57014_and_the_charge_stands() {
     let cluster = cluster_with_items().await;
-    let running = start_pgdp(&cluster.dsn("faults"), &cluster.dsn("ledger")).await;
-    running.shared().upstream.lower_statement_timeout(1_000);
+    let policy = format!("statement_timeout_s: 1\n{POLICY}");
+    let running = start_pgdp_with(&policy, &cluster.dsn("faults"), &cluster.dsn("ledger")).await;
     let (c, _task) = analyst(&running).await;
     let locker = lock_items(&cluster).await;
 
