@@ -19,6 +19,7 @@
 //! and the test fails if the code now produces it (so the marker gets removed with the fix).
 //! The tests marked `#[ignore = "bug: …"]` at the bottom reproduce bugs that need a database.
 
+use crate::case_file;
 use crate::harness;
 
 use std::collections::BTreeSet;
@@ -98,72 +99,17 @@ struct CaseFile {
     cases: Vec<Case>,
 }
 
-fn cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases")
-}
-
 fn parse_case_file(path: &Path) -> CaseFile {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let mut header = Vec::new();
-    let mut cases: Vec<Case> = Vec::new();
-    let mut pending: Vec<String> = Vec::new();
-    // Fields of the case being read; `expected` is decided when the case ends.
-    let mut expect: Option<String> = None;
-    let mut release: Vec<String> = Vec::new();
-    let mut error: Option<String> = None;
-
-    fn finish(
-        cases: &mut [Case],
-        expect: &mut Option<String>,
-        release: &mut Vec<String>,
-        error: &mut Option<String>,
-    ) {
-        let Some(case) = cases.last_mut() else { return };
-        case.expected = match (expect.take(), error.take()) {
-            (Some(sql), None) => Expected::Accepted {
-                sql,
-                release: std::mem::take(release),
-            },
-            (None, Some(code)) if release.is_empty() => Expected::Refused { code },
-            _ => panic!(
-                "{}: a case needs exactly one of `expect:` (with `release:` lines) or `error:`",
-                case.at()
-            ),
-        };
-    }
-
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim_end();
-        if line.is_empty() {
-            continue;
-        }
-        if line.starts_with('#') {
-            if cases.is_empty() && pending.is_empty() && header_continues(&header, i) {
-                header.push(line.to_string());
-            } else {
-                pending.push(line.to_string());
-            }
-            continue;
-        }
-        let Some(rest) = line.strip_prefix("-- ") else {
-            panic!(
-                "{}:{}: expected `-- key: value` or `# comment`",
-                path.display(),
-                i + 1
-            );
-        };
-        let (key, value) = rest
-            .split_once(':')
-            .unwrap_or_else(|| panic!("{}:{}: missing `:`", path.display(), i + 1));
-        let value = value.strip_prefix(' ').unwrap_or(value).to_string();
-        if key == "name" {
-            finish(&mut cases, &mut expect, &mut release, &mut error);
-            cases.push(Case {
+    let raw = case_file::read(path);
+    let cases = raw
+        .cases
+        .into_iter()
+        .map(|c| {
+            let mut case = Case {
                 file: path.to_path_buf(),
-                line: i + 1,
-                comments: std::mem::take(&mut pending),
-                name: value,
+                line: c.line,
+                comments: c.comments,
+                name: String::new(),
                 notes: Vec::new(),
                 sql: String::new(),
                 params: Vec::new(),
@@ -172,63 +118,49 @@ fn parse_case_file(path: &Path) -> CaseFile {
                 expected: Expected::Refused {
                     code: String::new(),
                 },
-            });
-            continue;
-        }
-        let case = cases
-            .last_mut()
-            .unwrap_or_else(|| panic!("{}:{}: `{key}:` before `name:`", path.display(), i + 1));
-        match key {
-            "note" => case.notes.push(value),
-            "sql" => {
-                if !case.sql.is_empty() {
-                    case.sql.push(' ');
+            };
+            let (mut expect, mut release, mut error) = (None, Vec::new(), None);
+            for (key, value) in c.fields {
+                match key.as_str() {
+                    "name" => case.name = value,
+                    "note" => case.notes.push(value),
+                    "sql" => {
+                        if !case.sql.is_empty() {
+                            case.sql.push(' ');
+                        }
+                        case.sql.push_str(&value);
+                    }
+                    "param" => case.params.push((value != "NULL").then_some(value)),
+                    "mechanism" => case.mechanism = Some(value),
+                    "expect_bug" => case.expect_bug = Some(value),
+                    "expect" => expect = Some(value),
+                    "release" => release.push(value),
+                    "error" => error = Some(value),
+                    other => panic!("{}: unknown key `{other}`", case.at()),
                 }
-                case.sql.push_str(&value);
             }
-            "param" => case.params.push((value != "NULL").then_some(value.clone())),
-            "mechanism" => case.mechanism = Some(value),
-            "expect_bug" => case.expect_bug = Some(value),
-            "expect" => expect = Some(value),
-            "release" => release.push(value),
-            "error" => error = Some(value),
-            other => panic!("{}:{}: unknown key `{other}`", path.display(), i + 1),
-        }
-    }
-    finish(&mut cases, &mut expect, &mut release, &mut error);
-    let names: BTreeSet<&str> = cases.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(
-        names.len(),
-        cases.len(),
-        "{}: duplicate case names",
-        path.display()
-    );
+            case.expected = match (expect, error) {
+                (Some(sql), None) => Expected::Accepted { sql, release },
+                (None, Some(code)) if release.is_empty() => Expected::Refused { code },
+                _ => panic!(
+                    "{}: a case needs exactly one of `expect:` (with `release:` lines) or `error:`",
+                    case.at()
+                ),
+            };
+            case
+        })
+        .collect();
     CaseFile {
-        path: path.to_path_buf(),
-        header,
+        path: raw.path,
+        header: raw.header,
         cases,
     }
 }
 
-/// Header comments are the `#` lines at the very top of a file, before any blank line.
-fn header_continues(header: &[String], index: usize) -> bool {
-    header.len() == index
-}
-
 fn render_case_file(file: &CaseFile) -> String {
     let mut out = String::new();
-    for h in &file.header {
-        out.push_str(h);
-        out.push('\n');
-    }
     for case in &file.cases {
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        for c in &case.comments {
-            let _ = writeln!(out, "{c}");
-        }
-        let _ = writeln!(out, "-- name: {}", case.name);
+        case_file::render_start(&mut out, &file.header, &case.comments, &case.name);
         for n in &case.notes {
             let _ = writeln!(out, "-- note: {n}");
         }
@@ -262,13 +194,10 @@ fn render_case_file(file: &CaseFile) -> String {
 }
 
 fn corpus() -> Vec<CaseFile> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(cases_dir())
-        .expect("tests/cases exists")
-        .map(|e| e.expect("readable directory entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "case"))
-        .collect();
-    paths.sort();
-    paths.iter().map(|p| parse_case_file(p)).collect()
+    case_file::paths("case")
+        .iter()
+        .map(|p| parse_case_file(p))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::case_file;
 use crate::harness;
 use crate::support::Proxy;
 
@@ -55,122 +56,71 @@ struct CaseFile {
 }
 
 fn corpus() -> Vec<CaseFile> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("tests/cases exists")
-        .map(|e| e.expect("readable directory entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "explain"))
-        .collect();
-    paths.sort();
-    paths.iter().map(|p| parse(p)).collect()
+    case_file::paths("explain")
+        .iter()
+        .map(|p| parse(p))
+        .collect()
 }
 
 fn parse(path: &Path) -> CaseFile {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let mut header = Vec::new();
-    let mut cases: Vec<Case> = Vec::new();
-    let mut pending = Vec::new();
-    let mut explain: Option<Vec<String>> = None;
-    let mut error: Option<String> = None;
-    let finish =
-        |cases: &mut Vec<Case>, explain: &mut Option<Vec<String>>, error: &mut Option<String>| {
-            let Some(case) = cases.last_mut() else { return };
-            case.expected = match (explain.take(), error.take()) {
-                (Some(lines), None) => Expected::Explained(lines),
-                (None, Some(code)) => Expected::Refused(code),
-                _ => panic!(
-                    "{}:{}: a case needs `explain:` lines or one `error:`, not both",
-                    path.display(),
-                    case.line
-                ),
-            };
-        };
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim_end();
-        if line.is_empty() {
-            continue;
-        }
-        if line.starts_with('#') {
-            if cases.is_empty() && pending.is_empty() && header.len() == i {
-                header.push(line.to_string());
-            } else {
-                pending.push(line.to_string());
-            }
-            continue;
-        }
-        let (key, value) = line
-            .strip_prefix("-- ")
-            .and_then(|rest| rest.split_once(':'))
-            .unwrap_or_else(|| {
-                panic!(
-                    "{}:{}: expected `-- key: value` or `# comment`",
-                    path.display(),
-                    i + 1
-                )
-            });
-        let value = value.strip_prefix(' ').unwrap_or(value).to_string();
-        if key == "name" {
-            finish(&mut cases, &mut explain, &mut error);
-            cases.push(Case {
-                line: i + 1,
-                comments: std::mem::take(&mut pending),
-                name: value,
+    let raw = case_file::read(path);
+    let cases = raw
+        .cases
+        .into_iter()
+        .map(|c| {
+            let at = format!("{}:{}", path.display(), c.line);
+            let mut case = Case {
+                line: c.line,
+                comments: c.comments,
+                name: String::new(),
                 notes: Vec::new(),
                 sql: String::new(),
                 folds: Vec::new(),
                 expected: Expected::Refused(String::new()),
-            });
-            continue;
-        }
-        let case = cases
-            .last_mut()
-            .unwrap_or_else(|| panic!("{}:{}: `{key}:` before `name:`", path.display(), i + 1));
-        match key {
-            "note" => case.notes.push(value),
-            "sql" => {
-                if !case.sql.is_empty() {
-                    case.sql.push(' ');
+            };
+            let (mut explain, mut error): (Option<Vec<String>>, Option<String>) = (None, None);
+            for (key, value) in c.fields {
+                match key.as_str() {
+                    "name" => case.name = value,
+                    "note" => case.notes.push(value),
+                    "sql" => {
+                        if !case.sql.is_empty() {
+                            case.sql.push(' ');
+                        }
+                        case.sql.push_str(&value);
+                    }
+                    "fold" => {
+                        let (expression, placeholder) =
+                            value.rsplit_once(" = ").unwrap_or_else(|| {
+                                panic!("{at}: `fold: <expression> = <placeholder>`")
+                            });
+                        case.folds
+                            .push((expression.to_string(), placeholder.to_string()));
+                    }
+                    "explain" => explain.get_or_insert_with(Vec::new).push(value),
+                    "error" => error = Some(value),
+                    other => panic!("{at}: unknown key `{other}`"),
                 }
-                case.sql.push_str(&value);
             }
-            "fold" => {
-                let (expression, placeholder) = value.rsplit_once(" = ").unwrap_or_else(|| {
-                    panic!(
-                        "{}:{}: `fold: <expression> = <placeholder>`",
-                        path.display(),
-                        i + 1
-                    )
-                });
-                case.folds
-                    .push((expression.to_string(), placeholder.to_string()));
-            }
-            "explain" => explain.get_or_insert_with(Vec::new).push(value),
-            "error" => error = Some(value),
-            other => panic!("{}:{}: unknown key `{other}`", path.display(), i + 1),
-        }
-    }
-    finish(&mut cases, &mut explain, &mut error);
+            case.expected = match (explain, error) {
+                (Some(lines), None) => Expected::Explained(lines),
+                (None, Some(code)) => Expected::Refused(code),
+                _ => panic!("{at}: a case needs `explain:` lines or one `error:`, not both"),
+            };
+            case
+        })
+        .collect();
     CaseFile {
-        path: path.to_path_buf(),
-        header,
+        path: raw.path,
+        header: raw.header,
         cases,
     }
 }
 
 fn render(file: &CaseFile) -> String {
     let mut out = String::new();
-    for h in &file.header {
-        let _ = writeln!(out, "{h}");
-    }
     for case in &file.cases {
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        for c in &case.comments {
-            let _ = writeln!(out, "{c}");
-        }
-        let _ = writeln!(out, "-- name: {}", case.name);
+        case_file::render_start(&mut out, &file.header, &case.comments, &case.name);
         for n in &case.notes {
             let _ = writeln!(out, "-- note: {n}");
         }

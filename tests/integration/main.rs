@@ -4,7 +4,8 @@
 //!
 //! - through the PostgreSQL protocol, against an in-process pgdp over the demo dataset, driven
 //!   with tokio-postgres and the real `psql`: `budget`, `dp`, `faults`, `keypath`, `protocol`,
-//!   `replicas`, `sql`, `wire` (helpers in `support`);
+//!   `replicas`, `sql`, `wire` (helpers in `support`; the golden corpora's case files in
+//!   `case_file`);
 //! - `auth`: PostgreSQL's authentication failures (28P01 and its message) and the throttling of
 //!   repeated failures;
 //! - `tls`: TLS required of clients (28000 for clear text, PostgreSQL's `hostssl` message);
@@ -60,6 +61,7 @@ mod attacks;
 mod auth;
 mod bounds;
 mod budget;
+mod case_file;
 mod citus;
 mod clients;
 mod datetime_ranges;
