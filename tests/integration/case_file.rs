@@ -4,19 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
-/// One case as written: where it starts, the `#` lines before it, and its `key: value` fields
-/// in order (`name` first).
+/// One case as written: where it starts, the `#` lines before it, the keys every corpus has
+/// (`name`, `note` lines, `sql` lines joined with a space) and its other `key: value` fields in
+/// order.
 pub struct RawCase {
     pub line: usize,
     pub comments: Vec<String>,
+    pub name: String,
+    pub notes: Vec<String>,
+    pub sql: String,
     pub fields: Vec<(String, String)>,
-}
-
-impl RawCase {
-    /// The case's name.
-    pub fn name(&self) -> &str {
-        &self.fields[0].1
-    }
 }
 
 /// A case file: its header and its cases.
@@ -74,16 +71,28 @@ pub fn read(path: &Path) -> RawFile {
             cases.push(RawCase {
                 line: i + 1,
                 comments: std::mem::take(&mut pending),
-                fields: vec![(key.to_string(), value)],
+                name: value,
+                notes: Vec::new(),
+                sql: String::new(),
+                fields: Vec::new(),
             });
             continue;
         }
         let case = cases
             .last_mut()
             .unwrap_or_else(|| panic!("{}:{}: `{key}:` before `name:`", path.display(), i + 1));
-        case.fields.push((key.to_string(), value));
+        match key {
+            "note" => case.notes.push(value),
+            "sql" => {
+                if !case.sql.is_empty() {
+                    case.sql.push(' ');
+                }
+                case.sql.push_str(&value);
+            }
+            _ => case.fields.push((key.to_string(), value)),
+        }
     }
-    let mut names: Vec<&str> = cases.iter().map(RawCase::name).collect();
+    let mut names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
     names.sort_unstable();
     names.dedup();
     assert_eq!(
@@ -99,8 +108,14 @@ pub fn read(path: &Path) -> RawFile {
     }
 }
 
-/// The header and a case's leading lines (`#` comments, `-- name:`) as [`read`] reads them back.
-pub fn render_start(out: &mut String, header: &[String], comments: &[String], name: &str) {
+/// The header (before the first case) and a case's leading lines (`#` comments, `name`, `note`s,
+/// `sql`) as [`read`] reads them back.
+pub fn render_start(
+    out: &mut String,
+    header: &[String],
+    comments: &[String],
+    (name, notes, sql): (&str, &[String], &str),
+) {
     use std::fmt::Write as _;
     if out.is_empty() {
         for h in header {
@@ -114,4 +129,8 @@ pub fn render_start(out: &mut String, header: &[String], comments: &[String], na
         let _ = writeln!(out, "{c}");
     }
     let _ = writeln!(out, "-- name: {name}");
+    for n in notes {
+        let _ = writeln!(out, "-- note: {n}");
+    }
+    let _ = writeln!(out, "-- sql: {sql}");
 }

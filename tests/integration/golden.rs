@@ -109,9 +109,9 @@ fn parse_case_file(path: &Path) -> CaseFile {
                 file: path.to_path_buf(),
                 line: c.line,
                 comments: c.comments,
-                name: String::new(),
-                notes: Vec::new(),
-                sql: String::new(),
+                name: c.name,
+                notes: c.notes,
+                sql: c.sql,
                 params: Vec::new(),
                 mechanism: None,
                 expect_bug: None,
@@ -122,14 +122,6 @@ fn parse_case_file(path: &Path) -> CaseFile {
             let (mut expect, mut release, mut error) = (None, Vec::new(), None);
             for (key, value) in c.fields {
                 match key.as_str() {
-                    "name" => case.name = value,
-                    "note" => case.notes.push(value),
-                    "sql" => {
-                        if !case.sql.is_empty() {
-                            case.sql.push(' ');
-                        }
-                        case.sql.push_str(&value);
-                    }
                     "param" => case.params.push((value != "NULL").then_some(value)),
                     "mechanism" => case.mechanism = Some(value),
                     "expect_bug" => case.expect_bug = Some(value),
@@ -160,11 +152,12 @@ fn parse_case_file(path: &Path) -> CaseFile {
 fn render_case_file(file: &CaseFile) -> String {
     let mut out = String::new();
     for case in &file.cases {
-        case_file::render_start(&mut out, &file.header, &case.comments, &case.name);
-        for n in &case.notes {
-            let _ = writeln!(out, "-- note: {n}");
-        }
-        let _ = writeln!(out, "-- sql: {}", case.sql);
+        case_file::render_start(
+            &mut out,
+            &file.header,
+            &case.comments,
+            (&case.name, &case.notes, &case.sql),
+        );
         for p in &case.params {
             let _ = writeln!(out, "-- param: {}", p.as_deref().unwrap_or("NULL"));
         }

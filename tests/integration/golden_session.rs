@@ -72,23 +72,15 @@ fn parse(path: &Path) -> CaseFile {
             let mut case = Case {
                 line: c.line,
                 comments: c.comments,
-                name: String::new(),
-                notes: Vec::new(),
-                sql: String::new(),
+                name: c.name,
+                notes: c.notes,
+                sql: c.sql,
                 folds: Vec::new(),
                 expected: Expected::Refused(String::new()),
             };
             let (mut explain, mut error): (Option<Vec<String>>, Option<String>) = (None, None);
             for (key, value) in c.fields {
                 match key.as_str() {
-                    "name" => case.name = value,
-                    "note" => case.notes.push(value),
-                    "sql" => {
-                        if !case.sql.is_empty() {
-                            case.sql.push(' ');
-                        }
-                        case.sql.push_str(&value);
-                    }
                     "fold" => {
                         let (expression, placeholder) =
                             value.rsplit_once(" = ").unwrap_or_else(|| {
@@ -120,11 +112,12 @@ fn parse(path: &Path) -> CaseFile {
 fn render(file: &CaseFile) -> String {
     let mut out = String::new();
     for case in &file.cases {
-        case_file::render_start(&mut out, &file.header, &case.comments, &case.name);
-        for n in &case.notes {
-            let _ = writeln!(out, "-- note: {n}");
-        }
-        let _ = writeln!(out, "-- sql: {}", case.sql);
+        case_file::render_start(
+            &mut out,
+            &file.header,
+            &case.comments,
+            (&case.name, &case.notes, &case.sql),
+        );
         for (expression, placeholder) in &case.folds {
             let _ = writeln!(out, "-- fold: {expression} = {placeholder}");
         }
