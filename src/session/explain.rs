@@ -2,8 +2,10 @@
 //! and their cost, for each release of a set operation, calendar, top-k join or statement with
 //! scalar subqueries too.
 //!
-//! Invariant: touches neither the upstream's data nor the budget; what it prints is a function
-//! of the statement, the policy and the session's settings.
+//! Invariant: touches neither the upstream's private data nor the budget; what it prints is a
+//! function of the statement, the policy, the session's settings and, for the planned charge of
+//! a statement of several releases, which of them the ledger already answers for this analyst
+//! (free), as the session's check before their first charge reads it.
 
 use crate::dp::plan::ListedKey;
 use crate::dp::{release, rewrite};
