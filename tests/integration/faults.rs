@@ -287,7 +287,8 @@ async fn upstream_restart_mid_session_reconnects() {
 }
 
 /// The policy's `statement_timeout_s` (1 s here, as an operator would set it in the policy
-/// file) bounds every DP statement: past it 57014, and the charge stands.
+/// file) bounds every DP statement: past it 57014, and the charge stands. A reload to 2 s
+/// applies to the statements that start afterwards.
 #[tokio::test]
 async fn statement_timeout_gives_57014_and_the_charge_stands() {
     let cluster = cluster_with_items().await;
@@ -323,6 +324,26 @@ async fn statement_timeout_gives_57014_and_the_charge_stands() {
         ],
     )
     .await;
+
+    let longer = format!("statement_timeout_s: 2\n{POLICY}");
+    running
+        .reload(pgdp::policy::parse(&longer).expect("policy"))
+        .await
+        .expect("reload");
+    let locker = lock_items(&cluster).await;
+    let started = Instant::now();
+    assert_code(
+        c.simple_query(&dp_query(2)).await,
+        &SqlState::QUERY_CANCELED,
+        "DP query past the reloaded statement timeout",
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_900),
+        "cancelled after {:?}, before the reloaded 2 s",
+        started.elapsed()
+    );
+    assert!(started.elapsed() < PATIENCE);
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
 }
 
 #[tokio::test]
