@@ -5,10 +5,11 @@
 //! - The only rows the SQL reads are a [`Released`]'s, written into it as one JSON literal: the
 //!   released keys and noisy aggregates, nothing from the upstream.
 //! - Its answer becomes a [`Released`] again only through [`Released::post_processed`], which
-//!   takes the released rows it is computed from and the shadow catalog's [`Evaluated`] answer
-//!   to the [`ShadowSql`] it wrote over them (neither can be made outside pgdp); so rows from
-//!   post-processing are released rows, and the typed pipeline's rule that client rows come
-//!   from a release still holds.
+//!   takes the released rows it is computed from and hands the [`ShadowSql`] it wrote over them
+//!   to an evaluation that can only answer an [`Evaluated`], the shadow catalog's answer to SQL
+//!   pgdp wrote (neither type can be made outside pgdp); so rows from post-processing are
+//!   released rows, and the typed pipeline's rule that client rows come from a release still
+//!   holds.
 
 use std::future::Future;
 
