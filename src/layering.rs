@@ -167,3 +167,109 @@ fn code_after_a_test_item_is_still_read() {
     let text = "use crate::policy::X;\n#[cfg(test)]\nmod tests {\n    use crate::server::Y;\n    fn f() {\n    }\n}\n\nfn g() { crate::session::z(); }\n#[cfg(test)]\nmod more;\n#[cfg(test)]\n#[allow(dead_code)]\nfn helper() -> u8 {\n    crate::frontend::w()\n}\nuse crate::budget::V;\n";
     assert_eq!(uses(text), vec!["policy", "session", "budget"]);
 }
+
+/// The core's directories whose functions and files stay short enough to read as a reviewer
+/// would: the privacy pipeline, the session's stages and the accounting.
+const SHORT_CODE_DIRS: &[&str] = &["dp", "session", "budget"];
+
+/// The most lines a function outside tests may span in [`SHORT_CODE_DIRS`], from its `fn` line
+/// to its closing brace.
+const FUNCTION_LINES_MAX: usize = 120;
+
+/// The most lines a file of [`SHORT_CODE_DIRS`] may have before its tests.
+const FILE_LINES_MAX: usize = 1_000;
+
+/// The functions of rustfmt-formatted `code` (test items removed) with the lines each spans:
+/// from its `fn` line to the line that closes it at the same indentation. Declarations without
+/// a body and one-line functions are left out.
+fn function_spans(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut spans = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let mut words = trimmed.split_whitespace().peekable();
+        while let Some(word) = words.next_if(|w| {
+            matches!(*w, "pub" | "async" | "const" | "unsafe") || w.starts_with("pub(")
+        }) {
+            if word == "pub(in" {
+                words.next();
+            }
+        }
+        if words.next() != Some("fn") {
+            continue;
+        }
+        let name: String = words
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // The end of the signature: a body opens, or a declaration ends.
+        let Some(opens) = (i..lines.len()).find(|&j| {
+            let l = lines[j].trim_end();
+            l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+        }) else {
+            continue;
+        };
+        if !lines[opens].trim_end().ends_with('{') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = (opens + 1..lines.len()).find(|&j| lines[j] == close) {
+            spans.push((name, end - i));
+        }
+    }
+    spans
+}
+
+#[test]
+fn core_functions_and_files_stay_short() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for dir in SHORT_CODE_DIRS {
+        let mut files = Vec::new();
+        sources(&src.join(dir), &mut files);
+        assert!(!files.is_empty(), "src/{dir} has no sources");
+        for file in files {
+            // Test-only files, like `#[cfg(test)]` items.
+            if file
+                .file_name()
+                .is_some_and(|n| n == "tests.rs" || n == "testing.rs")
+            {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).expect("source is readable");
+            // Before its tests: up to the first test-only item.
+            let before_tests = text
+                .lines()
+                .take_while(|l| l.trim() != "#[cfg(test)]")
+                .count();
+            if before_tests > FILE_LINES_MAX {
+                long.push(format!(
+                    "{}: {before_tests} lines before its tests",
+                    file.display()
+                ));
+            }
+            for (name, lines) in function_spans(&without_tests(&text)) {
+                if lines > FUNCTION_LINES_MAX {
+                    long.push(format!("{}: fn {name} spans {lines} lines", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these (functions at most {FUNCTION_LINES_MAX} lines, files at most {FILE_LINES_MAX} before their tests):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn function_spans_measure_bodies_only() {
+    let code = "fn one() -> u8 { 1 }\n\ntrait T {\n    fn declared(&self) -> u8;\n}\n\npub(crate) async fn f(\n    a: u8,\n) -> u8 {\n    let b = a;\n    b\n}\n\nimpl X {\n    pub(in crate::dp) fn g(&self) {\n        if true {\n        }\n    }\n}\n";
+    assert_eq!(
+        function_spans(code),
+        vec![("f".to_string(), 5), ("g".to_string(), 4)]
+    );
+}

@@ -69,12 +69,6 @@ impl Session {
     }
 
     fn constant_value(&self, shared: &Shared, expr: &Expr) -> Result<(String, Cell)> {
-        let not_constant = || {
-            Error::unsupported(
-                "this expression without FROM",
-                "Without FROM, pgdp answers only literals and lookups such as version(), current_schema() and current_setting('…').",
-            )
-        };
         match expr {
             Expr::Value(v) => {
                 let cell = match &v.value {
@@ -100,31 +94,7 @@ impl Session {
                 let (_, cell) = self.constant_value(shared, expr)?;
                 let ty = data_type.to_string().to_ascii_lowercase();
                 let name = ty.split('(').next().unwrap_or("").trim().to_string();
-                let cast = match (name.as_str(), cell) {
-                    ("text" | "varchar" | "name" | "character varying", c) => {
-                        Cell::Text(cell_text(&c))
-                    }
-                    (
-                        "int" | "integer" | "int4" | "bigint" | "int8" | "smallint" | "int2",
-                        Cell::Int(i),
-                    ) => Cell::Int(i),
-                    (
-                        "int" | "integer" | "int4" | "bigint" | "int8" | "smallint" | "int2",
-                        Cell::Text(t),
-                    ) => Cell::Int(t.trim().parse().map_err(|_| not_constant())?),
-                    (
-                        "float8" | "double precision" | "float" | "numeric" | "real",
-                        Cell::Int(i),
-                    ) => Cell::Float(i as f64),
-                    (
-                        "float8" | "double precision" | "float" | "numeric" | "real",
-                        Cell::Float(f),
-                    ) => Cell::Float(f),
-                    ("bool" | "boolean", Cell::Bool(b)) => Cell::Bool(b),
-                    ("regclass" | "regtype" | "oid", _) => return Err(not_constant()),
-                    (_, Cell::Null) => Cell::Null,
-                    _ => return Err(not_constant()),
-                };
+                let cast = cast_constant(&name, cell).ok_or_else(not_constant)?;
                 Ok((name, cast))
             }
             Expr::Function(f) => {
@@ -207,6 +177,37 @@ impl Session {
             .find(|s| schemas.contains(s))
             .unwrap_or_else(|| "public".into())
     }
+}
+
+/// The refusal of an expression without FROM that pgdp does not answer.
+fn not_constant() -> Error {
+    Error::unsupported(
+        "this expression without FROM",
+        "Without FROM, pgdp answers only literals and lookups such as version(), current_schema() and current_setting('…').",
+    )
+}
+
+/// A constant cast to the type named `name`; `None` for a cast pgdp does not evaluate.
+fn cast_constant(name: &str, cell: Cell) -> Option<Cell> {
+    Some(match (name, cell) {
+        ("text" | "varchar" | "name" | "character varying", c) => Cell::Text(cell_text(&c)),
+        ("int" | "integer" | "int4" | "bigint" | "int8" | "smallint" | "int2", Cell::Int(i)) => {
+            Cell::Int(i)
+        }
+        ("int" | "integer" | "int4" | "bigint" | "int8" | "smallint" | "int2", Cell::Text(t)) => {
+            Cell::Int(t.trim().parse().ok()?)
+        }
+        ("float8" | "double precision" | "float" | "numeric" | "real", Cell::Int(i)) => {
+            Cell::Float(i as f64)
+        }
+        ("float8" | "double precision" | "float" | "numeric" | "real", Cell::Float(f)) => {
+            Cell::Float(f)
+        }
+        ("bool" | "boolean", Cell::Bool(b)) => Cell::Bool(b),
+        ("regclass" | "regtype" | "oid", _) => return None,
+        (_, Cell::Null) => Cell::Null,
+        _ => return None,
+    })
 }
 
 /// The type PostgreSQL gives a FROM-less constant: an integer literal is `integer` when it fits

@@ -42,100 +42,146 @@ impl Session {
     ) -> Result<ClientRows> {
         let (set, calendar) = (super::setop::split(query)?, super::calendar::split(query)?);
         if let Some(composite) = Composite::of(&set, &calendar) {
-            // Each branch's plan under a heading; the rest is post-processing.
-            let branches = composite.branches();
-            let mut lines = vec![vec![Cell::Text(format!(
-                "{} of {} release(s), each charged on its own; PostgreSQL evaluates the rest of the statement over the released rows",
-                composite.what(),
-                branches.len()
-            ))]];
-            for (i, branch) in branches.iter().enumerate() {
-                lines.push(vec![Cell::Text(format!("branch {}: {branch}", i + 1))]);
-                match super::route::route_query(branch)? {
-                    Route::Constant(_) => {
-                        lines.push(vec![Cell::Text("constants: no release, no charge".into())]);
-                    }
-                    Route::Dp(_) => {
-                        let listed = match composite {
-                            Composite::Calendar(calendar) => {
-                                self.calendar_listed(shared, calendar).await?
-                            }
-                            Composite::Set(_) => None,
-                        };
-                        if let Some(listed) = &listed {
-                            lines.push(vec![Cell::Text(format!(
-                                "the series lists the {} value(s) of the key {}: its public domain, no partition selection",
-                                listed.values().len(),
-                                listed.column()
-                            ))]);
-                        }
-                        let explained =
-                            Box::pin(self.explain_listed(shared, branch, params, listed.as_ref()))
-                                .await?;
-                        lines.extend(explained.rows().iter().cloned());
-                    }
-                    _ => return Err(branch_refusal(branch)),
-                }
-            }
-            let mut costs = Vec::new();
-            for branch in branches {
-                costs.extend(Box::pin(self.planned_costs(shared, branch, params, None)).await?);
-            }
-            lines.push(planned_charge(&costs));
-            return Ok(ClientRows::computed(explain_columns(), lines));
+            return self.explain_composite(shared, composite, params).await;
         }
         if let Some(series) = super::series::split(query) {
-            // The inner release, then the main query restricted to its keys: a stand-in key of
-            // each key's type where the released keys will be (the same mechanisms and cost).
-            let mut lines = vec![vec![Cell::Text(
-                "top-k join of 2 releases, each charged on its own: the inner aggregate is released first, and its released keys then restrict the main query".into(),
-            )]];
-            lines.push(vec![Cell::Text(format!("inner: {}", series.inner))]);
-            let explained = Box::pin(self.explain(shared, &series.inner, params)).await?;
-            lines.extend(explained.rows().iter().cloned());
-            let columns = Box::pin(self.dp_columns(shared, &series.inner)).await?;
-            let names: Vec<String> = columns.iter().map(|c| c.name.clone()).collect();
-            let stand_in: Vec<Cell> = columns
-                .iter()
-                .map(|c| super::scalar::stand_in(c.ty))
-                .collect();
-            let outer = super::series::restrict(&series, &names, &[stand_in])?;
-            lines.push(vec![Cell::Text(format!(
-                "main query, with a stand-in value where each released key will be: {outer}"
-            ))]);
-            let explained = Box::pin(self.explain(shared, &outer, params)).await?;
-            lines.extend(explained.rows().iter().cloned());
-            let mut costs =
-                Box::pin(self.planned_costs(shared, &series.inner, params, None)).await?;
-            costs.extend(Box::pin(self.planned_costs(shared, &outer, params, None)).await?);
-            lines.push(planned_charge(&costs));
-            return Ok(ClientRows::computed(explain_columns(), lines));
+            return self.explain_series(shared, &series, params).await;
         }
         if let Some(scalars) = self.scalars(shared, query).await? {
-            let n = scalars.split.subqueries.len();
-            let mut lines = vec![vec![Cell::Text(format!(
-                "statement with {n} scalar subquery(ies), each released and charged on its own first; its noisy value then stands in the statement as a constant, and the statement is answered as what it has become"
-            ))]];
-            for (i, subquery) in scalars.released.iter().enumerate() {
-                lines.push(vec![Cell::Text(format!("subquery {}: {subquery}", i + 1))]);
-                let explained = Box::pin(self.explain(shared, subquery, params)).await?;
-                lines.extend(explained.rows().iter().cloned());
-            }
-            let stand_in = &scalars.stand_in;
-            lines.push(vec![Cell::Text(format!(
-                "the statement, with a stand-in value of each subquery's type where its released value will be: {stand_in}"
-            ))]);
-            match super::route::route_query(stand_in)? {
+            return self.explain_scalars(shared, query, &scalars, params).await;
+        }
+        self.explain_one(shared, query, params, listed).await
+    }
+
+    /// EXPLAIN of a set operation or a calendar: each branch's plan under a heading; the rest
+    /// is post-processing.
+    async fn explain_composite(
+        &self,
+        shared: &Shared,
+        composite: Composite<'_>,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        // Each branch's plan under a heading; the rest is post-processing.
+        let branches = composite.branches();
+        let mut lines = vec![vec![Cell::Text(format!(
+            "{} of {} release(s), each charged on its own; PostgreSQL evaluates the rest of the statement over the released rows",
+            composite.what(),
+            branches.len()
+        ))]];
+        for (i, branch) in branches.iter().enumerate() {
+            lines.push(vec![Cell::Text(format!("branch {}: {branch}", i + 1))]);
+            match super::route::route_query(branch)? {
+                Route::Constant(_) => {
+                    lines.push(vec![Cell::Text("constants: no release, no charge".into())]);
+                }
                 Route::Dp(_) => {
-                    let explained = Box::pin(self.explain(shared, stand_in, params)).await?;
+                    let listed = match composite {
+                        Composite::Calendar(calendar) => {
+                            self.calendar_listed(shared, calendar).await?
+                        }
+                        Composite::Set(_) => None,
+                    };
+                    if let Some(listed) = &listed {
+                        lines.push(vec![Cell::Text(format!(
+                            "the series lists the {} value(s) of the key {}: its public domain, no partition selection",
+                            listed.values().len(),
+                            listed.column()
+                        ))]);
+                    }
+                    let explained =
+                        Box::pin(self.explain_listed(shared, branch, params, listed.as_ref()))
+                            .await?;
                     lines.extend(explained.rows().iter().cloned());
                 }
-                _ => lines.push(vec![Cell::Text("constants: no release, no charge".into())]),
+                _ => return Err(branch_refusal(branch)),
             }
-            let costs = Box::pin(self.planned_costs(shared, query, params, None)).await?;
-            lines.push(planned_charge(&costs));
-            return Ok(ClientRows::computed(explain_columns(), lines));
         }
+        let mut costs = Vec::new();
+        for branch in branches {
+            costs.extend(Box::pin(self.planned_costs(shared, branch, params, None)).await?);
+        }
+        lines.push(planned_charge(&costs));
+        Ok(ClientRows::computed(explain_columns(), lines))
+    }
+
+    /// EXPLAIN of a top-k join: the inner release, then the main query restricted to its keys
+    /// (a stand-in key of each key's type where the released keys will be: the same mechanisms
+    /// and cost).
+    async fn explain_series(
+        &self,
+        shared: &Shared,
+        series: &super::series::SeriesLimit,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        // The inner release, then the main query restricted to its keys: a stand-in key of
+        // each key's type where the released keys will be (the same mechanisms and cost).
+        let mut lines = vec![vec![Cell::Text(
+            "top-k join of 2 releases, each charged on its own: the inner aggregate is released first, and its released keys then restrict the main query".into(),
+        )]];
+        lines.push(vec![Cell::Text(format!("inner: {}", series.inner))]);
+        let explained = Box::pin(self.explain(shared, &series.inner, params)).await?;
+        lines.extend(explained.rows().iter().cloned());
+        let columns = Box::pin(self.dp_columns(shared, &series.inner)).await?;
+        let names: Vec<String> = columns.iter().map(|c| c.name.clone()).collect();
+        let stand_in: Vec<Cell> = columns
+            .iter()
+            .map(|c| super::scalar::stand_in(c.ty))
+            .collect();
+        let outer = super::series::restrict(series, &names, &[stand_in])?;
+        lines.push(vec![Cell::Text(format!(
+            "main query, with a stand-in value where each released key will be: {outer}"
+        ))]);
+        let explained = Box::pin(self.explain(shared, &outer, params)).await?;
+        lines.extend(explained.rows().iter().cloned());
+        let mut costs = Box::pin(self.planned_costs(shared, &series.inner, params, None)).await?;
+        costs.extend(Box::pin(self.planned_costs(shared, &outer, params, None)).await?);
+        lines.push(planned_charge(&costs));
+        Ok(ClientRows::computed(explain_columns(), lines))
+    }
+
+    /// EXPLAIN of a statement with scalar subqueries: each subquery's plan, then the statement
+    /// with a stand-in value of each one's type.
+    async fn explain_scalars(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        scalars: &super::composite::Scalars,
+        params: &[Option<String>],
+    ) -> Result<ClientRows> {
+        let n = scalars.split.subqueries.len();
+        let mut lines = vec![vec![Cell::Text(format!(
+            "statement with {n} scalar subquery(ies), each released and charged on its own first; its noisy value then stands in the statement as a constant, and the statement is answered as what it has become"
+        ))]];
+        for (i, subquery) in scalars.released.iter().enumerate() {
+            lines.push(vec![Cell::Text(format!("subquery {}: {subquery}", i + 1))]);
+            let explained = Box::pin(self.explain(shared, subquery, params)).await?;
+            lines.extend(explained.rows().iter().cloned());
+        }
+        let stand_in = &scalars.stand_in;
+        lines.push(vec![Cell::Text(format!(
+            "the statement, with a stand-in value of each subquery's type where its released value will be: {stand_in}"
+        ))]);
+        match super::route::route_query(stand_in)? {
+            Route::Dp(_) => {
+                let explained = Box::pin(self.explain(shared, stand_in, params)).await?;
+                lines.extend(explained.rows().iter().cloned());
+            }
+            _ => lines.push(vec![Cell::Text("constants: no release, no charge".into())]),
+        }
+        let costs = Box::pin(self.planned_costs(shared, query, params, None)).await?;
+        lines.push(planned_charge(&costs));
+        Ok(ClientRows::computed(explain_columns(), lines))
+    }
+
+    /// EXPLAIN of one DP release: its plan, the choice of bounds, where the per-unit stage
+    /// runs, and the release schedule.
+    async fn explain_one(
+        &self,
+        shared: &Shared,
+        query: &ast::Query,
+        params: &[Option<String>],
+        listed: Option<&ListedKey>,
+    ) -> Result<ClientRows> {
         let secret = shared.secret().await?;
         let (plan, rewrite, mechanisms, placement) = self
             .plan_dp_placed(shared, query, params, secret, listed)

@@ -142,12 +142,30 @@ impl Settings {
     ) -> Result<Changed> {
         let name = name.to_ascii_lowercase();
         let is_default = value.eq_ignore_ascii_case("default") || value.is_empty();
-        let changed = |n: &str, v: String, reported: bool| Changed {
-            name: n.into(),
-            value: v,
-            reported,
-        };
         match name.as_str() {
+            "application_name" | "client_encoding" | "names" | "datestyle" | "timezone"
+            | "time zone" | "intervalstyle" | "extra_float_digits" => {
+                self.set_format(&name, value, is_default, defaults)
+            }
+            "pgdp.max_error" | "pgdp.max_relative_error" => {
+                self.set_error_target(&name, value, is_default, defaults)
+            }
+            n if n.starts_with("pgdp.") => {
+                self.set_release(&name, value, is_default, analyst, defaults)
+            }
+            _ => self.set_session(&name, value, is_default, policy, defaults),
+        }
+    }
+
+    /// The settings of how values are written: name, encoding, dates, time zone, intervals, floats.
+    fn set_format(
+        &mut self,
+        name: &str,
+        value: &str,
+        is_default: bool,
+        defaults: &Settings,
+    ) -> Result<Changed> {
+        match name {
             "application_name" => {
                 self.application_name = if is_default {
                     defaults.application_name.clone()
@@ -166,7 +184,7 @@ impl Settings {
                     Ok(changed("client_encoding", "UTF8".into(), true))
                 } else {
                     Err(invalid(
-                        &name,
+                        name,
                         "pgdp speaks only UTF8",
                         "Use SET client_encoding = 'UTF8'.",
                     ))
@@ -244,7 +262,7 @@ impl Settings {
                         .parse::<i32>()
                         .ok()
                         .filter(|v| (-15..=3).contains(v))
-                        .ok_or_else(|| invalid(&name, "must be an integer from -15 to 3", ""))?
+                        .ok_or_else(|| invalid(name, "must be an integer from -15 to 3", ""))?
                 };
                 Ok(changed(
                     "extra_float_digits",
@@ -252,6 +270,22 @@ impl Settings {
                     false,
                 ))
             }
+            _ => Err(Error::UnknownParameter {
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// The session's other client settings; the upstream's planner, timeouts and roles are refused.
+    fn set_session(
+        &mut self,
+        name: &str,
+        value: &str,
+        is_default: bool,
+        policy: &Policy,
+        defaults: &Settings,
+    ) -> Result<Changed> {
+        match name {
             "search_path" => {
                 if is_default {
                     self.search_path = defaults.search_path.clone();
@@ -292,7 +326,7 @@ impl Settings {
                         false,
                     ))
                 } else {
-                    Err(invalid(&name, "unknown message level", ""))
+                    Err(invalid(name, "unknown message level", ""))
                 }
             }
             "bytea_output" => {
@@ -305,7 +339,7 @@ impl Settings {
                     };
                     Ok(changed("bytea_output", self.bytea_output.clone(), false))
                 } else {
-                    Err(invalid(&name, "must be hex or escape", ""))
+                    Err(invalid(name, "must be hex or escape", ""))
                 }
             }
             "standard_conforming_strings" => {
@@ -314,7 +348,7 @@ impl Settings {
                     Ok(changed("standard_conforming_strings", "on".into(), true))
                 } else {
                     Err(invalid(
-                        &name,
+                        name,
                         "pgdp requires standard_conforming_strings = on",
                         "",
                     ))
@@ -327,12 +361,47 @@ impl Settings {
             | "default_transaction_isolation"
             | "default_transaction_read_only"
             | "transaction_read_only"
-            | "session characteristics" => Ok(changed(&name, value.to_string(), false)),
+            | "session characteristics" => Ok(changed(name, value.to_string(), false)),
+            "statement_timeout"
+            | "lock_timeout"
+            | "idle_in_transaction_session_timeout"
+            | "work_mem"
+            | "role"
+            | "session_authorization"
+            | "default_transaction_deferrable"
+            | "jit"
+            | "geqo"
+            | "random_page_cost"
+            | "seq_page_cost"
+            | "cpu_tuple_cost" => Err(forbidden_setting(name)),
+            n if n.starts_with("enable_")
+                || n.starts_with("pg_")
+                || n.starts_with("plan")
+                || n.starts_with("geqo") =>
+            {
+                Err(forbidden_setting(name))
+            }
+            _ => Err(Error::UnknownParameter {
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// The per-query privacy settings (`pgdp.*`) other than the error targets.
+    fn set_release(
+        &mut self,
+        name: &str,
+        value: &str,
+        is_default: bool,
+        analyst: &Analyst,
+        defaults: &Settings,
+    ) -> Result<Changed> {
+        match name {
             "pgdp.epsilon" => {
                 let eps = if is_default {
                     defaults.epsilon
                 } else {
-                    parse_positive(&name, value)?
+                    parse_positive(name, value)?
                 };
                 check_epsilon(eps, analyst)?;
                 self.epsilon = eps;
@@ -343,19 +412,19 @@ impl Settings {
                     defaults.delta
                 } else {
                     value.trim().parse::<f64>().map_err(|_| {
-                        invalid(&name, "not a number", "Use e.g. SET pgdp.delta = 1e-7.")
+                        invalid(name, "not a number", "Use e.g. SET pgdp.delta = 1e-7.")
                     })?
                 };
                 if !delta.is_finite() || !(0.0..1.0).contains(&delta) {
                     return Err(invalid(
-                        &name,
+                        name,
                         "must be in [0, 1)",
                         "Use e.g. SET pgdp.delta = 1e-7.",
                     ));
                 }
                 if delta > analyst.budget.delta {
                     return Err(invalid(
-                        &name,
+                        name,
                         &format!("exceeds your total delta of {}", analyst.budget.delta),
                         "Choose a smaller delta.",
                     ));
@@ -369,7 +438,7 @@ impl Settings {
                 } else {
                     Mechanism::parse(value).ok_or_else(|| {
                         invalid(
-                            &name,
+                            name,
                             "must be laplace, gaussian or auto",
                             "Use SET pgdp.mechanism = 'laplace'.",
                         )
@@ -381,47 +450,11 @@ impl Settings {
                     false,
                 ))
             }
-            "pgdp.max_error" => {
-                let hint = "Use e.g. SET pgdp.max_error = 50 (a 95 % bound, in the units of each COUNT or SUM), or SET pgdp.max_error = off.";
-                self.max_error = if is_default || value.trim().eq_ignore_ascii_case("off") {
-                    defaults.max_error
-                } else if value.trim().ends_with('%') {
-                    // A bound relative to the answer would make the ε chosen depend on the
-                    // private answer itself (docs/privacy.md §8, "Accuracy first").
-                    return Err(invalid(
-                        &name,
-                        "a relative bound is not supported: it is relative to the private answer, so the cost chosen from it would reveal that answer",
-                        "Give an absolute 95 % bound in the units of each COUNT or SUM, e.g. SET pgdp.max_error = 50; EXPLAIN shows each measure's bound at the current pgdp.epsilon.",
-                    ));
-                } else {
-                    let bound = value
-                        .trim()
-                        .parse::<f64>()
-                        .map_err(|_| invalid(&name, "not a number", hint))?;
-                    if !(bound.is_finite() && bound > 0.0 && bound <= limits::COLUMN_BOUND_ABS_MAX)
-                    {
-                        return Err(invalid(
-                            &name,
-                            &format!(
-                                "must be a positive number of at most {}",
-                                limits::COLUMN_BOUND_ABS_MAX
-                            ),
-                            hint,
-                        ));
-                    }
-                    Some(bound)
-                };
-                Ok(changed(
-                    "pgdp.max_error",
-                    max_error_text(self.max_error),
-                    false,
-                ))
-            }
             "pgdp.accuracy" => {
                 self.accuracy = if is_default {
                     defaults.accuracy
                 } else {
-                    parse_bool(value).ok_or_else(|| invalid(&name, "must be on or off", ""))?
+                    parse_bool(value).ok_or_else(|| invalid(name, "must be on or off", ""))?
                 };
                 Ok(changed(
                     "pgdp.accuracy",
@@ -435,7 +468,7 @@ impl Settings {
                 } else {
                     parse_bool(value).ok_or_else(|| {
                         invalid(
-                            &name,
+                            name,
                             "must be on or off",
                             "on (the default) keeps each AVG within its column's bounds; off releases the ratio of its noisy sum and count, unbiased but possibly outside the bounds for a small group.",
                         )
@@ -444,6 +477,75 @@ impl Settings {
                 Ok(changed(
                     "pgdp.clamp_means",
                     on_off(self.clamp_means).into(),
+                    false,
+                ))
+            }
+            "pgdp.choose_bounds" => {
+                self.choose_bounds = if is_default {
+                    defaults.choose_bounds
+                } else {
+                    parse_bool(value).ok_or_else(|| {
+                        invalid(
+                            name,
+                            "must be on or off",
+                            "on chooses each query's cap on rows per unit from a DP histogram of its data (10% of its epsilon), within the policy's cap; off uses the policy's caps.",
+                        )
+                    })?
+                };
+                Ok(changed(
+                    "pgdp.choose_bounds",
+                    on_off(self.choose_bounds).into(),
+                    false,
+                ))
+            }
+            _ => Err(Error::UnknownParameter {
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// The error targets (`pgdp.max_error`, `pgdp.max_relative_error`) accuracy-first queries meet.
+    fn set_error_target(
+        &mut self,
+        name: &str,
+        value: &str,
+        is_default: bool,
+        defaults: &Settings,
+    ) -> Result<Changed> {
+        match name {
+            "pgdp.max_error" => {
+                let hint = "Use e.g. SET pgdp.max_error = 50 (a 95 % bound, in the units of each COUNT or SUM), or SET pgdp.max_error = off.";
+                self.max_error = if is_default || value.trim().eq_ignore_ascii_case("off") {
+                    defaults.max_error
+                } else if value.trim().ends_with('%') {
+                    // A bound relative to the answer would make the ε chosen depend on the
+                    // private answer itself (docs/privacy.md §8, "Accuracy first").
+                    return Err(invalid(
+                        name,
+                        "a relative bound is not supported: it is relative to the private answer, so the cost chosen from it would reveal that answer",
+                        "Give an absolute 95 % bound in the units of each COUNT or SUM, e.g. SET pgdp.max_error = 50; EXPLAIN shows each measure's bound at the current pgdp.epsilon.",
+                    ));
+                } else {
+                    let bound = value
+                        .trim()
+                        .parse::<f64>()
+                        .map_err(|_| invalid(name, "not a number", hint))?;
+                    if !(bound.is_finite() && bound > 0.0 && bound <= limits::COLUMN_BOUND_ABS_MAX)
+                    {
+                        return Err(invalid(
+                            name,
+                            &format!(
+                                "must be a positive number of at most {}",
+                                limits::COLUMN_BOUND_ABS_MAX
+                            ),
+                            hint,
+                        ));
+                    }
+                    Some(bound)
+                };
+                Ok(changed(
+                    "pgdp.max_error",
+                    max_error_text(self.max_error),
                     false,
                 ))
             }
@@ -460,11 +562,11 @@ impl Settings {
                     };
                     let share = number
                         .parse::<f64>()
-                        .map_err(|_| invalid(&name, "not a number", hint))?
+                        .map_err(|_| invalid(name, "not a number", hint))?
                         * scale;
                     if !(share.is_finite() && share > 0.0 && share <= 10.0) {
                         return Err(invalid(
-                            &name,
+                            name,
                             "must be a share above 0 and at most 10 (1000%)",
                             hint,
                         ));
@@ -477,44 +579,9 @@ impl Settings {
                     false,
                 ))
             }
-            "pgdp.choose_bounds" => {
-                self.choose_bounds = if is_default {
-                    defaults.choose_bounds
-                } else {
-                    parse_bool(value).ok_or_else(|| {
-                        invalid(
-                            &name,
-                            "must be on or off",
-                            "on chooses each query's cap on rows per unit from a DP histogram of its data (10% of its epsilon), within the policy's cap; off uses the policy's caps.",
-                        )
-                    })?
-                };
-                Ok(changed(
-                    "pgdp.choose_bounds",
-                    on_off(self.choose_bounds).into(),
-                    false,
-                ))
-            }
-            "statement_timeout"
-            | "lock_timeout"
-            | "idle_in_transaction_session_timeout"
-            | "work_mem"
-            | "role"
-            | "session_authorization"
-            | "default_transaction_deferrable"
-            | "jit"
-            | "geqo"
-            | "random_page_cost"
-            | "seq_page_cost"
-            | "cpu_tuple_cost" => Err(forbidden_setting(&name)),
-            n if n.starts_with("enable_")
-                || n.starts_with("pg_")
-                || n.starts_with("plan")
-                || n.starts_with("geqo") =>
-            {
-                Err(forbidden_setting(&name))
-            }
-            _ => Err(Error::UnknownParameter { name }),
+            _ => Err(Error::UnknownParameter {
+                name: name.to_string(),
+            }),
         }
     }
 
@@ -655,6 +722,15 @@ pub fn check_epsilon(eps: f64, analyst: &Analyst) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The setting's new value as PostgreSQL names it, reported in ParameterStatus or not.
+fn changed(name: &str, value: String, reported: bool) -> Changed {
+    Changed {
+        name: name.into(),
+        value,
+        reported,
+    }
 }
 
 fn invalid(name: &str, reason: &str, hint: &str) -> Error {

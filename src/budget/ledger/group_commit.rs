@@ -273,18 +273,29 @@ pub(super) async fn charge_batch(
         tx.commit().await?;
         ids
     };
+    Ok(receipts(outcomes, ids))
+}
+
+/// An admitted charge: its limit (grants included), the totals after it, and its window.
+type Admitted = (Limit, Spent, Option<Window>);
+
+/// Each admitted request's receipt, with the audit-log ids of the admitted ones in order
+/// (one id per admitted request, checked by [`record_charges`]); each refusal as it is.
+fn receipts(
+    outcomes: Vec<Result<Admitted, Box<Refusal>>>,
+    ids: Vec<i64>,
+) -> Vec<Result<Receipt, Box<Refusal>>> {
     let mut ids = ids.into_iter();
-    Ok(outcomes
+    outcomes
         .into_iter()
         .map(|outcome| {
             outcome.map(|(limit, after, window)| Receipt {
-                // One id per admitted request (checked by record_charges).
                 id: ChargeId::Logged(ids.next().unwrap_or_default()),
                 balance: Balance::new(&limit, after),
                 window,
             })
         })
-        .collect())
+        .collect()
 }
 
 /// Runs [`RECORD_CHARGES`] for the `admitted` requests of a batch, given the analysts' and the

@@ -682,27 +682,13 @@ async fn reserve_once(
     );
     let slice = if k == 0 { None } else { Slice::of(cost, k) };
     let Some(slice) = slice else {
-        let dataset_refusal = || {
-            let limit = dataset_limit?;
-            admit(limit, &dataset_admitted_on, cost)
-                .err()
-                .map(|refusal| Refusal {
-                    scope: Scope::Dataset,
-                    window: slice_windows.dataset,
-                    ..refusal
-                })
-        };
-        let refusal = match admit(&granted, &admitted_on, cost) {
-            Err(refusal) => Refusal {
-                window: slice_windows.analyst,
-                ..refusal
-            },
-            Ok(_) => match dataset_refusal() {
-                Some(refusal) => refusal,
-                // Admitted one by one but no slice fits: only on overflow.
-                None => return Err(Fault::Corrupt("no slice fits a cost the rule admits")),
-            },
-        };
+        let refusal = refusal_of(
+            &granted,
+            &admitted_on,
+            dataset_limit.map(|l| (l, &dataset_admitted_on)),
+            cost,
+            slice_windows,
+        )?;
         if !old.is_empty() {
             set_totals(&tx, analyst, &spent, &dataset, charges).await?;
             windows.store(&tx).await?;
@@ -729,28 +715,7 @@ async fn reserve_once(
             .ok_or_else(overflow)?;
         windows.set(key, total, 0)?;
     }
-    let text = |x: Fixed| x.to_numeric_text();
-    let period = |w: Option<Window>| w.map(|w| w.period.name());
-    let start = |w: Option<Window>| w.map(|w| w.start_literal());
-    let id: i64 = tx
-        .query_one(
-            INSERT_LEASE,
-            &[
-                &analyst,
-                &holder,
-                &i64::try_from(k).unwrap_or(i64::MAX),
-                &text(reserved.epsilon),
-                &text(reserved.delta),
-                &text(reserved.rho),
-                &divergences_literal(&reserved),
-                &period(slice_windows.analyst),
-                &start(slice_windows.analyst),
-                &period(slice_windows.dataset),
-                &start(slice_windows.dataset),
-            ],
-        )
-        .await?
-        .try_get(0)?;
+    let id = insert_lease(&tx, analyst, holder, k, &reserved, slice_windows).await?;
     set_totals(&tx, analyst, &spent, &dataset, charges).await?;
     windows.store(&tx).await?;
     tx.commit().await?;
@@ -771,4 +736,69 @@ async fn reserve_once(
         ahead: None,
         fetching: false,
     })))
+}
+
+/// Why no slice of a reservation fits: the analyst's limit (`granted`, over `admitted_on`) or
+/// the dataset's refuses `cost`, in the windows of renewing limits.
+fn refusal_of(
+    granted: &Limit,
+    admitted_on: &Spent,
+    dataset: Option<(&Limit, &Spent)>,
+    cost: &Cost,
+    slice_windows: SliceWindows,
+) -> Result<Refusal, Fault> {
+    let dataset_refusal = || {
+        let (limit, dataset_admitted_on) = dataset?;
+        admit(limit, dataset_admitted_on, cost)
+            .err()
+            .map(|refusal| Refusal {
+                scope: Scope::Dataset,
+                window: slice_windows.dataset,
+                ..refusal
+            })
+    };
+    Ok(match admit(granted, admitted_on, cost) {
+        Err(refusal) => Refusal {
+            window: slice_windows.analyst,
+            ..refusal
+        },
+        Ok(_) => match dataset_refusal() {
+            Some(refusal) => refusal,
+            // Admitted one by one but no slice fits: only on overflow.
+            None => return Err(Fault::Corrupt("no slice fits a cost the rule admits")),
+        },
+    })
+}
+
+/// Records a lease of `k` queries reserving `reserved` in its windows; its id.
+async fn insert_lease(
+    tx: &tokio_postgres::Transaction<'_>,
+    analyst: &str,
+    holder: &str,
+    k: u64,
+    reserved: &Spent,
+    slice_windows: SliceWindows,
+) -> Result<i64, Fault> {
+    let text = |x: Fixed| x.to_numeric_text();
+    let period = |w: Option<Window>| w.map(|w| w.period.name());
+    let start = |w: Option<Window>| w.map(|w| w.start_literal());
+    Ok(tx
+        .query_one(
+            INSERT_LEASE,
+            &[
+                &analyst,
+                &holder,
+                &i64::try_from(k).unwrap_or(i64::MAX),
+                &text(reserved.epsilon),
+                &text(reserved.delta),
+                &text(reserved.rho),
+                &divergences_literal(reserved),
+                &period(slice_windows.analyst),
+                &start(slice_windows.analyst),
+                &period(slice_windows.dataset),
+                &start(slice_windows.dataset),
+            ],
+        )
+        .await?
+        .try_get(0)?)
 }

@@ -77,15 +77,11 @@ impl<'a> Analyzer<'a> {
                         message: format!("{name}(*) is not valid"),
                     });
                 }
-                return Ok(Some(Aggregate {
-                    kind: AggregateKind::CountRows,
-                    argument: None,
-                    bounds: None,
-                    upper_ceiling: None,
-                    text: "count(*)".into(),
-                    result: CellType::Int8,
-                    integral: true,
-                }));
+                return Ok(Some(count_aggregate(
+                    AggregateKind::CountRows,
+                    None,
+                    "count(*)".into(),
+                )));
             }
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => e.clone(),
             _ => {
@@ -95,8 +91,19 @@ impl<'a> Analyzer<'a> {
                 ))
             }
         };
+        self.aggregate_of(kind, &name, distinct, arg_expr).map(Some)
+    }
+
+    /// The aggregate `name` (of `kind`, DISTINCT or not) of one argument: its bounds, text and
+    /// result type.
+    fn aggregate_of(
+        &mut self,
+        kind: AggregateKind,
+        name: &str,
+        distinct: bool,
+        mut arg_expr: Expr,
+    ) -> Result<Aggregate> {
         let written = arg_expr.to_string();
-        let mut arg_expr = arg_expr;
         let info = self.expr(&mut arg_expr, Role::Argument)?;
         let canonical_argument = Canonical::of(&arg_expr);
         let text = canonical_argument.to_string();
@@ -105,27 +112,19 @@ impl<'a> Analyzer<'a> {
             let is_unit = matches!(&unit, Unit::Column(u) if u.to_string() == text)
                 || self.is_unit_of_any_table(&text);
             if kind == AggregateKind::CountRows && is_unit {
-                return Ok(Some(Aggregate {
-                    kind: AggregateKind::CountUnits,
-                    argument: None,
-                    bounds: None,
-                    upper_ceiling: None,
-                    text: "count(distinct unit)".into(),
-                    result: CellType::Int8,
-                    integral: true,
-                }));
+                return Ok(count_aggregate(
+                    AggregateKind::CountUnits,
+                    None,
+                    "count(distinct unit)".into(),
+                ));
             }
             if kind == AggregateKind::CountRows {
                 // Each unit's distinct values per group are capped at max_rows_per_unit.
-                return Ok(Some(Aggregate {
-                    kind: AggregateKind::CountDistinct,
-                    argument: Some(canonical_argument.clone()),
-                    bounds: None,
-                    upper_ceiling: None,
-                    text: format!("count(distinct {text})"),
-                    result: CellType::Int8,
-                    integral: true,
-                }));
+                return Ok(count_aggregate(
+                    AggregateKind::CountDistinct,
+                    Some(canonical_argument.clone()),
+                    format!("count(distinct {text})"),
+                ));
             }
             return Err(Error::unsupported(
                 format!("{name}(DISTINCT …)"),
@@ -133,28 +132,24 @@ impl<'a> Analyzer<'a> {
             ));
         }
         if kind == AggregateKind::CountRows {
-            return Ok(Some(Aggregate {
-                kind: AggregateKind::CountValues,
-                argument: Some(canonical_argument.clone()),
-                bounds: None,
-                upper_ceiling: None,
-                text: format!("count({text})"),
-                result: CellType::Int8,
-                integral: true,
-            }));
+            return Ok(count_aggregate(
+                AggregateKind::CountValues,
+                Some(canonical_argument.clone()),
+                format!("count({text})"),
+            ));
         }
         if !info.ty.is_none_or(|t| t.is_numeric()) {
             return Err(Error::Syntax {
                 message: format!("function {name} needs a numeric argument"),
             });
         }
-        let bounds = self.checked_bounds(&info, &text, &written, &name)?;
+        let bounds = self.checked_bounds(&info, &text, &written, name)?;
         let family = if kind == AggregateKind::Sum {
             Aggregation::Sum
         } else {
             Aggregation::Moment
         };
-        Ok(Some(Aggregate {
+        Ok(Aggregate {
             kind,
             argument: Some(canonical_argument.clone()),
             bounds: Some(bounds),
@@ -170,7 +165,7 @@ impl<'a> Analyzer<'a> {
                     argument_type(&info),
                     Some(CellType::Int2 | CellType::Int4 | CellType::Int8)
                 ),
-        }))
+        })
     }
 
     /// An aggregate of one unit's rows inside a subquery grouped by the privacy unit. Its bounds
@@ -448,42 +443,7 @@ impl<'a> Analyzer<'a> {
         };
         match e {
             Expr::Nested(inner) => self.post(inner, keys, aggregates, outputs, allow_position),
-            Expr::Value(v) => match &v.value {
-                Value::Number(n, _) => {
-                    if allow_position {
-                        let i: usize = n.parse().map_err(|_| Error::Syntax {
-                            message: format!("invalid ORDER BY position {n}"),
-                        })?;
-                        let o = outputs
-                            .get(i.wrapping_sub(1))
-                            .ok_or_else(|| Error::Syntax {
-                                message: format!("ORDER BY position {i} is not in select list"),
-                            })?;
-                        return match o.source {
-                            OutputSource::Key(k) => Ok(Post::Key(k)),
-                            OutputSource::Aggregate(a) => Ok(Post::Aggregate(a)),
-                            OutputSource::Computed(_) => {
-                                Err(Error::internal("a computed output in pgdp's evaluator"))
-                            }
-                            // Sorted by PostgreSQL over the released rows instead.
-                            OutputSource::Grouping(_) => Err(Error::unsupported(
-                                "ORDER BY a GROUPING(…) column in pgdp's own evaluator",
-                                "Sort by the GROUPING(…) expression itself, e.g. ORDER BY GROUPING(region), region.",
-                            )),
-                        };
-                    }
-                    Ok(Post::Number(n.parse().map_err(|_| Error::Syntax {
-                        message: format!("invalid number {n}"),
-                    })?))
-                }
-                Value::SingleQuotedString(s) => Ok(Post::Text(s.clone())),
-                Value::DollarQuotedString(d) => Ok(Post::Text(d.value.clone())),
-                Value::Null => Ok(Post::Null),
-                _ => Err(Error::unsupported(
-                    format!("the literal {v} in HAVING / ORDER BY"),
-                    "Use numbers, quoted strings or NULL, e.g. HAVING COUNT(*) > 100.",
-                )),
-            },
+            Expr::Value(v) => post_literal(v, outputs, allow_position),
             Expr::Identifier(id) if by_output(&id.value).is_some() => {
                 by_output(&id.value).ok_or_else(|| Error::internal("output vanished"))
             }
@@ -508,27 +468,7 @@ impl<'a> Analyzer<'a> {
                 false,
             )),
             Expr::BinaryOp { left, op, right } => {
-                use BinaryOperator as B;
-                let op = match op {
-                    B::Eq => PostOp::Eq,
-                    B::NotEq => PostOp::NotEq,
-                    B::Lt => PostOp::Lt,
-                    B::LtEq => PostOp::LtEq,
-                    B::Gt => PostOp::Gt,
-                    B::GtEq => PostOp::GtEq,
-                    B::And => PostOp::And,
-                    B::Or => PostOp::Or,
-                    B::Plus => PostOp::Plus,
-                    B::Minus => PostOp::Minus,
-                    B::Multiply => PostOp::Multiply,
-                    B::Divide => PostOp::Divide,
-                    other => {
-                        return Err(Error::unsupported(
-                            format!("the operator {other} in HAVING / ORDER BY"),
-                            "Use + - * / with comparisons, AND, OR and NOT, e.g. HAVING SUM(cost) / COUNT(*) > 100, or wrap the query: SELECT * FROM (<query>) s WHERE …",
-                        ))
-                    }
-                };
+                let op = post_operator(op)?;
                 let l = self.post(left, keys, aggregates, outputs, false)?;
                 let r = self.post(right, keys, aggregates, outputs, false)?;
                 Ok(Post::Binary(Box::new(l), op, Box::new(r)))
@@ -551,6 +491,72 @@ impl<'a> Analyzer<'a> {
             }
         }
     }
+}
+
+/// A literal in HAVING / ORDER BY: a number (an output's position in ORDER BY), a string or
+/// NULL.
+fn post_literal(v: &ast::ValueWithSpan, outputs: &[Output], allow_position: bool) -> Result<Post> {
+    match &v.value {
+        Value::Number(n, _) => {
+            if allow_position {
+                let i: usize = n.parse().map_err(|_| Error::Syntax {
+                    message: format!("invalid ORDER BY position {n}"),
+                })?;
+                let o = outputs
+                    .get(i.wrapping_sub(1))
+                    .ok_or_else(|| Error::Syntax {
+                        message: format!("ORDER BY position {i} is not in select list"),
+                    })?;
+                return match o.source {
+                    OutputSource::Key(k) => Ok(Post::Key(k)),
+                    OutputSource::Aggregate(a) => Ok(Post::Aggregate(a)),
+                    OutputSource::Computed(_) => {
+                        Err(Error::internal("a computed output in pgdp's evaluator"))
+                    }
+                    // Sorted by PostgreSQL over the released rows instead.
+                    OutputSource::Grouping(_) => Err(Error::unsupported(
+                        "ORDER BY a GROUPING(…) column in pgdp's own evaluator",
+                        "Sort by the GROUPING(…) expression itself, e.g. ORDER BY GROUPING(region), region.",
+                    )),
+                };
+            }
+            Ok(Post::Number(n.parse().map_err(|_| Error::Syntax {
+                message: format!("invalid number {n}"),
+            })?))
+        }
+        Value::SingleQuotedString(s) => Ok(Post::Text(s.clone())),
+        Value::DollarQuotedString(d) => Ok(Post::Text(d.value.clone())),
+        Value::Null => Ok(Post::Null),
+        _ => Err(Error::unsupported(
+            format!("the literal {v} in HAVING / ORDER BY"),
+            "Use numbers, quoted strings or NULL, e.g. HAVING COUNT(*) > 100.",
+        )),
+    }
+}
+
+/// The operator of pgdp's evaluator for a binary operator of HAVING / ORDER BY.
+fn post_operator(op: &BinaryOperator) -> Result<PostOp> {
+    use BinaryOperator as B;
+    Ok(match op {
+        B::Eq => PostOp::Eq,
+        B::NotEq => PostOp::NotEq,
+        B::Lt => PostOp::Lt,
+        B::LtEq => PostOp::LtEq,
+        B::Gt => PostOp::Gt,
+        B::GtEq => PostOp::GtEq,
+        B::And => PostOp::And,
+        B::Or => PostOp::Or,
+        B::Plus => PostOp::Plus,
+        B::Minus => PostOp::Minus,
+        B::Multiply => PostOp::Multiply,
+        B::Divide => PostOp::Divide,
+        other => {
+            return Err(Error::unsupported(
+                format!("the operator {other} in HAVING / ORDER BY"),
+                "Use + - * / with comparisons, AND, OR and NOT, e.g. HAVING SUM(cost) / COUNT(*) > 100, or wrap the query: SELECT * FROM (<query>) s WHERE …",
+            ))
+        }
+    })
 }
 
 /// The PostgreSQL type of an aggregate's argument as far as analysis knows it: a column's
@@ -623,4 +629,17 @@ fn filter_as_case(f: &ast::Function, condition: &Expr) -> Result<Expr> {
 /// of its public values, and none is NULL).
 fn never_null(info: &Info) -> bool {
     matches!(&info.public, PublicKeys::Listed { values, exhaustive: true } if !values.contains(&None))
+}
+
+/// A count (of rows, units, values or distinct values): a bigint, with no bounds of its own.
+fn count_aggregate(kind: AggregateKind, argument: Option<Canonical>, text: String) -> Aggregate {
+    Aggregate {
+        kind,
+        argument,
+        bounds: None,
+        upper_ceiling: None,
+        text,
+        result: CellType::Int8,
+        integral: true,
+    }
 }

@@ -6,244 +6,28 @@ impl<'a> Analyzer<'a> {
     /// Validates an expression in place (canonicalising column references) and describes it.
     pub(super) fn expr(&mut self, e: &mut Expr, role: Role) -> Result<Info> {
         if let Some((idx, col)) = self.column_ref(e)? {
-            let (r, table, _) = &self.tables[idx];
-            let column = table
-                .column(&col)
-                .ok_or_else(|| Error::UnknownColumn { name: col.clone() })?;
-            let unit =
-                table.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col.as_str());
-            if role == Role::UnitAggregate && !unit {
-                return Err(Error::unsupported(
-                    format!("the column {col} outside an aggregate in a subquery grouped by the privacy unit"),
-                    "Aggregate it per unit (e.g. MAX(age), LEAST(COUNT(*), 20)), or join the table in the outer query on the privacy unit.",
-                ));
-            }
-            let public = if r.nullable {
-                // NULL where a LEFT JOIN found no match: not among the declared values.
-                PublicKeys::No
-            } else if let Some(values) = &column.public_values {
-                PublicKeys::Listed {
-                    values: values.iter().cloned().map(Some).collect(),
-                    exhaustive: column.exhaustive,
-                }
-            } else if !r.private {
-                PublicKeys::Table {
-                    table: r.table.clone(),
-                    alias: r.alias.clone(),
-                    column: col.clone(),
-                }
-            } else {
-                PublicKeys::No
-            };
-            let info = Info {
-                ty: Some(column.ty),
-                // A timestamp's bounds are epoch seconds and serve only its quantiles
-                // (`dates.rs` reads them from the column): no expression inherits them, so none
-                // mixes them with a date's day numbers or a number's bounds.
-                bounds: column
-                    .bounds
-                    .filter(|_| column.ty != ColumnType::Timestamp)
-                    .map(|b| (b.lower, b.upper)),
-                upper_ceiling: column.upper_ceiling,
-                groupable: (column.groupable || !r.private) && !unit,
-                constant: false,
-                public,
-                column: Some(format!("{}.{}", r.table, col)),
-                declared: Some(column.declared_type.clone()),
-                uses_unit: unit,
-                integer: column.ty == ColumnType::Integer,
-            };
-            *e = canonical(&r.alias, &col);
+            let info = self.column_info(idx, &col, role)?;
+            *e = canonical(&self.tables[idx].0.alias, &col);
             return Ok(info);
         }
-        let unsupported_here = |what: &str| {
-            Error::unsupported(
-                what.to_string(),
-                "pgdp allows comparisons, AND/OR/NOT, + - * /, IN lists, BETWEEN, LIKE with a literal pattern, IS NULL, CASE and a few total functions.",
-            )
-        };
         match e {
-            Expr::Value(v) => {
-                let (ty, value) = match &v.value {
-                    Value::Number(n, _) => {
-                        let f: f64 = n.parse().map_err(|_| Error::Syntax { message: format!("invalid number {n}") })?;
-                        // Huge literals make numeric arithmetic overflow on some rows and not
-                        // others (an error that depends on the data).
-                        if !f.is_finite() || f.abs() > limits::COLUMN_BOUND_ABS_MAX {
-                            return Err(Error::forbidden(
-                                format!("the literal {n} is too large"),
-                                format!("Numeric literals must lie within ±{}.", limits::COLUMN_BOUND_ABS_MAX),
-                            ));
-                        }
-                        let ty = if n.contains(['.', 'e', 'E']) { ColumnType::Numeric } else { ColumnType::Integer };
-                        (Some(ty), Some(f))
-                    }
-                    Value::SingleQuotedString(_) | Value::EscapedStringLiteral(_) | Value::NationalStringLiteral(_) | Value::DollarQuotedString(_) => (None, None),
-                    Value::Boolean(_) => (Some(ColumnType::Boolean), None),
-                    Value::Null => (None, None),
-                    Value::Placeholder(p) => {
-                        if role != Role::Filter {
-                            return Err(Error::unsupported(
-                                "parameters outside WHERE",
-                                "Parameters ($1, …) may stand for literals in WHERE only.",
-                            ));
-                        }
-                        let index: usize = p
-                            .strip_prefix('$')
-                            .and_then(|n| n.parse().ok())
-                            .filter(|n| *n >= 1 && *n <= limits::PARAMETERS_PER_STATEMENT_MAX)
-                            .ok_or_else(|| Error::unsupported("this parameter syntax", "Use $1, $2, …"))?;
-                        self.parameters.entry(index).or_insert((ColumnType::Text, None));
-                        return Ok(Info::constant(None, None));
-                    }
-                    _ => return Err(unsupported_here(&format!("the literal {v}"))),
-                };
-                Ok(Info::constant(ty, value))
-            }
-            Expr::TypedString(ts) => {
-                let ty = type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
-                // A malformed date fails upstream after the charge: check it here.
-                let text = crate::literal::string_value(&ts.value.value).unwrap_or_default();
-                check_text_of_type(text, ty)?;
-                // A date's value is its day number, the unit of date columns' bounds.
-                let day = match ty {
-                    ColumnType::Date => crate::datetime::Date::parse(text.trim()).map(|d| d.days_since_2000() as f64),
-                    _ => None,
-                };
-                Ok(Info::constant(Some(ty), day))
-            }
+            Expr::Value(v) => self.literal(v, role),
+            Expr::TypedString(ts) => typed_literal(ts),
             Expr::Nested(inner) => self.expr(inner, role),
-            Expr::UnaryOp { op, expr } => {
-                let info = self.expr(expr, role)?;
-                // `- -1` must not print as `--1`, which starts a comment.
-                if expr.to_string().starts_with(['-', '+']) {
-                    **expr = Expr::Nested(expr.clone());
-                }
-                match op {
-                    UnaryOperator::Not => Ok(Info::derived(Some(ColumnType::Boolean), &[&info], None)),
-                    UnaryOperator::Minus => {
-                        if !info.ty.is_none_or(|t| t.is_numeric()) {
-                            return Err(unsupported_here("unary minus on non-numeric values"));
-                        }
-                        // -(-2147483648) overflows an integer: negate columns in numeric
-                        // (literals stay as written, e.g. round(x, -1)).
-                        if !info.constant {
-                            **expr = as_numeric(expr.as_ref().clone(), &info);
-                        }
-                        let b = info.bounds.map(|(l, u)| (-u, -l));
-                        let ty = info.ty.map(|t| if t == ColumnType::Integer { ColumnType::Numeric } else { t });
-                        Ok(Info { integer: info.integer, ..Info::derived(ty, &[&info], b) })
-                    }
-                    UnaryOperator::Plus => Ok(info),
-                    _ => Err(unsupported_here(&format!("the operator {op}"))),
-                }
-            }
+            Expr::UnaryOp { op, expr } => self.unary(op, expr, role),
             Expr::BinaryOp { left, op, right } => {
                 let op = op.clone();
-                let l = self.expr(left, role)?;
-                let r = self.expr(right, role)?;
-                self.infer_parameter(left, &r);
-                self.infer_parameter(right, &l);
-                use BinaryOperator as B;
-                match op {
-                    B::And | B::Or => Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None)),
-                    B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq => {
-                        check_comparable(&l, &r)?;
-                        // 'YYYY-MM-DD' compared with a date is read as a date by the upstream:
-                        // a malformed one would fail there, after the charge.
-                        check_literal_of_type(left, r.ty)?;
-                        check_literal_of_type(right, l.ty)?;
-                        Ok(Info::derived(Some(ColumnType::Boolean), &[&l, &r], None))
-                    }
-                    B::Minus if l.ty == Some(ColumnType::Date) && r.ty == Some(ColumnType::Date) => {
-                        // date - date: the days between them, an integer (see the guard).
-                        check_literal_of_type(left, r.ty)?;
-                        check_literal_of_type(right, l.ty)?;
-                        let guarded = date_difference_guard(left.as_ref().clone(), right.as_ref().clone());
-                        *e = Expr::Nested(Box::new(guarded));
-                        let declared = Some("integer".to_string());
-                        // Day numbers (bounds of dates) subtract like numbers.
-                        let bounds = match (l.bounds, r.bounds) {
-                            (Some((a, b)), Some((c, d))) => Some((a - d, b - c)),
-                            _ => None,
-                        };
-                        Ok(Info { declared, ..Info::derived(Some(ColumnType::Integer), &[&l, &r], bounds) })
-                    }
-                    B::Plus | B::Minus | B::Multiply => {
-                        let numeric = |i: &Info| i.ty.is_none_or(|t| t.is_numeric());
-                        if !(numeric(&l) && numeric(&r)) {
-                            if matches!(op, B::Plus | B::Minus) && (l.ty == Some(ColumnType::Date) || r.ty == Some(ColumnType::Date)) {
-                                return Err(unsupported_here("date arithmetic"));
-                            }
-                            return Err(unsupported_here(&format!("the operator {op} on non-numeric values")));
-                        }
-                        let finite = |b: Option<(f64, f64)>| b.filter(|(x, y)| x.is_finite() && y.is_finite());
-                        let bounds = match (finite(l.bounds), finite(r.bounds)) {
-                            (Some((a, b)), Some((c, d))) => Some(match op {
-                                B::Plus => (a + c, b + d),
-                                B::Minus => (a - d, b - c),
-                                _ => {
-                                    let p = [a * c, a * d, b * c, b * d];
-                                    (p.iter().cloned().fold(f64::INFINITY, f64::min), p.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
-                                }
-                            }),
-                            _ => None,
-                        };
-                        // Integer arithmetic can overflow (a data-dependent error): compute in numeric.
-                        **left = as_numeric(left.as_ref().clone(), &l);
-                        **right = as_numeric(right.as_ref().clone(), &r);
-                        let integer = l.integer && r.integer;
-                        Ok(Info { integer, ..Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds) })
-                    }
-                    B::Divide => {
-                        let divisor_literal = r.constant && r.bounds.is_some_and(|(v, _)| v != 0.0);
-                        let bounds = match (l.bounds.filter(|(x, y)| x.is_finite() && y.is_finite()), r.bounds) {
-                            (Some((a, b)), Some((c, d))) if divisor_literal && c == d => {
-                                let (x, y) = (a / c, b / c);
-                                Some((x.min(y), x.max(y)))
-                            }
-                            _ => None,
-                        };
-                        // Division by zero would raise an error that depends on the data: divide
-                        // by NULLIF(divisor, 0) instead, which yields NULL.
-                        let divisor = as_numeric(right.as_ref().clone(), &r);
-                        **left = as_numeric(left.as_ref().clone(), &l);
-                        **right = nullif_zero(divisor);
-                        if l.integer && r.integer {
-                            // Integer division truncates toward zero (7 / 2 = 3, -7 / 2 = -3):
-                            // div() of the numerics is that quotient, exact, with no overflow.
-                            let bounds = bounds.map(|(x, y): (f64, f64)| (x.trunc(), y.trunc()));
-                            *e = integer_division(left.as_ref().clone(), right.as_ref().clone());
-                            return Ok(Info { integer: true, ..Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds) });
-                        }
-                        Ok(Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds))
-                    }
-                    B::StringConcat => Ok(Info::derived(Some(ColumnType::Text), &[&l, &r], None)),
-                    other => Err(unsupported_here(&format!("the operator {other}"))),
+                let (info, replaced) = self.binary(left, op, right, role)?;
+                if let Some(replaced) = replaced {
+                    *e = replaced;
                 }
+                Ok(info)
             }
             Expr::IsNull(inner) | Expr::IsNotNull(inner) | Expr::IsTrue(inner) | Expr::IsFalse(inner) | Expr::IsNotTrue(inner) | Expr::IsNotFalse(inner) => {
                 let i = self.expr(inner, role)?;
                 Ok(Info::derived(Some(ColumnType::Boolean), &[&i], None))
             }
-            Expr::InList { expr, list, .. } => {
-                let i = self.expr(expr, role)?;
-                if list.len() > limits::IN_LIST_VALUES_MAX {
-                    return Err(Error::LimitExceeded { what: "the length of an IN list".into(), limit: limits::IN_LIST_VALUES_MAX as u64 });
-                }
-                let mut parts = vec![i.clone()];
-                for item in list.iter_mut() {
-                    let li = self.expr(item, role)?;
-                    if !li.constant {
-                        return Err(unsupported_here("IN lists of non-literals"));
-                    }
-                    self.infer_parameter(item, &i);
-                    check_literal_of_type(item, i.ty)?;
-                    parts.push(li);
-                }
-                let refs: Vec<&Info> = parts.iter().collect();
-                Ok(Info::derived(Some(ColumnType::Boolean), &refs, None))
-            }
+            Expr::InList { expr, list, .. } => self.in_list(expr, list, role),
             Expr::Between { expr, low, high, .. } => {
                 let i = self.expr(expr, role)?;
                 let lo = self.expr(low, role)?;
@@ -258,177 +42,16 @@ impl<'a> Analyzer<'a> {
                 if *any || escape_char.is_some() {
                     return Err(unsupported_here("LIKE ANY / ESCAPE"));
                 }
-                let i = self.expr(expr, role)?;
-                let p = self.expr(pattern, role)?;
-                if !p.constant {
-                    // A pattern read from the data can be malformed (an error that depends on it).
-                    return Err(unsupported_here("LIKE with a non-literal pattern"));
-                }
-                // The pattern must be one string literal; an odd number of trailing backslashes
-                // is an error in PostgreSQL, so it is refused here, before any charge.
-                let text = match pattern.as_ref() {
-                    Expr::Value(v) => crate::literal::string_value(&v.value).map(str::to_string),
-                    _ => None,
-                };
-                let Some(text) = text else {
-                    return Err(unsupported_here("LIKE with a pattern that is not a single string literal"));
-                };
-                let trailing = text.chars().rev().take_while(|c| *c == '\\').count();
-                if trailing % 2 == 1 {
-                    return Err(Error::Syntax { message: "LIKE pattern must not end with escape character".into() });
-                }
-                Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &p], None))
+                self.like(expr, pattern, role)
             }
-            Expr::Case { operand, conditions, else_result, .. } => {
-                let mut parts = Vec::new();
-                if let Some(op) = operand {
-                    parts.push(self.expr(op, role)?);
-                }
-                let mut bounds: Option<(f64, f64)> = None;
-                let mut all_bounded = true;
-                let mut ty = None;
-                let merge = |b: Option<(f64, f64)>, bounds: &mut Option<(f64, f64)>, all: &mut bool| match b {
-                    Some((l, u)) => *bounds = Some(bounds.map_or((l, u), |(a, c)| (a.min(l), c.max(u)))),
-                    None => *all = false,
-                };
-                for cw in conditions.iter_mut() {
-                    parts.push(self.expr(&mut cw.condition, role)?);
-                    let r = self.expr(&mut cw.result, role)?;
-                    merge(r.bounds, &mut bounds, &mut all_bounded);
-                    ty = ty.or(r.ty);
-                    parts.push(r);
-                }
-                if let Some(er) = else_result {
-                    {
-                        let r = self.expr(er, role)?;
-                        if matches!(er.as_ref(), Expr::Value(v) if v.value == Value::Null) {
-                            // ELSE NULL contributes nothing to sums.
-                        } else {
-                            merge(r.bounds, &mut bounds, &mut all_bounded);
-                        }
-                        ty = ty.or(r.ty);
-                        parts.push(r);
-                    }
-                }
-                let refs: Vec<&Info> = parts.iter().collect();
-                let mut info = Info::derived(ty, &refs, if all_bounded { bounds } else { None });
-                // Results that are all literals form a public domain: the group keys are the
-                // THEN / ELSE values whatever the data, and NULL when a row can match no
-                // branch (no ELSE) or a result is NULL, as PostgreSQL groups it.
-                let mut results: Vec<&Expr> = conditions.iter().map(|cw| &cw.result).collect();
-                if let Some(er) = else_result.as_deref() {
-                    results.push(er);
-                }
-                if let Some(mut domain) = literal_domain(&results)? {
-                    if else_result.is_none() && !domain.contains(&None) {
-                        domain.push(None);
-                    }
-                    // Every row gets one of the results: the domain is exhaustive.
-                    info.public = PublicKeys::Listed { values: domain, exhaustive: true };
-                    // Public domain: as safe as one filtered query per literal, except that a
-                    // CASE on the privacy unit stays refused as a key (policy intent).
-                    info.groupable = !info.uses_unit;
-                }
-                Ok(info)
-            }
-            Expr::Cast { expr, data_type, kind, format, .. } => {
+            Expr::Case { operand, conditions, else_result, .. } => self.case(operand, conditions, else_result, role),
+            Expr::Cast { expr, data_type, format, .. } => {
                 if format.is_some() {
                     return Err(unsupported_here("CAST … FORMAT"));
                 }
-                let _ = kind;
-                let i = self.expr(expr, role)?;
-                let target = type_of_data_type(data_type).ok_or_else(|| unsupported_here(&format!("casts to {data_type}")))?;
-                check_literal_of_type(expr, Some(target))?;
-                // Casts of literals are constant (they fail or not regardless of the data);
-                // casts of columns must be total.
-                // Only casts that cannot fail: to text, and to the widest type of a family
-                // (bigint, unconstrained numeric, double precision); never narrowing.
-                use ast::DataType as D;
-                let widest = match data_type {
-                    D::BigInt(_) | D::Int8(_) => Some(ColumnType::Integer),
-                    D::Numeric(ast::ExactNumberInfo::None) | D::Decimal(ast::ExactNumberInfo::None) => {
-                        Some(ColumnType::Numeric)
-                    }
-                    D::Float8 | D::DoublePrecision | D::Double(_) => Some(ColumnType::Float),
-                    D::Date => Some(ColumnType::Date),
-                    D::Boolean | D::Bool => Some(ColumnType::Boolean),
-                    _ => None,
-                };
-                // A timestamp (or timestamptz, e.g. from date_trunc) to date cannot fail either:
-                // every timestamp, ±infinity included, has a date. Numbers to narrower integers
-                // are not total even within bounds: numeric NaN and ±Infinity (EXTRACT of an
-                // infinite date) fail to convert.
-                // A date to `timestamp` (without time zone) fails only after 294276 AD, which
-                // the guard sends to 'infinity' (PostgreSQL's value beyond every bound), so the
-                // cast is total and exact everywhere PostgreSQL answers.
-                let date_to_timestamp = !i.constant
-                    && i.ty == Some(ColumnType::Date)
-                    && matches!(
-                        data_type,
-                        D::Timestamp(None, ast::TimezoneInfo::None | ast::TimezoneInfo::WithoutTimeZone)
-                    );
-                if date_to_timestamp {
-                    **expr = date_to_timestamp_guard(expr.as_ref().clone());
-                }
-                let total = i.constant
-                    || date_to_timestamp
-                    || target == ColumnType::Text
-                    || (i.ty == Some(target) && widest == Some(target))
-                    || (i.ty == Some(ColumnType::Integer)
-                        && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)))
-                    || (i.ty == Some(ColumnType::Timestamp) && widest == Some(ColumnType::Date));
-                if !total {
-                    // EXTRACT / date_part of an infinite date or timestamp is ±Infinity, which no
-                    // integer cast accepts, and a policy declares no bounds for dates that would
-                    // exclude infinity: the cast stays refused, the hint shows the form that works.
-                    let of_date_field = match expr.as_ref() {
-                        Expr::Extract { .. } => true,
-                        Expr::Function(f) => function_name(&f.name).is_ok_and(|n| n == "date_part"),
-                        _ => false,
-                    };
-                    let hint = if of_date_field {
-                        "EXTRACT and date_part give ±Infinity for infinite dates, which the cast refuses (an error that would reveal data). As a GROUP BY key the cast is allowed (GROUP BY EXTRACT(YEAR FROM visit_date)::int): pgdp groups by the EXTRACT and casts the released keys. Elsewhere compare EXTRACT(YEAR FROM visit_date) without the cast."
-                    } else {
-                        "Casts that can fail would reveal data through errors; compare with a literal of the column's own type instead."
-                    };
-                    return Err(Error::forbidden(
-                        format!("the cast of {} to {data_type} can fail on some values", i.column.as_deref().unwrap_or("this expression")),
-                        hint,
-                    ));
-                }
-                let bounds = if target.is_numeric() { i.bounds } else { None };
-                Ok(Info { ty: Some(target), bounds, upper_ceiling: None, groupable: i.groupable, constant: i.constant, public: PublicKeys::No, column: None, declared: None, uses_unit: i.uses_unit, integer: target == ColumnType::Integer })
+                self.cast(expr, data_type, role)
             }
-            Expr::Extract { field, expr, .. } => {
-                let i = self.expr(expr, role)?;
-                if !matches!(i.ty, Some(ColumnType::Date | ColumnType::Timestamp) | None) {
-                    return Err(unsupported_here("EXTRACT from a non-date value"));
-                }
-                let field_name = field.to_string().to_ascii_lowercase();
-                // A date has no time of day: PostgreSQL fails on EXTRACT(hour FROM d) for a date
-                // d, but only when a row reaches it, which would reveal that one exists.
-                if matches!(field_name.as_str(), "hour" | "minute" | "second")
-                    && i.ty != Some(ColumnType::Timestamp)
-                {
-                    return Err(Error::unsupported(
-                        format!("EXTRACT({field_name} …) of a date"),
-                        "A date has no time of day. Extract it from a timestamp column, or use a field of the date such as day, dow or doy.",
-                    ));
-                }
-                let bounds = match field_name.as_str() {
-                    "month" => Some((1.0, 12.0)),
-                    "day" => Some((1.0, 31.0)),
-                    "dow" => Some((0.0, 6.0)),
-                    "isodow" => Some((1.0, 7.0)),
-                    "quarter" => Some((1.0, 4.0)),
-                    "hour" => Some((0.0, 23.0)),
-                    "doy" => Some((1.0, 366.0)),
-                    "week" => Some((1.0, 53.0)),
-                    "year" | "isoyear" | "minute" | "second" | "epoch" | "decade" | "century" => None,
-                    _ => return Err(unsupported_here(&format!("EXTRACT({field_name} …)"))),
-                };
-                Ok(Info::derived(Some(ColumnType::Numeric), &[&i], bounds))
-            }
+            Expr::Extract { field, expr, .. } => self.extract(field, expr, role),
             Expr::Function(f) => self.function(f, role),
             // sqlparser reads FLOOR(x) and CEIL(x) as special syntax (for `CEIL(x TO DAY)`);
             // the plain one-argument forms are the total functions and go through the same
@@ -459,6 +82,456 @@ impl<'a> Analyzer<'a> {
             )),
             other => Err(unsupported_here(&format!("the expression {other}"))),
         }
+    }
+
+    /// A column of the FROM list: its type, declared bounds, public domain and whether it is
+    /// the privacy unit.
+    fn column_info(&self, idx: usize, col: &str, role: Role) -> Result<Info> {
+        let (r, table, _) = &self.tables[idx];
+        let column = table.column(col).ok_or_else(|| Error::UnknownColumn {
+            name: col.to_string(),
+        })?;
+        let unit = table.private().and_then(|p| p.privacy_unit.as_deref()) == Some(col);
+        if role == Role::UnitAggregate && !unit {
+            return Err(Error::unsupported(
+                format!("the column {col} outside an aggregate in a subquery grouped by the privacy unit"),
+                "Aggregate it per unit (e.g. MAX(age), LEAST(COUNT(*), 20)), or join the table in the outer query on the privacy unit.",
+            ));
+        }
+        let public = if r.nullable {
+            // NULL where a LEFT JOIN found no match: not among the declared values.
+            PublicKeys::No
+        } else if let Some(values) = &column.public_values {
+            PublicKeys::Listed {
+                values: values.iter().cloned().map(Some).collect(),
+                exhaustive: column.exhaustive,
+            }
+        } else if !r.private {
+            PublicKeys::Table {
+                table: r.table.clone(),
+                alias: r.alias.clone(),
+                column: col.to_string(),
+            }
+        } else {
+            PublicKeys::No
+        };
+        Ok(Info {
+            ty: Some(column.ty),
+            // A timestamp's bounds are epoch seconds and serve only its quantiles
+            // (`dates.rs` reads them from the column): no expression inherits them, so none
+            // mixes them with a date's day numbers or a number's bounds.
+            bounds: column
+                .bounds
+                .filter(|_| column.ty != ColumnType::Timestamp)
+                .map(|b| (b.lower, b.upper)),
+            upper_ceiling: column.upper_ceiling,
+            groupable: (column.groupable || !r.private) && !unit,
+            constant: false,
+            public,
+            column: Some(format!("{}.{}", r.table, col)),
+            declared: Some(column.declared_type.clone()),
+            uses_unit: unit,
+            integer: column.ty == ColumnType::Integer,
+        })
+    }
+
+    /// A literal or a parameter (`$n`, in WHERE only).
+    fn literal(&mut self, v: &ast::ValueWithSpan, role: Role) -> Result<Info> {
+        let (ty, value) = match &v.value {
+            Value::Number(n, _) => {
+                let f: f64 = n.parse().map_err(|_| Error::Syntax {
+                    message: format!("invalid number {n}"),
+                })?;
+                // Huge literals make numeric arithmetic overflow on some rows and not
+                // others (an error that depends on the data).
+                if !f.is_finite() || f.abs() > limits::COLUMN_BOUND_ABS_MAX {
+                    return Err(Error::forbidden(
+                        format!("the literal {n} is too large"),
+                        format!(
+                            "Numeric literals must lie within ±{}.",
+                            limits::COLUMN_BOUND_ABS_MAX
+                        ),
+                    ));
+                }
+                let ty = if n.contains(['.', 'e', 'E']) {
+                    ColumnType::Numeric
+                } else {
+                    ColumnType::Integer
+                };
+                (Some(ty), Some(f))
+            }
+            Value::SingleQuotedString(_)
+            | Value::EscapedStringLiteral(_)
+            | Value::NationalStringLiteral(_)
+            | Value::DollarQuotedString(_) => (None, None),
+            Value::Boolean(_) => (Some(ColumnType::Boolean), None),
+            Value::Null => (None, None),
+            Value::Placeholder(p) => {
+                if role != Role::Filter {
+                    return Err(Error::unsupported(
+                        "parameters outside WHERE",
+                        "Parameters ($1, …) may stand for literals in WHERE only.",
+                    ));
+                }
+                let index: usize = p
+                    .strip_prefix('$')
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n >= 1 && *n <= limits::PARAMETERS_PER_STATEMENT_MAX)
+                    .ok_or_else(|| Error::unsupported("this parameter syntax", "Use $1, $2, …"))?;
+                self.parameters
+                    .entry(index)
+                    .or_insert((ColumnType::Text, None));
+                return Ok(Info::constant(None, None));
+            }
+            _ => return Err(unsupported_here(&format!("the literal {v}"))),
+        };
+        Ok(Info::constant(ty, value))
+    }
+
+    /// `NOT x`, `-x`, `+x`.
+    fn unary(&mut self, op: &UnaryOperator, expr: &mut Box<Expr>, role: Role) -> Result<Info> {
+        let info = self.expr(expr, role)?;
+        // `- -1` must not print as `--1`, which starts a comment.
+        if expr.to_string().starts_with(['-', '+']) {
+            **expr = Expr::Nested(expr.clone());
+        }
+        match op {
+            UnaryOperator::Not => Ok(Info::derived(Some(ColumnType::Boolean), &[&info], None)),
+            UnaryOperator::Minus => {
+                if !info.ty.is_none_or(|t| t.is_numeric()) {
+                    return Err(unsupported_here("unary minus on non-numeric values"));
+                }
+                // -(-2147483648) overflows an integer: negate columns in numeric
+                // (literals stay as written, e.g. round(x, -1)).
+                if !info.constant {
+                    **expr = as_numeric(expr.as_ref().clone(), &info);
+                }
+                let b = info.bounds.map(|(l, u)| (-u, -l));
+                let ty = info.ty.map(|t| {
+                    if t == ColumnType::Integer {
+                        ColumnType::Numeric
+                    } else {
+                        t
+                    }
+                });
+                Ok(Info {
+                    integer: info.integer,
+                    ..Info::derived(ty, &[&info], b)
+                })
+            }
+            UnaryOperator::Plus => Ok(info),
+            _ => Err(unsupported_here(&format!("the operator {op}"))),
+        }
+    }
+
+    /// A binary operator, and the expression that replaces the whole operation where pgdp
+    /// rewrites it (a guarded date difference, an integer division).
+    fn binary(
+        &mut self,
+        left: &mut Box<Expr>,
+        op: BinaryOperator,
+        right: &mut Box<Expr>,
+        role: Role,
+    ) -> Result<(Info, Option<Expr>)> {
+        let l = self.expr(left, role)?;
+        let r = self.expr(right, role)?;
+        self.infer_parameter(left, &r);
+        self.infer_parameter(right, &l);
+        use BinaryOperator as B;
+        match op {
+            B::And | B::Or => Ok((
+                Info::derived(Some(ColumnType::Boolean), &[&l, &r], None),
+                None,
+            )),
+            B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq => {
+                check_comparable(&l, &r)?;
+                // 'YYYY-MM-DD' compared with a date is read as a date by the upstream:
+                // a malformed one would fail there, after the charge.
+                check_literal_of_type(left, r.ty)?;
+                check_literal_of_type(right, l.ty)?;
+                Ok((
+                    Info::derived(Some(ColumnType::Boolean), &[&l, &r], None),
+                    None,
+                ))
+            }
+            B::Minus if l.ty == Some(ColumnType::Date) && r.ty == Some(ColumnType::Date) => {
+                // date - date: the days between them, an integer (see the guard).
+                check_literal_of_type(left, r.ty)?;
+                check_literal_of_type(right, l.ty)?;
+                let guarded = date_difference_guard(left.as_ref().clone(), right.as_ref().clone());
+                let declared = Some("integer".to_string());
+                // Day numbers (bounds of dates) subtract like numbers.
+                let bounds = match (l.bounds, r.bounds) {
+                    (Some((a, b)), Some((c, d))) => Some((a - d, b - c)),
+                    _ => None,
+                };
+                let info = Info {
+                    declared,
+                    ..Info::derived(Some(ColumnType::Integer), &[&l, &r], bounds)
+                };
+                Ok((info, Some(Expr::Nested(Box::new(guarded)))))
+            }
+            B::Plus | B::Minus | B::Multiply => {
+                let numeric = |i: &Info| i.ty.is_none_or(|t| t.is_numeric());
+                if !(numeric(&l) && numeric(&r)) {
+                    if matches!(op, B::Plus | B::Minus)
+                        && (l.ty == Some(ColumnType::Date) || r.ty == Some(ColumnType::Date))
+                    {
+                        return Err(unsupported_here("date arithmetic"));
+                    }
+                    return Err(unsupported_here(&format!(
+                        "the operator {op} on non-numeric values"
+                    )));
+                }
+                let finite =
+                    |b: Option<(f64, f64)>| b.filter(|(x, y)| x.is_finite() && y.is_finite());
+                let bounds = match (finite(l.bounds), finite(r.bounds)) {
+                    (Some((a, b)), Some((c, d))) => Some(match op {
+                        B::Plus => (a + c, b + d),
+                        B::Minus => (a - d, b - c),
+                        _ => {
+                            let p = [a * c, a * d, b * c, b * d];
+                            (
+                                p.iter().cloned().fold(f64::INFINITY, f64::min),
+                                p.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                            )
+                        }
+                    }),
+                    _ => None,
+                };
+                // Integer arithmetic can overflow (a data-dependent error): compute in numeric.
+                **left = as_numeric(left.as_ref().clone(), &l);
+                **right = as_numeric(right.as_ref().clone(), &r);
+                let integer = l.integer && r.integer;
+                Ok((
+                    Info {
+                        integer,
+                        ..Info::derived(Some(ColumnType::Numeric), &[&l, &r], bounds)
+                    },
+                    None,
+                ))
+            }
+            B::Divide => Ok(divide(left, right, &l, &r)),
+            B::StringConcat => Ok((Info::derived(Some(ColumnType::Text), &[&l, &r], None), None)),
+            other => Err(unsupported_here(&format!("the operator {other}"))),
+        }
+    }
+
+    /// `x IN (literal, …)`.
+    fn in_list(&mut self, expr: &mut Expr, list: &mut [Expr], role: Role) -> Result<Info> {
+        let i = self.expr(expr, role)?;
+        if list.len() > limits::IN_LIST_VALUES_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the length of an IN list".into(),
+                limit: limits::IN_LIST_VALUES_MAX as u64,
+            });
+        }
+        let mut parts = vec![i.clone()];
+        for item in list.iter_mut() {
+            let li = self.expr(item, role)?;
+            if !li.constant {
+                return Err(unsupported_here("IN lists of non-literals"));
+            }
+            self.infer_parameter(item, &i);
+            check_literal_of_type(item, i.ty)?;
+            parts.push(li);
+        }
+        let refs: Vec<&Info> = parts.iter().collect();
+        Ok(Info::derived(Some(ColumnType::Boolean), &refs, None))
+    }
+
+    /// `x [I]LIKE 'pattern'` (no ANY, no ESCAPE: checked by the caller).
+    fn like(&mut self, expr: &mut Expr, pattern: &mut Expr, role: Role) -> Result<Info> {
+        let i = self.expr(expr, role)?;
+        let p = self.expr(pattern, role)?;
+        if !p.constant {
+            // A pattern read from the data can be malformed (an error that depends on it).
+            return Err(unsupported_here("LIKE with a non-literal pattern"));
+        }
+        // The pattern must be one string literal; an odd number of trailing backslashes
+        // is an error in PostgreSQL, so it is refused here, before any charge.
+        let text = match pattern {
+            Expr::Value(v) => crate::literal::string_value(&v.value).map(str::to_string),
+            _ => None,
+        };
+        let Some(text) = text else {
+            return Err(unsupported_here(
+                "LIKE with a pattern that is not a single string literal",
+            ));
+        };
+        let trailing = text.chars().rev().take_while(|c| *c == '\\').count();
+        if trailing % 2 == 1 {
+            return Err(Error::Syntax {
+                message: "LIKE pattern must not end with escape character".into(),
+            });
+        }
+        Ok(Info::derived(Some(ColumnType::Boolean), &[&i, &p], None))
+    }
+
+    /// `CASE [operand] WHEN … THEN … [ELSE …] END`: bounds from its results, and a public,
+    /// exhaustive domain when every result is a literal.
+    fn case(
+        &mut self,
+        operand: &mut Option<Box<Expr>>,
+        conditions: &mut [ast::CaseWhen],
+        else_result: &mut Option<Box<Expr>>,
+        role: Role,
+    ) -> Result<Info> {
+        let mut parts = Vec::new();
+        if let Some(op) = operand {
+            parts.push(self.expr(op, role)?);
+        }
+        let mut bounds: Option<(f64, f64)> = None;
+        let mut all_bounded = true;
+        let mut ty = None;
+        let merge = |b: Option<(f64, f64)>, bounds: &mut Option<(f64, f64)>, all: &mut bool| match b
+        {
+            Some((l, u)) => *bounds = Some(bounds.map_or((l, u), |(a, c)| (a.min(l), c.max(u)))),
+            None => *all = false,
+        };
+        for cw in conditions.iter_mut() {
+            parts.push(self.expr(&mut cw.condition, role)?);
+            let r = self.expr(&mut cw.result, role)?;
+            merge(r.bounds, &mut bounds, &mut all_bounded);
+            ty = ty.or(r.ty);
+            parts.push(r);
+        }
+        if let Some(er) = else_result {
+            let r = self.expr(er, role)?;
+            if matches!(er.as_ref(), Expr::Value(v) if v.value == Value::Null) {
+                // ELSE NULL contributes nothing to sums.
+            } else {
+                merge(r.bounds, &mut bounds, &mut all_bounded);
+            }
+            ty = ty.or(r.ty);
+            parts.push(r);
+        }
+        let refs: Vec<&Info> = parts.iter().collect();
+        let mut info = Info::derived(ty, &refs, if all_bounded { bounds } else { None });
+        // Results that are all literals form a public domain: the group keys are the
+        // THEN / ELSE values whatever the data, and NULL when a row can match no
+        // branch (no ELSE) or a result is NULL, as PostgreSQL groups it.
+        let mut results: Vec<&Expr> = conditions.iter().map(|cw| &cw.result).collect();
+        if let Some(er) = else_result.as_deref() {
+            results.push(er);
+        }
+        if let Some(mut domain) = literal_domain(&results)? {
+            if else_result.is_none() && !domain.contains(&None) {
+                domain.push(None);
+            }
+            // Every row gets one of the results: the domain is exhaustive.
+            info.public = PublicKeys::Listed {
+                values: domain,
+                exhaustive: true,
+            };
+            // Public domain: as safe as one filtered query per literal, except that a
+            // CASE on the privacy unit stays refused as a key (policy intent).
+            info.groupable = !info.uses_unit;
+        }
+        Ok(info)
+    }
+
+    /// `CAST(x AS type)` and `x::type` (no FORMAT: checked by the caller): only casts that
+    /// cannot fail on any value.
+    fn cast(
+        &mut self,
+        expr: &mut Box<Expr>,
+        data_type: &ast::DataType,
+        role: Role,
+    ) -> Result<Info> {
+        let i = self.expr(expr, role)?;
+        let target = type_of_data_type(data_type)
+            .ok_or_else(|| unsupported_here(&format!("casts to {data_type}")))?;
+        check_literal_of_type(expr, Some(target))?;
+        // Casts of literals are constant (they fail or not regardless of the data);
+        // casts of columns must be total.
+        // Only casts that cannot fail: to text, and to the widest type of a family
+        // (bigint, unconstrained numeric, double precision); never narrowing.
+        use ast::DataType as D;
+        let widest = match data_type {
+            D::BigInt(_) | D::Int8(_) => Some(ColumnType::Integer),
+            D::Numeric(ast::ExactNumberInfo::None) | D::Decimal(ast::ExactNumberInfo::None) => {
+                Some(ColumnType::Numeric)
+            }
+            D::Float8 | D::DoublePrecision | D::Double(_) => Some(ColumnType::Float),
+            D::Date => Some(ColumnType::Date),
+            D::Boolean | D::Bool => Some(ColumnType::Boolean),
+            _ => None,
+        };
+        // A timestamp (or timestamptz, e.g. from date_trunc) to date cannot fail either:
+        // every timestamp, ±infinity included, has a date. Numbers to narrower integers
+        // are not total even within bounds: numeric NaN and ±Infinity (EXTRACT of an
+        // infinite date) fail to convert.
+        // A date to `timestamp` (without time zone) fails only after 294276 AD, which
+        // the guard sends to 'infinity' (PostgreSQL's value beyond every bound), so the
+        // cast is total and exact everywhere PostgreSQL answers.
+        let date_to_timestamp = !i.constant
+            && i.ty == Some(ColumnType::Date)
+            && matches!(
+                data_type,
+                D::Timestamp(
+                    None,
+                    ast::TimezoneInfo::None | ast::TimezoneInfo::WithoutTimeZone
+                )
+            );
+        if date_to_timestamp {
+            **expr = date_to_timestamp_guard(expr.as_ref().clone());
+        }
+        let total = i.constant
+            || date_to_timestamp
+            || target == ColumnType::Text
+            || (i.ty == Some(target) && widest == Some(target))
+            || (i.ty == Some(ColumnType::Integer)
+                && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)))
+            || (i.ty == Some(ColumnType::Timestamp) && widest == Some(ColumnType::Date));
+        if !total {
+            return Err(cast_can_fail(expr, &i, data_type));
+        }
+        let bounds = if target.is_numeric() { i.bounds } else { None };
+        Ok(Info {
+            ty: Some(target),
+            bounds,
+            upper_ceiling: None,
+            groupable: i.groupable,
+            constant: i.constant,
+            public: PublicKeys::No,
+            column: None,
+            declared: None,
+            uses_unit: i.uses_unit,
+            integer: target == ColumnType::Integer,
+        })
+    }
+
+    /// `EXTRACT(field FROM date or timestamp)`, with the field's bounds where it has them.
+    fn extract(&mut self, field: &ast::DateTimeField, expr: &mut Expr, role: Role) -> Result<Info> {
+        let i = self.expr(expr, role)?;
+        if !matches!(i.ty, Some(ColumnType::Date | ColumnType::Timestamp) | None) {
+            return Err(unsupported_here("EXTRACT from a non-date value"));
+        }
+        let field_name = field.to_string().to_ascii_lowercase();
+        // A date has no time of day: PostgreSQL fails on EXTRACT(hour FROM d) for a date
+        // d, but only when a row reaches it, which would reveal that one exists.
+        if matches!(field_name.as_str(), "hour" | "minute" | "second")
+            && i.ty != Some(ColumnType::Timestamp)
+        {
+            return Err(Error::unsupported(
+                format!("EXTRACT({field_name} …) of a date"),
+                "A date has no time of day. Extract it from a timestamp column, or use a field of the date such as day, dow or doy.",
+            ));
+        }
+        let bounds = match field_name.as_str() {
+            "month" => Some((1.0, 12.0)),
+            "day" => Some((1.0, 31.0)),
+            "dow" => Some((0.0, 6.0)),
+            "isodow" => Some((1.0, 7.0)),
+            "quarter" => Some((1.0, 4.0)),
+            "hour" => Some((0.0, 23.0)),
+            "doy" => Some((1.0, 366.0)),
+            "week" => Some((1.0, 53.0)),
+            "year" | "isoyear" | "minute" | "second" | "epoch" | "decade" | "century" => None,
+            _ => return Err(unsupported_here(&format!("EXTRACT({field_name} …)"))),
+        };
+        Ok(Info::derived(Some(ColumnType::Numeric), &[&i], bounds))
     }
 
     /// A parameter compared with a typed expression takes that type.
@@ -509,6 +582,26 @@ impl<'a> Analyzer<'a> {
                 hint: "pgdp allows only functions that never fail and do not depend on time or randomness: lower, upper, length, abs, round, floor, ceil, coalesce, nullif, greatest, least, date_trunc, date_part, to_char of dates, trim.".into(),
             });
         };
+        let infos = self.function_arguments(f, &name, &spec, role)?;
+        let refs: Vec<&Info> = infos.iter().collect();
+        let ty = match spec.result {
+            Result_::Same(i) => infos.get(i).and_then(|x| x.ty),
+            Result_::Fixed(t) => Some(t),
+        };
+        let bounds = function_bounds(&name, &infos);
+        f.name = pg_catalog_name(&name);
+        Ok(Info::derived(ty, &refs, bounds))
+    }
+
+    /// The arguments of a total function: their number, their kinds (literals where the
+    /// function needs them), and the guards that keep the call from failing on any value.
+    fn function_arguments(
+        &mut self,
+        f: &mut ast::Function,
+        name: &str,
+        spec: &FunctionSpec,
+        role: Role,
+    ) -> Result<Vec<Info>> {
         let args = match &mut f.args {
             FunctionArguments::List(list) => {
                 if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
@@ -521,7 +614,7 @@ impl<'a> Analyzer<'a> {
             }
             FunctionArguments::None => {
                 return Err(Error::UnknownFunction {
-                    name: name.clone(),
+                    name: name.to_string(),
                     hint: String::new(),
                 })
             }
@@ -551,8 +644,8 @@ impl<'a> Analyzer<'a> {
                     "This argument must be a literal (a value from the data could make it fail).",
                 ));
             }
-            if i == 0 && matches!(name.as_str(), "date_trunc" | "date_part") {
-                check_date_unit(&name, e)?;
+            if i == 0 && matches!(name, "date_trunc" | "date_part") {
+                check_date_unit(name, e)?;
             }
             if name == "round" && i == 1 {
                 // round(x, n) with a huge n is slow and can fail; keep it to sane digits.
@@ -587,7 +680,7 @@ impl<'a> Analyzer<'a> {
                 }
             }
         }
-        if matches!(name.as_str(), "date_trunc" | "date_part") {
+        if matches!(name, "date_trunc" | "date_part") {
             // Near the ends of the date and timestamp ranges both fail on some values: the
             // argument is made total (see `datetime_range_guard`).
             // date_part's field truncates nothing: only its conversion of a date can fail.
@@ -607,62 +700,7 @@ impl<'a> Analyzer<'a> {
                 *x = datetime_range_guard(&unit, x.clone());
             }
         }
-        let refs: Vec<&Info> = infos.iter().collect();
-        let ty = match spec.result {
-            Result_::Same(i) => infos.get(i).and_then(|x| x.ty),
-            Result_::Fixed(t) => Some(t),
-        };
-        let bounds = match name.as_str() {
-            "abs" => infos[0].bounds.map(|(l, u)| {
-                if l >= 0.0 {
-                    (l, u)
-                } else if u <= 0.0 {
-                    (-u, -l)
-                } else {
-                    (0.0, u.max(-l))
-                }
-            }),
-            "round" | "floor" | "ceil" | "ceiling" | "trunc" => {
-                infos[0].bounds.map(|(l, u)| (l.floor(), u.ceil()))
-            }
-            "greatest" | "least" | "coalesce" => {
-                // An argument without bounds ranges over everything; GREATEST / LEAST ignore
-                // NULLs, so the result lies between the extreme bounds of the arguments, and
-                // LEAST(x, k) ≤ k, GREATEST(x, k) ≥ k whatever x is.
-                let v: Vec<(f64, f64)> = infos
-                    .iter()
-                    .map(|i| i.bounds.unwrap_or((f64::NEG_INFINITY, f64::INFINITY)))
-                    .collect();
-                let min_lo = v.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
-                let max_lo = v.iter().map(|b| b.0).fold(f64::NEG_INFINITY, f64::max);
-                let min_hi = v.iter().map(|b| b.1).fold(f64::INFINITY, f64::min);
-                let max_hi = v.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
-                let b = match name.as_str() {
-                    "least" => (min_lo, min_hi),
-                    "greatest" => (max_lo, max_hi),
-                    _ => (min_lo, max_hi),
-                };
-                (!b.0.is_nan() && !b.1.is_nan()).then_some(b)
-            }
-            "nullif" => infos[0].bounds,
-            "date_part" => Some((f64::MIN / 4.0, f64::MAX / 4.0)).filter(|_| false),
-            _ => None,
-        };
-        // Qualify as pg_catalog so a search_path can never substitute another function; the SQL
-        // constructs that look like functions (COALESCE, NULLIF, GREATEST, LEAST) cannot be
-        // qualified and cannot be shadowed. Names that sqlparser reads as special syntax even
-        // after `pg_catalog.` (FLOOR, CEIL) are quoted, so the rewrite re-parses.
-        f.name = if matches!(name.as_str(), "coalesce" | "nullif" | "greatest" | "least") {
-            ObjectName::from(vec![Ident::new(name.to_ascii_uppercase())])
-        } else if matches!(name.as_str(), "floor" | "ceil" | "ceiling") {
-            ObjectName::from(vec![
-                Ident::new("pg_catalog"),
-                Ident::with_quote('"', name.clone()),
-            ])
-        } else {
-            ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name.clone())])
-        };
-        Ok(Info::derived(ty, &refs, bounds))
+        Ok(infos)
     }
 
     /// `date_bin(stride, source, origin)` with a literal stride and origin (checked in
@@ -794,6 +832,145 @@ impl<'a> Analyzer<'a> {
         out.groupable = !out.uses_unit;
         Ok(out)
     }
+}
+
+/// The bounds of a total function's result from its arguments' bounds, where it has them.
+fn function_bounds(name: &str, infos: &[Info]) -> Option<(f64, f64)> {
+    match name {
+        "abs" => infos[0].bounds.map(|(l, u)| {
+            if l >= 0.0 {
+                (l, u)
+            } else if u <= 0.0 {
+                (-u, -l)
+            } else {
+                (0.0, u.max(-l))
+            }
+        }),
+        "round" | "floor" | "ceil" | "ceiling" | "trunc" => {
+            infos[0].bounds.map(|(l, u)| (l.floor(), u.ceil()))
+        }
+        "greatest" | "least" | "coalesce" => {
+            // An argument without bounds ranges over everything; GREATEST / LEAST ignore
+            // NULLs, so the result lies between the extreme bounds of the arguments, and
+            // LEAST(x, k) ≤ k, GREATEST(x, k) ≥ k whatever x is.
+            let v: Vec<(f64, f64)> = infos
+                .iter()
+                .map(|i| i.bounds.unwrap_or((f64::NEG_INFINITY, f64::INFINITY)))
+                .collect();
+            let min_lo = v.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
+            let max_lo = v.iter().map(|b| b.0).fold(f64::NEG_INFINITY, f64::max);
+            let min_hi = v.iter().map(|b| b.1).fold(f64::INFINITY, f64::min);
+            let max_hi = v.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
+            let b = match name {
+                "least" => (min_lo, min_hi),
+                "greatest" => (max_lo, max_hi),
+                _ => (min_lo, max_hi),
+            };
+            (!b.0.is_nan() && !b.1.is_nan()).then_some(b)
+        }
+        "nullif" => infos[0].bounds,
+        "date_part" => Some((f64::MIN / 4.0, f64::MAX / 4.0)).filter(|_| false),
+        _ => None,
+    }
+}
+
+/// A total function's name qualified as pg_catalog, so a search_path can never substitute
+/// another function; the SQL constructs that look like functions (COALESCE, NULLIF, GREATEST,
+/// LEAST) cannot be qualified and cannot be shadowed. Names that sqlparser reads as special
+/// syntax even after `pg_catalog.` (FLOOR, CEIL) are quoted, so the rewrite re-parses.
+fn pg_catalog_name(name: &str) -> ObjectName {
+    if matches!(name, "coalesce" | "nullif" | "greatest" | "least") {
+        ObjectName::from(vec![Ident::new(name.to_ascii_uppercase())])
+    } else if matches!(name, "floor" | "ceil" | "ceiling") {
+        ObjectName::from(vec![Ident::new("pg_catalog"), Ident::with_quote('"', name)])
+    } else {
+        ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name)])
+    }
+}
+
+/// The refusal of a construct outside the whitelist, with the whitelist as its hint.
+fn unsupported_here(what: &str) -> Error {
+    Error::unsupported(
+        what.to_string(),
+        "pgdp allows comparisons, AND/OR/NOT, + - * /, IN lists, BETWEEN, LIKE with a literal pattern, IS NULL, CASE and a few total functions.",
+    )
+}
+
+/// `DATE '…'`, `TIMESTAMP '…'`, …: checked here, as a malformed one would fail upstream after
+/// the charge.
+fn typed_literal(ts: &ast::TypedString) -> Result<Info> {
+    let ty =
+        type_of_data_type(&ts.data_type).ok_or_else(|| unsupported_here("this typed literal"))?;
+    let text = crate::literal::string_value(&ts.value.value).unwrap_or_default();
+    check_text_of_type(text, ty)?;
+    // A date's value is its day number, the unit of date columns' bounds.
+    let day = match ty {
+        ColumnType::Date => {
+            crate::datetime::Date::parse(text.trim()).map(|d| d.days_since_2000() as f64)
+        }
+        _ => None,
+    };
+    Ok(Info::constant(Some(ty), day))
+}
+
+/// `x / y`, divided by `NULLIF(y, 0)` (division by zero would raise an error that depends on
+/// the data), and the integer division PostgreSQL does when both are integers.
+fn divide(left: &mut Box<Expr>, right: &mut Box<Expr>, l: &Info, r: &Info) -> (Info, Option<Expr>) {
+    let divisor_literal = r.constant && r.bounds.is_some_and(|(v, _)| v != 0.0);
+    let bounds = match (
+        l.bounds.filter(|(x, y)| x.is_finite() && y.is_finite()),
+        r.bounds,
+    ) {
+        (Some((a, b)), Some((c, d))) if divisor_literal && c == d => {
+            let (x, y) = (a / c, b / c);
+            Some((x.min(y), x.max(y)))
+        }
+        _ => None,
+    };
+    let divisor = as_numeric(right.as_ref().clone(), r);
+    **left = as_numeric(left.as_ref().clone(), l);
+    **right = nullif_zero(divisor);
+    if l.integer && r.integer {
+        // Integer division truncates toward zero (7 / 2 = 3, -7 / 2 = -3):
+        // div() of the numerics is that quotient, exact, with no overflow.
+        let bounds = bounds.map(|(x, y): (f64, f64)| (x.trunc(), y.trunc()));
+        let quotient = integer_division(left.as_ref().clone(), right.as_ref().clone());
+        return (
+            Info {
+                integer: true,
+                ..Info::derived(Some(ColumnType::Numeric), &[l, r], bounds)
+            },
+            Some(quotient),
+        );
+    }
+    (
+        Info::derived(Some(ColumnType::Numeric), &[l, r], bounds),
+        None,
+    )
+}
+
+/// The refusal of a cast that can fail on some values, with the form that works.
+fn cast_can_fail(expr: &Expr, i: &Info, data_type: &ast::DataType) -> Error {
+    // EXTRACT / date_part of an infinite date or timestamp is ±Infinity, which no
+    // integer cast accepts, and a policy declares no bounds for dates that would
+    // exclude infinity: the cast stays refused, the hint shows the form that works.
+    let of_date_field = match expr {
+        Expr::Extract { .. } => true,
+        Expr::Function(f) => function_name(&f.name).is_ok_and(|n| n == "date_part"),
+        _ => false,
+    };
+    let hint = if of_date_field {
+        "EXTRACT and date_part give ±Infinity for infinite dates, which the cast refuses (an error that would reveal data). As a GROUP BY key the cast is allowed (GROUP BY EXTRACT(YEAR FROM visit_date)::int): pgdp groups by the EXTRACT and casts the released keys. Elsewhere compare EXTRACT(YEAR FROM visit_date) without the cast."
+    } else {
+        "Casts that can fail would reveal data through errors; compare with a literal of the column's own type instead."
+    };
+    Error::forbidden(
+        format!(
+            "the cast of {} to {data_type} can fail on some values",
+            i.column.as_deref().unwrap_or("this expression")
+        ),
+        hint,
+    )
 }
 
 /// The hint of a refused `width_bucket`.

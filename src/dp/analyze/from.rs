@@ -22,35 +22,8 @@ impl<'a> Analyzer<'a> {
                         "Read the tables the policy lists by name: functions in FROM (generate_series, unnest, …) are not available over data; for a series of dates or numbers, group by a key such as date_trunc('month', visit_date).",
                     ));
                 }
-                if let [part] = name.0.as_slice() {
-                    let cte_name = part
-                        .as_ident()
-                        .map(ident_lower)
-                        .unwrap_or_else(|| part.to_string().to_ascii_lowercase());
-                    let cte = self
-                        .ctes
-                        .iter()
-                        .find(|(n, _)| *n == cte_name)
-                        .map(|(_, q)| q.clone());
-                    // Inside its own body a CTE's name means the table of that name (PostgreSQL
-                    // without RECURSIVE), so only CTEs not being expanded are looked up.
-                    let cte = cte.filter(|_| !self.expanding.contains(&cte_name));
-                    if let Some(q) = cte {
-                        let visible = match alias {
-                            Some(a) if !a.columns.is_empty() => {
-                                return Err(Error::unsupported(
-                                    "column aliases on tables",
-                                    COLUMN_ALIASES_HINT,
-                                ))
-                            }
-                            Some(a) => ident_lower(&a.name),
-                            None => cte_name.clone(),
-                        };
-                        self.expanding.push(cte_name);
-                        let r = self.view(&q, visible);
-                        self.expanding.pop();
-                        return r;
-                    }
+                if let Some(added) = self.add_cte(name, alias.as_ref()) {
+                    return added;
                 }
                 if !with_hints.is_empty()
                     || version.is_some()
@@ -63,54 +36,7 @@ impl<'a> Analyzer<'a> {
                         "Name the table alone (FROM demo.visits): pgdp reads every row under the policy's caps, so TABLESAMPLE, index hints, partitions and versions have no place.",
                     ));
                 }
-                let table = self.find_table(name)?;
-                if self.tables.len() >= JOINED_TABLES_MAX {
-                    return Err(Error::LimitExceeded {
-                        what: "the number of joined tables".into(),
-                        limit: JOINED_TABLES_MAX as u64,
-                    });
-                }
-                let visible = match alias {
-                    Some(a) => {
-                        if !a.columns.is_empty() {
-                            return Err(Error::unsupported(
-                                "column aliases on tables",
-                                COLUMN_ALIASES_HINT,
-                            ));
-                        }
-                        ident_lower(&a.name)
-                    }
-                    None => table.name.clone(),
-                };
-                if visible.starts_with(RESERVED_PREFIX) {
-                    return Err(reserved_refusal());
-                }
-                if self.tables.iter().any(|t| t.2 == visible) {
-                    return Err(Error::Syntax {
-                        message: format!("table name \"{visible}\" specified more than once"),
-                    });
-                }
-                if let Some(path) = table.private().and_then(|p| p.unit_path.as_ref()) {
-                    let (query, owned) = self.key_path_view(table, path)?;
-                    let r = TableRef {
-                        table: table.qualified_name(),
-                        alias: self.fresh_alias(),
-                        private: true,
-                        source: Some(Box::new(query)),
-                        nullable: false,
-                    };
-                    self.tables.push((r, Cow::Owned(owned), visible));
-                    return Ok(self.tables.len() - 1);
-                }
-                let r = TableRef {
-                    table: table.qualified_name(),
-                    alias: self.fresh_alias(),
-                    private: matches!(table.kind, TableKind::Private(_)),
-                    source: None,
-                    nullable: false,
-                };
-                self.tables.push((r, Cow::Borrowed(table), visible));
-                Ok(self.tables.len() - 1)
+                self.add_policy_table(name, alias.as_ref())
             }
             TableFactor::Derived {
                 lateral,
@@ -145,6 +71,101 @@ impl<'a> Analyzer<'a> {
                 "Use plain table names joined with JOIN … USING / ON.",
             )),
         }
+    }
+
+    /// A CTE named in FROM, read as a view; `None` when `name` is no CTE in scope.
+    fn add_cte(
+        &mut self,
+        name: &ObjectName,
+        alias: Option<&ast::TableAlias>,
+    ) -> Option<Result<usize>> {
+        let [part] = name.0.as_slice() else {
+            return None;
+        };
+        let cte_name = part
+            .as_ident()
+            .map(ident_lower)
+            .unwrap_or_else(|| part.to_string().to_ascii_lowercase());
+        // Inside its own body a CTE's name means the table of that name (PostgreSQL without
+        // RECURSIVE), so only CTEs not being expanded are looked up.
+        if self.expanding.contains(&cte_name) {
+            return None;
+        }
+        let q = self
+            .ctes
+            .iter()
+            .find(|(n, _)| *n == cte_name)
+            .map(|(_, q)| q.clone())?;
+        let visible = match alias {
+            Some(a) if !a.columns.is_empty() => {
+                return Some(Err(Error::unsupported(
+                    "column aliases on tables",
+                    COLUMN_ALIASES_HINT,
+                )))
+            }
+            Some(a) => ident_lower(&a.name),
+            None => cte_name.clone(),
+        };
+        self.expanding.push(cte_name);
+        let r = self.view(&q, visible);
+        self.expanding.pop();
+        Some(r)
+    }
+
+    /// A table of the policy named in FROM (a private table with a unit path read as a view).
+    fn add_policy_table(
+        &mut self,
+        name: &ObjectName,
+        alias: Option<&ast::TableAlias>,
+    ) -> Result<usize> {
+        let table = self.find_table(name)?;
+        if self.tables.len() >= JOINED_TABLES_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the number of joined tables".into(),
+                limit: JOINED_TABLES_MAX as u64,
+            });
+        }
+        let visible = match alias {
+            Some(a) => {
+                if !a.columns.is_empty() {
+                    return Err(Error::unsupported(
+                        "column aliases on tables",
+                        COLUMN_ALIASES_HINT,
+                    ));
+                }
+                ident_lower(&a.name)
+            }
+            None => table.name.clone(),
+        };
+        if visible.starts_with(RESERVED_PREFIX) {
+            return Err(reserved_refusal());
+        }
+        if self.tables.iter().any(|t| t.2 == visible) {
+            return Err(Error::Syntax {
+                message: format!("table name \"{visible}\" specified more than once"),
+            });
+        }
+        if let Some(path) = table.private().and_then(|p| p.unit_path.as_ref()) {
+            let (query, owned) = self.key_path_view(table, path)?;
+            let r = TableRef {
+                table: table.qualified_name(),
+                alias: self.fresh_alias(),
+                private: true,
+                source: Some(Box::new(query)),
+                nullable: false,
+            };
+            self.tables.push((r, Cow::Owned(owned), visible));
+            return Ok(self.tables.len() - 1);
+        }
+        let r = TableRef {
+            table: table.qualified_name(),
+            alias: self.fresh_alias(),
+            private: matches!(table.kind, TableKind::Private(_)),
+            source: None,
+            nullable: false,
+        };
+        self.tables.push((r, Cow::Borrowed(table), visible));
+        Ok(self.tables.len() - 1)
     }
 
     /// A table whose rows reach their privacy unit through a unit path is read as a subquery

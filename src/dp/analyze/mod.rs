@@ -99,6 +99,117 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         return Err(refusal);
     }
     let ctes = common_table_expressions(query)?;
+    let select = single_select(query)?;
+
+    let mut a = Analyzer::new(ctx, ctes);
+    if let Some(refusal) = from::exists_without_from(select) {
+        return Err(refusal);
+    }
+    let joins = a.resolve_from(&select.from)?;
+
+    if !a.tables.iter().any(|t| t.0.private) {
+        return Err(Error::unsupported(
+            "queries over public tables only",
+            "pgdp answers DP aggregates over private tables; join the public table to a private one.",
+        ));
+    }
+
+    // WHERE: its semijoins on the privacy unit apart, the rest checked like any filter.
+    let (filter, semijoins) = match &select.selection {
+        Some(e) => a.where_clause(e)?,
+        None => (None, Vec::new()),
+    };
+
+    // corr, covar_*, regr_*: expressions over bounded sums of the same rows, analysed as the
+    // statement (moments.rs).
+    if moments::calls_bivariate(query) {
+        let rewritten = a.bivariate_as_sums(query)?;
+        return analyze_with(&rewritten, ctx, post_processed);
+    }
+    // MIN, MAX, MEDIAN, PERCENTILE_DISC of a date: the quantile of its day number (dates.rs).
+    if let Some(rewritten) = a.date_quantiles_as_days(query)? {
+        return analyze_with(&rewritten, ctx, post_processed);
+    }
+
+    // GROUP BY keys, and with ROLLUP / CUBE / GROUPING SETS the grouping sets over them.
+    let group_by = grouping::group_by(&select.group_by)?;
+    let group_exprs = group_by.elements;
+    if group_exprs.len() > limits::GROUP_KEYS_PER_QUERY_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the number of GROUP BY keys".into(),
+            limit: limits::GROUP_KEYS_PER_QUERY_MAX as u64,
+        });
+    }
+    let (keys, key_originals, element_key) = a.group_keys(select, &group_exprs)?;
+    let grouping_sets = group_by
+        .sets
+        .map(|sets| grouping::key_sets(&sets, &element_key));
+    let sets = grouping_sets.as_deref();
+
+    // Select list, HAVING, ORDER BY: evaluated by pgdp when they are bare aggregates and keys,
+    // by PostgreSQL over the released values (post::PostProcessing) otherwise.
+    let (aggregates, outputs, having, order_by, limit, offset, post) =
+        a.outputs(query, select, &keys, &key_originals, sets, post_processed)?;
+    if aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
+        return Err(Error::LimitExceeded {
+            what: "the number of aggregates".into(),
+            limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
+        });
+    }
+
+    a.check_public_rows_kept(&keys, &aggregates)?;
+
+    let (max_groups_per_unit, max_rows_per_unit, groups_ceiling, rows_ceiling) =
+        a.contribution_caps();
+    let unit = a.unit()?;
+    let parameters = parameters(&a.parameters);
+    Ok(Plan {
+        tables: a.tables.into_iter().map(|t| t.0).collect(),
+        joins,
+        unit,
+        max_groups_per_unit: if keys.is_empty() {
+            1
+        } else {
+            max_groups_per_unit
+        },
+        max_rows_per_unit,
+        groups_ceiling: if keys.is_empty() { 1 } else { groups_ceiling },
+        rows_ceiling,
+        max_rows_total: None,
+        filter,
+        semijoins,
+        keys,
+        grouping_sets,
+        aggregates,
+        outputs,
+        having,
+        order_by,
+        limit,
+        offset,
+        post,
+        parameters,
+        unit_unique: false,
+        unit_lookup: None,
+        not_null: Vec::new(),
+        unique_keys: a.unique_keys,
+        unit_caps: a.unit_caps,
+    })
+}
+
+/// The statement's parameters (`$n`), each with the type its use gave it.
+fn parameters(found: &BTreeMap<usize, (ColumnType, Option<String>)>) -> Vec<Parameter> {
+    found
+        .iter()
+        .map(|(&index, (ty, declared))| Parameter {
+            index,
+            ty: *ty,
+            declared: declared.clone(),
+        })
+        .collect()
+}
+
+/// The one SELECT of a query pgdp can analyse, with the clauses it refuses checked.
+fn single_select(query: &ast::Query) -> Result<&ast::Select> {
     if !query.locks.is_empty() {
         return Err(Error::forbidden(
             "FOR UPDATE / FOR SHARE is not allowed through pgdp",
@@ -144,225 +255,174 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
             "Write PostgreSQL SQL: LIMIT n instead of TOP n, WHERE instead of PREWHERE, a join instead of LATERAL VIEW.",
         ));
     }
+    Ok(select)
+}
 
-    let mut a = Analyzer {
-        ctx,
-        tables: Vec::new(),
-        parameters: BTreeMap::new(),
-        ctes,
-        expanding: Vec::new(),
-        next_alias: 0,
-        view_hints: BTreeMap::new(),
-        unique_keys: Vec::new(),
-        unit_caps: Vec::new(),
-        windows_allowed: false,
-        public_rows_kept: None,
-    };
-    if let Some(refusal) = from::exists_without_from(select) {
-        return Err(refusal);
-    }
-    let joins = a.resolve_from(&select.from)?;
-
-    let private: Vec<&TableRef> = a
-        .tables
-        .iter()
-        .map(|t| &t.0)
-        .filter(|t| t.private)
-        .collect();
-    if private.is_empty() {
-        return Err(Error::unsupported(
-            "queries over public tables only",
-            "pgdp answers DP aggregates over private tables; join the public table to a private one.",
-        ));
+impl<'a> Analyzer<'a> {
+    /// An analyser with no table in scope yet.
+    fn new(ctx: &'a Context, ctes: Vec<(String, ast::Query)>) -> Analyzer<'a> {
+        Analyzer {
+            ctx,
+            tables: Vec::new(),
+            parameters: BTreeMap::new(),
+            ctes,
+            expanding: Vec::new(),
+            next_alias: 0,
+            view_hints: BTreeMap::new(),
+            unique_keys: Vec::new(),
+            unit_caps: Vec::new(),
+            windows_allowed: false,
+            public_rows_kept: None,
+        }
     }
 
-    // WHERE: its semijoins on the privacy unit apart, the rest checked like any filter.
-    let (filter, semijoins) = match &select.selection {
-        Some(e) => a.where_clause(e)?,
-        None => (None, Vec::new()),
-    };
+    /// The GROUP BY keys (each once), the analyst's expression of each, and the key each
+    /// element of GROUP BY resolved to.
+    fn group_keys(
+        &mut self,
+        select: &ast::Select,
+        group_exprs: &[Expr],
+    ) -> Result<(Vec<GroupKey>, Vec<Expr>, Vec<usize>)> {
+        let mut keys: Vec<GroupKey> = Vec::new();
+        // The analyst's expression of each key (for the statement that types released values).
+        let mut key_originals: Vec<Expr> = Vec::new();
+        // The key each element of GROUP BY resolved to.
+        let mut element_key: Vec<usize> = Vec::new();
+        for g in group_exprs {
+            // PostgreSQL reads an ambiguous GROUP BY name as the input column, not the output
+            // alias (`CASE WHEN GROUPING(region) = 1 THEN 'all' ELSE region END AS region … GROUP BY
+            // ROLLUP (region)` groups by the column).
+            let input_column = matches!(g, Expr::Identifier(_))
+                && !matches!(
+                    self.expr(&mut g.clone(), Role::Key),
+                    Err(Error::UnknownColumn { .. })
+                );
+            let resolved = |g: &Expr| -> Result<Expr> {
+                if input_column {
+                    Ok(g.clone())
+                } else {
+                    resolve_group_reference(g, &select.projection)
+                }
+            };
+            // `EXTRACT(…)::int`: grouped by the EXTRACT, cast after the release (same groups).
+            let written = resolved(g)?;
+            let original = fields::integer_cast_of_whole_field(&written).unwrap_or(written);
+            let mut e = original.clone();
+            let info = self.expr(&mut e, Role::Key)?;
+            if !info.groupable {
+                return Err(Error::forbidden(
+                    format!("grouping by {} is not allowed", g),
+                    "Group only by columns declared groupable in the policy (and simple functions of them); never by the privacy unit.",
+                ));
+            }
+            let text = Canonical::of(&e);
+            if let Some(i) = keys.iter().position(|k| k.expr == text) {
+                element_key.push(i);
+                continue;
+            }
+            element_key.push(keys.len());
+            key_originals.push(original);
+            keys.push(GroupKey {
+                expr: text,
+                ty: info.ty.unwrap_or(ColumnType::Text),
+                declared: info
+                    .declared
+                    .as_deref()
+                    .and_then(crate::output::CellType::of_declared),
+                public: info.public,
+            });
+        }
+        Ok((keys, key_originals, element_key))
+    }
 
-    // corr, covar_*, regr_*: expressions over bounded sums of the same rows, analysed as the
-    // statement (moments.rs).
-    if moments::calls_bivariate(query) {
-        let rewritten = a.bivariate_as_sums(query)?;
-        return analyze_with(&rewritten, ctx, post_processed);
-    }
-    // MIN, MAX, MEDIAN, PERCENTILE_DISC of a date: the quantile of its day number (dates.rs).
-    if let Some(rewritten) = a.date_quantiles_as_days(query)? {
-        return analyze_with(&rewritten, ctx, post_processed);
-    }
-
-    // GROUP BY keys, and with ROLLUP / CUBE / GROUPING SETS the grouping sets over them.
-    let group_by = grouping::group_by(&select.group_by)?;
-    let group_exprs = group_by.elements;
-    if group_exprs.len() > limits::GROUP_KEYS_PER_QUERY_MAX {
-        return Err(Error::LimitExceeded {
-            what: "the number of GROUP BY keys".into(),
-            limit: limits::GROUP_KEYS_PER_QUERY_MAX as u64,
-        });
-    }
-    let mut keys: Vec<GroupKey> = Vec::new();
-    // The analyst's expression of each key (for the statement that types released values).
-    let mut key_originals: Vec<Expr> = Vec::new();
-    // The key each element of GROUP BY resolved to.
-    let mut element_key: Vec<usize> = Vec::new();
-    for g in &group_exprs {
-        // PostgreSQL reads an ambiguous GROUP BY name as the input column, not the output
-        // alias (`CASE WHEN GROUPING(region) = 1 THEN 'all' ELSE region END AS region … GROUP BY
-        // ROLLUP (region)` groups by the column).
-        let input_column = matches!(g, Expr::Identifier(_))
-            && !matches!(
-                a.expr(&mut g.clone(), Role::Key),
-                Err(Error::UnknownColumn { .. })
-            );
-        let resolved = |g: &Expr| -> Result<Expr> {
-            if input_column {
-                Ok(g.clone())
-            } else {
-                resolve_group_reference(g, &select.projection)
+    /// The select list, HAVING, ORDER BY, LIMIT and OFFSET: evaluated by pgdp when they are
+    /// bare aggregates and keys, by PostgreSQL over the released values
+    /// ([`post::PostProcessing`]) otherwise.
+    fn outputs(
+        &mut self,
+        query: &ast::Query,
+        select: &ast::Select,
+        keys: &[GroupKey],
+        key_originals: &[Expr],
+        sets: Option<&[Vec<usize>]>,
+        post_processed: bool,
+    ) -> Result<Outputs> {
+        let (limit, offset) = limit_offset(query)?;
+        let staged = post_processed
+            || select.projection.iter().any(|item| match item {
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                    post::needs_post_processing(e)
+                }
+                _ => false,
+            });
+        let shaped = if staged {
+            Shaped::Staged(self.post_processing(query, select, keys, key_originals, sets)?)
+        } else {
+            match self.plain_outputs(query, select, keys, sets.is_some()) {
+                Ok(p) => Shaped::Plain(p),
+                // What pgdp's own evaluator cannot do, PostgreSQL may, over the released values.
+                Err(refusal) => {
+                    match self.post_processing(query, select, keys, key_originals, sets) {
+                        Ok(s) => Shaped::Staged(s),
+                        Err(_) => return Err(refusal),
+                    }
+                }
             }
         };
-        // `EXTRACT(…)::int`: grouped by the EXTRACT, cast after the release (same groups).
-        let written = resolved(g)?;
-        let original = fields::integer_cast_of_whole_field(&written).unwrap_or(written);
-        let mut e = original.clone();
-        let info = a.expr(&mut e, Role::Key)?;
-        if !info.groupable {
-            return Err(Error::forbidden(
-                format!("grouping by {} is not allowed", g),
-                "Group only by columns declared groupable in the policy (and simple functions of them); never by the privacy unit.",
-            ));
-        }
-        let text = Canonical::of(&e);
-        if let Some(i) = keys.iter().position(|k| k.expr == text) {
-            element_key.push(i);
-            continue;
-        }
-        element_key.push(keys.len());
-        key_originals.push(original);
-        keys.push(GroupKey {
-            expr: text,
-            ty: info.ty.unwrap_or(ColumnType::Text),
-            declared: info
-                .declared
-                .as_deref()
-                .and_then(crate::output::CellType::of_declared),
-            public: info.public,
-        });
-    }
-    let grouping_sets = group_by
-        .sets
-        .map(|sets| grouping::key_sets(&sets, &element_key));
-    let sets = grouping_sets.as_deref();
-
-    // Select list, HAVING, ORDER BY: evaluated by pgdp when they are bare aggregates and keys,
-    // by PostgreSQL over the released values (post::PostProcessing) otherwise.
-    let (limit, offset) = limit_offset(query)?;
-    let staged = post_processed
-        || select.projection.iter().any(|item| match item {
-            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
-                post::needs_post_processing(e)
+        let (aggregates, outputs, having, order_by, limit, offset, post) = match shaped {
+            Shaped::Plain((aggregates, outputs, having, order_by)) => {
+                (aggregates, outputs, having, order_by, limit, offset, None)
             }
-            _ => false,
-        });
-    let shaped = if staged {
-        Shaped::Staged(a.post_processing(query, select, &keys, &key_originals, sets)?)
-    } else {
-        match a.plain_outputs(query, select, &keys, sets.is_some()) {
-            Ok(p) => Shaped::Plain(p),
-            // What pgdp's own evaluator cannot do, PostgreSQL may, over the released values.
-            Err(refusal) => match a.post_processing(query, select, &keys, &key_originals, sets) {
-                Ok(s) => Shaped::Staged(s),
-                Err(_) => return Err(refusal),
-            },
-        }
-    };
-    let (aggregates, outputs, having, order_by, limit, offset, post) = match shaped {
-        Shaped::Plain((aggregates, outputs, having, order_by)) => {
-            (aggregates, outputs, having, order_by, limit, offset, None)
-        }
-        Shaped::Staged((aggregates, outputs, post)) => {
-            (aggregates, outputs, None, Vec::new(), None, 0, Some(post))
-        }
-    };
-    if aggregates.len() > limits::AGGREGATES_PER_QUERY_MAX {
-        return Err(Error::LimitExceeded {
-            what: "the number of aggregates".into(),
-            limit: limits::AGGREGATES_PER_QUERY_MAX as u64,
-        });
+            Shaped::Staged((aggregates, outputs, post)) => {
+                (aggregates, outputs, None, Vec::new(), None, 0, Some(post))
+            }
+        };
+        Ok((aggregates, outputs, having, order_by, limit, offset, post))
     }
 
-    if let Some(table) = &a.public_rows_kept {
-        let private: BTreeSet<String> = a
+    /// A public table's rows kept by a join must not be counted as if private (see
+    /// [`check_public_rows_kept`]).
+    fn check_public_rows_kept(&self, keys: &[GroupKey], aggregates: &[Aggregate]) -> Result<()> {
+        let Some(table) = &self.public_rows_kept else {
+            return Ok(());
+        };
+        let private: BTreeSet<String> = self
             .tables
             .iter()
             .filter(|t| t.0.private)
             .map(|t| t.0.alias.clone())
             .collect();
-        check_public_rows_kept(table, &private, &keys, &aggregates)?;
+        check_public_rows_kept(table, &private, keys, aggregates)
     }
 
-    // Contribution bounds: the loosest of the private tables joined (all share the unit).
-    let policy_tables: Vec<&Table> = a
-        .tables
-        .iter()
-        .filter(|t| t.0.private)
-        .map(|t| &*t.1)
-        .collect();
-    let loosest = |f: fn(&crate::policy::PrivateTable) -> u64| -> u64 {
-        policy_tables
+    /// Contribution bounds (caps and ceilings of groups and rows per unit): the loosest of the
+    /// private tables joined (all share the unit).
+    fn contribution_caps(&self) -> (u64, u64, u64, u64) {
+        // Contribution bounds: the loosest of the private tables joined (all share the unit).
+        let policy_tables: Vec<&Table> = self
+            .tables
             .iter()
-            .filter_map(|t| t.private().map(f))
-            .max()
-            .unwrap_or(1)
-    };
-    let max_groups_per_unit = loosest(|p| p.max_groups_per_unit);
-    let max_rows_per_unit = loosest(|p| p.max_rows_per_unit);
-    let groups_ceiling = loosest(|p| p.groups_ceiling);
-    let rows_ceiling = loosest(|p| p.rows_ceiling);
-
-    let unit = a.unit()?;
-    let parameters = a
-        .parameters
-        .into_iter()
-        .map(|(index, (ty, declared))| Parameter {
-            index,
-            ty,
-            declared,
-        })
-        .collect();
-    Ok(Plan {
-        tables: a.tables.into_iter().map(|t| t.0).collect(),
-        joins,
-        unit,
-        max_groups_per_unit: if keys.is_empty() {
-            1
-        } else {
-            max_groups_per_unit
-        },
-        max_rows_per_unit,
-        groups_ceiling: if keys.is_empty() { 1 } else { groups_ceiling },
-        rows_ceiling,
-        max_rows_total: None,
-        filter,
-        semijoins,
-        keys,
-        grouping_sets,
-        aggregates,
-        outputs,
-        having,
-        order_by,
-        limit,
-        offset,
-        post,
-        parameters,
-        unit_unique: false,
-        unit_lookup: None,
-        not_null: Vec::new(),
-        unique_keys: a.unique_keys,
-        unit_caps: a.unit_caps,
-    })
+            .filter(|t| t.0.private)
+            .map(|t| &*t.1)
+            .collect();
+        let loosest = |f: fn(&crate::policy::PrivateTable) -> u64| -> u64 {
+            policy_tables
+                .iter()
+                .filter_map(|t| t.private().map(f))
+                .max()
+                .unwrap_or(1)
+        };
+        let max_groups_per_unit = loosest(|p| p.max_groups_per_unit);
+        let max_rows_per_unit = loosest(|p| p.max_rows_per_unit);
+        let groups_ceiling = loosest(|p| p.groups_ceiling);
+        let rows_ceiling = loosest(|p| p.rows_ceiling);
+        (
+            max_groups_per_unit,
+            max_rows_per_unit,
+            groups_ceiling,
+            rows_ceiling,
+        )
+    }
 }
 
 /// `SELECT DISTINCT k1, k2 FROM …` (a BI tool's filter list) as `SELECT k1, k2 FROM … GROUP BY
@@ -960,6 +1020,17 @@ enum Shaped {
     Plain(PlainOutputs),
     Staged(post::Staged),
 }
+
+/// A plan's aggregates, outputs, HAVING, ORDER BY, LIMIT, OFFSET and post-processing.
+type Outputs = (
+    Vec<Aggregate>,
+    Vec<Output>,
+    Option<Post>,
+    Vec<SortKey>,
+    Option<u64>,
+    u64,
+    Option<PostProcessing>,
+);
 
 #[cfg(test)]
 mod tests;

@@ -208,6 +208,77 @@ fn qualified(name: &str) -> ObjectName {
     }
 }
 
+/// A name in an outer query over an aggregate subquery `alias` whose released columns are
+/// `names`: `Some(Ok)` for one of them, an error for any other column or an aggregate over its
+/// rows, `None` for other expressions.
+fn outer_reference(e: &Expr, alias: &str, names: &[String]) -> Option<Result<()>> {
+    let named = |n: &Ident| names.contains(&ident_lower(n));
+    match e {
+        Expr::Identifier(id) if named(id) => Some(Ok(())),
+        Expr::Identifier(id) => Some(Err(Error::UnknownColumn {
+            name: id.value.clone(),
+        })),
+        Expr::CompoundIdentifier(parts) => Some(match parts.as_slice() {
+            [a, c] if ident_lower(a) == alias && named(c) => Ok(()),
+            _ => Err(Error::UnknownColumn {
+                name: e.to_string(),
+            }),
+        }),
+        Expr::Function(f)
+            if f.over.is_none()
+                && function_name(&f.name)
+                    .ok()
+                    .and_then(|n| aggregate_kind(&n))
+                    .is_some() =>
+        {
+            Some(Err(Error::unsupported(
+                "aggregates over the rows of an aggregate subquery",
+                "Aggregate in the subquery itself; the outer query may filter, sort, limit and compute expressions over its rows.",
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// A literal in an expression over released values: numbers, strings, booleans, NULL and
+/// typed literals of the types released values can be cast to; no parameters.
+fn released_literal(e: &Expr) -> Result<()> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            Value::Number(..)
+            | Value::SingleQuotedString(_)
+            | Value::DollarQuotedString(_)
+            | Value::Boolean(_)
+            | Value::Null => Ok(()),
+            Value::Placeholder(p) => Err(Error::unsupported(
+                format!("the parameter {p} in an expression over aggregates"),
+                "Use a literal there; parameters are allowed in WHERE.",
+            )),
+            _ => Err(Error::unsupported(
+                format!("the literal {v} in an expression over aggregates"),
+                POST_HINT,
+            )),
+        },
+        Expr::TypedString(ts) => {
+            if castable(&ts.data_type) {
+                Ok(())
+            } else {
+                Err(Error::unsupported(
+                    format!("the literal {ts} in an expression over aggregates"),
+                    POST_HINT,
+                ))
+            }
+        }
+        other => Err(Error::unsupported(
+            format!("{other} in an expression over aggregates"),
+            POST_HINT,
+        )),
+    }
+}
+
+/// The hint of a correlated or unsupported subquery in an expression over aggregates.
+const SUBQUERY_HINT: &str = "pgdp releases a scalar subquery that reads only its own tables first, charged on its own, and uses its noisy value as a constant; this one reads the outer query's columns (a correlated subquery), or is not one aggregate without GROUP BY. Or ask for the numerator and the denominator in one query of the table, one release charged once: move the numerator's WHERE condition into FILTER, as in SELECT COUNT(*) FILTER (WHERE <condition>) * 1.0 / COUNT(*) FROM <table>; for each group's share of all rows, divide by SUM(COUNT(*)) OVER (), as in SELECT <key>, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () FROM <table> GROUP BY <key>.";
+
 impl Analyzer<'_> {
     /// Rewrites `e` in place into an expression over [`RELEASED_RELATION`]: aggregates become
     /// released columns (and are added to `st`), group keys become key columns; refuses what is
@@ -218,167 +289,14 @@ impl Analyzer<'_> {
         st: &mut Staging<'_>,
         place: Place<'_>,
     ) -> Result<()> {
-        // An output column named in ORDER BY.
-        if let (Place::OrderBy(outputs), Expr::Identifier(id)) = (place, &*e) {
-            if let Some((name, _)) = outputs
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(&id.value))
-            {
-                *e = Expr::Identifier(Ident::with_quote('"', name.as_str()));
-                return Ok(());
-            }
-        }
-        // An outer query over an aggregate subquery names the subquery's released columns.
-        if let Some((alias, names)) = st.outer {
-            let named = |n: &Ident| {
-                let folded = ident_lower(n);
-                names.contains(&folded)
-            };
-            match &*e {
-                Expr::Identifier(id) => {
-                    return if named(id) {
-                        Ok(())
-                    } else {
-                        Err(Error::UnknownColumn {
-                            name: id.value.clone(),
-                        })
-                    }
-                }
-                Expr::CompoundIdentifier(parts) => {
-                    return match parts.as_slice() {
-                        [a, c] if ident_lower(a) == alias && named(c) => Ok(()),
-                        _ => Err(Error::UnknownColumn {
-                            name: e.to_string(),
-                        }),
-                    }
-                }
-                Expr::Function(f)
-                    if f.over.is_none()
-                        && function_name(&f.name)
-                            .ok()
-                            .and_then(|n| aggregate_kind(&n))
-                            .is_some() =>
-                {
-                    return Err(Error::unsupported(
-                        "aggregates over the rows of an aggregate subquery",
-                        "Aggregate in the subquery itself; the outer query may filter, sort, limit and compute expressions over its rows.",
-                    ))
-                }
-                _ => {}
-            }
-        }
-        // GROUPING(…): a function of the released row's grouping set (columns `g<i>`).
-        if st.outer.is_none() && grouping::is_grouping_call(e) {
-            if st.sets.is_none() {
-                return Err(grouping::grouping_without_sets());
-            }
-            let args = self.grouping_arguments(e, st.keys)?;
-            *e = grouping::released_grouping(&args);
+        if self.released_reference(e, st, place)? {
             return Ok(());
-        }
-        // An aggregate: released through a mechanism.
-        if let Expr::Function(f) = &*e {
-            let name = function_name(&f.name)?;
-            if f.over.is_none() && aggregate_kind(&name).is_some() {
-                let original = e.clone();
-                let agg = self
-                    .aggregate(&original)?
-                    .ok_or_else(|| Error::internal("an aggregate was not recognised"))?;
-                // The shadow catalog types a detected count as the `boolean` it is.
-                let i = st.push(agg, &existence::for_typing(&original));
-                *e = released_column('a', i);
-                return Ok(());
-            }
-        }
-        // A group key (or an expression that reads a table's column and is none).
-        if st.outer.is_none()
-            && !contains_aggregate(e)
-            && !contains_window(e)
-            && has_column_reference(e)
-        {
-            let mut c = e.clone();
-            if self.expr(&mut c, Role::Key).is_ok() {
-                let text = c.to_string();
-                if let Some(i) = st.keys.iter().position(|k| k.expr == text) {
-                    *e = released_column('k', i);
-                    return Ok(());
-                }
-            }
-            if let (Place::Having(outputs), Expr::Identifier(id)) = (place, &*e) {
-                if let Some((_, x)) = outputs
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case(&id.value))
-                {
-                    *e = x.clone();
-                    return Ok(());
-                }
-            }
-            if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
-                return Err(Error::forbidden(
-                    format!("{e} must appear in GROUP BY or be used in an aggregate"),
-                    "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV, quantiles) and GROUP BY keys; expressions may combine them.",
-                ));
-            }
         }
         let inner = Place::Select;
         match e {
             Expr::Nested(x) => self.released_expr(x, st, inner),
-            Expr::Value(v) => match &v.value {
-                Value::Number(..)
-                | Value::SingleQuotedString(_)
-                | Value::DollarQuotedString(_)
-                | Value::Boolean(_)
-                | Value::Null => Ok(()),
-                Value::Placeholder(p) => Err(Error::unsupported(
-                    format!("the parameter {p} in an expression over aggregates"),
-                    "Use a literal there; parameters are allowed in WHERE.",
-                )),
-                _ => Err(Error::unsupported(
-                    format!("the literal {v} in an expression over aggregates"),
-                    POST_HINT,
-                )),
-            },
-            Expr::TypedString(ts) => {
-                if castable(&ts.data_type) {
-                    Ok(())
-                } else {
-                    Err(Error::unsupported(
-                        format!("the literal {ts} in an expression over aggregates"),
-                        POST_HINT,
-                    ))
-                }
-            }
-            Expr::BinaryOp { left, op, right } => {
-                use BinaryOperator as B;
-                if !matches!(
-                    op,
-                    B::Plus
-                        | B::Minus
-                        | B::Multiply
-                        | B::Divide
-                        | B::Modulo
-                        | B::Eq
-                        | B::NotEq
-                        | B::Lt
-                        | B::LtEq
-                        | B::Gt
-                        | B::GtEq
-                        | B::And
-                        | B::Or
-                        | B::StringConcat
-                ) {
-                    return Err(Error::unsupported(
-                        format!("the operator {op} in an expression over aggregates"),
-                        POST_HINT,
-                    ));
-                }
-                self.released_expr(left, st, inner)?;
-                self.released_expr(right, st, inner)?;
-                if matches!(op, B::Divide | B::Modulo) {
-                    **right = nullif_zero(Expr::Nested(right.clone()));
-                }
-                Ok(())
-            }
+            Expr::Value(_) | Expr::TypedString(_) => released_literal(e),
+            Expr::BinaryOp { left, op, right } => self.released_binary(left, op, right, st),
             Expr::UnaryOp { op, expr } => match op {
                 UnaryOperator::Not | UnaryOperator::Minus | UnaryOperator::Plus => {
                     self.released_expr(expr, st, inner)?;
@@ -411,17 +329,14 @@ impl Analyzer<'_> {
                 else_result,
                 ..
             } => {
-                if let Some(o) = operand {
-                    self.released_expr(o, st, inner)?;
-                }
-                for w in conditions {
-                    self.released_expr(&mut w.condition, st, inner)?;
-                    self.released_expr(&mut w.result, st, inner)?;
-                }
-                if let Some(x) = else_result {
-                    self.released_expr(x, st, inner)?;
-                }
-                Ok(())
+                // In the order written: the operand, each WHEN and THEN, ELSE.
+                let whens = conditions
+                    .iter_mut()
+                    .flat_map(|w| [&mut w.condition, &mut w.result]);
+                let all = (operand.iter_mut().map(|x| &mut **x))
+                    .chain(whens)
+                    .chain(else_result.iter_mut().map(|x| &mut **x));
+                self.released_all(all, st)
             }
             Expr::IsNull(x)
             | Expr::IsNotNull(x)
@@ -432,16 +347,11 @@ impl Analyzer<'_> {
             | Expr::IsUnknown(x)
             | Expr::IsNotUnknown(x) => self.released_expr(x, st, inner),
             Expr::IsDistinctFrom(a, b) | Expr::IsNotDistinctFrom(a, b) => {
-                self.released_expr(a, st, inner)?;
-                self.released_expr(b, st, inner)
+                self.released_all([&mut **a, &mut **b], st)
             }
             Expr::Between {
                 expr, low, high, ..
-            } => {
-                self.released_expr(expr, st, inner)?;
-                self.released_expr(low, st, inner)?;
-                self.released_expr(high, st, inner)
-            }
+            } => self.released_all([&mut **expr, &mut **low, &mut **high], st),
             Expr::InList { expr, list, .. } => {
                 if list.len() > limits::IN_LIST_VALUES_MAX {
                     return Err(Error::LimitExceeded {
@@ -450,10 +360,7 @@ impl Analyzer<'_> {
                     });
                 }
                 self.released_expr(expr, st, inner)?;
-                for x in list {
-                    self.released_expr(x, st, inner)?;
-                }
-                Ok(())
+                self.released_all(list.iter_mut(), st)
             }
             Expr::Like {
                 expr,
@@ -468,10 +375,7 @@ impl Analyzer<'_> {
                 escape_char,
                 any: false,
                 ..
-            } if escape_char.is_none() => {
-                self.released_expr(expr, st, inner)?;
-                self.released_expr(pattern, st, inner)
-            }
+            } if escape_char.is_none() => self.released_all([&mut **expr, &mut **pattern], st),
             Expr::Extract { expr, .. } => self.released_expr(expr, st, inner),
             // An interval literal (`released_date + INTERVAL '1 day'`, and the seconds a timestamp
             // quantile counts): a constant; a malformed one fails when the shadow catalog
@@ -492,13 +396,145 @@ impl Analyzer<'_> {
             // the same question is one query of t, its condition moved into FILTER.
             Expr::Subquery(_) => Err(Error::unsupported(
                 format!("the subquery {e} in an expression over aggregates"),
-                "pgdp releases a scalar subquery that reads only its own tables first, charged on its own, and uses its noisy value as a constant; this one reads the outer query's columns (a correlated subquery), or is not one aggregate without GROUP BY. Or ask for the numerator and the denominator in one query of the table, one release charged once: move the numerator's WHERE condition into FILTER, as in SELECT COUNT(*) FILTER (WHERE <condition>) * 1.0 / COUNT(*) FROM <table>; for each group's share of all rows, divide by SUM(COUNT(*)) OVER (), as in SELECT <key>, COUNT(*) * 1.0 / SUM(COUNT(*)) OVER () FROM <table> GROUP BY <key>.",
+                SUBQUERY_HINT,
             )),
             other => Err(Error::unsupported(
                 format!("{other} in an expression over aggregates"),
                 POST_HINT,
             )),
         }
+    }
+
+    /// [`Analyzer::released_expr`] of each of `exprs`, in order.
+    fn released_all<'e>(
+        &mut self,
+        exprs: impl IntoIterator<Item = &'e mut Expr>,
+        st: &mut Staging<'_>,
+    ) -> Result<()> {
+        for x in exprs {
+            self.released_expr(x, st, Place::Select)?;
+        }
+        Ok(())
+    }
+
+    /// `e` when it is a name or a released value itself: an output column named in ORDER BY, a
+    /// released column of an aggregate subquery, GROUPING(…), an aggregate (released through a
+    /// mechanism, added to `st`) or a group key, rewritten in place; `false` when it is none.
+    fn released_reference(
+        &mut self,
+        e: &mut Expr,
+        st: &mut Staging<'_>,
+        place: Place<'_>,
+    ) -> Result<bool> {
+        // An output column named in ORDER BY.
+        if let (Place::OrderBy(outputs), Expr::Identifier(id)) = (place, &*e) {
+            if let Some((name, _)) = outputs
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(&id.value))
+            {
+                *e = Expr::Identifier(Ident::with_quote('"', name.as_str()));
+                return Ok(true);
+            }
+        }
+        if let Some((alias, names)) = st.outer {
+            if let Some(named) = outer_reference(e, alias, names) {
+                return named.map(|()| true);
+            }
+        }
+        // GROUPING(…): a function of the released row's grouping set (columns `g<i>`).
+        if st.outer.is_none() && grouping::is_grouping_call(e) {
+            if st.sets.is_none() {
+                return Err(grouping::grouping_without_sets());
+            }
+            let args = self.grouping_arguments(e, st.keys)?;
+            *e = grouping::released_grouping(&args);
+            return Ok(true);
+        }
+        // An aggregate: released through a mechanism.
+        if let Expr::Function(f) = &*e {
+            let name = function_name(&f.name)?;
+            if f.over.is_none() && aggregate_kind(&name).is_some() {
+                let original = e.clone();
+                let agg = self
+                    .aggregate(&original)?
+                    .ok_or_else(|| Error::internal("an aggregate was not recognised"))?;
+                // The shadow catalog types a detected count as the `boolean` it is.
+                let i = st.push(agg, &existence::for_typing(&original));
+                *e = released_column('a', i);
+                return Ok(true);
+            }
+        }
+        // A group key (or an expression that reads a table's column and is none).
+        if st.outer.is_none()
+            && !contains_aggregate(e)
+            && !contains_window(e)
+            && has_column_reference(e)
+        {
+            let mut c = e.clone();
+            if self.expr(&mut c, Role::Key).is_ok() {
+                let text = c.to_string();
+                if let Some(i) = st.keys.iter().position(|k| k.expr == text) {
+                    *e = released_column('k', i);
+                    return Ok(true);
+                }
+            }
+            if let (Place::Having(outputs), Expr::Identifier(id)) = (place, &*e) {
+                if let Some((_, x)) = outputs
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(&id.value))
+                {
+                    *e = x.clone();
+                    return Ok(true);
+                }
+            }
+            if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
+                return Err(Error::forbidden(
+                    format!("{e} must appear in GROUP BY or be used in an aggregate"),
+                    "pgdp releases only aggregates (COUNT, SUM, AVG, VARIANCE, STDDEV, quantiles) and GROUP BY keys; expressions may combine them.",
+                ));
+            }
+        }
+        Ok(false)
+    }
+
+    /// A binary operator over released values, dividing by `NULLIF(divisor, 0)`.
+    fn released_binary(
+        &mut self,
+        left: &mut Expr,
+        op: &BinaryOperator,
+        right: &mut Box<Expr>,
+        st: &mut Staging<'_>,
+    ) -> Result<()> {
+        let inner = Place::Select;
+        use BinaryOperator as B;
+        if !matches!(
+            op,
+            B::Plus
+                | B::Minus
+                | B::Multiply
+                | B::Divide
+                | B::Modulo
+                | B::Eq
+                | B::NotEq
+                | B::Lt
+                | B::LtEq
+                | B::Gt
+                | B::GtEq
+                | B::And
+                | B::Or
+                | B::StringConcat
+        ) {
+            return Err(Error::unsupported(
+                format!("the operator {op} in an expression over aggregates"),
+                POST_HINT,
+            ));
+        }
+        self.released_expr(left, st, inner)?;
+        self.released_expr(right, st, inner)?;
+        if matches!(op, B::Divide | B::Modulo) {
+            **right = nullif_zero(Expr::Nested(right.clone()));
+        }
+        Ok(())
     }
 
     /// A scalar or window function over released values.

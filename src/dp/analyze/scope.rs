@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// A view's select items: each one's SQL and name.
+type NamedItems = Vec<(String, String)>;
+
+/// The hint of a refused subquery that aggregates without grouping by the privacy unit alone.
+const PER_UNIT_HINT: &str = "Aggregate per privacy unit, e.g. (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id), and aggregate n in the outer query.";
+
 impl<'a> Analyzer<'a> {
     pub(super) fn find_table(&self, name: &ObjectName) -> Result<&'a Table> {
         let parts: Vec<String> = name
@@ -149,7 +155,40 @@ impl<'a> Analyzer<'a> {
                 ))
             }
         };
-        let filter = match &select.selection {
+        let filter = self.view_filter(select)?;
+        let per_unit = self.view_per_unit(select, &unit)?;
+        let (items, columns, unit_name) = self.view_columns(select, visible, &unit, per_unit)?;
+        let having = match &select.having {
+            Some(h) => {
+                let mut h = h.clone();
+                self.expr(&mut h, Role::UnitAggregate)?;
+                Some(h.to_string())
+            }
+            None => None,
+        };
+        let ((max_groups_per_unit, groups_ceiling), (max_rows_per_unit, rows_ceiling)) =
+            self.view_caps(per_unit);
+        let query = self.view_query(&joins, &items, filter, &unit, per_unit, having)?;
+        let table = Table {
+            schema: String::new(),
+            name: visible.to_string(),
+            kind: TableKind::Private(PrivateTable {
+                privacy_unit: Some(unit_name),
+                unit_path: None,
+                max_groups_per_unit,
+                max_rows_per_unit,
+                groups_ceiling,
+                rows_ceiling,
+                unique_keys: Vec::new(),
+            }),
+            columns,
+        };
+        Ok((query, table))
+    }
+
+    /// A subquery's WHERE, analysed, as text.
+    fn view_filter(&mut self, select: &ast::Select) -> Result<Option<String>> {
+        Ok(match &select.selection {
             Some(e) => {
                 let mut e = e.clone();
                 let info = self.expr(&mut e, Role::Filter)?;
@@ -161,7 +200,11 @@ impl<'a> Analyzer<'a> {
                 Some(e.to_string())
             }
             None => None,
-        };
+        })
+    }
+
+    /// Whether a subquery aggregates per unit (it must then GROUP BY the privacy unit alone).
+    fn view_per_unit(&mut self, select: &ast::Select, unit: &str) -> Result<bool> {
         let group_exprs = match &select.group_by {
             GroupByExpr::Expressions(exprs, modifiers) if modifiers.is_empty() => exprs.clone(),
             _ => {
@@ -179,7 +222,6 @@ impl<'a> Analyzer<'a> {
                 }
                 _ => false,
             });
-        let per_unit_hint = "Aggregate per privacy unit, e.g. (SELECT person_id, LEAST(COUNT(*), 20) AS n FROM demo.visits GROUP BY person_id), and aggregate n in the outer query.";
         if per_unit {
             let ok = match group_exprs.as_slice() {
                 [g] => {
@@ -193,16 +235,28 @@ impl<'a> Analyzer<'a> {
             if !ok {
                 return Err(Error::forbidden(
                     "a subquery in FROM that aggregates must GROUP BY the privacy unit alone",
-                    per_unit_hint,
+                    PER_UNIT_HINT,
                 ));
             }
         }
+        Ok(per_unit)
+    }
+
+    /// A subquery's select list: each item's SQL and name, its column of the view, and the
+    /// name under which the view carries the privacy unit (a hidden column when no item is
+    /// the unit itself).
+    fn view_columns(
+        &mut self,
+        select: &ast::Select,
+        visible: &str,
+        unit: &str,
+        per_unit: bool,
+    ) -> Result<(NamedItems, Vec<Column>, String)> {
         let role = if per_unit {
             Role::UnitAggregate
         } else {
             Role::Argument
         };
-
         let mut items: Vec<(String, String)> = Vec::new();
         let mut columns: Vec<Column> = Vec::new();
         let mut unit_name: Option<String> = None;
@@ -213,7 +267,7 @@ impl<'a> Analyzer<'a> {
                 SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) if per_unit => {
                     return Err(Error::unsupported(
                         "* in a subquery grouped by the privacy unit",
-                        per_unit_hint,
+                        PER_UNIT_HINT,
                     ))
                 }
                 SelectItem::Wildcard(_) => {
@@ -227,26 +281,7 @@ impl<'a> Analyzer<'a> {
                     continue;
                 }
                 SelectItem::QualifiedWildcard(kind, _) => {
-                    let ast::SelectItemQualifiedWildcardKind::ObjectName(name) = kind else {
-                        return Err(Error::unsupported("this wildcard", "List the columns."));
-                    };
-                    let qualifier = name
-                        .0
-                        .iter()
-                        .map(|p| {
-                            p.as_ident()
-                                .map(ident_lower)
-                                .unwrap_or_else(|| p.to_string().to_ascii_lowercase())
-                        })
-                        .collect::<Vec<_>>()
-                        .join(".");
-                    let idx = self
-                        .tables
-                        .iter()
-                        .position(|(r, _, v)| *v == qualifier || r.table == qualifier)
-                        .ok_or_else(|| Error::UnknownTable {
-                            name: qualifier.clone(),
-                        })?;
+                    let idx = self.wildcard_table(kind)?;
                     self.table_columns(idx, &mut items, &mut columns, &mut unit_name);
                     continue;
                 }
@@ -261,9 +296,8 @@ impl<'a> Analyzer<'a> {
             if name.starts_with(RESERVED_PREFIX) {
                 return Err(reserved_refusal());
             }
-            let mut e = expr.clone();
             // The unit itself (bare, possibly qualified) names the view's privacy unit.
-            if let Some((idx, col)) = self.column_ref(&e)? {
+            if let Some((idx, col)) = self.column_ref(expr)? {
                 let alias_of = self.tables[idx].0.alias.clone();
                 let text = canonical(&alias_of, &col).to_string();
                 if text == unit || self.is_unit_of_any_table(&text) {
@@ -287,82 +321,15 @@ impl<'a> Analyzer<'a> {
                     continue;
                 }
             }
-            // A window partitioned by the unit keeps each row a row of one unit (`window`).
-            self.windows_allowed = !per_unit;
-            let info = self.expr(&mut e, role);
-            self.windows_allowed = false;
-            let mut info = info?;
-            if per_unit {
-                if let Some(capped) = self.row_capped(expr, &e, &info)? {
-                    self.unit_caps
-                        .push(format!("{visible}.{name} = {}", capped.shown));
-                    e = capped.item;
-                    info.bounds = Some(capped.bounds);
-                }
-            }
-            let bounds = info
-                .bounds
-                .filter(|(l, u)| l.is_finite() && u.is_finite())
-                .map(|(lower, upper)| Bounds { lower, upper });
-            let ty = info.ty.unwrap_or(ColumnType::Text);
-            if bounds.is_none() && ty.is_numeric() && per_unit {
-                self.view_hints.insert(
-                    format!("{visible}.{name}"),
-                    "Clamp the per-unit value with stated bounds in the subquery, e.g. LEAST(COUNT(*), 20) or LEAST(GREATEST(SUM(cost), 0), 5000).".into(),
-                );
-            } else if bounds.is_none()
-                && ty.is_numeric()
-                && info.column.is_none()
-                && !contains_window(expr)
-            {
-                self.view_hints.insert(
-                    format!("{visible}.{name}"),
-                    format!("Clamp the value with stated bounds in the subquery, e.g. LEAST(GREATEST(<expression>, 0), 100) AS {name}."),
-                );
-            } else if bounds.is_none() && ty.is_numeric() && contains_window(expr) {
-                self.view_hints.insert(
-                    format!("{visible}.{name}"),
-                    "Clamp the window value with stated bounds in the subquery, e.g. LEAST(ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date), 10), LEAST(GREATEST(visit_date - MIN(visit_date) OVER (PARTITION BY person_id), 0), 3650) or LEAST(SUM(cost) OVER (PARTITION BY person_id), 5000).".into(),
-                );
-            }
-            let (public_values, exhaustive) = match &info.public {
-                // A column of a derived table keeps the non-NULL values (a NULL group of the
-                // outer query is then not released, so the column is exhaustive only when NULL
-                // was not among them).
-                PublicKeys::Listed { values, exhaustive } => (
-                    Some(values.iter().flatten().cloned().collect()),
-                    *exhaustive && !values.contains(&None),
-                ),
-                // Rows beyond a declared bound fall outside the domain.
-                _ if per_unit => (integer_domain(ty, bounds), false),
-                _ => (None, false),
-            };
-            columns.push(Column {
-                name: name.clone(),
-                ty,
-                // An expression has no declared type; PostgreSQL's type of a per-unit
-                // aggregate of integers (COUNT, SUM, LEAST(COUNT(*), 20)) is bigint.
-                declared_type: info.declared.clone().unwrap_or_else(|| {
-                    if per_unit && ty == ColumnType::Integer {
-                        "bigint".to_string()
-                    } else {
-                        ty.name().to_string()
-                    }
-                }),
-                bounds,
-                // A column passed through keeps its ceiling; a per-unit value has none.
-                upper_ceiling: if per_unit { None } else { info.upper_ceiling },
-                groupable: info.groupable || per_unit,
-                public_values,
-                exhaustive,
-            });
-            items.push((e.to_string(), name));
+            let (item, column) = self.view_item(expr, &name, visible, per_unit, role)?;
+            columns.push(column);
+            items.push((item, name));
         }
         let unit_name = match unit_name {
             Some(u) => u,
             None => {
                 let hidden = format!("{RESERVED_PREFIX}unit");
-                items.push((unit.clone(), hidden.clone()));
+                items.push((unit.to_string(), hidden.clone()));
                 columns.push(Column {
                     name: hidden.clone(),
                     ty: ColumnType::Integer,
@@ -384,18 +351,117 @@ impl<'a> Analyzer<'a> {
                 "Give the columns distinct aliases with AS.",
             ));
         }
+        Ok((items, columns, unit_name))
+    }
 
-        let having = match &select.having {
-            Some(h) => {
-                let mut h = h.clone();
-                self.expr(&mut h, Role::UnitAggregate)?;
-                Some(h.to_string())
-            }
-            None => None,
+    /// The table in scope that `t.*` names.
+    fn wildcard_table(&self, kind: &ast::SelectItemQualifiedWildcardKind) -> Result<usize> {
+        let ast::SelectItemQualifiedWildcardKind::ObjectName(name) = kind else {
+            return Err(Error::unsupported("this wildcard", "List the columns."));
         };
-        // (caps, ceilings) of groups and rows per unit: the loosest of the tables joined.
-        let ((max_groups_per_unit, groups_ceiling), (max_rows_per_unit, rows_ceiling)) = if per_unit
+        let qualifier = name
+            .0
+            .iter()
+            .map(|p| {
+                p.as_ident()
+                    .map(ident_lower)
+                    .unwrap_or_else(|| p.to_string().to_ascii_lowercase())
+            })
+            .collect::<Vec<_>>()
+            .join(".");
+        self.tables
+            .iter()
+            .position(|(r, _, v)| *v == qualifier || r.table == qualifier)
+            .ok_or(Error::UnknownTable { name: qualifier })
+    }
+
+    /// One select item of a subquery that is not the privacy unit: its SQL and its column
+    /// (type, bounds, public domain), or a hint kept for when the outer query aggregates it.
+    fn view_item(
+        &mut self,
+        expr: &Expr,
+        name: &str,
+        visible: &str,
+        per_unit: bool,
+        role: Role,
+    ) -> Result<(String, Column)> {
+        let mut e = expr.clone();
+        // A window partitioned by the unit keeps each row a row of one unit (`window`).
+        self.windows_allowed = !per_unit;
+        let info = self.expr(&mut e, role);
+        self.windows_allowed = false;
+        let mut info = info?;
+        if per_unit {
+            if let Some(capped) = self.row_capped(expr, &e, &info)? {
+                self.unit_caps
+                    .push(format!("{visible}.{name} = {}", capped.shown));
+                e = capped.item;
+                info.bounds = Some(capped.bounds);
+            }
+        }
+        let bounds = info
+            .bounds
+            .filter(|(l, u)| l.is_finite() && u.is_finite())
+            .map(|(lower, upper)| Bounds { lower, upper });
+        let ty = info.ty.unwrap_or(ColumnType::Text);
+        if bounds.is_none() && ty.is_numeric() && per_unit {
+            self.view_hints.insert(
+                format!("{visible}.{name}"),
+                "Clamp the per-unit value with stated bounds in the subquery, e.g. LEAST(COUNT(*), 20) or LEAST(GREATEST(SUM(cost), 0), 5000).".into(),
+            );
+        } else if bounds.is_none()
+            && ty.is_numeric()
+            && info.column.is_none()
+            && !contains_window(expr)
         {
+            self.view_hints.insert(
+                format!("{visible}.{name}"),
+                format!("Clamp the value with stated bounds in the subquery, e.g. LEAST(GREATEST(<expression>, 0), 100) AS {name}."),
+            );
+        } else if bounds.is_none() && ty.is_numeric() && contains_window(expr) {
+            self.view_hints.insert(
+                format!("{visible}.{name}"),
+                "Clamp the window value with stated bounds in the subquery, e.g. LEAST(ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_date), 10), LEAST(GREATEST(visit_date - MIN(visit_date) OVER (PARTITION BY person_id), 0), 3650) or LEAST(SUM(cost) OVER (PARTITION BY person_id), 5000).".into(),
+            );
+        }
+        let (public_values, exhaustive) = match &info.public {
+            // A column of a derived table keeps the non-NULL values (a NULL group of the
+            // outer query is then not released, so the column is exhaustive only when NULL
+            // was not among them).
+            PublicKeys::Listed { values, exhaustive } => (
+                Some(values.iter().flatten().cloned().collect()),
+                *exhaustive && !values.contains(&None),
+            ),
+            // Rows beyond a declared bound fall outside the domain.
+            _ if per_unit => (integer_domain(ty, bounds), false),
+            _ => (None, false),
+        };
+        let column = Column {
+            name: name.to_string(),
+            ty,
+            // An expression has no declared type; PostgreSQL's type of a per-unit
+            // aggregate of integers (COUNT, SUM, LEAST(COUNT(*), 20)) is bigint.
+            declared_type: info.declared.clone().unwrap_or_else(|| {
+                if per_unit && ty == ColumnType::Integer {
+                    "bigint".to_string()
+                } else {
+                    ty.name().to_string()
+                }
+            }),
+            bounds,
+            // A column passed through keeps its ceiling; a per-unit value has none.
+            upper_ceiling: if per_unit { None } else { info.upper_ceiling },
+            groupable: info.groupable || per_unit,
+            public_values,
+            exhaustive,
+        };
+        Ok((e.to_string(), column))
+    }
+
+    /// (caps, ceilings) of groups and of rows per unit of a view: the loosest of the tables
+    /// joined; one group and one row per unit when it aggregates per unit.
+    fn view_caps(&self, per_unit: bool) -> ((u64, u64), (u64, u64)) {
+        if per_unit {
             ((1, 1), (1, 1))
         } else {
             let caps: Vec<&PrivateTable> =
@@ -413,9 +479,21 @@ impl<'a> Analyzer<'a> {
                     loosest(|p| p.rows_ceiling),
                 ),
             )
-        };
+        }
+    }
+
+    /// The view's SQL, printed and parsed back.
+    fn view_query(
+        &self,
+        joins: &[JoinOn],
+        items: &[(String, String)],
+        filter: Option<String>,
+        unit: &str,
+        per_unit: bool,
+        having: Option<String>,
+    ) -> Result<ast::Query> {
         let refs: Vec<TableRef> = self.tables.iter().map(|t| t.0.clone()).collect();
-        let from = from_clause(&refs, &joins, |q| Ok(sql!("{}", q)))?.into_string();
+        let from = from_clause(&refs, joins, |q| Ok(sql!("{}", q)))?.into_string();
         let select_list: Vec<String> = items
             .iter()
             .map(|(e, n)| format!("{e} AS \"{n}\""))
@@ -437,21 +515,7 @@ impl<'a> Analyzer<'a> {
             Some(ast::Statement::Query(q)) => *q,
             _ => return Err(Error::internal("subquery SQL is not a query")),
         };
-        let table = Table {
-            schema: String::new(),
-            name: visible.to_string(),
-            kind: TableKind::Private(PrivateTable {
-                privacy_unit: Some(unit_name),
-                unit_path: None,
-                max_groups_per_unit,
-                max_rows_per_unit,
-                groups_ceiling,
-                rows_ceiling,
-                unique_keys: Vec::new(),
-            }),
-            columns,
-        };
-        Ok((query, table))
+        Ok(query)
     }
 
     /// A select item of a subquery grouped by the privacy unit that is a whole `COUNT(…)`, or

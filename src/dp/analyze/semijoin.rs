@@ -360,7 +360,6 @@ impl<'a> Analyzer<'a> {
         left: Option<&ColumnRef>,
         unit: &str,
     ) -> Result<SemijoinBody> {
-        let is_in = left.is_some();
         let joins = self.resolve_from(&select.from)?;
         if !self.tables.iter().any(|t| t.0.private) {
             return Err(Error::unsupported(
@@ -375,55 +374,7 @@ impl<'a> Analyzer<'a> {
             ));
         }
 
-        // The select list: one unit column for IN; anything that is not evaluated for EXISTS.
-        let mut selected = None;
-        for item in &select.projection {
-            let expr = match item {
-                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => Some(e),
-                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => None,
-                SelectItem::ExprWithAliases { .. } => {
-                    return Err(Error::unsupported(
-                        "multiple aliases for one select item",
-                        "Give the item one alias: expr AS name.",
-                    ))
-                }
-            };
-            if is_in {
-                let column = match (expr, select.projection.len()) {
-                    (Some(e), 1) => self.unit_column_ref(e),
-                    _ => None,
-                };
-                if column.is_none() {
-                    if let Some(e) = expr {
-                        if contains_aggregate(e) {
-                            return Err(aggregate_refusal(unit));
-                        }
-                        if self.mentions_outer(e, outer) {
-                            return Err(self.outer_reference(unit));
-                        }
-                    }
-                    return Err(not_unit("a column", unit));
-                }
-                if let (Some(c), Some(l)) = (&column, left) {
-                    self.comparable_units(c, l, outer)?;
-                }
-                selected = column;
-                continue;
-            }
-            let plain = match expr {
-                None => true,
-                Some(Expr::Value(v)) => !matches!(v.value, Value::Placeholder(_)),
-                Some(e) => self.column_ref(e).ok().flatten().is_some(),
-            };
-            if !plain {
-                return Err(Error::unsupported(
-                    "this select list in EXISTS",
-                    format!(
-                        "EXISTS only asks whether a row exists: write EXISTS (SELECT 1 FROM <table> t WHERE t.{unit} = <outer>.{unit} AND …), with per-person aggregates in GROUP BY t.{unit} HAVING …"
-                    ),
-                ));
-            }
-        }
+        let selected = self.semijoin_select_list(select, outer, left, unit)?;
 
         // WHERE: correlations on the unit, and conditions on the subquery's own tables.
         let mut correlation = None;
@@ -493,6 +444,67 @@ impl<'a> Analyzer<'a> {
             filter: and_all(conditions),
             having,
         })
+    }
+
+    /// The select list of a semijoin's subquery: one unit column for IN (returned);
+    /// anything that is not evaluated for EXISTS.
+    fn semijoin_select_list(
+        &mut self,
+        select: &ast::Select,
+        outer: &mut Scope<'a>,
+        left: Option<&ColumnRef>,
+        unit: &str,
+    ) -> Result<Option<ColumnRef>> {
+        let is_in = left.is_some();
+        let mut selected = None;
+        for item in &select.projection {
+            let expr = match item {
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => Some(e),
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => None,
+                SelectItem::ExprWithAliases { .. } => {
+                    return Err(Error::unsupported(
+                        "multiple aliases for one select item",
+                        "Give the item one alias: expr AS name.",
+                    ))
+                }
+            };
+            if is_in {
+                let column = match (expr, select.projection.len()) {
+                    (Some(e), 1) => self.unit_column_ref(e),
+                    _ => None,
+                };
+                if column.is_none() {
+                    if let Some(e) = expr {
+                        if contains_aggregate(e) {
+                            return Err(aggregate_refusal(unit));
+                        }
+                        if self.mentions_outer(e, outer) {
+                            return Err(self.outer_reference(unit));
+                        }
+                    }
+                    return Err(not_unit("a column", unit));
+                }
+                if let (Some(c), Some(l)) = (&column, left) {
+                    self.comparable_units(c, l, outer)?;
+                }
+                selected = column;
+                continue;
+            }
+            let plain = match expr {
+                None => true,
+                Some(Expr::Value(v)) => !matches!(v.value, Value::Placeholder(_)),
+                Some(e) => self.column_ref(e).ok().flatten().is_some(),
+            };
+            if !plain {
+                return Err(Error::unsupported(
+                    "this select list in EXISTS",
+                    format!(
+                        "EXISTS only asks whether a row exists: write EXISTS (SELECT 1 FROM <table> t WHERE t.{unit} = <outer>.{unit} AND …), with per-person aggregates in GROUP BY t.{unit} HAVING …"
+                    ),
+                ));
+            }
+        }
+        Ok(selected)
     }
 }
 

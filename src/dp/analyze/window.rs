@@ -158,7 +158,6 @@ impl<'a> Analyzer<'a> {
         name: &str,
         function: WindowFunction,
     ) -> Result<Info> {
-        use WindowFunction as W;
         let Some(ast::WindowType::WindowSpec(spec)) = &mut f.over else {
             return Err(Error::unsupported(
                 "named windows",
@@ -171,6 +170,15 @@ impl<'a> Analyzer<'a> {
                 "Write the window inline: OVER (PARTITION BY person_id ORDER BY …).",
             ));
         }
+        self.window_spec(spec, name)?;
+        let infos = self.window_arguments(f, name, function)?;
+        let info = window_result(function, name, &infos)?;
+        f.name = ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name)]);
+        Ok(info)
+    }
+
+    /// A window's PARTITION BY (the privacy unit of an inner-joined table), ORDER BY and frame.
+    fn window_spec(&mut self, spec: &mut ast::WindowSpec, name: &str) -> Result<()> {
         let mut partitioned_by_unit = false;
         for p in &mut spec.partition_by {
             let info = self.expr(p, Role::Argument)?;
@@ -192,36 +200,17 @@ impl<'a> Analyzer<'a> {
             }
             self.expr(&mut o.expr, Role::Argument)?;
         }
-        if let Some(frame) = &spec.window_frame {
-            let end = frame
-                .end_bound
-                .clone()
-                .unwrap_or(ast::WindowFrameBound::CurrentRow);
-            for b in [&frame.start_bound, &end] {
-                if let ast::WindowFrameBound::Preceding(Some(n))
-                | ast::WindowFrameBound::Following(Some(n)) = b
-                {
-                    if frame.units != ast::WindowFrameUnits::Rows {
-                        return Err(Error::unsupported(
-                            "RANGE or GROUPS frames with an offset",
-                            "Use ROWS BETWEEN n PRECEDING AND m FOLLOWING, or UNBOUNDED / CURRENT ROW.",
-                        ));
-                    }
-                    literal_count(n, "a frame offset", 0, limits::WINDOW_FRAME_OFFSET_MAX)?;
-                }
-            }
-            // PostgreSQL refuses a frame that starts after it ends, starts at UNBOUNDED
-            // FOLLOWING or ends at UNBOUNDED PRECEDING (at plan time, but after the charge).
-            let (s, e) = (bound_order(&frame.start_bound), bound_order(&end));
-            let groups_unordered =
-                frame.units == ast::WindowFrameUnits::Groups && spec.order_by.is_empty();
-            if s == 4 || e == 0 || s > e || groups_unordered {
-                return Err(Error::Syntax {
-                    message: "this window frame is invalid: it must not start after it ends, start at UNBOUNDED FOLLOWING or end at UNBOUNDED PRECEDING, and GROUPS needs ORDER BY".into(),
-                });
-            }
-        }
+        check_frame(spec)
+    }
 
+    /// A window function's arguments: their number, and the literal ones within their limits.
+    fn window_arguments(
+        &mut self,
+        f: &mut ast::Function,
+        name: &str,
+        function: WindowFunction,
+    ) -> Result<Vec<Info>> {
+        use WindowFunction as W;
         let (args, star) = match &mut f.args {
             FunctionArguments::None => (Vec::new(), false),
             FunctionArguments::Subquery(_) => {
@@ -275,7 +264,6 @@ impl<'a> Analyzer<'a> {
                 hint: String::new(),
             });
         }
-        let inf = f64::INFINITY;
         let mut infos = Vec::with_capacity(args.len());
         for (i, e) in args.into_iter().enumerate() {
             let literal = matches!(
@@ -303,88 +291,129 @@ impl<'a> Analyzer<'a> {
             let info = self.expr(e, Role::Argument)?;
             infos.push(info);
         }
-        let x = infos.first().cloned();
-        let info = match (function, x) {
-            (W::Rank, _) => ranked(ColumnType::Integer, "bigint", (1.0, inf)),
-            (W::Fraction, _) => ranked(ColumnType::Float, "double precision", (0.0, 1.0)),
-            (W::Ntile, Some(n)) => {
-                let (_, upper) = n.bounds.unwrap_or((1.0, 1.0));
-                ranked(ColumnType::Integer, "integer", (1.0, upper))
-            }
-            (W::Count, _) => ranked(ColumnType::Integer, "bigint", (0.0, inf)),
-            (W::Shift | W::Value | W::NthValue | W::Extreme, Some(x)) => {
-                let mut bounds = x.bounds;
-                let mut declared = x.declared.clone();
-                if function == W::Shift {
-                    if let Some(default) = infos.get(2) {
-                        declared = shift_declared(name, &x, default)?;
-                        bounds = match (bounds, default.bounds) {
-                            (Some((l, u)), Some((dl, du))) => Some((l.min(dl), u.max(du))),
-                            _ => None,
-                        };
-                    }
-                }
-                Info {
-                    ty: x.ty,
-                    bounds,
-                    upper_ceiling: None,
-                    groupable: x.groupable && !x.uses_unit,
-                    constant: false,
-                    public: PublicKeys::No,
-                    column: None,
-                    declared,
-                    uses_unit: x.uses_unit,
-                    integer: x.integer,
-                }
-            }
-            (W::Sum | W::Avg, Some(x)) => {
-                if !x.ty.is_none_or(|t| t.is_numeric()) {
-                    return Err(Error::Syntax {
-                        message: format!("function {name} needs a numeric argument"),
-                    });
-                }
-                if x.ty == Some(ColumnType::Float) {
+        Ok(infos)
+    }
+}
+
+/// A window frame PostgreSQL accepts, with offsets only on ROWS frames, each a literal within
+/// its limit: PostgreSQL would refuse the others at plan time, after the charge.
+fn check_frame(spec: &ast::WindowSpec) -> Result<()> {
+    if let Some(frame) = &spec.window_frame {
+        let end = frame
+            .end_bound
+            .clone()
+            .unwrap_or(ast::WindowFrameBound::CurrentRow);
+        for b in [&frame.start_bound, &end] {
+            if let ast::WindowFrameBound::Preceding(Some(n))
+            | ast::WindowFrameBound::Following(Some(n)) = b
+            {
+                if frame.units != ast::WindowFrameUnits::Rows {
                     return Err(Error::unsupported(
-                        format!("{name} of floating-point values over a window"),
-                        "Cast the value to numeric (CAST(x AS numeric)): floating-point sums fail on overflow, which would depend on the data.",
+                        "RANGE or GROUPS frames with an offset",
+                        "Use ROWS BETWEEN n PRECEDING AND m FOLLOWING, or UNBOUNDED / CURRENT ROW.",
                     ));
                 }
-                let ty = x.ty.unwrap_or(ColumnType::Numeric);
-                let declared_x = x.declared.clone().unwrap_or_else(|| ty.name().to_string());
-                let (lo, hi) = x.bounds.unwrap_or((-inf, inf));
-                let (ty, bounds) = if function == W::Sum {
-                    let b = (
-                        if lo >= 0.0 { 0.0 } else { -inf },
-                        if hi <= 0.0 { 0.0 } else { inf },
-                    );
-                    (ty, b)
-                } else {
-                    (ColumnType::Numeric, (lo, hi))
-                };
-                let declared = aggregate_declared(function, ty, &declared_x);
-                let ty = if declared == "bigint" {
-                    ColumnType::Integer
-                } else {
-                    ColumnType::Numeric
-                };
-                Info {
-                    ty: Some(ty),
-                    bounds: Some(bounds),
-                    upper_ceiling: None,
-                    groupable: x.groupable && !x.uses_unit,
-                    constant: false,
-                    public: PublicKeys::No,
-                    column: None,
-                    declared: Some(declared),
-                    uses_unit: false,
-                    integer: ty == ColumnType::Integer,
+                literal_count(n, "a frame offset", 0, limits::WINDOW_FRAME_OFFSET_MAX)?;
+            }
+        }
+        // PostgreSQL refuses a frame that starts after it ends, starts at UNBOUNDED
+        // FOLLOWING or ends at UNBOUNDED PRECEDING (at plan time, but after the charge).
+        let (s, e) = (bound_order(&frame.start_bound), bound_order(&end));
+        let groups_unordered =
+            frame.units == ast::WindowFrameUnits::Groups && spec.order_by.is_empty();
+        if s == 4 || e == 0 || s > e || groups_unordered {
+            return Err(Error::Syntax {
+                message: "this window frame is invalid: it must not start after it ends, start at UNBOUNDED FOLLOWING or end at UNBOUNDED PRECEDING, and GROUPS needs ORDER BY".into(),
+            });
+        }
+    }
+
+    Ok(())
+}
+
+/// The type, bounds and declared type of a window function's value.
+fn window_result(function: WindowFunction, name: &str, infos: &[Info]) -> Result<Info> {
+    use WindowFunction as W;
+    let inf = f64::INFINITY;
+    let x = infos.first().cloned();
+    Ok(match (function, x) {
+        (W::Rank, _) => ranked(ColumnType::Integer, "bigint", (1.0, inf)),
+        (W::Fraction, _) => ranked(ColumnType::Float, "double precision", (0.0, 1.0)),
+        (W::Ntile, Some(n)) => {
+            let (_, upper) = n.bounds.unwrap_or((1.0, 1.0));
+            ranked(ColumnType::Integer, "integer", (1.0, upper))
+        }
+        (W::Count, _) => ranked(ColumnType::Integer, "bigint", (0.0, inf)),
+        (W::Shift | W::Value | W::NthValue | W::Extreme, Some(x)) => {
+            let mut bounds = x.bounds;
+            let mut declared = x.declared.clone();
+            if function == W::Shift {
+                if let Some(default) = infos.get(2) {
+                    declared = shift_declared(name, &x, default)?;
+                    bounds = match (bounds, default.bounds) {
+                        (Some((l, u)), Some((dl, du))) => Some((l.min(dl), u.max(du))),
+                        _ => None,
+                    };
                 }
             }
-            _ => return Err(Error::internal("a window function without its argument")),
-        };
-        f.name = ObjectName::from(vec![Ident::new("pg_catalog"), Ident::new(name)]);
-        Ok(info)
-    }
+            Info {
+                ty: x.ty,
+                bounds,
+                upper_ceiling: None,
+                groupable: x.groupable && !x.uses_unit,
+                constant: false,
+                public: PublicKeys::No,
+                column: None,
+                declared,
+                uses_unit: x.uses_unit,
+                integer: x.integer,
+            }
+        }
+        (W::Sum | W::Avg, Some(x)) => {
+            if !x.ty.is_none_or(|t| t.is_numeric()) {
+                return Err(Error::Syntax {
+                    message: format!("function {name} needs a numeric argument"),
+                });
+            }
+            if x.ty == Some(ColumnType::Float) {
+                return Err(Error::unsupported(
+                    format!("{name} of floating-point values over a window"),
+                    "Cast the value to numeric (CAST(x AS numeric)): floating-point sums fail on overflow, which would depend on the data.",
+                ));
+            }
+            let ty = x.ty.unwrap_or(ColumnType::Numeric);
+            let declared_x = x.declared.clone().unwrap_or_else(|| ty.name().to_string());
+            let (lo, hi) = x.bounds.unwrap_or((-inf, inf));
+            let (ty, bounds) = if function == W::Sum {
+                let b = (
+                    if lo >= 0.0 { 0.0 } else { -inf },
+                    if hi <= 0.0 { 0.0 } else { inf },
+                );
+                (ty, b)
+            } else {
+                (ColumnType::Numeric, (lo, hi))
+            };
+            let declared = aggregate_declared(function, ty, &declared_x);
+            let ty = if declared == "bigint" {
+                ColumnType::Integer
+            } else {
+                ColumnType::Numeric
+            };
+            Info {
+                ty: Some(ty),
+                bounds: Some(bounds),
+                upper_ceiling: None,
+                groupable: x.groupable && !x.uses_unit,
+                constant: false,
+                public: PublicKeys::No,
+                column: None,
+                declared: Some(declared),
+                uses_unit: false,
+                integer: ty == ColumnType::Integer,
+            }
+        }
+        _ => return Err(Error::internal("a window function without its argument")),
+    })
 }
 
 /// The description of a rank-like window value.

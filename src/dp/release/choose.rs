@@ -217,6 +217,48 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
     let shares =
         rewrite.measures.len() + usize::from(needs_selection && selection_measure.is_none());
     let epsilon_share = budget.epsilon / shares as f64;
+    check_mechanism_allowed(rewrite, budget, needs_selection)?;
+    // Gaussian: every share is a Gaussian part (the measures, and partition selection's own
+    // count of units when no released count decides it), ρ-zCDP together with ρ converted from
+    // the query's ε at δ and split equally over the shares.
+    let gaussian_rho = match budget.mechanism {
+        Mechanism::Gaussian => Some(rho_for(budget.epsilon, budget.delta)? / shares as f64),
+        Mechanism::Laplace => None,
+        Mechanism::Auto => return Err(Error::internal("an unresolved automatic mechanism")),
+    };
+    let (noises, sensitivities) = measure_noises(plan, rewrite, epsilon_share, gaussian_rho)?;
+    let selection = partition_selection(
+        &noises,
+        selection_measure,
+        needs_selection,
+        gaussian_rho,
+        budget,
+        epsilon_share,
+        groups,
+    )?;
+    let cost = statement_cost(budget, shares, gaussian_rho, selection.is_some())?;
+    Ok(Mechanisms {
+        noises,
+        selection,
+        selection_measure,
+        cost,
+        epsilon_per_measure: epsilon_share,
+        shares,
+        sensitivities,
+        budget,
+        max_error: None,
+        clamp_means: true,
+        removed_share: 0.0,
+        clamp_shares: Vec::new(),
+        max_relative_error: None,
+        sets: Vec::new(),
+        choice: None,
+    })
+}
+
+/// The refusals of a mechanism that cannot answer the query at the session's settings:
+/// partition selection or the Gaussian mechanism without δ, quantiles under Gaussian noise.
+fn check_mechanism_allowed(rewrite: &Rewrite, budget: Budget, needs_selection: bool) -> Result<()> {
     if needs_selection && budget.delta <= 0.0 {
         return Err(Error::forbidden(
             "this query needs delta > 0: its group keys are not public, so groups are released only through DP partition selection",
@@ -239,16 +281,19 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             "SET pgdp.mechanism = 'laplace' for this query.",
         ));
     }
+    Ok(())
+}
+
+/// Each measure's noise and sensitivity (L1 for Laplace, L2 for Gaussian at `gaussian_rho`).
+fn measure_noises(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    epsilon_share: f64,
+    gaussian_rho: Option<f64>,
+) -> Result<(Vec<Noise>, Vec<f64>)> {
+    let groups = plan.max_groups_per_unit;
     let mut noises = Vec::new();
     let mut sensitivities = Vec::new();
-    // Gaussian: every share is a Gaussian part (the measures, and partition selection's own
-    // count of units when no released count decides it), ρ-zCDP together with ρ converted from
-    // the query's ε at δ and split equally over the shares.
-    let gaussian_rho = match budget.mechanism {
-        Mechanism::Gaussian => Some(rho_for(budget.epsilon, budget.delta)? / shares as f64),
-        Mechanism::Laplace => None,
-        Mechanism::Auto => return Err(Error::internal("an unresolved automatic mechanism")),
-    };
     // Under a total cap on a unit's rows, a statistic that grows with rows is linear in them:
     // its L1 and L2 sensitivities are what one row adds times the plan's row sensitivities
     // (`Plan::row_sensitivity`). Otherwise, and for the others, a unit adds its contribution in
@@ -280,6 +325,20 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         };
         noises.push(noise);
     }
+    Ok((noises, sensitivities))
+}
+
+/// Partition selection of the groups, when the keys are not public: thresholding of the
+/// released count `selection_measure` (with its own noise) or of a count of units of its own.
+fn partition_selection(
+    noises: &[Noise],
+    selection_measure: Option<usize>,
+    needs_selection: bool,
+    gaussian_rho: Option<f64>,
+    budget: Budget,
+    epsilon_share: f64,
+    groups: u64,
+) -> Result<Option<PartitionSelection>> {
     let selection = match (needs_selection, selection_measure, gaussian_rho) {
         (false, _, _) => None,
         // Gaussian thresholding of the released count: the threshold is set for that count's σ.
@@ -323,17 +382,28 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
             ));
         }
     }
+    Ok(selection)
+}
+
+/// The statement's cost, by component (see below).
+fn statement_cost(
+    budget: Budget,
+    shares: usize,
+    gaussian_rho: Option<f64>,
+    selection: bool,
+) -> Result<Cost> {
     // Charged by component (the accountant composes them, budget::accountant): each Laplace
     // measure is a pure ε-DP part of its ε share, and Laplace partition selection is
     // (ε share, δ)-DP, with a selection measure that share being the measure's own (the count
     // and its thresholding together); the Gaussian parts together are ρ-zCDP, their ρ recorded
     // as such (the ε at δ above only calibrates their noise), and Gaussian thresholding adds
     // its δ. Rounded up, so the charge is never below what was spent.
-    let selection_delta = match &selection {
-        Some(_) => fixed_ceil(budget.delta)?,
-        None => Fixed::ZERO,
+    let selection_delta = if selection {
+        fixed_ceil(budget.delta)?
+    } else {
+        Fixed::ZERO
     };
-    let cost = match gaussian_rho {
+    Ok(match gaussian_rho {
         None => Cost {
             delta: selection_delta,
             ..Cost::pure_split(fixed_ceil(budget.epsilon)?, shares)
@@ -348,23 +418,6 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
                     ..Cost::ZERO
                 }
         }
-    };
-    Ok(Mechanisms {
-        noises,
-        selection,
-        selection_measure,
-        cost,
-        epsilon_per_measure: epsilon_share,
-        shares,
-        sensitivities,
-        budget,
-        max_error: None,
-        clamp_means: true,
-        removed_share: 0.0,
-        clamp_shares: Vec::new(),
-        max_relative_error: None,
-        sets: Vec::new(),
-        choice: None,
     })
 }
 

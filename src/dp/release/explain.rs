@@ -172,6 +172,30 @@ pub fn explain(
     mechanisms: &Mechanisms,
     budget: Budget,
 ) -> Vec<String> {
+    let mut lines = header_lines(plan, rewrite, mechanisms, budget);
+    if plan.grouping_sets.is_some() {
+        lines.extend(grouping::explain_sets(plan, rewrite, mechanisms).unwrap_or_default());
+    }
+    lines.extend(measure_lines(plan, rewrite, mechanisms));
+    lines.extend(selection_line(plan, rewrite, mechanisms));
+    lines.extend(post_processing_lines(plan));
+    lines.push("upstream SQL:".into());
+    lines.extend(
+        sql_lines(rewrite.sql.as_str())
+            .into_iter()
+            .map(|l| format!("  {l}")),
+    );
+    lines
+}
+
+/// EXPLAIN's first lines: the caps, the cost, how the mechanism and ε were chosen, and notes on
+/// the estimates and the groups per unit.
+fn header_lines(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    budget: Budget,
+) -> Vec<String> {
     let mut lines = vec![
         format!(
             "DP aggregate: {} group key(s), {} aggregate(s); each privacy unit contributes to at most {} group(s) with at most {} row(s) each",
@@ -237,9 +261,13 @@ pub fn explain(
             lookup.table, lookup.key.column
         ));
     }
-    if plan.grouping_sets.is_some() {
-        lines.extend(grouping::explain_sets(plan, rewrite, mechanisms).unwrap_or_default());
-    }
+    lines
+}
+
+/// EXPLAIN's line for each measure (its noise and 95% bound), and for each released value
+/// derived from them with no noise of its own.
+fn measure_lines(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms) -> Vec<String> {
+    let mut lines = Vec::new();
     for (j, m) in rewrite.measures.iter().enumerate() {
         if plan.grouping_sets.is_some() {
             break;
@@ -306,18 +334,24 @@ pub fn explain(
             ));
         }
     }
+    lines
+}
+
+/// EXPLAIN's line on how groups are released: partition selection or public domains.
+fn selection_line(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms) -> Option<String> {
+    use crate::dp::mechanism::MechanismKind;
     match (&mechanisms.selection, mechanisms.selection_measure) {
-        (Some(s), Some(j)) => lines.push(format!(
+        (Some(s), Some(j)) => Some(format!(
             "  partition selection: keep a group iff its released {} reaches {} ({} thresholding of the released count: no epsilon of its own; delta {})",
             analyst_text(plan, &rewrite.measures[j].label(&rewrite.arguments)),
             s.threshold(),
             match s.kind() {
-                crate::dp::mechanism::MechanismKind::Laplace => "Laplace",
-                crate::dp::mechanism::MechanismKind::Gaussian => "Gaussian",
+                MechanismKind::Laplace => "Laplace",
+                MechanismKind::Gaussian => "Gaussian",
             },
             s.delta()
         )),
-        (Some(s), None) if s.is_optimal_rule() => lines.push(format!(
+        (Some(s), None) if s.is_optimal_rule() => Some(format!(
             "  partition selection: keep a group of n units with probability p(n), the optimal rule (Desfontaines et al. 2022) at epsilon {:.6} and delta {:.3e} per group: p(1) = {:.3e}, p(n) >= 1/2 from n = {}, p(n) = 1 from n = {} (its own epsilon share, delta {})",
             s.epsilon() / s.max_groups_per_unit() as f64,
             s.delta_per_group(),
@@ -326,24 +360,30 @@ pub fn explain(
             s.certain_from().unwrap_or(0),
             s.delta()
         )),
-        (Some(s), None) => lines.push(format!(
+        (Some(s), None) => Some(format!(
             "  partition selection: keep a group iff its noisy count of units ({} scale {:.4}) reaches {} ({}delta {})",
             match s.kind() {
-                crate::dp::mechanism::MechanismKind::Laplace => "Laplace",
-                crate::dp::mechanism::MechanismKind::Gaussian => "Gaussian thresholding,",
+                MechanismKind::Laplace => "Laplace",
+                MechanismKind::Gaussian => "Gaussian thresholding,",
             },
             s.scale(),
             s.threshold(),
             match s.kind() {
-                crate::dp::mechanism::MechanismKind::Laplace => "its own epsilon share, ",
-                crate::dp::mechanism::MechanismKind::Gaussian => "its own rho share, ",
+                MechanismKind::Laplace => "its own epsilon share, ",
+                MechanismKind::Gaussian => "its own rho share, ",
             },
             s.delta()
         )),
-        _ if plan.grouping_sets.is_some() => {}
-        (None, _) if !plan.keys.is_empty() => lines.push("  group keys: public domains, every value released (missing ones with noisy zeros)".into()),
-        (None, _) => {}
+        _ if plan.grouping_sets.is_some() => None,
+        (None, _) if !plan.keys.is_empty() => Some("  group keys: public domains, every value released (missing ones with noisy zeros)".into()),
+        (None, _) => None,
     }
+}
+
+/// EXPLAIN's lines on what is done to the released rows: HAVING, ORDER BY, LIMIT by pgdp, or
+/// the post-processing statement PostgreSQL runs over them.
+fn post_processing_lines(plan: &Plan) -> Vec<String> {
+    let mut lines = Vec::new();
     if plan.having.is_some() || !plan.order_by.is_empty() || plan.limit.is_some() {
         lines.push("  HAVING / ORDER BY / LIMIT: applied by pgdp to the noisy rows".into());
     }
@@ -369,12 +409,6 @@ pub fn explain(
         ));
         lines.push(format!("    {}", post.sql()));
     }
-    lines.push("upstream SQL:".into());
-    lines.extend(
-        sql_lines(rewrite.sql.as_str())
-            .into_iter()
-            .map(|l| format!("  {l}")),
-    );
     lines
 }
 

@@ -346,6 +346,38 @@ pub fn finish(
     measures: &NoisyMeasures,
     accuracy: bool,
 ) -> Result<Released> {
+    check_shape(plan, rewrite, mechanisms, measures)?;
+    let mut out_rows = group_rows(plan, rewrite, mechanisms, measures, accuracy)?;
+    sort_rows(plan, &mut out_rows);
+    let start = usize::try_from(plan.offset).unwrap_or(usize::MAX);
+    let mut rows_iter: Vec<OutRow> = out_rows.into_iter().skip(start).collect();
+    if let Some(l) = plan.limit {
+        rows_iter.truncate(usize::try_from(l).unwrap_or(usize::MAX));
+    }
+    let truncated = rows_iter.len() > limits::GROUPS_RELEASED_MAX;
+    rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
+    if let Some(share) = mechanisms.max_relative_error {
+        check_relative_error(plan, &rows_iter, share)?;
+    }
+
+    let mut rows_out = Vec::with_capacity(rows_iter.len());
+    for row in rows_iter {
+        rows_out.push(output_row(plan, accuracy, row)?);
+    }
+    Ok(Released {
+        columns: columns(plan, accuracy),
+        rows: rows_out,
+        truncated,
+    })
+}
+
+/// The noisy measures, mechanisms and rewrite of one plan agree in shape.
+fn check_shape(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    measures: &NoisyMeasures,
+) -> Result<()> {
     let sets = plan.grouping_sets.as_deref();
     if measures.keys != plan.keys.len() + usize::from(sets.is_some())
         || measures.measures != rewrite.measures.len()
@@ -354,14 +386,28 @@ pub fn finish(
     {
         return Err(Error::internal("noisy measures of another shape"));
     }
+    // Derived measures state, group by group, the error of the sums they are (derive).
+    if let Some(d) = &measures.derivation {
+        let m = rewrite.measures.len();
+        if d.cells.len() != measures.groups.len()
+            || d.bounds.len() != measures.groups.len()
+            || d.bounds.iter().any(|(a, b)| a.len() != m || b.len() != m)
+        {
+            return Err(Error::internal("derived measures of another shape"));
+        }
+    }
+    Ok(())
+}
+
+/// Per grouping set (one entry without grouping sets): its 95% bounds, and its 97.5% bounds
+/// for aggregates derived from two measures.
+fn error_bounds_per_set(mechanisms: &Mechanisms) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     let bounds_of = |m: &Mechanisms, alpha: f64| -> Vec<f64> {
         m.noises
             .iter()
             .map(|n| n.error_bound(alpha).unwrap_or(f64::NAN))
             .collect()
     };
-    // Per grouping set (one entry without grouping sets): its 95% bounds, and its 97.5% bounds
-    // for aggregates derived from two measures.
     let bounds_at = |alpha: f64| -> Vec<Vec<f64>> {
         if mechanisms.sets.is_empty() {
             vec![bounds_of(mechanisms, alpha)]
@@ -373,17 +419,20 @@ pub fn finish(
                 .collect()
         }
     };
-    let (bounds95, bounds975) = (bounds_at(0.05), bounds_at(0.025));
-    // Derived measures state, group by group, the error of the sums they are (derive).
-    if let Some(d) = &measures.derivation {
-        let m = rewrite.measures.len();
-        if d.cells.len() != measures.groups.len()
-            || d.bounds.len() != measures.groups.len()
-            || d.bounds.iter().any(|(a, b)| a.len() != m || b.len() != m)
-        {
-            return Err(Error::internal("derived measures of another shape"));
-        }
-    }
+    (bounds_at(0.05), bounds_at(0.025))
+}
+
+/// Each released group's key cells, aggregate values and error bounds, and its grouping set;
+/// the groups HAVING removes left out.
+fn group_rows(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    mechanisms: &Mechanisms,
+    measures: &NoisyMeasures,
+    accuracy: bool,
+) -> Result<Vec<OutRow>> {
+    let sets = plan.grouping_sets.as_deref();
+    let (bounds95, bounds975) = error_bounds_per_set(mechanisms);
     let mut out_rows = Vec::new();
     for (g, (all_keys, noisy)) in measures.groups.iter().enumerate() {
         // With grouping sets, the last key text is the group's set.
@@ -437,7 +486,11 @@ pub fn finish(
         out_rows.push((key_cells, aggregate_values, errors, set));
     }
 
-    // ORDER BY on released values (keys order by default, for stable output).
+    Ok(out_rows)
+}
+
+/// ORDER BY on released values (keys order by default, for stable output).
+fn sort_rows(plan: &Plan, out_rows: &mut [OutRow]) {
     out_rows.sort_by(|a, b| {
         for s in &plan.order_by {
             let x = evaluate(&s.value, &a.0, &a.1);
@@ -456,68 +509,53 @@ pub fn finish(
         }
         a.3.cmp(&b.3)
     });
-    let start = usize::try_from(plan.offset).unwrap_or(usize::MAX);
-    let mut rows_iter: Vec<OutRow> = out_rows.into_iter().skip(start).collect();
-    if let Some(l) = plan.limit {
-        rows_iter.truncate(usize::try_from(l).unwrap_or(usize::MAX));
-    }
-    let truncated = rows_iter.len() > limits::GROUPS_RELEASED_MAX;
-    rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
-    if let Some(share) = mechanisms.max_relative_error {
-        check_relative_error(plan, &rows_iter, share)?;
-    }
+}
 
-    let mut rows_out = Vec::with_capacity(rows_iter.len());
+/// One row as the client receives it: the plan's outputs (with `_error95` columns under
+/// pgdp.accuracy), or for a plan with post-processing the released relation it reads.
+fn output_row(plan: &Plan, accuracy: bool, row: OutRow) -> Result<Vec<Cell>> {
+    let sets = plan.grouping_sets.as_deref();
     let set_keys = |set: usize| -> &[usize] { sets.and_then(|s| s.get(set)).map_or(&[], |s| s) };
-    for (key_cells, aggregate_values, errors, set) in rows_iter {
-        if plan.post.is_some() {
-            // The released relation of the post-processing: keys, then aggregates, then with
-            // grouping sets whether each key is rolled up (GROUPING of that key).
-            let groupings: Vec<Cell> = match sets {
-                Some(_) => (0..plan.keys.len())
-                    .map(|k| Cell::Int(grouping::grouping_value(&[k], set_keys(set))))
-                    .collect(),
-                None => Vec::new(),
-            };
-            let bounds: Vec<Cell> = error_inputs(plan, accuracy)
-                .into_iter()
-                .map(|i| errors.get(i).cloned().unwrap_or(Cell::Null))
-                .collect();
-            rows_out.push(
-                key_cells
-                    .into_iter()
-                    .chain(aggregate_values)
-                    .chain(groupings)
-                    .chain(bounds)
-                    .collect(),
-            );
-            continue;
-        }
-        let mut row = Vec::new();
-        for o in &plan.outputs {
-            match o.source {
-                crate::dp::plan::OutputSource::Key(i) => row.push(key_cells[i].clone()),
-                crate::dp::plan::OutputSource::Aggregate(i) => {
-                    row.push(aggregate_values[i].clone());
-                    if accuracy && states_error(plan, i) {
-                        row.push(errors.get(i).cloned().unwrap_or(Cell::Null));
-                    }
-                }
-                crate::dp::plan::OutputSource::Grouping(ref args) => {
-                    row.push(Cell::Int(grouping::grouping_value(args, set_keys(set))))
-                }
-                crate::dp::plan::OutputSource::Computed(_) => {
-                    return Err(Error::internal("a computed output without post-processing"))
+    let (key_cells, aggregate_values, errors, set) = row;
+    if plan.post.is_some() {
+        // The released relation of the post-processing: keys, then aggregates, then with
+        // grouping sets whether each key is rolled up (GROUPING of that key).
+        let groupings: Vec<Cell> = match sets {
+            Some(_) => (0..plan.keys.len())
+                .map(|k| Cell::Int(grouping::grouping_value(&[k], set_keys(set))))
+                .collect(),
+            None => Vec::new(),
+        };
+        let bounds: Vec<Cell> = error_inputs(plan, accuracy)
+            .into_iter()
+            .map(|i| errors.get(i).cloned().unwrap_or(Cell::Null))
+            .collect();
+        return Ok(key_cells
+            .into_iter()
+            .chain(aggregate_values)
+            .chain(groupings)
+            .chain(bounds)
+            .collect());
+    }
+    let mut row = Vec::new();
+    for o in &plan.outputs {
+        match o.source {
+            crate::dp::plan::OutputSource::Key(i) => row.push(key_cells[i].clone()),
+            crate::dp::plan::OutputSource::Aggregate(i) => {
+                row.push(aggregate_values[i].clone());
+                if accuracy && states_error(plan, i) {
+                    row.push(errors.get(i).cloned().unwrap_or(Cell::Null));
                 }
             }
+            crate::dp::plan::OutputSource::Grouping(ref args) => {
+                row.push(Cell::Int(grouping::grouping_value(args, set_keys(set))))
+            }
+            crate::dp::plan::OutputSource::Computed(_) => {
+                return Err(Error::internal("a computed output without post-processing"))
+            }
         }
-        rows_out.push(row);
     }
-    Ok(Released {
-        columns: columns(plan, accuracy),
-        rows: rows_out,
-        truncated,
-    })
+    Ok(row)
 }
 
 /// [`Mechanisms::max_relative_error`]: refuses when a returned cell's stated error exceeds

@@ -531,16 +531,8 @@ impl BoundsChoice {
         };
         // With group keys, a cap on a unit's rows over all its groups too: a count or sum
         // over groups then has L1 sensitivity the total, not rows × groups.
-        let totals: Vec<u64> = if choose_groups && ceiling > 1 {
-            let most = ceiling.saturating_mul(groups);
-            let mut t = self::candidates(most);
-            t.retain(|&t| t < most);
-            if t.is_empty() {
-                Vec::new()
-            } else {
-                t.push(most);
-                t
-            }
+        let totals = if choose_groups && ceiling > 1 {
+            total_candidates(ceiling.saturating_mul(groups))
         } else {
             Vec::new()
         };
@@ -558,52 +550,7 @@ impl BoundsChoice {
             Some(Noise::laplace(1.0, caps_epsilon / parts)?)
         };
         let clamp = match clamp_at {
-            Some(a) => {
-                let aggregate = &plan.aggregates[a];
-                let (Some(argument), Some(b)) = (&aggregate.argument, aggregate.bounds) else {
-                    return Err(Error::internal("a clamp estimate without bounds"));
-                };
-                let clamp_epsilon = epsilon - caps_epsilon;
-                // Distances from a tiny share of the bounds' width to 2^16 of it; absolute
-                // clamped sums from a tiny share of the largest bound to the most a unit can
-                // add (its rows in all its groups at that bound).
-                let width = b.upper - b.lower;
-                let largest = b.lower.abs().max(b.upper.abs()).max(width);
-                let most = (ceiling.saturating_mul(groups).max(1) as f64).log2().ceil() as i32;
-                // At the ceilings the bounds are [lower, upper_ceiling] (Plan::at_ceilings).
-                let centered = rewrite.aggregate_measures.get(a).is_some_and(|ms| {
-                    ms.iter()
-                        .any(|&m| matches!(rewrite.measures.get(m), Some(Measure::SumCentered(_))))
-                });
-                // Only when the ceilings' plan raised the bound (every aggregate of the
-                // argument may choose it: `Plan::at_ceilings`).
-                let upper = aggregate
-                    .upper_ceiling
-                    .filter(|&c| b.lower >= 0.0 && c == b.upper)
-                    .map(|_| UpperChoice::new(b.lower, b.upper, centered))
-                    .filter(|u| u.candidates.len() > 1);
-                let label = super::clamp_label(plan, argument, b);
-                let name = label
-                    .rsplit_once(" in [")
-                    .map_or(label.clone(), |(n, _)| n.to_string());
-                Some(ClampChoice {
-                    edges: rewrite::ClampEdges {
-                        aggregate: a,
-                        excess: if upper.is_some() {
-                            Vec::new()
-                        } else {
-                            doubling_edges(width, -6, 16)
-                        },
-                        sums: doubling_edges(largest, -6, most),
-                        largest: upper.as_ref().map_or(Vec::new(), UpperChoice::edges),
-                    },
-                    label,
-                    name,
-                    upper,
-                    noise: Noise::laplace(1.0, clamp_epsilon / 2.0)?,
-                    epsilon: clamp_epsilon,
-                })
-            }
+            Some(a) => Some(clamp_choice(plan, rewrite, a, epsilon - caps_epsilon)?),
             None => None,
         };
         let cells = match cells {
@@ -961,6 +908,73 @@ pub fn noise_per_row(rewrite: &Rewrite, noises: &[Noise], ceiling: u64) -> f64 {
             }
         })
         .fold(0.0, f64::max)
+}
+
+/// The candidate caps on a unit's rows over all its groups, below `most` (rows × groups) and
+/// `most` itself; none when no candidate is below it.
+fn total_candidates(most: u64) -> Vec<u64> {
+    let mut t = candidates(most);
+    t.retain(|&t| t < most);
+    if t.is_empty() {
+        return Vec::new();
+    }
+    t.push(most);
+    t
+}
+
+/// The choice of how a summed argument (aggregate `a` of `plan`) is clamped, at
+/// `clamp_epsilon`: the histograms' edges and noise, and the upper bound's candidates.
+fn clamp_choice(
+    plan: &Plan,
+    rewrite: &Rewrite,
+    a: usize,
+    clamp_epsilon: f64,
+) -> Result<ClampChoice> {
+    let ceiling = plan.max_rows_per_unit;
+    let groups = plan.max_groups_per_unit;
+    let aggregate = &plan.aggregates[a];
+    let (Some(argument), Some(b)) = (&aggregate.argument, aggregate.bounds) else {
+        return Err(Error::internal("a clamp estimate without bounds"));
+    };
+    // Distances from a tiny share of the bounds' width to 2^16 of it; absolute
+    // clamped sums from a tiny share of the largest bound to the most a unit can
+    // add (its rows in all its groups at that bound).
+    let width = b.upper - b.lower;
+    let largest = b.lower.abs().max(b.upper.abs()).max(width);
+    let most = (ceiling.saturating_mul(groups).max(1) as f64).log2().ceil() as i32;
+    // At the ceilings the bounds are [lower, upper_ceiling] (Plan::at_ceilings).
+    let centered = rewrite.aggregate_measures.get(a).is_some_and(|ms| {
+        ms.iter()
+            .any(|&m| matches!(rewrite.measures.get(m), Some(Measure::SumCentered(_))))
+    });
+    // Only when the ceilings' plan raised the bound (every aggregate of the
+    // argument may choose it: `Plan::at_ceilings`).
+    let upper = aggregate
+        .upper_ceiling
+        .filter(|&c| b.lower >= 0.0 && c == b.upper)
+        .map(|_| UpperChoice::new(b.lower, b.upper, centered))
+        .filter(|u| u.candidates.len() > 1);
+    let label = super::clamp_label(plan, argument, b);
+    let name = label
+        .rsplit_once(" in [")
+        .map_or(label.clone(), |(n, _)| n.to_string());
+    Ok(ClampChoice {
+        edges: rewrite::ClampEdges {
+            aggregate: a,
+            excess: if upper.is_some() {
+                Vec::new()
+            } else {
+                doubling_edges(width, -6, 16)
+            },
+            sums: doubling_edges(largest, -6, most),
+            largest: upper.as_ref().map_or(Vec::new(), UpperChoice::edges),
+        },
+        label,
+        name,
+        upper,
+        noise: Noise::laplace(1.0, clamp_epsilon / 2.0)?,
+        epsilon: clamp_epsilon,
+    })
 }
 
 #[cfg(test)]
