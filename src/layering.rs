@@ -270,6 +270,6 @@ fn function_spans_measure_bodies_only() {
     let code = "fn one() -> u8 { 1 }\n\ntrait T {\n    fn declared(&self) -> u8;\n}\n\npub(crate) async fn f(\n    a: u8,\n) -> u8 {\n    let b = a;\n    b\n}\n\nimpl X {\n    pub(in crate::dp) fn g(&self) {\n        if true {\n        }\n    }\n}\n";
     assert_eq!(
         function_spans(code),
-        vec![("f".to_string(), 5), ("g".to_string(), 4)]
+        vec![("f".to_string(), 5), ("g".to_string(), 3)]
     );
 }

@@ -3,6 +3,8 @@
 
 use super::*;
 
+mod tables;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPolicy {
@@ -543,27 +545,7 @@ pub(super) fn validate(
     if raw.database.trim().is_empty() {
         p.add("database", "must not be empty");
     }
-    let secret = match &raw.secret_env {
-        Some(var) => match env(var) {
-            Some(s) if s.len() >= 16 => Some(s),
-            Some(_) => {
-                p.add(
-                    "secret_env",
-                    format!("the secret in ${var} must be at least 16 characters"),
-                );
-                None
-            }
-            None => {
-                p.add(
-                    "secret_env",
-                    format!("environment variable {var} is not set"),
-                );
-                None
-            }
-        },
-        None => None,
-    };
-
+    let secret = validate_secret(&mut p, raw.secret_env.as_deref(), env);
     let epsilon = raw.defaults.epsilon.unwrap_or(1.0);
     check_epsilon(&mut p, "defaults.epsilon", epsilon);
     if epsilon.is_finite()
@@ -606,375 +588,8 @@ pub(super) fn validate(
         Some(t) => validate_login_throttle(&mut p, t),
     };
 
-    let mut analysts = BTreeMap::new();
-    if raw.analysts.is_empty() {
-        p.add("analysts", "at least one analyst is required");
-    }
-    for (name, a) in &raw.analysts {
-        let path = format!("analysts.{name}");
-        if name.is_empty() || name.len() > 63 {
-            p.add(&path, "analyst names must have 1 to 63 characters");
-        }
-        let credential = match (&a.scram_verifier, &a.password_env) {
-            (Some(v), None) => match parse_scram_verifier(v) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    p.add(&format!("{path}.scram_verifier"), e);
-                    None
-                }
-            },
-            (None, Some(var)) => match env(var) {
-                Some(pw) if !pw.is_empty() => Some(Credential::Password(pw)),
-                _ => {
-                    p.add(
-                        &format!("{path}.password_env"),
-                        format!("environment variable {var} is not set or empty"),
-                    );
-                    None
-                }
-            },
-            _ => {
-                p.add(
-                    &path,
-                    "exactly one of scram_verifier and password_env is required",
-                );
-                None
-            }
-        };
-        let budget = validate_budget(&mut p, &format!("{path}.budget"), &a.budget);
-        if let Some(ds) = &dataset_budget {
-            if budget.epsilon > ds.epsilon {
-                // Allowed, but the dataset cap binds first; not an error.
-            }
-        }
-        if let Some(credential) = credential {
-            analysts.insert(
-                name.clone(),
-                Analyst {
-                    name: name.clone(),
-                    credential,
-                    budget,
-                },
-            );
-        }
-    }
-
-    let mut tables = BTreeMap::new();
-    // Unit paths as written (table → steps), resolved once every table is known.
-    let mut raw_paths: BTreeMap<String, Vec<PathStep>> = BTreeMap::new();
-    if raw.tables.is_empty() {
-        p.add("tables", "at least one table is required");
-    }
-    for (qualified, t) in &raw.tables {
-        let path = format!("tables.{qualified}");
-        let lowered = qualified.to_ascii_lowercase();
-        let Some((schema, name)) = lowered.split_once('.') else {
-            p.add(&path, "table names must be qualified as schema.table");
-            continue;
-        };
-        if !is_identifier(schema) || !is_identifier(name) {
-            p.add(
-                &path,
-                "schema and table names must be plain lower-case identifiers",
-            );
-            continue;
-        }
-        if matches!(schema, "pg_catalog" | "information_schema" | "pgdp")
-            || schema.starts_with("pg_")
-        {
-            p.add(&path, format!("schema {schema} is reserved"));
-            continue;
-        }
-
-        let mut columns = Vec::new();
-        if t.columns.is_empty() {
-            p.add(
-                &format!("{path}.columns"),
-                "at least one column is required",
-            );
-        }
-        for (cname, c) in &t.columns {
-            let cpath = format!("{path}.columns.{cname}");
-            let cname = cname.to_ascii_lowercase();
-            if !is_identifier(&cname) || cname.starts_with("__dp_") {
-                p.add(
-                    &cpath,
-                    "column names must be plain identifiers not starting with __dp_",
-                );
-                continue;
-            }
-            let Some(ty) = ColumnType::parse(&c.ty) else {
-                p.add(&format!("{cpath}.type"), format!("unknown type {:?}", c.ty));
-                continue;
-            };
-            let bounds = match (&c.lower, &c.upper) {
-                (None, None) => None,
-                (Some(lower), Some(upper)) => {
-                    let mut ok = true;
-                    let mut value = |b: &RawBound, key: &str| match b.value(ty, &c.ty) {
-                        Ok(x) => x,
-                        Err(e) => {
-                            p.add(&format!("{cpath}.{key}"), e);
-                            ok = false;
-                            0.0
-                        }
-                    };
-                    let (lower, upper) = (value(lower, "lower"), value(upper, "upper"));
-                    if !ok {
-                        // Reported above.
-                    } else if !lower.is_finite() || !upper.is_finite() {
-                        p.add(&cpath, "bounds must be finite");
-                        ok = false;
-                    } else if lower >= upper {
-                        p.add(
-                            &cpath,
-                            format!("lower ({lower}) must be below upper ({upper})"),
-                        );
-                        ok = false;
-                    } else if lower.abs().max(upper.abs()) > limits::COLUMN_BOUND_ABS_MAX {
-                        p.add(
-                            &cpath,
-                            format!("bounds must lie within ±{}", limits::COLUMN_BOUND_ABS_MAX),
-                        );
-                        ok = false;
-                    }
-                    ok.then_some(Bounds { lower, upper })
-                }
-                _ => {
-                    p.add(&cpath, "lower and upper must be given together");
-                    None
-                }
-            };
-            let upper_ceiling = match (c.upper_ceiling, bounds) {
-                (None, _) => None,
-                (Some(_), None) => {
-                    p.add(
-                        &cpath,
-                        "upper_ceiling needs lower and upper (it is how far a query may raise upper)",
-                    );
-                    None
-                }
-                (Some(ceiling), Some(b)) => {
-                    if !ty.is_numeric() {
-                        p.add(
-                            &format!("{cpath}.upper_ceiling"),
-                            "needs a numeric column (only sums and averages choose an upper bound)",
-                        );
-                        None
-                    } else if !ceiling.is_finite() || ceiling <= b.upper {
-                        p.add(
-                            &format!("{cpath}.upper_ceiling"),
-                            format!("must be a finite number above upper ({})", b.upper),
-                        );
-                        None
-                    } else if b.lower < 0.0 {
-                        p.add(
-                            &format!("{cpath}.upper_ceiling"),
-                            "needs lower >= 0 (pgdp chooses only the upper bound of non-negative columns)",
-                        );
-                        None
-                    } else if ceiling > limits::COLUMN_BOUND_ABS_MAX {
-                        p.add(
-                            &format!("{cpath}.upper_ceiling"),
-                            format!("must lie within {}", limits::COLUMN_BOUND_ABS_MAX),
-                        );
-                        None
-                    } else {
-                        Some(ceiling)
-                    }
-                }
-            };
-            let public_values = match &c.public_values {
-                None => None,
-                Some(values) => {
-                    let mut out = Vec::new();
-                    for (i, v) in values.iter().enumerate() {
-                        match value_text(v) {
-                            Some(s) => out.push(s),
-                            None => p.add(
-                                &format!("{cpath}.public_values[{i}]"),
-                                "must be a string, number or boolean",
-                            ),
-                        }
-                    }
-                    out.sort();
-                    out.dedup();
-                    if out.len() > limits::PUBLIC_KEY_COMBINATIONS_MAX {
-                        p.add(&format!("{cpath}.public_values"), "too many values");
-                    }
-                    Some(out)
-                }
-            };
-            let groupable = c.groupable.unwrap_or(public_values.is_some());
-            if public_values.is_some() && !groupable {
-                p.add(&cpath, "public_values need groupable: true");
-            }
-            let exhaustive = c.exhaustive.unwrap_or(false);
-            if exhaustive && public_values.is_none() {
-                p.add(
-                    &cpath,
-                    "exhaustive: true needs public_values (it says every row holds one of them)",
-                );
-            }
-            columns.push(Column {
-                name: cname,
-                ty,
-                declared_type: c.ty.trim().to_ascii_lowercase(),
-                bounds,
-                upper_ceiling,
-                groupable,
-                public_values,
-                exhaustive,
-            });
-        }
-
-        let kind = match t.kind.as_str() {
-            "public" => {
-                for (key, present) in [
-                    ("privacy_unit", t.privacy_unit.is_some()),
-                    ("unit_path", t.unit_path.is_some()),
-                    ("max_groups_per_unit", t.max_groups_per_unit.is_some()),
-                    ("max_rows_per_unit", t.max_rows_per_unit.is_some()),
-                    ("ceilings", t.ceilings.is_some()),
-                ] {
-                    if present {
-                        p.add(
-                            &format!("{path}.{key}"),
-                            "only private tables have contribution bounds",
-                        );
-                    }
-                }
-                if t.unique_keys.is_some() {
-                    p.add(
-                        &format!("{path}.unique_keys"),
-                        "only a private table's unique keys matter to pgdp (unit paths and one row per unit)",
-                    );
-                }
-                TableKind::Public
-            }
-            "private" => {
-                let unit = t.privacy_unit.as_ref().map(|u| u.to_ascii_lowercase());
-                if let Some(u) = &unit {
-                    if !columns.iter().any(|c| &c.name == u) {
-                        p.add(
-                            &format!("{path}.privacy_unit"),
-                            format!("column {u} is not declared in columns"),
-                        );
-                    }
-                }
-                let own_path = match (&unit, &t.unit_path) {
-                    (Some(_), Some(_)) => {
-                        p.add(
-                            &path,
-                            "privacy_unit and unit_path exclude each other: name the unit column, or the path to it",
-                        );
-                        None
-                    }
-                    (None, Some(steps)) => {
-                        // Steps are checked against the tables they name once all are read.
-                        Some(raw_path_steps(&mut p, &path, steps))
-                    }
-                    _ => None,
-                };
-                if let Some(steps) = &own_path {
-                    raw_paths.insert(lowered.clone(), steps.clone());
-                }
-                let groups = t.max_groups_per_unit.unwrap_or(1);
-                let rows = t.max_rows_per_unit.unwrap_or(1);
-                if !(1..=limits::GROUPS_PER_UNIT_MAX).contains(&groups) {
-                    p.add(
-                        &format!("{path}.max_groups_per_unit"),
-                        format!("must be between 1 and {}", limits::GROUPS_PER_UNIT_MAX),
-                    );
-                }
-                if !(1..=limits::ROWS_PER_UNIT_MAX).contains(&rows) {
-                    p.add(
-                        &format!("{path}.max_rows_per_unit"),
-                        format!("must be between 1 and {}", limits::ROWS_PER_UNIT_MAX),
-                    );
-                }
-                let raw_ceilings = t.ceilings.as_ref();
-                let groups_ceiling = raw_ceilings
-                    .and_then(|c| c.max_groups_per_unit)
-                    .unwrap_or(groups);
-                let rows_ceiling = raw_ceilings
-                    .and_then(|c| c.max_rows_per_unit)
-                    .unwrap_or(rows);
-                for (key, ceiling, cap, max) in [
-                    (
-                        "max_groups_per_unit",
-                        groups_ceiling,
-                        groups,
-                        limits::GROUPS_PER_UNIT_MAX,
-                    ),
-                    (
-                        "max_rows_per_unit",
-                        rows_ceiling,
-                        rows,
-                        limits::ROWS_PER_UNIT_MAX,
-                    ),
-                ] {
-                    if !(cap..=max).contains(&ceiling) {
-                        p.add(
-                            &format!("{path}.ceilings.{key}"),
-                            format!(
-                                "must be between the table's {key} ({cap}) and {max}: a query that chooses its caps may raise them up to it, never lower"
-                            ),
-                        );
-                    }
-                }
-                if unit.is_none()
-                    && own_path.is_none()
-                    && (groups != 1 || rows != 1 || groups_ceiling != 1 || rows_ceiling != 1)
-                {
-                    p.add(
-                        &path,
-                        "a row-level table (no privacy_unit) has one group and one row per unit",
-                    );
-                }
-                TableKind::Private(PrivateTable {
-                    privacy_unit: unit,
-                    unit_path: None,
-                    max_groups_per_unit: groups,
-                    max_rows_per_unit: rows,
-                    groups_ceiling,
-                    rows_ceiling,
-                    unique_keys: unique_keys(&mut p, &path, t.unique_keys.as_deref(), &columns),
-                })
-            }
-            other => {
-                p.add(
-                    &format!("{path}.kind"),
-                    format!("must be public or private, got {other:?}"),
-                );
-                continue;
-            }
-        };
-        if let TableKind::Private(pt) = &kind {
-            if let Some(u) = &pt.privacy_unit {
-                if let Some(c) = columns.iter().find(|c| &c.name == u) {
-                    if c.groupable {
-                        p.add(
-                            &format!("{path}.columns.{u}"),
-                            "the privacy unit column cannot be groupable",
-                        );
-                    }
-                }
-            }
-        }
-        if tables.contains_key(&lowered) {
-            p.add(&path, "declared twice (names are case-insensitive)");
-        }
-        let table = Table {
-            schema: schema.to_string(),
-            name: name.to_string(),
-            kind,
-            columns,
-        };
-        tables.insert(lowered.clone(), table);
-    }
-
-    resolve_unit_paths(&mut p, &raw_paths, &mut tables);
+    let analysts = validate_analysts(&mut p, &raw.analysts, env);
+    let tables = tables::validate_tables(&mut p, &raw.tables);
 
     let statement_timeout_s = raw
         .statement_timeout_s
@@ -1012,5 +627,90 @@ pub(super) fn validate(
         })
     } else {
         Err(PolicyErrors(p.0))
+    }
+}
+
+/// The analysts, each with one credential and a budget.
+fn validate_analysts(
+    p: &mut Problems,
+    raw: &BTreeMap<String, RawAnalyst>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> BTreeMap<String, Analyst> {
+    let mut analysts = BTreeMap::new();
+    if raw.is_empty() {
+        p.add("analysts", "at least one analyst is required");
+    }
+    for (name, a) in raw {
+        let path = format!("analysts.{name}");
+        if name.is_empty() || name.len() > 63 {
+            p.add(&path, "analyst names must have 1 to 63 characters");
+        }
+        let credential = match (&a.scram_verifier, &a.password_env) {
+            (Some(v), None) => match parse_scram_verifier(v) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    p.add(&format!("{path}.scram_verifier"), e);
+                    None
+                }
+            },
+            (None, Some(var)) => match env(var) {
+                Some(pw) if !pw.is_empty() => Some(Credential::Password(pw)),
+                _ => {
+                    p.add(
+                        &format!("{path}.password_env"),
+                        format!("environment variable {var} is not set or empty"),
+                    );
+                    None
+                }
+            },
+            _ => {
+                p.add(
+                    &path,
+                    "exactly one of scram_verifier and password_env is required",
+                );
+                None
+            }
+        };
+        let budget = validate_budget(p, &format!("{path}.budget"), &a.budget);
+        // An analyst's budget above the dataset's is allowed: the dataset's binds first.
+        if let Some(credential) = credential {
+            analysts.insert(
+                name.clone(),
+                Analyst {
+                    name: name.clone(),
+                    credential,
+                    budget,
+                },
+            );
+        }
+    }
+    analysts
+}
+
+/// The secret the policy names, from the environment (at least 16 characters).
+fn validate_secret(
+    p: &mut Problems,
+    secret_env: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    match secret_env {
+        Some(var) => match env(var) {
+            Some(s) if s.len() >= 16 => Some(s),
+            Some(_) => {
+                p.add(
+                    "secret_env",
+                    format!("the secret in ${var} must be at least 16 characters"),
+                );
+                None
+            }
+            None => {
+                p.add(
+                    "secret_env",
+                    format!("environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        None => None,
     }
 }
