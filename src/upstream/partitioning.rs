@@ -208,8 +208,9 @@ impl Partitioning {
             .collect()
     }
 
-    /// Records what the upstream catalog says about one table.
-    pub fn record(&self, table: String, key: PartitionKey) {
+    /// Records what the upstream catalog says about one table: only `upstream` learns it, from
+    /// the catalog ([`Upstream::learn_partitioning`]).
+    pub(super) fn record(&self, table: String, key: PartitionKey) {
         if let Ok(mut known) = self.known.lock() {
             known.insert(table, key);
         }
