@@ -28,6 +28,7 @@ use crate::output::{Cell, CellType, OutColumn};
 
 use super::catalog::CatalogSql;
 use super::standby::{self, View};
+use super::Pooled;
 use super::{collect_rows, is_connection_error, Dsn, Role, TextRows, Upstream};
 
 /// The answer of a catalog query on the shadow catalog: columns with their type OIDs, and text
@@ -355,233 +356,13 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
     );
     let dbname = format!("{}_pgdp_catalog", upstream.dbname().unwrap_or("postgres"));
     let conn = upstream.get().await?;
-    let fail = |what: &'static str| {
-        move |e: tokio_postgres::Error| {
-            tracing::warn!(error = %e, what, "shadow catalog");
-            Error::UpstreamUnavailable
-        }
-    };
-    let exists = conn
-        .client()
-        .query_opt(
-            "SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1",
-            &[&dbname],
-        )
-        .await
-        .map_err(fail("look up"))?
-        .is_some();
-    if !exists {
-        let create = format!("CREATE DATABASE {}", quote_ident(&dbname));
-        if let Err(e) = conn.client().batch_execute(&create).await {
-            // Another pgdp may have created it at the same moment: PostgreSQL says 42P04 when
-            // the other creation had committed, and 23505 (a unique violation on
-            // pg_database's name index) when both ran at once, as the processes of a fresh
-            // deployment or test run do.
-            let raced = [
-                tokio_postgres::error::SqlState::DUPLICATE_DATABASE,
-                tokio_postgres::error::SqlState::UNIQUE_VIOLATION,
-            ];
-            if !e.code().is_some_and(|code| raced.contains(code)) {
-                return Err(fail("create database")(e));
-            }
-        }
-    }
-    // Column types as the upstream declares them.
-    // Dropping the previous build's schemas cascades, with a NOTICE per schema that would only
-    // clutter pgdp's log.
-    // Schemas of an earlier build that the policy no longer lists (a reload or a restart with
-    // a changed policy) go first, so the catalog shows only the policy's tables.
-    let mut ddl = String::from(
-        "DO $drop$ DECLARE s text; BEGIN \
-         FOR s IN SELECT nspname FROM pg_catalog.pg_namespace \
-         WHERE nspname NOT IN ('public', 'information_schema') AND nspname NOT LIKE 'pg\\_%' \
-         LOOP EXECUTE pg_catalog.format('DROP SCHEMA %I CASCADE', s); END LOOP; END $drop$;",
-    );
-    for schema in policy.schemas() {
-        ddl.push_str(&format!(
-            "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
-            quote_ident(&schema)
-        ));
-    }
-    for table in policy.tables.values() {
-        let qualified = format!(
-            "{}.{}",
-            quote_ident(&table.schema),
-            quote_ident(&table.name)
-        );
-        let rows = conn
-                .client()
-                .query(
-                    "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull \
-                     FROM pg_catalog.pg_attribute a \
-                     WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
-                    &[&qualified],
-                )
-                .await
-                .map_err(fail("read column types"))?;
-        // Upstream order first (attnum), then declared columns the upstream lacks.
-        let upstream_types: Vec<(String, String)> = rows
-            .iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
-            .collect();
-        // NOT NULL as the upstream declares it (information_schema.columns.is_nullable, an
-        // ORM's introspection): schema, like the types.
-        let not_null: Vec<String> = rows
-            .iter()
-            .filter(|r| r.get::<_, bool>(2))
-            .map(|r| r.get::<_, String>(0))
-            .collect();
-        // The primary key too (an ORM's describeTable, BI tools' joins), when every column of
-        // it is declared: a fact of the schema, as NOT NULL is.
-        let primary_key: Vec<String> = conn
-            .client()
-            .query(
-                "SELECT a.attname FROM pg_catalog.pg_constraint c \
-                 CROSS JOIN LATERAL pg_catalog.unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) \
-                 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum \
-                 WHERE c.conrelid = pg_catalog.to_regclass($1) AND c.contype = 'p' ORDER BY k.n",
-                &[&qualified],
-            )
-            .await
-            .map_err(fail("read the primary key"))?
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect();
-        if upstream_types.is_empty() {
-            tracing::error!(table = %table.qualified_name(), "policy table does not exist on the upstream");
-        }
-        let mut ordered: Vec<&crate::policy::Column> = upstream_types
-            .iter()
-            .filter_map(|(name, _)| table.column(name))
-            .collect();
-        for c in &table.columns {
-            if !ordered.iter().any(|o| o.name == c.name) {
-                tracing::error!(table = %table.qualified_name(), column = %c.name, "policy column does not exist on the upstream");
-                ordered.push(c);
-            }
-        }
-        let columns: Vec<String> = ordered
-            .iter()
-            .map(|c| {
-                let ty = upstream_types
-                    .iter()
-                    .find(|(n, _)| *n == c.name)
-                    .map(|(_, t)| t.clone())
-                    .unwrap_or_else(|| match c.ty {
-                        crate::policy::ColumnType::Integer => "bigint".into(),
-                        crate::policy::ColumnType::Float => "double precision".into(),
-                        other => other.name().into(),
-                    });
-                let constraint = if not_null.contains(&c.name) {
-                    " NOT NULL"
-                } else {
-                    ""
-                };
-                format!("{} {ty}{constraint}", quote_ident(&c.name))
-            })
-            .collect();
-        let mut columns = columns;
-        if !primary_key.is_empty() && primary_key.iter().all(|k| table.column(k).is_some()) {
-            let key: Vec<String> = primary_key.iter().map(|k| quote_ident(k)).collect();
-            columns.push(format!("PRIMARY KEY ({})", key.join(", ")));
-        }
-        let mut column_notes = String::new();
-        for c in &ordered {
-            let mut parts = Vec::new();
-            if let Some(b) = c.bounds {
-                parts.push(format!("bounds [{}, {}]", b.lower, b.upper));
-            }
-            if c.groupable {
-                parts.push("groupable".to_string());
-            }
-            if let Some(v) = &c.public_values {
-                parts.push(format!("{} public values", v.len()));
-            }
-            if !parts.is_empty() {
-                column_notes.push_str(&format!(
-                    "COMMENT ON COLUMN {qualified}.{} IS '{}';",
-                    quote_ident(&c.name),
-                    parts.join("; ").replace('\'', "''")
-                ));
-            }
-        }
-        let note = match &table.kind {
-                crate::policy::TableKind::Public => "public table (pgdp)".to_string(),
-                crate::policy::TableKind::Private(p) => format!(
-                    "private table: DP aggregates only; privacy unit {}, at most {} group(s) and {} row(s) per unit (pgdp)",
-                    p.unit_description(),
-                    p.max_groups_per_unit,
-                    p.max_rows_per_unit
-                ),
-            };
-        ddl.push_str(&format!(
-            "CREATE TABLE {qualified} ({}); COMMENT ON TABLE {qualified} IS '{}';{column_notes}",
-            columns.join(", "),
-            note.replace('\'', "''")
-        ));
-    }
-    // pg_database as the analyst sees it: the database pgdp serves, under the policy's name
-    // (catalog::check reads pg_database through this view), with the columns of the server's
-    // version.
-    let views = super::catalog::SHADOW_VIEWS_SCHEMA;
-    ddl.push_str(&format!(
-        "DROP SCHEMA IF EXISTS {views} CASCADE; CREATE SCHEMA {views}; \
-         DO $view$ DECLARE columns text; BEGIN \
-         SELECT pg_catalog.string_agg(CASE WHEN a.attname = 'datname' \
-         THEN pg_catalog.format('%L::pg_catalog.name AS datname', {database}) \
-         ELSE pg_catalog.format('d.%I', a.attname) END, ', ' ORDER BY a.attnum) INTO columns \
-         FROM pg_catalog.pg_attribute a \
-         WHERE a.attrelid = 'pg_catalog.pg_database'::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped; \
-         EXECUTE pg_catalog.format('CREATE VIEW {views}.pg_database AS SELECT %s FROM pg_catalog.pg_database d \
-         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()', columns); END $view$;",
-        database = crate::literal::dollar_quoted(&policy.database)
-    ));
+    ensure_database(&conn, &dbname).await?;
+    let ddl = shadow_ddl(&conn, policy).await?;
     drop(conn);
     let mut dsn = upstream.dsn.clone();
     dsn.config_mut().dbname(&dbname);
     let backend = Upstream::with_dsn(dsn, limits::SHADOW_POOL_SIZE, Role::ShadowCatalog);
-    // The database's comment names the build it holds: a process whose build is the same
-    // (another pgdp with the same policy and upstream) leaves it alone instead of dropping and
-    // recreating the schemas under the other processes' catalog queries.
-    let mark = format!(
-        "pgdp shadow catalog {}",
-        crate::budget::fingerprint(&[SHADOW_BUILD_VERSION, &ddl])
-    );
-    let built_lsn = {
-        let mut shadow = backend.get().await?;
-        let rebuilt = rebuild_unless_marked(shadow.client(), &ddl, &mark).await;
-        match rebuilt {
-            Ok(false) => {}
-            Ok(true) => {
-                let comment = format!(
-                    "COMMENT ON DATABASE {} IS {}",
-                    quote_ident(&dbname),
-                    crate::literal::dollar_quoted(&mark)
-                );
-                if let Err(e) = shadow.client().batch_execute(&comment).await {
-                    // Only costs the next process a rebuild.
-                    tracing::warn!(error = %e, "shadow catalog: cannot mark the build");
-                }
-            }
-            Err(e) => {
-                shadow.discard();
-                return Err(fail("build")(e));
-            }
-        }
-        // Read after the build committed (or after finding another process's build committed):
-        // a replica that has replayed this far holds the build.
-        match shadow
-            .client()
-            .query_one("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])
-            .await
-        {
-            Ok(row) => standby::parse_lsn(row.get::<_, &str>(0)),
-            Err(e) => {
-                tracing::warn!(error = %e, "shadow catalog: cannot read the primary's WAL position; its reads stay on the primary");
-                None
-            }
-        }
-    };
+    let built_lsn = run_build(&backend, &ddl, &dbname).await?;
     let replicas = match (&source.standbys, built_lsn) {
         (Some((view, dsns)), Some(built_lsn)) => Some(Replicas {
             view: view.clone(),
@@ -600,6 +381,251 @@ async fn build_once(source: &Source, policy: &crate::policy::Policy) -> Result<B
     };
     tracing::info!(database = %dbname, tables = policy.tables.len(), "shadow catalog ready");
     Ok(Built { backend, replicas })
+}
+
+/// The error of a failed step of the build, logged with `what` (the upstream's text stays in
+/// the log).
+fn shadow_fault(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> Error {
+    move |e: tokio_postgres::Error| {
+        tracing::warn!(error = %e, what, "shadow catalog");
+        Error::UpstreamUnavailable
+    }
+}
+
+/// Creates the shadow database `dbname` on the upstream unless it exists.
+async fn ensure_database(conn: &Pooled<'_>, dbname: &str) -> Result<()> {
+    let exists = conn
+        .client()
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1",
+            &[&dbname],
+        )
+        .await
+        .map_err(shadow_fault("look up"))?
+        .is_some();
+    if !exists {
+        let create = format!("CREATE DATABASE {}", quote_ident(dbname));
+        if let Err(e) = conn.client().batch_execute(&create).await {
+            // Another pgdp may have created it at the same moment: PostgreSQL says 42P04 when
+            // the other creation had committed, and 23505 (a unique violation on
+            // pg_database's name index) when both ran at once, as the processes of a fresh
+            // deployment or test run do.
+            let raced = [
+                tokio_postgres::error::SqlState::DUPLICATE_DATABASE,
+                tokio_postgres::error::SqlState::UNIQUE_VIOLATION,
+            ];
+            if !e.code().is_some_and(|code| raced.contains(code)) {
+                return Err(shadow_fault("create database")(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The shadow catalog's DDL: the policy's schemas and tables with the upstream's column types,
+/// NOT NULL and primary keys, pgdp's notes as comments, and the `pg_database` view.
+async fn shadow_ddl(conn: &Pooled<'_>, policy: &crate::policy::Policy) -> Result<String> {
+    // Column types as the upstream declares them.
+    // Dropping the previous build's schemas cascades, with a NOTICE per schema that would only
+    // clutter pgdp's log.
+    // Schemas of an earlier build that the policy no longer lists (a reload or a restart with
+    // a changed policy) go first, so the catalog shows only the policy's tables.
+    let mut ddl = String::from(
+        "DO $drop$ DECLARE s text; BEGIN \
+         FOR s IN SELECT nspname FROM pg_catalog.pg_namespace \
+         WHERE nspname NOT IN ('public', 'information_schema') AND nspname NOT LIKE 'pg\\_%' \
+         LOOP EXECUTE pg_catalog.format('DROP SCHEMA %I CASCADE', s); END LOOP; END $drop$;",
+    );
+    for schema in policy.schemas() {
+        ddl.push_str(&format!(
+            "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
+            quote_ident(&schema)
+        ));
+    }
+    for table in policy.tables.values() {
+        ddl.push_str(&table_ddl(conn, table).await?);
+    }
+    // pg_database as the analyst sees it: the database pgdp serves, under the policy's name
+    // (catalog::check reads pg_database through this view), with the columns of the server's
+    // version.
+    let views = super::catalog::SHADOW_VIEWS_SCHEMA;
+    ddl.push_str(&format!(
+        "DROP SCHEMA IF EXISTS {views} CASCADE; CREATE SCHEMA {views}; \
+         DO $view$ DECLARE columns text; BEGIN \
+         SELECT pg_catalog.string_agg(CASE WHEN a.attname = 'datname' \
+         THEN pg_catalog.format('%L::pg_catalog.name AS datname', {database}) \
+         ELSE pg_catalog.format('d.%I', a.attname) END, ', ' ORDER BY a.attnum) INTO columns \
+         FROM pg_catalog.pg_attribute a \
+         WHERE a.attrelid = 'pg_catalog.pg_database'::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped; \
+         EXECUTE pg_catalog.format('CREATE VIEW {views}.pg_database AS SELECT %s FROM pg_catalog.pg_database d \
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()', columns); END $view$;",
+        database = crate::literal::dollar_quoted(&policy.database)
+    ));
+    Ok(ddl)
+}
+
+/// One table of the shadow catalog: `CREATE TABLE` with its comments.
+async fn table_ddl(conn: &Pooled<'_>, table: &crate::policy::Table) -> Result<String> {
+    let qualified = format!(
+        "{}.{}",
+        quote_ident(&table.schema),
+        quote_ident(&table.name)
+    );
+    let rows = conn
+            .client()
+            .query(
+                "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull \
+                 FROM pg_catalog.pg_attribute a \
+                 WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+                &[&qualified],
+            )
+            .await
+            .map_err(shadow_fault("read column types"))?;
+    // Upstream order first (attnum), then declared columns the upstream lacks.
+    let upstream_types: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect();
+    // NOT NULL as the upstream declares it (information_schema.columns.is_nullable, an
+    // ORM's introspection): schema, like the types.
+    let not_null: Vec<String> = rows
+        .iter()
+        .filter(|r| r.get::<_, bool>(2))
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    // The primary key too (an ORM's describeTable, BI tools' joins), when every column of
+    // it is declared: a fact of the schema, as NOT NULL is.
+    let primary_key: Vec<String> = conn
+        .client()
+        .query(
+            "SELECT a.attname FROM pg_catalog.pg_constraint c \
+             CROSS JOIN LATERAL pg_catalog.unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) \
+             JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum \
+             WHERE c.conrelid = pg_catalog.to_regclass($1) AND c.contype = 'p' ORDER BY k.n",
+            &[&qualified],
+        )
+        .await
+        .map_err(shadow_fault("read the primary key"))?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    if upstream_types.is_empty() {
+        tracing::error!(table = %table.qualified_name(), "policy table does not exist on the upstream");
+    }
+    let mut ordered: Vec<&crate::policy::Column> = upstream_types
+        .iter()
+        .filter_map(|(name, _)| table.column(name))
+        .collect();
+    for c in &table.columns {
+        if !ordered.iter().any(|o| o.name == c.name) {
+            tracing::error!(table = %table.qualified_name(), column = %c.name, "policy column does not exist on the upstream");
+            ordered.push(c);
+        }
+    }
+    let columns: Vec<String> = ordered
+        .iter()
+        .map(|c| {
+            let ty = upstream_types
+                .iter()
+                .find(|(n, _)| *n == c.name)
+                .map(|(_, t)| t.clone())
+                .unwrap_or_else(|| match c.ty {
+                    crate::policy::ColumnType::Integer => "bigint".into(),
+                    crate::policy::ColumnType::Float => "double precision".into(),
+                    other => other.name().into(),
+                });
+            let constraint = if not_null.contains(&c.name) {
+                " NOT NULL"
+            } else {
+                ""
+            };
+            format!("{} {ty}{constraint}", quote_ident(&c.name))
+        })
+        .collect();
+    let mut columns = columns;
+    if !primary_key.is_empty() && primary_key.iter().all(|k| table.column(k).is_some()) {
+        let key: Vec<String> = primary_key.iter().map(|k| quote_ident(k)).collect();
+        columns.push(format!("PRIMARY KEY ({})", key.join(", ")));
+    }
+    let mut column_notes = String::new();
+    for c in &ordered {
+        let mut parts = Vec::new();
+        if let Some(b) = c.bounds {
+            parts.push(format!("bounds [{}, {}]", b.lower, b.upper));
+        }
+        if c.groupable {
+            parts.push("groupable".to_string());
+        }
+        if let Some(v) = &c.public_values {
+            parts.push(format!("{} public values", v.len()));
+        }
+        if !parts.is_empty() {
+            column_notes.push_str(&format!(
+                "COMMENT ON COLUMN {qualified}.{} IS '{}';",
+                quote_ident(&c.name),
+                parts.join("; ").replace('\'', "''")
+            ));
+        }
+    }
+    let note = match &table.kind {
+            crate::policy::TableKind::Public => "public table (pgdp)".to_string(),
+            crate::policy::TableKind::Private(p) => format!(
+                "private table: DP aggregates only; privacy unit {}, at most {} group(s) and {} row(s) per unit (pgdp)",
+                p.unit_description(),
+                p.max_groups_per_unit,
+                p.max_rows_per_unit
+            ),
+        };
+    Ok(format!(
+        "CREATE TABLE {qualified} ({}); COMMENT ON TABLE {qualified} IS '{}';{column_notes}",
+        columns.join(", "),
+        note.replace('\'', "''")
+    ))
+}
+
+/// Runs `ddl` on the shadow database unless another process's identical build is there, marks
+/// the build, and returns the primary's WAL position after it (`None` when it cannot be read).
+async fn run_build(backend: &Upstream, ddl: &str, dbname: &str) -> Result<Option<u64>> {
+    // The database's comment names the build it holds: a process whose build is the same
+    // (another pgdp with the same policy and upstream) leaves it alone instead of dropping and
+    // recreating the schemas under the other processes' catalog queries.
+    let mark = format!(
+        "pgdp shadow catalog {}",
+        crate::budget::fingerprint(&[SHADOW_BUILD_VERSION, ddl])
+    );
+    let mut shadow = backend.get().await?;
+    let rebuilt = rebuild_unless_marked(shadow.client(), ddl, &mark).await;
+    match rebuilt {
+        Ok(false) => {}
+        Ok(true) => {
+            let comment = format!(
+                "COMMENT ON DATABASE {} IS {}",
+                quote_ident(dbname),
+                crate::literal::dollar_quoted(&mark)
+            );
+            if let Err(e) = shadow.client().batch_execute(&comment).await {
+                // Only costs the next process a rebuild.
+                tracing::warn!(error = %e, "shadow catalog: cannot mark the build");
+            }
+        }
+        Err(e) => {
+            shadow.discard();
+            return Err(shadow_fault("build")(e));
+        }
+    }
+    // Read after the build committed (or after finding another process's build committed):
+    // a replica that has replayed this far holds the build.
+    match shadow
+        .client()
+        .query_one("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])
+        .await
+    {
+        Ok(row) => Ok(standby::parse_lsn(row.get::<_, &str>(0))),
+        Err(e) => {
+            tracing::warn!(error = %e, "shadow catalog: cannot read the primary's WAL position; its reads stay on the primary");
+            Ok(None)
+        }
+    }
 }
 
 /// Bumped when the shape of the shadow catalog's DDL changes meaning without changing its text.
