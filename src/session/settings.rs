@@ -451,52 +451,26 @@ impl Settings {
                 ))
             }
             "pgdp.accuracy" => {
-                self.accuracy = if is_default {
-                    defaults.accuracy
-                } else {
-                    parse_bool(value).ok_or_else(|| invalid(name, "must be on or off", ""))?
-                };
-                Ok(changed(
-                    "pgdp.accuracy",
-                    on_off(self.accuracy).into(),
-                    false,
-                ))
+                self.accuracy = switch(name, value, is_default.then_some(defaults.accuracy), "")?;
+                Ok(changed(name, on_off(self.accuracy).into(), false))
             }
             "pgdp.clamp_means" => {
-                self.clamp_means = if is_default {
-                    defaults.clamp_means
-                } else {
-                    parse_bool(value).ok_or_else(|| {
-                        invalid(
-                            name,
-                            "must be on or off",
-                            "on (the default) keeps each AVG within its column's bounds; off releases the ratio of its noisy sum and count, unbiased but possibly outside the bounds for a small group.",
-                        )
-                    })?
-                };
-                Ok(changed(
-                    "pgdp.clamp_means",
-                    on_off(self.clamp_means).into(),
-                    false,
-                ))
+                self.clamp_means = switch(
+                    name,
+                    value,
+                    is_default.then_some(defaults.clamp_means),
+                    "on (the default) keeps each AVG within its column's bounds; off releases the ratio of its noisy sum and count, unbiased but possibly outside the bounds for a small group.",
+                )?;
+                Ok(changed(name, on_off(self.clamp_means).into(), false))
             }
             "pgdp.choose_bounds" => {
-                self.choose_bounds = if is_default {
-                    defaults.choose_bounds
-                } else {
-                    parse_bool(value).ok_or_else(|| {
-                        invalid(
-                            name,
-                            "must be on or off",
-                            "on chooses each query's cap on rows per unit from a DP histogram of its data (10% of its epsilon), within the policy's cap; off uses the policy's caps.",
-                        )
-                    })?
-                };
-                Ok(changed(
-                    "pgdp.choose_bounds",
-                    on_off(self.choose_bounds).into(),
-                    false,
-                ))
+                self.choose_bounds = switch(
+                    name,
+                    value,
+                    is_default.then_some(defaults.choose_bounds),
+                    "on chooses each query's cap on rows per unit from a DP histogram of its data (10% of its epsilon), within the policy's cap; off uses the policy's caps.",
+                )?;
+                Ok(changed(name, on_off(self.choose_bounds).into(), false))
             }
             _ => Err(Error::UnknownParameter {
                 name: name.to_string(),
@@ -667,6 +641,15 @@ fn on_off(b: bool) -> &'static str {
         "on"
     } else {
         "off"
+    }
+}
+
+/// An on/off setting's new value: `default` for DEFAULT / RESET, else `value` read as a
+/// boolean; refused naming `name`, with `hint`, when it is none.
+fn switch(name: &str, value: &str, default: Option<bool>, hint: &str) -> Result<bool> {
+    match default {
+        Some(default) => Ok(default),
+        None => parse_bool(value).ok_or_else(|| invalid(name, "must be on or off", hint)),
     }
 }
 
