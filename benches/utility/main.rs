@@ -6,6 +6,7 @@
 //! cargo bench --bench utility -- --smoke     # seconds; CI; writes target/utility-smoke/utility.md
 //! cargo bench --bench utility -- --reps 200  # repetitions per query and setting
 //! cargo bench --bench utility -- --budget    # no database: queries that fit in a budget (fit.rs)
+//! cargo bench --bench utility -- --synopsis  # a dashboard through a synopsis and per query (dashboard.rs)
 //! ```
 //!
 //! For each query and setting it reports, per aggregate column:
@@ -56,6 +57,7 @@ use tokio_postgres::Client;
 mod bias;
 #[path = "../common/mod.rs"]
 mod common;
+mod dashboard;
 mod fit;
 
 use common::{
@@ -291,6 +293,8 @@ struct Options {
     smoke: bool,
     /// `--budget`: only the queries that fit in a budget ([`fit`]).
     budget: bool,
+    /// `--synopsis`: only the dashboard through a synopsis and per query ([`dashboard`]).
+    synopsis: bool,
     scale: u32,
     reps: usize,
     out: PathBuf,
@@ -301,6 +305,7 @@ struct Options {
 fn parse_args() -> Res<Options> {
     let mut smoke = false;
     let mut budget = false;
+    let mut synopsis = false;
     let mut reps = None;
     let mut scale = None;
     let mut out = None;
@@ -309,6 +314,7 @@ fn parse_args() -> Res<Options> {
         match arg.as_str() {
             "--smoke" => smoke = true,
             "--budget" => budget = true,
+            "--synopsis" => synopsis = true,
             "--reps" => {
                 let v = args.next().ok_or_else(|| fail("--reps needs a number"))?;
                 reps = Some(
@@ -345,6 +351,9 @@ fn parse_args() -> Res<Options> {
     if budget {
         extra.push("--budget".to_string());
     }
+    if synopsis {
+        extra.push("--synopsis".to_string());
+    }
     if let Some(r) = reps {
         extra.push(format!("--reps {r}"));
     }
@@ -365,6 +374,7 @@ fn parse_args() -> Res<Options> {
     Ok(Options {
         smoke,
         budget,
+        synopsis,
         scale,
         reps,
         out: out.unwrap_or_else(|| {
@@ -400,6 +410,12 @@ fn main() {
         }
         eprintln!("wrote {}", options.out.display());
         return;
+    }
+    if options.synopsis {
+        common::run_and_exit(
+            "utility bench --synopsis",
+            dashboard::run(&options.admin_dsn, options.scale, options.smoke),
+        )
     }
     common::run_and_exit("utility bench", bench(options))
 }

@@ -33,7 +33,9 @@ pub use accountant::{
 };
 pub use fixed::{Fixed, FixedError};
 pub use lease::{slice_size, Slice};
-pub use ledger::{Balance, ChargeId, Charged, Ledger, Priced, Receipt, Stored};
+pub use ledger::{
+    Balance, ChargeId, Charged, Ledger, Priced, Receipt, Stored, StoredSynopsis, SynopsisPass,
+};
 pub use window::Window;
 
 /// The SHA-256 (hex, lowercase) of `parts`, each prefixed with its length as 8 big-endian bytes,

@@ -73,6 +73,79 @@ pub struct Policy {
     pub analysts: BTreeMap<String, Analyst>,
     /// Tables by qualified name `schema.table`.
     pub tables: BTreeMap<String, Table>,
+    /// Synopses by name (`synopses`): shared private multiplicative weights over the public
+    /// domain of a few columns of one table ([`Synopsis`]).
+    pub synopses: BTreeMap<String, Synopsis>,
+}
+
+/// A synopsis the data team declares (`synopses.<name>`): private multiplicative weights
+/// ([`crate::dp::mechanism::pmw`]) over the public domain of a few columns of one private table,
+/// which answers the counting queries over those columns of every analyst from one shared
+/// state, for a one-time charge of `epsilon` per analyst and to the dataset.
+///
+/// Invariants of a validated one: the table is private with a privacy unit column or row-level
+/// (not a unit path); every column is declared with `public_values` and `exhaustive: true` (so
+/// every row is in exactly one cell of the domain), none is the privacy unit, none named twice;
+/// the domain has at most [`limits::SYNOPSIS_CELLS_MAX`] cells; `rounds` is within
+/// 1..=[`limits::SYNOPSIS_ROUNDS_MAX`]; `epsilon` is positive and within every analyst's
+/// `epsilon_per_query_max`; `accuracy` is a positive number of rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Synopsis {
+    /// The name (`synopses.<name>`), a plain lower-case identifier: the ledger keys its state by it.
+    pub name: String,
+    /// The private table, qualified.
+    pub table: String,
+    /// The columns, in declaration order, each with its public values in the policy's order:
+    /// the domain is their product, cell `((i₀·n₁ + i₁)·n₂ + i₂)…` for value indices `iₖ`.
+    pub columns: Vec<(String, Vec<String>)>,
+    /// ε: the whole synopsis's budget, charged once to each analyst who is answered from it and
+    /// once to the dataset.
+    pub epsilon: f64,
+    /// T: the most update rounds.
+    pub rounds: usize,
+    /// τ: the error, in rows, under which the synopsis's estimate is answered as is.
+    pub accuracy: f64,
+    /// Δ: the most rows of one privacy unit the synopsis counts (the table's
+    /// `max_groups_per_unit × max_rows_per_unit`; 1 for a row-level table).
+    pub rows_per_unit: u64,
+}
+
+impl Synopsis {
+    /// The number of cells of the domain.
+    pub fn cells(&self) -> usize {
+        self.columns
+            .iter()
+            .map(|(_, values)| values.len())
+            .fold(1usize, usize::saturating_mul)
+    }
+
+    /// The synopsis's column of that name and its position, if it is one.
+    pub fn column(&self, name: &str) -> Option<(usize, &[String])> {
+        self.columns
+            .iter()
+            .position(|(c, _)| c == name)
+            .map(|i| (i, self.columns[i].1.as_slice()))
+    }
+
+    /// A fingerprint of what the synopsis's released state depends on (table, columns and their
+    /// values, ε, T, τ, Δ): the ledger discards a stored state whose fingerprint differs, since
+    /// it was released under another declaration.
+    pub fn fingerprint(&self) -> String {
+        let columns: Vec<String> = self
+            .columns
+            .iter()
+            .map(|(c, v)| format!("{c}[{}]", v.join("\u{1f}")))
+            .collect();
+        format!(
+            "{}|{}|{}|{}|{}|{}",
+            self.table,
+            columns.join(","),
+            self.epsilon,
+            self.rounds,
+            self.accuracy,
+            self.rows_per_unit
+        )
+    }
 }
 
 /// When failed logins lock a login out (`login_throttle`): after `failures_per_user` failures
@@ -531,6 +604,22 @@ impl Policy {
                 a.budget.delta,
                 cap,
                 renewal(a.budget.period)
+            ));
+        }
+        for s in self.synopses.values() {
+            out.push_str(&format!(
+                "synopsis {}: {} over {} ({} cells), epsilon {} once per analyst, {} round(s), accuracy {} rows\n",
+                s.name,
+                s.table,
+                s.columns
+                    .iter()
+                    .map(|(c, _)| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" x "),
+                s.cells(),
+                s.epsilon,
+                s.rounds,
+                s.accuracy
             ));
         }
         out.push_str(&format!("{} table(s):\n", self.tables.len()));

@@ -677,3 +677,136 @@ fn statement_timeout_is_a_policy_setting_within_its_range() {
         );
     }
 }
+
+/// `minimal` with an exhaustive table `s.c` (row-level or with a unit) and these synopses.
+fn with_synopses(unit: &str, synopses: &str) -> String {
+    minimal(&format!(
+        r#"  s.c:
+    kind: private
+    {unit}
+    columns:
+      uid: {{ type: bigint }}
+      region: {{ type: text, public_values: [n, s, e, w], exhaustive: true }}
+      sex: {{ type: text, public_values: [f, m, x], exhaustive: true }}
+      age: {{ type: integer, lower: 0, upper: 100, groupable: true }}
+synopses:
+{synopses}"#
+    ))
+}
+
+#[test]
+fn a_synopsis_is_declared_over_exhaustive_columns_of_a_private_table() {
+    let text = with_synopses(
+        "privacy_unit: uid\n    max_groups_per_unit: 2\n    max_rows_per_unit: 3",
+        "  cube: { table: s.c, columns: [region, sex], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+    );
+    let p = parse(&text).expect("valid");
+    let s = &p.synopses["cube"];
+    assert_eq!(s.table, "s.c");
+    assert_eq!(s.cells(), 12);
+    assert_eq!(s.column("sex").map(|(i, v)| (i, v.len())), Some((1, 3)));
+    assert_eq!(s.rows_per_unit, 6, "the table's caps' product");
+    assert_eq!((s.epsilon, s.rounds, s.accuracy), (0.5, 10, 25.0));
+    assert!(p
+        .summary()
+        .contains("synopsis cube: s.c over region x sex (12 cells)"));
+    // Row-level: each row is a unit.
+    let row_level = with_synopses(
+        "",
+        "  cube: { table: s.c, columns: [sex], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+    );
+    assert_eq!(
+        parse(&row_level).expect("valid").synopses["cube"].rows_per_unit,
+        1
+    );
+    // A changed declaration changes the fingerprint the ledger's state is kept under.
+    let other = parse(&text.replace("accuracy: 25", "accuracy: 30")).expect("valid");
+    assert_ne!(s.fingerprint(), other.synopses["cube"].fingerprint());
+}
+
+#[test]
+fn synopsis_errors_name_their_path() {
+    let unit = "privacy_unit: uid\n    max_groups_per_unit: 1\n    max_rows_per_unit: 1";
+    let cases = [
+        (
+            "  cube: { table: s.c, columns: [age], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+            "synopses.cube.columns[0]: age needs public_values and exhaustive: true",
+        ),
+        (
+            "  cube: { table: s.t, columns: [k], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+            "synopses.cube.columns[0]: k needs public_values and exhaustive: true",
+        ),
+        (
+            "  cube: { table: s.c, columns: [uid], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+            "synopses.cube.columns[0]: uid is the privacy unit",
+        ),
+        (
+            "  cube: { table: s.c, columns: [sex, sex], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+            "synopses.cube.columns[1]: named twice",
+        ),
+        (
+            "  cube: { table: s.c, columns: [nope], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+            "synopses.cube.columns[0]: nope is not a declared column of s.c",
+        ),
+        (
+            "  cube: { table: s.x, columns: [sex], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+            "synopses.cube.table: s.x is not a table of the policy",
+        ),
+        (
+            "  cube: { table: s.c, columns: [sex], epsilon: 0.5, rounds: 0, accuracy: 25 }\n",
+            "synopses.cube.rounds: must be between 1 and 200, not 0",
+        ),
+        (
+            "  cube: { table: s.c, columns: [sex], epsilon: 0.5, rounds: 10, accuracy: -1 }\n",
+            "synopses.cube.accuracy: must be a positive number of rows, not -1",
+        ),
+        (
+            "  cube: { table: s.c, columns: [sex], epsilon: 0, rounds: 10, accuracy: 25 }\n",
+            "synopses.cube.epsilon: epsilon must be positive",
+        ),
+        (
+            "  Cube: { table: s.c, columns: [sex], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+            "synopses.Cube: synopsis names must be plain lower-case identifiers",
+        ),
+    ];
+    for (synopses, expected) in cases {
+        let e = errors(&with_synopses(unit, synopses));
+        assert!(
+            e.iter().any(|e| e.starts_with(expected)),
+            "{synopses}: expected {expected:?} in {e:?}"
+        );
+    }
+    // The synopsis is charged as one query: within every analyst's per-query cap.
+    let capped = with_synopses(
+        unit,
+        "  cube: { table: s.c, columns: [sex], epsilon: 0.5, rounds: 10, accuracy: 25 }\n",
+    )
+    .replace(
+        "budget: { epsilon: 1, delta: 1.0e-6 }",
+        "budget: { epsilon: 1, delta: 1.0e-6, epsilon_per_query_max: 0.25 }",
+    );
+    assert!(errors(&capped).iter().any(|e| e.starts_with(
+        "synopses.cube.epsilon: 0.5 is above analyst alice's epsilon_per_query_max (0.25)"
+    )));
+    // Unknown keys are refused, as everywhere in the policy.
+    assert!(!errors(&with_synopses(
+        unit,
+        "  cube: { table: s.c, columns: [sex], epsilon: 0.5, rounds: 10, accuracy: 25, alpha: 1 }\n",
+    ))
+    .is_empty());
+}
+
+#[test]
+fn a_synopsis_domain_stays_within_its_cell_limit() {
+    let values: Vec<String> = (0..200).map(|i| format!("v{i}")).collect();
+    let text = minimal(&format!(
+        "  s.big:\n    kind: private\n    columns:\n      a: {{ type: text, public_values: [{0}], exhaustive: true }}\n      b: {{ type: text, public_values: [{0}], exhaustive: true }}\nsynopses:\n  big: {{ table: s.big, columns: [a, b], epsilon: 1, rounds: 5, accuracy: 10 }}\n",
+        values.join(", ")
+    ));
+    let e = errors(&text);
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with("synopses.big.columns: the domain has 40000 cells")),
+        "{e:?}"
+    );
+}

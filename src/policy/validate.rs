@@ -3,7 +3,10 @@
 
 use super::*;
 
+mod synopses;
 mod tables;
+
+pub(super) use synopses::RawSynopsis;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +28,8 @@ pub(super) struct RawPolicy {
     login_throttle: Option<RawLoginThrottle>,
     analysts: BTreeMap<String, RawAnalyst>,
     tables: BTreeMap<String, RawTable>,
+    #[serde(default)]
+    synopses: BTreeMap<String, RawSynopsis>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -590,6 +595,7 @@ pub(super) fn validate(
 
     let analysts = validate_analysts(&mut p, &raw.analysts, env);
     let tables = tables::validate_tables(&mut p, &raw.tables);
+    let synopses = synopses::validate_synopses(&mut p, &raw.synopses, &tables, &analysts);
 
     let statement_timeout_s = raw
         .statement_timeout_s
@@ -624,6 +630,7 @@ pub(super) fn validate(
             login_throttle,
             analysts,
             tables,
+            synopses,
         })
     } else {
         Err(PolicyErrors(p.0))

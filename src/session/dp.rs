@@ -464,6 +464,17 @@ impl Session {
         let shape = self.answer_shape(shared, query, &planned.plan).await?;
         // Public domains read from public tables (no private data, no charge).
         let domains = self.public_domains(shared, &planned.plan, params).await?;
+        // A count a policy synopsis covers is answered from it, paid for once.
+        if self.settings.synopsis {
+            if let Some(route) = rewrite::synopsis::route(&planned.plan, &shared.policy, params)? {
+                if let Some(answer) = self
+                    .synopsis_release(shared, &planned, &route, &domains, &shape)
+                    .await?
+                {
+                    return Ok(answer);
+                }
+            }
+        }
         let charging = self
             .charge_release(shared, planned, params, &domains)
             .await?;
@@ -540,13 +551,13 @@ impl Session {
         schedule: crate::policy::ReleaseSchedule,
     ) -> Result<ClientRows> {
         let started = std::time::Instant::now();
-        let charges = self.charges;
+        let charges = (self.charges, self.private_reads);
         let cancel = self.cancel.clone();
         let answer = {
             let _deferred = cancel.defer_to_release_points(started, schedule);
             self.dp_query(shared, query, params).await
         };
-        if self.charges != charges {
+        if (self.charges, self.private_reads) != charges {
             let at = started + schedule.release_at(started.elapsed());
             tokio::time::sleep_until(at.into()).await;
         }
@@ -615,6 +626,7 @@ pub(super) fn released_columns(described: Vec<(String, u32, String)>) -> Result<
 
 /// The answer's columns, and for a plan with post-processing the PostgreSQL types of the
 /// released relation it reads.
+#[derive(Clone)]
 pub(super) struct AnswerShape {
     pub(super) columns: Vec<OutColumn>,
     inputs: Option<Vec<CellType>>,

@@ -232,6 +232,9 @@ impl Session {
                 schedule.describe()
             ))]);
         }
+        // Answered from a synopsis: said first, the per-query plan after it as the fallback.
+        let synopsis = self.explain_synopsis(shared, &plan, params).await?;
+        lines.splice(0..0, synopsis.into_iter().map(|l| vec![Cell::Text(l)]));
         Ok(ClientRows::computed(explain_columns(), lines))
     }
 }

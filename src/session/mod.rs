@@ -40,6 +40,7 @@ mod observe;
 mod outcome;
 mod pipeline;
 mod route;
+mod synopsis;
 
 pub use dp::limit_of;
 pub use live::{Live, Reloaded};
@@ -91,6 +92,9 @@ pub struct Shared {
     pub noise_seed: Option<[u8; 32]>,
     /// The server's operational metrics (served only with `--metrics`).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The policy's synopses this process has loaded, by name and declaration fingerprint, with
+    /// the round in progress (kept across reloads: a changed declaration has another key).
+    pub(super) synopses: Arc<tokio::sync::Mutex<synopsis::Loaded>>,
 }
 
 impl Shared {
@@ -116,6 +120,7 @@ impl Shared {
             generation: 0,
             noise_seed: None,
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            synopses: Arc::default(),
         })
     }
 
@@ -140,6 +145,7 @@ impl Shared {
             column_facts: Arc::new(column_facts),
             partitioning: self.partitioning.clone(),
             metrics: self.metrics.clone(),
+            synopses: self.synopses.clone(),
             generation: self.generation + 1,
             noise_seed: self.noise_seed,
         }
@@ -192,6 +198,9 @@ pub struct Session {
     /// How the DP pipeline answered the statement running now (replayed, reused, charged), for
     /// the metrics ([`Session::observe`]).
     served: Option<crate::metrics::Served>,
+    /// Reads of private data answered without a new charge (a synopsis's histogram, paid for
+    /// once): the release schedule waits after them as after a charge.
+    private_reads: u64,
 }
 
 impl Session {
@@ -224,6 +233,7 @@ impl Session {
             charges: 0,
             generation: shared.generation,
             served: None,
+            private_reads: 0,
         })
     }
 

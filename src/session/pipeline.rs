@@ -367,7 +367,7 @@ impl Session {
 
     /// Charges `item`'s own cost to the analyst (and the dataset's budget), durably, and
     /// counts it for the session's NOTICEs and the metrics: the item bound to its receipt.
-    async fn charge<T: budget::Priced>(
+    pub(super) async fn charge<T: budget::Priced>(
         &mut self,
         shared: &Shared,
         item: T,

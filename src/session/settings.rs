@@ -63,6 +63,9 @@ pub struct Settings {
     /// `pgdp.choose_bounds`: whether the next DP query chooses its cap on rows per unit from a
     /// DP histogram of its data, within the policy's cap ([`crate::dp::release::bounds`]).
     pub choose_bounds: bool,
+    /// `pgdp.synopsis`: whether counts a policy synopsis can answer are answered from it (on by
+    /// default where the policy declares one); off sends them by the per-query path.
+    pub synopsis: bool,
     /// `pgdp.max_error`: when set, the next DP query spends the smallest ε at which every
     /// measure's 95 % error bound is at most this (`release::budget_for_error`), instead of
     /// `epsilon`.
@@ -108,6 +111,7 @@ impl Settings {
             accuracy: false,
             clamp_means: true,
             choose_bounds: policy.defaults.choose_bounds,
+            synopsis: true,
             max_error: None,
             max_relative_error: None,
         }
@@ -472,6 +476,15 @@ impl Settings {
                 )?;
                 Ok(changed(name, on_off(self.choose_bounds).into(), false))
             }
+            "pgdp.synopsis" => {
+                self.synopsis = switch(
+                    name,
+                    value,
+                    is_default.then_some(defaults.synopsis),
+                    "on (the default) answers the counts a policy synopsis covers from it, paid once; off answers them by the per-query path, each charged.",
+                )?;
+                Ok(changed(name, on_off(self.synopsis).into(), false))
+            }
             _ => Err(Error::UnknownParameter {
                 name: name.to_string(),
             }),
@@ -599,6 +612,7 @@ impl Settings {
             "pgdp.accuracy" => on_off(self.accuracy).into(),
             "pgdp.clamp_means" => on_off(self.clamp_means).into(),
             "pgdp.choose_bounds" => on_off(self.choose_bounds).into(),
+            "pgdp.synopsis" => on_off(self.synopsis).into(),
             "pgdp.max_error" => max_error_text(self.max_error),
             "pgdp.max_relative_error" => max_error_text(self.max_relative_error),
             "all" => {

@@ -89,7 +89,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::budget::Charged;
+use crate::budget::{Charged, SynopsisPass};
 use crate::dp::release::{ChoiceStatement, PrivateRows, Statement, TextRows};
 use crate::dp::rewrite::PublicSql;
 use crate::dsn::Dsn;
@@ -201,6 +201,29 @@ impl Pooled<'_> {
         tracing::debug!(charge = %charged.receipt().id(), "choosing a charged DP query's bounds upstream");
         let settings = time_zone_setting(time_zone)?;
         self.run_read_only(charged.item().histogram().as_str(), &settings, cancel)
+            .await
+            .map(PrivateRows::new)
+    }
+
+    /// Runs a synopsis's private histogram ([`crate::dp::rewrite::synopsis::histogram`]) for
+    /// an analyst who has paid for that synopsis: the [`SynopsisPass`], which only the ledger
+    /// makes from a recorded payment, must name the route's synopsis. Its rows are private like
+    /// a release's.
+    pub async fn run_synopsis_query(
+        self,
+        pass: &SynopsisPass,
+        route: &crate::dp::rewrite::synopsis::Route,
+        time_zone: &str,
+        cancel: &Cancel,
+    ) -> Result<PrivateRows> {
+        if pass.synopsis() != route.synopsis {
+            return Err(Error::internal(
+                "a synopsis read under another synopsis's pass",
+            ));
+        }
+        tracing::debug!(synopsis = %route.synopsis, analyst = %pass.analyst(), "reading a synopsis's histogram upstream");
+        let settings = time_zone_setting(time_zone)?;
+        self.run_read_only(route.histogram.as_str(), &settings, cancel)
             .await
             .map(PrivateRows::new)
     }

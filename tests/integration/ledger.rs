@@ -762,7 +762,7 @@ async fn a_version_1_ledger_is_migrated_and_bounded_by_its_sums() {
         .unwrap()
         .get(0);
     assert_eq!(
-        version, "5",
+        version, "6",
         "migrated through version 2 to the current one"
     );
     let charge = ledger
@@ -829,7 +829,7 @@ async fn a_version_2_ledger_is_migrated_and_keeps_working() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, "5");
+    assert_eq!(version, "6");
     let old = ledger.balance("old", &limit).await.unwrap();
     assert_eq!(old.spent.epsilon, fx("1"));
     assert_eq!(old.limit, limit, "no grants after the migration");
@@ -1183,7 +1183,7 @@ async fn a_version_4_ledger_is_migrated_and_keeps_its_totals() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, "5");
+    assert_eq!(version, "6");
     let limit = Limit::new(fx("1"), Fixed::ZERO);
     let old = ledger.balance("old", &limit).await.unwrap();
     assert_eq!(
@@ -1220,4 +1220,121 @@ async fn a_version_4_ledger_is_migrated_and_keeps_its_totals() {
         .unwrap()
         .get(0);
     assert_eq!(columns, 4);
+}
+
+/// A version-5 ledger gains the synopsis tables (version 6), and their protocol holds: the first
+/// start's total is the one kept, a round is counted before its update and never past T, an
+/// update outside a started round is refused, another declaration is another synopsis, and a
+/// pass exists only for a recorded payment, which a charge of the synopsis's cost makes.
+#[tokio::test]
+async fn a_version_5_ledger_gains_the_synopsis_tables_and_their_protocol_holds() {
+    let db = harness::fresh_database("ledger_v5").await;
+    let client = db.client().await;
+    {
+        let creator = Ledger::connect(db.dsn()).await.unwrap();
+        drop(creator);
+        client
+            .batch_execute(
+                "DROP TABLE pgdp.synopsis, pgdp.synopsis_payment;
+                 UPDATE pgdp.meta SET value = '5' WHERE key = 'schema_version';",
+            )
+            .await
+            .unwrap();
+    }
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let version: String = client
+        .query_one(
+            "SELECT value FROM pgdp.meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "6");
+    assert!(ledger.synopsis_state("cube", "fp").await.unwrap().is_none());
+    let first = ledger.synopsis_create("cube", "fp", 1000).await.unwrap();
+    let again = ledger.synopsis_create("cube", "fp", 5).await.unwrap();
+    assert_eq!(
+        (first.total, again.total),
+        (1000, 1000),
+        "the first start wins"
+    );
+    assert!(
+        ledger
+            .synopsis_measure("cube", "fp", &[1, 2], 7)
+            .await
+            .is_err(),
+        "an update outside a started round"
+    );
+    let round = ledger
+        .synopsis_begin_round("cube", "fp", 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(round.rounds_started, 1);
+    ledger
+        .synopsis_measure("cube", "fp", &[1, 2], -7)
+        .await
+        .unwrap();
+    let round = ledger
+        .synopsis_begin_round("cube", "fp", 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (round.rounds_started, round.measurements),
+        (2, vec![(vec![1, 2], -7)])
+    );
+    assert!(
+        ledger
+            .synopsis_begin_round("cube", "fp", 2)
+            .await
+            .unwrap()
+            .is_none(),
+        "never past T"
+    );
+    assert!(ledger
+        .synopsis_state("cube", "other")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(ledger
+        .synopsis_pass("cube", "fp", "alice")
+        .await
+        .unwrap()
+        .is_none());
+    let declared = pgdp::policy::Synopsis {
+        name: "cube".into(),
+        table: "s.t".into(),
+        columns: vec![("k".into(), vec!["a".into(), "b".into()])],
+        epsilon: 1.0,
+        rounds: 2,
+        accuracy: 10.0,
+        rows_per_unit: 1,
+    };
+    let statement = pgdp::dp::release::SynopsisStatement::of(&declared).unwrap();
+    let limit = Limit::new(fx("10"), Fixed::ZERO);
+    let charged = ledger
+        .charge_for("alice", &limit, None, statement, "f", "pmw", &[])
+        .await
+        .unwrap();
+    let pass = ledger
+        .synopsis_paid_with("cube", "fp", "alice", charged)
+        .await
+        .unwrap();
+    assert_eq!((pass.synopsis(), pass.analyst()), ("cube", "alice"));
+    assert!(ledger
+        .synopsis_pass("cube", "fp", "alice")
+        .await
+        .unwrap()
+        .is_some());
+    assert!(ledger
+        .synopsis_pass("cube", "fp", "bob")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        ledger.balance("alice", &limit).await.unwrap().spent.epsilon,
+        fx("1")
+    );
 }

@@ -37,6 +37,9 @@
 //!   and partitioning by another column;
 //! - `citus`: the same on Citus where it is installed (`.ci/setup-citus`; skipped, saying so,
 //!   elsewhere): answers of one server and the coordinator's distributed plan;
+//! - `synopsis`: a policy synopsis (private multiplicative weights) answering a dashboard's
+//!   counts for one charge, kept across a restart, and the per-query path when it is off or
+//!   exhausted;
 //! - `metrics`: the `--metrics` endpoint scraped over HTTP (counters, histograms, `/health`);
 //! - `readme`: README.md's psql transcripts, run as one psql session and compared (or, with
 //!   `PGDP_BLESS=1`, rewritten).
@@ -86,6 +89,7 @@ mod shard;
 mod sql;
 mod standby;
 mod support;
+mod synopsis;
 mod tls;
 mod tools_node;
 mod tools_python;

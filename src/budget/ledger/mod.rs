@@ -35,7 +35,7 @@
 //!
 //! # Tables (schema `pgdp`)
 //! ```sql
-//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 5
+//! CREATE TABLE pgdp.meta (key text PRIMARY KEY, value text NOT NULL);  -- schema_version = 6
 //! CREATE TABLE pgdp.analyst_spent (        -- one row per analyst, created on first charge
 //!     analyst    text PRIMARY KEY,
 //!     epsilon    numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),  -- Σ pure ε
@@ -92,11 +92,20 @@
 //!     analyst text NOT NULL, key text NOT NULL, payload bytea NOT NULL,
 //!     created_at timestamptz NOT NULL DEFAULT now(),
 //!     PRIMARY KEY (analyst, key));
+//! CREATE TABLE pgdp.synopsis (             -- a synopsis's released state ([`synopsis`])
+//!     name text, fingerprint text,         -- the policy's name and declaration
+//!     total numeric NOT NULL,              -- the noisy total
+//!     rounds_started integer NOT NULL,     -- recorded before a round's first answer
+//!     measurements text[] NOT NULL,        -- 'noisy:cell,cell,…' per update, in order
+//!     created_at, updated_at timestamptz, PRIMARY KEY (name, fingerprint));
+//! CREATE TABLE pgdp.synopsis_payment (     -- who paid for a synopsis, once each
+//!     name text, fingerprint text, analyst text, charge text NOT NULL,  -- the charge's id
+//!     paid_at timestamptz, PRIMARY KEY (name, fingerprint, analyst));
 //! ```
 //! The exact DDL is [`SCHEMA_DDL`]; the first connection a [`Ledger`] opens runs it under a
 //! transaction-scoped advisory lock when any table is missing, so processes starting together do
 //! not race. A role without CREATE rights can use a ledger whose tables a DBA created beforehand.
-//! A ledger of schema version 1, 2, 3 or 4 is migrated in place under the same lock, one version
+//! A ledger of schema version 1, 2, 3, 4 or 5 is migrated in place under the same lock, one version
 //! at a time ([`schema`]).
 //!
 //! # Renewing budgets
@@ -130,6 +139,7 @@ mod lease;
 mod receipt;
 mod schema;
 mod stored;
+mod synopsis;
 mod window;
 pub use admin::{
     Account, Accounts, AdminAction, AdminRecord, AuditEvent, AuditFilter, GrantRequest,
@@ -139,6 +149,7 @@ pub use receipt::{Balance, ChargeId, Charged, Priced, Receipt};
 use schema::ensure_schema;
 pub use schema::SCHEMA_DDL;
 pub use stored::Stored;
+pub use synopsis::{StoredSynopsis, SynopsisPass};
 
 use std::collections::HashMap;
 use std::fmt;

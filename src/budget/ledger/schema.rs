@@ -14,7 +14,7 @@ use tokio_postgres::Client;
 use super::Fault;
 
 /// Version of the tables below, stored in `pgdp.meta`.
-pub(super) const SCHEMA_VERSION: &str = "5";
+pub(super) const SCHEMA_VERSION: &str = "6";
 
 /// Key of the advisory lock that serialises schema creation (ASCII "pgdpledg").
 const SCHEMA_LOCK_KEY: i64 = 0x7067_6470_6c65_6467;
@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS pgdp.meta (
     key text PRIMARY KEY,
     value text NOT NULL
 );
-INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '5') ON CONFLICT DO NOTHING;
+INSERT INTO pgdp.meta (key, value) VALUES ('schema_version', '6') ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS pgdp.analyst_spent (
     analyst text PRIMARY KEY,
     epsilon numeric NOT NULL DEFAULT 0 CHECK (epsilon >= 0),
@@ -135,6 +135,25 @@ CREATE TABLE IF NOT EXISTS pgdp.admin_log (
     ledger_role text NOT NULL DEFAULT current_user
 );
 CREATE INDEX IF NOT EXISTS admin_log_analyst_idx ON pgdp.admin_log (analyst, at);
+CREATE TABLE IF NOT EXISTS pgdp.synopsis (
+    name text NOT NULL,
+    fingerprint text NOT NULL,
+    total numeric NOT NULL,
+    rounds_started integer NOT NULL DEFAULT 0 CHECK (rounds_started >= 0),
+    measurements text[] NOT NULL DEFAULT '{}'
+        CHECK (cardinality(measurements) <= rounds_started),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, fingerprint)
+);
+CREATE TABLE IF NOT EXISTS pgdp.synopsis_payment (
+    name text NOT NULL,
+    fingerprint text NOT NULL,
+    analyst text NOT NULL,
+    charge text NOT NULL,
+    paid_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, fingerprint, analyst)
+);
 ";
 
 /// Creates the tables if any is missing (under an advisory lock) and checks the version.
@@ -152,7 +171,9 @@ pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
                 AND to_regclass('pgdp.admin_log') IS NOT NULL
                 AND to_regclass('pgdp.lease') IS NOT NULL
                 AND to_regclass('pgdp.analyst_window_spent') IS NOT NULL
-                AND to_regclass('pgdp.dataset_window_spent') IS NOT NULL",
+                AND to_regclass('pgdp.dataset_window_spent') IS NOT NULL
+                AND to_regclass('pgdp.synopsis') IS NOT NULL
+                AND to_regclass('pgdp.synopsis_payment') IS NOT NULL",
             &[],
         )
         .await?
@@ -185,6 +206,10 @@ pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), Fault> {
     if version.as_deref() == Some("4") {
         tx.batch_execute(MIGRATE_4_TO_5).await?;
         version = Some("5".to_string());
+    }
+    if version.as_deref() == Some("5") {
+        tx.batch_execute(MIGRATE_5_TO_6).await?;
+        version = Some("6".to_string());
     }
     if version.as_deref() != Some(SCHEMA_VERSION) {
         return Err(Fault::Corrupt(
@@ -240,4 +265,12 @@ ALTER TABLE pgdp.lease ADD COLUMN IF NOT EXISTS window_period text,
     ADD COLUMN IF NOT EXISTS dataset_window_period text,
     ADD COLUMN IF NOT EXISTS dataset_window_start timestamptz;
 UPDATE pgdp.meta SET value = '5' WHERE key = 'schema_version';
+";
+
+/// Migrates a ledger of schema version 5 to version 6, under the schema lock: the synopses'
+/// released states (`pgdp.synopsis`) and who has paid for each (`pgdp.synopsis_payment`).
+/// [`SCHEMA_DDL`], which runs first because the tables are missing, creates them; no total is
+/// touched. A version-5 pgdp refuses the migrated ledger.
+const MIGRATE_5_TO_6: &str = "
+UPDATE pgdp.meta SET value = '6' WHERE key = 'schema_version';
 ";

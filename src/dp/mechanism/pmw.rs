@@ -30,8 +30,10 @@
 //! are post-processing of released values. Sequential composition over at most `2T + 1` parts
 //! gives `ε`-DP for the whole transcript, for any adaptively chosen stream of queries, and
 //! `Σ ε_p²/2`-zCDP ([`Synopsis::cost_parts`] lists the parts for the accountant). The noisy
-//! threshold `τ + ρ` is never released; a round's start must be recorded durably before anything
-//! of the round is released (the caller's), so that at most `T` rounds ever run.
+//! threshold `τ + ρ` is never released; a round's start is recorded durably before anything of
+//! the round is released (the caller records it, then [`Synopsis::begin_round`] draws the
+//! threshold; [`Synopsis::answer`] refuses to answer outside a begun round), so that at most `T`
+//! rounds ever run, across restarts and processes sharing the state.
 //!
 //! Invariants:
 //! - Pure: randomness is a parameter; no I/O.
@@ -121,7 +123,8 @@ pub struct ReleasedState {
     pub total: i128,
     /// Each update's query and released noisy count, in order.
     pub measurements: Vec<(CellSet, i128)>,
-    /// Rounds started (each ended by an update, or left when the process stopped).
+    /// Rounds started (each ended by an update, or left when the process stopped): recorded
+    /// durably before a round's first answer.
     pub rounds_started: usize,
 }
 
@@ -197,6 +200,18 @@ pub struct Synopsis {
     weights: Vec<f64>,
     /// The round in progress: its noisy threshold `τ + ρ`, in rows. Secret.
     round: Option<i128>,
+}
+
+impl std::fmt::Debug for Synopsis {
+    /// Never prints the round's secret threshold.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Synopsis")
+            .field("params", &self.params)
+            .field("rounds_started", &self.released.rounds_started)
+            .field("measurements", &self.released.measurements.len())
+            .field("round_in_progress", &self.round.is_some())
+            .finish()
+    }
 }
 
 impl Synopsis {
@@ -284,28 +299,71 @@ impl Synopsis {
         self.mechanisms.count.error_bound(alpha)
     }
 
-    /// Whether answering now starts a round (the caller records the start durably first, and
-    /// [`Synopsis::answer`] then counts it).
+    /// Whether the synopsis answers nothing more: every round has started and none is in
+    /// progress here.
+    pub fn exhausted(&self) -> bool {
+        self.round.is_none() && self.rounds_left() == 0
+    }
+
+    /// Whether answering now needs a new round: none is in progress and rounds are left. The
+    /// caller records the round's start durably, then calls [`Synopsis::begin_round`].
     pub fn starts_round(&self) -> bool {
         self.round.is_none() && self.rounds_left() > 0
     }
 
-    /// Answers `q` on `data` (see the module's mechanism).
+    /// Starts a round that the caller has recorded durably: `recorded` is the stored state after
+    /// the record (its `rounds_started` counts this round; its measurements may hold other
+    /// processes' updates, all released values). Draws the round's secret threshold.
+    pub fn begin_round<R: Rng + CryptoRng + ?Sized>(
+        &mut self,
+        rng: &mut R,
+        recorded: ReleasedState,
+    ) -> Result<()> {
+        if self.round.is_some() || recorded.rounds_started == 0 {
+            return Err(Error::internal("a synopsis round begun without its record"));
+        }
+        self.refresh(recorded)?;
+        let tau = self.params.threshold.ceil() as i128;
+        self.round = Some(self.mechanisms.threshold.release_integer(rng, tau));
+        Ok(())
+    }
+
+    /// Takes the stored state (another process's updates and rounds) with no round in progress
+    /// here, or keeping the one in progress when the stored state still counts it.
+    pub fn refresh(&mut self, stored: ReleasedState) -> Result<()> {
+        if stored.measurements.len() > stored.rounds_started
+            || stored.rounds_started > self.params.rounds
+            || stored.rounds_started < self.released.rounds_started
+        {
+            return Err(Error::internal(
+                "a synopsis's stored state is behind or beyond its rounds",
+            ));
+        }
+        let changed = stored.measurements.len() != self.released.measurements.len()
+            || stored.total != self.released.total;
+        self.released = stored;
+        if changed {
+            self.reweight();
+        }
+        Ok(())
+    }
+
+    /// Answers `q` on `data` (see the module's mechanism) within the round in progress; after
+    /// the last round, [`Answer::Exhausted`]. Answering with rounds left and none in progress is
+    /// an error: the round must be recorded first ([`Synopsis::begin_round`]).
     pub fn answer<R: Rng + CryptoRng + ?Sized>(
         &mut self,
         rng: &mut R,
         data: &PrivateHistogram,
         q: &CellSet,
-    ) -> Answer {
+    ) -> Result<Answer> {
         let threshold = match self.round {
             Some(t) => t,
-            None if self.rounds_left() == 0 => return Answer::Exhausted,
+            None if self.rounds_left() == 0 => return Ok(Answer::Exhausted),
             None => {
-                self.released.rounds_started += 1;
-                let tau = self.params.threshold.ceil() as i128;
-                let t = self.mechanisms.threshold.release_integer(rng, tau);
-                self.round = Some(t);
-                t
+                return Err(Error::internal(
+                    "a synopsis answered before its round was recorded",
+                ))
             }
         };
         let estimate = self.estimate(q);
@@ -313,13 +371,13 @@ impl Synopsis {
         let gap = (exact - estimate.round() as i128).abs();
         let tested = self.mechanisms.test.release_integer(rng, gap);
         if tested < threshold {
-            return Answer::Estimate(estimate);
+            return Ok(Answer::Estimate(estimate));
         }
         self.round = None;
         let noisy = self.mechanisms.count.release_integer(rng, exact);
         self.released.measurements.push((q.clone(), noisy));
         self.reweight();
-        Answer::Updated(noisy)
+        Ok(Answer::Updated(noisy))
     }
 
     /// The weights implied by the released measurements (multiplicative updates projecting onto
@@ -434,6 +492,21 @@ mod tests {
         out
     }
 
+    /// Answers as the caller does: a round recorded (here in memory) before it begins.
+    fn ask(
+        synopsis: &mut Synopsis,
+        rng: &mut rand::rngs::ChaCha20Rng,
+        data: &PrivateHistogram,
+        q: &CellSet,
+    ) -> Answer {
+        if synopsis.starts_round() {
+            let mut recorded = synopsis.released().clone();
+            recorded.rounds_started += 1;
+            synopsis.begin_round(rng, recorded).expect("round");
+        }
+        synopsis.answer(rng, data, q).expect("answer")
+    }
+
     fn params(epsilon: f64, rounds: usize, threshold: f64) -> SynopsisParams {
         SynopsisParams {
             cells: cells(),
@@ -461,7 +534,7 @@ mod tests {
         for reload in 0..3 {
             for q in &queries {
                 let exact = data.count(q) as f64;
-                match synopsis.answer(&mut rng, &data, q) {
+                match ask(&mut synopsis, &mut rng, &data, q) {
                     Answer::Estimate(v) => {
                         estimates += 1;
                         reloaded_estimates += usize::from(reload > 0);
@@ -502,7 +575,7 @@ mod tests {
         let q = dashboard();
         let mut answers = Vec::new();
         for query in q.iter().cycle().take(200) {
-            let a = synopsis.answer(&mut rng, &data, query);
+            let a = ask(&mut synopsis, &mut rng, &data, query);
             let done = a == Answer::Exhausted;
             answers.push(a);
             if done {
@@ -559,7 +632,7 @@ mod tests {
             (0..runs)
                 .filter(|_| {
                     let mut s = Synopsis::restore(p.clone(), state.clone()).expect("ok");
-                    matches!(s.answer(&mut rng, data, &q), Answer::Updated(_))
+                    matches!(ask(&mut s, &mut rng, data, &q), Answer::Updated(_))
                 })
                 .count() as f64
                 / runs as f64

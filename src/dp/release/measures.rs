@@ -77,6 +77,9 @@ pub struct NoisyMeasures {
     pub(super) derivation: Option<Derivation>,
 }
 
+/// One group's count from a synopsis: its keys, the count, and its 95 % and 97.5 % error bounds.
+pub type SynopsisCount = (Vec<Option<String>>, f64, (f64, f64));
+
 /// How derived noisy measures were computed from a finer release: each group is the sum of
 /// some of its cells, so each value's noise is the sum of that many independent noises.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +103,31 @@ const MAGIC: &[u8] = b"pgdp-noisy-measures-1";
 const MAGIC_DERIVED: &[u8] = b"pgdp-derived-measures-1";
 
 impl NoisyMeasures {
+    /// The counts a synopsis answered ([`crate::dp::mechanism::pmw`]), one measure per group:
+    /// each group's keys, its count (rounded to a whole number of rows, at least 0: both
+    /// post-processing) and its 95 % and 97.5 % error bounds, stated per group (an estimate's
+    /// bound and an update's differ).
+    pub fn from_synopsis(keys: usize, groups: Vec<SynopsisCount>) -> NoisyMeasures {
+        let bounds = groups
+            .iter()
+            .map(|(_, _, (b95, b975))| (vec![*b95], vec![*b975]))
+            .collect();
+        let cells = vec![1; groups.len()];
+        NoisyMeasures {
+            keys,
+            measures: 1,
+            groups: groups
+                .into_iter()
+                .map(|(k, v, _)| (k, vec![v.round().max(0.0)]))
+                .collect(),
+            derivation: Some(Derivation {
+                from: None,
+                cells,
+                bounds,
+            }),
+        }
+    }
+
     /// How many groups were released.
     pub fn len(&self) -> usize {
         self.groups.len()

@@ -51,9 +51,9 @@ pub use clamps::clamped_arguments;
 use explain::analyst_text;
 pub use explain::{capped_statistic, detection_note, explain};
 pub use grouping::derived_set as derived_grouping_set;
-pub use measures::{derived_key, measures_key, NoisyMeasures};
-pub use rows::{Evaluated, PrivateRows, Released, TextRows};
-pub use statement::{ChoiceStatement, Statement};
+pub use measures::{derived_key, measures_key, NoisyMeasures, SynopsisCount};
+pub use rows::{synopsis_histogram, Evaluated, PrivateRows, Released, TextRows};
+pub use statement::{ChoiceStatement, Statement, SynopsisStatement};
 
 fn key_cell(text: Option<&str>, ty: ColumnType) -> Cell {
     let Some(t) = text else { return Cell::Null };

@@ -103,6 +103,31 @@ impl PrivateRows {
     }
 }
 
+/// A synopsis's private histogram from the rows of its SQL
+/// ([`crate::dp::rewrite::synopsis::histogram`]: a cell index and a count per row), over
+/// `cells` cells. Read here, as every [`PrivateRows`] is, and handed on opaque.
+pub fn synopsis_histogram(
+    rows: &PrivateRows,
+    cells: usize,
+) -> crate::error::Result<crate::dp::mechanism::pmw::PrivateHistogram> {
+    let mut counts = vec![0u64; cells];
+    for row in &rows.rows {
+        let parsed = match row.as_slice() {
+            [Some(cell), Some(count)] => cell.parse::<usize>().ok().zip(count.parse::<u64>().ok()),
+            _ => None,
+        };
+        match parsed {
+            Some((cell, count)) if cell < cells => counts[cell] = count,
+            _ => {
+                return Err(crate::error::Error::internal(
+                    "a synopsis histogram row that is not a cell and a count",
+                ))
+            }
+        }
+    }
+    Ok(crate::dp::mechanism::pmw::PrivateHistogram::new(counts))
+}
+
 impl std::fmt::Debug for PrivateRows {
     /// Never prints a value: a log line must not carry private data.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

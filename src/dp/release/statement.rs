@@ -92,3 +92,35 @@ impl Priced for ChoiceStatement {
         self.cost
     }
 }
+
+/// A synopsis's whole cost ([`crate::dp::mechanism::pmw::Synopsis::cost_parts`]: `2T + 1` pure
+/// parts of `ε/(2T + 1)`), charged once to each analyst it answers; the charge is recorded as
+/// the analyst's payment (`Ledger::synopsis_paid_with`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynopsisStatement {
+    synopsis: String,
+    cost: Cost,
+}
+
+impl SynopsisStatement {
+    /// The cost of `synopsis`: its ε rounded up to the ledger's precision, in `2T + 1` equal
+    /// pure parts.
+    pub fn of(synopsis: &crate::policy::Synopsis) -> crate::error::Result<SynopsisStatement> {
+        let epsilon = super::fixed_ceil(synopsis.epsilon)?;
+        Ok(SynopsisStatement {
+            synopsis: synopsis.name.clone(),
+            cost: Cost::pure_split(epsilon, 2 * synopsis.rounds + 1),
+        })
+    }
+
+    /// The synopsis's name.
+    pub fn synopsis(&self) -> &str {
+        &self.synopsis
+    }
+}
+
+impl Priced for SynopsisStatement {
+    fn cost(&self) -> Cost {
+        self.cost
+    }
+}

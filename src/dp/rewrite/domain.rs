@@ -175,7 +175,7 @@ pub fn public_domain(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<P
 }
 
 /// The WHERE clause split at its top-level ANDs, with parameters bound.
-fn bound_conjuncts(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<Expr>> {
+pub(super) fn bound_conjuncts(plan: &Plan, parameters: &[Option<String>]) -> Result<Vec<Expr>> {
     let Some(filter) = &plan.filter else {
         return Ok(Vec::new());
     };
@@ -210,7 +210,7 @@ pub(crate) fn split_and(e: Expr, out: &mut Vec<Expr>) {
 }
 
 /// `"alias"."column"` of a canonical key, if the key is a plain column.
-fn plain_column(expr: &str) -> Option<(String, String)> {
+pub(super) fn plain_column(expr: &str) -> Option<(String, String)> {
     let parsed = Parser::new(&PostgreSqlDialect {})
         .try_with_sql(expr)
         .and_then(|mut p| p.parse_expr())
@@ -266,7 +266,7 @@ impl ast::Visitor for OnlyColumnsOf<'_> {
 }
 
 /// The SQL type listed values of a key of type `ty` are compared as.
-fn sql_type(ty: ColumnType) -> &'static str {
+pub(super) fn sql_type(ty: ColumnType) -> &'static str {
     match ty {
         ColumnType::Integer => "bigint",
         ColumnType::Numeric => "numeric",
@@ -350,7 +350,7 @@ fn table_values_sql(
 }
 
 /// Parses `sql` as exactly one query and prints it back (the form every [`PublicSql`] has).
-fn checked(sql: &str) -> Result<PublicSql> {
+pub(super) fn checked(sql: &str) -> Result<PublicSql> {
     let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
         .map_err(|e| Error::internal(format!("public domain SQL does not parse: {e}")))?;
     match statements.as_slice() {

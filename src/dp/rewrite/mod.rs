@@ -56,6 +56,7 @@ mod partitionwise;
 pub mod public;
 mod ship;
 mod stages;
+pub mod synopsis;
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
 use ending::statement_ending;

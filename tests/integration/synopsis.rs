@@ -1,0 +1,325 @@
+//! A policy synopsis (private multiplicative weights) through the wire: a dashboard's counts over
+//! region × sex × education answered from it for one charge, each within its stated bound of
+//! PostgreSQL's count; the state and the payment kept across a restart; `pgdp.synopsis = off`
+//! and an exhausted synopsis falling back to the per-query path, charged.
+
+use std::collections::HashMap;
+
+use crate::support::{demo_policy_text, upstream_client, Proxy, Session};
+
+/// The demo policy with a synopsis over demo.people's region, sex and education (180 cells).
+fn policy(rounds: usize, accuracy: f64) -> pgdp::policy::Policy {
+    let text = format!(
+        "{}\nsynopses:\n  people_cube: {{ table: demo.people, columns: [region, sex, education], epsilon: 2, rounds: {rounds}, accuracy: {accuracy} }}\n",
+        demo_policy_text()
+    );
+    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy: {e:?}"))
+}
+
+/// PostgreSQL's answer to `sql` on the demo data, as key text → count.
+async fn exact(sql: &str) -> HashMap<String, i64> {
+    let client = upstream_client().await;
+    client
+        .query(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|r| {
+            let key: Option<String> = r.get(0);
+            (key.unwrap_or_default(), r.get::<_, i64>(1))
+        })
+        .collect()
+}
+
+/// The 95 % bounds a synopsis NOTICE states (an estimate's, then an update's, when present).
+fn stated_bounds(notices: &[String]) -> Vec<f64> {
+    let notice = notices
+        .iter()
+        .find(|n| n.starts_with("pgdp: answered from synopsis people_cube"))
+        .unwrap_or_else(|| panic!("no synopsis NOTICE in {notices:?}"));
+    notice
+        .split("within ")
+        .skip(1)
+        .filter_map(|part| part.split(' ').next()?.parse::<f64>().ok())
+        .collect()
+}
+
+/// Runs `sql` (key, count) through pgdp and compares each count with PostgreSQL's answer to
+/// `exact_sql`: returns how many counts were outside the largest stated bound, and how many in
+/// all.
+async fn compare(s: &Session, sql: &str, exact_sql: &str) -> (usize, usize) {
+    let rows = s
+        .query(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let notices = s.take_notices();
+    let bound = stated_bounds(&notices).into_iter().fold(0.0_f64, f64::max);
+    assert!(bound > 0.0, "{notices:?}");
+    let truth = exact(exact_sql).await;
+    // Every group PostgreSQL has is released (and groups of the public domain it lacks, as 0s).
+    assert!(
+        rows.len() >= truth.len(),
+        "{sql}: the groups PostgreSQL has"
+    );
+    let mut outside = 0;
+    for row in &rows {
+        let key: Option<String> = row.get(0);
+        let count: i64 = row.get(1);
+        let expected = truth.get(&key.unwrap_or_default()).copied().unwrap_or(0);
+        assert!(count >= 0, "{sql}: {count}");
+        if (count - expected).abs() as f64 > bound {
+            outside += 1;
+        }
+    }
+    (outside, rows.len())
+}
+
+#[tokio::test]
+async fn a_dashboard_is_answered_from_one_synopsis_paid_once() {
+    let mut proxy = Proxy::with_policy(policy(60, 1000.0), 150).await;
+    let s = proxy.connect().await;
+    // The first answer pays for the synopsis: its whole ε, once.
+    let (mut outside, mut total) = compare(
+        &s,
+        "SELECT region, COUNT(*) FROM demo.people GROUP BY region ORDER BY region",
+        "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+    )
+    .await;
+    // The accountant bounds the synopsis's 2T + 1 pure parts of 2/121 each (as zCDP at the
+    // analyst's δ) below their sum, 2.
+    let paid = s.budget().await.epsilon_spent;
+    assert!(paid > 0.0 && paid <= 2.0, "spent {paid}");
+    // EXPLAIN says where the count comes from, and charges nothing.
+    let explained = s
+        .simple_rows("EXPLAIN SELECT COUNT(*) FROM demo.people WHERE sex = 'F'")
+        .await
+        .expect("EXPLAIN");
+    let first = explained[0][0].clone().unwrap_or_default();
+    assert!(
+        first.starts_with("answered from synopsis people_cube (private multiplicative weights over region x sex x education of demo.people, 180 cells"),
+        "{first}"
+    );
+    assert!(explained.iter().any(|l| l[0]
+        .as_deref()
+        .is_some_and(|l| l.contains("already paid: this answer costs nothing"))));
+    // A dashboard: each filter and each grouping a new statement, none charged.
+    let dashboard = [
+        ("sex", "WHERE region IN ('CE', 'EA')"),
+        ("education", "WHERE sex = 'F'"),
+        ("region", "WHERE education <> 'none' AND sex IN ('F', 'X')"),
+        ("sex", ""),
+        ("education", "WHERE region = 'NO' OR region = 'SO'"),
+        ("region", "WHERE sex = 'M'"),
+        ("education", ""),
+        ("sex", "WHERE education LIKE '%ary'"),
+        ("region", "WHERE education IN ('bachelor', 'master')"),
+        ("education", "WHERE region NOT IN ('CE') AND sex <> 'X'"),
+    ];
+    for reload in 0..2 {
+        for (key, filter) in dashboard {
+            let (o, t) = compare(
+                &s,
+                &format!("SELECT {key}, COUNT(*) AS n FROM demo.people {filter} GROUP BY {key}"),
+                &format!("SELECT {key}, COUNT(*) FROM demo.people {filter} GROUP BY {key}"),
+            )
+            .await;
+            outside += o;
+            total += t;
+            if reload == 0 && key == "sex" && filter.is_empty() {
+                // Nothing charged after the first answer.
+                assert_eq!(s.budget().await.epsilon_spent, paid);
+            }
+        }
+    }
+    // 95 % bounds: at most a tenth of the counts outside (seeded: always or never).
+    assert!(
+        outside * 10 <= total,
+        "{outside} of {total} outside their bounds"
+    );
+    assert_eq!(s.budget().await.epsilon_spent, paid);
+    // A count without GROUP BY, and a post-processed one, from the synopsis too.
+    let rows = s
+        .query(
+            "SELECT COUNT(*) * 2 AS twice FROM demo.people WHERE region = 'WE'",
+            &[],
+        )
+        .await
+        .expect("post-processing over a synopsis count");
+    let twice: i64 = rows[0].get(0);
+    let truth = exact("SELECT '', COUNT(*) FROM demo.people WHERE region = 'WE'").await[""];
+    let bound = stated_bounds(&s.take_notices())
+        .into_iter()
+        .fold(0.0, f64::max);
+    assert!(
+        ((twice / 2 - truth).abs() as f64) <= 2.0 * bound,
+        "{twice} against {truth}"
+    );
+
+    // The ledger holds the state: rounds counted, at most T, each update stored.
+    let ledger = crate::harness::connect(proxy.ledger_dsn()).await;
+    let row = ledger
+        .query_one(
+            "SELECT rounds_started, cardinality(measurements) FROM pgdp.synopsis WHERE name = 'people_cube'",
+            &[],
+        )
+        .await
+        .expect("synopsis state");
+    let (rounds, updates): (i32, i32) = (row.get(0), row.get(1));
+    assert!(
+        updates <= rounds && rounds <= 60,
+        "{updates} updates in {rounds} rounds"
+    );
+
+    // Restarted, on the same ledger: the analyst has paid, and the state is the stored one.
+    drop(s);
+    proxy.restart().await;
+    let s = proxy.connect().await;
+    let (o, _) = compare(
+        &s,
+        "SELECT sex, COUNT(*) FROM demo.people WHERE region = 'CE' GROUP BY sex",
+        "SELECT sex, COUNT(*) FROM demo.people WHERE region = 'CE' GROUP BY sex",
+    )
+    .await;
+    assert!(o <= 1, "{o} of 3 outside");
+    assert_eq!(
+        s.budget().await.epsilon_spent,
+        paid,
+        "paid once, across restarts"
+    );
+
+    // Off for the session: the per-query path answers and charges.
+    s.batch_execute(
+        "SET pgdp.synopsis = off; SET pgdp.epsilon = 1; SET pgdp.mechanism = 'laplace'",
+    )
+    .await
+    .expect("SET");
+    s.query("SELECT sex, COUNT(*) FROM demo.people GROUP BY sex", &[])
+        .await
+        .expect("per-query path");
+    let notices = s.take_notices();
+    assert!(
+        notices.iter().all(|n| !n.contains("synopsis")) && notices[0].starts_with("pgdp: charged"),
+        "{notices:?}"
+    );
+    let spent = s.budget().await.epsilon_spent;
+    assert!(spent > paid, "spent {spent}");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn an_exhausted_synopsis_leaves_its_counts_to_the_per_query_path() {
+    // One round and a threshold far below the test's noise: the first count that needs the
+    // data ends the only round, and the synopsis answers nothing more.
+    let proxy = Proxy::with_policy(policy(1, 1.0), 151).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.mechanism = 'laplace'")
+        .await
+        .expect("SET");
+    let mut answered = 0;
+    for region in ["CE", "EA", "IS", "NE", "NO", "NW"] {
+        let rows = s
+            .query(
+                &format!("SELECT COUNT(*) FROM demo.people WHERE region = '{region}'"),
+                &[],
+            )
+            .await
+            .expect("answered by one path or the other");
+        assert_eq!(rows.len(), 1);
+        answered += 1;
+        s.take_notices();
+    }
+    assert_eq!(answered, 6);
+    let spent = s.budget().await.epsilon_spent;
+    // The synopsis's 2 (bounded below it by the accountant), then at least one count by the
+    // per-query path at the session's ε (1).
+    assert!(spent > 2.5, "spent {spent}");
+    let ledger = crate::harness::connect(proxy.ledger_dsn()).await;
+    let rounds: i32 = ledger
+        .query_one(
+            "SELECT rounds_started FROM pgdp.synopsis WHERE name = 'people_cube'",
+            &[],
+        )
+        .await
+        .expect("synopsis state")
+        .get(0);
+    assert_eq!(rounds, 1);
+    proxy.stop().await;
+}
+
+/// The synopsis's histogram SQL on a table where one unit has more rows than Δ: that unit counts
+/// Δ rows, the others all theirs, and removing the unit (its neighbouring table) moves the
+/// histogram by at most Δ in L1; rows outside the public values are in no cell.
+#[tokio::test]
+async fn the_histogram_counts_each_unit_up_to_its_cap_and_a_unit_moves_it_by_at_most_that() {
+    let db = crate::harness::fresh_database("synopsis_cap").await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE SCHEMA s;
+             CREATE TABLE s.t (uid integer NOT NULL, k text NOT NULL);
+             INSERT INTO s.t SELECT 1, 'a' FROM generate_series(1, 5);
+             INSERT INTO s.t SELECT 1, 'b' FROM generate_series(1, 3);
+             INSERT INTO s.t SELECT u, CASE WHEN u % 2 = 0 THEN 'a' ELSE 'b' END
+               FROM generate_series(2, 41) AS u;
+             INSERT INTO s.t VALUES (42, 'c');",
+        )
+        .await
+        .expect("table");
+    let policy = pgdp::policy::parse(
+        "database: d
+analysts:
+  alice: { password_env: PATH, budget: { epsilon: 1 } }
+tables:
+  s.t:
+    kind: private
+    privacy_unit: uid
+    max_groups_per_unit: 1
+    max_rows_per_unit: 3
+    columns:
+      uid: { type: integer }
+      k: { type: text, public_values: [a, b], exhaustive: true }
+synopses:
+  ks: { table: s.t, columns: [k], epsilon: 1, rounds: 2, accuracy: 5 }
+",
+    )
+    .expect("policy");
+    let query = match pgdp::session::classify::classify("SELECT k, COUNT(*) FROM s.t GROUP BY k")
+        .expect("parses")
+        .pop()
+    {
+        Some(pgdp::session::classify::Statement::Query(q)) => q,
+        _ => panic!("not a query"),
+    };
+    let ctx = pgdp::dp::analyze::Context {
+        policy: &policy,
+        search_path: vec!["s".to_string()],
+    };
+    let plan = pgdp::dp::analyze::analyze(&query, &ctx).expect("admitted");
+    let route = pgdp::dp::rewrite::synopsis::route(&plan, &policy, &[])
+        .expect("routes")
+        .expect("the synopsis answers it");
+    let histogram = |client: tokio_postgres::Client| {
+        let sql = route.histogram.as_str().to_string();
+        async move {
+            let mut counts = [0i64; 2];
+            for row in client.simple_query(&sql).await.expect("histogram") {
+                if let tokio_postgres::SimpleQueryMessage::Row(r) = row {
+                    let cell: usize = r.get(0).expect("cell").parse().expect("index");
+                    counts[cell] = r.get(1).expect("count").parse().expect("count");
+                }
+            }
+            counts
+        }
+    };
+    let with = histogram(db.client().await).await;
+    // Unit 1 counts 3 of its 8 rows; units 2..41 one each (20 a, 20 b); unit 42's 'c' is in no cell.
+    assert_eq!(with[0] + with[1], 3 + 40, "{with:?}");
+    client
+        .batch_execute("DELETE FROM s.t WHERE uid = 1")
+        .await
+        .expect("neighbour");
+    let without = histogram(db.client().await).await;
+    assert_eq!(without, [20, 20]);
+    let moved: i64 = with.iter().zip(&without).map(|(a, b)| (a - b).abs()).sum();
+    assert!(moved <= 3, "a unit moved the histogram by {moved}");
+}
