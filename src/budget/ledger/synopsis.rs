@@ -14,6 +14,8 @@
 //! - State is keyed by the synopsis's name and the fingerprint of its declaration, so a changed
 //!   declaration starts afresh and is paid for afresh.
 
+use tokio_postgres::types::ToSql;
+
 use super::receipt::{Charged, Priced};
 use super::{Fault, Ledger};
 use crate::{Error, Result};
@@ -111,19 +113,20 @@ const PAY: &str = "INSERT INTO pgdp.synopsis_payment (name, fingerprint, analyst
      VALUES ($1, $2, $3, $4) ON CONFLICT (name, fingerprint, analyst) DO NOTHING";
 
 impl Ledger {
-    /// The stored state of synopsis `name` under declaration `fingerprint`, if it has started.
-    pub async fn synopsis_state(
+    /// Runs `sql` (prepared once per connection) and reads the synopsis state it returns, if
+    /// any: the one loop of the reads and round counts below.
+    async fn synopsis_row(
         &self,
-        name: &str,
-        fingerprint: &str,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<StoredSynopsis>> {
         let mut attempts = self.attempts().await;
         loop {
             let conn = attempts.client().await?;
-            let result = match conn.statement(STATE).await {
+            let result = match conn.statement(sql).await {
                 Ok(statement) => conn
                     .client
-                    .query_opt(&statement, &[&name, &fingerprint])
+                    .query_opt(&statement, params)
                     .await
                     .map_err(Fault::from),
                 Err(e) => Err(Fault::from(e)),
@@ -135,6 +138,35 @@ impl Ledger {
         }
     }
 
+    /// Runs `sql` (one autocommitted, durable statement) and returns the rows it changed or
+    /// returned.
+    async fn synopsis_write(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64> {
+        let mut attempts = self.attempts().await;
+        loop {
+            let conn = attempts.client().await?;
+            let result = match conn.statement(sql).await {
+                Ok(statement) => conn.client.execute(&statement, params).await,
+                Err(e) => Err(e),
+            };
+            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
+                return done;
+            }
+        }
+    }
+
+    /// The stored state of synopsis `name` under declaration `fingerprint`, if it has started.
+    pub async fn synopsis_state(
+        &self,
+        name: &str,
+        fingerprint: &str,
+    ) -> Result<Option<StoredSynopsis>> {
+        self.synopsis_row(STATE, &[&name, &fingerprint]).await
+    }
+
     /// Starts synopsis `name` with the noisy total `total` unless another process started it
     /// first, and returns the stored state (the first start wins: its total is the released one).
     pub async fn synopsis_create(
@@ -144,20 +176,8 @@ impl Ledger {
         total: i128,
     ) -> Result<StoredSynopsis> {
         let total = total.to_string();
-        let mut attempts = self.attempts().await;
-        loop {
-            let result = attempts
-                .client()
-                .await?
-                .client
-                .execute(CREATE, &[&name, &fingerprint, &total])
-                .await;
-            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
-                done?;
-                break;
-            }
-        }
-        drop(attempts);
+        self.synopsis_write(CREATE, &[&name, &fingerprint, &total])
+            .await?;
         self.synopsis_state(name, fingerprint)
             .await?
             .ok_or_else(|| Error::internal("a synopsis started and not found"))
@@ -173,22 +193,8 @@ impl Ledger {
         rounds: usize,
     ) -> Result<Option<StoredSynopsis>> {
         let rounds = i32::try_from(rounds).map_err(|_| Error::internal("synopsis rounds"))?;
-        let mut attempts = self.attempts().await;
-        loop {
-            let conn = attempts.client().await?;
-            let result = match conn.statement(BEGIN_ROUND).await {
-                Ok(statement) => conn
-                    .client
-                    .query_opt(&statement, &[&name, &fingerprint, &rounds])
-                    .await
-                    .map_err(Fault::from),
-                Err(e) => Err(Fault::from(e)),
-            };
-            let state = result.and_then(|row| row.as_ref().map(stored_of).transpose());
-            if let Some(done) = attempts.settle(state) {
-                return done;
-            }
-        }
+        self.synopsis_row(BEGIN_ROUND, &[&name, &fingerprint, &rounds])
+            .await
     }
 
     /// Stores an update's cells and released count (within a started round). Committed before
@@ -201,20 +207,12 @@ impl Ledger {
         noisy: i128,
     ) -> Result<()> {
         let text = measurement_text(cells, noisy);
-        let mut attempts = self.attempts().await;
-        loop {
-            let result = attempts
-                .client()
-                .await?
-                .client
-                .execute(MEASURE, &[&name, &fingerprint, &text])
-                .await;
-            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
-                return match done? {
-                    1 => Ok(()),
-                    _ => Err(Error::internal("a synopsis update outside a started round")),
-                };
-            }
+        match self
+            .synopsis_write(MEASURE, &[&name, &fingerprint, &text])
+            .await?
+        {
+            1 => Ok(()),
+            _ => Err(Error::internal("a synopsis update outside a started round")),
         }
     }
 
@@ -225,26 +223,13 @@ impl Ledger {
         fingerprint: &str,
         analyst: &str,
     ) -> Result<Option<SynopsisPass>> {
-        let mut attempts = self.attempts().await;
-        loop {
-            let conn = attempts.client().await?;
-            let result = match conn.statement(PAID).await {
-                Ok(statement) => conn
-                    .client
-                    .query_opt(&statement, &[&name, &fingerprint, &analyst])
-                    .await
-                    .map_err(Fault::from),
-                Err(e) => Err(Fault::from(e)),
-            };
-            if let Some(done) = attempts.settle(result) {
-                return done.map(|row| {
-                    row.map(|_| SynopsisPass {
-                        synopsis: name.to_string(),
-                        analyst: analyst.to_string(),
-                    })
-                });
-            }
-        }
+        let paid = self
+            .synopsis_write(PAID, &[&name, &fingerprint, &analyst])
+            .await?;
+        Ok((paid > 0).then(|| SynopsisPass {
+            synopsis: name.to_string(),
+            analyst: analyst.to_string(),
+        }))
     }
 
     /// Records that `analyst` paid for synopsis `name` with `charged` (a durable charge of the
@@ -259,22 +244,12 @@ impl Ledger {
     ) -> Result<SynopsisPass> {
         let (_, receipt) = charged.into_parts();
         let charge = receipt.id().to_string();
-        let mut attempts = self.attempts().await;
-        loop {
-            let result = attempts
-                .client()
-                .await?
-                .client
-                .execute(PAY, &[&name, &fingerprint, &analyst, &charge])
-                .await;
-            if let Some(done) = attempts.settle(result.map_err(Fault::from)) {
-                done?;
-                return Ok(SynopsisPass {
-                    synopsis: name.to_string(),
-                    analyst: analyst.to_string(),
-                });
-            }
-        }
+        self.synopsis_write(PAY, &[&name, &fingerprint, &analyst, &charge])
+            .await?;
+        Ok(SynopsisPass {
+            synopsis: name.to_string(),
+            analyst: analyst.to_string(),
+        })
     }
 }
 
