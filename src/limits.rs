@@ -211,6 +211,12 @@ pub const SHUTDOWN_LEDGER_WAIT_MS: u64 = 5_000;
 /// identical query then costs again), never an audit row.
 pub const JOURNAL_PENDING_MAX: usize = 10_000;
 
+/// How long a woken journal waits before taking what is queued into one lazy commit: a query's
+/// charge and its outcome then share one row, and the queries of those milliseconds one round
+/// trip to the ledger (an identical query on another process finds a replay entry that much
+/// later; this process sees it at once).
+pub const JOURNAL_COALESCE_MS: u64 = 5;
+
 /// How long the journal waits before trying again after the ledger failed a lazy commit.
 pub const JOURNAL_RETRY_MS: u64 = 1_000;
 

@@ -23,8 +23,9 @@
 //!    against the same pgdp without one, on the queries of figures 1 and 2 (docs/security.md §2);
 //! 9. budget leases (`--leases` only): the tiny query at 1 and 32 clients directly, through a
 //!    byte-forwarding TCP proxy (the floor of any proxy), through pgdp with leases (the default)
-//!    and with `--lease-queries 1`, and the ledger's durable commits per DP query in each (writes
-//!    benches/leases.md);
+//!    and with `--lease-queries 1`, each against the forwarder (issue 44's targets), the ledger's
+//!    durable commits per DP query in each, and pgdp's CPU per tiny DP query in a `pgdp serve`
+//!    process of its own (writes benches/leases.md);
 //! 8. non-unique unit column (first scale): queries on `bench.pums_dup` (10^6 rows, 1 to 3 per
 //!    person, no key), through pgdp against the plain aggregate, the hand-written floor and, when
 //!    `PGDP_BENCH_SMARTNOISE` names a Python with smartnoise-sql, SmartNoise SQL.
@@ -1266,55 +1267,83 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     let off_sent = DP_QUERIES.load(Ordering::Relaxed) - before;
     let (_, alone4) = durable().await?;
 
+    eprintln!("scale {scale}: 9. pgdp's CPU per tiny DP query (a `pgdp serve` process)");
+    let cpu_queries = if s.smoke { 50 } else { CPU_QUERIES };
+    let cpu = pgdp_cpu_per_query(&demo, ledger, template, cpu_queries).await?;
+
     let mut table = String::new();
     writeln!(
         table,
         "Budget leases: the tiny query (`{template}`), scale {scale}, `{}`\n",
         s.command
     )?;
+    // The issue-44 targets are against the forwarder: any proxy pays its hop.
+    let floor = forwarded_qps.map(|qps| (latency.median(3), qps));
+    let versus = |ms: f64, qps: f64| match floor {
+        Some((floor_ms, floor_qps)) => (
+            format!("{:.2}×", ms / floor_ms),
+            format!("{:.2}", qps / floor_qps),
+        ),
+        None => ("–".to_string(), "–".to_string()),
+    };
     writeln!(
         table,
-        "| way | median latency, 1 client (ms) | / direct | target | throughput, {clients} clients (q/s) | / direct | target | durable ledger commits per DP query (1 client / {clients} clients) |"
+        "| way | median latency, 1 client (ms) | / direct | / forwarder | target (/ forwarder) | throughput, {clients} clients (q/s) | / direct | / forwarder | target (/ forwarder) | durable ledger commits per DP query (1 client / {clients} clients) |"
     )?;
-    writeln!(table, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(table, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    let (lat, qps) = versus(latency.median(0), direct_qps);
     writeln!(
         table,
-        "| direct (the rewritten SQL) | {:.3} | 1 | | {direct_qps:.0} | 1 | | 0 |",
+        "| direct (the rewritten SQL) | {:.3} | 1 | {lat} | | {direct_qps:.0} | 1 | {qps} | | 0 |",
         latency.median(0)
     )?;
     match forwarded_qps {
         Some(qps) => writeln!(
             table,
-            "| floor of any proxy: the direct SQL through a byte-forwarding TCP proxy | {:.3} | {:.2}× | | {qps:.0} | {:.2} | | 0 |",
+            "| floor of any proxy: the direct SQL through a byte-forwarding TCP proxy | {:.3} | {:.2}× | 1 | | {qps:.0} | {:.2} | 1 | | 0 |",
             latency.median(3),
             latency.ratio(3, 0),
             qps / direct_qps,
         )?,
         None => writeln!(
             table,
-            "| floor of any proxy: not run (the upstream is not reached over TCP) | | | | | | | |"
+            "| floor of any proxy: not run (the upstream is not reached over TCP) | | | | | | | | | |"
         )?,
     }
+    let (lat, qps) = versus(latency.median(1), leased_qps);
+    let met = |ok: Option<bool>| ok.map_or("not measured", mark);
     writeln!(
         table,
-        "| pgdp, budget leases (`--lease-queries 64`) | {:.3} | {:.2}× | ≤ 1.5× {} | {leased_qps:.0} | {:.2} | ≥ 0.7 {} | {:.3} / {:.3} |",
+        "| pgdp, budget leases (`--lease-queries 64`) | {:.3} | {:.2}× | {lat} | ≤ 1.3× {} | {leased_qps:.0} | {:.2} | {qps} | ≥ 0.6 {} | {:.3} / {:.3} |",
         latency.median(1),
         latency.ratio(1, 0),
-        mark(latency.ratio(1, 0) <= 1.5),
+        met(floor.map(|(ms, _)| latency.median(1) / ms <= 1.3)),
         leased_qps / direct_qps,
-        mark(leased_qps / direct_qps >= 0.7),
+        met(floor.map(|(_, q)| leased_qps / q >= 0.6)),
         per_query(slices1 - slices0),
         (slices3 - slices2) as f64 / (leased_sent as f64).max(1.0),
     )?;
+    let (lat, qps) = versus(latency.median(2), off_qps);
     writeln!(
         table,
-        "| pgdp, one durable commit per query (`--lease-queries 1`) | {:.3} | {:.2}× | | {off_qps:.0} | {:.2} | | {:.3} / {:.3} |",
+        "| pgdp, one durable commit per query (`--lease-queries 1`) | {:.3} | {:.2}× | {lat} | | {off_qps:.0} | {:.2} | {qps} | | {:.3} / {:.3} |",
         latency.median(2),
         latency.ratio(2, 0),
         off_qps / direct_qps,
         per_query(alone1 - alone0),
         (alone4 - alone2) as f64 / (off_sent as f64).max(1.0),
     )?;
+    match cpu {
+        Some(us) => writeln!(
+            table,
+            "\npgdp's CPU per tiny DP query: {us:.0} µs (user + system time of a separate `pgdp serve` process over {cpu_queries} queries from one client, leases on; target ≤ 100 µs {}).",
+            mark(us <= 100.0)
+        )?,
+        None => writeln!(
+            table,
+            "\npgdp's CPU per tiny DP query: not measured (no /proc/<pid>/stat on this system)."
+        )?,
+    }
     writeln!(
         table,
         "\npgdp's overhead over the direct query at one client: {:.3} ms with leases, {:.3} ms with one durable commit per query; the ledger work leases take off each query's path: {:.3} ms. Errors during the throughput windows: {leased_errors} with leases, {off_errors} without.",
@@ -1330,6 +1359,99 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     std::fs::write(&path, &table)?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// Tiny DP queries sent from one client to a `pgdp serve` process for figure 9's CPU figure.
+const CPU_QUERIES: usize = 5_000;
+
+/// pgdp's CPU (user + system, µs) per DP query of `template`: a `pgdp serve` process of its own
+/// (the bench policy, the upstream `demo`, the run's ledger) answers `queries` of them from one
+/// client after a warm-up, and its CPU time is read from `/proc/<pid>/stat` before and after.
+/// `None` where that file does not exist.
+async fn pgdp_cpu_per_query(
+    demo: &str,
+    ledger: &LedgerDb,
+    template: &str,
+    queries: usize,
+) -> Res<Option<f64>> {
+    let policy = std::env::temp_dir().join(format!("pgdp_bench_cpu_{}.yaml", std::process::id()));
+    std::fs::write(&policy, bench_policy_text()?)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pgdp"))
+        .arg("serve")
+        .arg("--policy")
+        .arg(&policy)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", demo, "--ledger", &ledger.dsn])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let measured = async {
+        let started = Instant::now();
+        let client = loop {
+            match connect(&proxy_dsn(port)).await {
+                Ok(client) => break client,
+                Err(e) if started.elapsed() > Duration::from_secs(60) => {
+                    return Err(fail(format!("pgdp serve did not start: {e}")))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        for _ in 0..queries.min(200) {
+            client.simple_query(&fresh(template)).await?;
+        }
+        let Some(before) = cpu_seconds(child.id())? else {
+            return Ok(None);
+        };
+        for _ in 0..queries {
+            DP_QUERIES.fetch_add(1, Ordering::Relaxed);
+            client.simple_query(&fresh(template)).await?;
+        }
+        let Some(after) = cpu_seconds(child.id())? else {
+            return Ok(None);
+        };
+        Res::Ok(Some((after - before) * 1e6 / queries as f64))
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&policy);
+    measured
+}
+
+/// User + system CPU seconds of process `pid` (every thread, live or ended), from
+/// `/proc/<pid>/stat`; `None` where that file does not exist.
+fn cpu_seconds(pid: u32) -> Res<Option<f64>> {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Ok(None);
+    };
+    // Fields after the command name in parentheses: state is field 3, utime 14, stime 15.
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| fail("unreadable /proc/<pid>/stat"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| -> Res<f64> {
+        Ok(fields
+            .get(i - 3)
+            .ok_or_else(|| fail("short /proc/<pid>/stat"))?
+            .parse::<f64>()?)
+    };
+    Ok(Some((ticks(14)? + ticks(15)?) / clock_ticks_per_second()))
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 if that cannot be run).
+fn clock_ticks_per_second() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|t| t.trim().parse::<f64>().ok())
+        .filter(|t| *t > 0.0)
+        .unwrap_or(100.0)
 }
 
 /// A process-local TCP forwarder to the upstream named by the DSN `upstream`: every connection

@@ -43,6 +43,10 @@ const HELPER_FUNCTIONS: &[&str] = &["date_trunc", "date_part", "make_interval"];
 
 /// The maximal foldable expressions of `query`, in pre-order.
 pub fn foldable(query: &ast::Query) -> Vec<Expr> {
+    // Every folded expression calls a time function: without one, no copy and no walk.
+    if !calls_time_function(query) {
+        return Vec::new();
+    }
     let mut copy = query.clone();
     let mut found = Vec::new();
     let _ = copy.visit(&mut Folder::new(|e: &Expr| {
@@ -314,8 +318,8 @@ fn is_constant_with(e: &Expr, subqueries: bool) -> bool {
 }
 
 /// Whether `e` calls one of [`TIME_FUNCTIONS`].
-fn calls_time_function(e: &Expr) -> bool {
-    ast::visit_expressions(e, |inner| match inner {
+fn calls_time_function<V: ast::Visit>(node: &V) -> bool {
+    ast::visit_expressions(node, |inner| match inner {
         Expr::Function(f) if TIME_FUNCTIONS.contains(&function_name(f).as_str()) => {
             ControlFlow::Break(())
         }

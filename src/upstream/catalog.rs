@@ -306,14 +306,16 @@ fn lower_parts(name: &ObjectName) -> Vec<String> {
 /// the policy above all) is not one: it goes to DP analysis, which refuses what it cannot bound,
 /// so the shadow catalog, whose tables are empty, never answers for the data.
 pub fn is_catalog_query(query: &ast::Query) -> bool {
-    let ctes = cte_names(query);
+    // The CTE names are read only when an unqualified name needs them, and the walk stops at
+    // the first relation that is not the catalog's (most DP statements: their first table).
+    let mut ctes: Option<BTreeSet<String>> = None;
     let mut catalog = false;
     let mut other = false;
     let _ = ast::visit_relations(query, |name| {
         let parts = lower_parts(name);
         match parts.as_slice() {
             [schema, _] if is_catalog_schema(schema) => catalog = true,
-            [table] if ctes.contains(table) => {}
+            [table] if ctes.get_or_insert_with(|| cte_names(query)).contains(table) => {}
             [table] if table.starts_with("pg_") || ALLOWED_RELATIONS.contains(&table.as_str()) => {
                 // `columns` and `tables` unqualified are as likely the analyst's own tables.
                 if table == "columns" || table == "tables" {
@@ -324,7 +326,11 @@ pub fn is_catalog_query(query: &ast::Query) -> bool {
             }
             _ => other = true,
         }
-        ControlFlow::<()>::Continue(())
+        if other {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
     });
     catalog && !other
 }

@@ -9,8 +9,11 @@
 //!   what was reserved, all of it counted as spent) and replay entries (a repeated query then
 //!   costs again), never budget.
 //! - One flusher task at a time takes everything pending into one transaction committed with
-//!   `synchronous_commit = off`: a lone entry is written at once, and entries that arrive during
-//!   a flush share the next one. A failed flush puts its entries back and tries again after
+//!   `synchronous_commit = off`, sent as one pipelined round trip (BEGIN, the writes, COMMIT).
+//!   A woken flusher first waits [`JOURNAL_COALESCE_MS`], so that a query's charge and its
+//!   outcome become one row and the entries of the queries around it share the flush, and the
+//!   ledger's round trips stay off the answers' path; entries that arrive during a flush share
+//!   the next one. A failed flush puts its entries back and tries again after
 //!   [`JOURNAL_RETRY_MS`]; while the ledger is down the journal keeps at most
 //!   [`JOURNAL_PENDING_MAX`] entries, dropping the oldest replay entries first, never an audit
 //!   row or an outcome.
@@ -21,7 +24,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::*;
-use crate::limits::{JOURNAL_PENDING_MAX, JOURNAL_RETRY_MS};
+use crate::limits::{JOURNAL_COALESCE_MS, JOURNAL_PENDING_MAX, JOURNAL_RETRY_MS};
 
 /// The audit row of a charge made under a lease, written by the journal.
 pub(super) struct LeasedCharge {
@@ -218,6 +221,7 @@ impl Journal {
     /// The flusher: writes what is queued, batch after batch, until nothing is.
     async fn flush_all(self: Arc<Self>) {
         loop {
+            tokio::time::sleep(Duration::from_millis(JOURNAL_COALESCE_MS)).await;
             let batch = {
                 let mut state = self.state();
                 let mut batch = Batch {
@@ -290,8 +294,9 @@ impl Journal {
     }
 }
 
-/// One attempt at writing `batch`: the statements pipelined between BEGIN and COMMIT, audit rows
-/// before the outcomes that may update them.
+/// One attempt at writing `batch`: the statements pipelined between BEGIN and COMMIT in one
+/// round trip, audit rows before the outcomes that may update them. A failed write aborts the
+/// transaction, which the COMMIT sent behind it then ends (PostgreSQL rolls back).
 async fn write_batch(conn: &mut Conn, batch: &Batch) -> Result<(), Fault> {
     let insert = conn.statement(INSERT_LEASED_CHARGES).await?;
     let by_id = conn.statement(SET_OUTCOMES_BY_ID).await?;
@@ -333,9 +338,9 @@ async fn write_batch(conn: &mut Conn, batch: &Batch) -> Result<(), Fault> {
     let replay_keys: Vec<&str> = batch.replays.iter().map(|r| r.1.as_str()).collect();
     let replay_payloads: Vec<&[u8]> = batch.replays.iter().map(|r| r.2.as_slice()).collect();
 
-    let tx = conn.client.transaction().await?;
-    // Pipelined: the setting and every write go out together, in this order.
-    let setting = tx.batch_execute("SET LOCAL synchronous_commit = off");
+    let tx = &conn.client;
+    // Pipelined: the transaction's start, every write and its end go out together, in this order.
+    let begin = tx.batch_execute("BEGIN; SET LOCAL synchronous_commit = off");
     let inserted = async {
         if !charges.is_empty() {
             tx.execute(
@@ -382,14 +387,17 @@ async fn write_batch(conn: &mut Conn, batch: &Batch) -> Result<(), Fault> {
         }
         Ok::<_, tokio_postgres::Error>(())
     };
-    futures::future::try_join5(
-        setting,
-        inserted,
-        updated_by_id,
-        updated_by_lease,
-        put_replays,
+    let commit = tx.batch_execute("COMMIT");
+    futures::future::try_join(
+        futures::future::try_join5(
+            begin,
+            inserted,
+            updated_by_id,
+            updated_by_lease,
+            put_replays,
+        ),
+        commit,
     )
     .await?;
-    tx.commit().await?;
     Ok(())
 }

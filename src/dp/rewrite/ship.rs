@@ -237,7 +237,7 @@ pub fn per_unit_stage_on_citus(
     {
         return Ok(Some(PerUnitStage::Coordinator {
             reason: format!(
-                "the statement reads {twice} (per-unit rows) more than once, so Citus runs it as a distributed subplan whose rows, one per unit and group, are pulled to the coordinator"
+                "the statement reads {twice} (per-unit rows) more than once, so Citus runs it as a distributed subplan and pulls every row of {twice} to the coordinator"
             ),
         }));
     }
