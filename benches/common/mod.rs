@@ -66,6 +66,31 @@ pub async fn simple_rows(client: &Client, sql: &str) -> Res<Vec<Vec<Option<Strin
         .collect())
 }
 
+/// The lines of pgdp's `EXPLAIN` of `sql` (one text column per row).
+pub async fn explain_lines(client: &Client, sql: &str) -> Res<Vec<String>> {
+    Ok(simple_rows(client, &format!("EXPLAIN {sql}"))
+        .await?
+        .into_iter()
+        .filter_map(|row| row.into_iter().next().flatten())
+        .collect())
+}
+
+/// The upstream SQL in pgdp's EXPLAIN `lines` of `sql`, ranking seed redacted as `<secret>`.
+/// EXPLAIN lays it out over the lines after "upstream SQL:", indented, to the end (a release
+/// schedule's line aside); joined with spaces they give it back.
+pub fn explained_upstream_sql(sql: &str, lines: &[String]) -> Res<String> {
+    let start = lines
+        .iter()
+        .position(|line| line == "upstream SQL:")
+        .ok_or_else(|| fail(format!("{sql}: pgdp's EXPLAIN shows no upstream SQL")))?;
+    Ok(lines[start + 1..]
+        .iter()
+        .take_while(|line| !line.starts_with("release schedule:"))
+        .map(|line| line.trim())
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
 /// The first column of the first row.
 pub async fn scalar(client: &Client, sql: &str) -> Res<String> {
     simple_rows(client, sql)

@@ -55,9 +55,9 @@ mod common;
 mod plot;
 
 use common::{
-    budget_policy_text, connect, demo_database, fail, fresh, machine, proxy_dsn, read, scalar,
-    simple_rows, with_dbname, Machine, Res, DEFAULT_ADMIN_DSN, DEMO_POLICY, DP_QUERIES, DUP_PEOPLE,
-    DUP_POLICY, DUP_TABLE, NOISE_SEED,
+    budget_policy_text, connect, demo_database, explain_lines, explained_upstream_sql, fail, fresh,
+    machine, proxy_dsn, read, scalar, simple_rows, with_dbname, Machine, Res, DEFAULT_ADMIN_DSN,
+    DEMO_POLICY, DP_QUERIES, DUP_PEOPLE, DUP_POLICY, DUP_TABLE, NOISE_SEED,
 };
 
 use std::fmt::Write as _;
@@ -617,22 +617,7 @@ async fn start_server_with(policy: Policy, upstream: &str, ledger: &LedgerDb) ->
 async fn rewritten(proxy: &Client, shared: &Shared, secret: &str, template: &str) -> Res<String> {
     let policy = shared.policy.as_ref();
     let sql = template.replace("{n}", "0");
-    let explained = simple_rows(proxy, &format!("EXPLAIN {sql}")).await?;
-    let lines: Vec<String> = explained
-        .into_iter()
-        .map(|row| row.into_iter().flatten().collect())
-        .collect();
-    // EXPLAIN lays the SQL out over the lines after "upstream SQL:", indented; joined with
-    // spaces they give it back.
-    let start = lines
-        .iter()
-        .position(|line| line == "upstream SQL:")
-        .ok_or_else(|| fail(format!("{sql}: pgdp's EXPLAIN shows no upstream SQL")))?;
-    let shown = lines[start + 1..]
-        .iter()
-        .map(|line| line.trim())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let shown = explained_upstream_sql(&sql, &explain_lines(proxy, &sql).await?)?;
     let statements = classify::classify(&sql).map_err(|e| fail(format!("{sql}: {e}")))?;
     let [Statement::Query(query)] = statements.as_slice() else {
         return Err(fail(format!("{sql}: not one query")));

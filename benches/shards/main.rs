@@ -36,7 +36,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect, demo_database, fail, machine, proxy_dsn, simple_rows, Res};
+use common::{
+    connect, demo_database, explain_lines, explained_upstream_sql, fail, machine, proxy_dsn,
+    simple_rows, Res,
+};
 use pgdp::dp::analyze::{self, Context};
 use pgdp::dp::rewrite;
 use pgdp::policy::Policy;
@@ -507,11 +510,7 @@ struct CitusMeasured {
 /// ranking seed put back, as `tests/integration/citus.rs` reads it), and where its EXPLAIN says
 /// the per-unit stage runs.
 async fn sent_to_citus(on_citus: &Client, sql: &str) -> Res<(String, &'static str)> {
-    let lines: Vec<String> = simple_rows(on_citus, &format!("EXPLAIN {sql}"))
-        .await?
-        .into_iter()
-        .filter_map(|row| row.into_iter().next().flatten())
-        .collect();
+    let lines = explain_lines(on_citus, sql).await?;
     let claim = lines
         .iter()
         .find(|l| l.starts_with("upstream: Citus: "))
@@ -527,18 +526,7 @@ async fn sent_to_citus(on_citus: &Client, sql: &str) -> Res<(String, &'static st
     } else {
         "cannot tell"
     };
-    // EXPLAIN lays the SQL out over the lines after "upstream SQL:", indented, to the end (a
-    // release schedule's line aside); joined with spaces they give it back.
-    let start = lines
-        .iter()
-        .position(|l| l == "upstream SQL:")
-        .ok_or_else(|| fail(format!("{sql}: pgdp's EXPLAIN shows no upstream SQL")))?;
-    let sent = lines[start + 1..]
-        .iter()
-        .take_while(|l| !l.starts_with("release schedule:"))
-        .map(|l| l.trim())
-        .collect::<Vec<_>>()
-        .join(" ")
+    let sent = explained_upstream_sql(sql, &lines)?
         .replace("<secret>", &rewrite::ranking_seed(SECRET).to_string());
     Ok((sent, claim))
 }
