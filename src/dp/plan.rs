@@ -380,6 +380,12 @@ pub struct Plan {
     /// `AVG(x)`). Analysis leaves it empty; the session sets it from upstream catalog facts
     /// ([`Plan::assume_not_null`]). Either way the answer has the same sensitivity.
     pub(in crate::dp) not_null: Vec<Canonical>,
+    /// Aggregate arguments that are never NULL whatever the data, by the analyst's SQL or the
+    /// policy: a literal other than NULL (`COUNT(1)`), or a plain column the policy declares
+    /// `exhaustive` (the data team's statement that every row holds one of its listed values)
+    /// of a table no outer join extends with NULLs. Counted as rows like [`Plan::not_null`]'s;
+    /// set by analysis ([`Plan::declare_never_null`]).
+    pub(in crate::dp) never_null: Vec<Canonical>,
     /// `(table, column)` pairs the plan relies on being unique upstream: the keys of the unit
     /// paths it reads through (docs/privacy.md, "Tables with a unit path"). The caller verifies
     /// them on the upstream catalog before running the plan and refuses it otherwise.
@@ -533,6 +539,7 @@ impl Plan {
             offset: 0,
             post: None,
             not_null: Vec::new(),
+            never_null: Vec::new(),
             ..self.clone()
         }
     }
@@ -715,9 +722,39 @@ impl Plan {
             .collect();
     }
 
-    /// Whether `argument` is known never to be NULL (see the field).
+    /// Records which aggregate arguments are never NULL whatever the data ([`Plan::never_null`]):
+    /// literals other than NULL, and plain columns that `exhaustive(table, column)` says the
+    /// policy declares exhaustive.
+    pub fn declare_never_null(&mut self, exhaustive: impl Fn(&str, &str) -> bool) {
+        let mut found: Vec<Canonical> = self
+            .column_arguments()
+            .into_iter()
+            .filter(|(_, (table, column))| exhaustive(table, column))
+            .map(|(argument, _)| argument)
+            .collect();
+        for argument in self.aggregates.iter().filter_map(|a| a.argument.as_ref()) {
+            if argument.is_non_null_literal() && !found.contains(argument) {
+                found.push(argument.clone());
+            }
+        }
+        self.never_null = found;
+    }
+
+    /// Whether `argument` is known never to be NULL: the upstream declares it `NOT NULL`
+    /// ([`Plan::not_null_upstream`]), or it is never NULL whatever the data ([`Plan::never_null`]).
     pub fn not_null(&self, argument: &Canonical) -> bool {
+        self.not_null_upstream(argument) || self.never_null(argument)
+    }
+
+    /// Whether the upstream declares `argument`'s column `NOT NULL` (see the field `not_null`).
+    pub fn not_null_upstream(&self, argument: &Canonical) -> bool {
         self.not_null.contains(argument)
+    }
+
+    /// Whether `argument` is a non-NULL literal or a column the policy declares exhaustive (see
+    /// the field).
+    pub fn never_null(&self, argument: &Canonical) -> bool {
+        self.never_null.contains(argument)
     }
 
     /// The joins the rewrite could aggregate below if the lookup side's key is unique upstream:

@@ -323,3 +323,109 @@ synopses:
     let moved: i64 = with.iter().zip(&without).map(|(a, b)| (a - b).abs()).sum();
     assert!(moved <= 3, "a unit moved the histogram by {moved}");
 }
+
+/// The counts ORMs and BI tools send for a dashboard over the cube, as each tool writes them
+/// (Sequelize 6's `count` and `findAll` with `COUNT(pk)`, Prisma's `groupBy`, Knex, SQLAlchemy's
+/// `func.count(col)`, Django's `Count('pk')`, Superset's bar chart and big number, Metabase's
+/// question, `COUNT(1)`): each is answered from the synopsis, charged nothing after the first,
+/// within its stated bound of PostgreSQL's count. `COUNT(x)` of a never-NULL `x` (the primary
+/// key, NOT NULL upstream; a column declared exhaustive; a constant) is the count of rows. The
+/// tools' counts over a derived table (Prisma's `count()`, SQLAlchemy's `Query.count()`) take
+/// the per-query path today, charged.
+#[tokio::test]
+async fn the_counts_orms_and_bi_tools_send_are_answered_from_the_synopsis() {
+    let proxy = Proxy::with_policy(policy(60, 1000.0), 152).await;
+    let s = proxy.connect().await;
+    let grouped = [
+        (
+            r#"SELECT "region", count(*) AS "count" FROM "demo"."people" AS "people" GROUP BY "region";"#,
+            "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+        ),
+        (
+            r#"SELECT "education", COUNT("person_id") AS "n" FROM "demo"."people" AS "people" GROUP BY "education";"#,
+            "SELECT education, COUNT(*) FROM demo.people GROUP BY education",
+        ),
+        (
+            r#"SELECT "demo"."people"."region", COUNT(*) AS "_count._all" FROM "demo"."people" WHERE 1=1 GROUP BY "demo"."people"."region" OFFSET 0"#,
+            "SELECT region, COUNT(*) FROM demo.people GROUP BY region",
+        ),
+        (
+            "SELECT demo.people.sex AS demo_people_sex, count(demo.people.region) AS count_1 FROM demo.people WHERE demo.people.education IN ('bachelor', 'master') GROUP BY demo.people.sex",
+            "SELECT sex, COUNT(*) FROM demo.people WHERE education IN ('bachelor', 'master') GROUP BY sex",
+        ),
+        (
+            r#"SELECT "demo"."people"."region", COUNT("demo"."people"."person_id") AS "n" FROM "demo"."people" WHERE "demo"."people"."sex" = 'F' GROUP BY 1"#,
+            "SELECT region, COUNT(*) FROM demo.people WHERE sex = 'F' GROUP BY region",
+        ),
+        (
+            "SELECT region AS region, count(*) AS count FROM demo.people WHERE sex IN ('F') GROUP BY region ORDER BY count DESC LIMIT 10000",
+            "SELECT region, COUNT(*) FROM demo.people WHERE sex = 'F' GROUP BY region",
+        ),
+        (
+            r#"SELECT "demo"."people"."sex" AS "sex", COUNT(*) AS "count" FROM "demo"."people" WHERE ("demo"."people"."region" = 'CE') GROUP BY "demo"."people"."sex" ORDER BY "demo"."people"."sex" ASC"#,
+            "SELECT sex, COUNT(*) FROM demo.people WHERE region = 'CE' GROUP BY sex",
+        ),
+        (
+            "SELECT education, count(1) FROM demo.people WHERE region <> 'CE' GROUP BY 1 ORDER BY 1",
+            "SELECT education, COUNT(*) FROM demo.people WHERE region <> 'CE' GROUP BY education",
+        ),
+    ];
+    let (mut outside, mut total) = (0, 0);
+    let mut paid = None;
+    for (sql, exact_sql) in grouped {
+        let (o, t) = compare(&s, sql, exact_sql).await;
+        (outside, total) = (outside + o, total + t);
+        let spent = s.budget().await.epsilon_spent;
+        assert_eq!(*paid.get_or_insert(spent), spent, "{sql}: charged again");
+    }
+    let ungrouped = [
+        (
+            r#"SELECT count(*) AS "count" FROM "demo"."people" AS "people" WHERE "people"."sex" = 'F';"#,
+            "SELECT '', COUNT(*) FROM demo.people WHERE sex = 'F'",
+        ),
+        (
+            r#"select count(*) as "n" from "demo"."people" where "sex" = 'M'"#,
+            "SELECT '', COUNT(*) FROM demo.people WHERE sex = 'M'",
+        ),
+        (
+            "SELECT count(*) AS count FROM demo.people WHERE region IN ('CE', 'EA') LIMIT 50000",
+            "SELECT '', COUNT(*) FROM demo.people WHERE region IN ('CE', 'EA')",
+        ),
+    ];
+    for (sql, exact_sql) in ungrouped {
+        let rows = s
+            .query(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let count: i64 = rows[0].get(0);
+        let bound = stated_bounds(&s.take_notices())
+            .into_iter()
+            .fold(0.0, f64::max);
+        let truth = exact(exact_sql).await[""];
+        total += 1;
+        if (count - truth).abs() as f64 > bound {
+            outside += 1;
+        }
+        assert_eq!(s.budget().await.epsilon_spent, paid.expect("paid"), "{sql}");
+    }
+    // 95 % bounds: at most a tenth of the counts outside (seeded: always or never).
+    assert!(
+        outside * 10 <= total,
+        "{outside} of {total} outside their bounds"
+    );
+    // Counts over a derived table take the per-query path, charged.
+    for sql in [
+        r#"SELECT COUNT(*) AS "_count._all" FROM (SELECT "demo"."people"."person_id" FROM "demo"."people" WHERE "demo"."people"."sex" = 'F' OFFSET 0) AS "sub""#,
+        "SELECT count(*) AS count_1 FROM (SELECT demo.people.person_id AS demo_people_person_id, demo.people.sex AS demo_people_sex FROM demo.people WHERE demo.people.sex = 'F') AS anon_1",
+    ] {
+        let before = s.budget().await.epsilon_spent;
+        s.query(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let notices = s.take_notices();
+        assert!(
+            notices.iter().all(|n| !n.contains("synopsis")),
+            "{sql}: {notices:?}"
+        );
+        assert!(s.budget().await.epsilon_spent > before, "{sql}");
+    }
+    proxy.stop().await;
+}

@@ -165,7 +165,8 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         a.contribution_caps();
     let unit = a.unit()?;
     let parameters = select::parameters(&a.parameters);
-    Ok(Plan {
+    let policy = ctx.policy;
+    let mut plan = Plan {
         tables: a.tables.into_iter().map(|t| t.0).collect(),
         joins,
         unit,
@@ -193,9 +194,17 @@ fn analyze_with(query: &ast::Query, ctx: &Context, post_processed: bool) -> Resu
         unit_unique: false,
         unit_lookup: None,
         not_null: Vec::new(),
+        never_null: Vec::new(),
         unique_keys: a.unique_keys,
         unit_caps: a.unit_caps,
-    })
+    };
+    plan.declare_never_null(|table, column| {
+        policy
+            .table(table)
+            .and_then(|t| t.column(column))
+            .is_some_and(|c| c.exhaustive)
+    });
+    Ok(plan)
 }
 
 /// `SELECT DISTINCT k1, k2 FROM …` (a BI tool's filter list) as `SELECT k1, k2 FROM … GROUP BY

@@ -68,6 +68,14 @@ impl Canonical {
         &self.0
     }
 
+    /// Whether the expression is a literal other than NULL (a number, a string, a boolean).
+    pub fn is_non_null_literal(&self) -> bool {
+        let parsed = Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&self.0)
+            .and_then(|mut p| p.parse_expr());
+        matches!(parsed, Ok(Expr::Value(v)) if !matches!(v.value, ast::Value::Null | ast::Value::Placeholder(_)))
+    }
+
     /// The aliases `__dp_tN` of the tables the expression reads (see [`aliases`]).
     pub fn aliases(&self) -> Option<BTreeSet<String>> {
         let expr = Parser::new(&PostgreSqlDialect {})

@@ -310,8 +310,15 @@ fn measure_lines(plan: &Plan, rewrite: &Rewrite, mechanisms: &Mechanisms) -> Vec
         }
     }
     for argument in not_null {
+        let why = if plan.not_null_upstream(argument) {
+            "the column is NOT NULL upstream"
+        } else if argument.is_non_null_literal() {
+            "a constant is never NULL"
+        } else {
+            "the policy declares the column exhaustive (never NULL)"
+        };
         lines.push(format!(
-            "  count({}) = count(*): the column is NOT NULL upstream, so its values are counted by the count of rows, with no noise or epsilon of its own",
+            "  count({}) = count(*): {why}, so its values are counted by the count of rows, with no noise or epsilon of its own",
             analyst_text(plan, argument.as_str())
         ));
     }

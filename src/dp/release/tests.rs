@@ -1014,6 +1014,20 @@ fn only_plain_columns_of_tables_never_null_extended_can_be_counted_as_rows() {
 }
 
 #[test]
+fn counts_of_constants_and_exhaustive_columns_are_the_count_of_rows() {
+    let policy = policy();
+    // No upstream facts: `sex` is declared exhaustive in the policy, `1` is a constant.
+    let sql = "SELECT COUNT(*), COUNT(1), COUNT(sex) FROM demo.people";
+    let (plan, _, _, _) = prepared(&policy, sql, LAPLACE);
+    let rewrite = rewrite::rewrite(&plan, &[], SECRET).expect("rewrites");
+    assert_eq!(rewrite.measures, vec![rewrite::Measure::Rows]);
+    // A column without that declaration keeps a count of its own values.
+    let (plan, _, _, _) = prepared(&policy, "SELECT COUNT(age) FROM demo.people", LAPLACE);
+    let rewrite = rewrite::rewrite(&plan, &[], SECRET).expect("rewrites");
+    assert!(!rewrite.measures.contains(&rewrite::Measure::Rows));
+}
+
+#[test]
 fn pgdp_clamp_means_off_releases_the_plain_ratio_of_the_noisy_measures() {
     let policy = policy();
     let sql = "SELECT AVG(income) FROM demo.people";

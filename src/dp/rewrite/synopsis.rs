@@ -3,7 +3,8 @@
 //! counts, and the SQL of the synopsis's private histogram.
 //!
 //! A query is routed to a synopsis ([`route`]) when it is a count of rows of the synopsis's
-//! table alone (`COUNT(*)`, as many times as it likes), grouped by none or some of the synopsis's
+//! table alone (`COUNT(*)`, or `COUNT(x)` of an `x` that is never NULL, as many times as it
+//! likes), grouped by none or some of the synopsis's
 //! columns, filtered by WHERE conditions that read only those columns (parameters bound), with
 //! no grouping sets, semijoins, derived tables or per-unit caps of its own; HAVING, ORDER BY,
 //! LIMIT and post-processing apply to the released counts as on the per-query path. Everything
@@ -23,7 +24,7 @@ use sqlparser::ast::{self, Expr, Visit};
 
 use super::domain::{bound_conjuncts, checked, plain_column, sql_type};
 use super::{check_one_statement, PublicSql, UpstreamSql};
-use crate::dp::plan::{AggregateKind, Plan, Unit};
+use crate::dp::plan::{Aggregate, AggregateKind, Plan, Unit};
 use crate::dp::sql::{sql, Ident, Sql};
 use crate::error::{Error, Result};
 use crate::policy::{Policy, Synopsis};
@@ -57,10 +58,7 @@ pub fn route(plan: &Plan, policy: &Policy, parameters: &[Option<String>]) -> Res
         || plan.grouping_sets.is_some()
         || !plan.unit_caps.is_empty()
         || plan.aggregates.is_empty()
-        || plan
-            .aggregates
-            .iter()
-            .any(|a| a.kind != AggregateKind::CountRows)
+        || !plan.aggregates.iter().all(|a| counts_rows(plan, a))
     {
         return Ok(None);
     }
@@ -114,6 +112,20 @@ pub fn route(plan: &Plan, policy: &Policy, parameters: &[Option<String>]) -> Res
         cells_sql,
         histogram: histogram(synopsis, policy, plan)?,
     }))
+}
+
+/// Whether `aggregate` counts the rows: `COUNT(*)`, or `COUNT(x)` of an `x` that is never NULL
+/// (a `NOT NULL` column upstream, a column the policy declares exhaustive, a constant), which
+/// the rewrite releases as the count of rows ([`Plan::not_null`]).
+fn counts_rows(plan: &Plan, aggregate: &Aggregate) -> bool {
+    match aggregate.kind {
+        AggregateKind::CountRows => true,
+        AggregateKind::CountValues => aggregate
+            .argument
+            .as_ref()
+            .is_some_and(|a| plan.not_null(a)),
+        _ => false,
+    }
 }
 
 /// The columns of `alias` that `conjunct` reads, if it reads nothing else and no subquery.
@@ -324,6 +336,34 @@ mod tests {
     }
 
     #[test]
+    fn counts_of_arguments_never_null_are_counts_of_rows() {
+        for sql in [
+            "SELECT region, COUNT(1) FROM demo.people GROUP BY region",
+            "SELECT COUNT(sex) FROM demo.people WHERE region = 'CE'",
+            "SELECT COUNT(region), COUNT(*), COUNT('x') FROM demo.people",
+        ] {
+            assert!(routed(sql).is_some(), "{sql}");
+        }
+        // COUNT of the unit column once the upstream says it is NOT NULL (the session's facts).
+        let policy = policy();
+        let sql = "SELECT region, COUNT(person_id) FROM demo.people GROUP BY region";
+        let Some(crate::session::classify::Statement::Query(query)) =
+            crate::session::classify::classify(sql)
+                .expect("parses")
+                .pop()
+        else {
+            panic!("not a query");
+        };
+        let ctx = Context {
+            policy: &policy,
+            search_path: vec!["demo".to_string()],
+        };
+        let mut plan = analyze(&query, &ctx).expect("admitted");
+        plan.assume_not_null(&crate::dp::plan::Stated(|_: &(String, String)| true));
+        assert!(route(&plan, &policy, &[]).expect("routes").is_some());
+    }
+
+    #[test]
     fn other_queries_take_the_per_query_path() {
         for sql in [
             "SELECT AVG(income) FROM demo.people",
@@ -331,6 +371,9 @@ mod tests {
             "SELECT age, COUNT(*) FROM demo.people GROUP BY age",
             "SELECT COUNT(*) FROM demo.people WHERE age > 30",
             "SELECT COUNT(DISTINCT person_id) FROM demo.people",
+            "SELECT COUNT(age) FROM demo.people",
+            "SELECT COUNT(NULL) FROM demo.people",
+            "SELECT region, COUNT(person_id) FROM demo.people GROUP BY region",
             "SELECT COUNT(*) FROM demo.visits",
             "SELECT COUNT(*) FROM demo.people p JOIN demo.visits v ON v.person_id = p.person_id",
             "SELECT region, sex, COUNT(*) FROM demo.people GROUP BY ROLLUP (region, sex)",
