@@ -83,20 +83,28 @@ pub fn shipped_policy_with_budget(epsilon_total: u32, epsilon_per_query_max: u32
     with_budget(&shipped_policy_text(), epsilon_total, epsilon_per_query_max)
 }
 
+/// The text of [`policy_with_budget`], for tests that add to the policy (a synopsis).
+pub(crate) fn policy_text_with_budget(epsilon_total: u32, epsilon_per_query_max: u32) -> String {
+    budget_text(&demo_policy_text(), epsilon_total, epsilon_per_query_max)
+}
+
 fn with_budget(text: &str, epsilon_total: u32, epsilon_per_query_max: u32) -> Policy {
+    let text = budget_text(text, epsilon_total, epsilon_per_query_max);
+    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy variant: {e:?}"))
+}
+
+fn budget_text(text: &str, epsilon_total: u32, epsilon_per_query_max: u32) -> String {
     let total = "      epsilon: 10\n";
     let cap = "      epsilon_per_query_max: 2\n";
     assert!(
         text.contains(total) && text.contains(cap),
         "the demo policy's budget lines changed; update policy_with_budget"
     );
-    let text = text
-        .replace(total, &format!("      epsilon: {epsilon_total}\n"))
+    text.replace(total, &format!("      epsilon: {epsilon_total}\n"))
         .replace(
             cap,
             &format!("      epsilon_per_query_max: {epsilon_per_query_max}\n"),
-        );
-    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy variant: {e:?}"))
+        )
 }
 
 /// A running pgdp with its own ledger database.
