@@ -41,6 +41,7 @@ mod outer;
 mod post;
 mod scope;
 mod select;
+mod selection;
 mod semijoin;
 pub(in crate::dp) use semijoin::conjuncts;
 mod window;
@@ -73,6 +74,9 @@ pub use window::is_window_function;
 /// Analyses a query. Refusals carry a SQLSTATE and a hint.
 pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     reject_reserved(query)?;
+    // An ORM's count of a filtered selection: the count of the rows the selection finds.
+    let flattened = selection::count_over_selection(query, ctx);
+    let query = flattened.as_ref().unwrap_or(query);
     if let Some(plan) = outer::outer_query(query, ctx) {
         return plan;
     }

@@ -632,7 +632,8 @@ fn subqueries() {
     check(
         On::Demo,
         &[
-            ("derived table row level", "SELECT COUNT(*) FROM (SELECT * FROM demo.visits WHERE cost > 100) v", Accepted("unit=t1.person_id caps=(g1,r10) tables=[v:sub] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("derived table row level", "SELECT COUNT(*) FROM (SELECT *, cost * 2 AS c FROM demo.visits WHERE cost > 100) v", Accepted("unit=t1.person_id caps=(g1,r10) tables=[v:sub] keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("count of a selection, flattened", "SELECT COUNT(*) FROM (SELECT * FROM demo.visits WHERE cost > 100) v", Accepted("unit=person_id caps=(g1,r10) where=cost > 100 keys=[] aggs=[count(*)] out=[count=a0]")),
             ("cte row level", "WITH recent AS (SELECT * FROM demo.visits WHERE visit_date > DATE '2024-06-01') SELECT clinic, COUNT(*) FROM recent GROUP BY clinic", Accepted("unit=t1.person_id caps=(g5,r10) tables=[recent:sub] keys=[t1.clinic:text:private] aggs=[count(*)] out=[clinic=k0, count=a0]")),
             ("derived projection bounds", "SELECT AVG(c2) FROM (SELECT person_id, cost / 2 AS c2 FROM demo.visits WHERE clinic = 'C01') AS t", Accepted("unit=t1.person_id caps=(g1,r10) tables=[t:sub] keys=[] aggs=[avg(t1.c2)[0,1000]] out=[avg=a0]")),
             ("cte joined to table", "WITH v AS (SELECT person_id, cost FROM demo.visits WHERE cost > 100) SELECT p.sex, SUM(v.cost) FROM v JOIN demo.people p USING (person_id) GROUP BY p.sex", Accepted("unit=t1.person_id caps=(g5,r10) tables=[v:sub, demo.people:private] on=[t1.person_id = t2.person_id] keys=[t2.sex:text:listed[F, M, X]] aggs=[sum(t1.cost)[0,2000]] out=[sex=k0, sum=a0]")),

@@ -1,0 +1,238 @@
+//! `SELECT COUNT(*) FROM (SELECT <columns> FROM t WHERE p) AS s` as `SELECT COUNT(*) FROM t
+//! WHERE p`: how ORMs count the rows of a filtered selection (SQLAlchemy's `Query.count()`,
+//! Prisma's `count()`, which adds `OFFSET 0`).
+//!
+//! The two statements count the same rows on every database: the subquery returns one row per
+//! row of `t` that passes `p` (its select list is plain columns of `t`: no aggregate, no
+//! set-returning function, no DISTINCT, no LIMIT; an OFFSET of 0 and an ORDER BY choose no
+//! rows), and the outer query reads nothing but their number. So the flattened statement means
+//! what the analyst's SQL means, and it is analysed like any count (a synopsis may answer it).
+//!
+//! Invariant: a statement is flattened only in that exact shape, and only when each column the
+//! subquery lists is a declared column of the policy table it reads (so a statement PostgreSQL
+//! would refuse for an unknown column is refused as before, by the ordinary analysis). Anything
+//! else is left as it is.
+
+use super::*;
+
+/// The flattened statement, if `query` has the shape above.
+pub(super) fn count_over_selection(query: &ast::Query, ctx: &Context) -> Option<ast::Query> {
+    if query.with.is_some() || !query.locks.is_empty() {
+        return None;
+    }
+    let SetExpr::Select(outer) = query.body.as_ref() else {
+        return None;
+    };
+    let [SelectItem::UnnamedExpr(count) | SelectItem::ExprWithAlias { expr: count, .. }] =
+        outer.projection.as_slice()
+    else {
+        return None;
+    };
+    let [from] = outer.from.as_slice() else {
+        return None;
+    };
+    let TableFactor::Derived {
+        lateral: false,
+        subquery,
+        ..
+    } = &from.relation
+    else {
+        return None;
+    };
+    let ungrouped =
+        matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    if !is_count_star(count)
+        || !from.joins.is_empty()
+        || outer.selection.is_some()
+        || !ungrouped
+        || outer.having.is_some()
+        || outer.distinct.is_some()
+        || !plain_select_shape(outer)
+    {
+        return None;
+    }
+    let inner = plain_selection(subquery, ctx)?;
+    let mut flattened = query.clone();
+    let SetExpr::Select(target) = flattened.body.as_mut() else {
+        return None;
+    };
+    target.from = inner.from.clone();
+    target.selection = inner.selection.clone();
+    Some(flattened)
+}
+
+/// `COUNT(*)`: no DISTINCT, FILTER, OVER or WITHIN GROUP.
+fn is_count_star(e: &Expr) -> bool {
+    let Expr::Function(f) = e else {
+        return false;
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return false;
+    };
+    f.name.to_string().eq_ignore_ascii_case("count")
+        && f.filter.is_none()
+        && f.over.is_none()
+        && f.within_group.is_empty()
+        && f.null_treatment.is_none()
+        && list.duplicate_treatment.is_none()
+        && list.clauses.is_empty()
+        && matches!(
+            list.args.as_slice(),
+            [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)]
+        )
+}
+
+/// No clause beyond SELECT, FROM, WHERE, GROUP BY, HAVING and DISTINCT (checked by the callers).
+fn plain_select_shape(select: &ast::Select) -> bool {
+    select.into.is_none()
+        && select.qualify.is_none()
+        && select.named_window.is_empty()
+        && select.top.is_none()
+        && select.prewhere.is_none()
+        && select.lateral_views.is_empty()
+}
+
+/// The subquery's SELECT if it lists plain declared columns of one policy table, with at most a
+/// WHERE, and selects every row it finds.
+fn plain_selection<'q>(q: &'q ast::Query, ctx: &Context) -> Option<&'q ast::Select> {
+    if q.with.is_some() || !q.locks.is_empty() || q.fetch.is_some() || !selects_every_row(q) {
+        return None;
+    }
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return None;
+    };
+    let ungrouped =
+        matches!(&select.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    let [from] = select.from.as_slice() else {
+        return None;
+    };
+    let TableFactor::Table {
+        name, alias, args, ..
+    } = &from.relation
+    else {
+        return None;
+    };
+    if !ungrouped
+        || select.having.is_some()
+        || select.distinct.is_some()
+        || !plain_select_shape(select)
+        || !from.joins.is_empty()
+        || args.is_some()
+        || alias.as_ref().is_some_and(|a| !a.columns.is_empty())
+    {
+        return None;
+    }
+    let table = Analyzer::new(ctx, Vec::new()).find_table(name).ok()?;
+    // The names a column may be qualified with: the alias, or the table's name as written.
+    let qualifier: Vec<String> = match alias {
+        Some(a) => vec![ident_lower(&a.name)],
+        None => name
+            .0
+            .iter()
+            .map(|p| p.as_ident().map(ident_lower))
+            .collect::<Option<Vec<String>>>()?,
+    };
+    let declared = |column: &Ident| table.column(&ident_lower(column)).is_some();
+    let qualified = |parts: &[Ident]| {
+        let parts: Vec<String> = parts.iter().map(ident_lower).collect();
+        !parts.is_empty() && qualifier.ends_with(&parts)
+    };
+    let listed = select.projection.iter().all(|item| match item {
+        SelectItem::Wildcard(_) => true,
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => match e {
+            Expr::Identifier(column) => declared(column),
+            Expr::CompoundIdentifier(parts) => match parts.split_last() {
+                Some((column, qualifiers)) => declared(column) && qualified(qualifiers),
+                None => false,
+            },
+            _ => false,
+        },
+        _ => false,
+    });
+    listed.then_some(select.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `sql` as pgdp's parser prints it (string literals dollar-quoted).
+    fn printed(sql: &str) -> String {
+        crate::session::classify::classify(sql)
+            .expect("parses")
+            .pop()
+            .map(|s| match s {
+                crate::session::classify::Statement::Query(q) => q.to_string(),
+                _ => panic!("not a query"),
+            })
+            .expect("one statement")
+    }
+
+    fn flattened(sql: &str) -> Option<String> {
+        let policy = crate::policy::parse(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/policies/demo.yaml"
+        )))
+        .expect("policy");
+        let ctx = Context {
+            policy: &policy,
+            search_path: vec!["demo".to_string()],
+        };
+        let query = match crate::session::classify::classify(sql)
+            .expect("parses")
+            .pop()
+        {
+            Some(crate::session::classify::Statement::Query(q)) => q,
+            _ => panic!("not a query"),
+        };
+        count_over_selection(&query, &ctx).map(|q| q.to_string())
+    }
+
+    #[test]
+    fn an_orms_count_of_a_selection_is_the_count_of_its_rows() {
+        // Prisma's count(), with its OFFSET bound to 0.
+        assert_eq!(
+            flattened(
+                r#"SELECT COUNT(*) AS "_count._all" FROM (SELECT "demo"."people"."person_id" FROM "demo"."people" WHERE "demo"."people"."sex" = 'F' OFFSET 0) AS "sub""#
+            ),
+            Some(printed(
+                r#"SELECT COUNT(*) AS "_count._all" FROM "demo"."people" WHERE "demo"."people"."sex" = 'F'"#
+            ))
+        );
+        // SQLAlchemy's Query.count().
+        assert_eq!(
+            flattened("SELECT count(*) AS count_1 FROM (SELECT demo.people.person_id AS demo_people_person_id, demo.people.sex AS demo_people_sex FROM demo.people WHERE demo.people.sex = 'F') AS anon_1"),
+            Some(printed("SELECT count(*) AS count_1 FROM demo.people WHERE demo.people.sex = 'F'"))
+        );
+        assert_eq!(
+            flattened("SELECT COUNT(*) FROM (SELECT * FROM demo.visits v WHERE v.cost > 10 ORDER BY v.cost) s"),
+            Some(printed("SELECT COUNT(*) FROM demo.visits v WHERE v.cost > 10"))
+        );
+    }
+
+    #[test]
+    fn anything_that_could_change_the_rows_counted_is_left_as_it_is() {
+        for sql in [
+            // Not the count of rows, or more than it.
+            "SELECT COUNT(DISTINCT person_id) FROM (SELECT person_id FROM demo.visits) s",
+            "SELECT COUNT(*), SUM(cost) FROM (SELECT cost FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT cost FROM demo.visits) s WHERE s.cost > 1",
+            "SELECT clinic, COUNT(*) FROM (SELECT clinic FROM demo.visits) s GROUP BY clinic",
+            // Rows chosen, merged or multiplied by the subquery.
+            "SELECT COUNT(*) FROM (SELECT cost FROM demo.visits LIMIT 10) s",
+            "SELECT COUNT(*) FROM (SELECT cost FROM demo.visits OFFSET 5) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT person_id FROM demo.visits GROUP BY person_id) s",
+            "SELECT COUNT(*) FROM (SELECT generate_series(1, 3) FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT cost + 1 AS c FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT v.cost FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id) s",
+            "SELECT COUNT(*) FROM (SELECT cost FROM demo.visits UNION ALL SELECT cost FROM demo.visits) s",
+            // Unknown columns and tables: refused by the ordinary analysis, as PostgreSQL would.
+            "SELECT COUNT(*) FROM (SELECT no_such_column FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT p.cost FROM demo.visits v) s",
+            "SELECT COUNT(*) FROM (SELECT cost FROM demo.nowhere) s",
+        ] {
+            assert_eq!(flattened(sql), None, "{sql}");
+        }
+    }
+}
