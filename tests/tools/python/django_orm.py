@@ -19,8 +19,8 @@ from collections import OrderedDict
 from decimal import Decimal
 
 import django
-from django.conf import settings
 
+import django_common as common
 import report
 
 if len(sys.argv) < 2 or sys.argv[1] not in ("client", "server"):
@@ -29,45 +29,15 @@ if len(sys.argv) < 2 or sys.argv[1] not in ("client", "server"):
 BINDING = sys.argv[1]
 
 
-def database(name, user, password, host, port, options, **extra):
-    options = dict(options)
-    if BINDING == "server":
-        options["server_side_binding"] = True
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": name,
-        "USER": user,
-        "PASSWORD": password,
-        "HOST": host,
-        "PORT": port,
-        "OPTIONS": options,
-        **extra,
-    }
-
-
 def configure():
-    """The whole Django configuration: three database aliases, no apps beyond the models' own
-    label, UTC with time zone support (Django's recommended settings)."""
-    up = report.upstream_params()
-    up_options = {k: v for k, v in up.items()
-                  if k not in ("dbname", "user", "password", "host", "port")}
-    pgdp_options = {"sslmode": "disable", "connect_timeout": 10}
-    pgdp = (report.DATABASE, report.USER, report.PASSWORD, report.HOST, str(report.PORT))
-    settings.configure(
-        DATABASES={
-            "default": database(*pgdp, pgdp_options),
-            # A project whose database time zone is not UTC: Django sets it on connect.
-            "pgdp_berlin": database(*pgdp, pgdp_options, TIME_ZONE="Europe/Berlin"),
-            "upstream": database(up.get("dbname", "postgres"), up.get("user", "postgres"),
-                                 up.get("password", ""), up.get("host", "127.0.0.1"),
-                                 up.get("port", "5432"), up_options),
-        },
-        INSTALLED_APPS=[],
-        USE_TZ=True,
-        TIME_ZONE="UTC",
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-    )
-    django.setup()
+    """Three database aliases: pgdp, pgdp with a project time zone that is not UTC, the upstream."""
+    server = BINDING == "server"
+    common.configure({
+        "default": common.pgdp_database(server),
+        # A project whose database time zone is not UTC: Django sets it on connect.
+        "pgdp_berlin": common.pgdp_database(server, TIME_ZONE="Europe/Berlin"),
+        "upstream": common.upstream_database(),
+    })
 
 
 configure()
@@ -126,70 +96,12 @@ class Visit(models.Model):
 # Running one operation on pgdp and on PostgreSQL
 
 
-class Recorder:
-    """A Django execute_wrapper: each statement as psycopg sent it, and its result types."""
-
-    def __init__(self):
-        self.statements = []
-
-    def __call__(self, execute, sql, params, many, context):
-        entry = {"params": params, "sent": sql, "types": None}
-        self.statements.append(entry)
-        cursor = context["cursor"].cursor  # the psycopg cursor under Django's wrapper
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            query = getattr(cursor, "_query", None)  # psycopg's converted query (pinned version)
-            if query is not None:
-                entry["sent"] = query.query.decode()
-            try:
-                if cursor.description is not None:
-                    entry["types"] = [d.type_code for d in cursor.description]
-            except Exception:
-                pass
-
-    def sql(self):
-        parts = []
-        for s in self.statements:
-            text = s["sent"]
-            if BINDING == "server" and s["params"]:
-                text += f" params={list(s['params'])!r}"
-            parts.append(text)
-        return " ;; ".join(parts)
-
-    def types(self):
-        return [[report.type_name(t) for t in s["types"] or []] for s in self.statements]
-
-
-def shape(value):
-    """The Python types of a result, structurally (values left out)."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        shapes = []
-        for v in value:
-            s = shape(v)
-            if s not in shapes:
-                shapes.append(s)
-        return shapes
-    if isinstance(value, models.Model):
-        return {f.attname: shape(getattr(value, f.attname)) for f in value._meta.concrete_fields}
-    return type(value).__name__
-
-
 def on(alias, operation):
-    """Runs `operation(alias)` with a recorder; returns (result, recorder). Errors with a
-    SQLSTATE raise report.Refused."""
-    recorder = Recorder()
-    try:
-        with connections[alias].execute_wrapper(recorder):
-            return operation(alias), recorder
-    except Exception as e:
-        pe = report.psycopg_error(e)
-        if pe is None or pe.sqlstate is None:
-            raise
-        sqlstate, message = report.describe_error(pe)
-        raise report.Refused(sqlstate, message, recorder.sql()) from e
+    """common.on, with each statement's parameters shown under server-side binding."""
+    return common.on(alias, operation, show_params=BINDING == "server")
+
+
+shape = common.shape
 
 
 def compare(operation, plausible):

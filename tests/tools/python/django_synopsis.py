@@ -23,9 +23,7 @@ mismatch not answered from the synopsis (<its NOTICEs>)`. See report.py for the 
 import sys
 from collections import OrderedDict
 
-import django
-from django.conf import settings
-
+import django_common as common
 import report
 
 SYNOPSIS = "people_cube"
@@ -34,38 +32,9 @@ PAYS = f"that pays for synopsis {SYNOPSIS} once"
 CHARGED_NOTHING = f"pgdp: charged nothing: synopsis {SYNOPSIS} was paid for once"
 
 
-def database(name, user, password, host, port, options):
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": name,
-        "USER": user,
-        "PASSWORD": password,
-        "HOST": host,
-        "PORT": port,
-        "OPTIONS": dict(options),
-    }
-
-
 def configure():
-    """The whole Django configuration: pgdp and the upstream as two database aliases, no apps
-    beyond the model's own label, UTC with time zone support (Django's recommended settings)."""
-    up = report.upstream_params()
-    up_options = {k: v for k, v in up.items()
-                  if k not in ("dbname", "user", "password", "host", "port")}
-    settings.configure(
-        DATABASES={
-            "default": database(report.DATABASE, report.USER, report.PASSWORD, report.HOST,
-                                str(report.PORT), {"sslmode": "disable", "connect_timeout": 10}),
-            "upstream": database(up.get("dbname", "postgres"), up.get("user", "postgres"),
-                                 up.get("password", ""), up.get("host", "127.0.0.1"),
-                                 up.get("port", "5432"), up_options),
-        },
-        INSTALLED_APPS=[],
-        USE_TZ=True,
-        TIME_ZONE="UTC",
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-    )
-    django.setup()
+    """pgdp and the upstream as two database aliases (Django's default client-side binding)."""
+    common.configure({"default": common.pgdp_database(), "upstream": common.upstream_database()})
 
 
 configure()
@@ -147,62 +116,8 @@ def stated_bound(notices):
 # Running one operation on pgdp and on PostgreSQL
 
 
-class Recorder:
-    """A Django execute_wrapper: each statement as psycopg sent it, and its result types."""
-
-    def __init__(self):
-        self.statements = []
-
-    def __call__(self, execute, sql, params, many, context):
-        entry = {"sent": sql, "types": None}
-        self.statements.append(entry)
-        cursor = context["cursor"].cursor  # the psycopg cursor under Django's wrapper
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            query = getattr(cursor, "_query", None)  # psycopg's converted query (pinned version)
-            if query is not None:
-                entry["sent"] = query.query.decode()
-            try:
-                if cursor.description is not None:
-                    entry["types"] = [d.type_code for d in cursor.description]
-            except Exception:
-                pass
-
-    def sql(self):
-        return " ;; ".join(s["sent"] for s in self.statements)
-
-    def types(self):
-        return [[report.type_name(t) for t in s["types"] or []] for s in self.statements]
-
-
-def shape(value):
-    """The Python types of a result, structurally (values left out)."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        shapes = []
-        for v in value:
-            s = shape(v)
-            if s not in shapes:
-                shapes.append(s)
-        return shapes
-    return type(value).__name__
-
-
-def on(alias, operation):
-    """Runs `operation(alias)` with a recorder; returns (result, recorder). Errors with a
-    SQLSTATE raise report.Refused."""
-    recorder = Recorder()
-    try:
-        with connections[alias].execute_wrapper(recorder):
-            return operation(alias), recorder
-    except Exception as e:
-        pe = report.psycopg_error(e)
-        if pe is None or pe.sqlstate is None:
-            raise
-        sqlstate, message = report.describe_error(pe)
-        raise report.Refused(sqlstate, message, recorder.sql()) from e
+on = common.on
+shape = common.shape
 
 
 def counts(result, keys):
