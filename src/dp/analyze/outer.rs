@@ -18,18 +18,7 @@ pub(super) fn outer_query(query: &ast::Query, ctx: &Context) -> Option<Result<Pl
     let SetExpr::Select(outer) = query.body.as_ref() else {
         return None;
     };
-    let [from] = outer.from.as_slice() else {
-        return None;
-    };
-    let TableFactor::Derived {
-        lateral: false,
-        subquery,
-        alias,
-        sample: None,
-    } = &from.relation
-    else {
-        return None;
-    };
+    let (subquery, alias) = one_derived_table(outer)?;
     let items_aggregate = outer.projection.iter().any(|item| match item {
         SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
             contains_aggregate(e)
@@ -38,7 +27,7 @@ pub(super) fn outer_query(query: &ast::Query, ctx: &Context) -> Option<Result<Pl
     });
     let grouped =
         !matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
-    if !from.joins.is_empty() || items_aggregate || grouped || outer.having.is_some() {
+    if items_aggregate || grouped || outer.having.is_some() {
         return None;
     }
     // Only an aggregate subquery (not one grouped by the privacy unit, which the main analysis
@@ -131,6 +120,25 @@ fn outer_plan(
         measures: post.measures,
     });
     Ok(plan)
+}
+
+/// The subquery and its alias when `select`'s FROM is one derived table and nothing else (no
+/// join, not LATERAL, no TABLESAMPLE).
+pub(super) fn one_derived_table(
+    select: &ast::Select,
+) -> Option<(&ast::Query, &Option<ast::TableAlias>)> {
+    let [from] = select.from.as_slice() else {
+        return None;
+    };
+    match &from.relation {
+        TableFactor::Derived {
+            lateral: false,
+            subquery,
+            alias,
+            sample: None,
+        } if from.joins.is_empty() => Some((subquery, alias)),
+        _ => None,
+    }
 }
 
 /// The outer query's alias of the subquery, with the clauses an outer query may not have

@@ -28,21 +28,10 @@ pub(super) fn count_over_selection(query: &ast::Query, ctx: &Context) -> Option<
     else {
         return None;
     };
-    let [from] = outer.from.as_slice() else {
-        return None;
-    };
-    let TableFactor::Derived {
-        lateral: false,
-        subquery,
-        ..
-    } = &from.relation
-    else {
-        return None;
-    };
+    let (subquery, _) = super::outer::one_derived_table(outer)?;
     let ungrouped =
         matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
     if !is_count_star(count)
-        || !from.joins.is_empty()
         || outer.selection.is_some()
         || !ungrouped
         || outer.having.is_some()
