@@ -38,6 +38,18 @@
 //! is refused with another SQLSTATE, fails the test until its line is updated, so the table always
 //! tells what pgdp does with Superset.
 //!
+//! [`superset_dashboard_from_a_synopsis`] runs the program with `PGDP_SYNOPSIS=people_cube`
+//! against a pgdp whose policy declares that synopsis over demo.people's region, sex and education
+//! (the demo policy at the tables' caps, ε 1000): the connecting checks, the people dataset, and a
+//! dashboard of a big number `COUNT(*)` of people, a bar chart of `COUNT(*)` by region, the same
+//! with the adhoc filter `sex IN ('F')`, one by education with `region = 'CE'`, and a reload of
+//! the first two. Each is `ok` only when its counts are within 3,000 rows of PostgreSQL's (the
+//! synopsis's 95 % bounds are about ±2,500), its types are the upstream's, and the analyst's
+//! `epsilon_spent` (`SHOW pgdp.budget` through pgdp) grew on the first chart, which pays for the
+//! synopsis, and not at all on any later one: a chart whose SQL is not answered from the synopsis
+//! is reported `FAIL … charged after the synopsis was paid for` with the SQL Superset sent
+//! ([`EXPECTED_SYNOPSIS`]).
+//!
 //! Toolchain: `tests/tools/superset/.venv` with the metadata template, made by
 //! `.ci/setup-superset` from the pinned `requirements.txt`. Missing, `build.rs` marks the test
 //! ignored with that as the reason (not under `CI=true`), and a run without it fails. Nothing
@@ -47,6 +59,7 @@ use std::path::{Path, PathBuf};
 
 use crate::clients::{require, run_client_in, start_proxy, ClientRun};
 use crate::harness;
+use crate::support::{self, Proxy};
 
 /// The expected outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +91,23 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("sqllab_public_table", Expect::Ok),
     // Raw rows: must stay refused (see `raw_rows_stay_refused`).
     ("raw_rows_table_chart", Expect::Refused("42501")),
+];
+
+/// What each check of the dashboard over a synopsis (`PGDP_SYNOPSIS`) gives with today's pgdp:
+/// every chart answered from the synopsis, charged nothing after the first.
+const EXPECTED_SYNOPSIS: &[(&str, Expect)] = &[
+    ("connect_test_connection", Expect::Ok),
+    ("connect_create_database", Expect::Ok),
+    ("connect_schemas", Expect::Ok),
+    ("connect_tables", Expect::Ok),
+    ("connect_table_metadata", Expect::Ok),
+    ("dataset_people", Expect::Ok),
+    ("synopsis_big_number_people", Expect::Ok),
+    ("synopsis_bar_by_region", Expect::Ok),
+    ("synopsis_bar_by_region_sex_f", Expect::Ok),
+    ("synopsis_bar_by_education_region_ce", Expect::Ok),
+    ("synopsis_reload_big_number_people", Expect::Ok),
+    ("synopsis_reload_bar_by_region", Expect::Ok),
 ];
 
 /// The check whose rows no version of pgdp may answer.
@@ -113,13 +143,13 @@ fn outcome_is(expect: Expect, result: &Result<String, String>) -> bool {
     }
 }
 
-/// Asserts that the program reported exactly the checks of [`EXPECTED`], each with its outcome,
-/// and exited with 0.
+/// Asserts that the program reported exactly the checks of `expected` ([`EXPECTED`] or
+/// [`EXPECTED_SYNOPSIS`]), each with its outcome, and exited with 0.
 #[track_caller]
-fn assert_outcomes(run: &ClientRun) {
+fn assert_outcomes(run: &ClientRun, expected: &[(&str, Expect)]) {
     let checks = run.checks();
     let mut wrong = Vec::new();
-    for (name, expect) in EXPECTED {
+    for (name, expect) in expected {
         match checks.get(*name) {
             None => wrong.push(format!("{name}: expected {expect:?}, not reported")),
             Some(result) if !outcome_is(*expect, result) => {
@@ -129,7 +159,7 @@ fn assert_outcomes(run: &ClientRun) {
         }
     }
     for name in checks.keys() {
-        if !EXPECTED.iter().any(|(n, _)| *n == name.as_str()) {
+        if !expected.iter().any(|(n, _)| *n == name.as_str()) {
             wrong.push(format!(
                 "{name}: reported, but not in the expectation table"
             ));
@@ -177,6 +207,44 @@ async fn superset_charts_filters_and_sql_lab() {
         &[("PGDP_UPSTREAM_DSN", upstream.dsn())],
     )
     .await;
-    assert_outcomes(&run);
+    assert_outcomes(&run, EXPECTED);
+    proxy.stop().await;
+}
+
+/// The demo policy at the tables' caps with room for every chart (ε 1000, the per-query cap at
+/// the demo's 2) and the synopsis people_cube over demo.people's region, sex and education.
+fn synopsis_policy() -> pgdp::policy::Policy {
+    let text = format!(
+        "{}\nsynopses:\n  people_cube: {{ table: demo.people, columns: [region, sex, education], epsilon: 2, rounds: 60, accuracy: 1000 }}\n",
+        support::policy_text_with_budget(1000, 2)
+    );
+    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy: {e:?}"))
+}
+
+#[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "superset",
+    ignore = "needs tests/tools/superset/.venv: bash .ci/setup-superset installs it (CI does)"
+)]
+async fn superset_dashboard_from_a_synopsis() {
+    require(
+        venv_python().is_file() && metadata_template().is_file(),
+        "tests/tools/superset/.venv with its metadata template (bash .ci/setup-superset)",
+    );
+    let upstream = harness::demo_database(1).await;
+    let proxy = Proxy::with_policy(synopsis_policy(), 97).await;
+    let run = run_client_in(
+        &proxy,
+        "Apache Superset dashboard over a synopsis",
+        &tools_dir(),
+        &venv_python(),
+        &["superset_checks.py"],
+        &[
+            ("PGDP_UPSTREAM_DSN", upstream.dsn()),
+            ("PGDP_SYNOPSIS", "people_cube"),
+        ],
+    )
+    .await;
+    assert_outcomes(&run, EXPECTED_SYNOPSIS);
     proxy.stop().await;
 }

@@ -24,7 +24,14 @@ Output, one line per check on stdout (nothing else goes to stdout):
     FAIL <check>: differs: <what differs from the same chart on the upstream> | <detail>
     FAIL <check>: error: <anything else, e.g. Superset's own error>
 
-The checks are listed in CHECKS. A check is reported the same way whichever outcome is expected:
+With PGDP_SYNOPSIS set (the name of a synopsis over demo.people's region, sex and education in
+pgdp's policy, e.g. people_cube), the program runs the connecting checks, the people dataset and
+SYNOPSIS_CHECKS instead of the charts above: a dashboard whose counting charts pgdp answers from
+that synopsis. Each is `ok` only when its counts are within SYNOPSIS_TOLERANCE of the upstream's,
+its types are the upstream's, and the analyst's epsilon_spent (SHOW pgdp.budget, read straight
+through pgdp with psycopg2 with the analyst's credentials) grew on the first chart only (whose notices tell that it paid for that synopsis) and not at all on every later one.
+
+The checks are listed in CHECKS (and SYNOPSIS_CHECKS). A check is reported the same way whichever outcome is expected:
 the Rust test holds the expectations (a raw-rows chart must be refused; it is *reported* `ok` if
 pgdp ever answers it).
 """
@@ -63,6 +70,21 @@ CHECKS = [
     "sqllab_public_table",
     "raw_rows_table_chart",
 ]
+
+# The dashboard over a synopsis (PGDP_SYNOPSIS): the first chart pays the synopsis's ε once, every
+# later one must be answered from it for nothing.
+SYNOPSIS_CHECKS = [
+    "synopsis_big_number_people",
+    "synopsis_bar_by_region",
+    "synopsis_bar_by_region_sex_f",
+    "synopsis_bar_by_education_region_ce",
+    "synopsis_reload_big_number_people",
+    "synopsis_reload_bar_by_region",
+]
+
+# Absolute tolerance per count of a synopsis's answer against PostgreSQL's: with that declaration
+# the synopsis's 95 % bounds are about ±2,500 rows per count, so 3,000 rows.
+SYNOPSIS_TOLERANCE = 3000
 
 # Names of the type OIDs the checks meet.
 OID_NAMES = {
@@ -468,6 +490,72 @@ def series_limit(dataset_id):
     )
 
 
+def bar_count_by(dataset_id, column, filters=(), adhoc_filters=()):
+    # plugin-chart-echarts Timeseries (echarts_timeseries_bar) with a categorical x-axis and
+    # COUNT(*) only, as bar_by_clinic; an adhoc filter of the chart's controls (adhoc_filters in
+    # the form data) reaches the query as a simple filter (col, op, val).
+    return query_context(
+        dataset_id,
+        "echarts_timeseries_bar",
+        {
+            "filters": list(filters),
+            "columns": [{"columnType": "BASE_AXIS", "sqlExpression": column, "label": column, "expressionType": "SQL"}],
+            "metrics": [COUNT],
+            "orderby": [[COUNT, False]],
+            "row_limit": 10000,
+            "series_columns": [],
+            "time_offsets": [],
+            "post_processing": [
+                {
+                    "operation": "pivot",
+                    "options": {
+                        "index": [column],
+                        "columns": [],
+                        "aggregates": {COUNT: {"operator": "mean"}},
+                        "drop_missing_columns": False,
+                    },
+                },
+                {"operation": "flatten"},
+            ],
+        },
+        {
+            "x_axis": column,
+            "metrics": [COUNT],
+            "groupby": [],
+            "row_limit": 10000,
+            "adhoc_filters": list(adhoc_filters),
+        },
+    )
+
+
+def simple_adhoc(column, operator, comparator):
+    return {
+        "clause": "WHERE",
+        "subject": column,
+        "operator": operator,
+        "comparator": comparator,
+        "expressionType": "SIMPLE",
+    }
+
+
+def bar_by_region(dataset_id):
+    return bar_count_by(dataset_id, "region")
+
+
+def bar_by_region_sex_f(dataset_id):
+    # The adhoc filter sex IN ('F').
+    return bar_count_by(
+        dataset_id, "region", [{"col": "sex", "op": "IN", "val": ["F"]}], [simple_adhoc("sex", "IN", ["F"])]
+    )
+
+
+def bar_by_education_region_ce(dataset_id):
+    # The adhoc filter region = 'CE'.
+    return bar_count_by(
+        dataset_id, "education", [{"col": "region", "op": "==", "val": "CE"}], [simple_adhoc("region", "==", "CE")]
+    )
+
+
 def native_filter(dataset_id, column):
     # src/filters/components/Select/buildQuery.ts: the column grouped, IS NOT NULL, sorted
     # ascending, with the native filters' row limit of 1000.
@@ -645,15 +733,16 @@ class Run:
 
     # -- the phases -----------------------------------------------------------------------------
 
-    def phase(self, server, charts):
+    def phase(self, server, charts, tables=("visits", "people"), sqllab=True):
         """Datasets on `server`, every chart, the filters and SQL Lab; then the datasets go."""
-        for table in ("visits", "people"):
+        for table in tables:
             self.attempt(f"dataset_{table}", server, lambda table=table: self.create_dataset(server, table))
         for name, table, run in charts:
             if (server, table) in self.datasets:
                 self.attempt(name, server, lambda table=table, run=run: run(self.datasets[(server, table)]))
-        self.attempt("sqllab_public_table", server, lambda: self.sqllab(server))
-        for table in ("visits", "people"):
+        if sqllab:
+            self.attempt("sqllab_public_table", server, lambda: self.sqllab(server))
+        for table in tables:
             dataset = self.datasets.pop((server, table), None)
             if dataset is not None:
                 self.api.call("DELETE", f"/api/v1/dataset/{dataset}")
@@ -900,6 +989,109 @@ def plausible_series(pgdp, upstream, problems):
     return f"series {dp}, upstream {up} (noisy AVG(cost) picks them: they may differ)"
 
 
+# ---------------------------------------------------------------------------------------------
+# The dashboard over a synopsis: values within SYNOPSIS_TOLERANCE, and what it charged
+
+# check -> (epsilon_spent before, after) the check's chart ran on pgdp.
+BUDGET = {}
+
+
+def epsilon_spent():
+    """The analyst's spent ε: SHOW pgdp.budget on a connection of its own straight to pgdp, with
+    the credentials Superset uses (a plain cursor: not recorded as a statement of a check)."""
+    import psycopg2
+    import psycopg2.extensions
+
+    env = os.environ
+    connection = psycopg2.connect(
+        host=env["PGDP_HOST"],
+        port=env["PGDP_PORT"],
+        user=env["PGDP_USER"],
+        password=env["PGDP_PASSWORD"],
+        dbname=env["PGDP_DATABASE"],
+        sslmode="disable",
+        cursor_factory=psycopg2.extensions.cursor,
+    )
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW pgdp.budget")
+            row = cursor.fetchone()
+            names = [d.name for d in cursor.description]
+    finally:
+        connection.close()
+    return float(row[names.index("epsilon_spent")])
+
+
+def budgeted(name, runner):
+    """`runner` with the analyst's epsilon_spent read before and after it (on pgdp)."""
+
+    def run(dataset):
+        before = epsilon_spent()
+        try:
+            return runner(dataset)
+        finally:
+            BUDGET[name] = (before, epsilon_spent())
+
+    return run
+
+
+def counts_within(dp, up, what, problems):
+    """Each count of `dp` within SYNOPSIS_TOLERANCE of `up`'s, a group missing on one side counted
+    as 0 there."""
+    worst = 0
+    for key in sorted(set(dp) | set(up), key=str):
+        mine, theirs = dp.get(key) or 0, up.get(key) or 0
+        worst = max(worst, abs(mine - theirs))
+        if abs(mine - theirs) > SYNOPSIS_TOLERANCE:
+            problems.append(f"{what} {key}: {mine}, upstream {theirs}: more than {SYNOPSIS_TOLERANCE} apart")
+    return worst
+
+
+def synopsis_total(pgdp, upstream, problems):
+    dp, up = pgdp["data"][0][COUNT], upstream["data"][0][COUNT]
+    counts_within({"all": dp}, {"all": up}, "count of", problems)
+    return f"count={dp} upstream={up}"
+
+
+def synopsis_bar(column):
+    def plausible(pgdp, upstream, problems):
+        dp = {row[column]: row[COUNT] for row in pgdp["data"]}
+        up = {row[column]: row[COUNT] for row in upstream["data"]}
+        worst = counts_within(dp, up, f"count of {column}", problems)
+        first = sorted(up)[:2]
+        shown = [(key, dp.get(key), up[key]) for key in first]
+        return f"{len(dp)} {column} values (upstream {len(up)}), largest difference {worst}; ({column}, count, upstream) {shown}"
+
+    return plausible
+
+
+def synopsis_charged(name, first, values):
+    """The chart's values and what it charged: the first chart pays for the synopsis (its notice
+    says so; SHOW pgdp.budget's epsilon_spent is the ε proven for the history, which grows by less
+    than the synopsis's declared ε), every later one nothing."""
+
+    def plausible(pgdp, upstream, problems):
+        shown = values(pgdp, upstream, problems)
+        if name not in BUDGET:
+            problems.append("epsilon_spent not read")
+            return shown
+        before, after = BUDGET[name]
+        charge = f"epsilon_spent {before:g} -> {after:g}"
+        if first:
+            synopsis = os.environ["PGDP_SYNOPSIS"]
+            notices = " ".join(n for e in statements(name, "pgdp") for n in e["notices"])
+            if after <= before or f"pays for synopsis {synopsis} once" not in notices:
+                problems.append(
+                    f"the first chart did not pay for synopsis {synopsis}: {charge} notices={one_line(notices, 600)} "
+                    f"sql={sql_summary(name)}"
+                )
+        elif after != before:
+            problems.append(f"charged after the synopsis was paid for (not answered from it): {charge} sql={sql_summary(name)}")
+        return f"{shown}; {charge}"
+
+    return plausible
+
+
 def plausible_raw(pgdp, upstream, problems):
     return f"{pgdp.get('rowcount')} raw rows answered (upstream {upstream.get('rowcount')})"
 
@@ -940,6 +1132,32 @@ def libpq_dsn_to_url(dsn):
     return url.render_as_string(hide_password=False)
 
 
+def synopsis_dashboard(run, chart):
+    """The people dataset and SYNOPSIS_CHECKS, on pgdp (with the budget read around each chart)
+    and then on the upstream; reported like the other charts."""
+    charts = [
+        ("synopsis_big_number_people", chart(big_number), synopsis_total),
+        ("synopsis_bar_by_region", chart(bar_by_region), synopsis_bar("region")),
+        ("synopsis_bar_by_region_sex_f", chart(bar_by_region_sex_f), synopsis_bar("region")),
+        ("synopsis_bar_by_education_region_ce", chart(bar_by_education_region_ce), synopsis_bar("education")),
+        ("synopsis_reload_big_number_people", chart(big_number), synopsis_total),
+        ("synopsis_reload_bar_by_region", chart(bar_by_region), synopsis_bar("region")),
+    ]
+    assert [name for name, _, _ in charts] == SYNOPSIS_CHECKS
+    run.phase(
+        "pgdp",
+        [(name, "people", budgeted(name, runner)) for name, runner, _ in charts],
+        tables=("people",),
+        sqllab=False,
+    )
+    run.phase("upstream", [(name, "people", runner) for name, runner, _ in charts], tables=("people",), sqllab=False)
+    run.report("dataset_people", compare_datasets("dataset_people"))
+    for index, (name, _, values) in enumerate(charts):
+        run.report(name, compare_chart(name, synopsis_charged(name, index == 0, values)))
+    transcript()
+    return 0
+
+
 def main():
     started = time.monotonic()
     env = os.environ
@@ -978,6 +1196,9 @@ def main():
 
             def chart(build):
                 return lambda dataset: run.chart_data(build(dataset))
+
+            if env.get("PGDP_SYNOPSIS"):
+                return synopsis_dashboard(run, chart)
 
             def native(column):
                 return lambda dataset: run.chart_data(native_filter(dataset, column))
