@@ -88,6 +88,17 @@ pub(crate) fn policy_text_with_budget(epsilon_total: u32, epsilon_per_query_max:
     budget_text(&demo_policy_text(), epsilon_total, epsilon_per_query_max)
 }
 
+/// The demo policy at the tables' caps with room for a tool's every query (ε 1000, the per-query
+/// cap at the demo's 2) and the synopsis people_cube over demo.people's region, sex and education
+/// (180 cells; ε 2, 60 rounds, accuracy 1000 rows), as the tools' dashboard tests use it.
+pub(crate) fn people_cube_policy() -> Policy {
+    let text = format!(
+        "{}\nsynopses:\n  people_cube: {{ table: demo.people, columns: [region, sex, education], epsilon: 2, rounds: 60, accuracy: 1000 }}\n",
+        policy_text_with_budget(1000, 2)
+    );
+    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy: {e:?}"))
+}
+
 fn with_budget(text: &str, epsilon_total: u32, epsilon_per_query_max: u32) -> Policy {
     let text = budget_text(text, epsilon_total, epsilon_per_query_max);
     pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy variant: {e:?}"))

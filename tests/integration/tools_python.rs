@@ -42,8 +42,6 @@
 
 use std::path::{Path, PathBuf};
 
-use pgdp::policy::Policy;
-
 use crate::clients::{require, run_client_in, start_proxy, ClientRun};
 use crate::harness;
 use crate::support::{self, Proxy};
@@ -261,17 +259,6 @@ async fn django_orm_server_side_binding() {
     .await;
 }
 
-/// The demo policy at the tables' caps, with room for every query of the program (ε 1000, the
-/// per-query cap at the demo's 2) and the synopsis of `synopsis.rs` over demo.people's region,
-/// sex and education (180 cells).
-fn synopsis_policy() -> Policy {
-    let text = format!(
-        "{}\nsynopses:\n  people_cube: {{ table: demo.people, columns: [region, sex, education], epsilon: 2, rounds: 60, accuracy: 1000 }}\n",
-        support::policy_text_with_budget(1000, 2)
-    );
-    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy: {e:?}"))
-}
-
 #[tokio::test]
 #[cfg_attr(
     missing_toolchain = "tools-python",
@@ -283,7 +270,7 @@ async fn django_dashboard_from_a_synopsis() {
     // fails (seed 75 draws count_in's 190 rows from PostgreSQL's against 181, seed 78 one of
     // by_sex_filtered's 3 counts 251 rows off): a failure with another seed is that, not a bug.
     run_tool_on(
-        Proxy::with_policy(synopsis_policy(), 76).await,
+        Proxy::with_policy(support::people_cube_policy(), 76).await,
         "Django ORM dashboard over a synopsis",
         &["django_synopsis.py"],
         DJANGO_SYNOPSIS,

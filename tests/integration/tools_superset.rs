@@ -211,16 +211,6 @@ async fn superset_charts_filters_and_sql_lab() {
     proxy.stop().await;
 }
 
-/// The demo policy at the tables' caps with room for every chart (ε 1000, the per-query cap at
-/// the demo's 2) and the synopsis people_cube over demo.people's region, sex and education.
-fn synopsis_policy() -> pgdp::policy::Policy {
-    let text = format!(
-        "{}\nsynopses:\n  people_cube: {{ table: demo.people, columns: [region, sex, education], epsilon: 2, rounds: 60, accuracy: 1000 }}\n",
-        support::policy_text_with_budget(1000, 2)
-    );
-    pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy: {e:?}"))
-}
-
 #[tokio::test]
 #[cfg_attr(
     missing_toolchain = "superset",
@@ -232,7 +222,7 @@ async fn superset_dashboard_from_a_synopsis() {
         "tests/tools/superset/.venv with its metadata template (bash .ci/setup-superset)",
     );
     let upstream = harness::demo_database(1).await;
-    let proxy = Proxy::with_policy(synopsis_policy(), 97).await;
+    let proxy = Proxy::with_policy(support::people_cube_policy(), 97).await;
     let run = run_client_in(
         &proxy,
         "Apache Superset dashboard over a synopsis",
