@@ -1,17 +1,22 @@
 //! `SELECT COUNT(*) FROM (SELECT <columns> FROM t WHERE p) AS s` as `SELECT COUNT(*) FROM t
 //! WHERE p`: how ORMs count the rows of a filtered selection (SQLAlchemy's `Query.count()`,
-//! Prisma's `count()`, which adds `OFFSET 0`).
+//! Prisma's `count()`, which adds `OFFSET 0`), and `COUNT(s.c)` of one of its columns as
+//! `COUNT(<c as the subquery lists it>)` (Prisma's `count({ select: { c: true } })`).
 //!
 //! The two statements count the same rows on every database: the subquery returns one row per
 //! row of `t` that passes `p` (its select list is plain columns of `t`: no aggregate, no
 //! set-returning function, no DISTINCT, no LIMIT; an OFFSET of 0 and an ORDER BY choose no
-//! rows), and the outer query reads nothing but their number. So the flattened statement means
-//! what the analyst's SQL means, and it is analysed like any count (a synopsis may answer it).
+//! rows), and the outer query reads nothing but their number, or the number of them whose
+//! column `c` is not NULL, which is the value of the column of `t` the subquery lists as `c`.
+//! So the flattened statement means what the analyst's SQL means, and it is analysed like any
+//! count (a synopsis may answer it).
 //!
 //! Invariant: a statement is flattened only in that exact shape, and only when each column the
 //! subquery lists is a declared column of the policy table it reads (so a statement PostgreSQL
-//! would refuse for an unknown column is refused as before, by the ordinary analysis). Anything
-//! else is left as it is.
+//! would refuse for an unknown column is refused as before, by the ordinary analysis), and
+//! each `c` the outer query counts names exactly one column of the subquery (a name PostgreSQL
+//! would call ambiguous or unknown is left to the ordinary analysis). Anything else is left as
+//! it is.
 
 use super::*;
 
@@ -23,52 +28,138 @@ pub(super) fn count_over_selection(query: &ast::Query, ctx: &Context) -> Option<
     let SetExpr::Select(outer) = query.body.as_ref() else {
         return None;
     };
-    let [SelectItem::UnnamedExpr(count) | SelectItem::ExprWithAlias { expr: count, .. }] =
-        outer.projection.as_slice()
-    else {
-        return None;
-    };
-    let (subquery, _) = super::outer::one_derived_table(outer)?;
+    let (subquery, alias) = super::outer::one_derived_table(outer)?;
     let ungrouped =
         matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
-    if !is_count_star(count)
+    if outer.projection.is_empty()
         || outer.selection.is_some()
         || !ungrouped
         || outer.having.is_some()
         || outer.distinct.is_some()
         || !plain_select_shape(outer)
+        || alias.as_ref().is_some_and(|a| !a.columns.is_empty())
     {
         return None;
     }
     let inner = plain_selection(subquery, ctx)?;
+    let derived = alias.as_ref().map(|a| ident_lower(&a.name));
+    let mut projection = Vec::with_capacity(outer.projection.len());
+    for item in &outer.projection {
+        let counted = |count: &Expr| -> Option<Expr> {
+            match count_argument(count)? {
+                None => Some(count.clone()),
+                Some(column) => {
+                    let listed = listed_column(column, derived.as_deref(), inner, ctx)?;
+                    let mut count = count.clone();
+                    set_count_argument(&mut count, listed);
+                    Some(count)
+                }
+            }
+        };
+        projection.push(match item {
+            SelectItem::UnnamedExpr(count) => SelectItem::UnnamedExpr(counted(count)?),
+            SelectItem::ExprWithAlias { expr, alias } => SelectItem::ExprWithAlias {
+                expr: counted(expr)?,
+                alias: alias.clone(),
+            },
+            _ => return None,
+        });
+    }
     let mut flattened = query.clone();
     let SetExpr::Select(target) = flattened.body.as_mut() else {
         return None;
     };
+    target.projection = projection;
     target.from = inner.from.clone();
     target.selection = inner.selection.clone();
     Some(flattened)
 }
 
-/// `COUNT(*)`: no DISTINCT, FILTER, OVER or WITHIN GROUP.
-fn is_count_star(e: &Expr) -> bool {
+/// `COUNT(*)` (`Some(None)`) or `COUNT(x)` (`Some(Some(x))`): no DISTINCT, FILTER, OVER or
+/// WITHIN GROUP.
+fn count_argument(e: &Expr) -> Option<Option<&Expr>> {
     let Expr::Function(f) = e else {
-        return false;
+        return None;
     };
     let FunctionArguments::List(list) = &f.args else {
-        return false;
+        return None;
     };
-    f.name.to_string().eq_ignore_ascii_case("count")
+    let plain = f.name.to_string().eq_ignore_ascii_case("count")
         && f.filter.is_none()
         && f.over.is_none()
         && f.within_group.is_empty()
         && f.null_treatment.is_none()
         && list.duplicate_treatment.is_none()
-        && list.clauses.is_empty()
-        && matches!(
-            list.args.as_slice(),
-            [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)]
-        )
+        && list.clauses.is_empty();
+    if !plain {
+        return None;
+    }
+    match list.args.as_slice() {
+        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => Some(None),
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(x))] => Some(Some(x)),
+        _ => None,
+    }
+}
+
+/// Replaces the argument of a `COUNT(x)` that [`count_argument`] accepted.
+fn set_count_argument(count: &mut Expr, argument: Expr) {
+    if let Expr::Function(f) = count {
+        if let FunctionArguments::List(list) = &mut f.args {
+            list.args = vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(argument))];
+        }
+    }
+}
+
+/// The expression the subquery `inner` lists as the column `column` of the outer query names
+/// (`c` or `<derived>.c`), when exactly one of its select items has that name; a `*` lists
+/// every declared column of its table, by its name.
+fn listed_column(
+    column: &Expr,
+    derived: Option<&str>,
+    inner: &ast::Select,
+    ctx: &Context,
+) -> Option<Expr> {
+    let name = match column {
+        Expr::Identifier(c) => ident_lower(c),
+        Expr::CompoundIdentifier(parts) => match parts.as_slice() {
+            [q, c] if derived == Some(ident_lower(q).as_str()) => ident_lower(c),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let mut found = Vec::new();
+    for item in &inner.projection {
+        match item {
+            SelectItem::ExprWithAlias { expr, alias } if ident_lower(alias) == name => {
+                found.push(expr.clone());
+            }
+            SelectItem::UnnamedExpr(e @ Expr::Identifier(c)) if ident_lower(c) == name => {
+                found.push(e.clone());
+            }
+            SelectItem::UnnamedExpr(e @ Expr::CompoundIdentifier(parts))
+                if parts.last().is_some_and(|c| ident_lower(c) == name) =>
+            {
+                found.push(e.clone());
+            }
+            SelectItem::Wildcard(_) => {
+                let [from] = inner.from.as_slice() else {
+                    return None;
+                };
+                let TableFactor::Table { name: table, .. } = &from.relation else {
+                    return None;
+                };
+                let table = Analyzer::new(ctx, Vec::new()).find_table(table).ok()?;
+                if table.column(&name).is_some() {
+                    found.push(Expr::Identifier(Ident::with_quote('"', name.clone())));
+                }
+            }
+            _ => {}
+        }
+    }
+    match found.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
 }
 
 /// No clause beyond SELECT, FROM, WHERE, GROUP BY, HAVING and DISTINCT (checked by the callers).
@@ -197,6 +288,49 @@ mod tests {
             flattened("SELECT COUNT(*) FROM (SELECT * FROM demo.visits v WHERE v.cost > 10 ORDER BY v.cost) s"),
             Some(printed("SELECT COUNT(*) FROM demo.visits v WHERE v.cost > 10"))
         );
+    }
+
+    #[test]
+    fn a_count_of_a_column_of_the_selection_is_the_count_of_the_column_it_lists() {
+        // Prisma's count({ select: { _all: true, region: true } }).
+        assert_eq!(
+            flattened(
+                r#"SELECT COUNT(*) AS "_count._all", COUNT("sub"."region") AS "_count.region" FROM (SELECT "demo"."people"."region" FROM "demo"."people" WHERE 1=1 OFFSET 0) AS "sub""#
+            ),
+            Some(printed(
+                r#"SELECT COUNT(*) AS "_count._all", COUNT("demo"."people"."region") AS "_count.region" FROM "demo"."people" WHERE 1=1"#
+            ))
+        );
+        // An alias of the subquery, an unqualified name, and a `*`.
+        assert_eq!(
+            flattened("SELECT count(anon_1.r), count(r) FROM (SELECT p.region AS r FROM demo.people p WHERE p.sex = 'F') AS anon_1"),
+            Some(printed("SELECT count(p.region), count(p.region) FROM demo.people p WHERE p.sex = 'F'"))
+        );
+        assert_eq!(
+            flattened("SELECT COUNT(s.cost) FROM (SELECT * FROM demo.visits WHERE cost > 10) s"),
+            Some(printed(
+                r#"SELECT COUNT("cost") FROM demo.visits WHERE cost > 10"#
+            ))
+        );
+    }
+
+    #[test]
+    fn a_count_of_a_name_the_selection_does_not_list_once_is_left_as_it_is() {
+        for sql in [
+            // Not listed, listed twice, or qualified by another name.
+            "SELECT COUNT(s.sex) FROM (SELECT region FROM demo.people) s",
+            "SELECT COUNT(s.region) FROM (SELECT region, region FROM demo.people) s",
+            "SELECT COUNT(s.region) FROM (SELECT *, region FROM demo.people) s",
+            "SELECT COUNT(t.region) FROM (SELECT region FROM demo.people) s",
+            "SELECT COUNT(s.region) FROM (SELECT region FROM demo.people) s(r)",
+            // Not a plain count of it.
+            "SELECT COUNT(s.region || 'x') FROM (SELECT region FROM demo.people) s",
+            "SELECT COUNT(DISTINCT s.region) FROM (SELECT region FROM demo.people) s",
+            "SELECT COUNT(s.region) FILTER (WHERE s.region = 'CE') FROM (SELECT region FROM demo.people) s",
+            "SELECT COUNT(*), s.region FROM (SELECT region FROM demo.people) s",
+        ] {
+            assert_eq!(flattened(sql), None, "{sql}");
+        }
     }
 
     #[test]
