@@ -120,6 +120,15 @@ pub(super) struct Measured<'s> {
     cost: Cost,
 }
 
+/// What a charge pays for.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Paying<'a> {
+    /// A query's release by this mechanism (`laplace`, `gaussian`, …, for the audit log).
+    Query(&'a str),
+    /// Synopsis `name` under its declaration's fingerprint `declaration`, once per analyst.
+    Synopsis { name: &'a str, declaration: &'a str },
+}
+
 impl Session {
     /// Stage 1: `query` planned (in the partitionwise shape where its tables are partitioned
     /// by their unit), the unique keys of its unit paths verified upstream, and its release's
@@ -375,6 +384,21 @@ impl Session {
         mechanism: &str,
         tables: &[String],
     ) -> Result<budget::Charged<T>> {
+        self.charge_paying(shared, item, fingerprint, Paying::Query(mechanism), tables)
+            .await
+    }
+
+    /// [`Session::charge`] of a query's release or of a payment for a synopsis (whose cost the
+    /// dataset's budget takes once, from the first analyst's payment:
+    /// [`crate::budget::Ledger::charge_synopsis_payment`]).
+    pub(super) async fn charge_paying<T: budget::Priced>(
+        &mut self,
+        shared: &Shared,
+        item: T,
+        fingerprint: &str,
+        paying: Paying<'_>,
+        tables: &[String],
+    ) -> Result<budget::Charged<T>> {
         let limit = limit_of(&self.analyst.budget)?;
         let dataset_limit = match &shared.policy.dataset_budget {
             Some(b) => Some(limit_of(b)?),
@@ -382,18 +406,38 @@ impl Session {
         };
         let cost = item.cost();
         let started = std::time::Instant::now();
-        let charged = shared
-            .ledger
-            .charge_for(
-                &self.analyst.name,
-                &limit,
-                dataset_limit.as_ref(),
-                item,
-                fingerprint,
-                mechanism,
-                tables,
-            )
-            .await?;
+        let ledger = &shared.ledger;
+        let analyst = &self.analyst.name;
+        let dataset_limit = dataset_limit.as_ref();
+        let charged = match paying {
+            Paying::Query(mechanism) => {
+                ledger
+                    .charge_for(
+                        analyst,
+                        &limit,
+                        dataset_limit,
+                        item,
+                        fingerprint,
+                        mechanism,
+                        tables,
+                    )
+                    .await?
+            }
+            Paying::Synopsis { name, declaration } => {
+                ledger
+                    .charge_synopsis_payment(
+                        name,
+                        declaration,
+                        analyst,
+                        &limit,
+                        dataset_limit,
+                        item,
+                        fingerprint,
+                        tables,
+                    )
+                    .await?
+            }
+        };
         shared.metrics.stage(Stage::Ledger, started.elapsed());
         shared
             .metrics

@@ -34,7 +34,7 @@ use crate::policy::Synopsis as Declared;
 
 use super::dp::AnswerShape;
 use super::notices::charge_notice;
-use super::pipeline::Planned;
+use super::pipeline::{Paying, Planned};
 use super::{ClientRows, Notice, Session, Shared};
 
 /// The synopses a process has loaded, by [`state_key`].
@@ -108,12 +108,16 @@ impl Session {
             None => {
                 let statement = release::SynopsisStatement::of(declared)?;
                 let audit = budget::fingerprint(&["synopsis", &declared.name, &fingerprint]);
+                let paying = Paying::Synopsis {
+                    name: &declared.name,
+                    declaration: &fingerprint,
+                };
                 let charged = self
-                    .charge(
+                    .charge_paying(
                         shared,
                         statement,
                         &audit,
-                        "pmw",
+                        paying,
                         std::slice::from_ref(&declared.table),
                     )
                     .await?;

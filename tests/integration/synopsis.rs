@@ -423,3 +423,90 @@ async fn the_counts_orms_and_bi_tools_send_are_answered_from_the_synopsis() {
     );
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn the_dataset_pays_for_a_synopsis_once_and_each_analyst_pays_for_it_once() {
+    // Two analysts (the demo's, and `other` with the same password) and a dataset budget.
+    let text = crate::support::policy_text_with_budget(1000, 2).replacen(
+        "analysts:\n  # Password \"analyst\"",
+        "analysts:\n  other:\n    scram_verifier: \"SCRAM-SHA-256$4096:cGdkcC1kZW1vLXNhbHQtMQ==$lInLWt8gswE0sagso62TdobVlP/4N1mG//OTC1uOjxU=:Cs+4xOdBEHF3GmuzWiAu/lrFp8VOJ+dfMKys15hYAlg=\"\n    budget: { epsilon: 1000, delta: 1.0e-5, epsilon_per_query_max: 2 }\n  # Password \"analyst\"",
+        1,
+    );
+    let text = format!(
+        "{text}\nbudget: {{ epsilon: 100, delta: 1.0e-5 }}\nsynopses:\n  people_cube: {{ table: demo.people, columns: [region, sex, education], epsilon: 2, rounds: 60, accuracy: 1000 }}\n"
+    );
+    let policy = pgdp::policy::parse(&text).unwrap_or_else(|e| panic!("policy: {e:?}"));
+    let proxy = Proxy::with_policy(policy, 151).await;
+    let ledger = crate::harness::connect(proxy.ledger_dsn()).await;
+    // The dataset's totals, and its count of charges.
+    let dataset = || async {
+        let row = ledger
+            .query_one(
+                "SELECT epsilon::float8, rho::float8, charges FROM pgdp.dataset_spent WHERE id",
+                &[],
+            )
+            .await
+            .expect("the dataset's row");
+        (
+            row.get::<_, f64>(0),
+            row.get::<_, f64>(1),
+            row.get::<_, i64>(2),
+        )
+    };
+    let sql = "SELECT region, COUNT(*) FROM demo.people GROUP BY region";
+    let paying = |notices: &[String]| {
+        notices.iter().any(|n| {
+            n.starts_with("pgdp: charged") && n.contains("that pays for synopsis people_cube once")
+        })
+    };
+
+    let first = proxy.connect().await;
+    first.query(sql, &[]).await.expect("the first analyst");
+    assert!(paying(&first.take_notices()));
+    let paid = first.budget().await.epsilon_spent;
+    let after_first = dataset().await;
+    assert!(after_first.0 > 0.0 && after_first.2 == 1, "{after_first:?}");
+
+    // The second analyst pays its own budget for the synopsis, the dataset nothing more: the
+    // transcript both read is one mechanism, paid for once.
+    let second = proxy
+        .try_connect("other", crate::support::PASSWORD, crate::support::DATABASE)
+        .await
+        .expect("the second analyst");
+    second.query(sql, &[]).await.expect("the second analyst");
+    assert!(paying(&second.take_notices()));
+    assert_eq!(second.budget().await.epsilon_spent, paid);
+    assert_eq!(dataset().await, after_first);
+    // Both payments are in the audit log.
+    let payments: i64 = ledger
+        .query_one(
+            "SELECT count(*) FROM pgdp.charge_log WHERE mechanism = 'pmw'",
+            &[],
+        )
+        .await
+        .expect("audit log")
+        .get(0);
+    assert_eq!(payments, 2);
+    // Each later answer, to either analyst, is free for both budgets.
+    second
+        .query("SELECT sex, COUNT(*) FROM demo.people GROUP BY sex", &[])
+        .await
+        .expect("a later answer");
+    assert_eq!(dataset().await, after_first);
+    // A query of the per-query path charges the dataset as before (through a budget lease,
+    // whose reservation the dataset's totals take at once; its charges are counted when the
+    // slice closes).
+    second
+        .batch_execute(
+            "SET pgdp.synopsis = off; SET pgdp.epsilon = 1; SET pgdp.mechanism = 'laplace'",
+        )
+        .await
+        .expect("SET");
+    second
+        .query("SELECT sex, COUNT(*) FROM demo.people GROUP BY sex", &[])
+        .await
+        .expect("the per-query path");
+    let after = dataset().await;
+    assert!(after.0 > after_first.0, "{after:?}");
+    proxy.stop().await;
+}

@@ -10,11 +10,25 @@ pub(super) struct ChargeRequest {
     pub(super) analyst: String,
     pub(super) limit: Limit,
     pub(super) dataset_limit: Option<Limit>,
+    /// Whether the dataset's totals take this charge.
+    pub(super) dataset: DatasetShare,
     pub(super) cost: Cost,
     pub(super) fingerprint: String,
     pub(super) mechanism: String,
     /// The policy tables the query reads, for the audit log.
     pub(super) tables: Vec<String>,
+}
+
+/// Whether a charge counts in the dataset's totals (all analysts together) as well as in the
+/// analyst's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DatasetShare {
+    /// It does, admitted against the dataset's limit: every charge but the one below.
+    Charged,
+    /// It does not: the dataset has already paid for what it buys, an analyst's payment for a
+    /// synopsis whose whole transcript another analyst's recorded payment already charged to
+    /// the dataset (docs/privacy.md §13, "Sharing between analysts").
+    PaidBefore,
 }
 
 /// A queued charge and where its answer goes.
@@ -220,31 +234,33 @@ pub(super) async fn charge_batch(
                 continue;
             }
         };
-        let dataset_window = request
-            .dataset_limit
-            .and_then(|l| l.period)
-            .map(|p| WindowKey::dataset(Window::containing(p, now)));
-        let dataset_admitted_on = match &dataset_window {
-            Some(key) => windows.get(&tx, key).await?,
-            None => dataset,
-        };
-        let dataset_after = match &request.dataset_limit {
-            Some(dataset_limit) => admit(dataset_limit, &dataset_admitted_on, &request.cost),
-            None => Ok(dataset_admitted_on + request.cost),
-        };
-        match (dataset_after, &dataset_window) {
-            (Ok(dataset_after), None) => dataset = dataset_after,
-            (Ok(window_after), Some(key)) => {
-                windows.set(key, window_after, 1)?;
-                dataset = dataset + request.cost;
-            }
-            (Err(refusal), _) => {
-                outcomes.push(Err(Box::new(Refusal {
-                    scope: Scope::Dataset,
-                    window: dataset_window.map(|k| k.window),
-                    ..refusal
-                })));
-                continue;
+        if request.dataset == DatasetShare::Charged {
+            let dataset_window = request
+                .dataset_limit
+                .and_then(|l| l.period)
+                .map(|p| WindowKey::dataset(Window::containing(p, now)));
+            let dataset_admitted_on = match &dataset_window {
+                Some(key) => windows.get(&tx, key).await?,
+                None => dataset,
+            };
+            let dataset_after = match &request.dataset_limit {
+                Some(dataset_limit) => admit(dataset_limit, &dataset_admitted_on, &request.cost),
+                None => Ok(dataset_admitted_on + request.cost),
+            };
+            match (dataset_after, &dataset_window) {
+                (Ok(dataset_after), None) => dataset = dataset_after,
+                (Ok(window_after), Some(key)) => {
+                    windows.set(key, window_after, 1)?;
+                    dataset = dataset + request.cost;
+                }
+                (Err(refusal), _) => {
+                    outcomes.push(Err(Box::new(Refusal {
+                        scope: Scope::Dataset,
+                        window: dataset_window.map(|k| k.window),
+                        ..refusal
+                    })));
+                    continue;
+                }
             }
         }
         match &window {
@@ -348,7 +364,10 @@ pub(super) async fn record_charges(
                 &text(dataset.delta),
                 &text(dataset.rho),
                 &divergences_literal(dataset),
-                &(admitted.len() as i64),
+                &(admitted
+                    .iter()
+                    .filter(|r| r.dataset == DatasetShare::Charged)
+                    .count() as i64),
                 &log(|r| r.analyst.clone()),
                 &log(|r| r.fingerprint.clone()),
                 &log(|r| r.mechanism.clone()),

@@ -368,19 +368,23 @@ impl Ledger {
         mechanism: &str,
         tables: &[String],
     ) -> Result<Receipt> {
+        self.enqueue_charge(ChargeRequest {
+            analyst: analyst.to_string(),
+            limit: *limit,
+            dataset_limit: dataset_limit.copied(),
+            dataset: DatasetShare::Charged,
+            cost: *cost,
+            fingerprint: fingerprint.to_string(),
+            mechanism: mechanism.to_string(),
+            tables: tables.to_vec(),
+        })
+        .await
+    }
+
+    /// Queues `request` for the group commit and waits for its receipt or refusal.
+    async fn enqueue_charge(&self, request: ChargeRequest) -> Result<Receipt> {
         let (reply, answer) = oneshot::channel();
-        let pending = PendingCharge {
-            request: ChargeRequest {
-                analyst: analyst.to_string(),
-                limit: *limit,
-                dataset_limit: dataset_limit.copied(),
-                cost: *cost,
-                fingerprint: fingerprint.to_string(),
-                mechanism: mechanism.to_string(),
-                tables: tables.to_vec(),
-            },
-            reply,
-        };
+        let pending = PendingCharge { request, reply };
         if self.charges.enqueue(pending) {
             // A task of its own, so that a session dropped mid-commit cannot strand the queue.
             tokio::spawn(Arc::clone(&self.charges).commit_all());

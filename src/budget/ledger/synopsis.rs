@@ -11,13 +11,20 @@
 //!   of the synopsis's whole cost ([`Ledger::synopsis_paid_with`]), or found recorded
 //!   ([`Ledger::synopsis_pass`]). Every failure between the charge and the record costs the
 //!   analyst (a second charge later), never the data.
+//! - The dataset's totals take one synopsis's cost once, from the first payment: a payment made
+//!   when another analyst's payment for the same synopsis is already recorded is charged to the
+//!   analyst alone ([`Ledger::charge_synopsis_payment`]). Two first payments racing both charge
+//!   the dataset (more than it owes, never less): a payment is recorded only after its durable
+//!   charge.
 //! - State is keyed by the synopsis's name and the fingerprint of its declaration, so a changed
 //!   declaration starts afresh and is paid for afresh.
 
 use tokio_postgres::types::ToSql;
 
+use super::group_commit::{ChargeRequest, DatasetShare};
 use super::receipt::{Charged, Priced};
 use super::{Fault, Ledger};
+use crate::budget::accountant::Limit;
 use crate::{Error, Result};
 
 /// A synopsis's released state as stored: its noisy total, the rounds started and each update's
@@ -109,6 +116,8 @@ const MEASURE: &str = "UPDATE pgdp.synopsis
      WHERE name = $1 AND fingerprint = $2 AND cardinality(measurements) < rounds_started";
 const PAID: &str = "SELECT 1 FROM pgdp.synopsis_payment
      WHERE name = $1 AND fingerprint = $2 AND analyst = $3";
+const PAID_BY_ANYONE: &str = "SELECT 1 FROM pgdp.synopsis_payment
+     WHERE name = $1 AND fingerprint = $2 LIMIT 1";
 const PAY: &str = "INSERT INTO pgdp.synopsis_payment (name, fingerprint, analyst, charge)
      VALUES ($1, $2, $3, $4) ON CONFLICT (name, fingerprint, analyst) DO NOTHING";
 
@@ -230,6 +239,47 @@ impl Ledger {
             synopsis: name.to_string(),
             analyst: analyst.to_string(),
         }))
+    }
+
+    /// Charges `item` (synopsis `name`'s whole cost, under declaration `fingerprint`) to
+    /// `analyst` against `limit`, durably, in the group commit (no lease: a payment is made once),
+    /// with `audit` and `tables` in the audit log, and returns the item bound to its receipt, as
+    /// [`Ledger::charge_for`] does. The dataset's totals (and `dataset_limit`) take it only when no
+    /// payment for this synopsis is recorded yet: the synopsis's whole transcript, every
+    /// analyst's answers from it included, costs the dataset its ε once (docs/privacy.md §13).
+    #[allow(clippy::too_many_arguments)] // as charge_reading
+    pub async fn charge_synopsis_payment<T: Priced>(
+        &self,
+        name: &str,
+        fingerprint: &str,
+        analyst: &str,
+        limit: &Limit,
+        dataset_limit: Option<&Limit>,
+        item: T,
+        audit: &str,
+        tables: &[String],
+    ) -> Result<Charged<T>> {
+        let paid_before = self
+            .synopsis_write(PAID_BY_ANYONE, &[&name, &fingerprint])
+            .await?
+            > 0;
+        let receipt = self
+            .enqueue_charge(ChargeRequest {
+                analyst: analyst.to_string(),
+                limit: *limit,
+                dataset_limit: dataset_limit.copied(),
+                dataset: if paid_before {
+                    DatasetShare::PaidBefore
+                } else {
+                    DatasetShare::Charged
+                },
+                cost: item.cost(),
+                fingerprint: audit.to_string(),
+                mechanism: "pmw".to_string(),
+                tables: tables.to_vec(),
+            })
+            .await?;
+        Ok(Charged { item, receipt })
     }
 
     /// Records that `analyst` paid for synopsis `name` with `charged` (a durable charge of the
