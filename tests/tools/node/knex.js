@@ -3,10 +3,16 @@
 // .first, .where with a Date, knex.raw with a binding), runs it against the upstream PostgreSQL and then against pgdp, and
 // compares the field type OIDs and JS types (common.js). Run by tests/integration/tools_node.rs;
 // `node knex.js [check ...]` by hand (the environment of common.js says where to connect).
+// With PGDP_SYNOPSIS=people_cube it runs instead a dashboard of Knex counts over the synopsis
+// people_cube (.count, .whereIn, .whereNot, .groupBy, .orderBy, the count of a column; common.js
+// says when each is ok).
 'use strict';
 
 const knexLib = require('knex');
-const { REFERENCE, config, check, main, near, groupsNear, sameRows, Implausible } = require('./common');
+const {
+  REFERENCE, config, check, dashboard, reload, single, grouped, sortedBy, main, near, groupsNear,
+  sameRows, num, Implausible,
+} = require('./common');
 
 const knexes = {};
 
@@ -117,4 +123,42 @@ const checks = {
   ),
 };
 
-main(checks, () => Promise.all(Object.values(knexes).map((k) => k.destroy())));
+// The dashboard over the synopsis people_cube (demo.people's region, sex and education), run
+// with PGDP_SYNOPSIS=people_cube (common.js says when a check of it is ok).
+const people = (t) => knex(t)('demo.people');
+const byRegion = (t) => people(t).select('region').count('* as n').groupBy('region').orderBy('region');
+const countFilter = (t) => people(t).where('region', 'CE').count('* as n');
+const n = (rows) => single(rows[0].n);
+const peopleCube = {
+  // SHOW pgdp.budget through knex.raw.
+  budget: async () => num((await knex('pgdp').raw('SHOW pgdp.budget')).rows[0].epsilon_spent),
+  checks: {
+    total: dashboard((t) => people(t).count('* as n'), n),
+    count_filter: dashboard(countFilter, n),
+    count_in: dashboard((t) => people(t).whereIn('region', ['CE', 'EA']).count('* as n'), n),
+    by_region: dashboard(byRegion, grouped(['region'], (r) => r.n), sortedBy((r) => r.region)),
+    by_region_sex: dashboard(
+      (t) => people(t).select('region', 'sex').count('* as n').groupBy('region', 'sex'),
+      grouped(['region', 'sex'], (r) => r.n),
+    ),
+    by_sex_filtered: dashboard(
+      (t) => people(t).whereIn('education', ['bachelor', 'master']).select('sex').count('* as n')
+        .groupBy('sex').orderBy('n', 'desc'),
+      grouped(['sex'], (r) => r.n),
+      sortedBy((r) => num(r.n), true),
+    ),
+    // The count of a column: the primary key, and a column of the synopsis.
+    count_pk: dashboard((t) => people(t).count('person_id as n'), n),
+    count_column: dashboard(
+      (t) => people(t).select('education').count('sex as n').groupBy('education'),
+      grouped(['education'], (r) => r.n),
+    ),
+    exclude: dashboard(
+      (t) => people(t).whereNot('region', 'CE').select('sex').count('* as n').groupBy('sex'),
+      grouped(['sex'], (r) => r.n),
+    ),
+    reload: reload('by_region', 'count_filter'),
+  },
+};
+
+main(checks, () => Promise.all(Object.values(knexes).map((k) => k.destroy())), { people_cube: peopleCube });

@@ -5,11 +5,17 @@
 // OIDs and JS types (number, BigInt, Decimal, Date) with common.js. The client is generated from
 // prisma/schema.prisma by .ci/setup-node-tools. Run by tests/integration/tools_node.rs;
 // `node prisma.js [check ...]` by hand (the environment of common.js says where to connect).
+// With PGDP_SYNOPSIS=people_cube it runs instead a dashboard of Prisma Client counts over the
+// synopsis people_cube (count with where, `in`, NOT and select; groupBy with _count and orderBy;
+// common.js says when each is ok).
 'use strict';
 
 const { PrismaClient } = require('@prisma/client');
 const { PrismaPg } = require('@prisma/adapter-pg');
-const { REFERENCE, config, check, main, near, groupsNear, sameRows, Implausible } = require('./common');
+const {
+  REFERENCE, config, check, dashboard, reload, single, grouped, sortedBy, main, near, groupsNear,
+  sameRows, num, Implausible,
+} = require('./common');
 
 const clients = {};
 
@@ -128,4 +134,51 @@ const checks = {
   ),
 };
 
-main(checks, () => Promise.all(Object.values(clients).map((c) => c.$disconnect())));
+// The dashboard over the synopsis people_cube (demo.people's region, sex and education), run
+// with PGDP_SYNOPSIS=people_cube (common.js says when a check of it is ok). Prisma Client's API
+// has no NOTICEs: they come from the tap on node-postgres, which @prisma/adapter-pg uses.
+const people = (t) => prisma(t).people;
+const byRegion = (t) => people(t).groupBy({ by: ['region'], _count: { _all: true }, orderBy: { region: 'asc' } });
+const countFilter = (t) => people(t).count({ where: { region: 'CE' } });
+const countAll = (r) => r._count._all;
+const peopleCube = {
+  // SHOW pgdp.budget through $queryRaw.
+  budget: async () => num((await prisma('pgdp').$queryRaw`SHOW pgdp.budget`)[0].epsilon_spent),
+  checks: {
+    total: dashboard((t) => people(t).count(), single),
+    count_filter: dashboard(countFilter, single),
+    count_in: dashboard((t) => people(t).count({ where: { region: { in: ['CE', 'EA'] } } }), single),
+    by_region: dashboard(byRegion, grouped(['region'], countAll), sortedBy((r) => r.region)),
+    by_region_sex: dashboard(
+      (t) => people(t).groupBy({ by: ['region', 'sex'], _count: { _all: true } }),
+      grouped(['region', 'sex'], countAll),
+    ),
+    by_sex_filtered: dashboard(
+      (t) => people(t).groupBy({
+        by: ['sex'],
+        where: { education: { in: ['bachelor', 'master'] } },
+        _count: { _all: true },
+        orderBy: { _count: { sex: 'desc' } },
+      }),
+      grouped(['sex'], countAll),
+      sortedBy(countAll, true),
+    ),
+    // count with a select: the rows, and the rows whose region is not NULL, one statement.
+    count_select: dashboard(
+      (t) => people(t).count({ select: { _all: true, region: true } }),
+      (r) => [['_all', r._all], ['region', r.region]],
+    ),
+    // The count of the primary key per group.
+    count_pk: dashboard(
+      (t) => people(t).groupBy({ by: ['education'], _count: { person_id: true } }),
+      grouped(['education'], (r) => r._count.person_id),
+    ),
+    exclude: dashboard(
+      (t) => people(t).groupBy({ by: ['sex'], where: { NOT: { region: 'CE' } }, _count: { _all: true } }),
+      grouped(['sex'], countAll),
+    ),
+    reload: reload('by_region', 'count_filter'),
+  },
+};
+
+main(checks, () => Promise.all(Object.values(clients).map((c) => c.$disconnect())), { people_cube: peopleCube });

@@ -4,10 +4,16 @@
 // public and a private table), runs it against the upstream PostgreSQL and then against pgdp, and
 // compares the field type OIDs and JS types (common.js). Run by tests/integration/tools_node.rs;
 // `node sequelize.js [check ...]` by hand (the environment of common.js says where to connect).
+// With PGDP_SYNOPSIS=people_cube it runs instead a dashboard of Sequelize counts over the
+// synopsis people_cube (Model.count with where, an array value, Op.not, group and col; findAll
+// with grouped COUNT attributes and an order; common.js says when each is ok).
 'use strict';
 
 const { Sequelize, DataTypes, Op, QueryTypes } = require('sequelize');
-const { REFERENCE, config, check, main, near, groupsNear, sameRows, Implausible, Mismatch } = require('./common');
+const {
+  REFERENCE, config, check, dashboard, reload, single, grouped, sortedBy, main, near, groupsNear,
+  sameRows, num, Implausible, Mismatch,
+} = require('./common');
 
 const instances = {};
 
@@ -174,4 +180,51 @@ const checks = {
   ),
 };
 
-main(checks, () => Promise.all(Object.values(instances).map((s) => s.close())));
+// The dashboard over the synopsis people_cube (demo.people's region, sex and education), run
+// with PGDP_SYNOPSIS=people_cube (common.js says when a check of it is ok).
+const byRegion = (t) => model(t, 'people').findAll({
+  attributes: ['region', [Sequelize.fn('COUNT', Sequelize.col('*')), 'n']],
+  group: ['region'],
+  order: [['region', 'ASC']],
+  raw: true,
+});
+const countFilter = (t) => model(t, 'people').count({ where: { region: 'CE' } });
+const peopleCube = {
+  // SHOW pgdp.budget through sequelize.query.
+  budget: async () => num((await sequelize('pgdp').query('SHOW pgdp.budget', { type: QueryTypes.SELECT }))[0].epsilon_spent),
+  checks: {
+    total: dashboard((t) => model(t, 'people').count(), single),
+    count_filter: dashboard(countFilter, single),
+    // An array value: IN ('CE', 'EA').
+    count_in: dashboard((t) => model(t, 'people').count({ where: { region: ['CE', 'EA'] } }), single),
+    by_region: dashboard(byRegion, grouped(['region'], (r) => r.n), sortedBy((r) => r.region)),
+    by_region_sex: dashboard(
+      (t) => model(t, 'people').count({ group: ['region', 'sex'] }),
+      grouped(['region', 'sex'], (r) => r.count),
+    ),
+    by_sex_filtered: dashboard(
+      (t) => model(t, 'people').findAll({
+        attributes: ['sex', [Sequelize.fn('COUNT', Sequelize.col('*')), 'n']],
+        where: { education: { [Op.in]: ['bachelor', 'master'] } },
+        group: ['sex'],
+        order: [[Sequelize.col('n'), 'DESC']],
+        raw: true,
+      }),
+      grouped(['sex'], (r) => r.n),
+      sortedBy((r) => num(r.n), true),
+    ),
+    // count({ col }): the count of a column, the primary key and a column of the synopsis.
+    count_pk: dashboard((t) => model(t, 'people').count({ col: 'person_id' }), single),
+    count_column: dashboard(
+      (t) => model(t, 'people').count({ col: 'sex', group: ['education'] }),
+      grouped(['education'], (r) => r.count),
+    ),
+    exclude: dashboard(
+      (t) => model(t, 'people').count({ where: { [Op.not]: { region: 'CE' } }, group: ['sex'] }),
+      grouped(['sex'], (r) => r.count),
+    ),
+    reload: reload('by_region', 'count_filter'),
+  },
+};
+
+main(checks, () => Promise.all(Object.values(instances).map((s) => s.close())), { people_cube: peopleCube });
