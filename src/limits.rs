@@ -443,3 +443,11 @@ pub const SYNOPSIS_CELLS_MAX: usize = 16_384;
 
 /// The most update rounds of a synopsis: its budget is split into `2T + 1` parts.
 pub const SYNOPSIS_ROUNDS_MAX: usize = 200;
+
+/// The most DP statements whose analysis and rewrite a pgdp process keeps
+/// ([`crate::session`]'s plan cache, per policy generation): the oldest is forgotten first.
+pub const PLANS_CACHED_MAX: usize = 512;
+
+/// The longest statement text (bytes) whose analysis and rewrite are kept: longer statements
+/// (long IN lists, generated SQL) are analysed each time rather than held in memory.
+pub const PLAN_CACHE_TEXT_MAX: usize = 8_192;

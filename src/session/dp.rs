@@ -101,6 +101,35 @@ fn described_statement(query: &ast::Query) -> String {
     }
 }
 
+/// The upstream facts a plan consults that this process does not know yet.
+struct UnknownFacts {
+    /// Unit and lookup keys whose uniqueness is unknown.
+    unique: Vec<(String, String)>,
+    /// Aggregate arguments whose `NOT NULL` is unknown.
+    not_null: Vec<(String, String)>,
+}
+
+impl UnknownFacts {
+    fn is_empty(&self) -> bool {
+        self.unique.is_empty() && self.not_null.is_empty()
+    }
+}
+
+fn unknown_facts(shared: &Shared, plan: &Plan) -> UnknownFacts {
+    let facts = &shared.column_facts;
+    let mut unit_key: Vec<(String, String)> = plan.unit_key().into_iter().collect();
+    unit_key.extend(plan.unit_lookup_keys());
+    let columns: Vec<(String, String)> = plan
+        .column_arguments()
+        .into_iter()
+        .map(|(_, column)| column)
+        .collect();
+    UnknownFacts {
+        unique: facts.unverified(ColumnFact::Unique, &unit_key),
+        not_null: facts.unverified(ColumnFact::NotNull, &columns),
+    }
+}
+
 impl Session {
     /// Analysis, rewrite and mechanisms: everything decided before the upstream is touched.
     fn prepare_dp(
@@ -111,19 +140,41 @@ impl Session {
         secret: &str,
         listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
-        let started = std::time::Instant::now();
-        let mut plan = analyze::analyze(query, &self.context(shared))?;
-        shared.metrics.stage(Stage::Analyse, started.elapsed());
-        if let Some(listed) = listed {
-            plan.list_key(listed);
-        }
-        let facts = shared.column_facts.as_ref();
-        plan.assume_unique_unit(facts);
-        plan.assume_unit_lookup(facts);
-        plan.assume_not_null(facts);
-        let started = std::time::Instant::now();
-        let rewrite = rewrite::rewrite(&plan, params, secret)?;
-        shared.metrics.stage(Stage::Rewrite, started.elapsed());
+        let context = self.context(shared);
+        let key = super::plans::PlanKey::new(
+            &self.analyst.name,
+            &query.to_string(),
+            &context.search_path,
+            params,
+            listed.map(|l| format!("{l:?}")),
+            secret,
+        );
+        let kept = key.as_ref().and_then(|key| shared.plans.get(key));
+        let (plan, rewrite) = match kept {
+            Some(kept) => kept,
+            None => {
+                let started = std::time::Instant::now();
+                let mut plan = analyze::analyze(query, &context)?;
+                shared.metrics.stage(Stage::Analyse, started.elapsed());
+                if let Some(listed) = listed {
+                    plan.list_key(listed);
+                }
+                let facts = shared.column_facts.as_ref();
+                plan.assume_unique_unit(facts);
+                plan.assume_unit_lookup(facts);
+                plan.assume_not_null(facts);
+                let started = std::time::Instant::now();
+                let rewrite = rewrite::rewrite(&plan, params, secret)?;
+                shared.metrics.stage(Stage::Rewrite, started.elapsed());
+                // Kept only when every fact it consulted was known (plans module invariant).
+                if let Some(key) = key {
+                    if unknown_facts(shared, &plan).is_empty() {
+                        shared.plans.put(key, &plan, &rewrite);
+                    }
+                }
+                (plan, rewrite)
+            }
+        };
         let mut budget = self.budget();
         if let Some(target) = self.settings.max_error {
             let cap = super::settings::epsilon_cap(&self.analyst);
@@ -223,19 +274,14 @@ impl Session {
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let prepared = self.prepare_dp(shared, query, params, secret, listed)?;
         let facts = &shared.column_facts;
-        let mut unit_key: Vec<(String, String)> = prepared.0.unit_key().into_iter().collect();
-        unit_key.extend(prepared.0.unit_lookup_keys());
-        let columns: Vec<(String, String)> = prepared
-            .0
-            .column_arguments()
-            .into_iter()
-            .map(|(_, column)| column)
-            .collect();
-        let unknown_unique = facts.unverified(ColumnFact::Unique, &unit_key);
-        let unknown_not_null = facts.unverified(ColumnFact::NotNull, &columns);
-        if unknown_unique.is_empty() && unknown_not_null.is_empty() {
+        let unknown = unknown_facts(shared, &prepared.0);
+        if unknown.is_empty() {
             return Ok(prepared);
         }
+        let UnknownFacts {
+            unique: unknown_unique,
+            not_null: unknown_not_null,
+        } = unknown;
         let upstream = &shared.upstream;
         let learnt = match upstream
             .learn_column_facts(facts, ColumnFact::Unique, &unknown_unique)

@@ -39,6 +39,7 @@ mod notices;
 mod observe;
 mod outcome;
 mod pipeline;
+mod plans;
 mod route;
 mod synopsis;
 
@@ -95,6 +96,9 @@ pub struct Shared {
     /// The policy's synopses this process has loaded, by name and declaration fingerprint, with
     /// the round in progress (kept across reloads: a changed declaration has another key).
     pub(super) synopses: Arc<tokio::sync::Mutex<synopsis::Loaded>>,
+    /// The analysis and rewrite of the DP statements this generation has planned
+    /// ([`plans`]; not carried across a reload: they are the policy's).
+    plans: plans::PlanCache,
 }
 
 impl Shared {
@@ -121,6 +125,7 @@ impl Shared {
             noise_seed: None,
             metrics: Arc::new(crate::metrics::Metrics::new()),
             synopses: Arc::default(),
+            plans: plans::PlanCache::default(),
         })
     }
 
@@ -146,6 +151,7 @@ impl Shared {
             partitioning: self.partitioning.clone(),
             metrics: self.metrics.clone(),
             synopses: self.synopses.clone(),
+            plans: plans::PlanCache::default(),
             generation: self.generation + 1,
             noise_seed: self.noise_seed,
         }

@@ -311,8 +311,9 @@ async fn a_scrape_counts_dp_refused_and_catalog_statements_and_their_stages() {
     assert_eq!(moved(&|s| s.statements("error", "57")), 0.0);
 
     // One parse per message. Analysis and rewrite: twice for the first DP query (again once
-    // this process has learnt that the unit column is unique, `Session::plan_dp`), once for its
-    // replay; the refusal stops inside analysis, which records no time. The ledger: one lookup
+    // this process has learnt that the unit column is unique, `Session::plan_dp`), and not for
+    // its replay, planned from the plan cache (`session::plans`); the refusal stops inside
+    // analysis, which records no time. The ledger: one lookup
     // (the answer and the noisy measures together) and the charge, then the replay's lookup. The
     // upstream and the release once.
     let stages: Vec<f64> = [
@@ -323,7 +324,7 @@ async fn a_scrape_counts_dp_refused_and_catalog_statements_and_their_stages() {
     .collect();
     assert_eq!(
         stages,
-        vec![4.0, 3.0, 3.0, 3.0, 1.0, 1.0],
+        vec![4.0, 2.0, 2.0, 3.0, 1.0, 1.0],
         "parse, analyse, rewrite, ledger, upstream, release"
     );
     let bucket = |s: &Scrape, le: &str| {
