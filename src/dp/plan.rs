@@ -633,6 +633,19 @@ impl Plan {
         &self.outputs
     }
 
+    /// Gives the outputs the names `names`, in order (a plan kept for a statement that differs
+    /// from this one only in its output aliases); `false`, and nothing changed, when the numbers
+    /// differ.
+    pub fn rename_outputs(&mut self, names: &[String]) -> bool {
+        if names.len() != self.outputs.len() {
+            return false;
+        }
+        for (output, name) in self.outputs.iter_mut().zip(names) {
+            output.name.clone_from(name);
+        }
+        true
+    }
+
     /// HAVING, applied by pgdp to released rows.
     pub fn having(&self) -> Option<&Post> {
         self.having.as_ref()

@@ -77,28 +77,50 @@ pub(super) fn tables_read(plan: &Plan, policy: &crate::policy::Policy) -> Vec<St
 /// already holds `pgdp_c`.
 fn described_statement(query: &ast::Query) -> String {
     let text = query.to_string();
+    alias_free(query, &text).unwrap_or(text)
+}
+
+/// `query` (whose text is `text`) with each output alias of its top-level SELECT that occurs
+/// nowhere else in the text replaced by a positional one ([`described_statement`]); `None` when
+/// no alias was replaced.
+fn alias_free(query: &ast::Query, text: &str) -> Option<String> {
     let lower = text.to_lowercase();
     if lower.contains("pgdp_c") {
-        return text;
+        return None;
+    }
+    let ast::SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    let once = |alias: &ast::Ident| lower.matches(&alias.value.to_lowercase()).count() == 1;
+    if !select.projection.iter().any(|item| match item {
+        ast::SelectItem::ExprWithAlias { alias, .. } => once(alias),
+        _ => false,
+    }) {
+        return None;
     }
     let mut renamed = query.clone();
-    let ast::SetExpr::Select(select) = renamed.body.as_mut() else {
-        return text;
-    };
-    let mut changed = false;
-    for (i, item) in select.projection.iter_mut().enumerate() {
-        if let ast::SelectItem::ExprWithAlias { alias, .. } = item {
-            if lower.matches(&alias.value.to_lowercase()).count() == 1 {
-                *alias = ast::Ident::new(format!("pgdp_c{i}"));
-                changed = true;
+    if let ast::SetExpr::Select(select) = renamed.body.as_mut() {
+        for (i, item) in select.projection.iter_mut().enumerate() {
+            if let ast::SelectItem::ExprWithAlias { alias, .. } = item {
+                if once(alias) {
+                    *alias = ast::Ident::new(format!("pgdp_c{i}"));
+                }
             }
         }
     }
-    if changed {
-        renamed.to_string()
-    } else {
-        text
-    }
+    Some(renamed.to_string())
+}
+
+/// Whether `plan`'s outputs are the select list's names `names` ([`analyze::output_names`]), in
+/// order, and nothing else of it can name them (no post-processing SQL): then the plan of a
+/// statement that differs only in output aliases named nowhere else is this plan with those
+/// names, and the plan cache keeps it under the statement without them.
+fn named_by(plan: &Plan, names: Option<&[String]>) -> bool {
+    plan.post().is_none()
+        && names.is_some_and(|names| {
+            plan.outputs().len() == names.len()
+                && plan.outputs().iter().zip(names).all(|(o, n)| &o.name == n)
+        })
 }
 
 /// The upstream facts a plan consults that this process does not know yet.
@@ -141,15 +163,36 @@ impl Session {
         listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
         let context = self.context(shared);
-        let key = super::plans::PlanKey::new(
-            &self.analyst.name,
-            &query.to_string(),
-            &context.search_path,
-            params,
-            listed.map(|l| format!("{l:?}")),
-            secret,
-        );
-        let kept = key.as_ref().and_then(|key| shared.plans.get(key));
+        // Kept under the statement without its output aliases when the plan does not depend
+        // on them (no post-processing SQL naming them), so a tool that numbers its aliases per
+        // query hits; else under the statement itself (plans module invariants).
+        let text = query.to_string();
+        let listed_text = listed.map(|l| format!("{l:?}"));
+        let key_of = |statement: &str| {
+            super::plans::PlanKey::new(
+                &self.analyst.name,
+                statement,
+                &context.search_path,
+                params,
+                listed_text.clone(),
+                secret,
+            )
+        };
+        let names = analyze::output_names(query);
+        let generic_key = match &names {
+            Some(_) => alias_free(query, &text).and_then(|generic| key_of(&generic)),
+            None => None,
+        };
+        let key = key_of(&text);
+        let renamed = |(mut plan, rewrite): (Plan, Rewrite)| {
+            let names = names.as_deref()?;
+            plan.rename_outputs(names).then_some((plan, rewrite))
+        };
+        let kept = generic_key
+            .as_ref()
+            .and_then(|k| shared.plans.get(k))
+            .and_then(renamed)
+            .or_else(|| key.as_ref().and_then(|k| shared.plans.get(k)));
         let (plan, rewrite) = match kept {
             Some(kept) => kept,
             None => {
@@ -167,9 +210,13 @@ impl Session {
                 let rewrite = rewrite::rewrite(&plan, params, secret)?;
                 shared.metrics.stage(Stage::Rewrite, started.elapsed());
                 // Kept only when every fact it consulted was known (plans module invariant).
-                if let Some(key) = key {
-                    if unknown_facts(shared, &plan).is_empty() {
-                        shared.plans.put(key, &plan, &rewrite);
+                if unknown_facts(shared, &plan).is_empty() {
+                    match (generic_key, key) {
+                        (Some(generic), _) if named_by(&plan, names.as_deref()) => {
+                            shared.plans.put(generic, &plan, &rewrite)
+                        }
+                        (_, Some(key)) => shared.plans.put(key, &plan, &rewrite),
+                        _ => {}
                     }
                 }
                 (plan, rewrite)
@@ -680,7 +727,8 @@ pub(super) struct AnswerShape {
 
 #[cfg(test)]
 mod tests {
-    use super::described_statement;
+    use super::{alias_free, described_statement, named_by};
+    use crate::dp::{analyze, rewrite};
 
     fn described(sql: &str) -> String {
         let query = match super::super::classify::parse(sql).unwrap().pop().unwrap() {
@@ -715,5 +763,97 @@ mod tests {
             described("SELECT COUNT(*) AS total, 1 AS pgdp_c0 FROM t"),
             "SELECT COUNT(*) AS total, 1 AS pgdp_c0 FROM t"
         );
+    }
+
+    /// Every select item of `query` aliased `<stem>_<i>`; `None` when an alias it had is named
+    /// elsewhere in the text (renaming it would change the statement).
+    fn aliased(query: &sqlparser::ast::Query, stem: &str) -> Option<sqlparser::ast::Query> {
+        use sqlparser::ast::{Ident, SelectItem, SetExpr};
+        let lower = query.to_string().to_lowercase();
+        let mut query = query.clone();
+        let SetExpr::Select(select) = query.body.as_mut() else {
+            return None;
+        };
+        for (i, item) in select.projection.iter_mut().enumerate() {
+            let alias = Ident::new(format!("{stem}_{i}"));
+            *item = match item {
+                SelectItem::UnnamedExpr(expr) => SelectItem::ExprWithAlias {
+                    expr: expr.clone(),
+                    alias,
+                },
+                SelectItem::ExprWithAlias { expr, alias: old }
+                    if lower.matches(&old.value.to_lowercase()).count() == 1 =>
+                {
+                    SelectItem::ExprWithAlias {
+                        expr: expr.clone(),
+                        alias,
+                    }
+                }
+                _ => return None,
+            };
+        }
+        Some(query)
+    }
+
+    /// The plan cache's alias-free key (plans module invariants): for every statement of the
+    /// golden corpus, aliased two ways, when the first plan is kept under the key without its
+    /// aliases, the second statement has that key and its plan and rewrite are the first's with
+    /// the second's output names.
+    #[test]
+    fn statements_differing_only_in_unused_aliases_plan_alike_but_for_names() {
+        let policy = crate::policy::parse(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/policies/demo.yaml"
+        )))
+        .expect("policy");
+        let ctx = crate::dp::plan::Context {
+            policy: &policy,
+            search_path: vec!["demo".to_string()],
+        };
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cases");
+        let mut compared = 0;
+        for entry in std::fs::read_dir(dir).expect("cases") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "case") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("case file");
+            for sql in text.lines().filter_map(|l| l.strip_prefix("-- sql: ")) {
+                let Ok(mut parsed) = super::super::classify::parse(sql) else {
+                    continue;
+                };
+                let Some(sqlparser::ast::Statement::Query(query)) = parsed.pop() else {
+                    continue;
+                };
+                let (Some(one), Some(two)) = (aliased(&query, "one"), aliased(&query, "two"))
+                else {
+                    continue;
+                };
+                let (Ok(plan_one), Ok(plan_two)) =
+                    (analyze::analyze(&one, &ctx), analyze::analyze(&two, &ctx))
+                else {
+                    continue;
+                };
+                let names_one = analyze::output_names(&one);
+                if !named_by(&plan_one, names_one.as_deref()) {
+                    continue;
+                }
+                let key_one = alias_free(&one, &one.to_string());
+                assert!(key_one.is_some(), "{sql}");
+                assert_eq!(key_one, alias_free(&two, &two.to_string()), "{sql}");
+                let names_two = analyze::output_names(&two).expect("names");
+                let mut renamed = plan_one.clone();
+                assert!(renamed.rename_outputs(&names_two));
+                assert_eq!(renamed, plan_two, "{sql}");
+                let params: Vec<Option<String>> = vec![Some("1".into()); 8];
+                assert_eq!(
+                    rewrite::rewrite(&plan_one, &params, "s").ok(),
+                    rewrite::rewrite(&plan_two, &params, "s").ok(),
+                    "{sql}"
+                );
+                compared += 1;
+            }
+        }
+        assert!(compared >= 100, "only {compared} statements compared");
     }
 }

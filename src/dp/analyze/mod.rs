@@ -785,6 +785,26 @@ fn select_item(item: &SelectItem) -> Result<(&Expr, Option<String>)> {
     }
 }
 
+/// The names PostgreSQL gives the output columns of `query`'s select list, the way analysis
+/// names a plan's outputs (an alias folded as PostgreSQL folds it, else the expression's default
+/// name); `None` when the body is not a plain SELECT, an item has no single name, or a name is
+/// reserved for pgdp (analysis refuses those). The plan cache renames a kept plan's outputs
+/// with it ([`crate::session`]'s plans, keyed without output aliases).
+pub fn output_names(query: &ast::Query) -> Option<Vec<String>> {
+    let ast::SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    select
+        .projection
+        .iter()
+        .map(|item| {
+            let (expr, alias) = select_item(item).ok()?;
+            let name = alias.unwrap_or_else(|| default_name(expr));
+            (!name.starts_with(RESERVED_PREFIX)).then_some(name)
+        })
+        .collect()
+}
+
 /// What to ask for instead of rows of a private table.
 const RAW_ROWS_HINT: &str = "Ask for aggregates and GROUP BY keys: COUNT, SUM, AVG, VARIANCE, STDDEV, MIN, MAX, MEDIAN and PERCENTILE_CONT, e.g. SELECT region, COUNT(*), AVG(age) FROM demo.people GROUP BY region; to test whether rows exist, count them (SELECT COUNT(*) FROM … WHERE …) and compare the noisy count.";
 
