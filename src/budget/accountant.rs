@@ -950,7 +950,7 @@ pub fn remaining(limit: &Limit, spent: &Spent) -> Remaining {
     // The zCDP member: a Gaussian ρ costs ρ there, one pure component of ε costs ε²/2.
     if let Some(left) = limit.zcdp_budget().and_then(|b| b.checked_sub(spent.zcdp)) {
         rho = rho.max(shrink(left));
-        let by_square = Fixed::from_f64_floor((2.0 * left.to_f64()).sqrt()).unwrap_or(Fixed::ZERO);
+        let by_square = Fixed::from_f64_below((2.0 * left.to_f64_approx()).sqrt());
         epsilon = epsilon.max(shrink(by_square));
     }
     for (i, &(p, q)) in ORDERS.iter().enumerate() {
@@ -962,8 +962,9 @@ pub fn remaining(limit: &Limit, spent: &Spent) -> Remaining {
         };
         rho = rho.max(shrink(left.mul_ratio_floor(q, p)));
         // One pure component of ε costs min(ε, αε²/2) here: the larger ε of the two forms fits.
-        let by_square = (2.0 * left.to_f64() / order(i)).sqrt();
-        let by_square = Fixed::from_f64_floor(by_square).unwrap_or(Fixed::ZERO);
+        // The fast conversions' rounding (a few 2⁻⁵³ up, relative, through the division and
+        // the root) is far inside from_f64_below's margin: never above the exact root.
+        let by_square = Fixed::from_f64_below((2.0 * left.to_f64_approx() / order(i)).sqrt());
         epsilon = epsilon.max(shrink(left)).max(shrink(by_square));
     }
     Remaining {

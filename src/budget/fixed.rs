@@ -146,6 +146,31 @@ impl Fixed {
             .expect("Fixed always prints a valid decimal")
     }
 
+    /// An `f64` within a relative 2⁻⁵¹ of this value (two roundings: the units, then the
+    /// division), without [`Fixed::to_f64`]'s text: for estimates that are rounded afterwards
+    /// with a margin far wider than that ([`Fixed::from_f64_below`]).
+    pub fn to_f64_approx(self) -> f64 {
+        self.0 as f64 / UNITS_PER_ONE as f64
+    }
+
+    /// A value at most `x` and within a relative 2⁻⁴⁸ (and one unit) below it, without
+    /// [`Fixed::from_f64_floor`]'s text; zero for a negative, zero or non-finite `x`, and
+    /// [`Fixed::MAX`] above it. `x · 10¹⁸` rounds up by at most a relative 2⁻⁵³ (10¹⁸ is an exact
+    /// `f64`), truncation only lowers it, and taking 2⁻⁴⁹ of the units off more than undoes
+    /// the rounding, so the result never exceeds `x`. For estimates that must not favour the
+    /// analyst and need not be on the shortest decimal's grid point.
+    pub fn from_f64_below(x: f64) -> Fixed {
+        if !x.is_finite() || x <= 0.0 {
+            return Fixed::ZERO;
+        }
+        let scaled = x * UNITS_PER_ONE as f64;
+        if scaled >= u128::MAX as f64 {
+            return Fixed::MAX;
+        }
+        let units = scaled as u128;
+        Fixed(units - units.div_ceil(1 << 49))
+    }
+
     /// Exact sum, or `None` on overflow.
     pub fn checked_add(self, other: Fixed) -> Option<Fixed> {
         self.0.checked_add(other.0).map(Fixed)
@@ -476,6 +501,33 @@ mod tests {
             Fixed::from_integer(12)
         );
         assert_eq!(fx("0.3").to_numeric_text(), "0.3");
+    }
+
+    #[test]
+    fn fast_conversions_stay_close_and_below() {
+        let mut x = 1.0e-17_f64;
+        while x < 1.0e19 {
+            for y in [x, x * 1.000_000_1, x * 3.7, x * 7.123_456_789] {
+                let exact = Fixed::from_f64_floor(y).unwrap();
+                let below = Fixed::from_f64_below(y);
+                // The shortest decimal's floor is within a unit of the exact value, which
+                // from_f64_below never exceeds.
+                assert!(below.units() <= exact.units() + 1, "{y}");
+                assert!(
+                    below.units() + 2 + (exact.units() >> 47) >= exact.units(),
+                    "{y}: {below} against {exact}"
+                );
+                let back = exact.to_f64_approx();
+                assert!((back - exact.to_f64()).abs() <= exact.to_f64() * 2.0 * f64::EPSILON);
+            }
+            x *= 1.9;
+        }
+        assert_eq!(Fixed::from_f64_below(0.0), Fixed::ZERO);
+        assert_eq!(Fixed::from_f64_below(-1.0), Fixed::ZERO);
+        assert_eq!(Fixed::from_f64_below(f64::NAN), Fixed::ZERO);
+        assert_eq!(Fixed::from_f64_below(f64::INFINITY), Fixed::ZERO);
+        assert_eq!(Fixed::from_f64_below(1e300), Fixed::MAX);
+        assert!(Fixed::from_f64_below(1.0) < Fixed::ONE);
     }
 
     #[test]

@@ -82,33 +82,40 @@ fn described_statement(query: &ast::Query) -> String {
 
 /// `query` (whose text is `text`) with each output alias of its top-level SELECT that occurs
 /// nowhere else in the text replaced by a positional one ([`described_statement`]); `None` when
-/// no alias was replaced.
+/// no alias was replaced. Such an alias's printed form (`n` or `"N"`) occurs exactly once in
+/// `text`, as the select item's `AS` name, so the replacement is made in the text itself.
 fn alias_free(query: &ast::Query, text: &str) -> Option<String> {
+    let ast::SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    if !select
+        .projection
+        .iter()
+        .any(|item| matches!(item, ast::SelectItem::ExprWithAlias { .. }))
+    {
+        return None;
+    }
     let lower = text.to_lowercase();
     if lower.contains("pgdp_c") {
         return None;
     }
-    let ast::SetExpr::Select(select) = query.body.as_ref() else {
-        return None;
-    };
-    let once = |alias: &ast::Ident| lower.matches(&alias.value.to_lowercase()).count() == 1;
-    if !select.projection.iter().any(|item| match item {
-        ast::SelectItem::ExprWithAlias { alias, .. } => once(alias),
-        _ => false,
-    }) {
-        return None;
-    }
-    let mut renamed = query.clone();
-    if let ast::SetExpr::Select(select) = renamed.body.as_mut() {
-        for (i, item) in select.projection.iter_mut().enumerate() {
-            if let ast::SelectItem::ExprWithAlias { alias, .. } = item {
-                if once(alias) {
-                    *alias = ast::Ident::new(format!("pgdp_c{i}"));
-                }
-            }
+    let mut renamed = text.to_string();
+    let mut changed = false;
+    for (i, item) in select.projection.iter().enumerate() {
+        let ast::SelectItem::ExprWithAlias { alias, .. } = item else {
+            continue;
+        };
+        if lower.matches(&alias.value.to_lowercase()).count() != 1 {
+            continue;
         }
+        let printed = format!(" AS {alias}");
+        if renamed.matches(&printed).count() != 1 {
+            continue;
+        }
+        renamed = renamed.replacen(&printed, &format!(" AS pgdp_c{i}"), 1);
+        changed = true;
     }
-    Some(renamed.to_string())
+    changed.then_some(renamed)
 }
 
 /// Whether `plan`'s outputs are the select list's names `names` ([`analyze::output_names`]), in
