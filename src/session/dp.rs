@@ -808,11 +808,7 @@ mod tests {
     /// the second's output names.
     #[test]
     fn statements_differing_only_in_unused_aliases_plan_alike_but_for_names() {
-        let policy = crate::policy::parse(include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/policies/demo.yaml"
-        )))
-        .expect("policy");
+        let policy = crate::session::demo_policy();
         let ctx = crate::dp::plan::Context {
             policy: &policy,
             search_path: vec!["demo".to_string()],

@@ -827,3 +827,13 @@ fn no_shadow() -> Error {
         "pgdp could not build its shadow catalog (the upstream role needs CREATEDB once); see the server log.",
     )
 }
+
+/// The shipped demo policy, for the session's unit tests.
+#[cfg(test)]
+pub(crate) fn demo_policy() -> crate::policy::Policy {
+    crate::policy::parse(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/policies/demo.yaml"
+    )))
+    .expect("the demo policy parses")
+}

@@ -173,11 +173,7 @@ mod tests {
 
     #[test]
     fn a_full_cache_forgets_its_oldest_entry() {
-        let policy = crate::policy::parse(include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/policies/demo.yaml"
-        )))
-        .expect("policy");
+        let policy = crate::session::demo_policy();
         let ctx = crate::dp::plan::Context {
             policy: &policy,
             search_path: vec!["demo".to_string()],
