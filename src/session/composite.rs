@@ -143,7 +143,7 @@ impl Session {
             return Ok(None);
         }
         let columns = self
-            .answer_shape(shared, &calendar.inner, &plan)
+            .answer_shape(shared, &calendar.inner, &calendar.inner.to_string(), &plan)
             .await?
             .columns;
         let Some(ty) = columns.iter().find(|c| c.name == key.column).map(|c| c.ty) else {

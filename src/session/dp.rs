@@ -75,9 +75,8 @@ pub(super) fn tables_read(plan: &Plan, policy: &crate::policy::Policy) -> Vec<St
 /// per query) share one entry of the shadow's cache. An alias that occurs elsewhere (ORDER BY n,
 /// GROUP BY n, inside a literal or another name) is kept, as is every alias when the text
 /// already holds `pgdp_c`.
-fn described_statement(query: &ast::Query) -> String {
-    let text = query.to_string();
-    alias_free(query, &text).unwrap_or(text)
+fn described_statement(query: &ast::Query, text: &str) -> String {
+    alias_free(query, text).unwrap_or_else(|| text.to_string())
 }
 
 /// `query` (whose text is `text`) with each output alias of its top-level SELECT that occurs
@@ -161,10 +160,13 @@ fn unknown_facts(shared: &Shared, plan: &Plan) -> UnknownFacts {
 
 impl Session {
     /// Analysis, rewrite and mechanisms: everything decided before the upstream is touched.
+    /// `text` is `query` as printed (`query.to_string()`, printed once per query by the caller):
+    /// the plan cache's key, so it must be this statement's own (checked in debug builds).
     fn prepare_dp(
         &self,
         shared: &Shared,
         query: &ast::Query,
+        text: &str,
         params: &[Option<String>],
         secret: &str,
         listed: Option<&ListedKey>,
@@ -173,7 +175,11 @@ impl Session {
         // Kept under the statement without its output aliases when the plan does not depend
         // on them (no post-processing SQL naming them), so a tool that numbers its aliases per
         // query hits; else under the statement itself (plans module invariants).
-        let text = query.to_string();
+        debug_assert_eq!(
+            text,
+            query.to_string(),
+            "the plan cache's key is the statement"
+        );
         let listed_text = listed.map(|l| format!("{l:?}"));
         let key_of = |statement: &str| {
             super::plans::PlanKey::new(
@@ -187,10 +193,10 @@ impl Session {
         };
         let names = analyze::output_names(query);
         let generic_key = match &names {
-            Some(_) => alias_free(query, &text).and_then(|generic| key_of(&generic)),
+            Some(_) => alias_free(query, text).and_then(|generic| key_of(&generic)),
             None => None,
         };
-        let key = key_of(&text);
+        let key = key_of(text);
         let renamed = |(mut plan, rewrite): (Plan, Rewrite)| {
             let names = names.as_deref()?;
             plan.rename_outputs(names).then_some((plan, rewrite))
@@ -250,8 +256,9 @@ impl Session {
         params: &[Option<String>],
         secret: &str,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+        let text = query.to_string();
         let (plan, rewrite, mechanisms, _) = self
-            .plan_dp_placed(shared, query, params, secret, None)
+            .plan_dp_placed(shared, query, &text, params, secret, None)
             .await?;
         Ok((plan, rewrite, mechanisms))
     }
@@ -264,12 +271,13 @@ impl Session {
         &self,
         shared: &Shared,
         query: &ast::Query,
+        text: &str,
         params: &[Option<String>],
         secret: &str,
         listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms, Placement)> {
         let (plan, rewrite, mechanisms) = self
-            .plan_dp_for_one_server(shared, query, params, secret, listed)
+            .plan_dp_for_one_server(shared, query, text, params, secret, listed)
             .await?;
         let tables: Vec<(String, Option<String>)> = tables_read(&plan, &shared.policy)
             .into_iter()
@@ -322,11 +330,12 @@ impl Session {
         &self,
         shared: &Shared,
         query: &ast::Query,
+        text: &str,
         params: &[Option<String>],
         secret: &str,
         listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
-        let prepared = self.prepare_dp(shared, query, params, secret, listed)?;
+        let prepared = self.prepare_dp(shared, query, text, params, secret, listed)?;
         let facts = &shared.column_facts;
         let unknown = unknown_facts(shared, &prepared.0);
         if unknown.is_empty() {
@@ -348,7 +357,7 @@ impl Session {
             Err(_) => false,
         };
         if learnt {
-            self.prepare_dp(shared, query, params, secret, listed)
+            self.prepare_dp(shared, query, text, params, secret, listed)
         } else {
             Ok(prepared)
         }
@@ -374,7 +383,11 @@ impl Session {
             return self.statement_columns(shared, &scalars.stand_in).await;
         }
         let plan = analyze::analyze(query, &self.context(shared))?;
-        Ok(self.answer_shape(shared, query, &plan).await?.columns)
+        let text = query.to_string();
+        Ok(self
+            .answer_shape(shared, query, &text, &plan)
+            .await?
+            .columns)
     }
 
     /// The upstream SQL of a query over public tables alone ([`rewrite::public`]), with each
@@ -463,17 +476,24 @@ impl Session {
     /// the shadow catalog can describe it (`release::described_columns`), else pgdp's own.
     /// For a plan with post-processing, the shadow catalog must type it (it evaluates it too),
     /// and PostgreSQL's refusal of that SQL is the answer's, before anything is charged.
+    /// `text` is `query` as printed (checked in debug builds).
     pub(super) async fn answer_shape(
         &self,
         shared: &Shared,
         query: &ast::Query,
+        text: &str,
         plan: &Plan,
     ) -> Result<AnswerShape> {
+        debug_assert_eq!(
+            text,
+            query.to_string(),
+            "the described statement is the query"
+        );
         let search_path = self.context(shared).search_path;
         let Some(post) = plan.post() else {
             let described = match &shared.shadow {
                 Some(shadow) => shadow
-                    .result_types(&described_statement(query), &search_path)
+                    .result_types(&described_statement(query, text), &search_path)
                     .await
                     .unwrap_or_default(),
                 None => Vec::new(),
@@ -561,7 +581,9 @@ impl Session {
             return Ok(answer);
         }
         // The answer's column types, described on the shadow catalog before anything is charged.
-        let shape = self.answer_shape(shared, query, &planned.plan).await?;
+        let shape = self
+            .answer_shape(shared, query, &planned.text, &planned.plan)
+            .await?;
         // Public domains read from public tables (no private data, no charge).
         let domains = self.public_domains(shared, &planned.plan, params).await?;
         // A count a policy synopsis covers is answered from it, paid for once.
@@ -742,7 +764,7 @@ mod tests {
             sqlparser::ast::Statement::Query(q) => q,
             other => panic!("not a query: {other}"),
         };
-        described_statement(&query)
+        described_statement(&query, &query.to_string())
     }
 
     #[test]

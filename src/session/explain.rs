@@ -183,8 +183,9 @@ impl Session {
         listed: Option<&ListedKey>,
     ) -> Result<ClientRows> {
         let secret = shared.secret().await?;
+        let text = query.to_string();
         let (plan, rewrite, mechanisms, placement) = self
-            .plan_dp_placed(shared, query, params, secret, listed)
+            .plan_dp_placed(shared, query, &text, params, secret, listed)
             .await?;
         let mut text = release::explain(&plan, &rewrite, &mechanisms, mechanisms.budget);
         if self.settings.choose_bounds {

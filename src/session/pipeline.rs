@@ -44,6 +44,8 @@ pub(super) struct ReleaseKeys {
 /// Stage 1: a DP query planned at its placement, with the keys of its release. Nothing has
 /// been read from the data and nothing charged.
 pub(super) struct Planned<'s> {
+    /// The analyst's statement as printed (the key of its plan and of its release).
+    pub(super) text: String,
     pub(super) plan: Plan,
     pub(super) rewrite: Rewrite,
     pub(super) mechanisms: release::Mechanisms,
@@ -141,16 +143,19 @@ impl Session {
         listed: Option<&ListedKey>,
     ) -> Result<Planned<'s>> {
         let secret = shared.secret().await?;
+        // Printed once: the plan cache's key, the release keys and the described statement.
+        let text = query.to_string();
         let (plan, rewrite, mechanisms, placement) = self
-            .plan_dp_placed(shared, query, params, secret, listed)
+            .plan_dp_placed(shared, query, &text, params, secret, listed)
             .await?;
         // A row of a table with a unit path has one unit only if each key of the path is unique.
         shared
             .upstream
             .verify_unique_keys(&shared.column_facts, plan.unique_keys())
             .await?;
-        let keys = self.release_keys(query, params, listed, (&plan, &rewrite, &mechanisms))?;
+        let keys = self.release_keys(&text, params, listed, (&plan, &rewrite, &mechanisms))?;
         Ok(Planned {
+            text,
             plan,
             rewrite,
             mechanisms,
@@ -212,7 +217,10 @@ impl Session {
             return Err(Error::TooInaccurate { detail });
         }
         if let Some(payload) = &found.replay {
-            let columns = self.answer_shape(shared, query, plan).await?.columns;
+            let columns = self
+                .answer_shape(shared, query, &planned.text, plan)
+                .await?
+                .columns;
             if let Some(replayed) = Released::replayed(columns, payload) {
                 let limit = limit_of(&self.analyst.budget)?;
                 let (balance, window) = shared
@@ -249,7 +257,13 @@ impl Session {
         if let Some(measures) = found.drawn(planned).or_else(|| found.summed(planned)) {
             self.served = Some(Served::Reused);
             let answer = self
-                .reuse(shared, query, (plan, rewrite, mechanisms), &measures, None)
+                .reuse(
+                    shared,
+                    (query, &planned.text),
+                    (plan, rewrite, mechanisms),
+                    &measures,
+                    None,
+                )
                 .await?;
             return Ok(Some(answer));
         }
@@ -272,7 +286,13 @@ impl Session {
             if let Some((p, r, m, chosen, measures)) = at_chosen {
                 self.served = Some(Served::Reused);
                 let answer = self
-                    .reuse(shared, query, (&p, &r, &m), &measures, Some(&chosen))
+                    .reuse(
+                        shared,
+                        (query, &planned.text),
+                        (&p, &r, &m),
+                        &measures,
+                        Some(&chosen),
+                    )
                     .await?;
                 return Ok(Some(answer));
             }
@@ -524,6 +544,7 @@ impl Session {
             placement,
             keys,
             secret,
+            ..
         } = planned;
         let started = std::time::Instant::now();
         let (released, refused) = match release::finish(
@@ -619,12 +640,12 @@ impl Session {
         Ok(ClientRows::released(released, notices))
     }
 
-    /// The ledger keys of `query`'s release ([`ReleaseKeys`]) under the session's settings,
-    /// from its plan, rewrite and mechanisms, its bound `params`, and the values of a key
-    /// listed by the statement around it.
+    /// The ledger keys of the release of the query printed as `query_text` ([`ReleaseKeys`])
+    /// under the session's settings, from its plan, rewrite and mechanisms, its bound
+    /// `params`, and the values of a key listed by the statement around it.
     pub(super) fn release_keys(
         &self,
-        query: &ast::Query,
+        query_text: &str,
         params: &[Option<String>],
         listed: Option<&ListedKey>,
         (plan, rewrite, mechanisms): (&Plan, &Rewrite, &release::Mechanisms),
@@ -633,7 +654,6 @@ impl Session {
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
         // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
         // and every privacy setting.
-        let query_text = query.to_string();
         let bound: Vec<String> = params
             .iter()
             .map(|p| {
@@ -644,7 +664,7 @@ impl Session {
             .collect();
         let bound = bound.join("\u{1f}");
         let key = budget::fingerprint(&[
-            &query_text,
+            query_text,
             &bound,
             rewrite.sql.as_str(),
             &budget.epsilon.to_string(),
@@ -730,12 +750,12 @@ impl Session {
     async fn reuse(
         &self,
         shared: &Shared,
-        query: &ast::Query,
+        (query, text): (&ast::Query, &str),
         (plan, rewrite, mechanisms): (&Plan, &Rewrite, &release::Mechanisms),
         measures: &release::NoisyMeasures,
         chosen: Option<&release::bounds::ChosenBounds>,
     ) -> Result<ClientRows> {
-        let shape = self.answer_shape(shared, query, plan).await?;
+        let shape = self.answer_shape(shared, query, text, plan).await?;
         let released =
             release::finish(plan, rewrite, mechanisms, measures, self.settings.accuracy)?;
         let released = self
