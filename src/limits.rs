@@ -217,6 +217,9 @@ pub const JOURNAL_PENDING_MAX: usize = 10_000;
 /// later; this process sees it at once).
 pub const JOURNAL_COALESCE_MS: u64 = 5;
 
+/// Most threads `--worker-threads` may give the runtime that runs sessions.
+pub const WORKER_THREADS_MAX: usize = 1024;
+
 /// How long the journal waits before trying again after the ledger failed a lazy commit.
 pub const JOURNAL_RETRY_MS: u64 = 1_000;
 

@@ -14,7 +14,7 @@ USAGE:
     pgdp serve --policy FILE [--listen ADDR] [--upstream DSN] [--ledger DSN]
                [--tls-cert FILE --tls-key FILE [--require-tls]] [--pid-file FILE]
                [--replica DSN]... [--replica-lag-max-ms MS] [--metrics ADDR]
-               [--lease-queries N]
+               [--lease-queries N] [--worker-threads N]
     pgdp check --policy FILE
     pgdp suggest --policy FILE [--upstream DSN] [--epsilon E]
     pgdp reload (--pid-file FILE | --pid PID) [--policy FILE]
@@ -41,6 +41,9 @@ OPTIONS:
     --lease-queries N                 budget leases: reserve an analyst's budget for up to N
                                       queries in one durable commit and charge them in memory
                                       (64; 1 turns leases off: one durable commit per query)
+    --worker-threads N                threads that run sessions (default: one per core); on a
+                                      small machine shared with PostgreSQL, 1 costs less CPU
+                                      per query (BENCHMARKS.md, figure 9)
 
 SUGGEST:
     `pgdp suggest` reads DP histograms of each private table's contributions on the upstream
@@ -68,6 +71,7 @@ ENVIRONMENT:
     PGDP_REPLICAS                             replica DSNs separated by ';' (if no --replica)
     PGDP_METRICS                              default for --metrics
     PGDP_LEASE_QUERIES                        default for --lease-queries
+    PGDP_WORKER_THREADS                       default for --worker-threads
     RUST_LOG                                  log filter (default: info)
 ";
 
@@ -90,6 +94,7 @@ struct Args {
     replica_lag_max_ms: Option<u64>,
     metrics: Option<String>,
     lease_queries: Option<u64>,
+    worker_threads: Option<usize>,
     epsilon: Option<f64>,
 }
 
@@ -113,6 +118,7 @@ fn parse_args() -> anyhow::Result<Args> {
             Long("replica-lag-max-ms") => args.replica_lag_max_ms = Some(parser.value()?.parse()?),
             Long("metrics") => args.metrics = Some(parser.value()?.string()?),
             Long("lease-queries") => args.lease_queries = Some(parser.value()?.parse()?),
+            Long("worker-threads") => args.worker_threads = Some(parser.value()?.parse()?),
             Long("epsilon") => args.epsilon = Some(parser.value()?.parse()?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
@@ -141,6 +147,21 @@ fn parse_args() -> anyhow::Result<Args> {
                     .parse()
                     .context("PGDP_LEASE_QUERIES must be a whole number")?,
             );
+        }
+    }
+    if args.worker_threads.is_none() {
+        if let Ok(n) = std::env::var("PGDP_WORKER_THREADS") {
+            args.worker_threads = Some(
+                n.trim()
+                    .parse()
+                    .context("PGDP_WORKER_THREADS must be a whole number")?,
+            );
+        }
+    }
+    if let Some(n) = args.worker_threads {
+        let most = pgdp::limits::WORKER_THREADS_MAX;
+        if n == 0 || n > most {
+            bail!("--worker-threads must be between 1 and {most}, not {n}");
         }
     }
     if args.tls_cert.is_none() {
@@ -217,10 +238,11 @@ fn main() -> ExitCode {
         }
     };
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.worker_threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pgdp: cannot start the runtime: {e}");

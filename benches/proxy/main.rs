@@ -23,9 +23,11 @@
 //!    against the same pgdp without one, on the queries of figures 1 and 2 (docs/security.md §2);
 //! 9. budget leases (`--leases` only): the tiny query at 1 and 32 clients directly, through a
 //!    byte-forwarding TCP proxy (the floor of any proxy), through pgdp with leases (the default)
-//!    and with `--lease-queries 1`, each against the forwarder (issue 44's targets), the ledger's
-//!    durable commits per DP query in each, and pgdp's CPU per tiny DP query in a `pgdp serve`
-//!    process of its own (writes benches/leases.md);
+//!    and with `--lease-queries 1` (both in the bench's process), and through `pgdp serve`
+//!    processes of their own with the default threads and with `--worker-threads 1`, each
+//!    against the forwarder (issue 44's targets), the ledger's durable commits per DP query, and
+//!    pgdp's CPU per tiny DP query in a `pgdp serve` process of its own, with either threading
+//!    (writes benches/leases.md);
 //! 8. non-unique unit column (first scale): queries on `bench.pums_dup` (10^6 rows, 1 to 3 per
 //!    person, no key), through pgdp against the plain aggregate, the hand-written floor and, when
 //!    `PGDP_BENCH_SMARTNOISE` names a Python with smartnoise-sql, SmartNoise SQL.
@@ -1198,6 +1200,12 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     let off_client = connect(&off_dsn).await?;
     let sql = rewritten(&leased_client, &shared, secret, template).await?;
     let direct = connect(&demo).await?;
+    // `pgdp serve` processes of their own, with the default threads and with one worker thread
+    // (the two servers above share the bench's process and runtime with their clients).
+    let child = ServeChild::start(&demo, ledger, &[]).await?;
+    let child_client = child.connect().await?;
+    let one_thread = ServeChild::start(&demo, ledger, &["--worker-threads", "1"]).await?;
+    let one_thread_client = one_thread.connect().await?;
     let forwarded_dsn = forwarder(&demo).await?;
     let forwarded = match &forwarded_dsn {
         Some(dsn) => Some(connect(dsn).await?),
@@ -1225,6 +1233,8 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
         Way::Direct(&direct, &sql),
         Way::Proxy(&leased_client, template),
         Way::Proxy(&off_client, template),
+        Way::Proxy(&one_thread_client, template),
+        Way::Proxy(&child_client, template),
     ];
     if let Some(client) = &forwarded {
         ways.push(Way::Direct(client, &sql));
@@ -1232,8 +1242,10 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     let latency = series(s, &ways).await?;
     let sent = DP_QUERIES.load(Ordering::Relaxed) - before;
     let (slices1, alone1) = durable().await?;
-    // Both proxies ran `sent / 2` DP queries each.
-    let per_query = |n: u64| n as f64 / (sent as f64 / 2.0).max(1.0);
+    // The four proxies ran `sent / 4` DP queries each; the slices counted are the three leasing
+    // servers': per query of the three.
+    let per_query = |n: u64| n as f64 / (sent as f64 / 4.0).max(1.0);
+    let per_leased_query = |n: u64| n as f64 / (3.0 * sent as f64 / 4.0).max(1.0);
 
     eprintln!("scale {scale}: 9. budget leases, 32 clients");
     let clients = 32;
@@ -1251,10 +1263,22 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
     let (off_qps, off_errors) = load_test(s, &off_dsn, template, true, clients).await?;
     let off_sent = DP_QUERIES.load(Ordering::Relaxed) - before;
     let (_, alone4) = durable().await?;
+    let (one_qps, one_errors) = load_test(s, &one_thread.dsn(), template, true, clients).await?;
+    let (child_qps, child_errors) = load_test(s, &child.dsn(), template, true, clients).await?;
+    drop((one_thread_client, child_client));
+    drop((one_thread, child));
 
     eprintln!("scale {scale}: 9. pgdp's CPU per tiny DP query (a `pgdp serve` process)");
     let cpu_queries = if s.smoke { 50 } else { CPU_QUERIES };
-    let cpu = pgdp_cpu_per_query(&demo, ledger, template, cpu_queries).await?;
+    let cpu = pgdp_cpu_per_query(&demo, ledger, template, cpu_queries, &[]).await?;
+    let cpu_one = pgdp_cpu_per_query(
+        &demo,
+        ledger,
+        template,
+        cpu_queries,
+        &["--worker-threads", "1"],
+    )
+    .await?;
 
     let mut table = String::new();
     writeln!(
@@ -1263,7 +1287,7 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
         s.command
     )?;
     // The issue-44 targets are against the forwarder: any proxy pays its hop.
-    let floor = forwarded_qps.map(|qps| (latency.median(3), qps));
+    let floor = forwarded_qps.map(|qps| (latency.median(5), qps));
     let versus = |ms: f64, qps: f64| match floor {
         Some((floor_ms, floor_qps)) => (
             format!("{:.2}×", ms / floor_ms),
@@ -1286,8 +1310,8 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
         Some(qps) => writeln!(
             table,
             "| floor of any proxy: the direct SQL through a byte-forwarding TCP proxy | {:.3} | {:.2}× | 1 | | {qps:.0} | {:.2} | 1 | | 0 |",
-            latency.median(3),
-            latency.ratio(3, 0),
+            latency.median(5),
+            latency.ratio(5, 0),
             qps / direct_qps,
         )?,
         None => writeln!(
@@ -1305,7 +1329,7 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
         met(floor.map(|(ms, _)| latency.median(1) / ms <= 1.3)),
         leased_qps / direct_qps,
         met(floor.map(|(_, q)| leased_qps / q >= 0.6)),
-        per_query(slices1 - slices0),
+        per_leased_query(slices1 - slices0),
         (slices3 - slices2) as f64 / (leased_sent as f64).max(1.0),
     )?;
     let (lat, qps) = versus(latency.median(2), off_qps);
@@ -1318,6 +1342,26 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
         per_query(alone1 - alone0),
         (alone4 - alone2) as f64 / (off_sent as f64).max(1.0),
     )?;
+    let (lat, qps) = versus(latency.median(4), child_qps);
+    writeln!(
+        table,
+        "| pgdp serve, a process of its own (leases on, one worker thread per core) | {:.3} | {:.2}× | {lat} | ≤ 1.3× {} | {child_qps:.0} | {:.2} | {qps} | ≥ 0.6 {} | |",
+        latency.median(4),
+        latency.ratio(4, 0),
+        met(floor.map(|(ms, _)| latency.median(4) / ms <= 1.3)),
+        child_qps / direct_qps,
+        met(floor.map(|(_, q)| child_qps / q >= 0.6)),
+    )?;
+    let (lat, qps) = versus(latency.median(3), one_qps);
+    writeln!(
+        table,
+        "| pgdp serve `--worker-threads 1` (a process of its own, leases on) | {:.3} | {:.2}× | {lat} | ≤ 1.3× {} | {one_qps:.0} | {:.2} | {qps} | ≥ 0.6 {} | |",
+        latency.median(3),
+        latency.ratio(3, 0),
+        met(floor.map(|(ms, _)| latency.median(3) / ms <= 1.3)),
+        one_qps / direct_qps,
+        met(floor.map(|(_, q)| one_qps / q >= 0.6)),
+    )?;
     match cpu {
         Some(us) => writeln!(
             table,
@@ -1329,9 +1373,16 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
             "\npgdp's CPU per tiny DP query: not measured (no /proc/<pid>/stat on this system)."
         )?,
     }
+    if let Some(us) = cpu_one {
+        writeln!(
+            table,
+            "\nThe same with `--worker-threads 1`: {us:.0} µs ({}).",
+            mark(us <= 100.0)
+        )?;
+    }
     writeln!(
         table,
-        "\npgdp's overhead over the direct query at one client: {:.3} ms with leases, {:.3} ms with one durable commit per query; the ledger work leases take off each query's path: {:.3} ms. Errors during the throughput windows: {leased_errors} with leases, {off_errors} without.",
+        "\npgdp's overhead over the direct query at one client: {:.3} ms with leases, {:.3} ms with one durable commit per query; the ledger work leases take off each query's path: {:.3} ms. Errors during the throughput windows: {leased_errors} with leases, {off_errors} without, {child_errors} from the process of its own, {one_errors} from the one with one worker thread.",
         latency.median(1) - latency.median(0),
         latency.median(2) - latency.median(0),
         latency.median(2) - latency.median(1),
@@ -1349,41 +1400,85 @@ async fn leases_figure(s: &Settings, admin: &Client, ledger: &LedgerDb) -> Res<(
 /// Tiny DP queries sent from one client to a `pgdp serve` process for figure 9's CPU figure.
 const CPU_QUERIES: usize = 5_000;
 
-/// pgdp's CPU (user + system, µs) per DP query of `template`: a `pgdp serve` process of its own
-/// (the bench policy, the upstream `demo`, the run's ledger) answers `queries` of them from one
-/// client after a warm-up, and its CPU time is read from `/proc/<pid>/stat` before and after.
-/// `None` where that file does not exist.
-async fn pgdp_cpu_per_query(
-    demo: &str,
-    ledger: &LedgerDb,
-    template: &str,
-    queries: usize,
-) -> Res<Option<f64>> {
-    let policy = std::env::temp_dir().join(format!("pgdp_bench_cpu_{}.yaml", std::process::id()));
-    std::fs::write(&policy, bench_policy_text()?)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pgdp"))
-        .arg("serve")
-        .arg("--policy")
-        .arg(&policy)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--upstream", demo, "--ledger", &ledger.dsn])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    let measured = async {
+/// A `pgdp serve` process of the bench's own (the bench policy, the upstream `demo`, the run's
+/// ledger, `extra` arguments), killed and its policy file removed when dropped.
+struct ServeChild {
+    child: std::process::Child,
+    port: u16,
+    policy: std::path::PathBuf,
+}
+
+impl ServeChild {
+    async fn start(demo: &str, ledger: &LedgerDb, extra: &[&str]) -> Res<ServeChild> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let policy = std::env::temp_dir().join(format!(
+            "pgdp_bench_serve_{}_{port}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&policy, bench_policy_text()?)?;
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_pgdp"))
+            .arg("serve")
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", demo, "--ledger", &ledger.dsn])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let serve = ServeChild {
+            child,
+            port,
+            policy,
+        };
+        serve.connect().await?;
+        Ok(serve)
+    }
+
+    /// A client of the process (waiting up to a minute for it to listen).
+    async fn connect(&self) -> Res<Client> {
         let started = Instant::now();
-        let client = loop {
-            match connect(&proxy_dsn(port)).await {
-                Ok(client) => break client,
+        loop {
+            match connect(&self.dsn()).await {
+                Ok(client) => return Ok(client),
                 Err(e) if started.elapsed() > Duration::from_secs(60) => {
                     return Err(fail(format!("pgdp serve did not start: {e}")))
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
-        };
+        }
+    }
+
+    fn dsn(&self) -> String {
+        proxy_dsn(self.port)
+    }
+}
+
+impl Drop for ServeChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.policy);
+    }
+}
+
+/// pgdp's CPU (user + system, µs) per DP query of `template`: a `pgdp serve` process of its own
+/// (the bench policy, the upstream `demo`, the run's ledger, `extra` arguments) answers `queries`
+/// of them from one client after a warm-up, and its CPU time is read from `/proc/<pid>/stat`
+/// before and after. `None` where that file does not exist.
+async fn pgdp_cpu_per_query(
+    demo: &str,
+    ledger: &LedgerDb,
+    template: &str,
+    queries: usize,
+    extra: &[&str],
+) -> Res<Option<f64>> {
+    let serve = ServeChild::start(demo, ledger, extra).await?;
+    let child = &serve.child;
+    let measured = async {
+        let client = serve.connect().await?;
         for _ in 0..queries.min(200) {
             client.simple_query(&fresh(template)).await?;
         }
@@ -1400,9 +1495,7 @@ async fn pgdp_cpu_per_query(
         Res::Ok(Some((after - before) * 1e6 / queries as f64))
     }
     .await;
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_file(&policy);
+    drop(serve);
     measured
 }
 

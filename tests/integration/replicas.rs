@@ -62,6 +62,11 @@ impl Replica {
     /// Starts `pgdp serve` with `policy_text` over the demo data and the given ledger, and waits
     /// until the analyst can connect.
     pub(crate) async fn start(policy_text: &str, ledger: &TestDb) -> Replica {
+        Replica::start_with(policy_text, ledger, &[]).await
+    }
+
+    /// [`Replica::start`] with `extra` arguments to `pgdp serve`.
+    pub(crate) async fn start_with(policy_text: &str, ledger: &TestDb, extra: &[&str]) -> Replica {
         let upstream = harness::demo_database(1).await.dsn().to_string();
         let policy = tempfile_path::PolicyFile::write(policy_text);
         let pid_file = tempfile_path::PolicyFile::named("pid");
@@ -78,6 +83,7 @@ impl Replica {
             .arg(ledger.dsn())
             .arg("--pid-file")
             .arg(&pid_file.0)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -171,13 +177,14 @@ fn distinct_query(i: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_on_one_ledger_never_overspend() {
     const AFFORDABLE: usize = 9;
-    // Two pgdp processes, each with full pools under 40 racing connections.
+    // Two pgdp processes, each with full pools under 40 racing connections (one of them runs
+    // its sessions on one worker thread).
     let _exclusive = harness::exclusive().await;
     let ledger = harness::fresh_database("replicas_race").await;
     let text = policy_text(AFFORDABLE as u32, 1);
     let (a, b) = tokio::join!(
         Replica::start(&text, &ledger),
-        Replica::start(&text, &ledger)
+        Replica::start_with(&text, &ledger, &["--worker-threads", "1"])
     );
     let log = ledger.client().await;
     let answered =
@@ -706,4 +713,33 @@ async fn a_release_on_one_process_is_replayed_and_reused_on_the_other() {
     a.kill().await;
     b.kill().await;
     ledger.drop_db().await;
+}
+
+/// `--worker-threads` outside 1 to `limits::WORKER_THREADS_MAX`, or not a number, stops `pgdp
+/// serve` before it starts, with exit status 2 and the reason (nothing listens, nothing runs).
+#[tokio::test]
+async fn serve_refuses_a_worker_thread_count_out_of_range() {
+    for (value, reason) in [
+        ("0", "--worker-threads must be between 1 and 1024, not 0"),
+        (
+            "1025",
+            "--worker-threads must be between 1 and 1024, not 1025",
+        ),
+        ("two", "invalid digit"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_pgdp"))
+            .args([
+                "serve",
+                "--policy",
+                "/nonexistent.yaml",
+                "--worker-threads",
+                value,
+            ])
+            .output()
+            .await
+            .expect("run pgdp serve");
+        assert_eq!(output.status.code(), Some(2), "{value}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(reason), "{value}: {stderr}");
+    }
 }
