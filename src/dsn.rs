@@ -151,34 +151,64 @@ impl Dsn {
     /// Opens one connection, whose connection task runs in the background until the client is
     /// dropped or the server goes away (`what` names it in the debug log then).
     pub async fn connect(&self, what: &'static str) -> Result<Client, tokio_postgres::Error> {
+        let (client, _driver) = self.connect_listening(what, None).await?;
+        Ok(client)
+    }
+
+    /// [`Dsn::connect`] for a connection that LISTENs: each NOTIFY it receives is passed to
+    /// `on_notification` (on the connection's task: it must not block), and the returned
+    /// handle completes when the connection ends (the client dropped, or the server gone).
+    pub async fn connect_listening(
+        &self,
+        what: &'static str,
+        on_notification: Option<OnNotification>,
+    ) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
         match &self.tls {
             None => {
                 let (client, connection) = self.config.connect(NoTls).await?;
-                tokio::spawn(drive(connection, what));
-                Ok(client)
+                Ok((
+                    client,
+                    tokio::spawn(drive(connection, what, on_notification)),
+                ))
             }
             Some(tls) => {
                 let (client, connection) = self.config.connect(tls.clone()).await?;
-                tokio::spawn(drive(connection, what));
-                Ok(client)
+                Ok((
+                    client,
+                    tokio::spawn(drive(connection, what, on_notification)),
+                ))
             }
         }
     }
 }
+
+/// What a listening connection does with each notification it receives.
+pub type OnNotification = Box<dyn FnMut(tokio_postgres::Notification) + Send>;
 
 /// Runs a connection until it ends, dropping the upstream's asynchronous messages unread.
 /// Awaited as a future, tokio-postgres logs each NOTICE and WARNING (with its text) at info
 /// through the `log` bridge, and a notice may carry data values (a view's or a function's
 /// `RAISE NOTICE`, a constraint's message): pgdp's log must hold nothing from the upstream's
 /// messages (docs/security.md), so only how many were dropped is logged, at debug.
-async fn drive<S, T>(mut connection: tokio_postgres::Connection<S, T>, what: &'static str)
-where
+/// Notifications go to `on_notification` when there is one (pgdp's own NOTIFYs: the ledger's
+/// replay index).
+async fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    what: &'static str,
+    mut on_notification: Option<OnNotification>,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
     T: AsyncRead + AsyncWrite + Unpin,
 {
     let mut dropped: u64 = 0;
     let ended = std::future::poll_fn(|cx| loop {
         match connection.poll_message(cx) {
+            Poll::Ready(Some(Ok(tokio_postgres::AsyncMessage::Notification(notification)))) => {
+                match on_notification.as_mut() {
+                    Some(deliver) => deliver(notification),
+                    None => dropped += 1,
+                }
+            }
             Poll::Ready(Some(Ok(_message))) => dropped += 1,
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
             Poll::Ready(None) => return Poll::Ready(Ok(())),

@@ -217,6 +217,19 @@ pub const JOURNAL_PENDING_MAX: usize = 10_000;
 /// later; this process sees it at once).
 pub const JOURNAL_COALESCE_MS: u64 = 5;
 
+/// Replay-cache keys the ledger's replay index (`budget::ledger::index`) holds in all; past it
+/// the index starts over (each analyst's keys are read again on their next query, expired
+/// entries deleted). 64-bit hashes: a few tens of MB at most.
+pub const REPLAY_INDEX_KEYS_MAX: usize = 1_000_000;
+
+/// Replay-cache keys the replay index holds for one analyst; an analyst with more is not
+/// indexed (each of their DP queries looks its keys up in the ledger, as without an index).
+pub const REPLAY_INDEX_ANALYST_KEYS_MAX: usize = 100_000;
+
+/// How long the replay index's listener waits before connecting again after its connection to
+/// the ledger failed or ended (meanwhile every lookup goes to the ledger).
+pub const REPLAY_INDEX_RETRY_MS: u64 = 1_000;
+
 /// Most threads `--worker-threads` may give the runtime that runs sessions.
 pub const WORKER_THREADS_MAX: usize = 1024;
 

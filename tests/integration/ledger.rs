@@ -624,6 +624,140 @@ async fn replay_cache_first_writer_wins_and_expires() {
     );
 }
 
+/// The replayed bytes `ledger` finds for (`analyst`, `key`) within an hour, if any.
+async fn found(ledger: &Ledger, analyst: &str, key: &str) -> Option<Vec<u8>> {
+    ledger
+        .replay_lookup(analyst, &[key], Duration::from_secs(3600))
+        .await
+        .expect("the ledger answers")
+        .pop()
+        .flatten()
+        .map(|stored| stored.bytes().to_vec())
+}
+
+/// Polls `ledger` for (`analyst`, `key`) until it finds an entry or 5 s pass.
+async fn found_soon(ledger: &Ledger, analyst: &str, key: &str) -> Option<Vec<u8>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let entry = found(ledger, analyst, key).await;
+        if entry.is_some() || std::time::Instant::now() > deadline {
+            return entry;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `ledger`'s replay index answers a lookup of a key never stored without a round
+/// trip (it listens and has read the analyst's keys), or fails after 10 s.
+async fn until_the_index_skips(ledger: &Ledger, analyst: &str) {
+    let before = ledger.replay_lookups_skipped();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while ledger.replay_lookups_skipped() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay index never answered a miss"
+        );
+        i += 1;
+        assert_eq!(
+            found(ledger, analyst, &format!("never stored {i}")).await,
+            None
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 44 (the replay lookup off a DP query's critical path): a ledger's replay index answers
+/// lookups of keys never stored without a round trip, yet finds what another process (another
+/// `Ledger` on the same database) stores, through `replay_put` and through the journal, once its
+/// notification arrives; and what this process stores at once. When its listening connection is
+/// killed, lookups ask the ledger again (an entry stored meanwhile is found at once) until it
+/// listens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_index_skips_misses_and_sees_every_process_s_entries() {
+    let db = harness::fresh_database("ledger").await;
+    let here = Ledger::connect(db.dsn()).await.unwrap();
+    let there = Ledger::connect(db.dsn()).await.unwrap();
+    let key = |name: &str| fingerprint(&["replay index", name]);
+    until_the_index_skips(&here, "alice").await;
+    until_the_index_skips(&there, "alice").await;
+
+    there
+        .replay_put("alice", &key("put there"), b"one")
+        .await
+        .unwrap();
+    assert_eq!(
+        found_soon(&here, "alice", &key("put there"))
+            .await
+            .as_deref(),
+        Some(&b"one"[..]),
+        "the other process's entry is notified"
+    );
+    there.record_release(
+        pgdp::budget::ChargeId::Logged(0),
+        "alice",
+        &[(key("released there").as_str(), &b"two"[..])],
+    );
+    assert_eq!(
+        found_soon(&here, "alice", &key("released there"))
+            .await
+            .as_deref(),
+        Some(&b"two"[..]),
+        "the journal's entries are notified too"
+    );
+    here.replay_put("alice", &key("put here"), b"three")
+        .await
+        .unwrap();
+    assert_eq!(
+        found(&here, "alice", &key("put here")).await.as_deref(),
+        Some(&b"three"[..]),
+        "this process's own entry, at once"
+    );
+    assert_eq!(
+        found(&here, "bob", &key("put here")).await,
+        None,
+        "per analyst"
+    );
+
+    // The listening connections die: every lookup asks the ledger until they are back.
+    let admin = db.client().await;
+    let killed = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = current_database() AND query = 'LISTEN pgdp_replay'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(killed, 2, "one listening connection per process");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    there
+        .replay_put("alice", &key("while deaf"), b"four")
+        .await
+        .unwrap();
+    assert_eq!(
+        found(&here, "alice", &key("while deaf")).await.as_deref(),
+        Some(&b"four"[..]),
+        "asked the ledger while not listening"
+    );
+    until_the_index_skips(&here, "alice").await;
+    assert_eq!(
+        found(&here, "alice", &key("while deaf")).await.as_deref(),
+        Some(&b"four"[..]),
+        "read again after listening again"
+    );
+    there
+        .replay_put("alice", &key("after"), b"five")
+        .await
+        .unwrap();
+    assert_eq!(
+        found_soon(&here, "alice", &key("after")).await.as_deref(),
+        Some(&b"five"[..]),
+        "notified again"
+    );
+}
+
 #[tokio::test]
 async fn ledger_reconnects_after_losing_its_connection() {
     let db = harness::fresh_database("ledger").await;

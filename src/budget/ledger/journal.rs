@@ -89,10 +89,16 @@ const SET_OUTCOMES_BY_LEASE: &str =
      FROM unnest($1::int8[], $2::int8[], $3::text[]) AS u(lease, seq, outcome)
      WHERE c.lease_id = u.lease AND c.lease_seq = u.seq";
 
-/// Stores replay entries; the first writer of a key wins.
-const PUT_REPLAYS: &str = "INSERT INTO pgdp.replay_cache (analyst, key, payload)
-     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
-     ON CONFLICT (analyst, key) DO NOTHING";
+/// Stores replay entries (the first writer of a key wins) and tells the other processes'
+/// replay indexes.
+const PUT_REPLAYS: &str = concat!(
+    "WITH stored AS (
+        INSERT INTO pgdp.replay_cache (analyst, key, payload)
+        SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
+        ON CONFLICT (analyst, key) DO NOTHING
+        RETURNING analyst, key)",
+    super::index::notify_stored!()
+);
 
 /// What one flush writes.
 #[derive(Default)]

@@ -28,6 +28,9 @@
 //!   reservation spent. The arithmetic is `budget::lease`, the proof docs/privacy.md §8.
 //! - Audit rows of leased charges, outcomes and replay entries are written by the [`journal`],
 //!   in batches, after the answer has left.
+//! - Every write of a replay entry notifies `pgdp_replay`, and the [`index`] built from those
+//!   notifications lets [`Ledger::replay_lookup`] skip the round trip when none of a query's
+//!   keys is stored; it can turn a hit into a miss (a second charge), never a miss into a hit.
 //! - PostgreSQL's error text is logged with `tracing::warn!` and never returned: every ledger
 //!   failure is [`Error::LedgerUnavailable`]. A failed call charged nothing, except in the one
 //!   ambiguous case where the connection breaks after COMMIT was sent; the charge may then be
@@ -134,6 +137,7 @@
 
 mod admin;
 mod group_commit;
+mod index;
 mod journal;
 mod lease;
 mod receipt;
@@ -153,7 +157,7 @@ pub use synopsis::{StoredSynopsis, SynopsisPass};
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -188,6 +192,10 @@ pub struct Ledger {
     journal: Arc<journal::Journal>,
     /// This process's budget slices.
     leases: Arc<lease::LeaseBook>,
+    /// Which replay-cache keys each analyst has, so that a lookup of none skips the ledger.
+    index: Arc<index::ReplayIndex>,
+    /// Replay lookups answered "none stored" by the index without a round trip.
+    replay_lookups_skipped: AtomicU64,
     /// The ledger's clock offset (tests only; see [`Ledger::set_test_clock_offset`]).
     clock: Arc<window::Clock>,
 }
@@ -316,6 +324,8 @@ impl Ledger {
                 Arc::clone(&clock),
             )),
             clock,
+            index: Arc::new(index::ReplayIndex::new()),
+            replay_lookups_skipped: AtomicU64::new(0),
             config,
             slots: (0..crate::limits::LEDGER_CONNECTIONS)
                 .map(|_| Mutex::new(None))
@@ -454,6 +464,9 @@ impl Ledger {
     /// second charge for a repeated query. Until then [`Ledger::replay_lookup`] of this process
     /// sees the entries. Returns at once.
     pub fn record_release(&self, charge: ChargeId, analyst: &str, entries: &[(&str, &[u8])]) {
+        for (key, _) in entries {
+            self.index.insert(analyst, key);
+        }
         self.journal.replays(analyst, entries);
         self.journal.outcome(charge, "released");
     }
@@ -567,7 +580,9 @@ impl Ledger {
 
     /// The replay entries stored for (`analyst`, each of `keys`), as [`Ledger::replay_get`]
     /// for each key but in one round trip, and seeing this process's entries that the journal
-    /// has not written yet.
+    /// has not written yet. No round trip at all when the replay index ([`index`]) knows none
+    /// of the keys is stored (an entry another process committed moments ago may then be
+    /// missed: the query is charged as a new one).
     pub async fn replay_lookup(
         &self,
         analyst: &str,
@@ -592,6 +607,27 @@ impl Ledger {
             .map(|(k, _)| *k)
             .collect();
         if missing.is_empty() {
+            return Ok(found);
+        }
+        self.index.listen(&self.config);
+        let skip = match self.index.verdict(analyst, &missing) {
+            index::Verdict::Absent => true,
+            index::Verdict::Ask => false,
+            index::Verdict::Load(token) => {
+                match self.replay_keys(token.analyst(), lifetime).await {
+                    Ok(stored) => {
+                        token.complete(&stored);
+                        matches!(
+                            self.index.verdict(analyst, &missing),
+                            index::Verdict::Absent
+                        )
+                    }
+                    Err(_) => false,
+                }
+            }
+        };
+        if skip {
+            self.replay_lookups_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(found);
         }
         let lifetime_s = lifetime.as_secs_f64().min(REPLAY_LIFETIME_MAX_S);
@@ -631,6 +667,47 @@ impl Ledger {
             }
         }
         Ok(found)
+    }
+
+    /// How many replay lookups the replay index answered without asking the ledger (none of
+    /// their keys stored), since this ledger was opened.
+    pub fn replay_lookups_skipped(&self) -> u64 {
+        self.replay_lookups_skipped.load(Ordering::Relaxed)
+    }
+
+    /// The keys of `analyst`'s live replay entries (at most [`index::ReplayIndex::LOAD_LIMIT`]),
+    /// for the replay index, deleting the expired ones in the same statement (so that whatever
+    /// the index does not hold, a fresh entry can be stored under).
+    async fn replay_keys(&self, analyst: &str, lifetime: Duration) -> Result<Vec<String>> {
+        let lifetime_s = lifetime.as_secs_f64().min(REPLAY_LIFETIME_MAX_S);
+        let most = i64::try_from(index::ReplayIndex::LOAD_LIMIT).unwrap_or(i64::MAX);
+        // Both parts see the same snapshot.
+        const SQL: &str = "WITH expired AS (
+                DELETE FROM pgdp.replay_cache
+                WHERE analyst = $1 AND created_at <= now() - $2::float8 * interval '1 second')
+            SELECT key FROM pgdp.replay_cache
+            WHERE analyst = $1 AND created_at > now() - $2::float8 * interval '1 second'
+            LIMIT $3";
+        let mut attempts = self.attempts().await;
+        loop {
+            let conn = attempts.client().await?;
+            let result = match conn.statement(SQL).await {
+                Ok(statement) => {
+                    conn.client
+                        .query(&statement, &[&analyst, &lifetime_s, &most])
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            let keys = result.and_then(|rows| {
+                rows.iter()
+                    .map(|row| row.try_get::<_, String>(0))
+                    .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+            });
+            if let Some(done) = attempts.settle(keys.map_err(Fault::from)) {
+                return done;
+            }
+        }
     }
 
     /// The analyst's balance against `limit`, the policy's, raised by the analyst's grants (zero
@@ -787,6 +864,7 @@ impl Ledger {
     /// same answer.
     /// Committed lazily (see [`Ledger::record_release`]).
     pub async fn replay_put(&self, analyst: &str, key: &str, payload: &[u8]) -> Result<()> {
+        self.index.insert(analyst, key);
         let mut attempts = self.attempts().await;
         loop {
             let result = attempts
@@ -941,6 +1019,12 @@ async fn open(config: &Dsn) -> Result<Client> {
     Ok(client)
 }
 
-/// Stores a released answer unless one is there (first writer wins).
-const REPLAY_PUT: &str = "INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)
-     ON CONFLICT (analyst, key) DO NOTHING";
+/// Stores a released answer unless one is there (first writer wins), and tells the other
+/// processes' replay indexes.
+const REPLAY_PUT: &str = concat!(
+    "WITH stored AS (
+        INSERT INTO pgdp.replay_cache (analyst, key, payload) VALUES ($1, $2, $3)
+        ON CONFLICT (analyst, key) DO NOTHING
+        RETURNING analyst, key)",
+    index::notify_stored!()
+);
