@@ -34,7 +34,8 @@ pub use accountant::{
 pub use fixed::{Fixed, FixedError};
 pub use lease::{slice_size, Slice};
 pub use ledger::{
-    Balance, ChargeId, Charged, Ledger, Priced, Receipt, Stored, StoredSynopsis, SynopsisPass,
+    Balance, ChargeId, Charged, Ledger, Looked, Priced, Receipt, Stored, StoredSynopsis,
+    SynopsisPass,
 };
 pub use window::Window;
 

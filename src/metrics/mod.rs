@@ -171,6 +171,7 @@ pub struct Metrics {
     connections_open: Gauge,
     connections_accepted: Counter,
     logins_failed: Counter,
+    replay_index_skips: Counter,
     replay_lookups: Family<LookupLabels, Counter>,
 }
 
@@ -209,6 +210,7 @@ impl Metrics {
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
             logins_failed: Counter::default(),
+            replay_index_skips: Counter::default(),
             replay_lookups: Family::default(),
         };
         metrics.registered().with_known_labels()
@@ -331,6 +333,11 @@ impl Metrics {
             "pgdp_logins_failed",
             "Failed logins (wrong password, unknown analyst, malformed SCRAM)",
             self.logins_failed.clone(),
+        );
+        r.register(
+            "pgdp_replay_index_skips",
+            "DP queries whose replay-cache lookups the replay index answered (none stored) without a round trip to the ledger",
+            self.replay_index_skips.clone(),
         );
         r.register(
             "pgdp_replay_lookups",
@@ -462,6 +469,11 @@ impl Metrics {
     pub fn login_failed(&self) {
         self.logins_failed.inc();
     }
+
+    /// A DP query's replay-cache lookups answered by the replay index, without the ledger.
+    pub fn replay_index_skip(&self) {
+        self.replay_index_skips.inc();
+    }
 }
 
 /// Counts a client connection as open while it lives.
@@ -514,6 +526,7 @@ mod tests {
             "pgdp_connections_open",
             "pgdp_connections_accepted",
             "pgdp_logins_failed",
+            "pgdp_replay_index_skips",
             "pgdp_replay_lookups",
         ] {
             assert!(text.contains(&format!("# HELP {name} ")), "{name}: {text}");

@@ -181,7 +181,11 @@ impl Session {
         if looked_up.is_err() {
             shared.metrics.ledger_failed();
         }
-        let mut found = looked_up.unwrap_or_default().into_iter();
+        let looked_up = looked_up.unwrap_or_default();
+        if looked_up.skipped {
+            shared.metrics.replay_index_skip();
+        }
+        let mut found = looked_up.entries.into_iter();
         shared.metrics.stage(Stage::Ledger, started.elapsed());
         Found {
             replay: found.next().flatten(),

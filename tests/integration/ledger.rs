@@ -630,6 +630,7 @@ async fn found(ledger: &Ledger, analyst: &str, key: &str) -> Option<Vec<u8>> {
         .replay_lookup(analyst, &[key], Duration::from_secs(3600))
         .await
         .expect("the ledger answers")
+        .entries
         .pop()
         .flatten()
         .map(|stored| stored.bytes().to_vec())

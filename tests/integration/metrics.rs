@@ -407,6 +407,52 @@ async fn a_scrape_counts_dp_refused_and_catalog_statements_and_their_stages() {
     proxy.stop().await;
 }
 
+/// Issue 44: once the process's replay index listens and holds the analyst's keys, a new DP
+/// query (none of its keys stored) skips the ledger lookup, and the scrape counts it; a
+/// repeated one still finds its replay.
+#[tokio::test]
+async fn the_replay_index_s_skipped_lookups_are_counted() {
+    let proxy = proxy_with_metrics(7).await;
+    let addr = proxy.metrics_addr();
+    let session = proxy.connect().await;
+    session
+        .batch_execute("SET pgdp.epsilon = 0.05")
+        .await
+        .expect("SET");
+    let skips = || async {
+        Scrape::of(addr)
+            .await
+            .value("pgdp_replay_index_skips_total", &[])
+    };
+    assert_eq!(skips().await, 0.0);
+    let mut asked = 0;
+    while skips().await == 0.0 {
+        assert!(
+            asked < 40,
+            "no lookup skipped the ledger in {asked} new queries"
+        );
+        session
+            .simple_rows(&format!(
+                "SELECT COUNT(*) FROM demo.people WHERE age > {asked}"
+            ))
+            .await
+            .expect("a new query");
+        asked += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last = format!("SELECT COUNT(*) FROM demo.people WHERE age > {}", asked - 1);
+    session.take_notices();
+    session.simple_rows(&last).await.expect("replayed");
+    assert!(
+        session
+            .take_notices()
+            .iter()
+            .any(|n| n.contains("replay cache")),
+        "the identical query is still replayed"
+    );
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn health_is_200_and_other_paths_are_404() {
     let proxy = proxy_with_metrics(42).await;
