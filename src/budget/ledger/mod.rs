@@ -686,6 +686,28 @@ impl Ledger {
         }
     }
 
+    /// Runs `sql` (prepared once per connection) with `params` and reads the rows with `read`,
+    /// retrying once on a fresh connection: the one loop of the ledger's single-statement reads.
+    async fn query_prepared<T>(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        read: impl Fn(&[Row]) -> Result<T, Fault> + Send,
+    ) -> Result<T> {
+        let mut attempts = self.attempts().await;
+        loop {
+            let conn = attempts.client().await?;
+            let result = match conn.statement(sql).await {
+                Ok(statement) => conn.client.query(&statement, params).await,
+                Err(e) => Err(e),
+            };
+            let read = result.map_err(Fault::from).and_then(|rows| read(&rows));
+            if let Some(done) = attempts.settle(read) {
+                return done;
+            }
+        }
+    }
+
     /// A free connection slot, or the next one in turn if all are busy, ready for attempts.
     async fn attempts(&self) -> Attempts<'_> {
         for slot in &self.slots {
@@ -710,8 +732,9 @@ impl Ledger {
 
 /// One call's use of a connection slot: (re)connects when the slot has no live connection, and
 /// allows one more attempt on a fresh connection if the first breaks. Every ledger method is a
-/// loop `client()` → operation → `settle()`, written out in place (a generic helper taking an
-/// async closure would make the methods' futures lose `Send`).
+/// loop `client()` → operation → `settle()`: [`Ledger::query_prepared`] for a single read,
+/// written out in place otherwise (a generic helper taking an async closure would make the
+/// methods' futures lose `Send`).
 struct Attempts<'l> {
     config: &'l Dsn,
     schema_ready: &'l AtomicBool,
@@ -772,6 +795,15 @@ impl Attempts<'_> {
                 Some(Err(Error::LedgerUnavailable))
             }
         }
+    }
+}
+
+/// The one row a statement returned, if any (`query_opt`'s contract over a prepared read).
+fn at_most_one(rows: &[Row]) -> Result<Option<&Row>, Fault> {
+    match rows {
+        [] => Ok(None),
+        [row] => Ok(Some(row)),
+        _ => Err(Fault::Corrupt("a ledger read returned more than one row")),
     }
 }
 

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{index, Fault, Ledger, Stored};
+use super::{at_most_one, index, Fault, Ledger, Stored};
 use crate::Result;
 
 /// What [`Ledger::replay_lookup`] found.
@@ -95,26 +95,13 @@ impl Ledger {
             SELECT key, payload FROM pgdp.replay_cache
             WHERE analyst = $1 AND key = ANY($2::text[])
               AND created_at > now() - $3::float8 * interval '1 second'";
-        let mut attempts = self.attempts().await;
-        let rows = loop {
-            let conn = attempts.client().await?;
-            let result = match conn.statement(SQL).await {
-                Ok(statement) => {
-                    conn.client
-                        .query(&statement, &[&analyst, &missing, &lifetime_s])
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            let read = result.and_then(|rows| {
+        let rows = self
+            .query_prepared(SQL, &[&analyst, &missing, &lifetime_s], |rows| {
                 rows.iter()
                     .map(|row| Ok((row.try_get::<_, String>(0)?, row.try_get::<_, Vec<u8>>(1)?)))
-                    .collect::<Result<Vec<_>, tokio_postgres::Error>>()
-            });
-            if let Some(done) = attempts.settle(read.map_err(Fault::from)) {
-                break done?;
-            }
-        };
+                    .collect::<Result<Vec<_>, Fault>>()
+            })
+            .await?;
         for (key, payload) in rows {
             for (slot, wanted) in found.iter_mut().zip(keys) {
                 if slot.is_none() && *wanted == key {
@@ -144,26 +131,12 @@ impl Ledger {
             SELECT key FROM pgdp.replay_cache
             WHERE analyst = $1 AND created_at > now() - $2::float8 * interval '1 second'
             LIMIT $3";
-        let mut attempts = self.attempts().await;
-        loop {
-            let conn = attempts.client().await?;
-            let result = match conn.statement(SQL).await {
-                Ok(statement) => {
-                    conn.client
-                        .query(&statement, &[&analyst, &lifetime_s, &most])
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            let keys = result.and_then(|rows| {
-                rows.iter()
-                    .map(|row| row.try_get::<_, String>(0))
-                    .collect::<Result<Vec<_>, tokio_postgres::Error>>()
-            });
-            if let Some(done) = attempts.settle(keys.map_err(Fault::from)) {
-                return done;
-            }
-        }
+        self.query_prepared(SQL, &[&analyst, &lifetime_s, &most], |rows| {
+            rows.iter()
+                .map(|row| Ok(row.try_get::<_, String>(0)?))
+                .collect()
+        })
+        .await
     }
 
     /// The released answer stored for (`analyst`, `key`) if it is younger than `lifetime`
@@ -186,23 +159,12 @@ impl Ledger {
                 WHERE analyst = $1 AND key = $2 AND created_at <= now() - $3::float8 * interval '1 second')
             SELECT payload FROM pgdp.replay_cache
             WHERE analyst = $1 AND key = $2 AND created_at > now() - $3::float8 * interval '1 second'";
-        let mut attempts = self.attempts().await;
-        loop {
-            let conn = attempts.client().await?;
-            let result = match conn.statement(SQL).await {
-                Ok(statement) => {
-                    conn.client
-                        .query_opt(&statement, &[&analyst, &key, &lifetime_s])
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            let payload =
-                result.and_then(|row| row.map(|row| row.try_get::<_, Vec<u8>>(0)).transpose());
-            if let Some(done) = attempts.settle(payload.map_err(Fault::from)) {
-                return done.map(|found| found.map(Stored::read));
-            }
-        }
+        self.query_prepared(SQL, &[&analyst, &key, &lifetime_s], |rows| {
+            at_most_one(rows)?
+                .map(|row| Ok(Stored::read(row.try_get::<_, Vec<u8>>(0)?)))
+                .transpose()
+        })
+        .await
     }
 
     /// Stores a released answer for (`analyst`, `key`) unless one is already there: the first

@@ -23,7 +23,7 @@ use tokio_postgres::types::ToSql;
 
 use super::group_commit::{ChargeRequest, DatasetShare};
 use super::receipt::{Charged, Priced};
-use super::{Fault, Ledger};
+use super::{at_most_one, Fault, Ledger};
 use crate::budget::accountant::Limit;
 use crate::{Error, Result};
 
@@ -129,22 +129,10 @@ impl Ledger {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<StoredSynopsis>> {
-        let mut attempts = self.attempts().await;
-        loop {
-            let conn = attempts.client().await?;
-            let result = match conn.statement(sql).await {
-                Ok(statement) => conn
-                    .client
-                    .query_opt(&statement, params)
-                    .await
-                    .map_err(Fault::from),
-                Err(e) => Err(Fault::from(e)),
-            };
-            let state = result.and_then(|row| row.as_ref().map(stored_of).transpose());
-            if let Some(done) = attempts.settle(state) {
-                return done;
-            }
-        }
+        self.query_prepared(sql, params, |rows| {
+            at_most_one(rows)?.map(stored_of).transpose()
+        })
+        .await
     }
 
     /// Runs `sql` (one autocommitted, durable statement) and returns the rows it changed or
