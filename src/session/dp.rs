@@ -130,6 +130,7 @@ fn named_by(plan: &Plan, names: Option<&[String]>) -> bool {
 }
 
 /// The upstream facts a plan consults that this process does not know yet.
+#[derive(Default)]
 struct UnknownFacts {
     /// Unit and lookup keys whose uniqueness is unknown.
     unique: Vec<(String, String)>,
@@ -159,9 +160,12 @@ fn unknown_facts(shared: &Shared, plan: &Plan) -> UnknownFacts {
 }
 
 impl Session {
-    /// Analysis, rewrite and mechanisms: everything decided before the upstream is touched.
-    /// `text` is `query` as printed (`query.to_string()`, printed once per query by the caller):
-    /// the plan cache's key, so it must be this statement's own (checked in debug builds).
+    /// Analysis, rewrite and mechanisms: everything decided before the upstream is touched,
+    /// and the upstream facts the plan consulted that are not known yet (none for a plan from
+    /// the cache: one is kept only when all were known, and a process forgets no fact while
+    /// its plan cache lives). `text` is `query` as printed (`query.to_string()`, printed once
+    /// per query by the caller): the plan cache's key, so it must be this statement's own
+    /// (checked in debug builds).
     fn prepare_dp(
         &self,
         shared: &Shared,
@@ -170,7 +174,7 @@ impl Session {
         params: &[Option<String>],
         secret: &str,
         listed: Option<&ListedKey>,
-    ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
+    ) -> Result<(Plan, Rewrite, release::Mechanisms, UnknownFacts)> {
         let context = self.context(shared);
         // Kept under the statement without its output aliases when the plan does not depend
         // on them (no post-processing SQL naming them), so a tool that numbers its aliases per
@@ -206,8 +210,8 @@ impl Session {
             .and_then(|k| shared.plans.get(k))
             .and_then(renamed)
             .or_else(|| key.as_ref().and_then(|k| shared.plans.get(k)));
-        let (plan, rewrite) = match kept {
-            Some(kept) => kept,
+        let (plan, rewrite, unknown) = match kept {
+            Some((plan, rewrite)) => (plan, rewrite, UnknownFacts::default()),
             None => {
                 let started = std::time::Instant::now();
                 let mut plan = analyze::analyze(query, &context)?;
@@ -223,7 +227,8 @@ impl Session {
                 let rewrite = rewrite::rewrite(&plan, params, secret)?;
                 shared.metrics.stage(Stage::Rewrite, started.elapsed());
                 // Kept only when every fact it consulted was known (plans module invariant).
-                if unknown_facts(shared, &plan).is_empty() {
+                let unknown = unknown_facts(shared, &plan);
+                if unknown.is_empty() {
                     match (generic_key, key) {
                         (Some(generic), _) if named_by(&plan, names.as_deref()) => {
                             shared.plans.put(generic, &plan, &rewrite)
@@ -232,7 +237,7 @@ impl Session {
                         _ => {}
                     }
                 }
-                (plan, rewrite)
+                (plan, rewrite, unknown)
             }
         };
         let mut budget = self.budget();
@@ -245,7 +250,7 @@ impl Session {
         mechanisms.max_error = self.settings.max_error;
         mechanisms.clamp_means = self.settings.clamp_means;
         mechanisms.max_relative_error = self.settings.max_relative_error;
-        Ok((plan, rewrite, mechanisms))
+        Ok((plan, rewrite, mechanisms, unknown))
     }
 
     /// [`Session::plan_dp_placed`] without the placement.
@@ -335,11 +340,11 @@ impl Session {
         secret: &str,
         listed: Option<&ListedKey>,
     ) -> Result<(Plan, Rewrite, release::Mechanisms)> {
-        let prepared = self.prepare_dp(shared, query, text, params, secret, listed)?;
+        let (plan, rewrite, mechanisms, unknown) =
+            self.prepare_dp(shared, query, text, params, secret, listed)?;
         let facts = &shared.column_facts;
-        let unknown = unknown_facts(shared, &prepared.0);
         if unknown.is_empty() {
-            return Ok(prepared);
+            return Ok((plan, rewrite, mechanisms));
         }
         let UnknownFacts {
             unique: unknown_unique,
@@ -357,9 +362,11 @@ impl Session {
             Err(_) => false,
         };
         if learnt {
-            self.prepare_dp(shared, query, text, params, secret, listed)
+            let (plan, rewrite, mechanisms, _) =
+                self.prepare_dp(shared, query, text, params, secret, listed)?;
+            Ok((plan, rewrite, mechanisms))
         } else {
-            Ok(prepared)
+            Ok((plan, rewrite, mechanisms))
         }
     }
 

@@ -101,24 +101,35 @@ pub const PUBLIC_FUNCTIONS: &[&str] = &[
 /// The public tables `query` reads when it reads public tables only (each once); `None` when it
 /// reads anything else (a private or unknown table, a table function, the catalog).
 pub fn public_tables<'p>(query: &ast::Query, ctx: &Context<'p>) -> Option<Vec<&'p Table>> {
-    let ctes = cte_names(query);
+    // The CTE names are read only when an unqualified name that is no public table needs
+    // them, and the walk stops at the first relation that is neither (most DP statements:
+    // their first table).
+    let mut ctes: Option<BTreeSet<String>> = None;
     let mut tables: Vec<&Table> = Vec::new();
-    let mut other = false;
-    let _ = query.visit(&mut Relations(|factor: &TableFactor| match factor {
-        TableFactor::Table {
-            name, args: None, ..
-        } => match resolve(name, ctx) {
-            Some(table) if matches!(table.kind, TableKind::Public) => {
-                if !tables.iter().any(|t| std::ptr::eq(*t, table)) {
-                    tables.push(table);
+    let other = query
+        .visit(&mut Relations(|factor: &TableFactor| match factor {
+            TableFactor::Table {
+                name, args: None, ..
+            } => match resolve(name, ctx) {
+                Some(table) if matches!(table.kind, TableKind::Public) => {
+                    if !tables.iter().any(|t| std::ptr::eq(*t, table)) {
+                        tables.push(table);
+                    }
+                    ControlFlow::Continue(())
                 }
+                _ if name.0.len() == 1
+                    && is_cte(name, ctes.get_or_insert_with(|| cte_names(query))) =>
+                {
+                    ControlFlow::Continue(())
+                }
+                _ => ControlFlow::Break(()),
+            },
+            TableFactor::Derived { .. } | TableFactor::NestedJoin { .. } => {
+                ControlFlow::Continue(())
             }
-            _ if is_cte(name, &ctes) => {}
-            _ => other = true,
-        },
-        TableFactor::Derived { .. } | TableFactor::NestedJoin { .. } => {}
-        _ => other = true,
-    }));
+            _ => ControlFlow::Break(()),
+        }))
+        .is_break();
     (!other && !tables.is_empty()).then_some(tables)
 }
 
@@ -209,11 +220,10 @@ fn resolve<'a>(name: &ObjectName, ctx: &Context<'a>) -> Option<&'a Table> {
 /// Calls its closure on every table factor of a query, subqueries included.
 struct Relations<F>(F);
 
-impl<F: FnMut(&TableFactor)> Visitor for Relations<F> {
+impl<F: FnMut(&TableFactor) -> ControlFlow<()>> Visitor for Relations<F> {
     type Break = ();
     fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
-        (self.0)(factor);
-        ControlFlow::Continue(())
+        (self.0)(factor)
     }
 }
 
