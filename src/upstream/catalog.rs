@@ -22,6 +22,7 @@ use std::ops::ControlFlow;
 
 use sqlparser::ast::{self, Expr, ObjectName};
 
+use crate::dp::rewrite::public::cte_names;
 use crate::error::{Error, Result};
 
 /// Catalog relations (in `pg_catalog` or `information_schema`) a query may read.
@@ -333,23 +334,6 @@ pub fn is_catalog_query(query: &ast::Query) -> bool {
         }
     });
     catalog && !other
-}
-
-/// The names of every CTE of `query` and of its subqueries, lower-cased.
-fn cte_names(query: &ast::Query) -> BTreeSet<String> {
-    struct Ctes(BTreeSet<String>);
-    impl ast::Visitor for Ctes {
-        type Break = ();
-        fn pre_visit_query(&mut self, query: &ast::Query) -> ControlFlow<()> {
-            for cte in query.with.iter().flat_map(|w| &w.cte_tables) {
-                self.0.insert(cte.alias.name.value.to_ascii_lowercase());
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    let mut ctes = Ctes(BTreeSet::new());
-    let _ = ast::Visit::visit(query, &mut ctes);
-    ctes.0
 }
 
 /// A catalog query that [`check`] admitted, with its parameters bound, as the text to run on the

@@ -170,8 +170,8 @@ pub fn public_query(
     Ok(Some(PublicSql(sql.into_string())))
 }
 
-/// The names of the CTEs defined anywhere in `query`.
-fn cte_names(query: &ast::Query) -> BTreeSet<String> {
+/// The names of the CTEs defined anywhere in `query` (in its subqueries too), lower-cased.
+pub(crate) fn cte_names(query: &ast::Query) -> BTreeSet<String> {
     struct Ctes(BTreeSet<String>);
     impl Visitor for Ctes {
         type Break = ();
