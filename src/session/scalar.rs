@@ -26,7 +26,7 @@
 
 use std::ops::ControlFlow;
 
-use sqlparser::ast::{self, Expr, SelectItem, SetExpr, VisitMut, VisitorMut};
+use sqlparser::ast::{self, Expr, SelectItem, SetExpr, Visit, VisitMut, Visitor, VisitorMut};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
@@ -56,9 +56,27 @@ pub struct ScalarValue {
 /// The scalar subqueries of `query` that can be released on their own; `Ok(None)` when it has
 /// none, a refusal when it has more than [`SCALAR_SUBQUERIES_MAX`].
 pub fn split(query: &ast::Query) -> Result<Option<ScalarSplit>> {
-    let SetExpr::Select(_) = query.body.as_ref() else {
+    let SetExpr::Select(select) = query.body.as_ref() else {
         return Ok(None);
     };
+    // Most statements have none: found without copying the statement.
+    let order_by = match query.order_by.as_ref().map(|o| &o.kind) {
+        Some(ast::OrderByKind::Expressions(items)) => items.as_slice(),
+        _ => &[],
+    };
+    let mut places = select
+        .projection
+        .iter()
+        .filter_map(|item| match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => Some(e),
+            _ => None,
+        })
+        .chain(&select.selection)
+        .chain(&select.having)
+        .chain(order_by.iter().map(|o| &o.expr));
+    if !places.any(|e| e.visit(&mut FindScalar { depth: 0 }).is_break()) {
+        return Ok(None);
+    }
     let mut found: Vec<ast::Query> = Vec::new();
     let mut copy = query.clone();
     visit_scalars(&mut copy, &mut |q: &ast::Query| {
@@ -216,7 +234,7 @@ fn visit_scalars(query: &mut ast::Query, replace: &mut dyn FnMut(&ast::Query) ->
     if let Some(order_by) = query.order_by.as_mut() {
         if let ast::OrderByKind::Expressions(items) = &mut order_by.kind {
             for o in items {
-                let _ = o.expr.visit(&mut visitor);
+                let _ = VisitMut::visit(&mut o.expr, &mut visitor);
             }
         }
     }
@@ -252,6 +270,34 @@ impl VisitorMut for Scalars<'_> {
     }
 
     fn post_visit_query(&mut self, _query: &mut ast::Query) -> ControlFlow<()> {
+        self.depth -= 1;
+        ControlFlow::Continue(())
+    }
+}
+
+/// Breaks at the first scalar subquery [`visit_scalars`] would meet (the same places are
+/// walked by [`split`]), read-only.
+struct FindScalar {
+    /// How many queries the walk is inside: only the statement's own level counts.
+    depth: usize,
+}
+
+impl Visitor for FindScalar {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        match expr {
+            Expr::Subquery(q) if self.depth == 0 && is_scalar(q) => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        }
+    }
+
+    fn pre_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
+        self.depth += 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
         self.depth -= 1;
         ControlFlow::Continue(())
     }
