@@ -218,41 +218,42 @@ fn waits_for_subqueries(e: &Expr) -> bool {
     if !has_subquery || !is_constant_with(e, true) {
         return false;
     }
-    let mut outside = OutsideQueries {
-        depth: 0,
-        found: false,
-    };
-    let _ = sqlparser::ast::Visit::visit(e, &mut outside);
-    outside.found
+    any_outside_subqueries(
+        e,
+        |inner| matches!(inner, Expr::Function(f) if TIME_FUNCTIONS.contains(&function_name(f).as_str())),
+    )
 }
 
-/// Finds a call of one of [`TIME_FUNCTIONS`] outside any subquery.
-struct OutsideQueries {
-    depth: usize,
-    found: bool,
-}
-
-impl sqlparser::ast::Visitor for OutsideQueries {
-    type Break = ();
-
-    fn pre_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
-        self.depth += 1;
-        ControlFlow::Continue(())
+/// Whether `found` holds for an expression of `e` outside every subquery in it (a subquery
+/// expression itself is outside; what it holds is not).
+pub(super) fn any_outside_subqueries(e: &Expr, found: impl FnMut(&Expr) -> bool) -> bool {
+    struct Outside<F> {
+        /// How many queries the walk is inside.
+        depth: usize,
+        found: F,
     }
+    impl<F: FnMut(&Expr) -> bool> sqlparser::ast::Visitor for Outside<F> {
+        type Break = ();
 
-    fn post_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
-        self.depth -= 1;
-        ControlFlow::Continue(())
-    }
+        fn pre_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
+            self.depth += 1;
+            ControlFlow::Continue(())
+        }
 
-    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
-        if let Expr::Function(f) = expr {
-            if self.depth == 0 && TIME_FUNCTIONS.contains(&function_name(f).as_str()) {
-                self.found = true;
+        fn post_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
+            self.depth -= 1;
+            ControlFlow::Continue(())
+        }
+
+        fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+            if self.depth == 0 && (self.found)(expr) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
             }
         }
-        ControlFlow::Continue(())
     }
+    sqlparser::ast::Visit::visit(e, &mut Outside { depth: 0, found }).is_break()
 }
 
 fn function_name(f: &ast::Function) -> String {

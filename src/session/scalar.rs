@@ -26,7 +26,7 @@
 
 use std::ops::ControlFlow;
 
-use sqlparser::ast::{self, Expr, SelectItem, SetExpr, Visit, VisitMut, Visitor, VisitorMut};
+use sqlparser::ast::{self, Expr, SelectItem, SetExpr, VisitMut, VisitorMut};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
@@ -74,7 +74,8 @@ pub fn split(query: &ast::Query) -> Result<Option<ScalarSplit>> {
         .chain(&select.selection)
         .chain(&select.having)
         .chain(order_by.iter().map(|o| &o.expr));
-    if !places.any(|e| e.visit(&mut FindScalar { depth: 0 }).is_break()) {
+    let scalar = |e: &Expr| matches!(e, Expr::Subquery(q) if is_scalar(q));
+    if !places.any(|e| super::fold::any_outside_subqueries(e, scalar)) {
         return Ok(None);
     }
     let mut found: Vec<ast::Query> = Vec::new();
@@ -270,34 +271,6 @@ impl VisitorMut for Scalars<'_> {
     }
 
     fn post_visit_query(&mut self, _query: &mut ast::Query) -> ControlFlow<()> {
-        self.depth -= 1;
-        ControlFlow::Continue(())
-    }
-}
-
-/// Breaks at the first scalar subquery [`visit_scalars`] would meet (the same places are
-/// walked by [`split`]), read-only.
-struct FindScalar {
-    /// How many queries the walk is inside: only the statement's own level counts.
-    depth: usize,
-}
-
-impl Visitor for FindScalar {
-    type Break = ();
-
-    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
-        match expr {
-            Expr::Subquery(q) if self.depth == 0 && is_scalar(q) => ControlFlow::Break(()),
-            _ => ControlFlow::Continue(()),
-        }
-    }
-
-    fn pre_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
-        self.depth += 1;
-        ControlFlow::Continue(())
-    }
-
-    fn post_visit_query(&mut self, _query: &ast::Query) -> ControlFlow<()> {
         self.depth -= 1;
         ControlFlow::Continue(())
     }
