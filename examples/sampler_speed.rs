@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
-use pgdp::dp::mechanism::{sample_discrete_gaussian, sample_discrete_laplace, secure_rng};
+use pgdp::dp::mechanism::{
+    sample_discrete_gaussian, sample_discrete_laplace, sample_rounded_gaussian, secure_rng,
+};
 
 const DRAWS: u32 = 100_000;
 
@@ -35,8 +37,14 @@ fn main() {
             sink += sample_discrete_gaussian(&mut rng, scale);
         }
         let gaussian = started.elapsed() / DRAWS;
+        let started = Instant::now();
+        for _ in 0..DRAWS {
+            sink += sample_rounded_gaussian(&mut rng, scale);
+        }
+        let rounded = started.elapsed() / DRAWS;
         println!(
-            "scale {name:>18}: laplace {laplace:>9.2?}  gaussian {gaussian:>9.2?}  ({})",
+            "scale {name:>18}: discrete laplace {laplace:>9.2?}  discrete gaussian {gaussian:>9.2?}  \
+             rounded gaussian {rounded:>9.2?}  ({})",
             sink.bits()
         );
     }

@@ -275,8 +275,8 @@ fn issue_45_figure(text: &mut String) -> Res<()> {
          least 95 counts in (10, 10⁻⁶). pgdp's accountant admits {admitted} ({}; the grid of Rényi \
          orders alone admitted 72). The optimum for the continuous Gaussian (Gaussian DP, exact \
          composition): {whole} with the whole δ, {half} with half of δ held back for partition \
-         selection. pgdp's Gaussian is the discrete Gaussian, for which zCDP is proven and \
-         Gaussian DP is not (docs/privacy.md, \"Why not 99\").",
+         selection. pgdp's Gaussian is now the rounded Gaussian, exactly Gaussian DP; the \
+         accountant has no GDP member yet (docs/privacy.md, \"Why not 99\").",
         if admitted >= 95 { "met" } else { "**not met**" }
     )?;
     eprintln!("issue 45: {admitted} admitted, optimum {whole} (δ) / {half} (δ/2)");

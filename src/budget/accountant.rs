@@ -82,10 +82,11 @@
 //! at δ_z (e.g. ρ ≈ 1.45 within (10, 10⁻⁶): 84 counts at σ ≈ 5.39, where the grid alone
 //! admitted 72 and basic composition 10); mixes of large pure components and Gaussian ones at
 //! the best order of the grid. The exact composition of Gaussian mechanisms (Gaussian DP,
-//! Dong, Roth & Su 2022) would admit 99 such counts, but pgdp's Gaussian is the *discrete*
-//! Gaussian, which is zCDP with the continuous one's ρ (CKS20, Theorem 4) but not μ-GDP with
-//! its μ (for a small σ it is less private than the continuous Gaussian at small type I
-//! errors), so no GDP member is admitted here without a proof for the discrete Gaussian.
+//! Dong, Roth & Su 2022) would admit 99 such counts. pgdp's Gaussian is now the rounded
+//! continuous Gaussian, exactly GDP (`dp::mechanism::sample_rounded_gaussian`), but charges
+//! made before with the *discrete* Gaussian (zCDP with the continuous one's ρ, CKS20 Theorem 4,
+//! but not μ-GDP with its μ) are not, and a GDP member would need most of δ_tail: it is not
+//! built yet (docs/privacy.md, "Why not 99").
 //!
 //! A history recorded before per-order totals existed (a ledger of schema version 1) is read
 //! with D_α ≤ ε + αρ for every old charge ([`Spent::from_sums`]), which bounds it.

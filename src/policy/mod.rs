@@ -193,7 +193,7 @@ pub struct Defaults {
 pub enum Mechanism {
     /// Discrete Laplace noise, pure ε-DP, L1 sensitivity.
     Laplace,
-    /// Discrete Gaussian noise, ρ-zCDP, L2 sensitivity.
+    /// Rounded Gaussian noise, ρ-zCDP (and exactly GDP), L2 sensitivity.
     Gaussian,
     /// Not chosen by the analyst: pgdp takes, per query, whichever of Laplace and Gaussian gives
     /// the smaller stated 95 % error bounds for the query's measures at the session's (ε, δ)

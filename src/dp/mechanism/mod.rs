@@ -3,8 +3,8 @@
 //! sources.
 //!
 //! The parts, in reading order:
-//! - `sample`: exact discrete Laplace and discrete Gaussian samplers (Canonne, Kamath & Steinke
-//!   2020) and their building blocks ([`uniform_below`], [`bernoulli`], [`bernoulli_exp`],
+//! - `sample`: exact samplers of the discrete Laplace and discrete Gaussian (Canonne, Kamath &
+//!   Steinke 2020) and of the rounded Gaussian (Karney 2016), and their building blocks ([`uniform_below`], [`bernoulli`], [`bernoulli_exp`],
 //!   [`sample_geometric`]), all on exact rationals.
 //! - `exact`: `f64` ↔ rational conversions and the exact parse of PostgreSQL `numeric` text
 //!   ([`parse_numeric_exact`]).
@@ -68,7 +68,7 @@ pub use quantile::{
 };
 pub use sample::{
     bernoulli, bernoulli_exp, sample_discrete_gaussian, sample_discrete_laplace, sample_geometric,
-    uniform_below,
+    sample_rounded_gaussian, uniform_below,
 };
 
 /// The smallest `ε` or `ρ` a mechanism accepts: `2^-50`. Below it the noise scale is beyond any

@@ -6,8 +6,8 @@
 //!   of distinct privacy units, or a released count of that kind) reaches the threshold `T`;
 //!   nothing else about the group is consulted.
 //! - The noise is discrete Laplace of scale `k/ε` ([`PartitionSelection::new`]) or, for Gaussian
-//!   thresholding of a released Gaussian count, discrete Gaussian of that count's `σ`
-//!   ([`PartitionSelection::gaussian_threshold`]).
+//!   thresholding of a released Gaussian count, the rounded Gaussian of that count's `σ`
+//!   ([`PartitionSelection::gaussian_threshold`], `sample::sample_rounded_gaussian`).
 //! - `T` is chosen from an upper bound on the noise's tail so that a group with a single unit is
 //!   kept with probability at most `δ/k`; it is computed in `f64` with an upward margin only.
 
@@ -18,7 +18,7 @@ use rand::{CryptoRng, Rng};
 use super::exact::{f64_at_least, next_down, rational_from_f64};
 use super::noise::MechanismKind;
 use super::noise::FLOAT_MARGIN;
-use super::sample::{sample_discrete_gaussian, sample_discrete_laplace};
+use super::sample::{sample_discrete_laplace, sample_rounded_gaussian};
 use super::{invalid, positive_scale, validate_budget};
 use crate::Result;
 
@@ -106,20 +106,18 @@ impl PartitionSelection {
     }
 
     /// Gaussian thresholding of a released count: the selection that keeps a group iff a count
-    /// released with discrete Gaussian noise of parameter `sigma` reaches `T`, spending `delta`
+    /// released with rounded Gaussian noise `round(σ·Z)` reaches `T`, spending `delta`
     /// beyond that count's own zCDP cost, when each privacy unit adds at most 1 to the count of
     /// each of at most `max_groups_per_unit` groups.
     ///
     /// # Privacy
     /// Threshold: `T = 1 + m`, with `m ≥ 1` the smallest integer such that the upper bound
-    /// `P(Z ≥ m) ≤ e^(−m²/2σ²)·(1 + σ²/m)/(σ√(2π))` on the discrete Gaussian's tail is at most
-    /// `δ' = δ/k` (rounded down). The bound: for `x ≥ m > 0` the weights `e^(−x²/2σ²)` decrease,
-    /// so their sum over `x ≥ m` is at most the first weight plus `∫_m^∞ e^(−x²/2σ²) dx`, which
-    /// the Mills ratio bounds by `(σ²/m)·e^(−m²/2σ²)`; the normalising sum over all integers is
-    /// at least `σ√(2π)` (Poisson summation; Canonne, Kamath & Steinke 2020, Fact 18).
+    /// `P(round(σZ) ≥ m) = P(Z ≥ t) ≤ e^(−t²/2)·min(1/2, 1/(t√(2π)))`, `t = (m − ½)/σ`, is at
+    /// most `δ' = δ/k` (rounded down). The bound is the standard normal's tail: `1/2·e^(−t²/2)`
+    /// (Chernoff) and the Mills ratio `φ(t)/t`, both for `t > 0`.
     ///
-    /// Cost: the released counts are a Gaussian mechanism, `ρ`-zCDP as charged for the
-    /// measure. Adding one unit creates at most `k` groups, each with a count of at most 1, each
+    /// Cost: the released counts are a Gaussian mechanism, `ρ`-zCDP (and `√(2ρ)`-GDP) as charged
+    /// for the measure. Adding one unit creates at most `k` groups, each with a count of at most 1, each
     /// kept with probability at most `δ'`; outside that event (probability `≤ kδ' ≤ δ`, and the
     /// new groups' noise is independent of the others') the kept groups and values are
     /// post-processing of the `ρ`-zCDP vector of counts of the groups that exist without the
@@ -127,7 +125,7 @@ impl PartitionSelection {
     /// charged as `ρ` plus `δ` apart, with no `ε` of its own. This is Gaussian thresholding as
     /// in Google's differential-privacy library ("Gaussian partition selection") and Wilson et
     /// al., "Differentially Private SQL with Bounded User Contribution" (PoPETs 2020), with the
-    /// threshold derived from the discrete tail as [`PartitionSelection::new`] derives Laplace's.
+    /// threshold derived from the noise's tail as [`PartitionSelection::new`] derives Laplace's.
     ///
     /// # Errors
     /// [`crate::Error::InvalidMechanism`] if `sigma` is not a positive normal `f64`, `δ` is not
@@ -324,7 +322,7 @@ impl PartitionSelection {
     /// # Privacy
     /// See [`PartitionSelection`]. The decision must be the only use of `units`; counts released
     /// for kept groups need their own mechanism and budget. For a Gaussian threshold the noise is
-    /// discrete Gaussian of `σ` = [`PartitionSelection::scale`], which costs
+    /// the rounded Gaussian of `σ` = [`PartitionSelection::scale`], which costs
     /// `k/(2σ²)`-zCDP plus `δ` ([`PartitionSelection::gaussian_threshold`]); pgdp uses that form
     /// only through [`PartitionSelection::keeps_released`].
     pub fn keep<R: Rng + CryptoRng + ?Sized>(&self, rng: &mut R, units: u64) -> bool {
@@ -335,7 +333,7 @@ impl PartitionSelection {
         }
         let noise = match self.kind {
             MechanismKind::Laplace => sample_discrete_laplace(rng, &self.scale_exact),
-            MechanismKind::Gaussian => sample_discrete_gaussian(rng, &self.scale_exact),
+            MechanismKind::Gaussian => sample_rounded_gaussian(rng, &self.scale_exact),
         };
         let noisy = BigInt::from(units) + noise;
         noisy >= BigInt::from(self.threshold)
@@ -345,11 +343,11 @@ impl PartitionSelection {
 impl PartitionSelection {
     /// Whether to release a group whose count was released as `noisy` by the measure's own
     /// noise: discrete Laplace (Laplace thresholding of a released count) or, for a selection
-    /// built by [`PartitionSelection::gaussian_threshold`], discrete Gaussian.
+    /// built by [`PartitionSelection::gaussian_threshold`], the rounded Gaussian.
     ///
     /// # Privacy
     /// Gaussian: see [`PartitionSelection::gaussian_threshold`]; the count's noise must be
-    /// discrete Gaussian with exactly this selection's `σ`. Laplace:
+    /// the rounded Gaussian with exactly this selection's `σ`. Laplace:
     /// Valid only when the released count is one to which each privacy unit adds at most 1 in
     /// each of at most `k` groups (so a group that exists only because of one unit has a count
     /// of at most 1), and its noise is discrete Laplace with exactly this selection's scale:
@@ -387,11 +385,13 @@ fn delta_per_group(delta: f64, max_groups_per_unit: u64) -> Result<f64> {
     Ok(delta_per_group)
 }
 
-/// `ln` of the upper bound `e^(−m²/2σ²)·(1 + σ²/m)/(σ√(2π))` on `P(Z ≥ m)` for the discrete
-/// Gaussian `Z` of parameter `σ` and `m > 0` (see [`PartitionSelection::gaussian_threshold`]).
+/// `ln` of the upper bound `e^(−t²/2)·min(1/2, 1/(t√(2π)))`, `t = (m − ½)/σ`, on
+/// `P(round(σZ) ≥ m)` for a standard normal `Z` and an integer `m ≥ 1` (see
+/// [`PartitionSelection::gaussian_threshold`]).
 fn ln_gaussian_tail_bound(sigma: f64, m: f64) -> f64 {
     let ln_sqrt_two_pi = 0.5 * std::f64::consts::TAU.ln();
-    -(m / sigma) * (m / sigma) / 2.0 + (sigma * sigma / m).ln_1p() - sigma.ln() - ln_sqrt_two_pi
+    let t = (m - 0.5) / sigma;
+    -t * t / 2.0 + (-std::f64::consts::LN_2).min(-t.ln() - ln_sqrt_two_pi)
 }
 
 /// `1 + m`, `m ≥ 1` the smallest integer at which [`ln_gaussian_tail_bound`] is at most
@@ -536,13 +536,9 @@ mod tests {
         );
     }
 
-    /// `P(Z ≥ m)` for the discrete Gaussian with parameter `sigma`, by summing its weights over
-    /// a window holding all but a negligible part of its mass.
+    /// `P(round(σZ) ≥ m) = P(Z ≥ (m − ½)/σ)` for a standard normal `Z`.
     fn gaussian_upper_tail(sigma: f64, m: i128) -> f64 {
-        let w = (40.0 * sigma) as i128 + 50;
-        let weight = |x: i128| (-((x * x) as f64) / (2.0 * sigma * sigma)).exp();
-        let total: f64 = (-w..=w).map(weight).sum();
-        (m..=w).map(weight).sum::<f64>() / total
+        crate::dp::mechanism::noise::normal_upper_tail((m as f64 - 0.5) / sigma)
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub(crate) struct Work {
     pub laplace_rounds: u64,
     /// Rounds of the discrete Gaussian's acceptance loop.
     pub gaussian_rounds: u64,
+    /// Rounds of the rounded Gaussian's loop (Karney's Algorithm N, [`normal`]).
+    pub normal_rounds: u64,
     /// Trials: uniform draws, coins and `e^-1` comparisons, each counted once.
     pub trials: u64,
     /// Fixed budgets that did not decide.
@@ -136,6 +138,7 @@ impl Work {
             + self.geometric_counts
             + self.laplace_rounds
             + self.gaussian_rounds * (1 + EXP_COIN_TRIALS)
+            + self.normal_rounds * (4 + EXP_COIN_TRIALS + 3 * normal::CHAINS * normal::CHAIN_STEPS)
     }
 }
 
@@ -649,6 +652,11 @@ pub(crate) fn sample_discrete_gaussian_counted<R: Rng + CryptoRng + ?Sized>(
         }
     }
 }
+
+mod normal;
+pub use normal::sample_rounded_gaussian;
+#[cfg(test)]
+pub(crate) use normal::sample_rounded_gaussian_counted;
 
 #[cfg(test)]
 mod tests;

@@ -229,15 +229,15 @@ fn trials_do_not_depend_on_the_noise_drawn() {
         q(20, 1),
         BigRational::from_integer(BigInt::one() << 45usize) + q(1, 3),
     ];
-    for gaussian in [false, true] {
+    for sampler in ["laplace", "discrete gaussian", "rounded gaussian"] {
         for scale in &scales {
             let b = scale.to_f64().expect("finite");
             let mut samples = Vec::with_capacity(n);
             for _ in 0..n {
-                let (y, work) = if gaussian {
-                    sample_discrete_gaussian_counted(&mut rng, scale)
-                } else {
-                    sample_discrete_laplace_counted(&mut rng, scale)
+                let (y, work) = match sampler {
+                    "laplace" => sample_discrete_laplace_counted(&mut rng, scale),
+                    "discrete gaussian" => sample_discrete_gaussian_counted(&mut rng, scale),
+                    _ => sample_rounded_gaussian_counted(&mut rng, scale),
                 };
                 assert_eq!(work.fallbacks, 0, "a 2^-64 event in a fixed-seed test");
                 assert_eq!(
@@ -297,7 +297,7 @@ fn trials_do_not_depend_on_the_noise_drawn() {
             if df > 0 {
                 assert!(
                     stat < chi_square_critical(df),
-                    "gaussian {gaussian}, scale {scale}: χ² = {stat}, df = {df}, {table:?}"
+                    "{sampler}, scale {scale}: χ² = {stat}, df = {df}, {table:?}"
                 );
             }
         }
@@ -425,6 +425,62 @@ fn discrete_laplace_matches_its_pmf() {
             stat < chi_square_critical(df),
             "scale {scale}: χ² = {stat}, df = {df}"
         );
+    }
+}
+
+/// `P(round(σZ) = x)` for a standard normal `Z`.
+fn rounded_gaussian_pmf(sigma: f64) -> impl Fn(i64) -> f64 {
+    move |x| {
+        let m = x.abs() as f64;
+        crate::dp::mechanism::noise::normal_upper_tail((m - 0.5) / sigma)
+            - crate::dp::mechanism::noise::normal_upper_tail((m + 0.5) / sigma)
+    }
+}
+
+#[test]
+fn rounded_gaussian_matches_its_pmf() {
+    let mut rng = seeded(16);
+    let n = 100_000usize;
+    // σ below one step (nearly all mass on 0 and ±1), near one, and a non-dyadic rational.
+    for sigma in [q(1, 3), q(1, 1), q(37, 10), q(539, 100)] {
+        let s = sigma.to_f64().expect("small");
+        let counts = histogram(n, || sample_rounded_gaussian(&mut rng, &sigma));
+        let (stat, df) = chi_square_statistic(&counts, n as u64, rounded_gaussian_pmf(s));
+        // α = 1e-6 (Wilson–Hilferty critical value).
+        assert!(
+            stat < chi_square_critical(df),
+            "sigma {sigma}: χ² = {stat}, df = {df}"
+        );
+    }
+}
+
+/// The standard normal behind the rounding, seen through a huge `σ`: `round(σZ)/σ` is `Z` to
+/// within `1/(2σ)`, so the sample's quantiles are those of `N(0, 1)`.
+#[test]
+fn rounded_gaussian_with_a_huge_sigma_is_the_standard_normal() {
+    let mut rng = seeded(17);
+    let sigma = BigRational::from_integer(BigInt::one() << 80usize) + q(1, 7);
+    let n = 20_000u64;
+    let mut below = [0u64; 5];
+    let cuts = [
+        -1.6448536269514722,
+        -0.6744897501960817,
+        0.0,
+        0.6744897501960817,
+        1.6448536269514722,
+    ];
+    let expected = [0.05, 0.25, 0.5, 0.75, 0.95];
+    for _ in 0..n {
+        let z = (BigRational::from_integer(sample_rounded_gaussian(&mut rng, &sigma)) / &sigma)
+            .to_f64()
+            .expect("finite");
+        for (count, cut) in below.iter_mut().zip(cuts) {
+            *count += u64::from(z < cut);
+        }
+    }
+    for (count, p) in below.iter().zip(expected) {
+        let (lo, hi) = wilson_interval(*count, n, Z_TWO_SIDED_1E6);
+        assert!(lo <= p && p <= hi, "{count}/{n} below the {p} quantile");
     }
 }
 
