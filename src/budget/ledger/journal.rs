@@ -23,6 +23,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::index::ReplayIndex;
 use super::*;
 use crate::limits::{JOURNAL_COALESCE_MS, JOURNAL_PENDING_MAX, JOURNAL_RETRY_MS};
 
@@ -61,6 +62,8 @@ struct JournalState {
 pub(super) struct Journal {
     config: Dsn,
     schema_ready: Arc<AtomicBool>,
+    /// The process's replay index, which written replay entries enter ([`Journal::settle`]).
+    index: Arc<ReplayIndex>,
     state: std::sync::Mutex<JournalState>,
     conn: Mutex<Option<Conn>>,
 }
@@ -122,10 +125,15 @@ pub(super) fn epoch_seconds() -> f64 {
 }
 
 impl Journal {
-    pub(super) fn new(config: Dsn, schema_ready: Arc<AtomicBool>) -> Journal {
+    pub(super) fn new(
+        config: Dsn,
+        schema_ready: Arc<AtomicBool>,
+        index: Arc<ReplayIndex>,
+    ) -> Journal {
         Journal {
             config,
             schema_ready,
+            index,
             state: std::sync::Mutex::new(JournalState::default()),
             conn: Mutex::new(None),
         }
@@ -259,9 +267,19 @@ impl Journal {
 
     /// After a flush: forgets the written replay entries, or puts everything back (ahead of
     /// what arrived meanwhile) after a failure. Returns `written`.
+    ///
+    /// Written entries enter the replay index before they leave the queue: their NOTIFY may
+    /// reach the listener later, and an index loaded from a read before their commit (or that
+    /// forgot the analyst since [`super::Ledger::record_release`] inserted them) would say they
+    /// are absent meanwhile. So an entry of this process is always found by
+    /// [`Journal::pending_replay`], by the index, or (the analyst not indexed) by the read
+    /// that loads it, which comes after the commit.
     fn settle(&self, batch: Batch, written: bool) -> bool {
         let mut state = self.state();
         if written {
+            for replay in state.replays.iter().filter(|r| r.taken) {
+                self.index.insert(&replay.analyst, &replay.key);
+            }
             state.replays.retain(|r| !r.taken);
             return true;
         }

@@ -304,6 +304,7 @@ impl Ledger {
         }
         let schema_ready = Arc::new(AtomicBool::new(false));
         let clock = Arc::new(window::Clock::default());
+        let index = Arc::new(index::ReplayIndex::new());
         Ok(Ledger {
             charges: Arc::new(ChargeQueue {
                 config: config.clone(),
@@ -315,6 +316,7 @@ impl Ledger {
             journal: Arc::new(journal::Journal::new(
                 config.clone(),
                 Arc::clone(&schema_ready),
+                Arc::clone(&index),
             )),
             leases: Arc::new(lease::LeaseBook::new(
                 config.clone(),
@@ -322,7 +324,7 @@ impl Ledger {
                 Arc::clone(&clock),
             )),
             clock,
-            index: Arc::new(index::ReplayIndex::new()),
+            index,
             replay_lookups_skipped: AtomicU64::new(0),
             config,
             slots: (0..crate::limits::LEDGER_CONNECTIONS)
