@@ -28,10 +28,11 @@
 //! distributions, Kairouz, Oh & Viswanath 2015; Murtagh & Vadhan 2016; approximate zCDP in Bun &
 //! Steinke 2016), so its δ is added apart.
 //!
-//! # The rule (a zCDP filter and Rényi filters over a grid of orders, with a union bound)
+//! # The rule (GDP, zCDP and Rényi filters over a grid of orders, with a union bound)
 //! For a limit (ε_L, δ_L): δ_tail = ⌊δ_L/2⌋ is reserved for the conversions and δ_sel =
-//! δ_L − δ_tail for partition selection; δ_tail is split, in advance, into δ_z = ⌊¾·δ_tail⌋
-//! for the zCDP member and δ_Λ = δ_tail − δ_z for the orders ([`ZCDP_TAIL_SHARE`]). Λ is the
+//! δ_L − δ_tail for partition selection; δ_tail is split, in advance, into δ_G = ½·δ_tail for
+//! the GDP member, δ_z = ¼·δ_tail for the zCDP member and δ_Λ = the rest for the orders
+//! ([`TAIL_SHARES`]). Λ is the
 //! fixed grid [`ORDERS`] of |Λ| finite orders. Each order has the budget
 //!
 //! ```text
@@ -44,10 +45,15 @@
 //! member has the budget B_z, the largest ρ whose conversion by the same proposition at the
 //! best order of the continuum (ρ-zCDP is (α, αρ)-RDP at every α > 1 at once,
 //! [`zcdp_to_epsilon`]) is (ε_L, δ_z). A cost's zCDP part is D_z(c) = ρ_pure + ρ
-//! ([`Cost::concentrated`]). A history of costs c₁ … c_k is within the limit iff
+//! ([`Cost::concentrated`]). The GDP member has the budget B_G, the largest μ² whose μ-GDP
+//! guarantee is (ε_L, δ_G)-DP ([`gdp::budget_mu_squared`]); a cost's GDP part is
+//! μ²(c) = π·ρ_pure + 2ρ ([`Cost::gaussian_dp`]: the Gaussian measures are the rounded
+//! Gaussian, exactly √(2ρ)-GDP, and an ε-DP component is μ(ε)-GDP with μ(ε)² ≤ (π/2)·ε²). A
+//! history of costs c₁ … c_k is within the limit iff
 //!
 //! ```text
 //! Σ δ_i ≤ δ_sel   and   ( Σ ρ_i = 0 and Σ ε_i ≤ ε_L          [the order ∞: basic composition]
+//!                         or  Σ μ²(c_i) ≤ B_G                 [Gaussian DP]
 //!                         or  Σ D_z(c_i) ≤ B_z                [zCDP, every order at once]
 //!                         or  Σ D_α(c_i) ≤ B_α for some α ∈ Λ )
 //! ```
@@ -68,25 +74,28 @@
 //! at most α·D_z(c) (its pure components are ε_c²/2-zCDP, Bun & Steinke 2016, Proposition 1.4;
 //! its Gaussian ones ρ-zCDP) and F_z is the Rényi filter with budget α·B_z, so its
 //! composition is (α, α·B_z)-RDP for every α, i.e. B_z-zCDP, hence (ε_L, δ_z)-DP by the
-//! conversion at the best order. Partition the transcripts by the first member (∞, then z,
-//! then Λ in order) that is still within its budget at the end; on the part of member m the
-//! interaction and F_m produce the same transcripts with the same probabilities. Summing the
-//! per-part guarantees gives, for every set E of transcripts,
-//! P[M(x) ∈ E] ≤ e^{ε_L} P[M(x') ∈ E] + δ_z + |Λ|·δ_Λ/|Λ| + δ_sel = e^{ε_L} P[M(x') ∈ E] + δ_L.
+//! conversion at the best order. Let F_G be the filter that admits while Σ μ²(c_i) ≤ B_G:
+//! each charge is μ(c_i)-GDP given the past, so F_G is the fully adaptive GDP filter of Smith
+//! & Thakurta 2022 ("Fully Adaptive Composition for Gaussian Differential Privacy"), √B_G-GDP,
+//! hence (ε_L, δ_G)-DP (Dong, Roth & Su 2022, Corollary 2.13). Partition the transcripts by the
+//! first member (∞, then G, then z, then Λ in order) that is still within its budget at the
+//! end; on the part of member m the interaction and F_m produce the same transcripts with the
+//! same probabilities. Summing the per-part guarantees gives, for every set E of transcripts,
+//! P[M(x) ∈ E] ≤ e^{ε_L} P[M(x') ∈ E] + δ_G + δ_z + |Λ|·δ_Λ/|Λ| + δ_sel
+//! = e^{ε_L} P[M(x') ∈ E] + δ_L.
 //! Whitehouse, Ramdas, Rogers & Wu 2023 ("Fully-Adaptive Composition in Differential Privacy",
 //! ICML) give filters for approximate zCDP; the rule here adds a grid of orders fixed in advance
 //! and pays for it with the union bound. docs/privacy.md states it for users.
 //!
 //! What the rule buys: a history of only pure ε is admitted exactly as by basic composition
-//! (the order ∞); a history of Gaussian queries as by zCDP at the best order of the continuum,
-//! at δ_z (e.g. ρ ≈ 1.45 within (10, 10⁻⁶): 84 counts at σ ≈ 5.39, where the grid alone
-//! admitted 72 and basic composition 10); mixes of large pure components and Gaussian ones at
-//! the best order of the grid. The exact composition of Gaussian mechanisms (Gaussian DP,
-//! Dong, Roth & Su 2022) would admit 99 such counts. pgdp's Gaussian is now the rounded
-//! continuous Gaussian, exactly GDP (`dp::mechanism::sample_rounded_gaussian`), but charges
-//! made before with the *discrete* Gaussian (zCDP with the continuous one's ρ, CKS20 Theorem 4,
-//! but not μ-GDP with its μ) are not, and a GDP member would need most of δ_tail: it is not
-//! built yet (docs/privacy.md, "Why not 99").
+//! (the order ∞); a history of Gaussian queries by exact composition (Gaussian DP) at δ_G
+//! (91 counts at σ ≈ 5.39 within (10, 10⁻⁶), where the zCDP member alone at ¾·δ_tail admitted
+//! 84, the grid alone 72 and basic composition 10); mixes of large pure components and
+//! Gaussian ones at the best order of the grid. Charges made before the GDP member with the
+//! *discrete* Gaussian (zCDP with the continuous one's ρ, CKS20 Theorem 4, but not μ-GDP with
+//! its μ) are not GDP: a history holding one has [`Spent::gdp`] = MAX and the other members
+//! admit for it. With all of δ_tail the GDP member would admit 95 (99 with the whole δ); why
+//! it has half: docs/privacy.md, "Why 91 and not 99".
 //!
 //! A history recorded before per-order totals existed (a ledger of schema version 1) is read
 //! with D_α ≤ ε + αρ for every old charge ([`Spent::from_sums`]), which bounds it.
@@ -95,10 +104,10 @@ use std::fmt;
 use std::ops::Add;
 
 use super::fixed::Fixed;
-use super::window::Window;
+use super::gdp;
+pub use super::refusal::{Refusal, Scope};
 use crate::memo::Memo;
 use crate::policy::Period;
-use crate::Error;
 
 /// Bisection steps for the optimal Rényi order; f64 bisection stops improving long before.
 const BISECTION_STEPS_MAX: u32 = 300;
@@ -249,6 +258,16 @@ impl Cost {
         self.pure_rho.saturating_add(self.rho)
     }
 
+    /// This cost as Gaussian DP, μ² (the GDP member of the rule): each pure component of ε_c is
+    /// μ(ε_c)-GDP with μ(ε_c)² ≤ (π/2)·ε_c², so the pure part is at most π·ρ_pure (π rounded up
+    /// to 355/113), and the Gaussian measures (the rounded Gaussian, exactly GDP) are
+    /// √(2ρ)-GDP together; μ² adds. Saturating at [`Fixed::MAX`], which only ever refuses more.
+    pub fn gaussian_dp(&self) -> Fixed {
+        self.pure_rho
+            .mul_ratio_ceil(355, 113)
+            .saturating_add(self.rho.saturating_add(self.rho))
+    }
+
     /// The bound on this cost's Rényi divergence at order `ORDERS[i]`:
     /// min(ε, α·ρ_pure) + α·ρ, rounded up.
     pub fn renyi(&self, i: usize) -> Fixed {
@@ -330,14 +349,19 @@ impl Limit {
         Fixed::from_units(self.delta.units() / 2)
     }
 
-    /// δ_z: the share of δ_tail the zCDP member converts with, ⌊δ_tail·`ZCDP_TAIL_SHARE`⌋.
+    /// δ_G: the share of δ_tail the GDP member converts with (`TAIL_SHARES`).
+    pub fn gdp_delta(&self) -> Fixed {
+        split_tail(self.tail_delta()).gdp
+    }
+
+    /// δ_z: the share of δ_tail the zCDP member converts with (`TAIL_SHARES`).
     pub fn zcdp_delta(&self) -> Fixed {
-        split_tail(self.tail_delta()).0
+        split_tail(self.tail_delta()).zcdp
     }
 
     /// δ_Λ: the rest of δ_tail, split equally over the Rényi orders.
     pub fn orders_delta(&self) -> Fixed {
-        split_tail(self.tail_delta()).1
+        split_tail(self.tail_delta()).orders
     }
 
     /// δ_sel: the δ that partition selection may spend, the rest of the limit's δ.
@@ -357,28 +381,49 @@ impl Limit {
     pub fn zcdp_budget(&self) -> Option<Fixed> {
         budgets(self.epsilon, self.tail_delta()).zcdp
     }
+
+    /// B_G: the largest μ² whose μ-GDP guarantee is (ε, δ_G)-DP ([`gdp::budget_mu_squared`]),
+    /// rounded down; `None` when there is none (δ_G = 0).
+    pub fn gdp_budget(&self) -> Option<Fixed> {
+        budgets(self.epsilon, self.tail_delta()).gdp
+    }
 }
 
-/// The share (p, q) = p/q of δ_tail that the zCDP member converts with; the Rényi orders share
-/// the rest. Fixed in advance, like the orders: most of it, since Gaussian histories (and pure
-/// ones of small components) are admitted furthest by the zCDP member, while the orders serve
-/// mixes of large pure components with Gaussian ones, whose budgets lose only
-/// ln(1/(1 − p/q))/(α − 1) to the split.
-pub const ZCDP_TAIL_SHARE: (u32, u32) = (3, 4);
+/// The shares of δ_tail, in quarters, of the GDP member and the zCDP member; the Rényi orders
+/// take the rest. Fixed in advance, like the orders: half for the GDP member, which admits
+/// Gaussian histories furthest (exact composition), a quarter for the zCDP member (histories
+/// of many small pure components with Gaussian ones, and histories with charges drawn from the
+/// discrete Gaussian before the GDP member existed, which it cannot count), a quarter for the
+/// orders (mixes of large pure components with Gaussian ones).
+pub const TAIL_SHARES: (u32, u32) = (2, 1);
 
-/// δ_tail split into (δ_z, δ_Λ): δ_z = ⌊δ_tail·p/q⌋ on the grid, δ_Λ the rest.
-fn split_tail(tail: Fixed) -> (Fixed, Fixed) {
-    let (p, q) = ZCDP_TAIL_SHARE;
-    let zcdp = Fixed::from_units(tail.units() / u128::from(q) * u128::from(p));
-    (zcdp, tail.saturating_sub(zcdp))
+/// δ_tail split over the members that convert with it.
+struct TailSplit {
+    gdp: Fixed,
+    zcdp: Fixed,
+    orders: Fixed,
 }
 
-/// The budgets of the rule's members for one (ε, δ_tail): each Rényi order's and the zCDP
-/// member's.
+/// δ_tail split into δ_G = ⌊δ_tail·2/4⌋, δ_z = ⌊δ_tail/4⌋ on the grid, and δ_Λ the rest.
+fn split_tail(tail: Fixed) -> TailSplit {
+    let (gdp, zcdp) = TAIL_SHARES;
+    let quarter = tail.units() / 4;
+    let gdp = Fixed::from_units(quarter * u128::from(gdp));
+    let zcdp = Fixed::from_units(quarter * u128::from(zcdp));
+    TailSplit {
+        gdp,
+        zcdp,
+        orders: tail.saturating_sub(gdp).saturating_sub(zcdp),
+    }
+}
+
+/// The budgets of the rule's members for one (ε, δ_tail): each Rényi order's, the zCDP
+/// member's and the GDP member's.
 #[derive(Clone, Copy)]
 struct Budgets {
     orders: [Option<Fixed>; ORDER_COUNT],
     zcdp: Option<Fixed>,
+    gdp: Option<Fixed>,
 }
 
 /// The [`Budgets`] for (ε, δ_tail), computed once per pair and remembered ([`crate::memo`]):
@@ -387,18 +432,21 @@ struct Budgets {
 fn budgets(epsilon: Fixed, tail: Fixed) -> Budgets {
     static MEMO: Memo<(Fixed, Fixed), Budgets> = Memo::new(crate::limits::RENYI_BUDGETS_CACHED_MAX);
     MEMO.get_or((epsilon, tail), || {
-        let (zcdp_delta, orders_delta) = split_tail(tail);
+        let split = split_tail(tail);
         let epsilon_f64 = epsilon.to_f64();
         Budgets {
             orders: std::array::from_fn(|i| {
-                let term = conversion_term(orders_delta, i)?;
+                let term = conversion_term(split.orders, i)?;
                 let budget = epsilon_f64 - term;
                 if !budget.is_finite() || budget <= 0.0 {
                     return None;
                 }
                 Fixed::from_f64_floor(budget).ok()
             }),
-            zcdp: zcdp_budget(epsilon, zcdp_delta),
+            zcdp: zcdp_budget(epsilon, split.zcdp),
+            gdp: gdp::budget_mu_squared(epsilon_f64, split.gdp.to_f64())
+                .and_then(|b| Fixed::from_f64_floor(b).ok())
+                .filter(|b| !b.is_zero()),
         }
     })
 }
@@ -464,6 +512,11 @@ pub struct Spent {
     pub renyi: Renyi,
     /// Sum of the charges' zCDP ρ ([`Cost::concentrated`]): the zCDP member of the rule.
     pub zcdp: Fixed,
+    /// Sum of the charges' μ² as Gaussian DP ([`Cost::gaussian_dp`]): the GDP member of the
+    /// rule. [`Fixed::MAX`] (or anything near it) for a history with a charge that is not known
+    /// to be GDP (a Gaussian one drawn with the discrete Gaussian, before the GDP member
+    /// existed), which no GDP budget admits; kept by saturating sums.
+    pub gdp: Fixed,
 }
 
 impl Spent {
@@ -474,12 +527,15 @@ impl Spent {
         rho: Fixed::ZERO,
         renyi: [Fixed::ZERO; ORDER_COUNT],
         zcdp: Fixed::ZERO,
+        gdp: Fixed::ZERO,
     };
 
     /// A history known only by its sums (a ledger written before per-order totals): each of its
     /// charges had D_α ≤ ε + αρ, so ε_sum + α·ρ_sum bounds the history at every order; and
     /// its ρ_pure, a sum of ε_c²/2 over components whose ε_c add up to ε_sum, is at most
-    /// ε_sum²/2, so ε_sum²/2 + ρ_sum bounds its zCDP total.
+    /// ε_sum²/2, so ε_sum²/2 + ρ_sum bounds its zCDP total. Its Gaussian charges (ρ_sum > 0)
+    /// were drawn with the discrete Gaussian, so it has no GDP total ([`Spent::gdp`] is MAX);
+    /// without them its μ² is at most π·ε_sum²/2.
     pub fn from_sums(epsilon: Fixed, delta: Fixed, rho: Fixed) -> Spent {
         let mut renyi = [Fixed::ZERO; ORDER_COUNT];
         for (i, slot) in renyi.iter_mut().enumerate() {
@@ -497,6 +553,15 @@ impl Spent {
             rho,
             renyi,
             zcdp: epsilon.half_square_ceil().saturating_add(rho),
+            gdp: if rho.is_zero() {
+                Cost {
+                    pure_rho: epsilon.half_square_ceil(),
+                    ..Cost::ZERO
+                }
+                .gaussian_dp()
+            } else {
+                Fixed::MAX
+            },
         }
     }
 
@@ -512,6 +577,7 @@ impl Spent {
             rho: self.rho.checked_add(cost.rho)?,
             renyi,
             zcdp: self.zcdp.checked_add(cost.concentrated())?,
+            gdp: self.gdp.saturating_add(cost.gaussian_dp()),
         })
     }
 }
@@ -531,6 +597,9 @@ impl Spent {
             zcdp: self
                 .zcdp
                 .checked_add(cost.concentrated().checked_mul_int(k)?)?,
+            gdp: self
+                .gdp
+                .saturating_add(cost.gaussian_dp().checked_mul_int(k)?),
         })
     }
 }
@@ -553,6 +622,7 @@ impl Spent {
             rho: self.rho.checked_add(other.rho)?,
             renyi,
             zcdp: self.zcdp.checked_add(other.zcdp)?,
+            gdp: self.gdp.saturating_add(other.gdp),
         })
     }
 
@@ -569,6 +639,7 @@ impl Spent {
             rho: self.rho.checked_sub(other.rho)?,
             renyi,
             zcdp: self.zcdp.checked_sub(other.zcdp)?,
+            gdp: self.gdp.checked_sub(other.gdp)?,
         })
     }
 
@@ -578,6 +649,7 @@ impl Spent {
             && self.delta >= other.delta
             && self.rho >= other.rho
             && self.zcdp >= other.zcdp
+            && self.gdp >= other.gdp
             && self.renyi.iter().zip(other.renyi).all(|(a, b)| *a >= b)
     }
 }
@@ -597,6 +669,7 @@ impl Add<Cost> for Spent {
             rho: self.rho + cost.rho,
             renyi,
             zcdp: self.zcdp + cost.concentrated(),
+            gdp: self.gdp + cost.gaussian_dp(),
         }
     }
 }
@@ -621,120 +694,6 @@ pub struct Guarantee {
     pub epsilon: Fixed,
     /// δ of the history: δ spent by partition selection plus the δ_tail the grid reserves.
     pub delta: Fixed,
-}
-
-/// Whose budget refused a charge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Scope {
-    /// The analyst's own budget.
-    Analyst,
-    /// The dataset-wide budget shared by all analysts.
-    Dataset,
-}
-
-/// Why a charge was not admitted: the request and what was left.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Refusal {
-    /// Which budget refused.
-    pub scope: Scope,
-    /// The cost asked for.
-    pub requested: Cost,
-    /// The limit it was checked against.
-    pub limit: Limit,
-    /// What was left before the request.
-    pub remaining: Remaining,
-    /// For a renewing limit: the window whose totals refused it (the ledger fills it in).
-    pub window: Option<Window>,
-}
-
-/// Digits shown for remaining amounts in messages (rounded down, never overstating).
-const MESSAGE_DIGITS: u32 = 6;
-
-impl fmt::Display for Refusal {
-    /// For an analyst: `requested ε=0.5, remaining ε=0.2 of 10` (and the remaining δ when the
-    /// query spends δ). For the dataset
-    /// the remaining amounts are not shown: they depend on what other analysts did.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Cost {
-            epsilon,
-            delta,
-            rho,
-            ..
-        } = self.requested;
-        let mut parts = Vec::new();
-        if !epsilon.is_zero() || (delta.is_zero() && rho.is_zero()) {
-            parts.push(format!("ε={epsilon}"));
-        }
-        if !delta.is_zero() {
-            parts.push(format!("δ={delta}"));
-        }
-        if !rho.is_zero() {
-            parts.push(format!("ρ={rho} (zCDP)"));
-        }
-        write!(f, "requested {}", parts.join(" and "))?;
-        match self.scope {
-            Scope::Analyst => {
-                write!(
-                    f,
-                    ", remaining ε={} of {}",
-                    self.remaining.epsilon.floor_significant(MESSAGE_DIGITS),
-                    self.limit.epsilon,
-                )?;
-                // δ only for a query that spends it (partition selection): it cannot be what
-                // refused a query that needs none.
-                if !delta.is_zero() {
-                    write!(
-                        f,
-                        ", δ={} of {} (partition selection's half of δ={})",
-                        self.remaining.delta.floor_significant(MESSAGE_DIGITS),
-                        self.limit.selection_delta(),
-                        self.limit.delta,
-                    )?;
-                }
-                if !rho.is_zero() {
-                    write!(
-                        f,
-                        ", ρ={} (zCDP)",
-                        self.remaining.rho.floor_significant(MESSAGE_DIGITS)
-                    )?;
-                }
-            }
-            Scope::Dataset => write!(
-                f,
-                ", more than is left of the dataset-wide budget of ε={}, δ={} shared by all analysts",
-                self.limit.epsilon, self.limit.delta,
-            )?,
-        }
-        match &self.window {
-            Some(window) => write!(f, " {window}; the budget renews then"),
-            None => Ok(()),
-        }
-    }
-}
-
-impl From<Refusal> for Error {
-    /// [`Error::BudgetExhausted`] (SQLSTATE 53400). For the analyst's own budget the message
-    /// says whether it is used up or only too small for this query (then a smaller ε fits); for
-    /// the dataset's budget it says neither, since what is left depends on other analysts.
-    fn from(refusal: Refusal) -> Error {
-        let summary = match refusal.scope {
-            Scope::Analyst => {
-                let needs_delta = !refusal.requested.delta.is_zero();
-                let used_up = (refusal.remaining.epsilon.is_zero()
-                    && refusal.remaining.rho.is_zero())
-                    || (needs_delta && refusal.remaining.delta.is_zero());
-                if used_up {
-                    "privacy budget exhausted"
-                } else {
-                    "privacy budget too small for this query"
-                }
-            }
-            Scope::Dataset => "the dataset's privacy budget does not cover this query",
-        };
-        Error::BudgetExhausted {
-            detail: format!("{summary}: {refusal}"),
-        }
-    }
 }
 
 /// The smallest ε (on the 10⁻¹⁸ grid, rounded up) such that a ρ-zCDP mechanism is (ε, δ)-DP,
@@ -823,6 +782,14 @@ pub fn guarantee(limit: &Limit, spent: &Spent) -> Option<Guarantee> {
             );
         }
     }
+    let gdp_delta = limit.gdp_delta();
+    if !gdp_delta.is_zero() && spent.gdp < Fixed::MAX {
+        let epsilon = gdp::epsilon_for(spent.gdp.to_f64().sqrt(), gdp_delta.to_f64())
+            .and_then(|e| Fixed::from_f64_ceil(e).ok());
+        if let Some(epsilon) = epsilon {
+            consider(epsilon, limit.gdp_budget().is_some_and(|b| spent.gdp <= b));
+        }
+    }
     let orders_delta = limit.orders_delta();
     for (i, divergence) in spent.renyi.iter().enumerate() {
         let Some(term) = conversion_term(orders_delta, i) else {
@@ -855,6 +822,9 @@ pub fn within(limit: &Limit, spent: &Spent) -> bool {
         return true;
     }
     if limit.zcdp_budget().is_some_and(|b| spent.zcdp <= b) {
+        return true;
+    }
+    if limit.gdp_budget().is_some_and(|b| spent.gdp <= b) {
         return true;
     }
     (0..ORDER_COUNT).any(|i| {
@@ -899,6 +869,7 @@ pub fn epsilon_taken(limit: &Limit, spent: &Spent, cost: &Cost) -> Fixed {
         rho: spent.rho.saturating_sub(cost.rho),
         renyi,
         zcdp: spent.zcdp.saturating_sub(cost.concentrated()),
+        gdp: spent.gdp.saturating_sub(cost.gaussian_dp()),
     };
     remaining(limit, &before)
         .epsilon
@@ -930,6 +901,9 @@ pub fn repeats(limit: &Limit, spent: &Spent, cost: &Cost) -> u64 {
     u64::try_from(k).unwrap_or(0)
 }
 
+/// π rounded up as [`Cost::gaussian_dp`] rounds it (355/113), for [`remaining`]'s pure ε.
+const PI_UP: f64 = 355.0 / 113.0;
+
 /// [`remaining`] understates what is left by 1/`REMAINING_SHRINK_DIVISOR` of itself (10⁻⁹), so
 /// that what it shows is admitted in spite of the rounding of the per-order costs.
 const REMAINING_SHRINK_DIVISOR: u128 = 1_000_000_000;
@@ -952,6 +926,12 @@ pub fn remaining(limit: &Limit, spent: &Spent) -> Remaining {
     if let Some(left) = limit.zcdp_budget().and_then(|b| b.checked_sub(spent.zcdp)) {
         rho = rho.max(shrink(left));
         let by_square = Fixed::from_f64_below((2.0 * left.to_f64_approx()).sqrt());
+        epsilon = epsilon.max(shrink(by_square));
+    }
+    // The GDP member: a Gaussian ρ costs 2ρ there, one pure component of ε costs (π/2)·ε².
+    if let Some(left) = limit.gdp_budget().and_then(|b| b.checked_sub(spent.gdp)) {
+        rho = rho.max(shrink(left.mul_ratio_floor(1, 2)));
+        let by_square = Fixed::from_f64_below((2.0 * left.to_f64_approx() / PI_UP).sqrt());
         epsilon = epsilon.max(shrink(by_square));
     }
     for (i, &(p, q)) in ORDERS.iter().enumerate() {
@@ -985,6 +965,7 @@ fn shrink(x: Fixed) -> Fixed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
     use rand::rngs::ChaCha20Rng;
     use rand::{Rng, RngExt, SeedableRng};
 
@@ -1120,16 +1101,53 @@ mod tests {
             admitted += 1;
         }
         eprintln!("{admitted} Gaussian counts at σ = {sigma} fit in (10, 10⁻⁶)");
-        // The zCDP member at δ_z = 3.75·10⁻⁷: 84 (the grid of orders alone admitted 72).
-        assert_eq!(admitted, 84, "{admitted} queries");
-        // Independently: the zCDP history converts (CKS, no union bound) to ε within the limit
-        // at δ_z, one more count does not, and its guarantee is within the limit.
-        let total = zcdp_to_epsilon(spent.rho, lim.zcdp_delta()).unwrap();
-        assert!(total <= lim.epsilon, "{total}");
-        let over = zcdp_to_epsilon(spent.rho + rho, lim.zcdp_delta()).unwrap();
-        assert!(over > lim.epsilon, "{over}");
+        // The GDP member at δ_G = 2.5·10⁻⁷: 91 (the zCDP member alone at 3.75·10⁻⁷ admitted
+        // 84, the grid of orders alone 72).
+        assert_eq!(admitted, 91, "{admitted} queries");
+        // Independently: the history as μ-GDP, μ² = 2·Σρ, converts to ε within the limit at
+        // δ_G, one more count does not, and its guarantee is within the limit.
+        let mu = |rho: Fixed| (2.0 * rho.to_f64()).sqrt();
+        let delta = lim.gdp_delta().to_f64();
+        let total = gdp::epsilon_for(mu(spent.rho), delta).unwrap();
+        assert!(total <= lim.epsilon.to_f64(), "{total}");
+        let over = gdp::epsilon_for(mu(spent.rho + rho), delta).unwrap();
+        assert!(over > lim.epsilon.to_f64(), "{over}");
         let g = guarantee(&lim, &spent).unwrap();
         assert!(g.epsilon <= lim.epsilon && g.delta <= lim.delta, "{g:?}");
+    }
+
+    /// A history with Gaussian charges made before the GDP member (drawn with the discrete
+    /// Gaussian) has no GDP total: the other members go on admitting, fewer than the GDP member
+    /// would, and the total stays unknown.
+    #[test]
+    fn histories_with_discrete_gaussian_charges_have_no_gdp_member() {
+        let lim = limit("10", "0.000001");
+        let rho = Fixed::from_f64_ceil(1.0 / (2.0 * 5.39 * 5.39)).unwrap();
+        let mut spent = Spent {
+            gdp: Fixed::MAX,
+            ..Spent::ZERO
+        };
+        let mut admitted = 0;
+        while let Ok(after) = admit(&lim, &spent, &Cost::zcdp(rho)) {
+            spent = after;
+            admitted += 1;
+        }
+        // The zCDP member alone at δ_z = 1.25·10⁻⁷.
+        assert_eq!(admitted, 79, "{admitted}");
+        assert_eq!(spent.gdp, Fixed::MAX);
+        // Version-1 sums: with ρ no GDP total; pure ε alone is bounded by π·ε²/2.
+        assert_eq!(
+            Spent::from_sums(fx("1"), Fixed::ZERO, fx("0.1")).gdp,
+            Fixed::MAX
+        );
+        assert_eq!(
+            Spent::from_sums(fx("1"), Fixed::ZERO, Fixed::ZERO).gdp,
+            Cost::pure(fx("1")).gaussian_dp()
+        );
+        assert_eq!(
+            Cost::pure(fx("1")).gaussian_dp(),
+            fx("1.570796460176991151")
+        );
     }
 
     #[test]
@@ -1171,13 +1189,18 @@ mod tests {
         ];
         let spent = costs.iter().fold(Spent::ZERO, |s, c| s + *c);
         // By hand, at every order: Σ min(ε, αε²/2) + αρ, and its conversion at δ_Λ/|Λ|, where
-        // δ_Λ is a quarter of δ_tail; and the zCDP member's Σ ε²/2 + ρ converted at δ_z.
-        assert_eq!(lim.zcdp_delta(), fx("0.00000375"));
+        // δ_Λ is a quarter of δ_tail; the zCDP member's Σ ε²/2 + ρ converted at δ_z (another
+        // quarter), and the GDP member's μ² = π·Σ ε²/2 + 2ρ at δ_G (half).
+        assert_eq!(lim.gdp_delta(), fx("0.0000025"));
+        assert_eq!(lim.zcdp_delta(), fx("0.00000125"));
         assert_eq!(lim.orders_delta(), fx("0.00000125"));
         let tail = lim.orders_delta().to_f64() / ORDER_COUNT as f64;
         let zcdp = 0.25 * 0.25 / 2.0 + 0.1 * 0.1 / 2.0 + 0.05;
         assert!((spent.zcdp.to_f64() - zcdp).abs() < 1e-12);
         let mut best = zcdp_to_epsilon_f64(zcdp, lim.zcdp_delta().to_f64());
+        let mu_squared = 355.0 / 113.0 * (0.25 * 0.25 / 2.0 + 0.1 * 0.1 / 2.0) + 2.0 * 0.05;
+        assert!((spent.gdp.to_f64() - mu_squared).abs() < 1e-12);
+        best = best.min(gdp::epsilon_for(mu_squared.sqrt(), lim.gdp_delta().to_f64()).unwrap());
         for (i, divergence) in spent.renyi.iter().enumerate() {
             let a = order(i);
             let by_hand =
@@ -1344,12 +1367,12 @@ mod tests {
             counted += 1;
         }
         assert!(counted > 50, "only {counted} histories compared");
-        // The figure of the module docs: 84 Gaussian counts at σ ≈ 5.39 in (10, 10⁻⁶), and 10
+        // The figure of the module docs: 91 Gaussian counts at σ ≈ 5.39 in (10, 10⁻⁶), and 10
         // queries at ε = 1 in ε = 10.
         let rho = Fixed::from_f64_ceil(1.0 / (2.0 * 5.39 * 5.39)).unwrap();
         assert_eq!(
             repeats(&limit("10", "0.000001"), &Spent::ZERO, &Cost::zcdp(rho)),
-            84
+            91
         );
         assert_eq!(
             repeats(&limit("10", "0.000001"), &Spent::ZERO, &Cost::pure(fx("1"))),
@@ -1494,12 +1517,48 @@ mod tests {
             }
             at((lo + hi) / 2.0)
         }
+        // P(N(0,1) > x) by Simpson's rule over [x, x + 14] (no erfc, no continued fraction).
+        fn tail_by_quadrature(x: f64) -> f64 {
+            if x < 0.0 {
+                return 1.0 - tail_by_quadrature(-x);
+            }
+            let steps = 6_000;
+            let h = 14.0 / f64::from(steps);
+            let f = |t: f64| (-t * t / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            let mut sum = f(x) + f(x + 14.0);
+            for i in 1..steps {
+                let weight = if i % 2 == 1 { 4.0 } else { 2.0 };
+                sum += weight * f(x + f64::from(i) * h);
+            }
+            sum * h / 3.0
+        }
+        // The smallest ε at which μ-GDP is (ε, δ)-DP, by bisection over the profile.
+        fn gdp_epsilon(mu: f64, delta: f64) -> f64 {
+            let profile = |e: f64| {
+                tail_by_quadrature(e / mu - mu / 2.0)
+                    - e.exp() * tail_by_quadrature(e / mu + mu / 2.0)
+            };
+            let (mut lo, mut hi) = (0.0_f64, 200.0_f64);
+            if profile(0.0) <= delta {
+                return 0.0;
+            }
+            for _ in 0..60 {
+                let mid = (lo + hi) / 2.0;
+                if profile(mid) <= delta {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            hi
+        }
         // Slack of the rule for a list of charges: > 0 within, < 0 outside.
         fn slack(eps_limit: f64, delta_limit: f64, charges: &[Charge]) -> f64 {
             let tail = (delta_limit * 1e18 / 2.0).floor() / 1e18;
             let sel = delta_limit - tail;
-            let zcdp_delta = (tail * 1e18 / 4.0).floor() * 3.0 / 1e18;
-            let orders_delta = tail - zcdp_delta;
+            let quarter = (tail * 1e18 / 4.0).floor();
+            let (gdp_delta, zcdp_delta) = (quarter * 2.0 / 1e18, quarter / 1e18);
+            let orders_delta = tail - gdp_delta - zcdp_delta;
             let delta: f64 = charges.iter().map(|c| c.delta).sum();
             if delta > sel * (1.0 + 1e-12) {
                 return -1.0;
@@ -1533,6 +1592,20 @@ mod tests {
                     let convert =
                         ((n / orders_delta).ln() - a.ln()) / (a - 1.0) + (1.0 - 1.0 / a).ln();
                     best = best.max(eps_limit - convert - divergence);
+                }
+            }
+            // Only where it can decide (the other members leave the history near or outside).
+            if gdp_delta > 0.0 && best < 1e-6 {
+                // The rule's cost: π·Σ ε_c²/2 with π as 355/113, plus 2ρ.
+                let mu_squared: f64 = charges
+                    .iter()
+                    .map(|c| {
+                        2.0 * c.rho
+                            + 355.0 / 113.0 * c.parts.iter().map(|x| x * x / 2.0).sum::<f64>()
+                    })
+                    .sum();
+                if mu_squared > 0.0 {
+                    best = best.max(eps_limit - gdp_epsilon(mu_squared.sqrt(), gdp_delta));
                 }
             }
             best

@@ -16,15 +16,18 @@
 //! - Query text and results never enter error messages; the ledger's PostgreSQL errors are
 //!   logged and reported as [`crate::Error::LedgerUnavailable`].
 //!
-//! - The admission rule is fixed in advance per limit (a Rényi filter over a fixed grid of
-//!   orders, with the order ∞ for pure ε and a union bound over the orders), so it stays valid
+//! - The admission rule is fixed in advance per limit (a GDP filter, a zCDP filter and Rényi
+//!   filters over a fixed grid of orders, with the order ∞ for pure ε and a union bound over
+//!   the members), so it stays valid
 //!   when an analyst mixes Laplace, Gaussian and partition selection adaptively; the theorem and
 //!   its sources are in [`accountant`].
 
 pub mod accountant;
 pub mod fixed;
+pub mod gdp;
 pub mod lease;
 pub mod ledger;
+pub mod refusal;
 pub mod window;
 
 pub use accountant::{

@@ -610,10 +610,11 @@ async fn a_message_with_a_refused_statement_runs_and_charges_nothing() {
 }
 
 /// Issues 16 and 45: Gaussian queries are recorded as zCDP ρ and composed by the accountant's
-/// zCDP member. At the noise of ε = 1, δ = 10⁻⁷ per query (σ ≈ 4.8 for a count), the demo
-/// analyst's budget (ε = 10, δ = 10⁻⁵) admitted 10 such counts by basic composition and 69 by
-/// the grid of Rényi orders alone; now it admits 82, and then refuses with 53400. Every answer's
-/// NOTICE states the ρ charged and left.
+/// GDP member (and its zCDP member). At the noise of ε = 1, δ = 10⁻⁷ per query (σ ≈ 4.8 for a
+/// count), the demo analyst's budget (ε = 10, δ = 10⁻⁵) admitted 10 such counts by basic
+/// composition, 69 by the grid of Rényi orders alone and 82 with the zCDP member; the GDP
+/// member admits more, and then refuses with 53400. Every answer's NOTICE states the ρ charged
+/// and left.
 #[tokio::test]
 async fn gaussian_counts_are_composed_in_zcdp_and_last_far_longer() {
     let proxy = Proxy::start(64).await;

@@ -1473,3 +1473,75 @@ async fn a_version_5_ledger_gains_the_synopsis_tables_and_their_protocol_holds()
         fx("1")
     );
 }
+
+/// Totals written before the GDP member (the `renyi` array ends with the zCDP total) are read
+/// with no GDP total when they hold a Gaussian charge (drawn then with the discrete Gaussian,
+/// which is not known to be GDP), and with π·(zCDP total) when they hold only pure ε; the next
+/// charge writes the GDP total, and an old Gaussian history goes on charging by the other
+/// members.
+#[tokio::test]
+async fn totals_written_before_the_gdp_member_count_no_discrete_gaussian_charge_as_gdp() {
+    use pgdp::budget::accountant::ORDER_COUNT;
+    let db = harness::fresh_database("ledger_gdp").await;
+    let client = db.client().await;
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let old_totals = |zcdp: &str| format!("{{{}{zcdp}}}", "0.1,".repeat(ORDER_COUNT));
+    client
+        .execute(
+            "INSERT INTO pgdp.analyst_spent (analyst, epsilon, delta, rho, renyi, charges)
+             VALUES ('gaussian', 0, 0, 0.05, $1::text::numeric[], 1),
+                    ('pure', 0.5, 0, 0, $2::text::numeric[], 1)",
+            &[&old_totals("0.05"), &old_totals("0.125")],
+        )
+        .await
+        .unwrap();
+    let limit = Limit::new(fx("10"), fx("0.000001"));
+    let gaussian = ledger.balance("gaussian", &limit).await.unwrap().spent;
+    assert_eq!((gaussian.gdp, gaussian.zcdp), (Fixed::MAX, fx("0.05")));
+    let pure = ledger.balance("pure", &limit).await.unwrap().spent;
+    let pure_gdp = Cost {
+        pure_rho: fx("0.125"),
+        ..Cost::ZERO
+    }
+    .gaussian_dp();
+    assert_eq!(pure.gdp, pure_gdp);
+    // A Gaussian charge adds 2ρ to the GDP total, which is stored after the zCDP total.
+    let charged = ledger
+        .charge(
+            "pure",
+            &limit,
+            None,
+            &Cost::zcdp(fx("0.01")),
+            "f",
+            "gaussian",
+        )
+        .await
+        .unwrap();
+    assert_eq!(charged.balance().spent.gdp, pure_gdp + fx("0.02"));
+    let stored: i32 = client
+        .query_one(
+            "SELECT cardinality(renyi) FROM pgdp.analyst_spent WHERE analyst = 'pure'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored as usize, ORDER_COUNT + 2);
+    assert_eq!(
+        ledger.balance("pure", &limit).await.unwrap().spent,
+        charged.balance().spent
+    );
+    // The old Gaussian history charges on (zCDP member, orders) and still has no GDP total.
+    let after = ledger
+        .charge(
+            "gaussian",
+            &limit,
+            None,
+            &Cost::zcdp(fx("0.01")),
+            "f",
+            "gaussian",
+        )
+        .await
+        .unwrap();
+    assert!(after.balance().spent.gdp > fx("1000000000"));
+}

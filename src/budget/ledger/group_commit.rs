@@ -393,10 +393,13 @@ pub(super) async fn record_charges(
 }
 
 /// Reads `(epsilon::text, delta::text, rho::text, renyi::text)` from column `first` on. The
-/// `renyi` array holds the per-order totals, then the zCDP total ([`divergences_literal`]). A
-/// NULL `renyi` (a row written by schema version 1) is bounded by the sums, and an array of the
-/// per-order totals alone (written before the zCDP member) has its zCDP total bounded by them
-/// ([`Spent::from_sums`]).
+/// `renyi` array holds the per-order totals, then the zCDP total, then the GDP total
+/// ([`divergences_literal`]). A NULL `renyi` (a row written by schema version 1) is bounded by
+/// the sums, and an array of the per-order totals alone (written before the zCDP member) has
+/// its zCDP total bounded by them ([`Spent::from_sums`]). An array without the GDP total
+/// (written before the GDP member, when Gaussian noise was the discrete Gaussian) has none
+/// if it holds a Gaussian charge (ρ > 0: [`Spent::gdp`] is MAX), and π times its zCDP total
+/// (the pure components' Σ ε_c²/2, [`Cost::gaussian_dp`]) otherwise.
 pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
     let amount = |text: &str| -> Result<Fixed, Fault> {
         Fixed::from_numeric_text(text)
@@ -416,11 +419,26 @@ pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
         .split(',')
         .map(amount)
         .collect::<Result<Vec<Fixed>, Fault>>()?;
-    let (values, zcdp) = match values.len() {
-        n if n == ORDER_COUNT => (values, sums.zcdp),
+    let before_gdp = |zcdp: Fixed| {
+        if sums.rho.is_zero() {
+            Cost {
+                pure_rho: zcdp,
+                ..Cost::ZERO
+            }
+            .gaussian_dp()
+        } else {
+            Fixed::MAX
+        }
+    };
+    let (values, zcdp, gdp) = match values.len() {
+        n if n == ORDER_COUNT => (values, sums.zcdp, sums.gdp),
         n if n == ORDER_COUNT + 1 => {
             let zcdp = values[ORDER_COUNT];
-            (values[..ORDER_COUNT].to_vec(), zcdp)
+            (values[..ORDER_COUNT].to_vec(), zcdp, before_gdp(zcdp))
+        }
+        n if n == ORDER_COUNT + 2 => {
+            let (zcdp, gdp) = (values[ORDER_COUNT], values[ORDER_COUNT + 1]);
+            (values[..ORDER_COUNT].to_vec(), zcdp, gdp)
         }
         _ => {
             return Err(Fault::Corrupt(
@@ -434,6 +452,7 @@ pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
     Ok(Spent {
         renyi,
         zcdp,
+        gdp,
         ..sums
     })
 }
@@ -458,13 +477,13 @@ pub(super) fn text_array_literal(items: &[String]) -> String {
     format!("{{{}}}", quoted.join(","))
 }
 
-/// The per-order totals of `spent`, then its zCDP total, as a PostgreSQL array literal of exact
-/// decimals (the `renyi` column).
+/// The per-order totals of `spent`, then its zCDP total, then its GDP total, as a PostgreSQL
+/// array literal of exact decimals (the `renyi` column).
 pub(super) fn divergences_literal(spent: &Spent) -> String {
     let values: Vec<String> = spent
         .renyi
         .iter()
-        .chain(std::iter::once(&spent.zcdp))
+        .chain([&spent.zcdp, &spent.gdp])
         .map(|x| x.to_numeric_text())
         .collect();
     format!("{{{}}}", values.join(","))

@@ -538,7 +538,7 @@ mod tests {
 
     /// `P(round(σZ) ≥ m) = P(Z ≥ (m − ½)/σ)` for a standard normal `Z`.
     fn gaussian_upper_tail(sigma: f64, m: i128) -> f64 {
-        crate::dp::mechanism::noise::normal_upper_tail((m as f64 - 0.5) / sigma)
+        crate::budget::gdp::normal_upper_tail((m as f64 - 0.5) / sigma)
     }
 
     #[test]

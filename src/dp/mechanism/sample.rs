@@ -183,7 +183,15 @@ fn uniform_below_u64<R: Rng + CryptoRng + ?Sized>(rng: &mut R, upper: u64) -> u6
     if upper == 1 {
         return 0;
     }
-    let mut product = u128::from(rng.next_u64()) * u128::from(upper);
+    let first = rng.next_u64();
+    uniform_below_u64_from(rng, first, upper)
+}
+
+/// [`uniform_below_u64`] whose first draw is the word `first` (drawn already), drawing further
+/// words only when it is rejected; `upper ≥ 1`.
+fn uniform_below_u64_from<R: Rng + CryptoRng + ?Sized>(rng: &mut R, first: u64, upper: u64) -> u64 {
+    debug_assert!(upper > 0);
+    let mut product = u128::from(first) * u128::from(upper);
     if (product as u64) < upper {
         // 2^64 mod upper, computed only when a rejection is possible.
         let threshold = upper.wrapping_neg() % upper;

@@ -41,7 +41,7 @@ use num_rational::BigRational;
 use num_traits::{One, Signed, Zero};
 use rand::{CryptoRng, Rng};
 
-use super::{exp_coin_unit, exp_neg_coin, fair_bit, geometric_e1, uniform_below_u64, Work};
+use super::{exp_coin_unit, exp_neg_coin, fair_bit, geometric_e1, uniform_below_u64_from, Work};
 
 /// Steps every chain takes: a chain continues past `n` steps with probability at most `1/n!`
 /// (its continuation probability per step is below 1), `1/24! < 2^-79`.
@@ -63,6 +63,14 @@ fn draw_word<R: Rng + CryptoRng + ?Sized>(rng: &mut R) -> u128 {
 }
 
 impl Lazy {
+    /// A uniform real whose first word is `head` (already drawn).
+    fn from_head(head: u128) -> Lazy {
+        Lazy {
+            head,
+            tail: Vec::new(),
+        }
+    }
+
     /// A uniform real with `words ≥ 1` words drawn now.
     fn new<R: Rng + CryptoRng + ?Sized>(rng: &mut R, words: usize) -> Lazy {
         let head = draw_word(rng);
@@ -109,17 +117,21 @@ fn less<R: Rng + CryptoRng + ?Sized>(
     }
 }
 
-/// `true` with probability `(2k + x)/(2k + 2)`: a uniform `j` below `2k + 2` is below `2k`, or
-/// equal to `2k` with a fresh uniform real below `x`. Two trials, always both drawn.
+/// Random words one chain step reads: a uniform `z` (two), the coin's `j` (one) and its
+/// uniform `w` (two).
+const STEP_WORDS: usize = 5;
+
+/// `true` with probability `(2k + x)/(2k + 2)`: a uniform `j` below `2k + 2` (from the word
+/// `j_word`) is below `2k`, or equal to `2k` with the uniform real `w` below `x`. Two trials,
+/// always both read.
 fn coin_two_k_plus_x<R: Rng + CryptoRng + ?Sized>(
     rng: &mut R,
     work: &mut Work,
-    k: u64,
+    (k, j_word, w): (u64, u64, u128),
     x: &mut Lazy,
 ) -> bool {
-    let j = uniform_below_u64(rng, 2 * k + 2);
-    let mut w = Lazy::new(rng, 1);
-    let below = less(rng, work, &mut w, x);
+    let j = uniform_below_u64_from(rng, j_word, 2 * k + 2);
+    let below = less(rng, work, &mut Lazy::from_head(w), x);
     work.trials += 2;
     j < 2 * k || (j == 2 * k && below)
 }
@@ -131,35 +143,49 @@ fn coin_two_k_plus_x<R: Rng + CryptoRng + ?Sized>(
 /// goes on while `z_i` is below the previous `z` (`z_0 = x`) and the coin is true. So it takes
 /// at least `n` steps with probability `P(x > z_1 > … > z_n)·pⁿ = (xp)ⁿ/n!`, and the number of
 /// steps it takes is even with probability `Σ_n even ((xp)ⁿ/n! − (xp)ⁿ⁺¹/(n+1)!) = e^(−xp)`.
+///
+/// The words of the fixed steps are drawn at once (one `fill_bytes`).
 fn chain<R: Rng + CryptoRng + ?Sized>(rng: &mut R, work: &mut Work, k: u64, x: &mut Lazy) -> bool {
+    const STEPS: usize = CHAIN_STEPS as usize;
+    let mut bytes = [0u8; 8 * STEP_WORDS * STEPS];
+    rng.fill_bytes(&mut bytes);
+    let words: [u64; STEP_WORDS * STEPS] = std::array::from_fn(|i| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&bytes[8 * i..8 * i + 8]);
+        u64::from_le_bytes(word)
+    });
     // The last accepted z; `None` while it is x itself.
     let mut last: Option<Lazy> = None;
     let mut taken = 0u64;
     let mut stopped = false;
-    let mut step = |rng: &mut R, work: &mut Work, last: &mut Option<Lazy>, stopped: &mut bool| {
-        let mut z = Lazy::new(rng, 1);
+    let mut step = |rng: &mut R, work: &mut Work, drawn: &[u64]| {
+        let pair = |i: usize| u128::from(drawn[i]) << 64 | u128::from(drawn[i + 1]);
+        let mut z = Lazy::from_head(pair(0));
         work.trials += 1;
         let below = match last.as_mut() {
             Some(previous) => less(rng, work, &mut z, previous),
             None => less(rng, work, &mut z, x),
         };
-        let coin = coin_two_k_plus_x(rng, work, k, x);
-        if !*stopped {
+        let coin = coin_two_k_plus_x(rng, work, (k, drawn[2], pair(3)), x);
+        if !stopped {
             if below && coin {
-                *last = Some(z);
+                last = Some(z);
                 taken += 1;
             } else {
-                *stopped = true;
+                stopped = true;
             }
         }
+        stopped
     };
-    for _ in 0..CHAIN_STEPS {
-        step(rng, work, &mut last, &mut stopped);
+    let mut done = false;
+    for drawn in words.chunks_exact(STEP_WORDS) {
+        done = step(rng, work, drawn);
     }
-    if !stopped {
+    if !done {
         work.fallbacks += 1;
-        while !stopped {
-            step(rng, work, &mut last, &mut stopped);
+        while !done {
+            let drawn: [u64; STEP_WORDS] = std::array::from_fn(|_| rng.next_u64());
+            done = step(rng, work, &drawn);
         }
     }
     taken % 2 == 0

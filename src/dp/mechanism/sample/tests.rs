@@ -432,8 +432,8 @@ fn discrete_laplace_matches_its_pmf() {
 fn rounded_gaussian_pmf(sigma: f64) -> impl Fn(i64) -> f64 {
     move |x| {
         let m = x.abs() as f64;
-        crate::dp::mechanism::noise::normal_upper_tail((m - 0.5) / sigma)
-            - crate::dp::mechanism::noise::normal_upper_tail((m + 0.5) / sigma)
+        crate::budget::gdp::normal_upper_tail((m - 0.5) / sigma)
+            - crate::budget::gdp::normal_upper_tail((m + 0.5) / sigma)
     }
 }
 
