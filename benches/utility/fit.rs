@@ -213,8 +213,9 @@ pub fn run(policy: &Policy, secret: &str, command: &str, out: &Path) -> Res<()> 
         "\nThe queries run in the benchmark's order, again and again, until the first refusal. \
          Before, every query's ε and δ were added up (Gaussian ones too). Now Laplace queries \
          are composed over the Rényi orders as well (each ε-DP part is also ε²/2-zCDP), Gaussian \
-         ones in zCDP (partition selection included: Gaussian thresholding of a released count \
-         or of a count of units of its own, charged in ρ plus its δ), and partition selection may \
+         ones by exact composition in Gaussian DP (the rounded Gaussian's μ² = 2ρ; pure parts \
+         π·ε²/2) and in zCDP (partition selection included: Gaussian thresholding of a released \
+         count or of a count of units of its own, charged in ρ plus its δ), and partition selection may \
          spend only half of δ ({} selections of 10⁻⁷ in the demo budget). Laplace queries with \
          partition selection pay a pure ε share for it unless a released count of units decides \
          it (docs/privacy.md §5–6).",
