@@ -45,8 +45,10 @@
 //!     delta      numeric NOT NULL DEFAULT 0 CHECK (delta >= 0),    -- Σ δ
 //!     rho        numeric NOT NULL DEFAULT 0 CHECK (rho >= 0),      -- Σ zCDP ρ
 //!     renyi      numeric[],  -- Σ Rényi divergence bound per order of accountant::ORDERS,
-//!                            -- then Σ zCDP ρ (ρ_pure + ρ); NULL: a version-1 row, bounded
-//!                            -- by the sums; without the last: bounded by ε²/2 + ρ
+//!                            -- then Σ zCDP ρ (ρ_pure + ρ), then Σ GDP μ² (π·ρ_pure + 2ρ);
+//!                            -- NULL: a version-1 row, bounded by the sums; without Σ ρ_z:
+//!                            -- bounded by ε²/2 + ρ; without Σ μ²: none if ρ > 0 (discrete
+//!                            -- Gaussian charges), else π·Σ ρ_z
 //!     charges    bigint NOT NULL DEFAULT 0,   -- since the last reset
 //!     updated_at timestamptz NOT NULL DEFAULT now(),
 //!     granted_epsilon, granted_delta numeric NOT NULL DEFAULT 0);  -- added to the policy limit
