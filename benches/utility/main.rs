@@ -59,6 +59,7 @@ mod bias;
 mod common;
 mod dashboard;
 mod fit;
+mod optimum;
 
 use common::{
     budget_policy_text, connect, demo_database, fail, fresh, machine, proxy_dsn, scalar,

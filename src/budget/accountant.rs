@@ -7,9 +7,10 @@
 //! - [`admit`] returns the new totals only if the history *including* the new charge satisfies
 //!   the rule below; it never admits a charge that leaves the state outside it, whatever was
 //!   charged before or in which order.
-//! - The rule is fixed in advance for a given [`Limit`]: the Rényi orders, the split of δ, and
-//!   each order's budget depend on the limit only, never on the history, so the rule is a
-//!   privacy filter under fully adaptive choice of queries (see "Theorem" below).
+//! - The rule is fixed in advance for a history: the Rényi orders, the split of δ, and each
+//!   order's budget depend on the limit and on the history's [`Accounting`] only, and that is
+//!   fixed at the history's first charge ([`Spent::fixed_under`]) and never changes after, so
+//!   the rule is a privacy filter under fully adaptive choice of queries (see "Theorem" below).
 //!
 //! # What a charge records
 //! A [`Cost`] has four parts: ε (the sum of the ε of the query's pure ε-DP components: Laplace
@@ -32,7 +33,9 @@
 //! For a limit (ε_L, δ_L): δ_tail = ⌊δ_L/2⌋ is reserved for the conversions and δ_sel =
 //! δ_L − δ_tail for partition selection; δ_tail is split, in advance, into δ_G = ½·δ_tail for
 //! the GDP member, δ_z = ¼·δ_tail for the zCDP member and δ_Λ = the rest for the orders
-//! ([`TAIL_SHARES`]). Λ is the
+//! ([`TAIL_SHARES`]) under the mixed rule ([`Accounting::Mixed`], the default), and into
+//! δ_G = δ_tail and nothing for the others under the Gaussian rule ([`Accounting::Gaussian`]:
+//! a member with no δ admits nothing). Λ is the
 //! fixed grid [`ORDERS`] of |Λ| finite orders. Each order has the budget
 //!
 //! ```text
@@ -94,8 +97,15 @@
 //! Gaussian ones at the best order of the grid. Charges made before the GDP member with the
 //! *discrete* Gaussian (zCDP with the continuous one's ρ, CKS20 Theorem 4, but not μ-GDP with
 //! its μ) are not GDP: a history holding one has [`Spent::gdp`] = MAX and the other members
-//! admit for it. With all of δ_tail the GDP member would admit 95 (99 with the whole δ); why
-//! it has half: docs/privacy.md, "Why 91 and not 99".
+//! admit for it. Under the Gaussian rule the GDP member has all of δ_tail and admits 95 of
+//! those counts (99 with the whole δ), and the orders and the zCDP member admit nothing: mixes
+//! of large pure components with Gaussian ones fit fewer, histories of pure ε alone exactly
+//! as many (docs/privacy.md, "Two rules").
+//!
+//! A history keeps the rule of its first charge: changing a limit's rule in the middle of a
+//! history would let its final totals fall in a member of either rule, and the union bound
+//! would then pay both rules' δ_tail. The ledger stores the rule with the totals, so a policy
+//! that changes `accounting` takes effect for histories that start afterwards.
 //!
 //! A history recorded before per-order totals existed (a ledger of schema version 1) is read
 //! with D_α ≤ ε + αρ for every old charge ([`Spent::from_sums`]), which bounds it.
@@ -106,8 +116,10 @@ use std::ops::Add;
 use super::fixed::Fixed;
 use super::gdp;
 pub use super::refusal::{Refusal, Scope};
+use super::split::split_tail;
+pub use super::split::TAIL_SHARES;
 use crate::memo::Memo;
-use crate::policy::Period;
+use crate::policy::{Accounting, Period};
 
 /// Bisection steps for the optimal Rényi order; f64 bisection stops improving long before.
 const BISECTION_STEPS_MAX: u32 = 300;
@@ -312,6 +324,9 @@ pub struct Limit {
     /// own, or `None` for the whole history. The rule of the module docs is the same either way;
     /// the ledger chooses which totals it is applied to.
     pub period: Option<Period>,
+    /// The rule a history that starts under this limit is composed under (the split of
+    /// δ_tail); a history keeps the rule of its first charge ([`Spent::accounting`]).
+    pub accounting: Accounting,
 }
 
 impl Limit {
@@ -321,7 +336,13 @@ impl Limit {
             epsilon,
             delta,
             period: None,
+            accounting: Accounting::Mixed,
         }
+    }
+
+    /// This limit, with histories that start under it composed by `accounting`.
+    pub const fn under(self, accounting: Accounting) -> Limit {
+        Limit { accounting, ..self }
     }
 
     /// This limit, renewed every window of `period` (`None`: never).
@@ -340,6 +361,7 @@ impl Limit {
             epsilon: self.epsilon.saturating_add(grants.epsilon),
             delta: self.delta.saturating_add(grants.delta),
             period: self.period,
+            accounting: self.accounting,
         }
     }
 
@@ -351,17 +373,17 @@ impl Limit {
 
     /// δ_G: the share of δ_tail the GDP member converts with (`TAIL_SHARES`).
     pub fn gdp_delta(&self) -> Fixed {
-        split_tail(self.tail_delta()).gdp
+        split_tail(self.tail_delta(), self.accounting).gdp
     }
 
     /// δ_z: the share of δ_tail the zCDP member converts with (`TAIL_SHARES`).
     pub fn zcdp_delta(&self) -> Fixed {
-        split_tail(self.tail_delta()).zcdp
+        split_tail(self.tail_delta(), self.accounting).zcdp
     }
 
     /// δ_Λ: the rest of δ_tail, split equally over the Rényi orders.
     pub fn orders_delta(&self) -> Fixed {
-        split_tail(self.tail_delta()).orders
+        split_tail(self.tail_delta(), self.accounting).orders
     }
 
     /// δ_sel: the δ that partition selection may spend, the rest of the limit's δ.
@@ -373,47 +395,19 @@ impl Limit {
     /// (ε, δ_Λ/|Λ|), rounded down; `None` when there is none (δ_Λ = 0, or the conversion
     /// alone exceeds ε).
     pub fn renyi_budget(&self, i: usize) -> Option<Fixed> {
-        budgets(self.epsilon, self.tail_delta()).orders[i]
+        budgets(self.epsilon, self.tail_delta(), self.accounting).orders[i]
     }
 
     /// B_z: the largest zCDP ρ whose conversion ([`zcdp_to_epsilon`], over the continuum of
     /// orders) at δ_z is at most ε, rounded down; `None` when there is none (δ_z = 0).
     pub fn zcdp_budget(&self) -> Option<Fixed> {
-        budgets(self.epsilon, self.tail_delta()).zcdp
+        budgets(self.epsilon, self.tail_delta(), self.accounting).zcdp
     }
 
     /// B_G: the largest μ² whose μ-GDP guarantee is (ε, δ_G)-DP ([`gdp::budget_mu_squared`]),
     /// rounded down; `None` when there is none (δ_G = 0).
     pub fn gdp_budget(&self) -> Option<Fixed> {
-        budgets(self.epsilon, self.tail_delta()).gdp
-    }
-}
-
-/// The shares of δ_tail, in quarters, of the GDP member and the zCDP member; the Rényi orders
-/// take the rest. Fixed in advance, like the orders: half for the GDP member, which admits
-/// Gaussian histories furthest (exact composition), a quarter for the zCDP member (histories
-/// of many small pure components with Gaussian ones, and histories with charges drawn from the
-/// discrete Gaussian before the GDP member existed, which it cannot count), a quarter for the
-/// orders (mixes of large pure components with Gaussian ones).
-pub const TAIL_SHARES: (u32, u32) = (2, 1);
-
-/// δ_tail split over the members that convert with it.
-struct TailSplit {
-    gdp: Fixed,
-    zcdp: Fixed,
-    orders: Fixed,
-}
-
-/// δ_tail split into δ_G = ⌊δ_tail·2/4⌋, δ_z = ⌊δ_tail/4⌋ on the grid, and δ_Λ the rest.
-fn split_tail(tail: Fixed) -> TailSplit {
-    let (gdp, zcdp) = TAIL_SHARES;
-    let quarter = tail.units() / 4;
-    let gdp = Fixed::from_units(quarter * u128::from(gdp));
-    let zcdp = Fixed::from_units(quarter * u128::from(zcdp));
-    TailSplit {
-        gdp,
-        zcdp,
-        orders: tail.saturating_sub(gdp).saturating_sub(zcdp),
+        budgets(self.epsilon, self.tail_delta(), self.accounting).gdp
     }
 }
 
@@ -426,13 +420,14 @@ struct Budgets {
     gdp: Option<Fixed>,
 }
 
-/// The [`Budgets`] for (ε, δ_tail), computed once per pair and remembered ([`crate::memo`]):
+/// The [`Budgets`] for (ε, δ_tail) under a rule, computed once per triple and remembered ([`crate::memo`]):
 /// admission, the remaining budget and the count of repeats ask for them query after query,
 /// and each costs exact decimal conversions (and the zCDP member's a bisection).
-fn budgets(epsilon: Fixed, tail: Fixed) -> Budgets {
-    static MEMO: Memo<(Fixed, Fixed), Budgets> = Memo::new(crate::limits::RENYI_BUDGETS_CACHED_MAX);
-    MEMO.get_or((epsilon, tail), || {
-        let split = split_tail(tail);
+fn budgets(epsilon: Fixed, tail: Fixed, accounting: Accounting) -> Budgets {
+    static MEMO: Memo<(Fixed, Fixed, Accounting), Budgets> =
+        Memo::new(crate::limits::RENYI_BUDGETS_CACHED_MAX);
+    MEMO.get_or((epsilon, tail, accounting), || {
+        let split = split_tail(tail, accounting);
         let epsilon_f64 = epsilon.to_f64();
         Budgets {
             orders: std::array::from_fn(|i| {
@@ -517,6 +512,10 @@ pub struct Spent {
     /// to be GDP (a Gaussian one drawn with the discrete Gaussian, before the GDP member
     /// existed), which no GDP budget admits; kept by saturating sums.
     pub gdp: Fixed,
+    /// The rule this history is composed under, fixed at its first charge from the limit then
+    /// in force ([`Spent::fixed_under`]) and kept by every sum; `None` before any charge, and
+    /// for totals no limit governs (the dataset's without a dataset budget).
+    pub accounting: Option<Accounting>,
 }
 
 impl Spent {
@@ -528,6 +527,7 @@ impl Spent {
         renyi: [Fixed::ZERO; ORDER_COUNT],
         zcdp: Fixed::ZERO,
         gdp: Fixed::ZERO,
+        accounting: None,
     };
 
     /// A history known only by its sums (a ledger written before per-order totals): each of its
@@ -535,7 +535,8 @@ impl Spent {
     /// its ρ_pure, a sum of ε_c²/2 over components whose ε_c add up to ε_sum, is at most
     /// ε_sum²/2, so ε_sum²/2 + ρ_sum bounds its zCDP total. Its Gaussian charges (ρ_sum > 0)
     /// were drawn with the discrete Gaussian, so it has no GDP total ([`Spent::gdp`] is MAX);
-    /// without them its μ² is at most π·ε_sum²/2.
+    /// without them its μ² is at most π·ε_sum²/2. Every history then was composed by the mixed
+    /// rule.
     pub fn from_sums(epsilon: Fixed, delta: Fixed, rho: Fixed) -> Spent {
         let mut renyi = [Fixed::ZERO; ORDER_COUNT];
         for (i, slot) in renyi.iter_mut().enumerate() {
@@ -562,6 +563,33 @@ impl Spent {
             } else {
                 Fixed::MAX
             },
+            accounting: (!(epsilon.is_zero() && delta.is_zero() && rho.is_zero()))
+                .then_some(Accounting::Mixed),
+        }
+    }
+
+    /// Whether nothing was charged: every total is zero.
+    pub fn is_zero(&self) -> bool {
+        self.epsilon.is_zero()
+            && self.delta.is_zero()
+            && self.rho.is_zero()
+            && self.zcdp.is_zero()
+            && self.gdp.is_zero()
+            && self.renyi.iter().all(|d| d.is_zero())
+    }
+
+    /// These totals with their rule fixed: the one they already have, else, once something was
+    /// charged, the rule of `limit`, the limit they are admitted under. Every admission fixes
+    /// the rule of the totals it is checked against ([`admit`], and the ledger's reservations
+    /// of lease slices), so a history is composed by one rule from its first charge on, even
+    /// when the policy changes the limit's rule later (docs/privacy.md, "Two rules").
+    pub fn fixed_under(self, limit: &Limit) -> Spent {
+        if self.accounting.is_some() || self.is_zero() {
+            return self;
+        }
+        Spent {
+            accounting: Some(limit.accounting),
+            ..self
         }
     }
 
@@ -578,6 +606,7 @@ impl Spent {
             renyi,
             zcdp: self.zcdp.checked_add(cost.concentrated())?,
             gdp: self.gdp.saturating_add(cost.gaussian_dp()),
+            accounting: self.accounting,
         })
     }
 }
@@ -600,57 +629,8 @@ impl Spent {
             gdp: self
                 .gdp
                 .saturating_add(cost.gaussian_dp().checked_mul_int(k)?),
+            accounting: self.accounting,
         })
-    }
-}
-
-/// Totals as vectors, for budget leases (`budget::ledger`): a lease reserves the totals of k
-/// charges of a cost, and the charges made under it must stay within that reservation in every
-/// coordinate. The rule of the module docs is monotone in every coordinate (each condition is
-/// an upper bound on a total), so a history whose totals are at most, coordinate by coordinate,
-/// those of a history within the limit is itself within the limit.
-impl Spent {
-    /// Exact coordinate-wise sum, or `None` on overflow.
-    pub fn checked_add_spent(&self, other: &Spent) -> Option<Spent> {
-        let mut renyi = self.renyi;
-        for (slot, add) in renyi.iter_mut().zip(other.renyi) {
-            *slot = slot.checked_add(add)?;
-        }
-        Some(Spent {
-            epsilon: self.epsilon.checked_add(other.epsilon)?,
-            delta: self.delta.checked_add(other.delta)?,
-            rho: self.rho.checked_add(other.rho)?,
-            renyi,
-            zcdp: self.zcdp.checked_add(other.zcdp)?,
-            gdp: self.gdp.saturating_add(other.gdp),
-        })
-    }
-
-    /// Exact coordinate-wise difference, or `None` where `other` exceeds `self` in any
-    /// coordinate.
-    pub fn checked_sub_spent(&self, other: &Spent) -> Option<Spent> {
-        let mut renyi = self.renyi;
-        for (slot, sub) in renyi.iter_mut().zip(other.renyi) {
-            *slot = slot.checked_sub(sub)?;
-        }
-        Some(Spent {
-            epsilon: self.epsilon.checked_sub(other.epsilon)?,
-            delta: self.delta.checked_sub(other.delta)?,
-            rho: self.rho.checked_sub(other.rho)?,
-            renyi,
-            zcdp: self.zcdp.checked_sub(other.zcdp)?,
-            gdp: self.gdp.checked_sub(other.gdp)?,
-        })
-    }
-
-    /// Whether every coordinate of `other` is at most this one's.
-    pub fn covers(&self, other: &Spent) -> bool {
-        self.epsilon >= other.epsilon
-            && self.delta >= other.delta
-            && self.rho >= other.rho
-            && self.zcdp >= other.zcdp
-            && self.gdp >= other.gdp
-            && self.renyi.iter().zip(other.renyi).all(|(a, b)| *a >= b)
     }
 }
 
@@ -670,6 +650,7 @@ impl Add<Cost> for Spent {
             renyi,
             zcdp: self.zcdp + cost.concentrated(),
             gdp: self.gdp + cost.gaussian_dp(),
+            accounting: self.accounting,
         }
     }
 }
@@ -761,6 +742,7 @@ fn zcdp_to_epsilon_f64(rho: f64, delta: f64) -> f64 {
 /// orders. `None` when no member applies (ρ spent and δ_tail = 0) or the result does not fit a
 /// [`Fixed`].
 pub fn guarantee(limit: &Limit, spent: &Spent) -> Option<Guarantee> {
+    let limit = &in_force(limit, spent);
     let tail = limit.tail_delta();
     let mut best: Option<Fixed> = spent.rho.is_zero().then_some(spent.epsilon);
     let mut consider = |epsilon: Fixed, within_budget: bool| {
@@ -813,8 +795,18 @@ pub fn guarantee(limit: &Limit, spent: &Spent) -> Option<Guarantee> {
     Some(Guarantee { epsilon, delta })
 }
 
+/// `limit` with the rule `spent` is composed under: the history's own once it has one
+/// ([`Spent::accounting`]), else the limit's.
+pub fn in_force(limit: &Limit, spent: &Spent) -> Limit {
+    match spent.accounting {
+        Some(accounting) => limit.under(accounting),
+        None => *limit,
+    }
+}
+
 /// Whether `spent` is within `limit` under the rule of the module docs.
 pub fn within(limit: &Limit, spent: &Spent) -> bool {
+    let limit = &in_force(limit, spent);
     if spent.delta > limit.selection_delta() {
         return false;
     }
@@ -841,7 +833,7 @@ pub fn within(limit: &Limit, spent: &Spent) -> bool {
 #[allow(clippy::result_large_err)]
 pub fn admit(limit: &Limit, spent: &Spent, cost: &Cost) -> Result<Spent, Refusal> {
     match spent.checked_add(cost) {
-        Some(after) if within(limit, &after) => Ok(after),
+        Some(after) if within(limit, &after) => Ok(after.fixed_under(limit)),
         _ => Err(Refusal {
             scope: Scope::Analyst,
             requested: *cost,
@@ -870,6 +862,7 @@ pub fn epsilon_taken(limit: &Limit, spent: &Spent, cost: &Cost) -> Fixed {
         renyi,
         zcdp: spent.zcdp.saturating_sub(cost.concentrated()),
         gdp: spent.gdp.saturating_sub(cost.gaussian_dp()),
+        accounting: spent.accounting,
     };
     remaining(limit, &before)
         .epsilon
@@ -912,6 +905,7 @@ const REMAINING_SHRINK_DIVISOR: u128 = 1_000_000_000;
 /// largest pure ε (one component) and Gaussian ρ of one more query that would be admitted.
 /// All zero when the history is already outside the limit (e.g. after the policy lowered it).
 pub fn remaining(limit: &Limit, spent: &Spent) -> Remaining {
+    let limit = &in_force(limit, spent);
     if !within(limit, spent) {
         return Remaining::default();
     }
@@ -1114,6 +1108,83 @@ mod tests {
         assert!(over > lim.epsilon.to_f64(), "{over}");
         let g = guarantee(&lim, &spent).unwrap();
         assert!(g.epsilon <= lim.epsilon && g.delta <= lim.delta, "{g:?}");
+    }
+
+    /// Under the Gaussian rule the GDP member converts with all of δ_tail: issue 45's 95
+    /// counts at σ = 5.39 in (10, 10⁻⁶); pure ε alone still composes basically, and two
+    /// Laplace queries at ε = 1 leave room for few counts (the mixed rule's orders keep more).
+    #[test]
+    fn the_gaussian_rule_admits_95_counts_and_keeps_basic_composition() {
+        let lim = limit("10", "0.000001").under(Accounting::Gaussian);
+        assert_eq!(lim.gdp_delta(), lim.tail_delta());
+        assert!(lim.zcdp_budget().is_none() && lim.renyi_budget(12).is_none());
+        let sigma = 5.39_f64;
+        let rho = Fixed::from_f64_ceil(1.0 / (2.0 * sigma * sigma)).unwrap();
+        let count = Cost::zcdp(rho);
+        let run = |lim: &Limit, start: Spent| {
+            let mut spent = start;
+            let mut admitted = 0;
+            while let Ok(after) = admit(lim, &spent, &count) {
+                spent = after;
+                admitted += 1;
+            }
+            (admitted, spent)
+        };
+        let (admitted, spent) = run(&lim, Spent::ZERO);
+        assert_eq!(admitted, 95, "{admitted} queries");
+        assert_eq!(spent.accounting, Some(Accounting::Gaussian));
+        // Independently: μ² = 2·Σρ converts within the limit at δ_tail, one more count not.
+        let mu = |rho: Fixed| (2.0 * rho.to_f64()).sqrt();
+        let delta = lim.tail_delta().to_f64();
+        assert!(gdp::epsilon_for(mu(spent.rho), delta).unwrap() <= 10.0);
+        assert!(gdp::epsilon_for(mu(spent.rho + rho), delta).unwrap() > 10.0);
+        let g = guarantee(&lim, &spent).unwrap();
+        assert!(g.epsilon <= lim.epsilon && g.delta <= lim.delta, "{g:?}");
+        // Pure ε alone: basic composition, as under the mixed rule.
+        let one = Cost::pure(fx("1"));
+        let mut pure = Spent::ZERO;
+        let mut laplace = 0;
+        while let Ok(after) = admit(&lim, &pure, &one) {
+            pure = after;
+            laplace += 1;
+        }
+        assert_eq!(laplace, 10);
+        // Two Laplace queries at ε = 1, then counts: the GDP member prices each at
+        // μ² = π/2, nearly all of its budget; the mixed rule's orders keep room for more.
+        let two = Spent::ZERO.after_repeats(&one, 2).unwrap();
+        let (after_gaussian, _) = run(&lim, two);
+        let (after_mixed, _) = run(&limit("10", "0.000001"), two);
+        assert_eq!((after_gaussian, after_mixed), (3, 45));
+    }
+
+    /// A history is composed by the rule of its first charge, whatever the limit says later;
+    /// a history with nothing charged takes the limit's.
+    #[test]
+    fn a_history_keeps_the_rule_of_its_first_charge() {
+        let mixed = limit("10", "0.000001");
+        let gaussian = mixed.under(Accounting::Gaussian);
+        let count = Cost::zcdp(Fixed::from_f64_ceil(1.0 / (2.0 * 5.39 * 5.39)).unwrap());
+        assert_eq!(Spent::ZERO.fixed_under(&gaussian).accounting, None);
+        let first = admit(&gaussian, &Spent::ZERO, &count).unwrap();
+        assert_eq!(first.accounting, Some(Accounting::Gaussian));
+        assert_eq!(in_force(&mixed, &first), gaussian);
+        // Admitted under a limit that now says mixed: the Gaussian rule still decides.
+        let mut spent = first;
+        let mut admitted = 1;
+        while let Ok(after) = admit(&mixed, &spent, &count) {
+            assert_eq!(after.accounting, Some(Accounting::Gaussian));
+            spent = after;
+            admitted += 1;
+        }
+        assert_eq!(admitted, 95);
+        assert_eq!(remaining(&mixed, &spent), remaining(&gaussian, &spent));
+        assert_eq!(repeats(&mixed, &first, &count), 94);
+        // And the other way round: a mixed history stays mixed (91 in all).
+        let first = admit(&mixed, &Spent::ZERO, &count).unwrap();
+        assert_eq!(repeats(&gaussian, &first, &count), 90);
+        // Zero-cost admissions fix nothing.
+        let nothing = admit(&gaussian, &Spent::ZERO, &Cost::ZERO).unwrap();
+        assert_eq!(nothing.accounting, None);
     }
 
     /// A history with Gaussian charges made before the GDP member (drawn with the discrete
@@ -1341,8 +1412,14 @@ mod tests {
     fn repeats_count_what_one_by_one_admission_admits() {
         let mut rng = ChaCha20Rng::seed_from_u64(0x5e9ea7);
         let mut counted = 0;
-        for _ in 0..200 {
-            let lim = Limit::new(random_amount(&mut rng, 2), random_delta(&mut rng));
+        for run in 0..200 {
+            let gaussian = run % 2 == 1;
+            let lim =
+                Limit::new(random_amount(&mut rng, 2), random_delta(&mut rng)).under(if gaussian {
+                    Accounting::Gaussian
+                } else {
+                    Accounting::Mixed
+                });
             let mut spent = Spent::ZERO;
             for _ in 0..rng.random_range(0..5) {
                 if let Ok(after) = admit(&lim, &spent, &random_cost(&mut rng)) {
@@ -1404,7 +1481,7 @@ mod tests {
                     match admit(&lim, &spent, cost) {
                         Ok(after) => {
                             admissions += 1;
-                            assert_eq!(after, spent + *cost);
+                            assert_eq!(after, (spent + *cost).fixed_under(&lim));
                             admitted = admitted + *cost;
                             spent = after;
                             assert!(within(&lim, &spent));
@@ -1553,12 +1630,21 @@ mod tests {
             hi
         }
         // Slack of the rule for a list of charges: > 0 within, < 0 outside.
-        fn slack(eps_limit: f64, delta_limit: f64, charges: &[Charge]) -> f64 {
+        // Under the Gaussian rule the GDP member has all of δ_tail, the others nothing.
+        fn slack(eps_limit: f64, delta_limit: f64, gaussian: bool, charges: &[Charge]) -> f64 {
             let tail = (delta_limit * 1e18 / 2.0).floor() / 1e18;
             let sel = delta_limit - tail;
             let quarter = (tail * 1e18 / 4.0).floor();
-            let (gdp_delta, zcdp_delta) = (quarter * 2.0 / 1e18, quarter / 1e18);
-            let orders_delta = tail - gdp_delta - zcdp_delta;
+            let (gdp_delta, zcdp_delta) = if gaussian {
+                (tail, 0.0)
+            } else {
+                (quarter * 2.0 / 1e18, quarter / 1e18)
+            };
+            let orders_delta = if gaussian {
+                0.0
+            } else {
+                tail - gdp_delta - zcdp_delta
+            };
             let delta: f64 = charges.iter().map(|c| c.delta).sum();
             if delta > sel * (1.0 + 1e-12) {
                 return -1.0;
@@ -1612,8 +1698,14 @@ mod tests {
         }
         let mut rng = ChaCha20Rng::seed_from_u64(0x1dea);
         let (mut agree, mut margin) = (0, 0);
-        for _ in 0..200 {
-            let lim = Limit::new(random_amount(&mut rng, 2), random_delta(&mut rng));
+        for run in 0..200 {
+            let gaussian = run % 2 == 1;
+            let rule = if gaussian {
+                Accounting::Gaussian
+            } else {
+                Accounting::Mixed
+            };
+            let lim = Limit::new(random_amount(&mut rng, 2), random_delta(&mut rng)).under(rule);
             let (eps_limit, delta_limit) = (lim.epsilon.to_f64(), lim.delta.to_f64());
             let mut spent = Spent::ZERO;
             let mut charges: Vec<Charge> = Vec::new();
@@ -1641,7 +1733,7 @@ mod tests {
                     rho: rho.to_f64(),
                     delta: delta.to_f64(),
                 });
-                let independent = slack(eps_limit, delta_limit, &charges);
+                let independent = slack(eps_limit, delta_limit, gaussian, &charges);
                 match admit(&lim, &spent, &cost) {
                     Ok(after) => {
                         spent = after;

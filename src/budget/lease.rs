@@ -94,6 +94,59 @@ pub fn slice_size(
     (fit / crate::limits::SLICE_SHARE_DIVISOR).clamp(1, slice_max.max(1))
 }
 
+/// Totals as vectors, for budget leases (`budget::ledger`): a lease reserves the totals of k
+/// charges of a cost, and the charges made under it must stay within that reservation in every
+/// coordinate. The rule of the module docs is monotone in every coordinate (each condition is
+/// an upper bound on a total), so a history whose totals are at most, coordinate by coordinate,
+/// those of a history within the limit is itself within the limit. Sums and differences keep
+/// the rule of `self` ([`Spent::accounting`]): a reservation has none of its own.
+impl Spent {
+    /// Exact coordinate-wise sum, or `None` on overflow.
+    pub fn checked_add_spent(&self, other: &Spent) -> Option<Spent> {
+        let mut renyi = self.renyi;
+        for (slot, add) in renyi.iter_mut().zip(other.renyi) {
+            *slot = slot.checked_add(add)?;
+        }
+        Some(Spent {
+            epsilon: self.epsilon.checked_add(other.epsilon)?,
+            delta: self.delta.checked_add(other.delta)?,
+            rho: self.rho.checked_add(other.rho)?,
+            renyi,
+            zcdp: self.zcdp.checked_add(other.zcdp)?,
+            gdp: self.gdp.saturating_add(other.gdp),
+            accounting: self.accounting,
+        })
+    }
+
+    /// Exact coordinate-wise difference, or `None` where `other` exceeds `self` in any
+    /// coordinate.
+    pub fn checked_sub_spent(&self, other: &Spent) -> Option<Spent> {
+        let mut renyi = self.renyi;
+        for (slot, sub) in renyi.iter_mut().zip(other.renyi) {
+            *slot = slot.checked_sub(sub)?;
+        }
+        Some(Spent {
+            epsilon: self.epsilon.checked_sub(other.epsilon)?,
+            delta: self.delta.checked_sub(other.delta)?,
+            rho: self.rho.checked_sub(other.rho)?,
+            renyi,
+            zcdp: self.zcdp.checked_sub(other.zcdp)?,
+            gdp: self.gdp.checked_sub(other.gdp)?,
+            accounting: self.accounting,
+        })
+    }
+
+    /// Whether every coordinate of `other` is at most this one's.
+    pub fn covers(&self, other: &Spent) -> bool {
+        self.epsilon >= other.epsilon
+            && self.delta >= other.delta
+            && self.rho >= other.rho
+            && self.zcdp >= other.zcdp
+            && self.gdp >= other.gdp
+            && self.renyi.iter().zip(other.renyi).all(|(a, b)| *a >= b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,9 +16,11 @@
 //! - Query text and results never enter error messages; the ledger's PostgreSQL errors are
 //!   logged and reported as [`crate::Error::LedgerUnavailable`].
 //!
-//! - The admission rule is fixed in advance per limit (a GDP filter, a zCDP filter and Rényi
-//!   filters over a fixed grid of orders, with the order ∞ for pure ε and a union bound over
-//!   the members), so it stays valid
+//! - The admission rule is fixed in advance per history: by the limit and the [`Accounting`]
+//!   rule of the history's first charge, which the ledger stores with the totals (a GDP filter,
+//!   a zCDP filter and Rényi filters over a fixed grid of orders, with the order ∞ for pure ε
+//!   and a union bound over the members; the Gaussian rule gives the GDP filter all of their
+//!   δ), so it stays valid
 //!   when an analyst mixes Laplace, Gaussian and partition selection adaptively; the theorem and
 //!   its sources are in [`accountant`].
 
@@ -28,11 +30,14 @@ pub mod gdp;
 pub mod lease;
 pub mod ledger;
 pub mod refusal;
+pub mod split;
 pub mod window;
 
+pub use crate::policy::Accounting;
+
 pub use accountant::{
-    admit, epsilon_taken, guarantee, remaining, repeats, within, zcdp_to_epsilon, Cost, Guarantee,
-    Limit, Refusal, Remaining, Scope, Spent,
+    admit, epsilon_taken, guarantee, in_force, remaining, repeats, within, zcdp_to_epsilon, Cost,
+    Guarantee, Limit, Refusal, Remaining, Scope, Spent,
 };
 pub use fixed::{Fixed, FixedError};
 pub use lease::{slice_size, Slice};

@@ -233,6 +233,42 @@ pub struct BudgetSpec {
     pub epsilon_per_query_max: Option<f64>,
     /// When the budget renews (`period`); `None`: never, the limit covers the whole history.
     pub period: Option<Period>,
+    /// How the accountant composes charges under this budget (`accounting`).
+    pub accounting: Accounting,
+}
+
+/// The admission rule a budget's histories are composed under (`budget::accountant`, module
+/// docs): which members share the conversions' δ. Fixed for a history at its first charge (the
+/// ledger records it with the totals), so a policy that changes it takes effect for histories
+/// that start afterwards: new analysts, a reset, the next window of a renewing budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Accounting {
+    /// Gaussian DP, zCDP and the Rényi orders share the conversions' δ: good for every mix of
+    /// Laplace and Gaussian queries.
+    #[default]
+    Mixed,
+    /// Gaussian DP takes all of the conversions' δ (basic composition still serves histories of
+    /// pure ε alone): the most Gaussian queries, fewer when large pure-ε charges are mixed in.
+    Gaussian,
+}
+
+impl Accounting {
+    /// The name used in YAML and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Accounting::Mixed => "mixed",
+            Accounting::Gaussian => "gaussian",
+        }
+    }
+
+    /// Parses the YAML spelling (`mixed`, `gaussian`; case and surrounding blanks ignored).
+    pub fn parse(text: &str) -> Option<Accounting> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "mixed" => Some(Accounting::Mixed),
+            "gaussian" => Some(Accounting::Gaussian),
+            _ => None,
+        }
+    }
 }
 
 /// How often a budget renews: the calendar window (in UTC) that one (ε, δ) limit covers.
@@ -584,7 +620,7 @@ impl Policy {
                 "dataset budget: epsilon {}, delta {}{}\n",
                 b.epsilon,
                 b.delta,
-                renewal(b.period)
+                renewal(b.period, b.accounting)
             ));
         }
         if let Some(schedule) = &self.release_schedule {
@@ -603,7 +639,7 @@ impl Policy {
                 a.budget.epsilon,
                 a.budget.delta,
                 cap,
-                renewal(a.budget.period)
+                renewal(a.budget.period, a.budget.accounting)
             ));
         }
         for s in self.synopses.values() {
@@ -655,11 +691,16 @@ impl Policy {
     }
 }
 
-/// `, per day (renews 00:00 UTC)` for a renewing budget, empty otherwise (for summaries).
-fn renewal(period: Option<Period>) -> String {
-    period.map_or(String::new(), |p| {
+/// `, per day (renews 00:00 UTC)` for a renewing budget, empty otherwise, and the accounting
+/// rule when it is not the default (for summaries).
+fn renewal(period: Option<Period>, accounting: Accounting) -> String {
+    let mut out = period.map_or(String::new(), |p| {
         format!(", per {} (renews {})", p.name(), p.renewal_moment())
-    })
+    });
+    if accounting != Accounting::Mixed {
+        out.push_str(&format!(", {} accounting", accounting.name()));
+    }
+    out
 }
 
 impl Period {

@@ -589,6 +589,43 @@ fn a_malformed_period_is_named_by_its_path() {
 }
 
 #[test]
+fn a_budget_names_its_accounting_rule() {
+    let text = minimal("")
+        .replace(
+            "epsilon: 1, delta: 1.0e-6 }",
+            "epsilon: 1, delta: 1.0e-6, accounting: Gaussian }",
+        )
+        .replace(
+            "database: db",
+            "database: db\nbudget: { epsilon: 5, delta: 1.0e-5, accounting: mixed }",
+        );
+    let p = parse(&text).expect("valid");
+    assert_eq!(p.analysts["alice"].budget.accounting, Accounting::Gaussian);
+    let dataset = p.dataset_budget.clone().expect("a dataset budget");
+    assert_eq!(dataset.accounting, Accounting::Mixed);
+    assert!(
+        p.summary().contains("delta 0.000001, gaussian accounting"),
+        "{}",
+        p.summary()
+    );
+    // Left out: mixed.
+    let plain = parse(&minimal("")).expect("valid");
+    assert_eq!(plain.analysts["alice"].budget.accounting, Accounting::Mixed);
+    for bad in ["gdp", "7", "[gaussian]", "''"] {
+        let text = minimal("").replace(
+            "epsilon: 1, delta: 1.0e-6 }",
+            &format!("epsilon: 1, delta: 1.0e-6, accounting: {bad} }}"),
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{bad}: {e:?}");
+        assert!(
+            e[0].starts_with("analysts.alice.budget.accounting: must be mixed or gaussian"),
+            "{bad}: {e:?}"
+        );
+    }
+}
+
+#[test]
 fn an_upper_ceiling_lies_above_upper_of_a_non_negative_column() {
     let with = |spec: &str| minimal("").replace("x: { type: numeric, lower: 0, upper: 10 }", spec);
     let p = parse(&with(

@@ -70,6 +70,9 @@ pub(super) struct RawBudget {
     /// Read as any YAML value so that a malformed one gets a path-named error, not serde's.
     #[serde(default)]
     period: Option<serde_norway::Value>,
+    /// Read as any YAML value, as `period`.
+    #[serde(default)]
+    accounting: Option<serde_norway::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -304,11 +307,27 @@ pub(super) fn validate_budget(p: &mut Problems, path: &str, raw: &RawBudget) -> 
         }
         period
     });
+    let accounting = raw.accounting.as_ref().map_or(Accounting::Mixed, |value| {
+        let text = value_text(value);
+        text.as_deref()
+            .and_then(Accounting::parse)
+            .unwrap_or_else(|| {
+                p.add(
+                    &format!("{path}.accounting"),
+                    format!(
+                        "must be mixed or gaussian (or left out: mixed), got {}",
+                        text.map_or("a value that is not text".to_string(), |t| format!("'{t}'"))
+                    ),
+                );
+                Accounting::Mixed
+            })
+    });
     BudgetSpec {
         epsilon: raw.epsilon,
         delta: raw.delta,
         epsilon_per_query_max: raw.epsilon_per_query_max,
         period,
+        accounting,
     }
 }
 

@@ -25,11 +25,11 @@ use super::composite::Composite;
 use super::{ClientRows, Session, Shared};
 
 /// A policy budget as exact ledger limits (rounded down: never in the analyst's favour), per
-/// window of its `period` when it renews.
+/// window of its `period` when it renews, under its `accounting`.
 pub fn limit_of(spec: &BudgetSpec) -> Result<Limit> {
     let e = Fixed::from_f64_floor(spec.epsilon).map_err(|_| Error::internal("budget epsilon"))?;
     let d = Fixed::from_f64_floor(spec.delta).map_err(|_| Error::internal("budget delta"))?;
-    Ok(Limit::new(e, d).per(spec.period))
+    Ok(Limit::new(e, d).per(spec.period).under(spec.accounting))
 }
 
 /// The policy tables `plan` reads, sorted, each once, for the audit log (`pgdp audit`): the

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgdp::budget::{fingerprint, Cost, Fixed, Ledger, Limit, Spent};
+use pgdp::policy::Accounting;
 use pgdp::Error;
 
 use crate::harness;
@@ -148,13 +149,14 @@ async fn charges_add_up_exactly_and_survive_reconnecting() {
     let ledger = Ledger::connect(db.dsn()).await.unwrap();
     let alice = ledger.balance("alice", &limit).await.unwrap();
     let alice_spent = (0..10).fold(Spent::ZERO, |s, _| s + Cost::pure(fx("0.1")));
-    assert_eq!(alice.spent, alice_spent);
+    assert_eq!(alice.spent, alice_spent.fixed_under(&limit));
+    assert_eq!(alice.spent.accounting, Some(Accounting::Mixed));
     assert_eq!(alice.spent.epsilon, Fixed::ONE);
     assert_eq!(alice.remaining.epsilon, Fixed::ZERO);
     let bob = ledger.balance("bob", &limit).await.unwrap();
     let bob_spent =
         Spent::ZERO + Cost::approx(fx("0.25"), fx("0.000001")) + Cost::zcdp(fx("0.001"));
-    assert_eq!(bob.spent, bob_spent);
+    assert_eq!(bob.spent, bob_spent.fixed_under(&limit));
     assert_eq!(bob.remaining, pgdp::budget::remaining(&limit, &bob.spent));
     assert!(bob.remaining.epsilon < fx("0.75"));
     // Half of δ is partition selection's (the other half is the conversion's).
@@ -313,7 +315,7 @@ async fn racing_processes_never_overspend_in_zcdp() {
     assert_eq!((admitted, exhausted), (affordable, TASKS - affordable));
     let ledger = Ledger::connect(db.dsn()).await.unwrap();
     let spent = ledger.balance("mallory", &limit).await.unwrap().spent;
-    assert_eq!(spent, expected);
+    assert_eq!(spent, expected.fixed_under(&limit));
     assert!(pgdp::budget::admit(&limit, &spent, &cost).is_err());
     let logged: i64 = db
         .client()
@@ -498,7 +500,7 @@ async fn group_commit_admits_each_charge_as_if_alone() {
         seen.sort_by_key(|s| s.epsilon);
         let mut expected = Spent::ZERO;
         for spent in &seen {
-            expected = expected + *cost;
+            expected = (expected + *cost).fixed_under(limit);
             assert_eq!(*spent, expected, "{name}");
         }
         let balance = ledger.balance(name, limit).await.unwrap();
@@ -517,7 +519,7 @@ async fn group_commit_admits_each_charge_as_if_alone() {
         }
     }
     let dataset_balance = ledger.dataset_balance(&dataset).await.unwrap();
-    assert_eq!(dataset_balance.spent, dataset_spent);
+    assert_eq!(dataset_balance.spent, dataset_spent.fixed_under(&dataset));
     assert!(dataset_balance.spent.epsilon <= dataset.epsilon);
     // Every analyst was refused for good: one more charge fits neither its budget nor the dataset's.
     for (name, limit, cost) in &analysts {
@@ -912,6 +914,7 @@ async fn a_version_1_ledger_is_migrated_and_bounded_by_its_sums() {
         .await
         .unwrap();
     assert_eq!(charge.balance().spent, by_sums + Cost::zcdp(fx("0.02")));
+    assert_eq!(old.spent.accounting, Some(Accounting::Mixed));
     let row = client
         .query_one(
             "SELECT renyi IS NOT NULL, (SELECT renyi IS NOT NULL FROM pgdp.dataset_spent),
@@ -1526,7 +1529,10 @@ async fn totals_written_before_the_gdp_member_count_no_discrete_gaussian_charge_
         .await
         .unwrap()
         .get(0);
-    assert_eq!(stored as usize, ORDER_COUNT + 2);
+    // The totals, the zCDP total, the GDP total and the rule: an old history is mixed.
+    assert_eq!(stored as usize, ORDER_COUNT + 3);
+    assert_eq!(pure.accounting, Some(Accounting::Mixed));
+    assert_eq!(charged.balance().spent.accounting, Some(Accounting::Mixed));
     assert_eq!(
         ledger.balance("pure", &limit).await.unwrap().spent,
         charged.balance().spent
@@ -1544,4 +1550,91 @@ async fn totals_written_before_the_gdp_member_count_no_discrete_gaussian_charge_
         .await
         .unwrap();
     assert!(after.balance().spent.gdp > fx("1000000000"));
+}
+
+/// Gaussian counts at σ = 5.39 charged to `analyst` until the first refusal: the first under
+/// `first`, the rest under `then`; through lease slices when `leased`.
+async fn counts_admitted(
+    ledger: &Ledger,
+    analyst: &str,
+    first: &Limit,
+    then: &Limit,
+    leased: bool,
+) -> u32 {
+    let count = Cost::zcdp(Fixed::from_f64_ceil(1.0 / (2.0 * 5.39 * 5.39)).unwrap());
+    let mut admitted = 0u32;
+    loop {
+        let limit = if admitted == 0 { first } else { then };
+        let fingerprint = format!("q{admitted}");
+        let charged: Result<(), Error> = if leased {
+            ledger
+                .charge_leased(analyst, limit, None, &count, &fingerprint, "gaussian", &[])
+                .await
+                .map(drop)
+        } else {
+            ledger
+                .charge(analyst, limit, None, &count, &fingerprint, "gaussian")
+                .await
+                .map(drop)
+        };
+        match charged {
+            Ok(()) => admitted += 1,
+            Err(e) if e.sqlstate().code() == "53400" => return admitted,
+            Err(e) => panic!("charge failed: {e}"),
+        }
+    }
+}
+
+/// A history keeps the accounting rule of its first charge (docs/privacy.md, "Two rules"): the
+/// ledger stores it with the totals, through group commits and lease slices alike, so a policy
+/// that changes a budget's `accounting` applies only to histories that start afterwards (here
+/// after a reset).
+#[tokio::test]
+async fn a_history_keeps_its_accounting_rule_when_the_policy_changes() {
+    let db = harness::fresh_database("ledger_rule").await;
+    let client = db.client().await;
+    let ledger = Ledger::connect(db.dsn()).await.unwrap();
+    let mixed = Limit::new(fx("10"), fx("0.000001"));
+    let gaussian = mixed.under(Accounting::Gaussian);
+    // Issue 45's counts: 95 under the Gaussian rule, 91 under the mixed one, whatever the
+    // limit says after the first charge.
+    assert_eq!(
+        counts_admitted(&ledger, "g", &gaussian, &mixed, false).await,
+        95
+    );
+    assert_eq!(
+        counts_admitted(&ledger, "m", &mixed, &gaussian, false).await,
+        91
+    );
+    let code = |analyst: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT renyi[cardinality(renyi)]::int FROM pgdp.analyst_spent WHERE analyst = $1",
+                    &[&analyst],
+                )
+                .await
+                .unwrap()
+                .get::<_, i32>(0)
+        }
+    };
+    assert_eq!((code("g").await, code("m").await), (2, 1));
+    let balance = ledger.balance("g", &mixed).await.unwrap();
+    assert_eq!(balance.spent.accounting, Some(Accounting::Gaussian));
+    // A reset starts a new history, under the rule the policy has now.
+    ledger.reset("g", "rule change", "test").await.unwrap();
+    assert_eq!(code("g").await, 0);
+    assert_eq!(
+        counts_admitted(&ledger, "g", &mixed, &mixed, false).await,
+        91
+    );
+    // Lease slices fix the rule as charges do.
+    let leasing = Ledger::connect(db.dsn()).await.unwrap();
+    leasing.set_lease_queries(16);
+    assert_eq!(
+        counts_admitted(&leasing, "l", &gaussian, &mixed, true).await,
+        95
+    );
+    assert_eq!(code("l").await, 2);
 }

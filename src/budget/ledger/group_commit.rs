@@ -4,6 +4,7 @@
 
 use super::window::{ledger_now, WindowKey, WindowTotals};
 use super::*;
+use crate::policy::Accounting;
 
 /// One [`Ledger::charge`] request, owned so that the committer task can hold it.
 pub(super) struct ChargeRequest {
@@ -393,8 +394,10 @@ pub(super) async fn record_charges(
 }
 
 /// Reads `(epsilon::text, delta::text, rho::text, renyi::text)` from column `first` on. The
-/// `renyi` array holds the per-order totals, then the zCDP total, then the GDP total
-/// ([`divergences_literal`]). A NULL `renyi` (a row written by schema version 1) is bounded by
+/// `renyi` array holds the per-order totals, then the zCDP total, then the GDP total, then
+/// the code of the history's rule ([`divergences_literal`]). An array without the code
+/// (written before rules could differ) holds a history of the mixed rule when anything was
+/// spent. A NULL `renyi` (a row written by schema version 1) is bounded by
 /// the sums, and an array of the per-order totals alone (written before the zCDP member) has
 /// its zCDP total bounded by them ([`Spent::from_sums`]). An array without the GDP total
 /// (written before the GDP member, when Gaussian noise was the discrete Gaussian) has none
@@ -415,10 +418,13 @@ pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
         .strip_prefix('{')
         .and_then(|l| l.strip_suffix('}'))
         .ok_or(Fault::Corrupt("per-order totals are not an array"))?;
-    let values = inner
+    let mut values = inner
         .split(',')
         .map(amount)
         .collect::<Result<Vec<Fixed>, Fault>>()?;
+    let values_code = (values.len() == ORDER_COUNT + 3)
+        .then(|| values.pop())
+        .flatten();
     let before_gdp = |zcdp: Fixed| {
         if sums.rho.is_zero() {
             Cost {
@@ -449,12 +455,19 @@ pub(super) fn spent_from_row(row: &Row, first: usize) -> Result<Spent, Fault> {
     let renyi: Renyi = values
         .try_into()
         .map_err(|_| Fault::Corrupt("per-order totals do not match this pgdp's orders"))?;
-    Ok(Spent {
+    let mut spent = Spent {
         renyi,
         zcdp,
         gdp,
+        accounting: None,
         ..sums
-    })
+    };
+    spent.accounting = match values_code {
+        Some(code) => accounting_of_code(code)?,
+        // Written before rules could differ: a history of the mixed rule, if any.
+        None => (!spent.is_zero()).then_some(Accounting::Mixed),
+    };
+    Ok(spent)
 }
 
 /// Reads `(granted_epsilon::text, granted_delta::text)` from column `first` on: what grants
@@ -477,14 +490,37 @@ pub(super) fn text_array_literal(items: &[String]) -> String {
     format!("{{{}}}", quoted.join(","))
 }
 
-/// The per-order totals of `spent`, then its zCDP total, then its GDP total, as a PostgreSQL
-/// array literal of exact decimals (the `renyi` column).
+/// The per-order totals of `spent`, then its zCDP total, then its GDP total, then the code of
+/// its rule ([`accounting_code`]), as a PostgreSQL array literal of exact decimals (the `renyi`
+/// column).
 pub(super) fn divergences_literal(spent: &Spent) -> String {
+    let code = accounting_code(spent.accounting);
     let values: Vec<String> = spent
         .renyi
         .iter()
-        .chain([&spent.zcdp, &spent.gdp])
+        .chain([&spent.zcdp, &spent.gdp, &code])
         .map(|x| x.to_numeric_text())
         .collect();
     format!("{{{}}}", values.join(","))
+}
+
+/// The rule of a history as the last element of its `renyi` array: 0 none yet, 1 mixed,
+/// 2 gaussian (a whole number of the array's decimals).
+fn accounting_code(accounting: Option<Accounting>) -> Fixed {
+    let code = match accounting {
+        None => 0,
+        Some(Accounting::Mixed) => 1,
+        Some(Accounting::Gaussian) => 2,
+    };
+    Fixed::from_units(code * Fixed::ONE.units())
+}
+
+/// The inverse of [`accounting_code`]; any other value is a corrupt ledger.
+fn accounting_of_code(code: Fixed) -> Result<Option<Accounting>, Fault> {
+    match code {
+        c if c.is_zero() => Ok(None),
+        c if c == accounting_code(Some(Accounting::Mixed)) => Ok(Some(Accounting::Mixed)),
+        c if c == accounting_code(Some(Accounting::Gaussian)) => Ok(Some(Accounting::Gaussian)),
+        _ => Err(Fault::Corrupt("a history's accounting rule is not known")),
+    }
 }

@@ -700,20 +700,20 @@ async fn reserve_once(
     };
     let reserved = slice.reserved;
     let others = admitted_on;
-    let overflow = || Fault::Corrupt("a total overflows");
-    let spent = spent.checked_add_spent(&reserved).ok_or_else(overflow)?;
-    let dataset = dataset.checked_add_spent(&reserved).ok_or_else(overflow)?;
+    // The totals a limit governs get its rule fixed, as `admit` fixes it for a charge.
+    let spent = plus_reserved(&spent, &reserved, analyst_key.is_none().then_some(&granted))?;
+    let dataset_whole = dataset_limit.filter(|_| dataset_key.is_none());
+    let dataset = plus_reserved(&dataset, &reserved, dataset_whole)?;
     if let Some(key) = &analyst_key {
-        let total = admitted_on
-            .checked_add_spent(&reserved)
-            .ok_or_else(overflow)?;
+        let total = plus_reserved(&admitted_on, &reserved, Some(&granted))?;
         windows.set(key, total, 0)?;
     }
     if let Some(key) = &dataset_key {
-        let total = dataset_admitted_on
-            .checked_add_spent(&reserved)
-            .ok_or_else(overflow)?;
-        windows.set(key, total, 0)?;
+        windows.set(
+            key,
+            plus_reserved(&dataset_admitted_on, &reserved, dataset_limit)?,
+            0,
+        )?;
     }
     let id = insert_lease(&tx, analyst, holder, k, &reserved, slice_windows).await?;
     set_totals(&tx, analyst, &spent, &dataset, charges).await?;
@@ -736,6 +736,19 @@ async fn reserve_once(
         ahead: None,
         fetching: false,
     })))
+}
+
+/// `total` plus a reservation, with the rule of `governing` fixed when that limit governs it
+/// ([`Spent::fixed_under`]).
+fn plus_reserved(
+    total: &Spent,
+    reserved: &Spent,
+    governing: Option<&Limit>,
+) -> Result<Spent, Fault> {
+    let sum = total
+        .checked_add_spent(reserved)
+        .ok_or(Fault::Corrupt("a total overflows"))?;
+    Ok(governing.map_or(sum, |limit| sum.fixed_under(limit)))
 }
 
 /// Why no slice of a reservation fits: the analyst's limit (`granted`, over `admitted_on`) or
