@@ -535,6 +535,7 @@ fn show(
         "delta_remaining",
         "last_charge",
         "renews_at",
+        "accounting",
     ];
     // When the current window of a renewing budget ends (its spent columns are the window's),
     // else `-`.
@@ -556,6 +557,7 @@ fn show(
         let limit = policy_limit.granted(&account.granted);
         let mut row = account_row(name, Some(policy_limit), &account, Some(&limit));
         row.push(window_of(name));
+        row.push(accounting_of(&account.spent, Some(&limit)));
         rows.push(row);
     }
     let dataset_limit = match &policy.dataset_budget {
@@ -564,12 +566,27 @@ fn show(
     };
     let mut row = account_row("(dataset)", dataset_limit, dataset, dataset_limit.as_ref());
     row.push(window_of("(dataset)"));
+    row.push(accounting_of(&dataset.spent, dataset_limit.as_ref()));
     rows.push(row);
     let mut out = table(&header, &rows);
     if dataset_limit.is_none() {
         out.push_str("(the policy sets no dataset budget: the dataset row only counts)\n");
     }
     Ok(out)
+}
+
+/// The `accounting` column of `show`: the rule the history is composed under (fixed at its
+/// first charge), and the policy's when it differs (it applies to the next history); the
+/// policy's alone before any charge; `-` for totals no limit governs.
+fn accounting_of(spent: &crate::budget::Spent, limit: Option<&Limit>) -> String {
+    match (spent.accounting, limit) {
+        (Some(fixed), Some(l)) if fixed != l.accounting => {
+            format!("{} (policy: {})", fixed.name(), l.accounting.name())
+        }
+        (Some(fixed), _) => fixed.name().to_string(),
+        (None, Some(l)) => l.accounting.name().to_string(),
+        (None, None) => "-".to_string(),
+    }
 }
 
 /// One row of `show`.

@@ -232,6 +232,7 @@ async fn a_grant_lets_a_refused_analyst_query_again_through_the_wire() {
     assert_eq!(row["epsilon_remaining"], "0.5");
     assert_eq!(row["charges"], "2");
     assert!(row["last_charge"].ends_with('Z'), "{row:?}");
+    assert_eq!(row["accounting"], "mixed", "the history's rule");
     let dataset = show_row(&stdout(&shown), "(dataset)");
     assert_eq!(dataset["epsilon_spent"], "2");
 
