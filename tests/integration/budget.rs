@@ -1338,3 +1338,73 @@ async fn a_statement_of_several_releases_is_refused_whole_when_they_do_not_fit()
     assert_eq!(s.budget().await.epsilon_spent, 10.0);
     proxy.stop().await;
 }
+
+/// A budget's `accounting: gaussian` reaches the ledger through the wire: the analyst's first
+/// Gaussian count fixes the Gaussian rule for the history (the `renyi` array's last element is
+/// 2), and exactly as many counts are answered as the accountant admits under that rule, more
+/// than under the default mixed rule.
+#[tokio::test]
+async fn a_budget_s_gaussian_accounting_is_fixed_at_the_first_charge_and_lasts_longer() {
+    use pgdp::budget::{repeats, Cost, Fixed, Limit, Spent};
+    use pgdp::policy::Accounting;
+    let text = demo_policy_text().replace(
+        "      epsilon: 10\n",
+        "      epsilon: 10\n      accounting: gaussian\n",
+    );
+    let policy = pgdp::policy::parse(&text).expect("gaussian accounting");
+    assert_eq!(
+        policy.analysts["analyst"].budget.accounting,
+        Accounting::Gaussian
+    );
+    let proxy = Proxy::with_policy(policy, 62).await;
+    let s = proxy.connect().await;
+    s.batch_execute("SET pgdp.mechanism = 'gaussian'; SET pgdp.epsilon = 1; SET pgdp.delta = 1e-7")
+        .await
+        .expect("SET");
+    let mut answered = 0;
+    let refusal = loop {
+        match s.query(&distinct_query(answered), &[]).await {
+            Ok(_) => answered += 1,
+            Err(e) => break e,
+        }
+        assert!(answered < 400, "the budget never ran out");
+    };
+    assert_eq!(code(&refusal).code(), "53400", "{refusal:?}");
+    let ledger = crate::harness::connect(proxy.ledger_dsn()).await;
+    let rule: i32 = ledger
+        .query_one(
+            "SELECT renyi[cardinality(renyi)]::int FROM pgdp.analyst_spent WHERE analyst = 'analyst'",
+            &[],
+        )
+        .await
+        .expect("the analyst's totals")
+        .get(0);
+    assert_eq!(rule, 2, "the Gaussian rule is stored with the totals");
+    // Every count costs the same ρ: the audit log has it exactly (written after the answers).
+    let mut rho = None;
+    for _ in 0..200 {
+        let row = ledger
+            .query_opt(
+                "SELECT rho::text FROM pgdp.charge_log WHERE analyst = 'analyst' LIMIT 1",
+                &[],
+            )
+            .await
+            .expect("the audit log");
+        if let Some(row) = row {
+            rho = Some(Fixed::from_numeric_text(&row.get::<_, String>(0)).expect("an amount"));
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let count = Cost::zcdp(rho.expect("an audit row"));
+    let demo = Limit::new(
+        Fixed::from_decimal_str("10").unwrap(),
+        Fixed::from_decimal_str("0.00001").unwrap(),
+    );
+    let gaussian = repeats(&demo.under(Accounting::Gaussian), &Spent::ZERO, &count);
+    let mixed = repeats(&demo, &Spent::ZERO, &count);
+    eprintln!("{answered} Gaussian counts answered; the mixed rule admits {mixed}");
+    assert_eq!(answered as u64, gaussian, "mixed would answer {mixed}");
+    assert!(gaussian > mixed, "{gaussian} vs {mixed}");
+    proxy.stop().await;
+}
