@@ -326,9 +326,28 @@ impl Session {
         statement: &Statement,
         params: &[Option<String>],
     ) -> Result<Outcome> {
-        let folded = self.fold_time(shared, statement).await?;
-        let statement = folded.as_ref().unwrap_or(statement);
-        match route(statement)? {
+        // One route per statement: folding time constants replaces expressions by literals,
+        // so only a folded statement is routed again.
+        let routed = route(statement)?;
+        let dp_query = match (&routed, statement) {
+            (Route::Dp(query) | Route::Explain(query), _) => Some(*query),
+            (Route::Cursor, Statement::DeclareCursor { query, .. }) => {
+                match route::route_query(query)? {
+                    Route::Dp(_) => Some(query.as_ref()),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let folded = match dp_query {
+            Some(query) => self.fold_query_time(shared, statement, query).await?,
+            None => None,
+        };
+        let (statement, routed) = match &folded {
+            Some(folded) => (folded, route(folded)?),
+            None => (statement, routed),
+        };
+        match routed {
             Route::Session => self.session_statement_checked(shared, statement).await,
             Route::Cursor => match statement {
                 Statement::DeclareCursor { name, hold, query } => {
@@ -765,9 +784,19 @@ impl Session {
     /// `statement` with its DP query's time constants folded ([`fold`]) to their values now,
     /// in the session's time zone; `None` when there are none.
     async fn fold_time(&self, shared: &Shared, statement: &Statement) -> Result<Option<Statement>> {
-        let Some(query) = dp_query_of(statement)? else {
-            return Ok(None);
-        };
+        match dp_query_of(statement)? {
+            Some(query) => self.fold_query_time(shared, statement, query).await,
+            None => Ok(None),
+        }
+    }
+
+    /// [`Self::fold_time`] of `statement`, whose DP query ([`dp_query_of`]) is `query`.
+    async fn fold_query_time(
+        &self,
+        shared: &Shared,
+        statement: &Statement,
+        query: &ast::Query,
+    ) -> Result<Option<Statement>> {
         let expressions = fold::foldable(query);
         if expressions.is_empty() {
             return Ok(None);
