@@ -519,8 +519,12 @@ async fn sent_to_citus(on_citus: &Client, sql: &str) -> Res<(String, &'static st
                 "{sql}: pgdp's EXPLAIN has no `upstream: Citus:` line"
             ))
         })?;
-    let claim = if claim.contains("distributed subplan") {
-        "distributed subplan"
+    let claim = if claim.contains("pulls every row") {
+        "pulled to the coordinator"
+    } else if claim.contains("local table") {
+        "local table sent as a distributed subplan"
+    } else if claim.contains("runs in the workers' tasks") && claim.contains("subplans") {
+        "workers' tasks (values per task as subplans)"
     } else if claim.contains("runs in the workers' tasks") {
         "workers' tasks"
     } else {

@@ -151,7 +151,13 @@ pub async fn measure(
                 )
                 .map_err(err)?;
                 let (p, r, m) = choice
-                    .answer(&plan, &chosen, &[], secret, false)
+                    .answer(
+                        &plan,
+                        &chosen,
+                        &[],
+                        secret,
+                        pgdp::dp::rewrite::UpstreamShape::OneServer,
+                    )
                     .map_err(err)?;
                 // The rewritten SQL depends on the caps and on a chosen upper bound.
                 let caps_of = (

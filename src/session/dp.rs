@@ -316,10 +316,7 @@ impl Session {
                 .await;
         }
         let placement = shared.partitioning.placement(&tables);
-        let rewrite = match placement {
-            Placement::ByUnit { .. } => rewrite::partitionwise(rewrite)?,
-            _ => rewrite,
-        };
+        let rewrite = placement.shape().apply(rewrite)?;
         Ok((plan, rewrite, mechanisms, placement))
     }
 

@@ -56,8 +56,8 @@ pub(super) struct Planned<'s> {
 }
 
 impl Planned<'_> {
-    fn partitionwise(&self) -> bool {
-        matches!(self.placement, Placement::ByUnit { .. })
+    fn shape(&self) -> rewrite::UpstreamShape {
+        self.placement.shape()
     }
 }
 
@@ -281,7 +281,7 @@ impl Session {
                 let (chosen, rest) = ChosenBounds::stored(payload.bytes(), &choice.choice)?;
                 let rest = payload.suffix(rest)?;
                 let (p, r, m) = choice
-                    .answer(plan, &chosen, params, secret, planned.partitionwise())
+                    .answer(plan, &chosen, params, secret, planned.shape())
                     .ok()?;
                 let measures = NoisyMeasures::from_payload(&rest, &p, &r)
                     .filter(|m| m.derived_from().is_none())?;
@@ -363,7 +363,7 @@ impl Session {
                 &chosen,
                 params,
                 planned.secret,
-                planned.partitionwise(),
+                planned.shape(),
             )?;
             let charged = charged.narrowed(|_| Ok(release::Statement::of(&r, &m)))?;
             Ok((p, r, m, chosen, charged))
@@ -618,7 +618,7 @@ impl Session {
                 &measures,
                 params,
                 secret,
-                matches!(placement, Placement::ByUnit { .. }),
+                placement.shape(),
             )
             .into_iter()
             .map(|(k, m)| (in_zone(k, &self.settings.time_zone), m.payload()))

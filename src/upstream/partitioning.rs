@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::dp::rewrite::PerUnitStage;
+use crate::dp::rewrite::{PerUnitStage, UpstreamShape};
 use crate::error::{Error, Result};
 
 use super::Upstream;
@@ -96,6 +96,15 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// The shape of the upstream statement for this placement.
+    pub fn shape(&self) -> UpstreamShape {
+        match self {
+            Placement::ByUnit { .. } => UpstreamShape::Partitionwise,
+            Placement::Distributed { .. } => UpstreamShape::Distributed,
+            Placement::Unpartitioned | Placement::NotByUnit { .. } => UpstreamShape::OneServer,
+        }
+    }
+
     /// One line for EXPLAIN, if the placement is worth a line, with where the per-unit stage of
     /// the statement can run (read from its text, [`crate::dp::rewrite::per_unit_stage`]). Names
     /// tables and SQL constructs only: the partition key of a table partitioned otherwise may be
@@ -113,7 +122,7 @@ impl Placement {
                     None => format!(
                         "upstream: {tables} partitioned by the privacy unit ({settings}); pgdp cannot tell from the statement's text where its per-unit stage runs"
                     ),
-                    Some(PerUnitStage::Shippable) => format!(
+                    Some(PerUnitStage::Shippable | PerUnitStage::ShippableWithValueStages) => format!(
                         "upstream: {tables} partitioned by the privacy unit ({settings}): the per-unit stage can run on each shard, since every expression in it ships; PostgreSQL's planner sends it where its estimates favour it, and then one row per unit and group crosses to the coordinator"
                     ),
                 })
@@ -132,6 +141,9 @@ impl Placement {
                     ),
                     Some(PerUnitStage::Shippable) => format!(
                         "upstream: Citus: {tables} distributed by the privacy unit: the per-unit stage runs in the workers' tasks, each shard's rows grouped by the unit where they are, and partial aggregates per group cross to the coordinator"
+                    ),
+                    Some(PerUnitStage::ShippableWithValueStages) => format!(
+                        "upstream: Citus: {tables} distributed by the privacy unit: the per-unit stage runs in the workers' tasks, each shard's rows grouped by the unit where they are, and partial aggregates per group cross to the coordinator; a distinct count's values or a quantile's bucket counts per group and task cross as distributed subplans"
                     ),
                 })
             }

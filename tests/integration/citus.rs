@@ -15,10 +15,13 @@
 //!   (its EXPLAIN's upstream SQL with the secret's seed put back), planned by the coordinator:
 //!   a Citus distributed plan over all 32 shards whose tasks group by `person_id` for counts,
 //!   sums and the join (the unique-unit form over `demo.people` has no per-unit stage, and
-//!   nothing is pulled either); a distinct count and a median, which read pgdp's first CTE twice, are
-//!   planned with a distributed subplan whose rows are pulled to the coordinator; and for every
-//!   statement pgdp's EXPLAIN line (`upstream: Citus: …`) claims a distributed subplan exactly
-//!   where the coordinator plans one, and the per-unit stage in the workers' tasks elsewhere.
+//!   nothing is pulled either); a distinct count and a median, in pgdp's distributed shape
+//!   (`rewrite::distributed`), have their value stages planned as distributed subplans whose
+//!   tasks group each shard's rows too (no task sends a shard's rows ungrouped: before that
+//!   shape, every row of stage 1 was pulled to the coordinator); and for every statement pgdp's
+//!   EXPLAIN line (`upstream: Citus: …`) claims a distributed subplan exactly where the
+//!   coordinator plans one, rows pulled exactly where a task sends them ungrouped, and the
+//!   per-unit stage in the workers' tasks elsewhere.
 //!
 //! Where Citus is not installed (CI cannot fetch its source) each test says on standard error
 //! that the Citus suite was skipped, and passes. The deployment is built once per test process
@@ -259,15 +262,21 @@ async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
             "{sql}: the tasks group by the unit\n{text}"
         );
     }
+    // A distinct count of another column and the median (pgdp's distributed shape): their
+    // value stages are distributed subplans whose tasks group the shards' rows, as stage 4's.
     for sql in [QUERIES[5], QUERIES[6]] {
-        let text = plan(upstream_sql(&session, sql).await).await.join("\n");
+        let lines = plan(upstream_sql(&session, sql).await).await;
+        let text = lines.join("\n");
+        assert!(text.contains("Distributed Subplan"), "{sql}\n{text}");
+        assert!(text.contains(&tasks), "{sql}: every shard\n{text}");
         assert!(
-            text.contains("Distributed Subplan"),
-            "{sql}: pulled to the coordinator\n{text}"
+            !pulls_rows(&lines),
+            "{sql}: no task sends a shard's rows ungrouped\n{text}"
         );
     }
     // pgdp's EXPLAIN says where the per-unit stage runs, and the coordinator agrees: a claim of
-    // a distributed subplan exactly where the coordinator plans one.
+    // a distributed subplan exactly where the coordinator plans one, and of rows pulled to the
+    // coordinator exactly where a task sends a shard's rows ungrouped.
     let mut claimed = Vec::new();
     for sql in QUERIES {
         let lines = explain(&session, sql).await;
@@ -276,14 +285,20 @@ async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
             .find(|l| l.starts_with("upstream: Citus: "))
             .unwrap_or_else(|| panic!("{sql}: no Citus line in {lines:#?}"))
             .clone();
-        let text = plan(upstream_sql(&session, sql).await).await.join("\n");
+        let lines = plan(upstream_sql(&session, sql).await).await;
+        let text = lines.join("\n");
         let subplan = claim.contains("distributed subplan");
         assert_eq!(
             subplan,
             text.contains("Distributed Subplan"),
             "{sql}: pgdp says {claim:?}; the coordinator plans\n{text}"
         );
-        if !subplan {
+        assert_eq!(
+            claim.contains("pulls every row"),
+            pulls_rows(&lines),
+            "{sql}: pgdp says {claim:?}; the coordinator plans\n{text}"
+        );
+        if !claim.contains("pulls every row") && !claim.contains("local table") {
             assert!(
                 claim.contains("runs in the workers' tasks"),
                 "{sql}: {claim}"
@@ -291,9 +306,9 @@ async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
         }
         claimed.push(subplan);
     }
-    // A distinct count of another column and the median read their per-unit rows twice; the
-    // prescriptions are a local table of the coordinator. A count of distinct units per group
-    // reads them once and stays in the tasks.
+    // A distinct count of another column and the median have value stages (distributed
+    // subplans computed in the tasks); the prescriptions are a local table of the coordinator,
+    // sent to the workers. Nothing pulls a shard's rows.
     assert_eq!(
         claimed,
         [false, false, false, false, false, true, true, false, true],
@@ -301,4 +316,24 @@ async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
     );
     drop((session, running));
     ledger.drop_db().await;
+}
+
+/// Whether a Citus task of the coordinator's plan `lines` sends a shard's rows (a table named
+/// `<table>_<shard id>`) to the coordinator without grouping them: its query has no GROUP BY
+/// and no aggregate.
+fn pulls_rows(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("Query: "))
+        .filter(|q| {
+            q.split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+                .any(|word| {
+                    word.strip_prefix("demo.").is_some_and(|t| {
+                        t.rsplit_once('_').is_some_and(|(_, id)| {
+                            !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())
+                        })
+                    })
+                })
+        })
+        .any(|q| !q.contains(" GROUP BY ") && !q.contains("count(") && !q.contains("sum("))
 }

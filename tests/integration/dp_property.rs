@@ -311,7 +311,13 @@ async fn load_neighbours() -> Neighbours {
             release::bounds::choose(&choice.choice, &rows, choice.noise_per_row(), &mut rng)
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let (plan, rewrite, mechanisms) = choice
-            .answer(&compiled.plan, &chosen, &[], SECRET, false)
+            .answer(
+                &compiled.plan,
+                &chosen,
+                &[],
+                SECRET,
+                pgdp::dp::rewrite::UpstreamShape::OneServer,
+            )
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let at_cap = Compiled {
             plan,

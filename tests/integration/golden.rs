@@ -1240,7 +1240,13 @@ async fn a_total_cap_keeps_each_unit_within_it_in_both_shapes() {
         let (chosen, _) = release::bounds::ChosenBounds::stored(&payload, &choice.choice)
             .unwrap_or_else(|| panic!("a total of {total} is a candidate"));
         let (plan, fast, _) = choice
-            .answer(&c.plan, &chosen, &[], SECRET, false)
+            .answer(
+                &c.plan,
+                &chosen,
+                &[],
+                SECRET,
+                pgdp::dp::rewrite::UpstreamShape::OneServer,
+            )
             .expect("the answer at the total");
         assert_eq!(plan.max_rows_total(), Some(total));
         assert!(fast.sql.contains("__dp_allow"), "{}", fast.sql);

@@ -166,7 +166,7 @@ pub(super) fn add_up(
 /// The coarser groupings a release of `plan` answers ([`coarser_groupings`]), each with the
 /// ledger key the coarser query itself computes ([`super::derived_key`] of its
 /// [`super::measures_key`]: its plan ([`Plan::coarser`]), its rewrite with `parameters` and
-/// `secret` (in the partitionwise shape when `partitionwise`, as the session places it), its
+/// `secret` (in `shape`, as the session places it), its
 /// mechanisms at the same budget and its public domain) and the sums of `measures`' cells. A
 /// grouping whose own rewrite has other measures, or that fails to plan, is left out, and so are
 /// those past [`limits::COARSER_STORED_GROUPS_MAX`] groups in all (the coarsest are kept
@@ -178,16 +178,13 @@ pub fn coarser_releases(
     measures: &NoisyMeasures,
     parameters: &[Option<String>],
     secret: &str,
-    partitionwise: bool,
+    shape: crate::dp::rewrite::UpstreamShape,
 ) -> Vec<(String, NoisyMeasures)> {
     let entry = |keys: &[usize]| -> Result<Option<(String, NoisyMeasures)>> {
         let Some(sub) = plan.coarser(keys) else {
             return Ok(None);
         };
-        let mut sub_rewrite = crate::dp::rewrite::rewrite(&sub, parameters, secret)?;
-        if partitionwise {
-            sub_rewrite = crate::dp::rewrite::partitionwise(sub_rewrite)?;
-        }
+        let sub_rewrite = shape.apply(crate::dp::rewrite::rewrite(&sub, parameters, secret)?)?;
         if sub_rewrite.measures != rewrite.measures
             || sub_rewrite.arguments != rewrite.arguments
             || sub_rewrite.aggregate_measures != rewrite.aggregate_measures

@@ -736,8 +736,15 @@ fn a_coarser_grouping_is_derived_under_the_key_of_the_coarser_query() {
         &mut seeded(9),
     )
     .expect("measure");
-    let entries =
-        derive::coarser_releases(&plan, &rewrite, &mechanisms, &measures, &[], SECRET, false);
+    let entries = derive::coarser_releases(
+        &plan,
+        &rewrite,
+        &mechanisms,
+        &measures,
+        &[],
+        SECRET,
+        crate::dp::rewrite::UpstreamShape::OneServer,
+    );
     assert_eq!(entries.len(), 3);
     // Another select list and post-processing, the same aggregates in the same order (the
     // order of the measures is part of the key, as for reuse).

@@ -47,6 +47,7 @@ use sqlparser::parser::Parser;
 use crate::dp::plan::{AggregateKind, Canonical, Plan, Semijoin};
 use crate::dp::sql::{from_clause, sql, Name, Number, Sql};
 
+mod distributed;
 pub mod domain;
 mod ending;
 mod grouping;
@@ -59,8 +60,32 @@ mod stages;
 pub mod synopsis;
 use crate::error::{Error, Result};
 use crate::policy::{Bounds, ColumnType};
+pub use distributed::distributed;
 use ending::statement_ending;
 pub use measure::{measures, Argument, Measure};
+
+/// The shape of the upstream statement, from where the rows of the private tables it reads
+/// are (`upstream::Placement::shape`): every shape computes the same rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamShape {
+    /// The single-server text.
+    OneServer,
+    /// Tables partitioned by their unit (`postgres_fdw` shards): [`partitionwise`].
+    Partitionwise,
+    /// Tables distributed by their unit on Citus: [`distributed`].
+    Distributed,
+}
+
+impl UpstreamShape {
+    /// `rewrite` (in the single-server shape) in this shape.
+    pub fn apply(self, rewrite: Rewrite) -> Result<Rewrite> {
+        match self {
+            UpstreamShape::OneServer => Ok(rewrite),
+            UpstreamShape::Partitionwise => partitionwise(rewrite),
+            UpstreamShape::Distributed => distributed(rewrite),
+        }
+    }
+}
 pub use partitionwise::partitionwise;
 pub use ship::{per_unit_stage, per_unit_stage_on_citus, PerUnitStage};
 use stages::{Stages, ValueStage};

@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::policy::{self, ColumnType, Policy};
 
 /// The CTE holding stage 1.
-const ROWS: &str = "__dp_rows";
+pub(super) const ROWS: &str = "__dp_rows";
 
 /// Where the per-unit stage of a partitionwise statement can run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +48,10 @@ pub enum PerUnitStage {
     /// Every expression of stages 1 and 2 ships and every table of stage 1 is partitioned by
     /// the unit: PostgreSQL may run the per-unit stage on each shard.
     Shippable,
+    /// On Citus: as [`PerUnitStage::Shippable`], and the statement's distinct counts or
+    /// quantiles (their CTEs `__dp_dJ`, joined to stage 4) are computed in the tasks too, their
+    /// values or buckets per group and task crossing to the coordinator as distributed subplans.
+    ShippableWithValueStages,
     /// The per-unit stage runs on the coordinator, over every row of stage 1: `reason` names
     /// the construct.
     Coordinator {
@@ -219,21 +223,27 @@ pub fn per_unit_stage_on_citus(
         }
     }
     // The CTEs over distributed rows: stage 1, and every CTE that reads one of them.
-    let mut over_rows: Vec<&str> = vec![ROWS];
-    for cte in &with.cte_tables {
-        let reads = base_tables(&cte.query);
-        if reads.iter().any(|t| over_rows.contains(&t.as_str())) {
-            over_rows.push(cte.alias.name.value.as_str());
-        }
+    let over_rows = super::distributed::ctes_over_rows(query);
+    let over_rows: Vec<&str> = over_rows.iter().map(String::as_str).collect();
+    let reads = super::distributed::reads(query);
+    // A subquery in stage 4's select list over per-unit rows: Citus then inlines none of the
+    // statement's CTEs, and the one every stage reads, stage 1, is pulled.
+    if let Some(read) = select_list_subquery_reads(query, &over_rows) {
+        return Ok(Some(PerUnitStage::Coordinator {
+            reason: format!(
+                "the statement reads {read} in a subquery of its select list, so Citus runs its CTEs as distributed subplans and pulls every row of {ROWS} to the coordinator"
+            ),
+        }));
     }
-    let mut reads: BTreeMap<String, usize> = BTreeMap::new();
-    let _ = ast::visit_relations(query.as_ref(), |name| {
-        *reads.entry(table_key(name)).or_default() += 1;
-        ControlFlow::<()>::Continue(())
-    });
+    let materialized = |name: &str| {
+        with.cte_tables.iter().any(|c| {
+            c.alias.name.value == name
+                && c.materialized != Some(ast::CteAsMaterialized::NotMaterialized)
+        })
+    };
     if let Some(twice) = over_rows
         .iter()
-        .find(|c| reads.get(**c).copied().unwrap_or(0) > 1)
+        .find(|c| reads.get(**c).copied().unwrap_or(0) > 1 && materialized(c))
     {
         return Ok(Some(PerUnitStage::Coordinator {
             reason: format!(
@@ -241,7 +251,38 @@ pub fn per_unit_stage_on_citus(
             ),
         }));
     }
-    Ok(Some(PerUnitStage::Shippable))
+    let value_stages = over_rows
+        .iter()
+        .any(|c| super::distributed::is_value_cte(c));
+    Ok(Some(if value_stages {
+        PerUnitStage::ShippableWithValueStages
+    } else {
+        PerUnitStage::Shippable
+    }))
+}
+
+/// The first CTE of `over_rows` that a subquery in the select list of `query`'s outermost
+/// SELECT reads.
+fn select_list_subquery_reads(query: &ast::Query, over_rows: &[&str]) -> Option<String> {
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    let mut found = None;
+    for item in &select.projection {
+        let _ = ast::visit_expressions(item, |e| {
+            if let ast::Expr::Subquery(sub) = e {
+                let _ = ast::visit_relations(sub.as_ref(), |name| {
+                    let key = table_key(name);
+                    if found.is_none() && over_rows.contains(&key.as_str()) {
+                        found = Some(key);
+                    }
+                    ControlFlow::<()>::Continue(())
+                });
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    }
+    found
 }
 
 fn is_rows(factor: &TableFactor) -> bool {
@@ -250,7 +291,7 @@ fn is_rows(factor: &TableFactor) -> bool {
 }
 
 /// `schema.name` of a table reference, unquoted and lower-cased as the policy keys it.
-fn table_key(name: &ast::ObjectName) -> String {
+pub(super) fn table_key(name: &ast::ObjectName) -> String {
     name.0
         .iter()
         .map(|p| {
@@ -263,7 +304,7 @@ fn table_key(name: &ast::ObjectName) -> String {
 }
 
 /// The tables (not CTEs, which stage 1 never reads) named anywhere in `query`.
-fn base_tables(query: &ast::Query) -> Vec<String> {
+pub(super) fn base_tables(query: &ast::Query) -> Vec<String> {
     let mut found = Vec::new();
     let _ = ast::visit_relations(query, |name| {
         let key = table_key(name);
@@ -615,8 +656,9 @@ mod tests {
     /// Grouping sets are branches under `UNION ALL`, each with its own stage 1: no claim
     /// (EXPLAIN says pgdp cannot tell), never a claim about the first branch alone.
     /// [`per_unit_stage_on_citus`] of `sql`'s rewrite on the demo policy, with people and
-    /// visits distributed by the unit and regions a reference table.
-    fn citus_stage_of(sql: &str) -> Option<PerUnitStage> {
+    /// visits distributed by the unit and regions a reference table: of the single-server
+    /// text, or with `shaped` of its distributed shape (what pgdp sends to Citus).
+    fn citus_stage_of(sql: &str, shaped: bool) -> Option<PerUnitStage> {
         let policy = crate::policy::parse(DEMO_YAML).expect("demo policy");
         let statements = classify::classify(sql).expect("classified");
         let [Classified::Query(query)] = statements.as_slice() else {
@@ -627,34 +669,62 @@ mod tests {
             search_path: vec!["demo".into()],
         };
         let plan = analyze::analyze(query, &ctx).expect("analysed");
-        let rewrite = super::super::rewrite(&plan, &[], "s").expect("rewritten");
+        let mut rewrite = super::super::rewrite(&plan, &[], "s").expect("rewritten");
+        if shaped {
+            rewrite = super::super::distributed(rewrite).expect("reshaped");
+        }
         let distributed = ["demo.people".to_string(), "demo.visits".to_string()];
         let reference = ["demo.regions".to_string()];
         per_unit_stage_on_citus(rewrite.sql.as_str(), &distributed, &reference).expect("read")
     }
 
     #[test]
-    fn on_citus_rows_read_twice_and_local_tables_go_through_a_subplan() {
+    fn on_citus_value_stages_stay_in_the_tasks_in_the_distributed_shape() {
         for sql in [
             "SELECT diagnosis, COUNT(*) FROM demo.visits GROUP BY diagnosis",
             "SELECT region, SUM(cost) FROM demo.visits v JOIN demo.people p USING (person_id) GROUP BY region",
             "SELECT r.name, COUNT(*) FROM demo.visits v JOIN demo.people p USING (person_id) JOIN demo.regions r ON r.region = p.region GROUP BY r.name",
             "SELECT clinic, COUNT(DISTINCT person_id) FROM demo.visits GROUP BY clinic",
         ] {
-            assert_eq!(citus_stage_of(sql), Some(PerUnitStage::Shippable), "{sql}");
+            for shaped in [false, true] {
+                assert_eq!(
+                    citus_stage_of(sql, shaped),
+                    Some(PerUnitStage::Shippable),
+                    "{sql}"
+                );
+            }
         }
-        for (sql, reason) in [
+        // The value stages of a distinct count of another column and a quantile: pulled in the
+        // single-server text, in the tasks in the distributed shape.
+        for sql in [
+            "SELECT COUNT(DISTINCT clinic) FROM demo.visits",
+            "SELECT MEDIAN(cost) FROM demo.visits",
+            "SELECT clinic, COUNT(DISTINCT diagnosis), PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY cost) FROM demo.visits GROUP BY clinic",
+        ] {
+            assert_eq!(
+                citus_stage_of(sql, true),
+                Some(PerUnitStage::ShippableWithValueStages),
+                "{sql}"
+            );
+        }
+        for (sql, shaped, reason) in [
             (
                 "SELECT COUNT(DISTINCT clinic) FROM demo.visits",
-                "more than once",
+                false,
+                "reads __dp_d0 in a subquery of its select list",
             ),
-            ("SELECT MEDIAN(cost) FROM demo.visits", "more than once"),
+            (
+                "SELECT MEDIAN(cost) FROM demo.visits",
+                false,
+                "pulls every row of __dp_rows",
+            ),
             (
                 "SELECT drug, COUNT(*) FROM demo.prescriptions GROUP BY drug",
+                true,
                 "demo.prescriptions is a local table",
             ),
         ] {
-            match citus_stage_of(sql) {
+            match citus_stage_of(sql, shaped) {
                 Some(PerUnitStage::Coordinator { reason: why }) => {
                     assert!(why.contains(reason), "{sql}: {why}")
                 }
@@ -672,7 +742,9 @@ mod tests {
     fn reason(sql: &str) -> String {
         match stage(sql) {
             PerUnitStage::Coordinator { reason } => reason,
-            PerUnitStage::Shippable => panic!("{sql}: claimed shippable"),
+            PerUnitStage::Shippable | PerUnitStage::ShippableWithValueStages => {
+                panic!("{sql}: claimed shippable")
+            }
         }
     }
 

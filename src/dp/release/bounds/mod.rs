@@ -158,8 +158,7 @@ impl ChoicePlan {
         }))
     }
 
-    /// The answer's plan, rewrite and mechanisms at the chosen cap; `partitionwise` puts the
-    /// rewrite in the partitionwise shape. Their cost must be the one charged (else an
+    /// The answer's plan, rewrite and mechanisms at the chosen cap, the rewrite in `shape`. Their cost must be the one charged (else an
     /// internal error: the charge stands and nothing is released).
     pub fn answer(
         &self,
@@ -167,13 +166,10 @@ impl ChoicePlan {
         chosen: &ChosenBounds,
         parameters: &[Option<String>],
         secret: &str,
-        partitionwise: bool,
+        shape: rewrite::UpstreamShape,
     ) -> Result<(Plan, Rewrite, Mechanisms)> {
         let plan = plan.with_chosen_bounds(chosen);
-        let mut rewritten = rewrite::rewrite(&plan, parameters, secret)?;
-        if partitionwise {
-            rewritten = rewrite::partitionwise(rewritten)?;
-        }
+        let rewritten = shape.apply(rewrite::rewrite(&plan, parameters, secret)?)?;
         let mut mechanisms = super::mechanisms(&plan, &rewritten, self.answer_budget)?;
         if mechanisms.cost != self.at_ceiling.cost {
             return Err(Error::internal(
