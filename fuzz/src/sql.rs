@@ -11,7 +11,8 @@
 //!   SQL again, and names no relation but the policy's tables and pgdp's `__dp_` CTEs.
 //! - Every aggregated value is clamped: each `__dp_aN` argument of the `__dp_rows` CTE is
 //!   `CASE WHEN … IS NULL THEN NULL ELSE LEAST(GREATEST(…)) END` with finite bounds, and every
-//!   measure column of the outer SELECT is `SUM(LEAST(…))` (capped or clamped per unit).
+//!   measure column of the outer SELECT (or of `__dp_out`, which stage 4 groups in when it joins
+//!   a distinct count's or quantile's own stage) is `SUM(LEAST(…))` (capped or clamped per unit).
 //! - Every output column is released through a mechanism: an aggregate through at least one
 //!   noisy measure with a finite positive sensitivity and scale; a group key through a public
 //!   domain or partition selection.
@@ -299,16 +300,49 @@ fn check_clamps(query: &ast::Query, plan: &Plan, rw: &Rewrite, sql: &str) {
         "{sql:?}: outer SELECT has {} columns for {k} key(s) and {m} measure(s)",
         outer.projection.len()
     );
+    // With a distinct count or a quantile, stage 4's other items are computed in the derived
+    // table `__dp_out` (`expr AS __dp_oN`) and read from it (`__dp_out.__dp_oN`).
+    let grouped: Vec<(String, String)> = match outer.from.as_slice() {
+        [ast::TableWithJoins {
+            relation:
+                ast::TableFactor::Derived {
+                    subquery,
+                    alias: Some(alias),
+                    ..
+                },
+            ..
+        }] if alias.name.value == "__dp_out" => match subquery.body.as_ref() {
+            SetExpr::Select(inner) => inner
+                .projection
+                .iter()
+                .filter_map(|item| match item {
+                    ast::SelectItem::ExprWithAlias { expr, alias } => {
+                        Some((format!("__dp_out.{alias}"), expr.to_string()))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => panic!("{sql:?}: __dp_out is not a SELECT"),
+        },
+        _ => Vec::new(),
+    };
     for (j, item) in outer.projection[k..k + m].iter().enumerate() {
-        let text = item.to_string();
+        let mut text = item.to_string();
+        if let Some((_, expr)) = grouped.iter().find(|(name, _)| *name == text) {
+            text = expr.clone();
+        }
         let capped = match rw.measures[j] {
             Measure::Units => text.starts_with("COUNT(") || text.starts_with("SUM("),
             // Distinct values are counted in their own stage, where each unit keeps at most
             // max_rows_per_unit values per group (see rewrite::Measure::Distinct).
-            Measure::Distinct(_) => text.starts_with("COALESCE((SELECT __dp_c FROM __dp_d"),
+            Measure::Distinct(_) => {
+                text.starts_with("COALESCE(__dp_d") && text.contains(".__dp_c, ")
+            }
             // The histogram is built in its own stage, where each unit keeps at most
             // max_rows_per_unit values per group (see rewrite::Measure::Quantile).
-            Measure::Quantile(..) => text.starts_with("COALESCE((SELECT __dp_h FROM __dp_d"),
+            Measure::Quantile(..) => {
+                text.starts_with("COALESCE(__dp_d") && text.contains(".__dp_h, ")
+            }
             _ => {
                 text.starts_with("SUM(LEAST(")
                     || scaled_only_over_the_cap(&text, plan.max_rows_per_unit())

@@ -63,12 +63,11 @@ pub(super) fn statement_ending(
         }
     };
     let ranked_sql = caps.ranked_stage();
-    let outer = outer_items(&keys, &measures, outer);
     let Some(per_unit_sql) = per_unit_sql else {
         let statement = match end {
             // Every row its own unit: one row per pair, nothing to choose.
             End::Contributions(..) => Sql::text(""),
-            End::Release => unique_unit_statement(rows, outer, keys),
+            End::Release => unique_unit_statement(rows, outer_items(&keys, outer), keys),
         };
         return Ok((statement, arguments, measures, aggregate_measures));
     };
@@ -118,10 +117,7 @@ pub(super) fn statement_ending(
     )? {
         statement.push(stage);
     }
-    statement.push(sql!(" SELECT {} FROM {}", Sql::join(outer, ", "), source));
-    if !keys.is_empty() {
-        statement.push(sql!(" GROUP BY {}", Sql::join(keys, ", ")));
-    }
+    statement.push(last_stage(&keys, &measures, outer, source));
     Ok((statement, arguments, measures, aggregate_measures))
 }
 
@@ -380,35 +376,9 @@ impl GroupCaps {
     }
 }
 
-/// Stage 4's select list: the keys as text, each measure's capped statistic (the value-level
-/// measures read their own CTEs), and the number of rows.
-fn outer_items(keys: &[Sql], measures: &[Measure], mut outer: Vec<Sql>) -> Vec<Sql> {
-    let key_match = |stem: &'static str| -> Sql {
-        if keys.is_empty() {
-            Sql::text("")
-        } else {
-            let parts = keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| sql!("{} IS NOT DISTINCT FROM {}", Name(stem, i), k));
-            sql!(" WHERE {}", Sql::join(parts, " AND "))
-        }
-    };
-    for (j, m) in measures.iter().enumerate() {
-        let stem = match m {
-            Measure::Distinct(_) => "__dp_c",
-            Measure::Quantile(..) => "__dp_h",
-            _ => continue,
-        };
-        let empty = if stem == "__dp_c" { "0" } else { "''" };
-        outer[j] = sql!(
-            "COALESCE((SELECT {} FROM {}{}), {})",
-            Sql::text(stem),
-            Name("d", j),
-            key_match("dk"),
-            Sql::text(empty)
-        );
-    }
+/// Stage 4's select list: the keys as text, each measure's capped statistic, and the number of
+/// rows.
+fn outer_items(keys: &[Sql], outer: Vec<Sql>) -> Vec<Sql> {
     let mut items: Vec<Sql> = keys
         .iter()
         .map(|k| sql!("CAST({} AS TEXT)", k))
@@ -416,6 +386,90 @@ fn outer_items(keys: &[Sql], measures: &[Measure], mut outer: Vec<Sql>) -> Vec<S
         .collect();
     items.push(Sql::text("COUNT(*)"));
     items
+}
+
+/// Stage 4 over `source` (the kept groups of each unit), grouped by the keys: [`outer_items`].
+/// A value-level measure (a distinct count, a quantile) reads its own CTE `__dp_dJ`, one row per
+/// group (grouped by its keys `__dp_dkI`, NULLs together) or exactly one row without keys: stage
+/// 4's other items are then grouped in a derived table `__dp_out` (as `__dp_oN`, beside the keys)
+/// and each `__dp_dJ` is LEFT JOINed to it on `ARRAY[__dp_dJ.__dp_dkI] = ARRAY[__dp_out.__dp_kI]`
+/// (`ON true` without keys), its item `COALESCE(__dp_dJ.s, default)` (0 values, or no buckets).
+/// `ARRAY[a] = ARRAY[b]` is `a IS NOT DISTINCT FROM b` (array equality compares NULL elements
+/// as equal) and hashable, so the join is a hash join of one row per group on each side: as a
+/// scalar subquery per group (`IS NOT DISTINCT FROM`, not hashable) it was a scan of `__dp_dJ`
+/// for every group, groups × groups comparisons (~15 s for the median by diagnosis at scale 1,
+/// 11,132 groups), and Citus could not inline the statement's CTEs ([`super::distributed`]).
+/// Every group of `__dp_out` is kept once with the value the subquery read, so the rows are the
+/// same.
+fn last_stage(keys: &[Sql], measures: &[Measure], outer: Vec<Sql>, source: Sql) -> Sql {
+    let grouping = if keys.is_empty() {
+        Sql::text("")
+    } else {
+        sql!(" GROUP BY {}", Sql::join(keys.to_vec(), ", "))
+    };
+    let values: Vec<(usize, &'static str, &'static str)> = measures
+        .iter()
+        .enumerate()
+        .filter_map(|(j, m)| match m {
+            Measure::Distinct(_) => Some((j, "__dp_c", "0")),
+            Measure::Quantile(..) => Some((j, "__dp_h", "''")),
+            _ => None,
+        })
+        .collect();
+    let items = outer_items(keys, outer);
+    if values.is_empty() {
+        return sql!(
+            " SELECT {} FROM {}{}",
+            Sql::join(items, ", "),
+            source,
+            grouping
+        );
+    }
+    let mut inner = keys.to_vec();
+    let mut selected = Vec::with_capacity(items.len());
+    for (n, item) in items.into_iter().enumerate() {
+        let value = n
+            .checked_sub(keys.len())
+            .and_then(|j| values.iter().find(|v| v.0 == j));
+        match value {
+            Some((j, stem, empty)) => selected.push(sql!(
+                "COALESCE({}.{}, {})",
+                Name("d", *j),
+                Sql::text(stem),
+                Sql::text(empty)
+            )),
+            None => {
+                inner.push(sql!("{} AS {}", item, Name("o", n)));
+                selected.push(sql!("__dp_out.{}", Name("o", n)));
+            }
+        }
+    }
+    let joins = values.iter().map(|(j, ..)| {
+        let on = if keys.is_empty() {
+            Sql::text("true")
+        } else {
+            Sql::join(
+                (0..keys.len()).map(|i| {
+                    sql!(
+                        "ARRAY[{}.{}] = ARRAY[__dp_out.{}]",
+                        Name("d", *j),
+                        Name("dk", i),
+                        Name("k", i)
+                    )
+                }),
+                " AND ",
+            )
+        };
+        sql!(" LEFT JOIN {} ON {}", Name("d", *j), on)
+    });
+    sql!(
+        " SELECT {} FROM (SELECT {} FROM {}{}) AS __dp_out{}",
+        Sql::join(selected, ", "),
+        Sql::join(inner, ", "),
+        source,
+        grouping,
+        Sql::join(joins, "")
+    )
 }
 
 /// In place of stage 4: the histograms the choice of caps reads ([`Histograms`]), each a count

@@ -711,7 +711,7 @@ mod tests {
             (
                 "SELECT COUNT(DISTINCT clinic) FROM demo.visits",
                 false,
-                "reads __dp_d0 in a subquery of its select list",
+                "reads __dp_rows (per-unit rows) more than once",
             ),
             (
                 "SELECT MEDIAN(cost) FROM demo.visits",
@@ -730,6 +730,21 @@ mod tests {
                 }
                 other => panic!("{sql}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn on_citus_a_subquery_in_the_select_list_pulls_the_rows() {
+        // The form stage 4 had before it joined the value stages (rewrite::ending::last_stage):
+        // Citus then inlines none of the CTEs, even those marked NOT MATERIALIZED.
+        let sql = "WITH __dp_rows AS NOT MATERIALIZED (SELECT \"__dp_t0\".\"person_id\" AS __dp_unit, \"__dp_t0\".\"clinic\" AS __dp_a0 FROM \"demo\".\"visits\" AS \"__dp_t0\"), __dp_per_unit AS (SELECT __dp_unit, COUNT(__dp_a0) AS __dp_n0 FROM __dp_rows GROUP BY __dp_unit), __dp_d0 AS (SELECT COUNT(DISTINCT __dp_a0) AS __dp_c FROM __dp_rows) SELECT COALESCE((SELECT __dp_c FROM __dp_d0), 0), COUNT(*) FROM __dp_per_unit";
+        let distributed = ["demo.visits".to_string()];
+        match per_unit_stage_on_citus(sql, &distributed, &[]).expect("read") {
+            Some(PerUnitStage::Coordinator { reason }) => assert!(
+                reason.contains("reads __dp_d0 in a subquery of its select list"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
         }
     }
 
