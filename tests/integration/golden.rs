@@ -214,6 +214,19 @@ fn compile(policy: &Policy, sql: &str, params: &[Option<String>]) -> Result<Comp
     compile_with(policy, sql, params, BUDGET)
 }
 
+/// Every accepted corpus case (not marked `expect_bug`) with its compilation.
+fn accepted_cases(policy: &Policy) -> Vec<(Case, Compiled)> {
+    corpus()
+        .into_iter()
+        .flat_map(|f| f.cases)
+        .filter(|case| case.expect_bug.is_none())
+        .filter_map(|case| {
+            let c = compile(policy, &case.sql, &case.params).ok()?;
+            Some((case, c))
+        })
+        .collect()
+}
+
 /// The budget of a case: [`BUDGET`], with Gaussian noise when the case says so.
 fn case_budget(case: &Case) -> Budget {
     match case.mechanism.as_deref() {
@@ -734,23 +747,15 @@ async fn golden_sql_runs_on_postgres() {
     let client = db.client().await;
     let mut failures = Vec::new();
     let mut ran = 0;
-    for file in corpus() {
-        for case in &file.cases {
-            if case.expect_bug.is_some() {
-                continue;
-            }
-            let Ok(c) = compile(&policy, &case.sql, &case.params) else {
-                continue;
-            };
-            let sql = format!("SELECT count(*) FROM ({}) q", c.rewrite.sql);
-            ran += 1;
-            if let Err(e) = client.simple_query(&sql).await {
-                let detail = e
-                    .as_db_error()
-                    .map(|d| d.message().to_string())
-                    .unwrap_or_else(|| e.to_string());
-                failures.push(format!("{}: {detail}", case.at()));
-            }
+    for (case, c) in accepted_cases(&policy) {
+        let sql = format!("SELECT count(*) FROM ({}) q", c.rewrite.sql);
+        ran += 1;
+        if let Err(e) = client.simple_query(&sql).await {
+            let detail = e
+                .as_db_error()
+                .map(|d| d.message().to_string())
+                .unwrap_or_else(|| e.to_string());
+            failures.push(format!("{}: {detail}", case.at()));
         }
     }
     assert!(ran >= 30, "only {ran} cases ran");
@@ -784,40 +789,32 @@ async fn unique_unit_rewrite_gives_the_same_statistics() {
     let client = db.client().await;
     let person_facts = upstream_facts(&db, &[person_id()]).await;
     let mut compared = 0;
-    for file in corpus() {
-        for case in &file.cases {
-            if case.expect_bug.is_some() {
-                continue;
-            }
-            let Ok(c) = compile(&policy, &case.sql, &case.params) else {
-                continue;
-            };
-            if c.plan.unit_key() != Some(("demo.people".into(), "person_id".into())) {
-                continue;
-            }
-            let mut plan = c.plan.clone();
-            assert!(plan.assume_unique_unit(&person_facts), "{}", case.at());
-            let flat = rewrite::rewrite(&plan, &case.params, SECRET).unwrap();
-            assert_eq!(flat.measures, c.rewrite.measures, "{}", case.at());
-            let general = text_rows(&client, &c.rewrite.sql).await.unwrap();
-            let fast = text_rows(&client, &flat.sql).await.unwrap();
-            // Numeric sums print with the scale of their terms; compare values.
-            let value = |t: &Option<String>| {
-                t.as_deref().map(|t| {
-                    t.parse::<f64>()
-                        .map_or(t.to_string(), |x| format!("{x:.6}"))
-                })
-            };
-            let norm = |rows: Vec<Vec<Option<String>>>| -> Vec<Vec<Option<String>>> {
-                let mut rows: Vec<Vec<Option<String>>> =
-                    rows.iter().map(|r| r.iter().map(value).collect()).collect();
-                rows.sort();
-                rows
-            };
-            assert_eq!(norm(general), norm(fast), "{}", case.at());
-            if !flat.sql.contains("ROW_NUMBER") {
-                compared += 1;
-            }
+    for (case, c) in accepted_cases(&policy) {
+        if c.plan.unit_key() != Some(("demo.people".into(), "person_id".into())) {
+            continue;
+        }
+        let mut plan = c.plan.clone();
+        assert!(plan.assume_unique_unit(&person_facts), "{}", case.at());
+        let flat = rewrite::rewrite(&plan, &case.params, SECRET).unwrap();
+        assert_eq!(flat.measures, c.rewrite.measures, "{}", case.at());
+        let general = text_rows(&client, &c.rewrite.sql).await.unwrap();
+        let fast = text_rows(&client, &flat.sql).await.unwrap();
+        // Numeric sums print with the scale of their terms; compare values.
+        let value = |t: &Option<String>| {
+            t.as_deref().map(|t| {
+                t.parse::<f64>()
+                    .map_or(t.to_string(), |x| format!("{x:.6}"))
+            })
+        };
+        let norm = |rows: Vec<Vec<Option<String>>>| -> Vec<Vec<Option<String>>> {
+            let mut rows: Vec<Vec<Option<String>>> =
+                rows.iter().map(|r| r.iter().map(value).collect()).collect();
+            rows.sort();
+            rows
+        };
+        assert_eq!(norm(general), norm(fast), "{}", case.at());
+        if !flat.sql.contains("ROW_NUMBER") {
+            compared += 1;
         }
     }
     assert!(
@@ -975,31 +972,23 @@ async fn joined_value_stages_give_the_rows_of_scalar_subqueries() {
     let db = harness::demo_database(1).await;
     let client = db.client().await;
     let (mut compared, mut grouped) = (0, 0);
-    for file in corpus() {
-        for case in &file.cases {
-            if case.expect_bug.is_some() {
-                continue;
-            }
-            let Ok(c) = compile(&policy, &case.sql, &case.params) else {
-                continue;
-            };
-            let sql = c.rewrite.sql.as_str();
-            let Some((subqueries, keys)) = as_scalar_subqueries(sql) else {
-                assert!(!sql.contains(" __dp_d0 AS ("), "{}: {sql}", case.at());
-                continue;
-            };
-            let joined = text_rows(&client, sql).await.unwrap();
-            let read = text_rows(&client, &subqueries).await.unwrap();
-            assert!(!joined.is_empty(), "{}", case.at());
-            assert_eq!(
-                exact_rows(joined),
-                exact_rows(read),
-                "{}: {subqueries}",
-                case.at()
-            );
-            compared += 1;
-            grouped += usize::from(keys > 0);
-        }
+    for (case, c) in accepted_cases(&policy) {
+        let sql = c.rewrite.sql.as_str();
+        let Some((subqueries, keys)) = as_scalar_subqueries(sql) else {
+            assert!(!sql.contains(" __dp_d0 AS ("), "{}: {sql}", case.at());
+            continue;
+        };
+        let joined = text_rows(&client, sql).await.unwrap();
+        let read = text_rows(&client, &subqueries).await.unwrap();
+        assert!(!joined.is_empty(), "{}", case.at());
+        assert_eq!(
+            exact_rows(joined),
+            exact_rows(read),
+            "{}: {subqueries}",
+            case.at()
+        );
+        compared += 1;
+        grouped += usize::from(keys > 0);
     }
     assert!(
         compared >= 8 && grouped >= 4,
