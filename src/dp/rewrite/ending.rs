@@ -395,12 +395,14 @@ fn outer_items(keys: &[Sql], outer: Vec<Sql>) -> Vec<Sql> {
 /// and each `__dp_dJ` is LEFT JOINed to it on `ARRAY[__dp_dJ.__dp_dkI] = ARRAY[__dp_out.__dp_kI]`
 /// (`ON true` without keys), its item `COALESCE(__dp_dJ.s, default)` (0 values, or no buckets).
 /// `ARRAY[a] = ARRAY[b]` is `a IS NOT DISTINCT FROM b` (array equality compares NULL elements
-/// as equal) and hashable, so the join is a hash join of one row per group on each side: as a
-/// scalar subquery per group (`IS NOT DISTINCT FROM`, not hashable) it was a scan of `__dp_dJ`
-/// for every group, groups × groups comparisons (~15 s for the median by diagnosis at scale 1,
-/// 11,132 groups), and Citus could not inline the statement's CTEs ([`super::distributed`]).
+/// as equal) and hashable, so the join is a hash join of one row per group on each side. Read
+/// through a scalar subquery per group (`COALESCE((SELECT s FROM __dp_dJ WHERE __dp_dkI IS NOT
+/// DISTINCT FROM __dp_kI …), default)`, the form this replaced), `__dp_dJ` is read once, so
+/// PostgreSQL inlined it into the subquery and ran the whole value stage again for every group
+/// (over 300 s instead of 3.8 s for the median by diagnosis at scale 1, 11,082 groups:
+/// BENCHMARKS.md), and Citus inlined none of the statement's CTEs ([`super::distributed`]).
 /// Every group of `__dp_out` is kept once with the value the subquery read, so the rows are the
-/// same.
+/// same (`golden::joined_value_stages_give_the_rows_of_scalar_subqueries`).
 fn last_stage(keys: &[Sql], measures: &[Measure], outer: Vec<Sql>, source: Sql) -> Sql {
     let grouping = if keys.is_empty() {
         Sql::text("")
