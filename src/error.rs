@@ -11,6 +11,19 @@
 
 use tokio_postgres::error::SqlState;
 
+/// Which of PostgreSQL's errors a LIMIT or OFFSET raises ([`Error::InvalidRowCount`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowCountFault {
+    /// 22P02: a string that is not an integer of its type.
+    InvalidText,
+    /// 22003: a value outside its integer type's range.
+    OutOfRange,
+    /// 2201W.
+    NegativeLimit,
+    /// 2201X.
+    NegativeOffset,
+}
+
 /// Everything that can go wrong in a way a client observes.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
@@ -67,6 +80,15 @@ pub enum Error {
         what: String,
         value: String,
         parameter: usize,
+    },
+
+    /// A LIMIT or OFFSET that PostgreSQL would refuse when it runs (`dp::analyze::row_count`):
+    /// text that is not an integer, a value out of its type's range, a negative count. Raised
+    /// before anything runs, in PostgreSQL's words; it quotes only the analyst's own text.
+    #[error("{message}")]
+    InvalidRowCount {
+        fault: RowCountFault,
+        message: String,
     },
 
     /// A mechanism that cannot be constructed (ε ≤ 0, non-finite bounds, …).
@@ -194,6 +216,14 @@ impl Error {
             Error::UnknownParameter { .. } => SqlState::UNDEFINED_OBJECT,
             Error::InvalidParameter { .. } => SqlState::INVALID_PARAMETER_VALUE,
             Error::InvalidText { .. } => SqlState::INVALID_TEXT_REPRESENTATION,
+            Error::InvalidRowCount { fault, .. } => match fault {
+                RowCountFault::InvalidText => SqlState::INVALID_TEXT_REPRESENTATION,
+                RowCountFault::OutOfRange => SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+                RowCountFault::NegativeLimit => SqlState::INVALID_ROW_COUNT_IN_LIMIT_CLAUSE,
+                RowCountFault::NegativeOffset => {
+                    SqlState::INVALID_ROW_COUNT_IN_RESULT_OFFSET_CLAUSE
+                }
+            },
             Error::InvalidMechanism { .. } => SqlState::INVALID_PARAMETER_VALUE,
             Error::Authentication { .. } => SqlState::INVALID_PASSWORD,
             Error::AuthenticationThrottled { .. } => SqlState::TOO_MANY_CONNECTIONS,
@@ -250,6 +280,9 @@ impl Error {
             }
             Error::AdminShutdown => {
                 Some("The data owner removed this analyst from the pgdp policy.")
+            }
+            Error::InvalidRowCount { .. } => {
+                Some("LIMIT and OFFSET take a count of rows: a non-negative integer.")
             }
             Error::TooInaccurate { .. } => Some(
                 "Ask a coarser question (fewer or larger groups), raise pgdp.epsilon, or SET pgdp.max_relative_error = off and read each number with its error (SET pgdp.accuracy = on).",

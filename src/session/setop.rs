@@ -19,7 +19,7 @@
 //!   session gives it released rows only ([`super::ClientRows::combined`]).
 //! - Pure: the session plans every branch before the first is charged, then runs them in order.
 
-use sqlparser::ast::{self, Expr, LimitClause, OrderByKind, SetExpr, Value};
+use sqlparser::ast::{self, Expr, OrderByKind, SetExpr, Value};
 
 use crate::dp::release::post::{parsed_relation, rows_relation, ReadAs};
 use crate::dp::sql::ShadowSql;
@@ -121,7 +121,7 @@ fn plain_parentheses(q: &ast::Query) -> bool {
 }
 
 /// The statement's own ORDER BY may name output columns (by name or position) only, and LIMIT
-/// and OFFSET must be numbers: PostgreSQL evaluates them over the released rows, where nothing
+/// and OFFSET must be constant counts: PostgreSQL evaluates them over the released rows, where nothing
 /// else has a meaning (and a subquery would read the shadow catalog's empty tables).
 fn check_order_and_limit(query: &ast::Query) -> Result<()> {
     let hint = "After a UNION, INTERSECT or EXCEPT, ORDER BY names output columns (by name or position), and LIMIT and OFFSET are numbers.";
@@ -147,24 +147,9 @@ fn check_order_and_limit(query: &ast::Query) -> Result<()> {
             }
         }
     }
-    let number = |e: &Expr| matches!(e, Expr::Value(v) if matches!(v.value, Value::Number(..) | Value::Null));
-    match &query.limit_clause {
-        None => Ok(()),
-        Some(LimitClause::LimitOffset {
-            limit,
-            offset,
-            limit_by,
-        }) if limit.as_ref().is_none_or(number)
-            && offset.as_ref().is_none_or(|o| number(&o.value))
-            && limit_by.is_empty() =>
-        {
-            Ok(())
-        }
-        Some(other) => Err(Error::unsupported(
-            format!("{other} on a set operation"),
-            hint,
-        )),
-    }
+    // Constant counts only (`LIMIT 10`, `LIMIT $1::integer` once bound), with PostgreSQL's
+    // errors for bad ones: the same rule as a single SELECT's.
+    crate::dp::analyze::limit_offset(query).map(|_| ())
 }
 
 /// Per select item of a branch (a plain SELECT with no wildcard): the SQL of the untyped

@@ -1,8 +1,10 @@
 """SQLAlchemy 2 against pgdp, with the psycopg2 and psycopg (3) dialects: engine connect (the
 dialect's own start-up queries), inspection from the shadow catalog, a DP query through text()
-and through Core select(func.count()). See matrix.py."""
+through Core select(func.count()), and .limit() / .offset() / Query.first() through Core and the
+ORM (the psycopg dialect sends them as `LIMIT $1::INTEGER`). See matrix.py."""
 
 from sqlalchemy import Column, Integer, MetaData, Table, Text, create_engine, func, inspect, select, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import matrix
 
@@ -68,10 +70,48 @@ def dp_query_core(dialect):
         return f"{n}/{m}/{len(rows)}groups"
 
 
+class Base(DeclarativeBase):
+    pass
+
+
+class Person(Base):
+    __tablename__ = "people"
+    __table_args__ = {"schema": "demo"}
+    person_id: Mapped[int] = mapped_column(primary_key=True)
+    age: Mapped[int]
+    region: Mapped[str]
+
+
+def dp_query_limit(dialect):
+    """LIMIT and OFFSET as SQLAlchemy writes them, with its defaults: the rows PostgreSQL's
+    `ORDER BY region LIMIT 3 OFFSET 2` gives over the ten public regions, and Query.first()."""
+    people = people_table()
+    expected = sorted(matrix.REGIONS)[2:5]
+    with engine(dialect).connect() as conn:
+        rows = conn.execute(
+            select(people.c.region, func.count().label("n"))
+            .group_by(people.c.region).order_by(people.c.region).limit(3).offset(2)).all()
+        assert [r.region for r in rows] == expected, rows
+        assert all(isinstance(r.n, int) and 1_000 < r.n < 30_000 for r in rows), rows
+    with Session(engine(dialect)) as session:
+        orm_rows = session.execute(
+            select(Person.region, func.count(Person.person_id))
+            .group_by(Person.region).order_by(Person.region).limit(3).offset(2)).all()
+        assert [r[0] for r in orm_rows] == expected, orm_rows
+        # Query.first(): `SELECT count(…) FROM demo.people LIMIT $1::INTEGER` bound to 1.
+        (n,) = session.query(func.count(Person.person_id)).first()
+        matrix.assert_people_count(n)
+        over = session.query(Person.region, func.count(Person.person_id)).group_by(
+            Person.region).order_by(Person.region).offset(20).all()
+        assert over == [], over
+    return f"{','.join(expected)}/{n}"
+
+
 if __name__ == "__main__":
     matrix.run({
         f"{name}_{dialect}": (lambda fn=fn, dialect=dialect: fn(dialect))
         for name, fn in [("connect", connect), ("inspect", inspect_tables),
-                         ("dp_query_text", dp_query_text), ("dp_query_core", dp_query_core)]
+                         ("dp_query_text", dp_query_text), ("dp_query_core", dp_query_core),
+                         ("dp_query_limit", dp_query_limit)]
         for dialect in DIALECTS
     })

@@ -446,10 +446,16 @@ async fn grafana_like_session_pickers_time_series_and_table_panels() {
 async fn sqlalchemy_checks(seed: u8, dialect: &str) {
     require_python();
     let proxy = start_proxy(seed).await;
-    let names: Vec<String> = ["connect", "inspect", "dp_query_text", "dp_query_core"]
-        .iter()
-        .map(|c| format!("{c}_{dialect}"))
-        .collect();
+    let names: Vec<String> = [
+        "connect",
+        "inspect",
+        "dp_query_text",
+        "dp_query_core",
+        "dp_query_limit",
+    ]
+    .iter()
+    .map(|c| format!("{c}_{dialect}"))
+    .collect();
     let checks: Vec<&str> = names.iter().map(String::as_str).collect();
     run_python(&proxy, "sqlalchemy_client.py", &checks)
         .await

@@ -96,6 +96,48 @@ async fn bound_limit_offset_and_values_where_literals_stand() {
     assert!(counts.windows(2).all(|w| w[0] >= w[1]), "{counts:?}");
     assert_eq!(types_of(&s, sql).await, upstream_types(sql).await);
 
+    // SQLAlchemy with psycopg 3: `.order_by(region).limit(3).offset(2)` casts its parameters,
+    // `LIMIT $1::INTEGER OFFSET $2::INTEGER`; the rows are PostgreSQL's for those counts over the
+    // ten public regions, and a UNION takes the same counts.
+    let cast = "SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region ORDER BY region LIMIT $1::INTEGER OFFSET $2::INTEGER";
+    let statement = s.prepare(cast).await.expect("prepare LIMIT $1::INTEGER");
+    assert_eq!(statement.params(), &[Type::INT4, Type::INT4]);
+    let rows = s
+        .query(&statement, &[&3i32, &2i32])
+        .await
+        .expect("LIMIT 3 OFFSET 2");
+    let regions: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(regions, ["IS", "NE", "NO"]);
+    let union = "SELECT region, COUNT(*) FROM demo.people WHERE age < 50 GROUP BY region UNION ALL SELECT region, COUNT(*) FROM demo.people WHERE age >= 50 GROUP BY region ORDER BY 1 LIMIT '2'::int8 OFFSET 2.5";
+    let rows = s
+        .simple_query(union)
+        .await
+        .expect("a UNION with cast counts");
+    let regions: Vec<&str> = rows
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
+            _ => None,
+        })
+        .collect();
+    // CE, CE, EA, EA, IS, …: OFFSET 2.5 is OFFSET 3, as in PostgreSQL.
+    assert_eq!(regions, ["EA", "IS"]);
+    // Counts PostgreSQL refuses are refused with its SQLSTATE, before anything runs.
+    let e = s.query(&statement, &[&-1i32, &0i32]).await;
+    assert_code(
+        e,
+        &tokio_postgres::error::SqlState::INVALID_ROW_COUNT_IN_LIMIT_CLAUSE,
+        "LIMIT must not be negative",
+    );
+    let e = s
+        .simple_query("SELECT COUNT(*) FROM demo.people LIMIT '1.5'::integer")
+        .await;
+    assert_code(
+        e,
+        &tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION,
+        "invalid input syntax for type integer",
+    );
+
     // Prisma's count: rows wrapped in `… OFFSET $1` bound to 0, counted outside.
     let prisma = r#"SELECT COUNT(*) FROM (SELECT "demo"."people"."person_id" FROM "demo"."people" WHERE 1=1 OFFSET $1) AS "sub""#;
     let n: i64 = s

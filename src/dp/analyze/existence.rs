@@ -167,20 +167,10 @@ fn exists_as_count(query: &ast::Query) -> Result<Option<ast::Query>> {
     Ok(Some(rewritten))
 }
 
-/// Whether the subquery's LIMIT / OFFSET leave its rows' existence as it is: none, or a
-/// literal LIMIT of at least 1 without OFFSET (`EXISTS (SELECT 1 … LIMIT 1)`).
+/// Whether the subquery's LIMIT / OFFSET leave its rows' existence as it is: none, or a LIMIT
+/// of at least 1 (or ALL) without OFFSET (`EXISTS (SELECT 1 … LIMIT 1)`).
 fn at_least_one_row(subquery: &ast::Query) -> bool {
-    match &subquery.limit_clause {
-        None => true,
-        Some(ast::LimitClause::LimitOffset {
-            limit: Some(Expr::Value(v)),
-            offset: None,
-            limit_by,
-        }) if limit_by.is_empty() => {
-            matches!(&v.value, Value::Number(n, _) if n.parse::<u64>().is_ok_and(|n| n >= 1))
-        }
-        _ => false,
-    }
+    matches!(super::limit_offset(subquery), Ok((limit, 0)) if limit.is_none_or(|n| n >= 1))
 }
 
 /// The expression the shadow catalog types in place of a detected count: `(count > 0)`, a

@@ -39,6 +39,9 @@ mod grouping;
 mod moments;
 mod outer;
 mod post;
+mod row_count;
+pub(crate) use row_count::limit_offset;
+use row_count::selects_every_row;
 mod scope;
 mod select;
 mod selection;
@@ -414,71 +417,6 @@ fn resolve_group_reference(g: &Expr, projection: &[SelectItem]) -> Result<Expr> 
         }
     }
     Ok(g.clone())
-}
-
-/// Whether a query's LIMIT / OFFSET selects every row: none, `LIMIT ALL` / `LIMIT NULL`,
-/// `OFFSET 0` (Prisma's count wraps its rows in `SELECT … OFFSET $1` bound to 0).
-pub(super) fn selects_every_row(query: &ast::Query) -> bool {
-    query.limit_clause.is_none() || matches!(limit_offset(query), Ok((None, 0)))
-}
-
-fn limit_offset(query: &ast::Query) -> Result<(Option<u64>, u64)> {
-    let number = |e: &Expr| -> Result<u64> {
-        match e {
-            Expr::Value(v) => match &v.value {
-                Value::Number(n, _) => n.parse::<u64>().map_err(|_| Error::Syntax {
-                    message: "LIMIT and OFFSET take a non-negative integer".into(),
-                }),
-                Value::Null => Ok(u64::MAX),
-                // `LIMIT '10'`, and a bound parameter of unspecified type: PostgreSQL reads the
-                // untyped literal as a bigint.
-                Value::SingleQuotedString(n) => {
-                    n.trim().parse::<u64>().map_err(|_| Error::Syntax {
-                        message: format!("invalid input syntax for type bigint: \"{n}\""),
-                    })
-                }
-                _ => Err(Error::unsupported(
-                    "non-literal LIMIT / OFFSET",
-                    "Use an integer literal.",
-                )),
-            },
-            _ => Err(Error::unsupported(
-                "non-literal LIMIT / OFFSET",
-                "Use an integer literal.",
-            )),
-        }
-    };
-    match &query.limit_clause {
-        None => Ok((None, 0)),
-        Some(ast::LimitClause::LimitOffset {
-            limit,
-            offset,
-            limit_by,
-        }) => {
-            if !limit_by.is_empty() {
-                return Err(Error::unsupported(
-                    "LIMIT BY",
-                    "LIMIT BY is not PostgreSQL SQL: rank within each group with a window in an outer query, e.g. SELECT * FROM (SELECT k, n, ROW_NUMBER() OVER (PARTITION BY k ORDER BY n DESC) AS r FROM (<your query>) s) t WHERE r <= 3.",
-                ));
-            }
-            let l = match limit {
-                Some(e) => {
-                    let n = number(e)?;
-                    (n != u64::MAX).then_some(n)
-                }
-                None => None,
-            };
-            let o = match offset {
-                Some(o) => number(&o.value)?,
-                None => 0,
-            };
-            Ok((l, if o == u64::MAX { 0 } else { o }))
-        }
-        Some(ast::LimitClause::OffsetCommaLimit { .. }) => Err(Error::unsupported(
-            "LIMIT offset, count",
-            "Use LIMIT … OFFSET …",
-        )),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
