@@ -68,10 +68,10 @@ enum Clause {
 /// The count `e` stands for, `None` for NULL (PostgreSQL's `LIMIT ALL`, `OFFSET 0`).
 fn row_count(e: &Expr, clause: Clause) -> Result<Option<u64>> {
     // PostgreSQL coerces the clause's expression to bigint.
-    let Some(value) = evaluate(e, Integer::BigInt)? else {
+    let Some(value) = evaluate(e, IntegerType::Int8)? else {
         return Ok(None);
     };
-    let value = Integer::BigInt.checked(value)?;
+    let value = IntegerType::Int8.checked(value)?;
     u64::try_from(value).map(Some).map_err(|_| {
         let (fault, word) = match clause {
             Clause::Limit => (RowCountFault::NegativeLimit, "LIMIT"),
@@ -86,35 +86,35 @@ fn row_count(e: &Expr, clause: Clause) -> Result<Option<u64>> {
 
 /// PostgreSQL's integer types, as a cast names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Integer {
-    SmallInt,
-    Integer,
-    BigInt,
+enum IntegerType {
+    Int2,
+    Int4,
+    Int8,
 }
 
-impl Integer {
-    fn of(data_type: &DataType) -> Option<Integer> {
+impl IntegerType {
+    fn of(data_type: &DataType) -> Option<IntegerType> {
         match data_type {
-            DataType::Int2(_) | DataType::SmallInt(_) => Some(Integer::SmallInt),
-            DataType::Int(_) | DataType::Int4(_) | DataType::Integer(_) => Some(Integer::Integer),
-            DataType::Int8(_) | DataType::BigInt(_) => Some(Integer::BigInt),
+            DataType::Int2(_) | DataType::SmallInt(_) => Some(IntegerType::Int2),
+            DataType::Int(_) | DataType::Int4(_) | DataType::Integer(_) => Some(IntegerType::Int4),
+            DataType::Int8(_) | DataType::BigInt(_) => Some(IntegerType::Int8),
             _ => None,
         }
     }
 
     fn name(self) -> &'static str {
         match self {
-            Integer::SmallInt => "smallint",
-            Integer::Integer => "integer",
-            Integer::BigInt => "bigint",
+            IntegerType::Int2 => "smallint",
+            IntegerType::Int4 => "integer",
+            IntegerType::Int8 => "bigint",
         }
     }
 
     fn range(self) -> (i128, i128) {
         match self {
-            Integer::SmallInt => (i16::MIN.into(), i16::MAX.into()),
-            Integer::Integer => (i32::MIN.into(), i32::MAX.into()),
-            Integer::BigInt => (i64::MIN.into(), i64::MAX.into()),
+            IntegerType::Int2 => (i16::MIN.into(), i16::MAX.into()),
+            IntegerType::Int4 => (i32::MIN.into(), i32::MAX.into()),
+            IntegerType::Int8 => (i64::MIN.into(), i64::MAX.into()),
         }
     }
 
@@ -155,7 +155,7 @@ impl Integer {
 
 /// The integer value of `e`, an untyped string in it read as `context` (the type the enclosing
 /// cast or clause gives it); `None` for NULL.
-fn evaluate(e: &Expr, context: Integer) -> Result<Option<i128>> {
+fn evaluate(e: &Expr, context: IntegerType) -> Result<Option<i128>> {
     match e {
         Expr::Nested(inner) => evaluate(inner, context),
         Expr::Value(v) => match &v.value {
@@ -181,7 +181,7 @@ fn evaluate(e: &Expr, context: Integer) -> Result<Option<i128>> {
             data_type,
             format: None,
         } => {
-            if let Some(target) = Integer::of(data_type) {
+            if let Some(target) = IntegerType::of(data_type) {
                 evaluate(expr, target)?
                     .map(|v| target.checked(v))
                     .transpose()
