@@ -142,6 +142,37 @@ pub fn timestamp_micros(text: &str, with_zone: bool) -> Option<i64> {
     Some(total)
 }
 
+/// PostgreSQL's binary `timestamp` (microseconds since 2000-01-01 00:00:00) in the ISO text
+/// [`timestamp_micros`] reads back, and, when `with_zone`, its binary `timestamptz` (the same
+/// count in UTC) with the offset `+00`. `None` for `infinity` / `-infinity` (`i64::MAX` /
+/// `i64::MIN`) and for instants outside the years 1 to 9999, which pgdp does not accept in
+/// literals.
+pub fn timestamp_text(micros: i64, with_zone: bool) -> Option<String> {
+    if micros == i64::MAX || micros == i64::MIN {
+        return None;
+    }
+    let days = i32::try_from(micros.div_euclid(MICROS_PER_DAY)).ok()?;
+    let date = Date::from_days_since_2000(days);
+    if !(1..=9999).contains(&date.year) {
+        return None;
+    }
+    let of_day = micros.rem_euclid(MICROS_PER_DAY);
+    let (seconds, fraction) = (of_day / 1_000_000, of_day % 1_000_000);
+    let mut text = format!(
+        "{date} {:02}:{:02}:{:02}",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    );
+    if fraction > 0 {
+        text.push_str(format!(".{fraction:06}").trim_end_matches('0'));
+    }
+    if with_zone {
+        text.push_str("+00");
+    }
+    Some(text)
+}
+
 /// Seconds between 1970-01-01 00:00:00 and 2000-01-01 00:00:00 (PostgreSQL's two epochs).
 const SECONDS_1970_TO_2000: i64 = 946_684_800;
 
@@ -232,6 +263,28 @@ mod tests {
             Date::from_days_since_2000(-730_119).to_string(),
             "0001-01-01"
         );
+    }
+
+    #[test]
+    fn binary_timestamps_print_as_postgresql_reads_them() {
+        // (EXTRACT(EPOCH FROM TIMESTAMP '…') - 946684800) * 1e6 on PostgreSQL 15.
+        let cases = [
+            (770_560_496_789_000, "2024-06-01 12:34:56.789"),
+            (-500_000, "1999-12-31 23:59:59.5"),
+            (0, "2000-01-01 00:00:00"),
+            (1, "2000-01-01 00:00:00.000001"),
+            (-63_082_281_600_000_000, "0001-01-01 00:00:00"),
+        ];
+        for (micros, text) in cases {
+            assert_eq!(timestamp_text(micros, false).as_deref(), Some(text));
+            assert_eq!(timestamp_micros(text, false), Some(micros), "{text}");
+            let zoned = format!("{text}+00");
+            assert_eq!(timestamp_text(micros, true), Some(zoned.clone()));
+            assert_eq!(timestamp_micros(&zoned, true), Some(micros), "{zoned}");
+        }
+        assert_eq!(timestamp_text(i64::MAX, true), None, "infinity");
+        assert_eq!(timestamp_text(i64::MIN, false), None, "-infinity");
+        assert_eq!(timestamp_text(-63_082_281_600_000_001, false), None, "1 BC");
     }
 
     #[test]

@@ -365,6 +365,23 @@ pub(super) fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option
                     ]))
                     .to_string()
                 }
+                t if (t == Type::TIMESTAMP || t == Type::TIMESTAMPTZ) && b.len() == 8 => {
+                    // psycopg 3 and asyncpg send datetimes in binary by default.
+                    let micros = i64::from_be_bytes(b.try_into().map_err(|_| Error::Protocol {
+                        what: "bad timestamp".into(),
+                    })?);
+                    crate::datetime::timestamp_text(micros, t == Type::TIMESTAMPTZ).ok_or_else(
+                        || {
+                            Error::unsupported(
+                                format!(
+                                    "the {} parameter ±infinity or outside the years 1 to 9999",
+                                    t.name()
+                                ),
+                                "Bind a timestamp in the years 1 to 9999.",
+                            )
+                        },
+                    )?
+                }
                 t if t == Type::BOOL && b.len() == 1 => {
                     if b[0] != 0 { "true" } else { "false" }.to_string()
                 }

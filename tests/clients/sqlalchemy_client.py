@@ -1,9 +1,16 @@
 """SQLAlchemy 2 against pgdp, with the psycopg2 and psycopg (3) dialects: engine connect (the
 dialect's own start-up queries), inspection from the shadow catalog, a DP query through text()
 through Core select(func.count()), and .limit() / .offset() / Query.first() through Core and the
-ORM (the psycopg dialect sends them as `LIMIT $1::INTEGER`). See matrix.py."""
+ORM (the psycopg dialect sends them as `LIMIT $1::INTEGER`), and the forms the psycopg dialect
+gives ordinary filters (`LIKE $1::VARCHAR`, `date_trunc($1::VARCHAR, …)`, a datetime bound in
+binary, `CAST(age AS FLOAT)`), each compared with PostgreSQL's answer for the same statement
+(PGDP_UPSTREAM_DSN). See matrix.py."""
 
-from sqlalchemy import Column, Integer, MetaData, Table, Text, create_engine, func, inspect, select, text
+import datetime
+import os
+
+from sqlalchemy import (Column, Date, DateTime, Float, Integer, MetaData, Table, Text, cast,
+                        create_engine, func, inspect, select, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import matrix
@@ -70,6 +77,40 @@ def dp_query_core(dialect):
         return f"{n}/{m}/{len(rows)}groups"
 
 
+def visits_table():
+    return Table(
+        "visits", MetaData(),
+        Column("visit_id", Integer), Column("person_id", Integer), Column("clinic", Text),
+        Column("visit_date", Date), Column("checked_in", DateTime(timezone=True)),
+        schema="demo",
+    )
+
+
+def dp_query_filters(dialect):
+    """Filters as the dialect writes them, each compared with PostgreSQL's answer."""
+    people, visits = people_table(), visits_table()
+    since = datetime.datetime(2024, 6, 1, tzinfo=datetime.timezone.utc)
+    statements = {
+        "checked_in": select(func.count()).select_from(visits).where(visits.c.checked_in >= since),
+        "like": select(func.count()).select_from(visits).where(visits.c.clinic.like("C1%")),
+        "month": select(func.count()).select_from(visits).where(
+            func.date_trunc("month", visits.c.visit_date) == datetime.date(2024, 1, 1)),
+        "avg_float": select(func.avg(cast(people.c.age, Float))),
+    }
+    driver = __import__(dialect)
+    dsn = os.environ["PGDP_UPSTREAM_DSN"]
+    upstream = create_engine(DIALECTS[dialect] + "://", creator=lambda: driver.connect(dsn))
+    details = []
+    with engine(dialect).connect() as conn, upstream.connect() as truth:
+        for name, statement in statements.items():
+            got = conn.execute(statement).scalar_one()
+            want = truth.execute(statement).scalar_one()
+            assert type(got) is type(want), f"{name}: {type(got).__name__} for {type(want).__name__}"
+            assert abs(got - want) <= 0.02 * abs(want) + 50, f"{name}: {got} where PostgreSQL gives {want}"
+            details.append(f"{name}={got:.6g}/{want:.6g}")
+    return " ".join(details)
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -112,6 +153,6 @@ if __name__ == "__main__":
         f"{name}_{dialect}": (lambda fn=fn, dialect=dialect: fn(dialect))
         for name, fn in [("connect", connect), ("inspect", inspect_tables),
                          ("dp_query_text", dp_query_text), ("dp_query_core", dp_query_core),
-                         ("dp_query_limit", dp_query_limit)]
+                         ("dp_query_limit", dp_query_limit), ("dp_query_filters", dp_query_filters)]
         for dialect in DIALECTS
     })

@@ -452,14 +452,28 @@ async fn sqlalchemy_checks(seed: u8, dialect: &str) {
         "dp_query_text",
         "dp_query_core",
         "dp_query_limit",
+        "dp_query_filters",
     ]
     .iter()
     .map(|c| format!("{c}_{dialect}"))
     .collect();
     let checks: Vec<&str> = names.iter().map(String::as_str).collect();
-    run_python(&proxy, "sqlalchemy_client.py", &checks)
-        .await
-        .assert_ok(&checks);
+    // dp_query_filters compares with PostgreSQL's answers on the demo database.
+    let upstream = crate::harness::demo_database(1).await;
+    let args: Vec<&str> = ["sqlalchemy_client.py"]
+        .into_iter()
+        .chain(checks.iter().copied())
+        .collect();
+    run_client_in(
+        &proxy,
+        "sqlalchemy_client.py",
+        &clients_dir(),
+        &venv_python(),
+        &args,
+        &[("PGDP_UPSTREAM_DSN", upstream.dsn())],
+    )
+    .await
+    .assert_ok(&checks);
     proxy.stop().await;
 }
 

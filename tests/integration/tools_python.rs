@@ -5,6 +5,7 @@
 //! ForeignKey to people, which Django joins with LEFT OUTER JOIN) and `demo.regions`, and runs
 //! ordinary ORM operations, one named check each: `.count()` (of people and of visits), `.aggregate(Avg, Sum, Count)`,
 //! `.values(..).annotate(Count)`, `TruncMonth`, `Count(.., filter=Q(..))`, `.filter(..).count()`,
+//! `icontains` (`UPPER(col) LIKE UPPER(…)`), a filter on a DateTimeField by an aware datetime,
 //! `.exists()`, the join over the nullable ForeignKey, annotate + filter (HAVING), the public
 //! table, and raw rows (`Person.objects.all()[:5]`), which pgdp must refuse. It runs once with
 //! Django's default client-side binding and once with `server_side_binding`. `pgcli_client.py`
@@ -69,6 +70,10 @@ const DJANGO_CLIENT_BINDING: &[(&str, Expect)] = &[
     ("trunc_month", Expect::Ok),
     ("count_filter", Expect::Ok),
     ("filter_count", Expect::Ok),
+    // UPPER(diagnosis::text) LIKE UPPER('%j0%'): the pattern folded to its literal.
+    ("icontains", Expect::Ok),
+    // checked_in >= '2024-06-01T00:00:00+00:00'::timestamptz
+    ("checked_in_since", Expect::Ok),
     // SELECT 1 AS "a" … LIMIT 1 tells whether a row exists: refused like raw rows (the hint
     // says to count instead).
     ("exists", Expect::Refused("42501")),
@@ -91,6 +96,10 @@ const DJANGO_SERVER_BINDING: &[(&str, Expect)] = &[
     ("trunc_month", Expect::Ok),
     ("count_filter", Expect::Ok),
     ("filter_count", Expect::Ok),
+    // UPPER(diagnosis::text) LIKE UPPER($1): the pattern folded to its literal.
+    ("icontains", Expect::Ok),
+    // An aware datetime, sent by psycopg 3 as a binary timestamptz.
+    ("checked_in_since", Expect::Ok),
     // SELECT $1 AS "a" … LIMIT 1: with its value in place, whether a row exists (42501), as
     // with client-side binding.
     ("exists", Expect::Refused("42501")),

@@ -454,6 +454,11 @@ impl<'a> Analyzer<'a> {
                 Some(ColumnType::Numeric)
             }
             D::Float8 | D::DoublePrecision | D::Double(_) => Some(ColumnType::Float),
+            // FLOAT and FLOAT(25) … FLOAT(53) are double precision (SQLAlchemy's Float).
+            D::Float(ast::ExactNumberInfo::None) => Some(ColumnType::Float),
+            D::Float(ast::ExactNumberInfo::Precision(p)) if (25..=53).contains(p) => {
+                Some(ColumnType::Float)
+            }
             D::Date => Some(ColumnType::Date),
             D::Boolean | D::Bool => Some(ColumnType::Boolean),
             _ => None,
@@ -483,6 +488,8 @@ impl<'a> Analyzer<'a> {
             || (i.ty == Some(target) && widest == Some(target))
             || (i.ty == Some(ColumnType::Integer)
                 && matches!(widest, Some(ColumnType::Numeric | ColumnType::Float)))
+            // Every integer has a nearest real (float4 reaches 3.4e38).
+            || (i.ty == Some(ColumnType::Integer) && single_precision(data_type))
             || (i.ty == Some(ColumnType::Timestamp) && widest == Some(ColumnType::Date));
         if !total {
             return Err(cast_can_fail(expr, &i, data_type));
@@ -820,6 +827,16 @@ fn divide(left: &mut Box<Expr>, right: &mut Box<Expr>, l: &Info, r: &Info) -> (I
 }
 
 /// The refusal of a cast that can fail on some values, with the form that works.
+/// Whether `data_type` is PostgreSQL's `real` (float4): REAL, FLOAT4, FLOAT(1) … FLOAT(24).
+fn single_precision(data_type: &ast::DataType) -> bool {
+    use ast::DataType as D;
+    match data_type {
+        D::Real | D::Float4 => true,
+        D::Float(ast::ExactNumberInfo::Precision(p)) => (1..=24).contains(p),
+        _ => false,
+    }
+}
+
 fn cast_can_fail(expr: &Expr, i: &Info, data_type: &ast::DataType) -> Error {
     // EXTRACT / date_part of an infinite date or timestamp is ±Infinity, which no
     // integer cast accepts, and a policy declares no bounds for dates that would

@@ -489,6 +489,8 @@ impl<'a> Analyzer<'a> {
     /// A bare or qualified column reference: (table index, column name).
     pub(super) fn column_ref(&self, e: &Expr) -> Result<Option<(usize, String)>> {
         match e {
+            // Prisma writes its relation joins `ON ("j0"."person_id") = ("t"."person_id")`.
+            Expr::Nested(inner) => self.column_ref(inner),
             Expr::Identifier(id) => {
                 let col = ident_lower(id);
                 let hits: Vec<usize> = (0..self.tables.len())

@@ -28,6 +28,7 @@
 
 mod aggregate;
 mod buckets;
+mod constant_text;
 mod dates;
 mod denominator;
 mod existence;
@@ -36,6 +37,7 @@ mod fields;
 mod from;
 mod functions;
 mod grouping;
+mod join_filters;
 mod moments;
 mod outer;
 mod post;
@@ -77,6 +79,12 @@ pub use window::is_window_function;
 /// Analyses a query. Refusals carry a SQLSTATE and a hint.
 pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     reject_reserved(query)?;
+    // `LIKE $1::VARCHAR`, `date_trunc('month'::text, …)`, `LIKE ('%' || 'a' || '%')`.
+    let folded = constant_text::fold(query);
+    let query = folded.as_ref().unwrap_or(query);
+    // `JOIN t ON a.x = t.x AND t.y = 'NO'` (Sequelize's include with a where).
+    let lifted = join_filters::lift(query);
+    let query = lifted.as_ref().unwrap_or(query);
     // An ORM's count of a filtered selection: the count of the rows the selection finds.
     let flattened = selection::count_over_selection(query, ctx);
     let query = flattened.as_ref().unwrap_or(query);

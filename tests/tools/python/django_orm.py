@@ -14,6 +14,7 @@ OIDs), the Python types of the values and their plausibility (noisy: within rang
 are compared; see report.py for the lines printed.
 """
 
+import datetime
 import sys
 from collections import OrderedDict
 from decimal import Decimal
@@ -85,6 +86,7 @@ class Visit(models.Model):
     clinic = models.TextField(null=True)
     diagnosis = models.TextField(null=True)
     cost = models.DecimalField(max_digits=10, decimal_places=2, null=True)
+    checked_in = models.DateTimeField(null=True)
 
     class Meta:
         managed = False
@@ -303,6 +305,31 @@ def check_filter_count():
     return compare(op_filter_count, plausible)
 
 
+def op_icontains(alias):
+    # UPPER("demo"."visits"."diagnosis"::text) LIKE UPPER('%j0%')
+    return Visit.objects.using(alias).filter(diagnosis__icontains="j0").count()
+
+
+def check_icontains():
+    def plausible(got, want):
+        near(got, want, slack=50)
+        return f"count={got} true={want}"
+    return compare(op_icontains, plausible)
+
+
+def op_checked_in_since(alias):
+    # An aware datetime: with server-side binding psycopg 3 sends it as a binary timestamptz.
+    since = datetime.datetime(2024, 6, 1, tzinfo=datetime.timezone.utc)
+    return Visit.objects.using(alias).filter(checked_in__gte=since).count()
+
+
+def check_checked_in_since():
+    def plausible(got, want):
+        near(got, want, slack=50)
+        return f"count={got} true={want}"
+    return compare(op_checked_in_since, plausible)
+
+
 def op_exists(alias):
     return Person.objects.using(alias).exists()
 
@@ -373,6 +400,8 @@ CHECKS = OrderedDict([
     ("trunc_month", check_trunc_month),
     ("count_filter", check_count_filter),
     ("filter_count", check_filter_count),
+    ("icontains", check_icontains),
+    ("checked_in_since", check_checked_in_since),
     ("exists", check_exists),
     ("join_nullable_fk", check_join_nullable_fk),
     ("having", check_having),
