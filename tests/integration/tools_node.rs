@@ -109,6 +109,8 @@ const SEQUELIZE: &[(&str, Expect)] = &[
     ("findall_group", Expect::Ok),
     ("findall_group_limit", Expect::Ok),
     ("count_date", Expect::Ok),
+    // `INNER JOIN … ON "visits"."person_id" = "person"."person_id" AND "person"."region" = 'NO'`.
+    ("count_include_where", Expect::Ok),
     ("raw_query", Expect::Ok),
     ("raw_query_bind", Expect::Ok),
     // describeTable (information_schema.columns and table_constraints, pg_statio_all_tables
@@ -128,6 +130,9 @@ const PRISMA: &[(&str, Expect)] = &[
     ("count_where", Expect::Ok),
     // A Date against a `DateTime @db.Date` field, bound as '2024-01-01'.
     ("count_date", Expect::Ok),
+    // `LIKE ('%' || $1 || '%')`, and a relation filter joined `ON ("j0"."person_id") = (…)`.
+    ("count_contains", Expect::Ok),
+    ("count_relation_filter", Expect::Ok),
     ("aggregate", Expect::Ok),
     ("aggregate_min_max", Expect::Ok),
     // groupBy ends with `OFFSET $1` (`LIMIT $1 OFFSET $2` with take and skip).

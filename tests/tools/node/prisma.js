@@ -60,6 +60,16 @@ const checks = {
     (dp, truth, ref) => near('count', dp, ref[0].n),
     REFERENCE.visitsFrom2024,
   ),
+  // contains: `"diagnosis"::text LIKE ('%' || $1 || '%')`.
+  count_contains: check(
+    (t) => prisma(t).visits.count({ where: { diagnosis: { contains: 'J0' } } }),
+    (dp, truth) => near('count', dp, truth),
+  ),
+  // A relation filter: `LEFT JOIN "demo"."people" AS "j0" ON ("j0"."person_id") = (…)`.
+  count_relation_filter: check(
+    (t) => prisma(t).visits.count({ where: { people: { region: 'NO' } } }),
+    (dp, truth) => near('count', dp, truth),
+  ),
   aggregate: check(
     (t) => prisma(t).people.aggregate({
       _count: { _all: true },

@@ -53,6 +53,7 @@ function sequelize(target) {
       diagnosis: DataTypes.TEXT,
       cost: DataTypes.DECIMAL(10, 2),
     }, options);
+    s.models.visits.belongsTo(s.models.people, { foreignKey: 'person_id', as: 'person' });
     instances[target] = s;
   }
   return instances[target];
@@ -122,6 +123,13 @@ const checks = {
       raw: true,
     }),
     (dp, truth) => groupsNear(dp, truth, 'region', ['n'], 0.05),
+  ),
+  // An include with a where: Sequelize writes the filter into the INNER JOIN's ON.
+  count_include_where: check(
+    (t) => model(t, 'visits').count({
+      include: [{ model: model(t, 'people'), as: 'person', where: { region: 'NO' } }],
+    }),
+    (dp, truth) => near('count', dp, truth),
   ),
   // A Date against a DATEONLY attribute (Sequelize writes it as a literal).
   count_date: check(
