@@ -57,8 +57,10 @@ fn lift_in_select(select: &mut ast::Select, changed: &mut bool) {
             else {
                 continue;
             };
+            let mut parts = Vec::new();
+            super::conjuncts(on, &mut parts);
             let (equalities, filters): (Vec<Expr>, Vec<Expr>) =
-                conjuncts(on).into_iter().partition(is_column_equality);
+                parts.into_iter().cloned().partition(is_column_equality);
             if filters.is_empty() || equalities.is_empty() {
                 continue;
             }
@@ -75,33 +77,6 @@ fn lift_in_select(select: &mut ast::Select, changed: &mut bool) {
     select.selection = Some(and_all(
         all.into_iter().map(|e| Expr::Nested(Box::new(e))).collect(),
     ));
-}
-
-/// The conjuncts of `e` (`a AND (b AND c)` → a, b, c).
-fn conjuncts(e: &Expr) -> Vec<Expr> {
-    match e {
-        Expr::BinaryOp {
-            left,
-            op: BinaryOperator::And,
-            right,
-        } => {
-            let mut all = conjuncts(left);
-            all.extend(conjuncts(right));
-            all
-        }
-        Expr::Nested(inner)
-            if matches!(
-                inner.as_ref(),
-                Expr::BinaryOp {
-                    op: BinaryOperator::And,
-                    ..
-                }
-            ) =>
-        {
-            conjuncts(inner)
-        }
-        other => vec![other.clone()],
-    }
 }
 
 fn is_column_equality(e: &Expr) -> bool {
