@@ -73,6 +73,60 @@ pub(super) fn numeric(text: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The decimal text of a binary `numeric` parameter (what asyncpg and psycopg 3 send for a
+/// Decimal): PostgreSQL's numeric_out of it, with its display scale. `None` for NaN, ±Infinity
+/// or a malformed value.
+pub(super) fn numeric_text(bytes: &[u8]) -> Option<String> {
+    let word = |i: usize| -> Option<i16> {
+        Some(i16::from_be_bytes([
+            *bytes.get(2 * i)?,
+            *bytes.get(2 * i + 1)?,
+        ]))
+    };
+    let count = usize::try_from(word(0)?).ok()?;
+    let (weight, sign, scale) = (i64::from(word(1)?), word(2)? as u16, word(3)?);
+    let scale = usize::try_from(scale).ok()?;
+    if bytes.len() != 8 + 2 * count || !matches!(sign, NUMERIC_POSITIVE | NUMERIC_NEGATIVE) {
+        return None;
+    }
+    let groups = (0..count)
+        .map(|i| word(4 + i).filter(|g| (0..10_000).contains(g)))
+        .collect::<Option<Vec<i16>>>()?;
+    // The base-10000 digit whose place value is 10000^place.
+    let group = |place: i64| -> i16 {
+        usize::try_from(weight - place)
+            .ok()
+            .and_then(|k| groups.get(k).copied())
+            .unwrap_or(0)
+    };
+    let mut integer = String::new();
+    for place in (0..=weight.max(0)).rev() {
+        integer.push_str(&format!("{:04}", group(place)));
+    }
+    let integer = match integer.trim_start_matches('0') {
+        "" => "0",
+        digits => digits,
+    };
+    let mut fraction = String::new();
+    let mut place = -1;
+    while fraction.len() < scale {
+        fraction.push_str(&format!("{:04}", group(place)));
+        place -= 1;
+    }
+    fraction.truncate(scale);
+    let zero = integer == "0" && fraction.bytes().all(|b| b == b'0');
+    let mut text = String::new();
+    if sign == NUMERIC_NEGATIVE && !zero {
+        text.push('-');
+    }
+    text.push_str(integer);
+    if scale > 0 {
+        text.push('.');
+        text.push_str(&fraction);
+    }
+    Some(text)
+}
+
 /// The binary `date` (days since 2000-01-01) of `YYYY-MM-DD`.
 pub(super) fn date(text: &str) -> Option<Vec<u8>> {
     let days = crate::datetime::Date::parse(text)?.days_since_2000();
@@ -157,6 +211,44 @@ mod tests {
         assert_eq!(words(&numeric("-0.0").unwrap()), [0, 0, 0, 1]);
         for bad in ["", "-", "1e5", "NaN", "1.2.3", " 1"] {
             assert_eq!(numeric(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn binary_numerics_decode_to_their_decimal_text() {
+        for text in [
+            "0",
+            "12.34",
+            "-12.34",
+            "123456.5",
+            "0.0000001",
+            "10000",
+            "0.00",
+            "250000",
+            "-0.5",
+            "99999999.99990",
+            "1.000000001",
+        ] {
+            assert_eq!(numeric_text(&numeric(text).unwrap()).as_deref(), Some(text));
+        }
+        // Words as numeric_send writes them: 1e-7 with display scale 7; -12.34.
+        let bytes = |w: &[i16]| w.iter().flat_map(|x| x.to_be_bytes()).collect::<Vec<u8>>();
+        assert_eq!(
+            numeric_text(&bytes(&[1, -2, 0, 7, 10])).as_deref(),
+            Some("0.0000001")
+        );
+        assert_eq!(
+            numeric_text(&bytes(&[1, 1, 0, 0, 1])).as_deref(),
+            Some("10000")
+        );
+        // NaN, +Infinity, a digit out of range, a short message.
+        for bad in [
+            bytes(&[0, 0, 0xC000u16 as i16, 0]),
+            bytes(&[0, 0, 0xD000u16 as i16, 0]),
+            bytes(&[1, 0, 0, 0, 10_000]),
+            bytes(&[2, 0, 0, 0, 1]),
+        ] {
+            assert_eq!(numeric_text(&bad), None);
         }
     }
 

@@ -356,6 +356,12 @@ pub(super) fn parameters_as_text(portal: &Portal<Prepared>) -> Result<Vec<Option
                     })?)
                     .to_string()
                 }
+                t if t == Type::NUMERIC => super::binary::numeric_text(b).ok_or_else(|| {
+                    Error::unsupported(
+                        "a NaN or infinite numeric parameter",
+                        "Bind a finite number.",
+                    )
+                })?,
                 t if t == Type::FLOAT4 && b.len() == 4 => {
                     f32::from_be_bytes([b[0], b[1], b[2], b[3]]).to_string()
                 }

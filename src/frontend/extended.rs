@@ -40,17 +40,14 @@ impl QueryParser for Parser {
         let shared = self.live.current();
         let session = ensure_session(&mut slot, client, &shared, &self.cancels)
             .map_err(|e| user_error(&e))?;
-        let columns = session::describe(&shared, session, &statement)
-            .await
-            .map_err(|e| {
-                metrics.failed(&e);
-                user_error(&e)
-            })?;
-        // Client-declared types win; otherwise the type analysis inferred from the context, or
-        // where analysis needs the values first (LIMIT $1), the type PostgreSQL infers.
-        let inferred = session::parameter_types(&shared, session, &statement);
-        let described = if inferred.is_empty() {
-            session::described_parameter_types(&shared, session, &statement).await
+        // Client-declared types win; otherwise the type PostgreSQL infers (the shadow catalog
+        // prepares the statement on the upstream's column types: `$1::DATE` is a date, `age > $1`
+        // an int4, `income > $1` a numeric), as drivers that bind by the described type
+        // (asyncpg, psycopg 3 server-side) need; where the shadow cannot prepare the statement
+        // (a pgdp-only function such as MEDIAN), the type analysis inferred from the context.
+        let described = session::described_parameter_types(&shared, session, &statement).await;
+        let inferred = if described.is_empty() {
+            session::parameter_types(&shared, session, &statement)
         } else {
             Vec::new()
         };
@@ -65,15 +62,26 @@ impl QueryParser for Parser {
         let parameter_types = (1..=count)
             .map(|i| {
                 types.get(i - 1).cloned().flatten().unwrap_or_else(|| {
-                    inferred
-                        .iter()
-                        .find(|(j, _, _)| *j == i)
-                        .map(|(_, t, declared)| parameter_pg_type(*t, declared.as_deref()))
-                        .or_else(|| described.get(i - 1).and_then(|oid| Type::from_oid(*oid)))
+                    described
+                        .get(i - 1)
+                        .and_then(|oid| Type::from_oid(*oid))
+                        .or_else(|| {
+                            inferred
+                                .iter()
+                                .find(|(j, _, _)| *j == i)
+                                .map(|(_, t, declared)| parameter_pg_type(*t, declared.as_deref()))
+                        })
                         .unwrap_or(Type::TEXT)
                 })
             })
-            .collect();
+            .collect::<Vec<Type>>();
+        let oids: Vec<u32> = parameter_types.iter().map(Type::oid).collect();
+        let columns = session::describe(&shared, session, &statement, &oids)
+            .await
+            .map_err(|e| {
+                metrics.failed(&e);
+                user_error(&e)
+            })?;
         Ok(Some(Prepared {
             statement: Some(statement),
             columns,
@@ -160,6 +168,37 @@ impl ExtendedQueryHandler for QueryHandler {
         Ok(())
     }
 
+    /// pgwire's Describe, where a portal that Bind did not make may be a cursor: in PostgreSQL
+    /// a cursor declared in SQL (`DECLARE c CURSOR WITH HOLD FOR …`) is a portal of that name,
+    /// and psycopg 3's server-side cursors (Django's `.iterator()`, SQLAlchemy's
+    /// `stream_results`, pandas' `chunksize`) describe it so before FETCH. Its rows are sent in
+    /// text (pgdp declares no BINARY cursors), as PostgreSQL describes such a portal.
+    async fn on_describe<C>(&self, client: &mut C, message: Describe) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
+        if message.target_type == TARGET_TYPE_BYTE_PORTAL
+            && client.portal_store().get_portal(name).is_none()
+        {
+            let conn = connection(client);
+            let cursor = conn
+                .session
+                .lock()
+                .await
+                .as_ref()
+                .and_then(|s| s.cursor_columns(name));
+            if let Some(columns) = cursor {
+                let response = DescribePortalResponse::new(fields(&columns, &Format::UnifiedText));
+                return send_describe_response(client, &response).await;
+            }
+        }
+        self._on_describe(client, message).await
+    }
+
     /// pgwire's Close, keeping the count of prepared statements.
     async fn on_close<C>(&self, client: &mut C, message: Close) -> PgWireResult<()>
     where
@@ -211,9 +250,16 @@ impl ExtendedQueryHandler for QueryHandler {
             // pgdp.accuracy, can change them), as PostgreSQL insists for cached plans; checked
             // before running, so the refusal costs nothing.
             let described = &portal.statement.statement.columns;
+            let oids: Vec<u32> = portal
+                .statement
+                .statement
+                .parameter_types
+                .iter()
+                .map(Type::oid)
+                .collect();
             let shape = match (&statement, described) {
                 (Statement::Query(_), Some(before)) => {
-                    match session::describe(&shared, session, &statement).await {
+                    match session::describe(&shared, session, &statement, &oids).await {
                         Ok(Some(now)) if now != *before => Err(Error::unsupported(
                             "a prepared statement whose result columns changed since it was prepared",
                             "Prepare the statement again: pgdp.accuracy or the pgdp policy changed since.",

@@ -61,8 +61,10 @@ use pgwire::api::auth::{
 };
 use pgwire::api::cancel::CancelHandler;
 use pgwire::api::portal::{Format, Portal};
-use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::query::{send_describe_response, ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{
+    DataRowEncoder, DescribePortalResponse, FieldFormat, FieldInfo, QueryResponse, Response, Tag,
+};
 use pgwire::api::stmt::{QueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{
@@ -72,7 +74,7 @@ use pgwire::api::{
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::cancel::CancelRequest;
 use pgwire::messages::extendedquery::{
-    Close, CloseComplete, Execute, Parse, ParseComplete, TARGET_TYPE_BYTE_PORTAL,
+    Close, CloseComplete, Describe, Execute, Parse, ParseComplete, TARGET_TYPE_BYTE_PORTAL,
     TARGET_TYPE_BYTE_STATEMENT,
 };
 use pgwire::messages::response::NoticeResponse;

@@ -9,7 +9,7 @@
 //!   literals the analyst writes: a parameter can say nothing a literal could not.
 //! - A value that is not of its declared type is refused here with 22P02 and the value, as
 //!   PostgreSQL refuses it at Bind; nothing has run yet.
-//! - Before Bind (Describe of a statement), [`stand_ins`] gives each parameter a fixed value of its
+//! - Before Bind (Describe of a statement), [`StandIns`] give each parameter a fixed value of its
 //!   type, so the answer's columns can be described; PostgreSQL's column types never depend on
 //!   parameter values, so the description holds for every binding.
 //! - Pure: no I/O.
@@ -51,24 +51,57 @@ impl ParameterType {
 
     /// A value of this type that analysis accepts wherever a literal of it may stand (a limit, a
     /// threshold, a date_trunc unit, a bound of a range), for describing a statement before Bind.
-    fn stand_in(self) -> &'static str {
-        match self {
+    fn stand_in(self, set: StandIns) -> &'static str {
+        match (self, set) {
             // Zero: `OFFSET 0` selects every row (Prisma wraps its rows in `OFFSET $1`).
-            ParameterType::Integer | ParameterType::Number => "0",
-            ParameterType::Boolean => "true",
-            ParameterType::Date => "2000-01-01",
-            ParameterType::Timestamp | ParameterType::Timestamptz => "2000-01-01 00:00:00",
-            ParameterType::Untyped => "month",
+            (ParameterType::Integer | ParameterType::Number, StandIns::Zero) => "0",
+            // One: a divisor (`AVG(income / $1)`), where zero is a division by zero.
+            (ParameterType::Integer | ParameterType::Number, StandIns::One) => "1",
+            (ParameterType::Boolean, _) => "true",
+            (ParameterType::Date, _) => "2000-01-01",
+            (ParameterType::Timestamp | ParameterType::Timestamptz, _) => "2000-01-01 00:00:00",
+            (ParameterType::Untyped, _) => "month",
         }
     }
 }
 
-/// Stand-in values for parameters of `types` (see the module documentation).
-pub fn stand_ins(types: &[ParameterType]) -> Vec<Option<String>> {
-    types
-        .iter()
-        .map(|t| Some(t.stand_in().to_string()))
-        .collect()
+/// Sets of stand-in values for parameters before Bind (see the module documentation), tried in
+/// order until analysis admits the statement with one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandIns {
+    /// Numbers 0.
+    Zero,
+    /// Numbers 1.
+    One,
+}
+
+impl StandIns {
+    pub const ALL: [StandIns; 2] = [StandIns::Zero, StandIns::One];
+
+    /// Stand-in values of this set for the parameters of `query`, of `types`; a parameter
+    /// that is the zone of `AT TIME ZONE $n` (Django with server-side binding) stands for 'UTC',
+    /// the zone analysis answers in.
+    pub fn values(self, query: &ast::Query, types: &[ParameterType]) -> Vec<Option<String>> {
+        let mut zones = std::collections::BTreeSet::new();
+        let _ = ast::visit_expressions(query, |e| {
+            if let Expr::AtTimeZone { time_zone, .. } = e {
+                if let Expr::Value(v) = time_zone.as_ref() {
+                    if let Value::Placeholder(p) = &v.value {
+                        zones.extend(p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()));
+                    }
+                }
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let zone = *t == ParameterType::Untyped && zones.contains(&(i + 1));
+                Some(if zone { "UTC" } else { t.stand_in(self) }.to_string())
+            })
+            .collect()
+    }
 }
 
 /// Whether `query` has a `$n` parameter anywhere.
@@ -302,9 +335,20 @@ mod tests {
         assert_eq!(q.to_string(), "SELECT 1 FROM t WHERE x = NULL LIMIT 5");
         assert!(has_parameters(&query("SELECT 1 FROM t LIMIT $1")));
         assert!(!has_parameters(&q));
+        let types = [
+            ParameterType::Integer,
+            ParameterType::Untyped,
+            ParameterType::Untyped,
+        ];
+        let q = query("SELECT date_trunc($2, ts AT TIME ZONE $3) FROM t LIMIT $1");
+        let strings = |v: &[&str]| v.iter().map(|s| Some(s.to_string())).collect::<Vec<_>>();
         assert_eq!(
-            stand_ins(&[ParameterType::Integer, ParameterType::Untyped]),
-            [Some("0".to_string()), Some("month".to_string())]
+            StandIns::Zero.values(&q, &types),
+            strings(&["0", "month", "UTC"])
+        );
+        assert_eq!(
+            StandIns::One.values(&q, &types),
+            strings(&["1", "month", "UTC"])
         );
     }
 }

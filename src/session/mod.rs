@@ -564,10 +564,13 @@ impl Session {
     }
 }
 
+/// The columns `statement` answers with, without running it; `parameter_types` are the OIDs its
+/// parameters are described with (the client's, else PostgreSQL's), for stand-in values of them.
 pub async fn describe(
     shared: &Shared,
     session: &Session,
     statement: &Statement,
+    parameter_types: &[u32],
 ) -> Result<Option<Vec<OutColumn>>> {
     Ok(Some(match route(statement)? {
         Route::Session => return Ok(None),
@@ -607,7 +610,9 @@ pub async fn describe(
                 Some(Statement::Query(folded)) => folded.as_ref(),
                 _ => query,
             };
-            session.dp_columns_before_bind(shared, query).await?
+            session
+                .dp_columns_before_bind(shared, query, parameter_types)
+                .await?
         }
         Route::Explain(_) => explain::explain_columns(),
     }))
@@ -650,25 +655,53 @@ impl Session {
         &self,
         shared: &Shared,
         query: &ast::Query,
+        parameter_types: &[u32],
     ) -> Result<Vec<OutColumn>> {
-        Ok(match self.dp_columns(shared, query).await {
-            Ok(columns) => columns,
-            // Refused with `$n` in places only a value can stand (LIMIT $1, date_trunc($1, …)):
-            // described with stand-in values of the parameters' types; Execute analyses it with
-            // the bound values. Refused with the stand-ins too, the refusal is theirs: the one
-            // the statement gets with values in place (raw rows with `LIMIT $1` are raw rows,
-            // 42501, not a parameter pgdp cannot place).
-            Err(refusal) => match self.with_stand_ins(shared, query).await {
-                Some(stand_in) => self.dp_columns(shared, &stand_in).await?,
+        let refusal = match self.dp_columns(shared, query).await {
+            Ok(columns) => return Ok(columns),
+            Err(refusal) => refusal,
+        };
+        // Refused with `$n` in places only a value can stand (LIMIT $1, date_trunc($1, …),
+        // CASE … THEN $2): described with stand-in values of the parameters' types; Execute
+        // analyses it with the bound values. PostgreSQL's column types never depend on the
+        // values, so any set of stand-ins analysis admits describes every binding; the second
+        // set describes a statement that divides by a parameter (`AVG(income / $1)`). Refused
+        // with every set, the refusal is the first set's: the one the statement gets with values
+        // in place (raw rows with `LIMIT $1` are raw rows, 42501, not a parameter pgdp cannot
+        // place).
+        if !bind::has_parameters(query) {
+            return Err(refusal);
+        }
+        let types: Vec<bind::ParameterType> = if parameter_types.is_empty() {
+            match self.described_parameters(shared, query).await {
+                Some(oids) => oids.into_iter().map(bind::ParameterType::of_oid).collect(),
                 None => return Err(refusal),
-            },
-        })
+            }
+        } else {
+            parameter_types
+                .iter()
+                .map(|oid| bind::ParameterType::of_oid(*oid))
+                .collect()
+        };
+        let mut first = None;
+        for set in bind::StandIns::ALL {
+            let Ok(stand_in) = bind::bind(query, &set.values(query, &types), &types) else {
+                break;
+            };
+            match self.dp_columns(shared, &stand_in).await {
+                Ok(columns) => return Ok(columns),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        Err(first.unwrap_or(refusal))
     }
 }
 
-/// PostgreSQL's types (OIDs) of the parameters of a DP statement (or its EXPLAIN) that pgdp's
-/// analysis cannot type with their placeholders in place, as the shadow catalog prepares it;
-/// empty when there are none or the shadow cannot say.
+/// PostgreSQL's types (OIDs) of the parameters of a DP statement (or its EXPLAIN), as the shadow
+/// catalog prepares it on the upstream's column types (what Describe reports where the client
+/// declared none); empty when there are none or the shadow cannot prepare it.
 pub async fn described_parameter_types(
     shared: &Shared,
     session: &Session,
@@ -691,21 +724,6 @@ impl Session {
             .as_ref()?
             .parameter_types(&query.to_string(), &search_path)
             .await
-    }
-
-    /// `query` with each parameter replaced by a stand-in value of its type
-    /// ([`bind::stand_ins`]), for describing it before Bind; `None` without parameters or types.
-    async fn with_stand_ins(&self, shared: &Shared, query: &ast::Query) -> Option<ast::Query> {
-        if !bind::has_parameters(query) {
-            return None;
-        }
-        let types: Vec<bind::ParameterType> = self
-            .described_parameters(shared, query)
-            .await?
-            .into_iter()
-            .map(bind::ParameterType::of_oid)
-            .collect();
-        bind::bind(query, &bind::stand_ins(&types), &types).ok()
     }
 }
 

@@ -4,6 +4,8 @@ See matrix.py."""
 
 from decimal import Decimal
 import asyncio
+import datetime
+import os
 
 import asyncpg
 
@@ -47,6 +49,54 @@ async def prepared_dp_query():
         await conn.close()
 
 
+async def upstream():
+    """PostgreSQL itself (PGDP_UPSTREAM_DSN, libpq key=value), for the answers pgdp must match."""
+    fields = dict(part.split("=", 1) for part in os.environ["PGDP_UPSTREAM_DSN"].split())
+    return await asyncpg.connect(
+        host=fields.get("host", "127.0.0.1"), port=int(fields.get("port", "5432")),
+        user=fields.get("user"), password=fields.get("password"), database=fields.get("dbname"),
+        ssl=False, timeout=10)
+
+
+# Statements whose parameters asyncpg binds by the types Describe reports: a date, an integer, a
+# numeric, a timestamptz, a LIKE pattern, a divisor. SQLAlchemy's asyncpg dialect casts every
+# parameter (`$1::DATE`, `$1::INTEGER`, `$1::VARCHAR`).
+TYPED = [
+    ("SELECT COUNT(*) FROM demo.visits WHERE visit_date >= $1::DATE", (datetime.date(2024, 1, 1),)),
+    ("SELECT COUNT(*) FROM demo.people WHERE age >= $1::INTEGER", (40,)),
+    ("SELECT COUNT(*) FROM demo.people WHERE income > $1", (Decimal("50000.5"),)),
+    ("SELECT COUNT(*) FROM demo.visits WHERE checked_in >= $1",
+     (datetime.datetime(2024, 6, 1, tzinfo=datetime.timezone.utc),)),
+    ("SELECT COUNT(*) FROM demo.visits WHERE visit_date < $1 AND clinic LIKE $2::VARCHAR",
+     (datetime.date(2023, 1, 1), "C1%")),
+    ("SELECT AVG(income / $1) AS avg_k FROM demo.people", (Decimal(1000),)),
+]
+
+
+async def typed_parameters():
+    """Parameter and column types as PostgreSQL describes them; values near PostgreSQL's."""
+    conn, truth = await connect(), await upstream()
+    details = []
+    try:
+        for i, (sql, args) in enumerate(TYPED):
+            mine, theirs = await conn.prepare(sql), await truth.prepare(sql)
+            kinds = [t.name for t in mine.get_parameters()]
+            want_kinds = [t.name for t in theirs.get_parameters()]
+            assert kinds == want_kinds, f"{sql}: parameters {kinds}, PostgreSQL {want_kinds}"
+            columns = [a.type.name for a in mine.get_attributes()]
+            want_columns = [a.type.name for a in theirs.get_attributes()]
+            assert columns == want_columns, f"{sql}: columns {columns}, PostgreSQL {want_columns}"
+            got, want = await mine.fetchval(*args), await theirs.fetchval(*args)
+            assert type(got) is type(want), f"{sql}: {type(got).__name__} for {type(want).__name__}"
+            assert abs(got - want) <= Decimal("0.02") * abs(want) + 50, \
+                f"{sql}: {got} where PostgreSQL gives {want}"
+            details.append(f"{i}:{'/'.join(kinds)}={got:.6g}~{want:.6g}")
+    finally:
+        await conn.close()
+        await truth.close()
+    return " ".join(details)
+
+
 async def refusal():
     conn = await connect()
     try:
@@ -65,5 +115,6 @@ if __name__ == "__main__":
     matrix.run({
         "connect": lambda: asyncio.run(connect_check()),
         "prepared_dp_query": lambda: asyncio.run(prepared_dp_query()),
+        "typed_parameters": lambda: asyncio.run(typed_parameters()),
         "refusal": lambda: asyncio.run(refusal()),
     })

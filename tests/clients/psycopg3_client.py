@@ -92,6 +92,36 @@ def check_errors_map_to_exception_classes():
         return " ".join(seen)
 
 
+def check_server_side_cursors():
+    """Named (server-side) cursors, as Django's .iterator(), SQLAlchemy's stream_results and
+    pandas' chunksize use them: DECLARE, a Describe of the portal named like the cursor, FETCH
+    FORWARD in batches, CLOSE."""
+    sql = "SELECT region, COUNT(*) AS n FROM demo.people GROUP BY region ORDER BY region"
+    # WITH HOLD, outside a transaction (psycopg's withhold=True in autocommit mode).
+    with connect(autocommit=True) as conn:
+        with conn.cursor(name="pgdp_regions", withhold=True) as cur:
+            cur.execute(sql)
+            assert [d.name for d in cur.description] == ["region", "n"], cur.description
+            first = cur.fetchmany(3)
+            rest = cur.fetchall()
+        regions = [r[0] for r in first + rest]
+        assert regions == sorted(matrix.REGIONS), regions
+        assert all(isinstance(r[1], int) for r in first + rest), first
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    # In a transaction, with a bound parameter, iterated in batches of 4.
+    with connect() as conn:
+        with conn.cursor(name="pgdp_ages") as cur:
+            cur.itersize = 4
+            cur.execute(
+                "SELECT region, AVG(income) AS mean FROM demo.people WHERE age >= %s"
+                " GROUP BY region ORDER BY region",
+                (40,))
+            rows = list(cur)
+        assert [r[0] for r in rows] == sorted(matrix.REGIONS), rows
+        assert all(isinstance(r[1], Decimal) for r in rows), rows
+    return f"regions={len(regions)} batched={len(rows)}"
+
+
 if __name__ == "__main__":
     matrix.run({
         "connect": check_connect,
@@ -100,4 +130,5 @@ if __name__ == "__main__":
         "dp_query_binary_results": check_dp_query_binary_results,
         "dp_query_client_binding": check_dp_query_client_binding,
         "errors": check_errors_map_to_exception_classes,
+        "server_side_cursors": check_server_side_cursors,
     })

@@ -412,6 +412,7 @@ async fn psycopg3_server_and_client_binding_and_error_classes() {
         "dp_query_binary_results",
         "dp_query_client_binding",
         "errors",
+        "server_side_cursors",
     ];
     run_python(&proxy, "psycopg3_client.py", &checks)
         .await
@@ -503,10 +504,28 @@ async fn sqlalchemy_psycopg3_engine_inspect_text_and_core() {
 async fn asyncpg_prepared_dp_query_with_parameters() {
     require_python();
     let proxy = start_proxy(16).await;
-    let checks = ["connect", "prepared_dp_query", "refusal"];
-    run_python(&proxy, "asyncpg_client.py", &checks)
-        .await
-        .assert_ok(&checks);
+    let checks = [
+        "connect",
+        "prepared_dp_query",
+        "typed_parameters",
+        "refusal",
+    ];
+    // typed_parameters compares with PostgreSQL's descriptions and answers on the demo database.
+    let upstream = crate::harness::demo_database(1).await;
+    let args: Vec<&str> = ["asyncpg_client.py"]
+        .into_iter()
+        .chain(checks.iter().copied())
+        .collect();
+    run_client_in(
+        &proxy,
+        "asyncpg_client.py",
+        &clients_dir(),
+        &venv_python(),
+        &args,
+        &[("PGDP_UPSTREAM_DSN", upstream.dsn())],
+    )
+    .await
+    .assert_ok(&checks);
     proxy.stop().await;
 }
 

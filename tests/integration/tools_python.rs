@@ -74,6 +74,12 @@ const DJANGO_CLIENT_BINDING: &[(&str, Expect)] = &[
     ("icontains", Expect::Ok),
     // checked_in >= '2024-06-01T00:00:00+00:00'::timestamptz
     ("checked_in_since", Expect::Ok),
+    // DATE_TRUNC('month', checked_in AT TIME ZONE 'UTC'): USE_TZ's truncation in UTC.
+    ("trunc_month_checked_in", Expect::Ok),
+    // (checked_in AT TIME ZONE 'UTC')::date >= '2024-06-01'::date
+    ("checked_in_date", Expect::Ok),
+    // .iterator(): a server-side cursor WITH HOLD, its portal described, FETCH FORWARD 4.
+    ("iterator", Expect::Ok),
     // SELECT 1 AS "a" … LIMIT 1 tells whether a row exists: refused like raw rows (the hint
     // says to count instead).
     ("exists", Expect::Refused("42501")),
@@ -100,6 +106,11 @@ const DJANGO_SERVER_BINDING: &[(&str, Expect)] = &[
     ("icontains", Expect::Ok),
     // An aware datetime, sent by psycopg 3 as a binary timestamptz.
     ("checked_in_since", Expect::Ok),
+    // AT TIME ZONE $1, the zone bound as a parameter.
+    ("trunc_month_checked_in", Expect::Ok),
+    ("checked_in_date", Expect::Ok),
+    // .iterator(): DECLARE … WITH HOLD with $1 bound, the portal described, FETCH FORWARD 4.
+    ("iterator", Expect::Ok),
     // SELECT $1 AS "a" … LIMIT 1: with its value in place, whether a row exists (42501), as
     // with client-side binding.
     ("exists", Expect::Refused("42501")),

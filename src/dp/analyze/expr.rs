@@ -28,6 +28,22 @@ impl<'a> Analyzer<'a> {
                 Ok(Info::derived(Some(ColumnType::Boolean), &[&i], None))
             }
             Expr::InList { expr, list, .. } => self.in_list(expr, list, role),
+            // `x = ANY (ARRAY[a, b])` is `x IN (a, b)` and `x <> ALL (ARRAY[a, b])` is
+            // `x NOT IN (a, b)`, NULLs included (SQL defines IN so); psycopg 2 writes a Python
+            // list so. Other arrays (a column, a parameter) stay refused.
+            Expr::AnyOp { left, compare_op: BinaryOperator::Eq, right, .. }
+            | Expr::AllOp { left, compare_op: BinaryOperator::NotEq, right }
+                if array_elements(right).is_some_and(|elements| !elements.is_empty()) =>
+            {
+                let mut list = Expr::InList {
+                    expr: left.clone(),
+                    list: array_elements(right).unwrap_or_default(),
+                    negated: matches!(e, Expr::AllOp { .. }),
+                };
+                let info = self.expr(&mut list, role)?;
+                *e = list;
+                Ok(info)
+            }
             Expr::Between { expr, low, high, .. } => {
                 let i = self.expr(expr, role)?;
                 let lo = self.expr(low, role)?;
@@ -52,6 +68,9 @@ impl<'a> Analyzer<'a> {
                 self.cast(expr, data_type, role)
             }
             Expr::Extract { field, expr, .. } => self.extract(field, expr, role),
+            Expr::AtTimeZone { timestamp, time_zone } => {
+                self.at_time_zone(timestamp, time_zone, role)
+            }
             Expr::Function(f) => self.function(f, role),
             // sqlparser reads FLOOR(x) and CEIL(x) as special syntax (for `CEIL(x TO DAY)`);
             // the plain one-argument forms are the total functions and go through the same
@@ -541,6 +560,36 @@ impl<'a> Analyzer<'a> {
         Ok(Info::derived(Some(ColumnType::Numeric), &[&i], bounds))
     }
 
+    /// `ts AT TIME ZONE 'UTC'` (Django's TruncMonth, `__date`, ExtractHour … of a DateTimeField
+    /// with USE_TZ): a timestamptz as UTC wall-clock time, or a timestamp read as UTC. With UTC
+    /// the value keeps its place in PostgreSQL's range (no offset moves it past an end, which
+    /// would fail on that row), and ±infinity stays ±infinity: total, and independent of the
+    /// session's time zone. Other zones are refused: an offset can fail near the ends of the
+    /// range, and an unknown zone fails only once a row reaches it, telling that one did. A
+    /// parameter (`AT TIME ZONE $1`, Django with server-side binding) is checked once bound.
+    fn at_time_zone(&mut self, ts: &mut Expr, zone: &Expr, role: Role) -> Result<Info> {
+        let i = self.expr(ts, role)?;
+        if i.ty != Some(ColumnType::Timestamp) {
+            return Err(Error::unsupported(
+                "AT TIME ZONE of anything but a timestamp",
+                "Apply AT TIME ZONE to a timestamp or timestamptz column; a date has no time of day to convert.",
+            ));
+        }
+        let utc = match zone {
+            Expr::Value(v) if matches!(v.value, Value::Placeholder(_)) => true,
+            Expr::Value(v) => crate::literal::string_value(&v.value)
+                .is_some_and(|z| UTC_ZONES.contains(&z.to_ascii_lowercase().as_str())),
+            _ => false,
+        };
+        if !utc {
+            return Err(Error::unsupported(
+                format!("AT TIME ZONE {zone}"),
+                "pgdp converts timestamps AT TIME ZONE 'UTC' only. For local days or months, SET TimeZone to the zone and group by date_trunc of the timestamptz column (it truncates in the session's zone); in Django, set TIME_ZONE = 'UTC'.",
+            ));
+        }
+        Ok(Info::derived(Some(ColumnType::Timestamp), &[&i], None))
+    }
+
     /// A parameter compared with a typed expression takes that type.
     pub(super) fn infer_parameter(&mut self, e: &Expr, other: &Info) {
         if let (Expr::Value(v), Some(ty)) = (e, other.ty) {
@@ -766,6 +815,30 @@ fn pg_catalog_name(name: &str) -> ObjectName {
 }
 
 /// The refusal of a construct outside the whitelist, with the whitelist as its hint.
+/// The elements of an `ARRAY[…]` constructor (in parentheses or not).
+fn array_elements(e: &Expr) -> Option<Vec<Expr>> {
+    match e {
+        Expr::Nested(inner) => array_elements(inner),
+        Expr::Array(array) => Some(array.elem.clone()),
+        _ => None,
+    }
+}
+
+/// PostgreSQL's names of Coordinated Universal Time (lower case; zone names are read
+/// case-insensitively), the zones `AT TIME ZONE` is answered in.
+const UTC_ZONES: [&str; 10] = [
+    "utc",
+    "etc/utc",
+    "gmt",
+    "etc/gmt",
+    "uct",
+    "etc/uct",
+    "universal",
+    "etc/universal",
+    "zulu",
+    "etc/zulu",
+];
+
 fn unsupported_here(what: &str) -> Error {
     Error::unsupported(
         what.to_string(),

@@ -456,6 +456,8 @@ fn filters() {
             ("where comparisons and or not", "SELECT COUNT(*) FROM demo.people WHERE (age >= 18 AND age < 65) OR NOT sex = 'F'", Accepted("unit=person_id caps=(g1,r1) where=(age >= 18 AND age < 65) OR NOT sex = 'F' keys=[] aggs=[count(*)] out=[count=a0]")),
             ("where in list", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis IN ('J06', 'I10')", Accepted("unit=person_id caps=(g1,r10) where=diagnosis IN ('J06', 'I10') keys=[] aggs=[count(*)] out=[count=a0]")),
             ("where not in list", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis NOT IN ('Z00')", Accepted("unit=person_id caps=(g1,r10) where=diagnosis NOT IN ('Z00') keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where any of an array", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis = ANY(ARRAY['J06', 'I10'])", Accepted("unit=person_id caps=(g1,r10) where=diagnosis IN ('J06', 'I10') keys=[] aggs=[count(*)] out=[count=a0]")),
+            ("where all of an array", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis <> ALL (ARRAY['Z00'])", Accepted("unit=person_id caps=(g1,r10) where=diagnosis NOT IN ('Z00') keys=[] aggs=[count(*)] out=[count=a0]")),
             ("where between dates", "SELECT SUM(cost) FROM demo.visits WHERE visit_date BETWEEN DATE '2024-01-01' AND DATE '2024-03-31'", Accepted("unit=person_id caps=(g1,r10) where=visit_date BETWEEN DATE '2024-01-01' AND DATE '2024-03-31' keys=[] aggs=[sum(cost)[0,2000]] out=[sum=a0]")),
             ("where date against string", "SELECT COUNT(*) FROM demo.visits WHERE visit_date >= '2024-06-01'", Accepted("unit=person_id caps=(g1,r10) where=visit_date >= '2024-06-01' keys=[] aggs=[count(*)] out=[count=a0]")),
             ("where is null", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis IS NOT NULL AND cost IS NULL", Accepted("unit=person_id caps=(g1,r10) where=diagnosis IS NOT NULL AND cost IS NULL keys=[] aggs=[count(*)] out=[count=a0]")),
@@ -974,6 +976,8 @@ fn refusals_unsupported() {
             ("like column pattern", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE clinic", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("like escape clause", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE 'J!%' ESCAPE '!'", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("date arithmetic", "SELECT COUNT(*) FROM demo.visits WHERE visit_date + 1 > DATE '2024-01-01'", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("greater than any of an array", "SELECT COUNT(*) FROM demo.people WHERE age > ANY(ARRAY[30, 40])", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("any of an empty array", "SELECT COUNT(*) FROM demo.people WHERE age = ANY(ARRAY[])", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("date_trunc unit from data", "SELECT COUNT(*) FROM demo.visits WHERE date_trunc(clinic, visit_date) IS NULL", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("fetch first", "SELECT clinic, COUNT(*) FROM demo.visits GROUP BY clinic FETCH FIRST 3 ROWS ONLY", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("tablesample", "SELECT COUNT(*) FROM demo.visits TABLESAMPLE BERNOULLI (10)", Refused(S::FEATURE_NOT_SUPPORTED)),
@@ -1504,6 +1508,43 @@ fn timestamp_quantiles_are_quantiles_of_clamped_epoch_seconds() {
     )
     .expect_err("a sum of epoch seconds has no bounds");
     assert_eq!(e.sqlstate(), SqlState::INSUFFICIENT_PRIVILEGE);
+}
+
+#[test]
+fn timestamps_at_time_zone_utc_are_answered_and_other_zones_refused() {
+    let policy = timestamped_demo();
+    let ctx = Context {
+        policy: &policy,
+        search_path: search_path(On::Demo),
+    };
+    // What Django writes for TruncMonth, `__date` and ExtractHour of a DateTimeField (USE_TZ).
+    for sql in [
+        "SELECT DATE_TRUNC('month', checked_in AT TIME ZONE 'UTC') AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+        "SELECT COUNT(*) FROM demo.visits WHERE (seen_at AT TIME ZONE 'UTC')::date >= DATE '2024-01-01'",
+        "SELECT EXTRACT(HOUR FROM checked_in AT TIME ZONE 'Etc/UTC') AS h, COUNT(*) FROM demo.visits GROUP BY 1",
+        "SELECT COUNT(*) FROM demo.visits WHERE date_trunc('day', logged AT TIME ZONE 'utc') < TIMESTAMPTZ '2024-01-01 00:00:00+00'",
+        "SELECT date_trunc('month', checked_in AT TIME ZONE $1) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+    ] {
+        let plan = analyze_sql(sql, &ctx).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        assert!(summary(&plan).contains("AT TIME ZONE"), "{}", summary(&plan));
+    }
+    for (sql, state) in [
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE (seen_at AT TIME ZONE 'Europe/Oslo')::date >= DATE '2024-01-01'",
+            SqlState::FEATURE_NOT_SUPPORTED,
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE (seen_at AT TIME ZONE clinic) IS NULL",
+            SqlState::FEATURE_NOT_SUPPORTED,
+        ),
+        (
+            "SELECT COUNT(*) FROM demo.visits WHERE (visit_date AT TIME ZONE 'UTC') IS NULL",
+            SqlState::FEATURE_NOT_SUPPORTED,
+        ),
+    ] {
+        let e = analyze_sql(sql, &ctx).expect_err(sql);
+        assert_eq!(e.sqlstate(), state, "{sql}: {e:?}");
+    }
 }
 
 #[test]

@@ -330,6 +330,56 @@ def check_checked_in_since():
     return compare(op_checked_in_since, plausible)
 
 
+def op_trunc_month_checked_in(alias):
+    # DATE_TRUNC('month', "checked_in" AT TIME ZONE 'UTC') (AT TIME ZONE %s with server binding):
+    # a DateTimeField truncated in the project's time zone (USE_TZ = True).
+    return list(Visit.objects.using(alias).annotate(month=TruncMonth("checked_in"))
+                .values("month").annotate(n=Count("pk")))
+
+
+def check_trunc_month_checked_in():
+    def plausible(got, want):
+        truth = by_key(want, "month")
+        assert set(by_key(got, "month")) <= set(truth), \
+            f"months {sorted(set(by_key(got, 'month')) - set(truth))} are not in the data"
+        assert len(got) >= 0.9 * len(truth), f"{len(got)} of {len(truth)} months released"
+        for row in got:
+            if row["month"] is not None:
+                per_group(row["n"], truth[row["month"]]["n"], rel=0.10)
+        return f"months={len(got)} of {len(truth)}"
+    return compare(op_trunc_month_checked_in, plausible)
+
+
+def op_checked_in_date(alias):
+    # ("checked_in" AT TIME ZONE 'UTC')::date >= '2024-06-01'::date
+    return Visit.objects.using(alias).filter(
+        checked_in__date__gte=datetime.date(2024, 6, 1)).count()
+
+
+def check_checked_in_date():
+    def plausible(got, want):
+        near(got, want, slack=50)
+        return f"count={got} true={want}"
+    return compare(op_checked_in_date, plausible)
+
+
+def op_iterator(alias):
+    # .iterator() reads through a server-side cursor: DECLARE … CURSOR WITH HOLD FOR …, a
+    # Describe of its portal, FETCH FORWARD 4 until done, CLOSE.
+    return list(Person.objects.using(alias).values("region").annotate(n=Count("pk"))
+                .order_by("region").iterator(chunk_size=4))
+
+
+def check_iterator():
+    def plausible(got, want):
+        assert [r["region"] for r in got] == sorted(report.REGIONS), got
+        truth = by_key(want, "region")
+        for row in got:
+            near(row["n"], truth[row["region"]]["n"], slack=20)
+        return f"groups={len(got)}"
+    return compare(op_iterator, plausible)
+
+
 def op_exists(alias):
     return Person.objects.using(alias).exists()
 
@@ -402,6 +452,9 @@ CHECKS = OrderedDict([
     ("filter_count", check_filter_count),
     ("icontains", check_icontains),
     ("checked_in_since", check_checked_in_since),
+    ("trunc_month_checked_in", check_trunc_month_checked_in),
+    ("checked_in_date", check_checked_in_date),
+    ("iterator", check_iterator),
     ("exists", check_exists),
     ("join_nullable_fk", check_join_nullable_fk),
     ("having", check_having),
