@@ -609,13 +609,20 @@ impl<'a> Analyzer<'a> {
             }
             return Err(window_refusal());
         }
-        if f.filter.is_some() || !f.within_group.is_empty() || f.null_treatment.is_some() {
+        let name = function_name(&f.name)?;
+        if !f.within_group.is_empty() {
+            // An ordered-set aggregate other than the percentiles (mode(), rank(…) WITHIN GROUP).
+            return Err(Error::unsupported(
+                format!("{name}() WITHIN GROUP"),
+                "pgdp answers PERCENTILE_CONT(p) and PERCENTILE_DISC(p) WITHIN GROUP (ORDER BY x) and MEDIAN(x) of a bounded column. A most frequent value is the key with the largest count: SELECT x, COUNT(*) FROM … GROUP BY x ORDER BY 2 DESC LIMIT 1.",
+            ));
+        }
+        if f.filter.is_some() || f.null_treatment.is_some() {
             return Err(Error::unsupported(
                 "FILTER / WITHIN GROUP",
                 "Move the condition into WHERE.",
             ));
         }
-        let name = function_name(&f.name)?;
         if aggregate_kind(&name).is_some() && role == Role::UnitAggregate {
             return self.unit_aggregate(f, &name);
         }

@@ -976,6 +976,7 @@ fn refusals_unsupported() {
             ("like column pattern", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE clinic", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("like escape clause", "SELECT COUNT(*) FROM demo.visits WHERE diagnosis LIKE 'J!%' ESCAPE '!'", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("date arithmetic", "SELECT COUNT(*) FROM demo.visits WHERE visit_date + 1 > DATE '2024-01-01'", Refused(S::FEATURE_NOT_SUPPORTED)),
+            ("mode within group", "SELECT mode() WITHIN GROUP (ORDER BY age) FROM demo.people", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("greater than any of an array", "SELECT COUNT(*) FROM demo.people WHERE age > ANY(ARRAY[30, 40])", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("any of an empty array", "SELECT COUNT(*) FROM demo.people WHERE age = ANY(ARRAY[])", Refused(S::FEATURE_NOT_SUPPORTED)),
             ("date_trunc unit from data", "SELECT COUNT(*) FROM demo.visits WHERE date_trunc(clinic, visit_date) IS NULL", Refused(S::FEATURE_NOT_SUPPORTED)),
