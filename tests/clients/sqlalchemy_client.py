@@ -4,8 +4,10 @@ through Core select(func.count()), and .limit() / .offset() / Query.first() thro
 ORM (the psycopg dialect sends them as `LIMIT $1::INTEGER`), and the forms the psycopg dialect
 gives ordinary filters (`LIKE $1::VARCHAR`, `date_trunc($1::VARCHAR, …)`, a datetime bound in
 binary, `CAST(age AS FLOAT)`), each compared with PostgreSQL's answer for the same statement
-(PGDP_UPSTREAM_DSN). See matrix.py."""
+(PGDP_UPSTREAM_DSN); the same filters through the asyncpg dialect (create_async_engine), which
+binds every parameter by the type pgdp's ParameterDescription gives. See matrix.py."""
 
+import asyncio
 import datetime
 import os
 
@@ -111,6 +113,61 @@ def dp_query_filters(dialect):
     return " ".join(details)
 
 
+def filter_statements():
+    """Filters as SQLAlchemy writes them for an analyst's dashboard, shared by the dialects."""
+    people, visits = people_table(), visits_table()
+    since = datetime.datetime(2024, 6, 1, tzinfo=datetime.timezone.utc)
+    return {
+        "checked_in": select(func.count()).select_from(visits).where(visits.c.checked_in >= since),
+        "visit_date": select(func.count()).select_from(visits).where(
+            visits.c.visit_date >= datetime.date(2024, 1, 1)),
+        "age": select(func.count()).select_from(people).where(people.c.age >= 40),
+        "like": select(func.count()).select_from(visits).where(visits.c.clinic.like("C1%")),
+        "month": select(func.count()).select_from(visits).where(
+            func.date_trunc("month", visits.c.visit_date) == datetime.date(2024, 1, 1)),
+        "avg_float": select(func.avg(cast(people.c.age, Float))),
+    }
+
+
+async def asyncpg_filters():
+    import asyncpg
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    fields = dict(part.split("=", 1) for part in os.environ["PGDP_UPSTREAM_DSN"].split())
+
+    async def upstream_connection():
+        return await asyncpg.connect(
+            host=fields.get("host", "127.0.0.1"), port=int(fields.get("port", "5432")),
+            user=fields.get("user"), password=fields.get("password"),
+            database=fields.get("dbname"), ssl=False)
+
+    pgdp = create_async_engine(
+        f"postgresql+asyncpg://{matrix.USER}:{matrix.PASSWORD}@{matrix.HOST}:{matrix.PORT}/"
+        f"{matrix.DATABASE}", connect_args={"ssl": False})
+    upstream = create_async_engine("postgresql+asyncpg://", async_creator=upstream_connection)
+    details = []
+    try:
+        async with pgdp.connect() as conn, upstream.connect() as truth:
+            for name, statement in filter_statements().items():
+                got = (await conn.execute(statement)).scalar_one()
+                want = (await truth.execute(statement)).scalar_one()
+                assert type(got) is type(want), \
+                    f"{name}: {type(got).__name__} for {type(want).__name__}"
+                assert abs(got - want) <= 0.02 * abs(want) + 50, \
+                    f"{name}: {got} where PostgreSQL gives {want}"
+                details.append(f"{name}={got:.6g}/{want:.6g}")
+    finally:
+        await pgdp.dispose()
+        await upstream.dispose()
+    return " ".join(details)
+
+
+def dp_query_asyncpg_filters():
+    """The filters through SQLAlchemy's asyncpg dialect (`$1::DATE`, `$1::INTEGER`,
+    `$1::VARCHAR`, a binary timestamptz), each compared with PostgreSQL's answer."""
+    return asyncio.run(asyncpg_filters())
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -155,4 +212,4 @@ if __name__ == "__main__":
                          ("dp_query_text", dp_query_text), ("dp_query_core", dp_query_core),
                          ("dp_query_limit", dp_query_limit), ("dp_query_filters", dp_query_filters)]
         for dialect in DIALECTS
-    })
+    } | {"dp_query_filters_asyncpg": dp_query_asyncpg_filters})

@@ -460,21 +460,40 @@ async fn sqlalchemy_checks(seed: u8, dialect: &str) {
     .collect();
     let checks: Vec<&str> = names.iter().map(String::as_str).collect();
     // dp_query_filters compares with PostgreSQL's answers on the demo database.
+    run_python_beside_upstream(&proxy, "sqlalchemy_client.py", &checks)
+        .await
+        .assert_ok(&checks);
+    proxy.stop().await;
+}
+
+/// [`run_python`] with `PGDP_UPSTREAM_DSN` naming the demo database on PostgreSQL itself, for
+/// checks that compare pgdp's descriptions and answers with PostgreSQL's.
+async fn run_python_beside_upstream(proxy: &Proxy, script: &str, checks: &[&str]) -> ClientRun {
     let upstream = crate::harness::demo_database(1).await;
-    let args: Vec<&str> = ["sqlalchemy_client.py"]
-        .into_iter()
-        .chain(checks.iter().copied())
-        .collect();
+    let args: Vec<&str> = [script].into_iter().chain(checks.iter().copied()).collect();
     run_client_in(
-        &proxy,
-        "sqlalchemy_client.py",
+        proxy,
+        script,
         &clients_dir(),
         &venv_python(),
         &args,
         &[("PGDP_UPSTREAM_DSN", upstream.dsn())],
     )
     .await
-    .assert_ok(&checks);
+}
+
+#[tokio::test]
+#[cfg_attr(
+    missing_toolchain = "clients-python",
+    ignore = "needs tests/clients/.venv: bash .ci/setup-clients installs it (CI does)"
+)]
+async fn sqlalchemy_asyncpg_filters_match_postgresql() {
+    require_python();
+    let proxy = start_proxy(35).await;
+    let checks = ["dp_query_filters_asyncpg"];
+    run_python_beside_upstream(&proxy, "sqlalchemy_client.py", &checks)
+        .await
+        .assert_ok(&checks);
     proxy.stop().await;
 }
 
@@ -511,21 +530,9 @@ async fn asyncpg_prepared_dp_query_with_parameters() {
         "refusal",
     ];
     // typed_parameters compares with PostgreSQL's descriptions and answers on the demo database.
-    let upstream = crate::harness::demo_database(1).await;
-    let args: Vec<&str> = ["asyncpg_client.py"]
-        .into_iter()
-        .chain(checks.iter().copied())
-        .collect();
-    run_client_in(
-        &proxy,
-        "asyncpg_client.py",
-        &clients_dir(),
-        &venv_python(),
-        &args,
-        &[("PGDP_UPSTREAM_DSN", upstream.dsn())],
-    )
-    .await
-    .assert_ok(&checks);
+    run_python_beside_upstream(&proxy, "asyncpg_client.py", &checks)
+        .await
+        .assert_ok(&checks);
     proxy.stop().await;
 }
 
