@@ -33,6 +33,12 @@ pub enum ParameterType {
     Timestamptz,
     /// text, varchar, unknown (unspecified) and every other type: an untyped string literal.
     Untyped,
+    /// int2[], int4[], int8[] (`= ANY($1)` with a list).
+    IntegerArray,
+    /// numeric[], float4[], float8[].
+    NumberArray,
+    /// text[], varchar[].
+    TextArray,
 }
 
 impl ParameterType {
@@ -45,6 +51,9 @@ impl ParameterType {
             1082 => ParameterType::Date,
             1114 => ParameterType::Timestamp,
             1184 => ParameterType::Timestamptz,
+            1005 | 1007 | 1016 => ParameterType::IntegerArray,
+            1021 | 1022 | 1231 => ParameterType::NumberArray,
+            1009 | 1015 => ParameterType::TextArray,
             _ => ParameterType::Untyped,
         }
     }
@@ -61,6 +70,9 @@ impl ParameterType {
             (ParameterType::Date, _) => "2000-01-01",
             (ParameterType::Timestamp | ParameterType::Timestamptz, _) => "2000-01-01 00:00:00",
             (ParameterType::Untyped, _) => "month",
+            (ParameterType::IntegerArray | ParameterType::NumberArray, StandIns::Zero) => "{0}",
+            (ParameterType::IntegerArray | ParameterType::NumberArray, StandIns::One) => "{1}",
+            (ParameterType::TextArray, _) => "{month}",
         }
     }
 }
@@ -228,7 +240,72 @@ fn literal(index: usize, value: Option<&str>, ty: ParameterType) -> Result<Expr>
             typed(ast::DataType::Timestamp(None, zone), trimmed)
         }
         ParameterType::Untyped => Expr::value(crate::literal::dollar_quoted(text)),
+        ParameterType::IntegerArray | ParameterType::NumberArray | ParameterType::TextArray => {
+            let element = match ty {
+                ParameterType::IntegerArray => ParameterType::Integer,
+                ParameterType::NumberArray => ParameterType::Number,
+                _ => ParameterType::Untyped,
+            };
+            let elements = array_elements(text).ok_or_else(|| invalid("array"))?;
+            if elements.len() > crate::limits::IN_LIST_VALUES_MAX {
+                return Err(Error::LimitExceeded {
+                    what: "the length of an array parameter".into(),
+                    limit: crate::limits::IN_LIST_VALUES_MAX as u64,
+                });
+            }
+            let elem = elements
+                .iter()
+                .map(|e| literal(index, e.as_deref(), element))
+                .collect::<Result<Vec<Expr>>>()?;
+            // `x = ANY($1)` becomes `x = ANY (ARRAY[…])`, which analysis reads as `x IN (…)`.
+            Expr::Array(ast::Array { elem, named: true })
+        }
     })
+}
+
+/// The elements of a one-dimensional array in PostgreSQL's text form (`{a,"b c",NULL}`), NULL
+/// as `None`; `None` for anything else (a nested or malformed array).
+fn array_elements(text: &str) -> Option<Vec<Option<String>>> {
+    let inner = text.trim().strip_prefix('{')?.strip_suffix('}')?;
+    if inner.trim().is_empty() {
+        return Some(Vec::new());
+    }
+    let mut elements = Vec::new();
+    let mut chars = inner.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let element = if chars.next_if_eq(&'"').is_some() {
+            let mut value = String::new();
+            loop {
+                match chars.next()? {
+                    '"' => break,
+                    '\\' => value.push(chars.next()?),
+                    c => value.push(c),
+                }
+            }
+            Some(value)
+        } else {
+            let mut value = String::new();
+            while let Some(c) = chars.next_if(|c| *c != ',') {
+                if matches!(c, '{' | '}' | '"' | '\\') {
+                    return None;
+                }
+                value.push(c);
+            }
+            let value = value.trim().to_string();
+            if value.is_empty() {
+                return None;
+            }
+            (!value.eq_ignore_ascii_case("null")).then_some(value)
+        };
+        elements.push(element);
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        match chars.next() {
+            None => return Some(elements),
+            Some(',') => {}
+            Some(_) => return None,
+        }
+    }
 }
 
 /// A number literal; a negative one as the negation of its magnitude, as the parser reads `-5`.
@@ -322,6 +399,34 @@ mod tests {
         }
         let missing = bind(&query("SELECT 1 FROM t WHERE x = $2"), &[None], &[]).expect_err("$2");
         assert_eq!(missing.sqlstate().code(), "08P01");
+    }
+
+    #[test]
+    fn array_parameters_become_array_constructors() {
+        use ParameterType::*;
+        assert_eq!(
+            bound(
+                "SELECT 1 FROM t WHERE r = ANY($1) AND a = ANY($2)",
+                &[r#"{NO, "S E", "q\"t", NULL}"#, "{1,-2}"],
+                &[TextArray, IntegerArray],
+            ),
+            r#"SELECT 1 FROM t WHERE r = ANY(ARRAY['NO', 'S E', 'q"t', NULL]) AND a = ANY(ARRAY[1, -2])"#
+        );
+        for bad in ["NO,SE", "{{1},{2}}", "{a,,b}", r#"{"open}"#, "{1,x}"] {
+            let ty = if bad == "{1,x}" {
+                IntegerArray
+            } else {
+                TextArray
+            };
+            let e = bind(
+                &query("SELECT 1 FROM t WHERE x = ANY($1)"),
+                &[Some(bad.into())],
+                &[ty],
+            )
+            .expect_err(bad);
+            assert_eq!(e.sqlstate().code(), "22P02", "{bad}");
+        }
+        assert_eq!(array_elements("{}"), Some(vec![]));
     }
 
     #[test]

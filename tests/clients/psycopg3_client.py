@@ -92,6 +92,23 @@ def check_errors_map_to_exception_classes():
         return " ".join(seen)
 
 
+def check_any_of_a_list():
+    """`= ANY(%s)` with a Python list (a text[] parameter) counts what `IN (…)` of its items
+    counts; NULL items and an integer list too."""
+    with connect(autocommit=True) as conn:
+        (listed,) = conn.execute(
+            "SELECT COUNT(*) FROM demo.people WHERE region IN ('NO', 'SE')").fetchone()
+        (bound,) = conn.execute(
+            "SELECT COUNT(*) FROM demo.people WHERE region = ANY(%s)", (["NO", "SE", None],)
+        ).fetchone()
+        (ages,) = conn.execute(
+            "SELECT COUNT(*) FROM demo.people WHERE age = ANY(%s)", ([30, 31, 32],)).fetchone()
+        assert isinstance(bound, int) and abs(bound - listed) <= 50, (bound, listed)
+        matrix.assert_fraction_count(bound)
+        matrix.assert_fraction_count(ages)
+        return f"any={bound} in={listed} ages={ages}"
+
+
 def check_server_side_cursors():
     """Named (server-side) cursors, as Django's .iterator(), SQLAlchemy's stream_results and
     pandas' chunksize use them: DECLARE, a Describe of the portal named like the cursor, FETCH
@@ -131,4 +148,5 @@ if __name__ == "__main__":
         "dp_query_client_binding": check_dp_query_client_binding,
         "errors": check_errors_map_to_exception_classes,
         "server_side_cursors": check_server_side_cursors,
+        "any_of_a_list": check_any_of_a_list,
     })

@@ -413,6 +413,7 @@ async fn psycopg3_server_and_client_binding_and_error_classes() {
         "dp_query_client_binding",
         "errors",
         "server_side_cursors",
+        "any_of_a_list",
     ];
     run_python(&proxy, "psycopg3_client.py", &checks)
         .await
