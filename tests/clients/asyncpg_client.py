@@ -5,7 +5,6 @@ See matrix.py."""
 from decimal import Decimal
 import asyncio
 import datetime
-import os
 
 import asyncpg
 
@@ -50,12 +49,8 @@ async def prepared_dp_query():
 
 
 async def upstream():
-    """PostgreSQL itself (PGDP_UPSTREAM_DSN, libpq key=value), for the answers pgdp must match."""
-    fields = dict(part.split("=", 1) for part in os.environ["PGDP_UPSTREAM_DSN"].split())
-    return await asyncpg.connect(
-        host=fields.get("host", "127.0.0.1"), port=int(fields.get("port", "5432")),
-        user=fields.get("user"), password=fields.get("password"), database=fields.get("dbname"),
-        ssl=False, timeout=10)
+    """PostgreSQL itself, for the answers pgdp must match."""
+    return await asyncpg.connect(**matrix.upstream_asyncpg_kwargs())
 
 
 # Statements whose parameters asyncpg binds by the types Describe reports: a date, an integer, a
@@ -87,9 +82,7 @@ async def typed_parameters():
             want_columns = [a.type.name for a in theirs.get_attributes()]
             assert columns == want_columns, f"{sql}: columns {columns}, PostgreSQL {want_columns}"
             got, want = await mine.fetchval(*args), await theirs.fetchval(*args)
-            assert type(got) is type(want), f"{sql}: {type(got).__name__} for {type(want).__name__}"
-            assert abs(got - want) <= Decimal("0.02") * abs(want) + 50, \
-                f"{sql}: {got} where PostgreSQL gives {want}"
+            matrix.assert_near_postgresql(sql, got, want)
             details.append(f"{i}:{'/'.join(kinds)}={got:.6g}~{want:.6g}")
     finally:
         await conn.close()

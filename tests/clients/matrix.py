@@ -45,6 +45,22 @@ def assert_fraction_count(n):
     assert 1_000 < n < PEOPLE_MAX, f"count {n} is implausible"
 
 
+def upstream_asyncpg_kwargs():
+    """asyncpg's connect() arguments for PostgreSQL itself (PGDP_UPSTREAM_DSN, libpq key=value),
+    for checks that compare pgdp's answers with PostgreSQL's."""
+    fields = dict(part.split("=", 1) for part in os.environ["PGDP_UPSTREAM_DSN"].split())
+    return dict(host=fields.get("host", "127.0.0.1"), port=int(fields.get("port", "5432")),
+                user=fields.get("user"), password=fields.get("password"),
+                database=fields.get("dbname"), ssl=False, timeout=10)
+
+
+def assert_near_postgresql(label, got, want):
+    """pgdp's answer has PostgreSQL's Python type and lies within 2 % + 50 of PostgreSQL's."""
+    assert type(got) is type(want), f"{label}: {type(got).__name__} for {type(want).__name__}"
+    assert abs(float(got) - float(want)) <= 0.02 * abs(float(want)) + 50, \
+        f"{label}: {got} where PostgreSQL gives {want}"
+
+
 def run(checks):
     """Runs the checks named on the command line (all when none) and exits 1 if any failed."""
     wanted = sys.argv[1:] or list(checks)

@@ -107,8 +107,7 @@ def dp_query_filters(dialect):
         for name, statement in statements.items():
             got = conn.execute(statement).scalar_one()
             want = truth.execute(statement).scalar_one()
-            assert type(got) is type(want), f"{name}: {type(got).__name__} for {type(want).__name__}"
-            assert abs(got - want) <= 0.02 * abs(want) + 50, f"{name}: {got} where PostgreSQL gives {want}"
+            matrix.assert_near_postgresql(name, got, want)
             details.append(f"{name}={got:.6g}/{want:.6g}")
     return " ".join(details)
 
@@ -133,13 +132,8 @@ async def asyncpg_filters():
     import asyncpg
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    fields = dict(part.split("=", 1) for part in os.environ["PGDP_UPSTREAM_DSN"].split())
-
     async def upstream_connection():
-        return await asyncpg.connect(
-            host=fields.get("host", "127.0.0.1"), port=int(fields.get("port", "5432")),
-            user=fields.get("user"), password=fields.get("password"),
-            database=fields.get("dbname"), ssl=False)
+        return await asyncpg.connect(**matrix.upstream_asyncpg_kwargs())
 
     pgdp = create_async_engine(
         f"postgresql+asyncpg://{matrix.USER}:{matrix.PASSWORD}@{matrix.HOST}:{matrix.PORT}/"
@@ -151,10 +145,7 @@ async def asyncpg_filters():
             for name, statement in filter_statements().items():
                 got = (await conn.execute(statement)).scalar_one()
                 want = (await truth.execute(statement)).scalar_one()
-                assert type(got) is type(want), \
-                    f"{name}: {type(got).__name__} for {type(want).__name__}"
-                assert abs(got - want) <= 0.02 * abs(want) + 50, \
-                    f"{name}: {got} where PostgreSQL gives {want}"
+                matrix.assert_near_postgresql(name, got, want)
                 details.append(f"{name}={got:.6g}/{want:.6g}")
     finally:
         await pgdp.dispose()
