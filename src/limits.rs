@@ -31,7 +31,8 @@ pub const SCALAR_SUBQUERIES_MAX: usize = 8;
 /// Most aggregates in one DP query.
 pub const AGGREGATES_PER_QUERY_MAX: usize = 16;
 
-/// Most GROUP BY keys in one DP query.
+/// Most GROUP BY keys in one DP query, and most fields of a row counted by `COUNT(DISTINCT ROW(…))`
+/// (an ORM's count of groups).
 pub const GROUP_KEYS_PER_QUERY_MAX: usize = 8;
 
 /// Most grouping sets of one DP query (`ROLLUP`, `CUBE`, `GROUPING SETS` expanded): each is a

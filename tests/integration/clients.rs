@@ -455,12 +455,14 @@ async fn sqlalchemy_checks(seed: u8, dialect: &str) {
         "dp_query_core",
         "dp_query_limit",
         "dp_query_filters",
+        "dp_query_group_counts",
     ]
     .iter()
     .map(|c| format!("{c}_{dialect}"))
     .collect();
     let checks: Vec<&str> = names.iter().map(String::as_str).collect();
-    // dp_query_filters compares with PostgreSQL's answers on the demo database.
+    // dp_query_filters and dp_query_group_counts compare with PostgreSQL's answers on the demo
+    // database.
     run_python_beside_upstream(&proxy, "sqlalchemy_client.py", &checks)
         .await
         .assert_ok(&checks);

@@ -475,8 +475,9 @@ fn aliases_in(sql: &str) -> std::collections::BTreeMap<String, Option<String>> {
 }
 
 /// SQL constructs that look like functions but are not functions of `pg_catalog`: PostgreSQL
-/// refuses `pg_catalog.coalesce(…)` and the like.
-const SPECIAL_FORMS: [&str; 5] = ["coalesce", "nullif", "greatest", "least", "trim"];
+/// refuses `pg_catalog.coalesce(…)` and the like. `ROW(…)`, a row constructor, is emitted for
+/// `COUNT(DISTINCT ROW(…))`.
+const SPECIAL_FORMS: [&str; 6] = ["coalesce", "nullif", "greatest", "least", "trim", "row"];
 
 fn is_generated(name: &str) -> bool {
     name.starts_with(analyze::RESERVED_PREFIX)

@@ -75,6 +75,7 @@ mod faults;
 mod fuzz_smoke;
 mod golden;
 mod golden_session;
+mod group_counts;
 mod harness_smoke;
 mod keypath;
 mod lease;

@@ -80,6 +80,11 @@ const DJANGO_CLIENT_BINDING: &[(&str, Expect)] = &[
     ("checked_in_date", Expect::Ok),
     // .iterator(): a server-side cursor WITH HOLD, its portal described, FETCH FORWARD 4.
     ("iterator", Expect::Ok),
+    // values(k).distinct().count() and values(k1, k2).annotate(…).count(): a count of groups,
+    // answered as COUNT(DISTINCT ROW(…)), compared with PostgreSQL's count of groups.
+    ("distinct_count", Expect::Ok),
+    ("distinct_months_count", Expect::Ok),
+    ("group_count", Expect::Ok),
     // SELECT 1 AS "a" … LIMIT 1 tells whether a row exists: refused like raw rows (the hint
     // says to count instead).
     ("exists", Expect::Refused("42501")),
@@ -111,6 +116,11 @@ const DJANGO_SERVER_BINDING: &[(&str, Expect)] = &[
     ("checked_in_date", Expect::Ok),
     // .iterator(): DECLARE … WITH HOLD with $1 bound, the portal described, FETCH FORWARD 4.
     ("iterator", Expect::Ok),
+    // values(k).distinct().count() and values(k1, k2).annotate(…).count(): a count of groups,
+    // answered as COUNT(DISTINCT ROW(…)), compared with PostgreSQL's count of groups.
+    ("distinct_count", Expect::Ok),
+    ("distinct_months_count", Expect::Ok),
+    ("group_count", Expect::Ok),
     // SELECT $1 AS "a" … LIMIT 1: with its value in place, whether a row exists (42501), as
     // with client-side binding.
     ("exists", Expect::Refused("42501")),

@@ -103,6 +103,11 @@ impl<'a> Analyzer<'a> {
         distinct: bool,
         mut arg_expr: Expr,
     ) -> Result<Aggregate> {
+        if distinct && kind == AggregateKind::CountRows {
+            if let Some(fields) = row_fields(&arg_expr) {
+                return self.count_distinct_rows(fields);
+            }
+        }
         let written = arg_expr.to_string();
         let info = self.expr(&mut arg_expr, Role::Argument)?;
         let canonical_argument = Canonical::of(&arg_expr);
@@ -166,6 +171,46 @@ impl<'a> Analyzer<'a> {
                     Some(CellType::Int2 | CellType::Int4 | CellType::Int8)
                 ),
         })
+    }
+
+    /// `COUNT(DISTINCT ROW(a, b))` or `COUNT(DISTINCT (a, b))`: the number of distinct tuples,
+    /// a tuple with NULL fields included (a row value is never NULL itself, and its equality
+    /// treats NULL fields as equal), as PostgreSQL counts them; released like any distinct count
+    /// (each unit keeps at most `max_rows_per_unit` distinct tuples per group).
+    fn count_distinct_rows(&mut self, mut fields: Vec<Expr>) -> Result<Aggregate> {
+        if fields.len() > limits::GROUP_KEYS_PER_QUERY_MAX {
+            return Err(Error::LimitExceeded {
+                what: "the fields of a row counted with COUNT(DISTINCT …)".into(),
+                limit: limits::GROUP_KEYS_PER_QUERY_MAX as u64,
+            });
+        }
+        for field in &mut fields {
+            self.expr(field, Role::Argument)?;
+        }
+        let row = Expr::Function(ast::Function {
+            name: ObjectName::from(vec![Ident::new("ROW")]),
+            uses_odbc_syntax: false,
+            parameters: FunctionArguments::None,
+            args: FunctionArguments::List(ast::FunctionArgumentList {
+                duplicate_treatment: None,
+                args: fields
+                    .into_iter()
+                    .map(|f| FunctionArg::Unnamed(FunctionArgExpr::Expr(f)))
+                    .collect(),
+                clauses: Vec::new(),
+            }),
+            filter: None,
+            null_treatment: None,
+            over: None,
+            within_group: Vec::new(),
+        });
+        let canonical = Canonical::of(&row);
+        let text = canonical.to_string();
+        Ok(count_aggregate(
+            AggregateKind::CountDistinct,
+            Some(canonical),
+            format!("count(distinct {text})"),
+        ))
     }
 
     /// An aggregate of one unit's rows inside a subquery grouped by the privacy unit. Its bounds
@@ -627,6 +672,39 @@ fn filter_as_case(f: &ast::Function, condition: &Expr) -> Result<Expr> {
 /// Whether an aggregate argument is never NULL: a bare column of a table that is not on the
 /// nullable side of an outer join, which the policy declares `exhaustive` (every row holds one
 /// of its public values, and none is NULL).
+/// The fields of a row value, `ROW(a, …)` (one field or more) or `(a, b, …)` (two or more).
+fn row_fields(e: &Expr) -> Option<Vec<Expr>> {
+    match e {
+        Expr::Nested(inner) => row_fields(inner),
+        Expr::Tuple(fields) if fields.len() >= 2 => Some(fields.clone()),
+        Expr::Function(f)
+            if f.name.0.len() == 1
+                && f.name.to_string().eq_ignore_ascii_case("row")
+                && f.filter.is_none()
+                && f.over.is_none()
+                && f.within_group.is_empty()
+                && f.null_treatment.is_none() =>
+        {
+            let FunctionArguments::List(list) = &f.args else {
+                return None;
+            };
+            if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
+                return None;
+            }
+            let fields: Option<Vec<Expr>> = list
+                .args
+                .iter()
+                .map(|a| match a {
+                    FunctionArg::Unnamed(FunctionArgExpr::Expr(x)) => Some(x.clone()),
+                    _ => None,
+                })
+                .collect();
+            fields.filter(|f| !f.is_empty())
+        }
+        _ => None,
+    }
+}
+
 fn never_null(info: &Info) -> bool {
     matches!(&info.public, PublicKeys::Listed { values, exhaustive: true } if !values.contains(&None))
 }

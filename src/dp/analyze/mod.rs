@@ -86,7 +86,9 @@ pub fn analyze(query: &ast::Query, ctx: &Context) -> Result<Plan> {
     let lifted = join_filters::lift(query);
     let query = lifted.as_ref().unwrap_or(query);
     // An ORM's count of a filtered selection: the count of the rows the selection finds.
-    let flattened = selection::count_over_selection(query, ctx);
+    // An ORM's count of groups: the count of distinct key tuples, NULL included.
+    let flattened =
+        selection::count_over_selection(query, ctx).or_else(|| selection::count_of_groups(query));
     let query = flattened.as_ref().unwrap_or(query);
     if let Some(plan) = outer::outer_query(query, ctx) {
         return plan;

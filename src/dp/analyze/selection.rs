@@ -11,6 +11,18 @@
 //! So the flattened statement means what the analyst's SQL means, and it is analysed like any
 //! count (a synopsis may answer it).
 //!
+//! `SELECT COUNT(*) FROM (SELECT DISTINCT k1, … FROM … WHERE p) AS s` and `SELECT COUNT(*) FROM
+//! (SELECT k1, …, <aggregates> FROM … WHERE p GROUP BY k1, …) AS s` as `SELECT COUNT(DISTINCT
+//! ROW(k1, …)) FROM … WHERE p`: how ORMs count groups (SQLAlchemy's `query(k).distinct().count()`
+//! and `query(k).group_by(k).count()`, Django's `values(k).distinct().count()` and
+//! `values(k).annotate(…).count()`). Both count the distinct key tuples of the rows `p` keeps,
+//! NULL included: a GROUP BY and a DISTINCT make one group of the rows whose key is NULL, and
+//! `ROW(k)` is a value that is never NULL itself whose equality treats NULL fields as equal, so
+//! `COUNT(DISTINCT ROW(…))` counts that group too (a plain `COUNT(DISTINCT k)` would not). The
+//! subquery's other select items are aggregates, or keys again, which make no group of their
+//! own; a HAVING, a grouping set, a DISTINCT ON, a LIMIT or a set-returning item would change
+//! the groups and leaves the statement as it is.
+//!
 //! Invariant: a statement is flattened only in that exact shape, and only when each column the
 //! subquery lists is a declared column of the policy table it reads (so a statement PostgreSQL
 //! would refuse for an unknown column is refused as before, by the ordinary analysis), and
@@ -73,6 +85,183 @@ pub(super) fn count_over_selection(query: &ast::Query, ctx: &Context) -> Option<
     target.from = inner.from.clone();
     target.selection = inner.selection.clone();
     Some(flattened)
+}
+
+/// The flattened count of groups, if `query` has the second shape above.
+pub(super) fn count_of_groups(query: &ast::Query) -> Option<ast::Query> {
+    if query.with.is_some() || !query.locks.is_empty() {
+        return None;
+    }
+    let SetExpr::Select(outer) = query.body.as_ref() else {
+        return None;
+    };
+    let (subquery, alias) = super::outer::one_derived_table(outer)?;
+    if outer.projection.is_empty()
+        || outer.selection.is_some()
+        || !ungrouped(outer)
+        || outer.having.is_some()
+        || outer.distinct.is_some()
+        || !plain_select_shape(outer)
+        || alias.as_ref().is_some_and(|a| !a.columns.is_empty())
+    {
+        return None;
+    }
+    if subquery.with.is_some()
+        || !subquery.locks.is_empty()
+        || subquery.fetch.is_some()
+        || !selects_every_row(subquery)
+    {
+        return None;
+    }
+    let SetExpr::Select(inner) = subquery.body.as_ref() else {
+        return None;
+    };
+    if inner.from.is_empty() || inner.having.is_some() || !plain_select_shape(inner) {
+        return None;
+    }
+    let keys = group_keys(inner)?;
+    let row = ast::Function {
+        name: ObjectName::from(vec![Ident::new("ROW")]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(ast::FunctionArgumentList {
+            duplicate_treatment: None,
+            args: keys
+                .into_iter()
+                .map(|k| FunctionArg::Unnamed(FunctionArgExpr::Expr(k)))
+                .collect(),
+            clauses: Vec::new(),
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: Vec::new(),
+    };
+    let mut projection = Vec::with_capacity(outer.projection.len());
+    for item in &outer.projection {
+        let groups = |count: &Expr| -> Option<Expr> {
+            let None = count_argument(count)? else {
+                return None;
+            };
+            let mut count = count.clone();
+            if let Expr::Function(f) = &mut count {
+                f.args = FunctionArguments::List(ast::FunctionArgumentList {
+                    duplicate_treatment: Some(ast::DuplicateTreatment::Distinct),
+                    args: vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Function(
+                        row.clone(),
+                    )))],
+                    clauses: Vec::new(),
+                });
+            }
+            Some(count)
+        };
+        projection.push(match item {
+            SelectItem::UnnamedExpr(count) => SelectItem::UnnamedExpr(groups(count)?),
+            SelectItem::ExprWithAlias { expr, alias } => SelectItem::ExprWithAlias {
+                expr: groups(expr)?,
+                alias: alias.clone(),
+            },
+            _ => return None,
+        });
+    }
+    let mut flattened = query.clone();
+    let SetExpr::Select(target) = flattened.body.as_mut() else {
+        return None;
+    };
+    target.projection = projection;
+    target.from = inner.from.clone();
+    target.selection = inner.selection.clone();
+    Some(flattened)
+}
+
+/// Whether `select` has no GROUP BY.
+fn ungrouped(select: &ast::Select) -> bool {
+    matches!(&select.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty())
+}
+
+/// The keys whose distinct tuples are the rows of `inner`: its select list under `SELECT
+/// DISTINCT` (no aggregate, no window), or its GROUP BY list (positions read as the select
+/// items they number; no grouping set) when every select item is a key again or an aggregate.
+fn group_keys(inner: &ast::Select) -> Option<Vec<Expr>> {
+    let items: Vec<&Expr> = inner
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => Some(e),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    if items.is_empty() || items.iter().any(|e| contains_window(e)) {
+        return None;
+    }
+    match (&inner.distinct, &inner.group_by) {
+        (Some(ast::Distinct::Distinct), _) if ungrouped(inner) => {
+            if items.iter().any(|e| contains_aggregate(e)) {
+                return None;
+            }
+            Some(items.into_iter().cloned().collect())
+        }
+        (None, GroupByExpr::Expressions(listed, modifiers))
+            if !listed.is_empty() && modifiers.is_empty() =>
+        {
+            let aliases: Vec<(String, &Expr)> = inner
+                .projection
+                .iter()
+                .filter_map(|item| match item {
+                    SelectItem::ExprWithAlias { expr, alias } => Some((ident_lower(alias), expr)),
+                    _ => None,
+                })
+                .collect();
+            let mut keys: Vec<Expr> = Vec::with_capacity(listed.len());
+            for key in listed {
+                let key = match key {
+                    Expr::Value(v) => {
+                        let ast::Value::Number(n, _) = &v.value else {
+                            return None;
+                        };
+                        let position: usize = n.parse().ok()?;
+                        (*items.get(position.checked_sub(1)?)?).clone()
+                    }
+                    // A name that is also an output alias of something else: PostgreSQL
+                    // would group by the input column if there is one, else by the alias.
+                    Expr::Identifier(name)
+                        if aliases.iter().any(|(a, e)| {
+                            *a == ident_lower(name) && e.to_string() != key.to_string()
+                        }) =>
+                    {
+                        return None
+                    }
+                    Expr::Rollup(_) | Expr::Cube(_) | Expr::GroupingSets(_) | Expr::Tuple(_) => {
+                        return None
+                    }
+                    Expr::Function(f)
+                        if function_name(&f.name).is_ok_and(|n| {
+                            matches!(n.as_str(), "rollup" | "cube" | "grouping")
+                        }) =>
+                    {
+                        return None
+                    }
+                    other => other.clone(),
+                };
+                if contains_aggregate(&key) || contains_window(&key) {
+                    return None;
+                }
+                keys.push(key);
+            }
+            let printed: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            let only_keys_and_aggregates = items
+                .iter()
+                .all(|e| printed.contains(&e.to_string()) || aggregate_call(e));
+            only_keys_and_aggregates.then_some(keys)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `e` is one call of an aggregate (not over a window): one value per group.
+fn aggregate_call(e: &Expr) -> bool {
+    matches!(e, Expr::Function(f) if f.over.is_none()
+        && function_name(&f.name).is_ok_and(|n| aggregate_kind(&n).is_some()))
 }
 
 /// `COUNT(*)` (`Some(None)`) or `COUNT(x)` (`Some(Some(x))`): no DISTINCT, FILTER, OVER or
@@ -266,6 +455,81 @@ mod tests {
             _ => panic!("not a query"),
         };
         count_over_selection(&query, &ctx).map(|q| q.to_string())
+    }
+
+    fn grouped(sql: &str) -> Option<String> {
+        let query = match crate::session::classify::classify(sql)
+            .expect("parses")
+            .pop()
+        {
+            Some(crate::session::classify::Statement::Query(q)) => q,
+            _ => panic!("not a query"),
+        };
+        count_of_groups(&query).map(|q| q.to_string())
+    }
+
+    #[test]
+    fn an_orms_count_of_groups_is_the_count_of_distinct_key_tuples_null_included() {
+        // SQLAlchemy's query(k).distinct().count() and query(k).group_by(k).count().
+        assert_eq!(
+            grouped("SELECT count(*) AS count_1 FROM (SELECT DISTINCT demo.visits.clinic AS demo_visits_clinic FROM demo.visits WHERE demo.visits.cost > 10) AS anon_1"),
+            Some(printed("SELECT count(DISTINCT ROW(demo.visits.clinic)) AS count_1 FROM demo.visits WHERE demo.visits.cost > 10"))
+        );
+        assert_eq!(
+            grouped("SELECT count(*) AS count_1 FROM (SELECT demo.visits.clinic AS demo_visits_clinic, demo.visits.diagnosis AS d FROM demo.visits GROUP BY demo.visits.clinic, demo.visits.diagnosis) AS anon_1"),
+            Some(printed("SELECT count(DISTINCT ROW(demo.visits.clinic, demo.visits.diagnosis)) AS count_1 FROM demo.visits"))
+        );
+        // Django's values(k).annotate(n=Count(…)).count(): positions, an aggregate item.
+        assert_eq!(
+            grouped(
+                r#"SELECT COUNT(*) FROM (SELECT "visits"."clinic" AS "col1", COUNT("visits"."visit_id") AS "n" FROM "demo"."visits" GROUP BY 1) subquery"#
+            ),
+            Some(printed(
+                r#"SELECT COUNT(DISTINCT ROW("visits"."clinic")) FROM "demo"."visits""#
+            ))
+        );
+        // A join and an expression key.
+        assert_eq!(
+            grouped("SELECT COUNT(*) FROM (SELECT DISTINCT p.region, date_trunc('month', v.visit_date) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id) s"),
+            Some(printed("SELECT COUNT(DISTINCT ROW(p.region, date_trunc('month', v.visit_date))) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id"))
+        );
+    }
+
+    #[test]
+    fn anything_that_changes_the_groups_counted_is_left_as_it_is() {
+        for sql in [
+            // Groups filtered, cut or multiplied.
+            "SELECT COUNT(*) FROM (SELECT clinic FROM demo.visits GROUP BY clinic HAVING COUNT(*) > 5) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits LIMIT 3) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits OFFSET 1) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT ON (clinic) clinic, cost FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT clinic FROM demo.visits GROUP BY ROLLUP (clinic)) s",
+            "SELECT COUNT(*) FROM (SELECT clinic FROM demo.visits GROUP BY GROUPING SETS ((clinic), ())) s",
+            "SELECT COUNT(*) FROM (SELECT clinic FROM demo.visits GROUP BY ()) s",
+            "SELECT COUNT(*) FROM (SELECT clinic, generate_series(1, 3) FROM demo.visits GROUP BY clinic) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits UNION SELECT 'x') s",
+            "WITH w AS (SELECT 1) SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (WITH w AS (SELECT 1) SELECT DISTINCT clinic FROM demo.visits) s",
+            // Not the count of groups, or more than it.
+            "SELECT COUNT(s.clinic) FROM (SELECT DISTINCT clinic FROM demo.visits) s",
+            "SELECT COUNT(DISTINCT s.clinic) FROM (SELECT DISTINCT clinic FROM demo.visits) s",
+            "SELECT COUNT(*), s.clinic FROM (SELECT DISTINCT clinic FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits) s WHERE s.clinic = 'a'",
+            "SELECT s.clinic, COUNT(*) FROM (SELECT DISTINCT clinic, cost FROM demo.visits) s GROUP BY s.clinic",
+            // An item neither a key nor an aggregate; a position past the list; an alias that
+            // names something else; an aggregate or window under DISTINCT.
+            "SELECT COUNT(*) FROM (SELECT clinic, cost FROM demo.visits GROUP BY clinic) s",
+            "SELECT COUNT(*) FROM (SELECT clinic FROM demo.visits GROUP BY 2) s",
+            "SELECT COUNT(*) FROM (SELECT diagnosis AS clinic FROM demo.visits GROUP BY clinic) s",
+            "SELECT COUNT(*) FROM (SELECT clinic, COUNT(*) + 1 FROM demo.visits GROUP BY clinic) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT COUNT(*) FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT ROW_NUMBER() OVER () FROM demo.visits) s",
+            "SELECT COUNT(*) FROM (SELECT DISTINCT * FROM demo.visits) s",
+            // Not grouped at all: the other flattening's (a count of rows).
+            "SELECT COUNT(*) FROM (SELECT clinic FROM demo.visits) s",
+        ] {
+            assert_eq!(grouped(sql), None, "{sql}");
+        }
     }
 
     #[test]

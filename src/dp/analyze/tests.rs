@@ -444,6 +444,15 @@ fn accepted_shapes() {
             ("unquoted upper case folds", "SELECT COUNT(*) FROM DEMO.VISITS WHERE CLINIC = 'C07'", Accepted("unit=person_id caps=(g1,r10) where=clinic = 'C07' keys=[] aggs=[count(*)] out=[count=a0]")),
             ("count distinct non-unit id", "SELECT COUNT(DISTINCT visit_id) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(visit_id)] out=[count=a0]")),
             ("count of constant", "SELECT COUNT(1) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count(1)] out=[count=a0]")),
+            ("count distinct row", "SELECT COUNT(DISTINCT ROW(clinic, diagnosis)) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(ROW(clinic, diagnosis))] out=[count=a0]")),
+            ("count distinct tuple", "SELECT clinic, COUNT(DISTINCT (diagnosis, cost)) AS n FROM demo.visits GROUP BY clinic", Accepted("unit=person_id caps=(g5,r10) keys=[clinic:text:private] aggs=[count_distinct(ROW(diagnosis, cost))] out=[clinic=k0, n=a0]")),
+            ("count distinct row of one", "SELECT COUNT(DISTINCT ROW(clinic)) FROM demo.visits", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(ROW(clinic))] out=[count=a0]")),
+            ("count distinct row of an unknown column", "SELECT COUNT(DISTINCT ROW(clinic, nowhere)) FROM demo.visits", Refused(SqlState::UNDEFINED_COLUMN)),
+            ("count distinct row of a subquery", "SELECT COUNT(DISTINCT ROW(clinic, (SELECT 1))) FROM demo.visits", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            // PostgreSQL: function sum(record) does not exist.
+            ("sum distinct row refused", "SELECT SUM(DISTINCT ROW(cost)) FROM demo.visits", Refused(SqlState::UNDEFINED_FUNCTION)),
+            ("count of groups", "SELECT count(*) AS count_1 FROM (SELECT demo.visits.clinic AS c FROM demo.visits WHERE demo.visits.cost > 10 GROUP BY demo.visits.clinic) AS anon_1", Accepted("unit=person_id caps=(g1,r10) where=cost > 10 keys=[] aggs=[count_distinct(ROW(clinic))] out=[count_1=a0]")),
+            ("count of distinct selections", "SELECT COUNT(*) FROM (SELECT DISTINCT clinic, diagnosis FROM demo.visits) subquery", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(ROW(clinic, diagnosis))] out=[count=a0]")),
         ],
     );
 }
@@ -697,7 +706,9 @@ fn subqueries() {
             ("recursive cte", "WITH RECURSIVE r AS (SELECT * FROM demo.visits) SELECT COUNT(*) FROM r", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
             ("subquery order limit", "SELECT COUNT(*) FROM (SELECT * FROM demo.visits ORDER BY cost DESC LIMIT 10) AS t", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
             ("cte over public only", "WITH r AS (SELECT * FROM demo.regions) SELECT COUNT(*) FROM r JOIN demo.people USING (region)", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
-            ("subquery distinct", "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits) AS t", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
+            // A count of groups (an ORM's `.distinct().count()`): the distinct keys, NULL included.
+            ("subquery distinct", "SELECT COUNT(*) FROM (SELECT DISTINCT clinic FROM demo.visits) AS t", Accepted("unit=person_id caps=(g1,r10) keys=[] aggs=[count_distinct(ROW(clinic))] out=[count=a0]")),
+            ("subquery distinct with a having", "SELECT COUNT(*) FROM (SELECT clinic FROM demo.visits GROUP BY clinic HAVING COUNT(*) > 5) AS t", Refused(SqlState::INSUFFICIENT_PRIVILEGE)),
             ("cte with dml", "WITH d AS (DELETE FROM demo.visits RETURNING person_id) SELECT COUNT(*) FROM d", Refused(SqlState::FEATURE_NOT_SUPPORTED)),
         ],
     );
@@ -1180,7 +1191,7 @@ fn unsupported_forms_hint_a_supported_form() {
         "SELECT COUNT(*) FROM demo.people, demo.regions",
         "SELECT round(age, places => 0), COUNT(*) FROM demo.people GROUP BY 1",
         "SELECT SUM(DISTINCT age) FROM demo.people",
-        "SELECT COUNT(*) FROM (SELECT DISTINCT person_id FROM demo.visits) t",
+        "SELECT COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id FROM demo.visits) t",
         "WITH RECURSIVE r AS (SELECT 1 AS n) SELECT COUNT(*) FROM demo.people",
         "SELECT sex, COUNT(*) FROM demo.people GROUP BY sex HAVING COUNT(*) > ANY (SELECT 1)",
         "SELECT COUNT(*) FROM demo.people WHERE person_id NOT IN (SELECT person_id FROM demo.visits)",

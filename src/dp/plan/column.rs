@@ -76,6 +76,16 @@ impl Canonical {
         matches!(parsed, Ok(Expr::Value(v)) if !matches!(v.value, ast::Value::Null | ast::Value::Placeholder(_)))
     }
 
+    /// Whether the expression is a row value `ROW(…)`: a value never NULL itself, whose `IS
+    /// NOT NULL` is true only when every field is non-NULL (so its presence is tested with `IS
+    /// DISTINCT FROM NULL`).
+    pub fn is_row(&self) -> bool {
+        let parsed = Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&self.0)
+            .and_then(|mut p| p.parse_expr());
+        matches!(parsed, Ok(Expr::Function(f)) if f.name.0.len() == 1 && f.name.to_string().eq_ignore_ascii_case("row"))
+    }
+
     /// The aliases `__dp_tN` of the tables the expression reads (see [`aliases`]).
     pub fn aliases(&self) -> Option<BTreeSet<String>> {
         let expr = Parser::new(&PostgreSqlDialect {})

@@ -169,6 +169,7 @@ fn value_stages(
                 seed: ranking_seed(secret),
                 rows_cap,
                 groups_cap,
+                row: arguments[i].text.is_row(),
             };
             stages.push(stage.sql(bounds));
         }

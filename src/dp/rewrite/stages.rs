@@ -311,6 +311,9 @@ pub(super) struct ValueStage {
     pub(super) seed: i64,
     pub(super) rows_cap: u64,
     pub(super) groups_cap: u64,
+    /// Whether the argument is a row value (`COUNT(DISTINCT ROW(…))`): present unless the row
+    /// itself is NULL, whatever its fields.
+    pub(super) row: bool,
 }
 
 impl ValueStage {
@@ -319,12 +322,18 @@ impl ValueStage {
         let a = Name("a", self.i);
         let names = |stem: &'static str| (0..n).map(move |k| Name(stem, k));
         let key_list = Sql::join(names("k").map(|k| sql!(", {}", k)), "");
+        let present = if self.row {
+            "IS DISTINCT FROM NULL"
+        } else {
+            "IS NOT NULL"
+        };
         let source = match histogram {
             None => sql!(
-                "(SELECT DISTINCT __dp_unit{}, {} FROM __dp_rows WHERE {} IS NOT NULL) AS {}",
+                "(SELECT DISTINCT __dp_unit{}, {} FROM __dp_rows WHERE {} {}) AS {}",
                 key_list,
                 a,
                 a,
+                Sql::text(present),
                 Name("distinct", j)
             ),
             Some(_) => sql!("__dp_rows WHERE {} IS NOT NULL", a),
