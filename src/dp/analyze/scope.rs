@@ -101,9 +101,14 @@ impl<'a> Analyzer<'a> {
             ));
         };
         if select.distinct.is_some() {
+            let what = if matches!(select.distinct, Some(ast::Distinct::On(_))) {
+                "SELECT DISTINCT ON in a subquery"
+            } else {
+                "SELECT DISTINCT in a subquery other than under a count of its rows"
+            };
             return Err(Error::unsupported(
-                "SELECT DISTINCT in a subquery",
-                "Aggregate per privacy unit (GROUP BY person_id) in the subquery, or use COUNT(DISTINCT col) in the outer query.",
+                what,
+                "Count groups with SELECT COUNT(*) FROM (SELECT DISTINCT k FROM …) s or COUNT(DISTINCT k), or aggregate per privacy unit (GROUP BY person_id) in the subquery.",
             ));
         }
         if select.into.is_some()
