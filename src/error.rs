@@ -189,10 +189,14 @@ pub enum Error {
 
     /// A released answer with a cell whose stated error (the 95 % noise bound, plus the
     /// estimated shortfall of a cap chosen for the query) exceeds the share of its value the
-    /// session's `pgdp.max_relative_error` allows: refused after the charge, so that a tool that
-    /// never shows NOTICEs shows an error instead of a number that far off. Post-processing of
-    /// released values: `detail` quotes only released numbers and the analyst's own keys.
-    #[error("the answer is less accurate than pgdp.max_relative_error allows: {detail}; the charge for it stands")]
+    /// session's `pgdp.max_relative_error` allows, or a COUNT or SUM whose caps, chosen for the
+    /// query, are estimated to remove more of its rows than `pgdp.max_bias` allows: refused
+    /// after the charge, so that a tool that never shows NOTICEs shows an error instead of a
+    /// number that far off. Post-processing of released values: `detail` quotes only released
+    /// numbers (and estimates) and the analyst's own keys.
+    #[error(
+        "the answer is less accurate than this session allows: {detail}; the charge for it stands"
+    )]
     TooInaccurate { detail: String },
 
     /// A bug in pgdp. Logged in full; the client sees this fixed text.
@@ -285,7 +289,7 @@ impl Error {
                 Some("LIMIT and OFFSET take a count of rows: a non-negative integer.")
             }
             Error::TooInaccurate { .. } => Some(
-                "Ask a coarser question (fewer or larger groups), raise pgdp.epsilon, or SET pgdp.max_relative_error = off and read each number with its error (SET pgdp.accuracy = on).",
+                "Ask a coarser question (fewer or larger groups, e.g. months instead of weeks or days), raise pgdp.epsilon, or SET pgdp.max_relative_error = off / SET pgdp.max_bias = off and read each number with its error (SET pgdp.accuracy = on) and the NOTICE's estimate of what the caps removed.",
             ),
             Error::Syntax { .. }
             | Error::SyntaxAt { .. }

@@ -186,6 +186,23 @@ pub struct Defaults {
     /// `max_rows_per_unit`) from a DP histogram of its data, unless the session sets
     /// `pgdp.choose_bounds` (docs/privacy.md, "Contribution bounds chosen per query").
     pub choose_bounds: bool,
+    /// The most of an answer the caps chosen for a query may be estimated to remove before it
+    /// is refused, unless the session sets `pgdp.max_bias` (`None`: never refused for it).
+    pub max_bias: Option<f64>,
+}
+
+/// A share as a policy or `SET` writes it: `0.1`, `10%`, or `off` (`Some(None)`); `None` when
+/// it is none of these. The range is the caller's to check.
+pub fn parse_share(text: &str) -> Option<Option<f64>> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("off") {
+        return Some(None);
+    }
+    let (number, scale) = match text.strip_suffix('%') {
+        Some(p) => (p.trim(), 0.01),
+        None => (text, 1.0),
+    };
+    number.parse::<f64>().ok().map(|x| Some(x * scale))
 }
 
 /// Which family of noise a query uses.

@@ -39,6 +39,15 @@ pub(super) struct RawDefaults {
     delta: Option<f64>,
     mechanism: Option<String>,
     choose_bounds: Option<bool>,
+    max_bias: Option<RawShare>,
+}
+
+/// A share as written: a number (`0.1`), a percentage (`'10%'`) or `off`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawShare {
+    Number(f64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -597,6 +606,26 @@ pub(super) fn validate(
             Mechanism::Laplace
         }),
     };
+    // Omitted: off (docs/privacy.md, "Refusing answers the caps bias").
+    let max_bias = match &raw.defaults.max_bias {
+        None => None,
+        Some(RawShare::Number(x)) => Some(*x),
+        Some(RawShare::Text(t)) => parse_share(t).unwrap_or_else(|| {
+            p.add(
+                "defaults.max_bias",
+                format!("{t:?} is not a share; use e.g. 0.1, '10%' or off"),
+            );
+            None
+        }),
+    };
+    if let Some(share) = max_bias {
+        if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+            p.add(
+                "defaults.max_bias",
+                "must be a share above 0 and at most 1 (100%), or off",
+            );
+        }
+    }
     let dataset_budget = raw
         .budget
         .as_ref()
@@ -638,6 +667,7 @@ pub(super) fn validate(
                 delta,
                 mechanism,
                 choose_bounds: raw.defaults.choose_bounds.unwrap_or(false),
+                max_bias,
             },
             dataset_budget,
             replay_lifetime: Duration::from_secs(

@@ -250,6 +250,7 @@ impl Session {
         mechanisms.max_error = self.settings.max_error;
         mechanisms.clamp_means = self.settings.clamp_means;
         mechanisms.max_relative_error = self.settings.max_relative_error;
+        mechanisms.max_bias = self.settings.max_bias;
         Ok((plan, rewrite, mechanisms, unknown))
     }
 

@@ -562,6 +562,7 @@ impl Session {
             Err(Error::TooInaccurate { detail }) => {
                 let unchecked = release::Mechanisms {
                     max_relative_error: None,
+                    max_bias: None,
                     ..mechanisms.clone()
                 };
                 let released = release::finish(
@@ -714,6 +715,13 @@ impl Session {
         let key = match self.settings.max_relative_error {
             Some(share) => budget::fingerprint(&[&key, &format!("max_relative_error={share}")]),
             None => key,
+        };
+        // Likewise under pgdp.max_bias (only answers at chosen caps can be refused for it).
+        let key = match self.settings.max_bias {
+            Some(share) if self.settings.choose_bounds => {
+                budget::fingerprint(&[&key, &format!("max_bias={share}")])
+            }
+            _ => key,
         };
         // The key of the noisy measures this query needs, for reuse (1b).
         let measures_key = {

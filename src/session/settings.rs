@@ -74,6 +74,11 @@ pub struct Settings {
     /// this share of its value is refused after its release
     /// ([`crate::dp::release::Mechanisms::max_relative_error`]).
     pub max_relative_error: Option<f64>,
+    /// `pgdp.max_bias`: when set, a DP answer whose caps, chosen for the query, are estimated
+    /// to remove more than this share of the rows a COUNT or SUM reads is refused after its
+    /// release ([`crate::dp::release::Mechanisms::max_bias`]); the policy's
+    /// `defaults.max_bias` unless SET.
+    pub max_bias: Option<f64>,
 }
 
 /// The outcome of a SET: the canonical name and value to report with ParameterStatus, if the
@@ -114,6 +119,7 @@ impl Settings {
             synopsis: true,
             max_error: None,
             max_relative_error: None,
+            max_bias: policy.defaults.max_bias,
         }
     }
 
@@ -133,6 +139,9 @@ impl Settings {
         if self.choose_bounds == old.choose_bounds {
             self.choose_bounds = fresh.choose_bounds;
         }
+        if self.max_bias == old.max_bias {
+            self.max_bias = fresh.max_bias;
+        }
     }
 
     /// Applies `SET name = value`. `defaults` gives the value for `DEFAULT` / `RESET`.
@@ -151,7 +160,7 @@ impl Settings {
             | "time zone" | "intervalstyle" | "extra_float_digits" => {
                 self.set_format(&name, value, is_default, defaults)
             }
-            "pgdp.max_error" | "pgdp.max_relative_error" => {
+            "pgdp.max_error" | "pgdp.max_relative_error" | "pgdp.max_bias" => {
                 self.set_error_target(&name, value, is_default, defaults)
             }
             n if n.starts_with("pgdp.") => {
@@ -566,6 +575,28 @@ impl Settings {
                     false,
                 ))
             }
+            "pgdp.max_bias" => {
+                let hint = "Use a share of the answer, e.g. SET pgdp.max_bias = 0.1 (or 10%), or off to return answers however far the chosen caps leave them low (the NOTICE states the estimate).";
+                self.max_bias = if is_default {
+                    defaults.max_bias
+                } else {
+                    let share = crate::policy::parse_share(value)
+                        .ok_or_else(|| invalid(name, "not a share", hint))?;
+                    if share.is_some_and(|x| !(x.is_finite() && x > 0.0 && x <= 1.0)) {
+                        return Err(invalid(
+                            name,
+                            "must be a share above 0 and at most 1 (100%), or off",
+                            hint,
+                        ));
+                    }
+                    share
+                };
+                Ok(changed(
+                    "pgdp.max_bias",
+                    max_error_text(self.max_bias),
+                    false,
+                ))
+            }
             _ => Err(Error::UnknownParameter {
                 name: name.to_string(),
             }),
@@ -615,6 +646,7 @@ impl Settings {
             "pgdp.synopsis" => on_off(self.synopsis).into(),
             "pgdp.max_error" => max_error_text(self.max_error),
             "pgdp.max_relative_error" => max_error_text(self.max_relative_error),
+            "pgdp.max_bias" => max_error_text(self.max_bias),
             "all" => {
                 return Err(Error::unsupported(
                     "SHOW ALL",
@@ -832,6 +864,28 @@ mod tests {
         assert_eq!(s.max_error, None);
         let e = set(&mut s, "pgdp.mechanism", "exponential").expect_err("unknown mechanism");
         assert_eq!(e.sqlstate().code(), "22023");
+    }
+
+    #[test]
+    fn max_bias_is_a_share_or_off() {
+        let (p, a) = fixture();
+        let mut s = Settings::new(&p, &a, "UTC");
+        assert_eq!(s.max_bias, None, "off unless the policy sets it");
+        assert_eq!(
+            set(&mut s, "pgdp.max_bias", "0.25").map(|c| c.value),
+            Ok("0.25".to_string())
+        );
+        assert!(set(&mut s, "pgdp.max_bias", "5%").is_ok());
+        assert_eq!(s.max_bias, Some(0.05));
+        assert!(set(&mut s, "pgdp.max_bias", "off").is_ok());
+        assert_eq!(s.max_bias, None);
+        for bad in ["0", "-0.1", "1.5", "NaN", "lots"] {
+            let e = set(&mut s, "pgdp.max_bias", bad).expect_err(bad);
+            assert_eq!(e.sqlstate().code(), "22023", "{bad}");
+        }
+        assert!(set(&mut s, "pgdp.max_bias", "0.1").is_ok());
+        assert!(set(&mut s, "pgdp.max_bias", "DEFAULT").is_ok());
+        assert_eq!(s.max_bias, None);
     }
 
     #[test]

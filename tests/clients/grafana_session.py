@@ -148,16 +148,33 @@ def check_pickers():
 
 
 def check_time_series():
-    sql = interpolate("""SELECT
-  $__timeGroupAlias(visit_date,'1w'),
+    """A weekly panel over two years: heavy users have visits in more weeks than the policy's 16
+    groups per person, so the chosen caps leave about a quarter of the visits out; under
+    pgdp.max_bias = 0.1 (a policy's defaults.max_bias, here SET) pgdp refuses it (22000, the
+    hint asks for larger buckets) rather than draw a chart a quarter low. The same panel by 30
+    days passes; with the setting off (the default) the weekly one is drawn."""
+    panel = """SELECT
+  $__timeGroupAlias(visit_date,'{bucket}'),
   count(*) AS "visits"
 FROM demo.visits
 WHERE
   $__timeFilter(visit_date)
 GROUP BY 1
-ORDER BY 1""")
+ORDER BY 1"""
+    weekly = interpolate(panel.replace("{bucket}", "1w"))
     with connect() as conn:
-        cur = conn.execute(sql)
+        conn.execute("SET pgdp.max_bias = 0.1")
+        try:
+            conn.execute(weekly)
+            raise AssertionError("the weekly panel was answered under pgdp.max_bias = 0.1")
+        except psycopg.errors.DataException as e:
+            assert e.sqlstate == "22000", e.sqlstate
+            assert "pgdp.max_bias" in str(e), str(e)
+            assert "larger groups" in (e.diag.message_hint or ""), e.diag.message_hint
+        monthly = conn.execute(interpolate(panel.replace("{bucket}", "30d"))).fetchall()
+        assert 20 <= len(monthly) <= 26, len(monthly)
+        conn.execute("SET pgdp.max_bias = off")
+        cur = conn.execute(weekly)
         names = [d.name for d in cur.description]
         assert names == ["time", "visits"], names
         rows = cur.fetchall()
@@ -170,7 +187,7 @@ ORDER BY 1""")
         assert all(isinstance(n, int) and n >= 0 for _, n in rows), rows[:3]
         start = datetime.datetime.fromtimestamp(int(times[0]), datetime.timezone.utc)
         assert FROM - datetime.timedelta(days=7) <= start <= FROM + datetime.timedelta(days=14), start
-        return f"buckets={len(rows)}"
+        return f"weekly refused under max_bias, {len(monthly)} 30-day buckets, {len(rows)} weekly buckets with it off"
 
 
 def check_time_series_by_metric():

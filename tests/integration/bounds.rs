@@ -301,7 +301,28 @@ async fn accuracy_columns_include_the_estimated_shortfall() {
     );
     let proxy = Proxy::with_policy(policy, 64).await;
     let session = proxy.connect().await;
-    for set in ["SET pgdp.choose_bounds = on", "SET pgdp.accuracy = on"] {
+    // Under pgdp.max_bias = 0.1, a count the caps leave half short is refused (22000), naming
+    // the share removed; with the setting off it is answered with its error.
+    for set in ["SET pgdp.choose_bounds = on", "SET pgdp.max_bias = 0.1"] {
+        session.simple_rows(set).await.expect("SET");
+    }
+    let refused = session
+        .simple_rows("SELECT COUNT(*) FROM demo.visits")
+        .await
+        .expect_err("a count the caps bias beyond pgdp.max_bias");
+    assert_eq!(
+        crate::support::code(&refused).code(),
+        "22000",
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .as_db_error()
+            .is_some_and(|e| e.message().contains("pgdp.max_bias")),
+        "{refused:?}"
+    );
+    session.take_notices();
+    for set in ["SET pgdp.max_bias = off", "SET pgdp.accuracy = on"] {
         session.simple_rows(set).await.expect("SET");
     }
     let rows = session

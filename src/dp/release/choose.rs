@@ -60,6 +60,10 @@ pub struct Mechanisms {
     /// cell's stated error (its `_error95`) exceeds this share of its value
     /// ([`Error::TooInaccurate`]). Post-processing of the noisy measures.
     pub max_relative_error: Option<f64>,
+    /// `pgdp.max_bias`: when set, [`finish`] refuses an answer with a COUNT or SUM when the
+    /// caps chosen for the query are estimated to remove more than this share of the rows
+    /// (`removed_share`; [`Error::TooInaccurate`]). Post-processing of the noisy estimate.
+    pub max_bias: Option<f64>,
     /// With grouping sets, the mechanisms of each set's release, in the plan's order (the
     /// fields above are then the first set's, but `cost`, `shares` and `budget` the whole
     /// query's); empty otherwise.
@@ -251,6 +255,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         removed_share: 0.0,
         clamp_shares: Vec::new(),
         max_relative_error: None,
+        max_bias: None,
         sets: Vec::new(),
         choice: None,
     })

@@ -356,6 +356,9 @@ pub fn finish(
     }
     let truncated = rows_iter.len() > limits::GROUPS_RELEASED_MAX;
     rows_iter.truncate(limits::GROUPS_RELEASED_MAX);
+    if let Some(share) = mechanisms.max_bias {
+        check_bias(plan, mechanisms, share)?;
+    }
     if let Some(share) = mechanisms.max_relative_error {
         check_relative_error(plan, &rows_iter, share)?;
     }
@@ -603,7 +606,7 @@ fn check_relative_error(plan: &Plan, rows: &[OutRow], share: f64) -> Result<()> 
                 format!("{:.0}% of it", 100.0 * e / v.abs())
             };
             first = Some(format!(
-                "{}{} is {} ± {} ({relative}, above {}%)",
+                "{}{} is {} ± {} ({relative}, above pgdp.max_relative_error, {}%)",
                 analyst_text(plan, &plan.aggregates[i].text),
                 if group.is_empty() {
                     String::new()
@@ -626,6 +629,41 @@ fn check_relative_error(plan: &Plan, rows: &[OutRow], share: f64) -> Result<()> 
             },
         }),
     }
+}
+
+/// [`Mechanisms::max_bias`]: refuses when the caps chosen for the query are estimated to remove
+/// more than `share` of the rows (`removed_share`, a noisy estimate: post-processing) and the
+/// query has a COUNT of rows or values or a SUM, which read every row and are low by that share.
+/// Distinct counts, averages and quantiles are not checked (the removed rows are not known to
+/// move them).
+fn check_bias(plan: &Plan, mechanisms: &Mechanisms, share: f64) -> Result<()> {
+    let removed = mechanisms.removed_share;
+    if removed.is_nan() || removed <= share {
+        return Ok(());
+    }
+    let low: Vec<String> = plan
+        .aggregates
+        .iter()
+        .filter(|a| {
+            matches!(
+                a.kind,
+                AggregateKind::CountRows | AggregateKind::CountValues | AggregateKind::Sum
+            )
+        })
+        .map(|a| analyst_text(plan, &a.text))
+        .collect();
+    if low.is_empty() {
+        return Ok(());
+    }
+    Err(Error::TooInaccurate {
+        detail: format!(
+            "the caps on rows and groups per privacy unit chosen for this query are estimated to remove about {} of the rows, so {} {} low by about that share, above pgdp.max_bias ({})",
+            bounds::percent(removed),
+            low.join(", "),
+            if low.len() == 1 { "is" } else { "are" },
+            bounds::percent(share)
+        ),
+    })
 }
 
 /// A released number as a message shows it: three significant digits.

@@ -1134,3 +1134,50 @@ fn a_question_of_existence_has_no_error_column() {
     let names: Vec<String> = columns(&plan, true).into_iter().map(|c| c.name).collect();
     assert_eq!(names, vec!["region", "count", "count_error95"]);
 }
+
+/// `pgdp.max_bias`: a COUNT or SUM is refused when the caps chosen for the query are estimated
+/// to remove more than the share, with the share and the aggregate in the message; a smaller
+/// estimate, the setting off, or a query with neither (an average alone) is answered.
+#[test]
+fn an_answer_the_chosen_caps_bias_beyond_max_bias_is_refused() {
+    let policy = policy();
+    let answer = |sql: &str, removed: f64, max_bias: Option<f64>| {
+        let (plan, rewrite, mut mechanisms, _) = prepared(&policy, sql, LAPLACE);
+        mechanisms.removed_share = removed;
+        mechanisms.max_bias = max_bias;
+        let domains = listed_domain(&plan);
+        let rows = upstream(&rewrite, &[("CE", 14000), ("EA", 9000)]);
+        let measures = measure(
+            &plan,
+            &rewrite,
+            &mechanisms,
+            &rows,
+            &domains,
+            &mut seeded(3),
+        )
+        .expect("measure");
+        finish(&plan, &rewrite, &mechanisms, &measures, false)
+    };
+    let e = answer(BY_REGION, 0.25, Some(0.1)).expect_err("25% removed, 10% allowed");
+    assert_eq!(e.sqlstate().code(), "22000");
+    let message = e.to_string();
+    assert!(
+        message.contains("about 25% of the rows") && message.contains("count(*)"),
+        "{message}"
+    );
+    assert!(e.hint().is_some_and(|h| h.contains("pgdp.max_bias = off")));
+    assert!(answer(BY_REGION, 0.08, Some(0.1)).is_ok());
+    assert!(answer(BY_REGION, 0.25, None).is_ok());
+    assert!(answer(
+        "SELECT region, SUM(income) FROM demo.people GROUP BY region",
+        0.5,
+        Some(0.1)
+    )
+    .is_err());
+    assert!(answer(
+        "SELECT region, AVG(age) FROM demo.people GROUP BY region",
+        0.5,
+        Some(0.1)
+    )
+    .is_ok());
+}

@@ -146,6 +146,7 @@ impl ChoicePlan {
         let mut at_ceiling = super::mechanisms(plan, rewrite, answer_budget)?;
         at_ceiling.clamp_means = mechanisms.clamp_means;
         at_ceiling.max_relative_error = mechanisms.max_relative_error;
+        at_ceiling.max_bias = mechanisms.max_bias;
         choice.weigh_upper(rewrite, &at_ceiling.noises);
         let cost = Cost::pure(super::fixed_ceil(epsilon)?) + at_ceiling.cost;
         Ok(Some(ChoicePlan {
@@ -178,6 +179,7 @@ impl ChoicePlan {
         }
         mechanisms.clamp_means = self.at_ceiling.clamp_means;
         mechanisms.max_relative_error = self.at_ceiling.max_relative_error;
+        mechanisms.max_bias = self.at_ceiling.max_bias;
         mechanisms.removed_share = chosen.rows_removed_share();
         // The clamp's estimate holds for every SUM and AVG of the same argument and bounds.
         if let Some(clamp) = &chosen.clamp {
