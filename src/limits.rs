@@ -310,7 +310,22 @@ pub const BOUNDS_UPPER_HALVINGS: i32 = 20;
 /// cap), to estimate the rows a cap removes from pairs with more rows than the policy allows.
 pub const BOUNDS_HISTOGRAM_REACH: u64 = 8;
 
+/// How many standard deviations of its histograms' noise the choice of a cap adds to the rows a
+/// cap is estimated to remove (`dp::release::bounds`): the one-sided 95 % normal quantile, so
+/// that a cap below the ceiling is taken only where the histograms show, above their noise,
+/// that it removes little.
+pub const BOUNDS_REMOVAL_Z: f64 = 1.645;
+
 const _: () = assert!(BOUNDS_CHOICE_SHARE > 0.0 && BOUNDS_CHOICE_SHARE < 0.5);
+/// How many standard deviations of their noise the noisy counts of a caps' histogram, summed
+/// from its top candidate's bucket down, must exceed for the data to reach that bucket
+/// (`dp::release::bounds`): above it the buckets read as empty. 2.5 lets pure noise through
+/// at any one start with probability about 1 % (0.6 % for a normal sum, 1.5 % for one
+/// Laplace bucket).
+pub const BOUNDS_TAIL_Z: f64 = 2.5;
+
+const _: () = assert!(BOUNDS_REMOVAL_Z >= 0.0);
+const _: () = assert!(BOUNDS_TAIL_Z > 0.0);
 const _: () = assert!(BOUNDS_CLAMP_SHARE > 0.0 && BOUNDS_CHOICE_SHARE + BOUNDS_CLAMP_SHARE < 0.5);
 const _: () = assert!(BOUNDS_HISTOGRAM_REACH >= 2);
 const _: () = assert!(BOUNDS_UPPER_HALVINGS >= 1 && BOUNDS_UPPER_HALVINGS <= 60);

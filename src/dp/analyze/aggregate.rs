@@ -187,23 +187,7 @@ impl<'a> Analyzer<'a> {
         for field in &mut fields {
             self.expr(field, Role::Argument)?;
         }
-        let row = Expr::Function(ast::Function {
-            name: ObjectName::from(vec![Ident::new("ROW")]),
-            uses_odbc_syntax: false,
-            parameters: FunctionArguments::None,
-            args: FunctionArguments::List(ast::FunctionArgumentList {
-                duplicate_treatment: None,
-                args: fields
-                    .into_iter()
-                    .map(|f| FunctionArg::Unnamed(FunctionArgExpr::Expr(f)))
-                    .collect(),
-                clauses: Vec::new(),
-            }),
-            filter: None,
-            null_treatment: None,
-            over: None,
-            within_group: Vec::new(),
-        });
+        let row = row_constructor(fields);
         let canonical = Canonical::of(&row);
         let text = canonical.to_string();
         Ok(count_aggregate(
@@ -669,9 +653,6 @@ fn filter_as_case(f: &ast::Function, condition: &Expr) -> Result<Expr> {
         })
 }
 
-/// Whether an aggregate argument is never NULL: a bare column of a table that is not on the
-/// nullable side of an outer join, which the policy declares `exhaustive` (every row holds one
-/// of its public values, and none is NULL).
 /// The fields of a row value, `ROW(a, …)` (one field or more) or `(a, b, …)` (two or more).
 fn row_fields(e: &Expr) -> Option<Vec<Expr>> {
     match e {
@@ -703,6 +684,31 @@ fn row_fields(e: &Expr) -> Option<Vec<Expr>> {
         }
         _ => None,
     }
+}
+
+/// Whether an aggregate argument is never NULL: a bare column of a table that is not on the
+/// nullable side of an outer join, which the policy declares `exhaustive` (every row holds one
+/// of its public values, and none is NULL).
+/// `ROW(f1, …)`, the row value of `fields` (never NULL itself; equal to another when each
+/// field is, NULL fields included, under DISTINCT).
+pub(super) fn row_constructor(fields: Vec<Expr>) -> Expr {
+    Expr::Function(ast::Function {
+        name: ObjectName::from(vec![Ident::new("ROW")]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(ast::FunctionArgumentList {
+            duplicate_treatment: None,
+            args: fields
+                .into_iter()
+                .map(|f| FunctionArg::Unnamed(FunctionArgExpr::Expr(f)))
+                .collect(),
+            clauses: Vec::new(),
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: Vec::new(),
+    })
 }
 
 fn never_null(info: &Info) -> bool {

@@ -30,65 +30,66 @@
 //! would call ambiguous or unknown is left to the ordinary analysis). Anything else is left as
 //! it is.
 
+use super::aggregate::row_constructor;
 use super::*;
 
 /// The flattened statement, if `query` has the shape above.
 pub(super) fn count_over_selection(query: &ast::Query, ctx: &Context) -> Option<ast::Query> {
-    if query.with.is_some() || !query.locks.is_empty() {
-        return None;
-    }
-    let SetExpr::Select(outer) = query.body.as_ref() else {
-        return None;
-    };
-    let (subquery, alias) = super::outer::one_derived_table(outer)?;
-    let ungrouped =
-        matches!(&outer.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
-    if outer.projection.is_empty()
-        || outer.selection.is_some()
-        || !ungrouped
-        || outer.having.is_some()
-        || outer.distinct.is_some()
-        || !plain_select_shape(outer)
-        || alias.as_ref().is_some_and(|a| !a.columns.is_empty())
-    {
-        return None;
-    }
+    let (outer, subquery, alias) = outer_count(query)?;
     let inner = plain_selection(subquery, ctx)?;
     let derived = alias.as_ref().map(|a| ident_lower(&a.name));
-    let mut projection = Vec::with_capacity(outer.projection.len());
-    for item in &outer.projection {
-        let counted = |count: &Expr| -> Option<Expr> {
-            match count_argument(count)? {
-                None => Some(count.clone()),
-                Some(column) => {
-                    let listed = listed_column(column, derived.as_deref(), inner, ctx)?;
-                    let mut count = count.clone();
-                    set_count_argument(&mut count, listed);
-                    Some(count)
-                }
-            }
-        };
-        projection.push(match item {
-            SelectItem::UnnamedExpr(count) => SelectItem::UnnamedExpr(counted(count)?),
-            SelectItem::ExprWithAlias { expr, alias } => SelectItem::ExprWithAlias {
-                expr: counted(expr)?,
-                alias: alias.clone(),
-            },
-            _ => return None,
-        });
-    }
-    let mut flattened = query.clone();
-    let SetExpr::Select(target) = flattened.body.as_mut() else {
-        return None;
-    };
-    target.projection = projection;
-    target.from = inner.from.clone();
-    target.selection = inner.selection.clone();
-    Some(flattened)
+    let projection = counts(outer, |count| match count_argument(count)? {
+        None => Some(count.clone()),
+        Some(column) => {
+            let listed = listed_column(column, derived.as_deref(), inner, ctx)?;
+            let mut count = count.clone();
+            set_count_argument(&mut count, listed);
+            Some(count)
+        }
+    })?;
+    flattened(query, projection, inner)
 }
 
 /// The flattened count of groups, if `query` has the second shape above.
 pub(super) fn count_of_groups(query: &ast::Query) -> Option<ast::Query> {
+    let (outer, subquery, _) = outer_count(query)?;
+    if subquery.with.is_some()
+        || !subquery.locks.is_empty()
+        || subquery.fetch.is_some()
+        || !selects_every_row(subquery)
+    {
+        return None;
+    }
+    let SetExpr::Select(inner) = subquery.body.as_ref() else {
+        return None;
+    };
+    if inner.from.is_empty() || inner.having.is_some() || !plain_select_shape(inner) {
+        return None;
+    }
+    let row = row_constructor(group_keys(inner)?);
+    let projection = counts(outer, |count| {
+        let None = count_argument(count)? else {
+            return None;
+        };
+        let mut count = count.clone();
+        if let Expr::Function(f) = &mut count {
+            f.args = FunctionArguments::List(ast::FunctionArgumentList {
+                duplicate_treatment: Some(ast::DuplicateTreatment::Distinct),
+                args: vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(row.clone()))],
+                clauses: Vec::new(),
+            });
+        }
+        Some(count)
+    })?;
+    flattened(query, projection, inner)
+}
+
+/// The outer query of both shapes: `SELECT <counts> FROM (<subquery>) [AS s]`, with no WITH,
+/// lock, WHERE, GROUP BY, HAVING or DISTINCT and no column aliases on the subquery: its
+/// select, the subquery and its alias.
+fn outer_count(
+    query: &ast::Query,
+) -> Option<(&ast::Select, &ast::Query, &Option<ast::TableAlias>)> {
     if query.with.is_some() || !query.locks.is_empty() {
         return None;
     }
@@ -106,64 +107,32 @@ pub(super) fn count_of_groups(query: &ast::Query) -> Option<ast::Query> {
     {
         return None;
     }
-    if subquery.with.is_some()
-        || !subquery.locks.is_empty()
-        || subquery.fetch.is_some()
-        || !selects_every_row(subquery)
-    {
-        return None;
-    }
-    let SetExpr::Select(inner) = subquery.body.as_ref() else {
-        return None;
-    };
-    if inner.from.is_empty() || inner.having.is_some() || !plain_select_shape(inner) {
-        return None;
-    }
-    let keys = group_keys(inner)?;
-    let row = ast::Function {
-        name: ObjectName::from(vec![Ident::new("ROW")]),
-        uses_odbc_syntax: false,
-        parameters: FunctionArguments::None,
-        args: FunctionArguments::List(ast::FunctionArgumentList {
-            duplicate_treatment: None,
-            args: keys
-                .into_iter()
-                .map(|k| FunctionArg::Unnamed(FunctionArgExpr::Expr(k)))
-                .collect(),
-            clauses: Vec::new(),
-        }),
-        filter: None,
-        null_treatment: None,
-        over: None,
-        within_group: Vec::new(),
-    };
-    let mut projection = Vec::with_capacity(outer.projection.len());
-    for item in &outer.projection {
-        let groups = |count: &Expr| -> Option<Expr> {
-            let None = count_argument(count)? else {
-                return None;
-            };
-            let mut count = count.clone();
-            if let Expr::Function(f) = &mut count {
-                f.args = FunctionArguments::List(ast::FunctionArgumentList {
-                    duplicate_treatment: Some(ast::DuplicateTreatment::Distinct),
-                    args: vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Function(
-                        row.clone(),
-                    )))],
-                    clauses: Vec::new(),
-                });
-            }
-            Some(count)
-        };
-        projection.push(match item {
-            SelectItem::UnnamedExpr(count) => SelectItem::UnnamedExpr(groups(count)?),
-            SelectItem::ExprWithAlias { expr, alias } => SelectItem::ExprWithAlias {
-                expr: groups(expr)?,
+    Some((outer, subquery, alias))
+}
+
+/// The outer select list with each count rewritten by `count` (its aliases kept); `None` when
+/// an item is not a count it rewrites.
+fn counts(outer: &ast::Select, count: impl Fn(&Expr) -> Option<Expr>) -> Option<Vec<SelectItem>> {
+    outer
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) => Some(SelectItem::UnnamedExpr(count(e)?)),
+            SelectItem::ExprWithAlias { expr, alias } => Some(SelectItem::ExprWithAlias {
+                expr: count(expr)?,
                 alias: alias.clone(),
-            },
-            _ => return None,
-        });
-    }
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `query` with the counts of `projection` over the FROM and WHERE of `inner`.
+fn flattened(
+    query: &ast::Query,
+    projection: Vec<SelectItem>,
+    inner: &ast::Select,
+) -> Option<ast::Query> {
     let mut flattened = query.clone();
     let SetExpr::Select(target) = flattened.body.as_mut() else {
         return None;
