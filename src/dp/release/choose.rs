@@ -52,6 +52,9 @@ pub struct Mechanisms {
     /// `_error95` of a COUNT or SUM adds the shortfall it implies, so that it states the
     /// distance to the uncapped answer as far as pgdp can estimate it. 0 under the policy's caps.
     pub removed_share: f64,
+    /// The lower end of `removed_share`'s one-sided 95 % interval
+    /// ([`bounds::ChosenBounds::rows_removed_share_low`]): what `max_bias` tests.
+    pub removed_share_low: f64,
     /// Per aggregate of the plan (empty: none), the estimated share of its argument's sum that
     /// clamping into the bounds removed ([`bounds::ClampEstimate::share`], a noisy estimate,
     /// post-processing): the `_error95` of a SUM or AVG of it adds the shortfall it implies.
@@ -253,6 +256,7 @@ pub fn mechanisms(plan: &Plan, rewrite: &Rewrite, budget: Budget) -> Result<Mech
         max_error: None,
         clamp_means: true,
         removed_share: 0.0,
+        removed_share_low: 0.0,
         clamp_shares: Vec::new(),
         max_relative_error: None,
         max_bias: None,

@@ -632,13 +632,14 @@ fn check_relative_error(plan: &Plan, rows: &[OutRow], share: f64) -> Result<()> 
 }
 
 /// [`Mechanisms::max_bias`]: refuses when the caps chosen for the query are estimated to remove
-/// more than `share` of the rows (`removed_share`, a noisy estimate: post-processing) and the
+/// more than `share` of the rows even at the lower end of the estimate's one-sided 95 %
+/// interval (`removed_share_low`, from noisy histograms: post-processing) and the
 /// query has a COUNT of rows or values or a SUM, which read every row and are low by that share.
 /// Distinct counts, averages and quantiles are not checked (the removed rows are not known to
 /// move them).
 fn check_bias(plan: &Plan, mechanisms: &Mechanisms, share: f64) -> Result<()> {
-    let removed = mechanisms.removed_share;
-    if removed.is_nan() || removed <= share {
+    let (removed, at_least) = (mechanisms.removed_share, mechanisms.removed_share_low);
+    if at_least.is_nan() || at_least <= share {
         return Ok(());
     }
     let low: Vec<String> = plan
@@ -657,8 +658,9 @@ fn check_bias(plan: &Plan, mechanisms: &Mechanisms, share: f64) -> Result<()> {
     }
     Err(Error::TooInaccurate {
         detail: format!(
-            "the caps on rows and groups per privacy unit chosen for this query are estimated to remove about {} of the rows, so {} {} low by about that share, above pgdp.max_bias ({})",
+            "the caps on rows and groups per privacy unit chosen for this query are estimated to remove about {} of the rows (at least {} at 95% confidence), so {} {} low by about that share, above pgdp.max_bias ({})",
             bounds::percent(removed),
+            bounds::percent(at_least),
             low.join(", "),
             if low.len() == 1 { "is" } else { "are" },
             bounds::percent(share)

@@ -32,6 +32,9 @@ pub struct ChosenBounds {
     pub(super) units_over: f64,
     pub(super) rows: f64,
     pub(super) rows_removed: f64,
+    /// The standard deviation of `rows_removed` from the noise of the buckets read raw
+    /// ([`super::noisy::Removal::spread`]; those beyond the ceilings passed their floor).
+    pub(super) rows_removed_spread: f64,
     pub(super) beyond_reach: f64,
     pub(super) over_ceiling: f64,
     /// What clamping removed, when the choice estimated it.
@@ -171,6 +174,19 @@ impl ChosenBounds {
         }
     }
 
+    /// The share of the rows the caps removed at the lower end of its one-sided 95 % interval
+    /// (`rows_removed − 1.645·σ`), in [0, 1]: what `pgdp.max_bias` tests, so that it refuses
+    /// only where even the least the histograms allow is above the share.
+    pub fn rows_removed_share_low(&self) -> f64 {
+        if self.rows <= 0.0 {
+            0.0
+        } else {
+            let low =
+                self.rows_removed - crate::limits::BOUNDS_REMOVAL_Z * self.rows_removed_spread;
+            (low / self.rows).clamp(0.0, 1.0)
+        }
+    }
+
     /// The estimated share of (unit, group) pairs with more rows than the cap, in [0, 1].
     pub fn pairs_over_share(&self) -> f64 {
         if self.pairs <= 0.0 {
@@ -262,7 +278,9 @@ impl ChosenBounds {
 }
 
 /// The prefix of a stored release at chosen caps ([`ChosenBounds::stored_with`]).
-pub(super) const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-3";
+pub(super) const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-4";
+/// The payload before the spread of the removal was stored (read back with a spread of 0).
+const MAGIC_CHOSEN_3: &[u8] = b"pgdp-chosen-bounds-3";
 
 impl ChosenBounds {
     /// The ledger's payload of a release at these caps: the caps and the noisy histograms'
@@ -293,6 +311,7 @@ impl ChosenBounds {
             self.rows_removed,
             self.beyond_reach,
             self.over_ceiling,
+            self.rows_removed_spread,
         ] {
             out.extend_from_slice(&x.to_bits().to_be_bytes());
         }
@@ -322,7 +341,10 @@ impl ChosenBounds {
         payload: &'a [u8],
         choice: &BoundsChoice,
     ) -> Option<(ChosenBounds, &'a [u8])> {
-        let mut b = payload.strip_prefix(MAGIC_CHOSEN)?;
+        let (mut b, floats) = match payload.strip_prefix(MAGIC_CHOSEN) {
+            Some(b) => (b, 12),
+            None => (payload.strip_prefix(MAGIC_CHOSEN_3)?, 11),
+        };
         let mut next = || -> Option<u64> {
             let (head, rest) = b.split_at_checked(8)?;
             b = rest;
@@ -332,8 +354,8 @@ impl ChosenBounds {
         for v in &mut n {
             *v = next()?;
         }
-        let mut x = [0f64; 11];
-        for v in &mut x {
+        let mut x = [0f64; 12];
+        for v in x.iter_mut().take(floats) {
             *v = f64::from_bits(next()?);
             if !v.is_finite() {
                 return None;
@@ -382,7 +404,7 @@ impl ChosenBounds {
             _ => return None,
         };
         let [rows_per_unit, groups_per_unit, ceiling, groups_ceiling, groups_chosen, total] = n;
-        let [total_units, total_units_over, epsilon, pairs, pairs_over, units, units_over, rows, rows_removed, beyond_reach, over_ceiling] =
+        let [total_units, total_units_over, epsilon, pairs, pairs_over, units, units_over, rows, rows_removed, beyond_reach, over_ceiling, rows_removed_spread] =
             x;
         // A total only among the choice's candidates (the last, rows × groups, is none).
         let rows_total = (total != 0).then_some(total);
@@ -415,6 +437,7 @@ impl ChosenBounds {
                 units_over,
                 rows,
                 rows_removed,
+                rows_removed_spread,
                 beyond_reach,
                 over_ceiling,
                 clamp,

@@ -181,6 +181,7 @@ impl ChoicePlan {
         mechanisms.max_relative_error = self.at_ceiling.max_relative_error;
         mechanisms.max_bias = self.at_ceiling.max_bias;
         mechanisms.removed_share = chosen.rows_removed_share();
+        mechanisms.removed_share_low = chosen.rows_removed_share_low();
         // The clamp's estimate holds for every SUM and AVG of the same argument and bounds.
         if let Some(clamp) = &chosen.clamp {
             let estimated = plan
@@ -832,22 +833,29 @@ fn pick_with_totals(
     // A cap on the total, with rows and groups at the ceilings.
     let total_mid = midpoints(&choice.totals);
     let above_total = |counts: &[f64], t: u64| above(counts, &total_mid, t).max(0.0);
+    // The totals' buckets below the last candidate are read raw up to the data's reach, as
+    // the pairs' are: the spread of the rows above `t` from their noise.
+    let total_variance = choice.total_noise.as_ref().map_or(0.0, laplace_variance);
+    let total_spread = |t: u64| -> f64 {
+        (total_mid
+            .iter()
+            .take(reach.totals)
+            .map(|m| (m - t as f64).max(0.0).powi(2))
+            .sum::<f64>()
+            * total_variance)
+            .sqrt()
+    };
     let mut best_total: Option<(usize, f64)> = None;
-    if let (Some(totals), Some(noise)) = (noisy_totals, &choice.total_noise) {
+    if let Some(totals) = noisy_totals {
         let (g, c) = (choice.groups, choice.ceiling);
         let at_ceilings = removal.removed_upper(g, c);
-        // The totals' buckets below the last candidate are read raw up to the data's reach,
-        // as the pairs' are.
-        let raw = reach.totals;
-        let variance = laplace_variance(noise);
-        for (ti, &t) in choice.totals.iter().enumerate().take(raw) {
-            let spread = total_mid
-                .iter()
-                .take(raw)
-                .map(|m| (m - t as f64).max(0.0).powi(2))
-                .sum::<f64>()
-                * variance;
-            let upper = above_total(totals, t) + limits::BOUNDS_REMOVAL_Z * spread.sqrt();
+        for (ti, &t) in choice
+            .totals
+            .iter()
+            .enumerate()
+            .take(choice.totals.len().saturating_sub(1))
+        {
+            let upper = above_total(totals, t) + limits::BOUNDS_REMOVAL_Z * total_spread(t);
             let error = (at_ceilings + upper) / choice.cells
                 + choice.noise_with_total(noise_per_row, g, c, Some(t));
             if error < best_total.map_or(best.2, |b| b.1) {
@@ -865,24 +873,26 @@ fn pick_with_totals(
     let total_units = noisy_totals.map_or(0.0, |t| t.iter().sum());
     // Either a total with rows and groups at the ceilings, or the best pair of caps. The
     // candidates are the first edges, so what lies above a cap is in the later buckets.
-    let (gi, ci, rows_total, total_units_over, rows_removed) = match (best_total, noisy_totals) {
-        (Some((ti, _)), Some(totals)) => {
-            let (g, c) = (choice.groups, choice.ceiling);
-            let t = choice.totals[ti];
-            (
-                choice.group_candidates.len() - 1,
-                choice.candidates.len() - 1,
-                Some(t),
-                totals[ti + 1..].iter().sum(),
-                removed(g, c) + above_total(totals, t),
-            )
-        }
-        _ => {
-            let (gi, ci, _) = best;
-            let (g, c) = (choice.group_candidates[gi], choice.candidates[ci]);
-            (gi, ci, None, 0.0, removed(g, c))
-        }
-    };
+    let (gi, ci, rows_total, total_units_over, rows_removed, rows_removed_spread) =
+        match (best_total, noisy_totals) {
+            (Some((ti, _)), Some(totals)) => {
+                let (g, c) = (choice.groups, choice.ceiling);
+                let t = choice.totals[ti];
+                (
+                    choice.group_candidates.len() - 1,
+                    choice.candidates.len() - 1,
+                    Some(t),
+                    totals[ti + 1..].iter().sum(),
+                    removed(g, c) + above_total(totals, t),
+                    removal.spread(g, c).hypot(total_spread(t)),
+                )
+            }
+            _ => {
+                let (gi, ci, _) = best;
+                let (g, c) = (choice.group_candidates[gi], choice.candidates[ci]);
+                (gi, ci, None, 0.0, removed(g, c), removal.spread(g, c))
+            }
+        };
     ChosenBounds {
         rows_per_unit: choice.candidates[ci],
         groups_per_unit: choice.group_candidates[gi],
@@ -899,6 +909,7 @@ fn pick_with_totals(
         units_over: units_over_all.get(gi + 1..).map_or(0.0, |u| u.iter().sum()),
         rows,
         rows_removed,
+        rows_removed_spread,
         beyond_reach,
         over_ceiling,
         clamp: None,
@@ -1178,6 +1189,22 @@ mod tests {
         let (back, rest) = ChosenBounds::stored(&payload, &ch).expect("read back");
         assert_eq!(back, chosen);
         assert_eq!(rest, b"measures");
+        // A payload stored before the removal's spread was (version 3: one float fewer) reads
+        // back with a spread of 0, the rest unchanged.
+        let head = MAGIC_CHOSEN.len() + 6 * 8 + 11 * 8;
+        let mut old = b"pgdp-chosen-bounds-3".to_vec();
+        old.extend_from_slice(&payload[MAGIC_CHOSEN.len()..head]);
+        old.extend_from_slice(&payload[head + 8..]);
+        let (old_back, old_rest) = ChosenBounds::stored(&old, &ch).expect("version 3 read back");
+        assert_eq!(old_rest, b"measures");
+        assert_eq!(old_back.rows_removed_spread, 0.0);
+        assert_eq!(
+            ChosenBounds {
+                rows_removed_spread: chosen.rows_removed_spread,
+                ..old_back
+            },
+            chosen
+        );
         // Another choice (other ceilings or candidates) does not read it: a stored payload
         // never sets caps its query could not have chosen.
         assert!(ChosenBounds::stored(&payload, &choice_with_groups(40, 16, 1.0)).is_none());
