@@ -47,7 +47,7 @@ mod chosen;
 mod noisy;
 pub use chosen::{percent, ChosenBounds, ClampEstimate};
 pub use noisy::ContributionProfile;
-use noisy::{above, laplace_variance, NoisyHistograms, Reach, Removal};
+use noisy::{above, counted, laplace_variance, NoisyHistograms, Reach, Removal};
 
 /// Everything a query that chooses its cap decides before it runs: the choice, the histogram's
 /// SQL, the budget and mechanisms of the answer at the ceiling (their cost is the answer's at
@@ -130,6 +130,7 @@ impl ChoicePlan {
         let Some(mut choice) = BoundsChoice::new(plan, rewrite, epsilon, cells, gaussian)? else {
             return Ok(None);
         };
+        choice.max_bias = mechanisms.max_bias;
         let edges = rewrite::Histograms {
             rows: choice.edges(),
             groups: (!choice.group_edges().is_empty()).then(|| choice.group_edges()),
@@ -334,6 +335,10 @@ pub struct BoundsChoice {
     cells: f64,
     /// Whether the answer's noise is Gaussian (its scale grows as √G, not G).
     gaussian: bool,
+    /// `pgdp.max_bias` of the query ([`Mechanisms::max_bias`]): caps estimated to remove more
+    /// than this share of the rows are not taken where others are not, so that the choice
+    /// does not bias an answer the guard would then refuse.
+    max_bias: Option<f64>,
 }
 
 /// How what clamping removes is estimated: a histogram of each unit's total distance of its
@@ -573,6 +578,7 @@ impl BoundsChoice {
             totals,
             total_noise,
             clamp,
+            max_bias: None,
             epsilon,
             caps_epsilon,
             cells,
@@ -815,7 +821,10 @@ fn pick_with_totals(
     } else {
         0.0
     };
-    // The caps are weighed by what they remove at its upper bound (`Removal::removed_upper`).
+    // The caps are weighed by what they remove at its upper bound (`Removal::removed_upper`),
+    // among those whose estimate is within `pgdp.max_bias` (the ceilings when none is).
+    let rows = removal.rows();
+    let within = |removed: f64| choice.max_bias.is_none_or(|s| removed <= s * rows);
     let mut best = (
         choice.group_candidates.len() - 1,
         choice.candidates.len() - 1,
@@ -823,6 +832,9 @@ fn pick_with_totals(
     );
     for (gi, &g) in choice.group_candidates.iter().enumerate() {
         for (ci, &c) in choice.candidates.iter().enumerate() {
+            if !within(removed(g, c)) {
+                continue;
+            }
             let error =
                 removal.removed_upper(g, c) / choice.cells + choice.noise_at(noise_per_row, g, c);
             if error <= best.2 {
@@ -833,18 +845,7 @@ fn pick_with_totals(
     // A cap on the total, with rows and groups at the ceilings.
     let total_mid = midpoints(&choice.totals);
     let above_total = |counts: &[f64], t: u64| above(counts, &total_mid, t).max(0.0);
-    // The totals' buckets below the last candidate are read raw up to the data's reach, as
-    // the pairs' are: the spread of the rows above `t` from their noise.
-    let total_variance = choice.total_noise.as_ref().map_or(0.0, laplace_variance);
-    let total_spread = |t: u64| -> f64 {
-        (total_mid
-            .iter()
-            .take(reach.totals)
-            .map(|m| (m - t as f64).max(0.0).powi(2))
-            .sum::<f64>()
-            * total_variance)
-            .sqrt()
-    };
+    let total_spread = |t: u64| total_spread(choice, noisy_totals, reach, &total_mid, t);
     let mut best_total: Option<(usize, f64)> = None;
     if let Some(totals) = noisy_totals {
         let (g, c) = (choice.groups, choice.ceiling);
@@ -855,6 +856,9 @@ fn pick_with_totals(
             .enumerate()
             .take(choice.totals.len().saturating_sub(1))
         {
+            if !within(removed(g, c) + above_total(totals, t)) {
+                continue;
+            }
             let upper = above_total(totals, t) + limits::BOUNDS_REMOVAL_Z * total_spread(t);
             let error = (at_ceilings + upper) / choice.cells
                 + choice.noise_with_total(noise_per_row, g, c, Some(t));
@@ -867,7 +871,6 @@ fn pick_with_totals(
         Some(u) => (u.iter().sum(), u),
         None => (0.0, &[][..]),
     };
-    let rows = removal.rows();
     let beyond_reach = noisy[n] + noisy_groups.map_or(0.0, |u| u.last().copied().unwrap_or(0.0));
     let over_ceiling = noisy[choice.candidates.len()..].iter().sum();
     let total_units = noisy_totals.map_or(0.0, |t| t.iter().sum());
@@ -914,6 +917,30 @@ fn pick_with_totals(
         over_ceiling,
         clamp: None,
     }
+}
+
+/// The standard deviation of the rows a cap of `t` on a unit's total removes, from the noise
+/// of the totals' buckets the estimate counts: those below the last candidate read raw up to
+/// the data's reach, as the pairs' are, and those beyond it that pass their floor
+/// ([`counted`]). Post-processing of the noisy counts.
+fn total_spread(
+    choice: &BoundsChoice,
+    noisy_totals: Option<&[f64]>,
+    reach: Reach,
+    total_mid: &[f64],
+    t: u64,
+) -> f64 {
+    let Some(totals) = noisy_totals else {
+        return 0.0;
+    };
+    let variance = choice.total_noise.as_ref().map_or(0.0, laplace_variance);
+    let beyond = choice.totals.len().saturating_sub(1);
+    (counted(totals, reach.totals, beyond)
+        .filter_map(|b| total_mid.get(b))
+        .map(|m| (m - t as f64).max(0.0).powi(2))
+        .sum::<f64>()
+        * variance)
+        .sqrt()
 }
 
 /// The 95 % noise bound per row of cap of the answer's noisiest measure, from its mechanisms
@@ -1027,6 +1054,7 @@ mod tests {
             caps_epsilon: 0.1,
             cells,
             gaussian: false,
+            max_bias: None,
         }
     }
 
@@ -1469,6 +1497,21 @@ mod tests {
         // Spread over many groups, the same removal weighs less per group: the cap is no higher.
         let many = choice(64, 1000.0);
         assert!(pick(&many, &noisy, None, 500.0).rows_per_unit <= chosen.rows_per_unit);
+        // Under pgdp.max_bias the choice keeps to caps estimated to remove at most that share
+        // (here 40, removing 4.5 of the 100 heavy pairs' 44.5 rows: 7.8 %), rather than bias an
+        // answer the guard refuses.
+        let guarded = BoundsChoice {
+            max_bias: Some(0.1),
+            ..choice(64, 1.0)
+        };
+        let chosen = pick(&guarded, &noisy, None, 500.0);
+        assert_eq!(chosen.rows_per_unit, 40, "{chosen:?}");
+        assert!(chosen.rows_removed_share() <= 0.1, "{chosen:?}");
+        // Where no cap is within it, the least biased caps, the ceilings, are taken.
+        noisy[ch.edges.len()] = 500.0;
+        let chosen = pick(&guarded, &noisy, None, 500.0);
+        assert_eq!(chosen.rows_per_unit, 64, "{chosen:?}");
+        assert!(chosen.rows_removed_share() > 0.1, "{chosen:?}");
     }
 
     #[test]
@@ -1498,6 +1541,31 @@ mod tests {
         assert!(pick(&ch, &noisy, None, 0.0)
             .notice()
             .contains("the estimate is low"));
+    }
+
+    /// The spread of what caps remove counts the noise of every bucket whose count the
+    /// removal counts: beyond the ceiling, a bucket that passed its floor weighs in as the rows
+    /// it would remove (so `pgdp.max_bias`'s low end is not overconfident where heavy units
+    /// pass the ceiling), one read as empty does not.
+    #[test]
+    fn buckets_beyond_the_ceiling_that_count_widen_the_spread() {
+        let ch = choice(10, 1.0);
+        let beyond = ch.edges.iter().position(|&e| e == 40).expect("40");
+        assert!(beyond >= ch.candidates.len());
+        let none = Reach {
+            rows: 0,
+            groups: 0,
+            totals: 0,
+        };
+        let mut noisy = vec![0.0; ch.edges.len() + 1];
+        noisy[0] = 50.0;
+        assert_eq!(Removal::new(&ch, &noisy, None, none).spread(1, 10), 0.0);
+        noisy[beyond] = 50.0;
+        let removal = Removal::new(&ch, &noisy, None, none);
+        let sd = laplace_variance(&ch.noise).sqrt();
+        let expected = (removal.mid[beyond] - 10.0) * sd;
+        assert!((removal.spread(1, 10) - expected).abs() < 1e-9);
+        assert!(removal.removed_upper(1, 10) > removal.removed(1, 10) + expected);
     }
 
     /// The chosen cap is a release: on neighbouring histograms that differ by one unit's pair

@@ -266,28 +266,22 @@ impl NoisyHistograms {
             draw(&choice.noise, &exact),
             choice.candidates.len(),
         );
-        let (groups, groups_reach) = match choice.group_noise.as_ref() {
-            Some(noise) => {
-                let (read, reached) = read_caps(
-                    noise,
-                    draw(noise, &exact_groups),
-                    choice.group_candidates.len(),
-                );
-                (Some(read), reached)
-            }
-            None => (None, 0),
-        };
-        let (totals, totals_reach) = match choice.total_noise.as_ref() {
-            Some(noise) => {
-                let (read, reached) = read_caps(
-                    noise,
-                    draw(noise, &exact_totals),
-                    choice.totals.len().saturating_sub(1),
-                );
-                (Some(read), reached)
-            }
-            None => (None, 0),
-        };
+        let (groups, groups_reach) = choice
+            .group_noise
+            .as_ref()
+            .map(|noise| {
+                let noisy = draw(noise, &exact_groups);
+                read_caps(noise, noisy, choice.group_candidates.len())
+            })
+            .unzip();
+        let (totals, totals_reach) = choice
+            .total_noise
+            .as_ref()
+            .map(|noise| {
+                let noisy = draw(noise, &exact_totals);
+                read_caps(noise, noisy, choice.totals.len().saturating_sub(1))
+            })
+            .unzip();
         let clamp = choice.clamp.as_ref().map(|c| {
             // The histogram that is not computed stays empty (`release` of no buckets).
             let excess = floored(
@@ -313,8 +307,8 @@ impl NoisyHistograms {
             clamp,
             reach: Reach {
                 rows: rows_reach,
-                groups: groups_reach,
-                totals: totals_reach,
+                groups: groups_reach.unwrap_or(0),
+                totals: totals_reach.unwrap_or(0),
             },
         })
     }
@@ -459,13 +453,15 @@ pub(super) struct Removal<'a> {
     /// Pairs kept at the ceiling on groups.
     pub(super) at_ceiling: f64,
     pub(super) rows_per_pair: f64,
-    /// The variance of a raw bucket's noise, and how many buckets are read raw (the
-    /// candidates' own, up to where the data reaches: [`Reach`]), for the pairs' histogram
-    /// and the groups'.
+    /// The variance of a bucket's noise, how many buckets are read raw (the candidates' own,
+    /// up to where the data reaches: [`Reach`]), and the first bucket beyond the ceiling, for
+    /// the pairs' histogram and the groups'.
     pair_variance: f64,
     raw_pairs: usize,
+    beyond_pairs: usize,
     group_variance: f64,
     raw_groups: usize,
+    beyond_groups: usize,
 }
 
 impl<'a> Removal<'a> {
@@ -490,8 +486,10 @@ impl<'a> Removal<'a> {
             rows_per_pair: if pairs > 0.0 { pair_rows / pairs } else { 1.0 },
             pair_variance: laplace_variance(&choice.noise),
             raw_pairs: reach.rows,
+            beyond_pairs: choice.candidates.len(),
             group_variance: choice.group_noise.as_ref().map_or(0.0, laplace_variance),
             raw_groups: reach.groups,
+            beyond_groups: choice.group_candidates.len(),
         };
         removal.all_pairs = noisy_groups.map_or(0.0, |u| {
             u.iter().zip(&removal.group_mid).map(|(c, m)| c * m).sum()
@@ -531,26 +529,22 @@ impl<'a> Removal<'a> {
     }
 
     /// The standard deviation of [`Removal::removed`]`(g, c)` from the noise of the buckets
-    /// read raw (those beyond the data's reach read as empty, those beyond the ceilings are
-    /// floored: neither is counted): each bucket's noise
-    /// weighs in as the rows it would remove. What a cap below the ceiling removes is only as
-    /// well known as this; the choice weighs it ([`Removal::removed_upper`]).
+    /// it counts: those read raw, and those beyond the ceilings that passed their floor (the
+    /// rest read as empty and are not counted); each bucket's noise weighs in as the rows it
+    /// would remove. What a cap removes is only as well known as this; the choice weighs it
+    /// ([`Removal::removed_upper`]) and `pgdp.max_bias` refuses only beyond its low end.
     pub(super) fn spread(&self, g: u64, c: u64) -> f64 {
         let kept_share = match self.noisy_groups {
             Some(_) if self.at_ceiling > 0.0 => (self.kept_pairs(g) / self.at_ceiling).max(0.0),
             _ => 1.0,
         };
-        let pairs: f64 = self
-            .mid
-            .iter()
-            .take(self.raw_pairs)
+        let pairs: f64 = counted(self.noisy, self.raw_pairs, self.beyond_pairs)
+            .filter_map(|b| self.mid.get(b))
             .map(|m| ((m - c as f64).max(0.0) * kept_share).powi(2))
             .sum();
         let groups: f64 = match self.noisy_groups {
-            Some(_) if self.at_ceiling > 0.0 => self
-                .group_mid
-                .iter()
-                .take(self.raw_groups)
+            Some(u) if self.at_ceiling > 0.0 => counted(u, self.raw_groups, self.beyond_groups)
+                .filter_map(|b| self.group_mid.get(b))
                 .map(|m| ((m - g as f64).max(0.0) * self.rows_per_pair).powi(2))
                 .sum(),
             _ => 0.0,
@@ -578,6 +572,12 @@ impl<'a> Removal<'a> {
             _ => self.pair_rows,
         }
     }
+}
+
+/// The buckets of a histogram read by [`read_caps`] whose noisy counts are counted: the first
+/// `raw` (read raw), and those from `beyond` (past the ceiling) that passed their floor.
+pub(super) fn counted(read: &[f64], raw: usize, beyond: usize) -> impl Iterator<Item = usize> + '_ {
+    (0..read.len()).filter(move |&b| b < raw || (b >= beyond && read[b] != 0.0))
 }
 
 /// The variance of a discrete Laplace noise of `noise`'s scale, at most the continuous one's
