@@ -324,7 +324,15 @@ const _: () = assert!(BOUNDS_CHOICE_SHARE > 0.0 && BOUNDS_CHOICE_SHARE < 0.5);
 /// Laplace bucket).
 pub const BOUNDS_TAIL_Z: f64 = 2.5;
 
+/// The most of a query's rows that the caps it chooses may remove from what their histograms
+/// cannot see when `pgdp.max_bias` is unset (`dp::release::bounds`): below the data's reach
+/// the histograms read as empty, and a tail hidden there by their noise, at its one-sided 95 %
+/// bound, may remove at most this share at the caps taken; at a small ε or over few rows, where
+/// any cap below the ceilings could remove more, the choice keeps to the ceilings.
+pub const BOUNDS_HIDDEN_SHARE: f64 = 0.1;
+
 const _: () = assert!(BOUNDS_REMOVAL_Z >= 0.0);
+const _: () = assert!(BOUNDS_HIDDEN_SHARE > 0.0 && BOUNDS_HIDDEN_SHARE < 1.0);
 const _: () = assert!(BOUNDS_TAIL_Z > 0.0);
 const _: () = assert!(BOUNDS_CLAMP_SHARE > 0.0 && BOUNDS_CHOICE_SHARE + BOUNDS_CLAMP_SHARE < 0.5);
 const _: () = assert!(BOUNDS_HISTOGRAM_REACH >= 2);

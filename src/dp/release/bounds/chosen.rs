@@ -35,6 +35,9 @@ pub struct ChosenBounds {
     /// The standard deviation of `rows_removed` from the noise of the buckets read raw
     /// ([`super::noisy::Removal::spread`]; those beyond the ceilings passed their floor).
     pub(super) rows_removed_spread: f64,
+    /// The rows of `rows_removed` from counts beyond the ceilings up to their floor, which
+    /// noise alone can make ([`super::noisy::Removal::floored`]): the low end leaves them out.
+    pub(super) rows_removed_floored: f64,
     pub(super) beyond_reach: f64,
     pub(super) over_ceiling: f64,
     /// What clamping removed, when the choice estimated it.
@@ -175,14 +178,16 @@ impl ChosenBounds {
     }
 
     /// The share of the rows the caps removed at the lower end of its one-sided 95 % interval
-    /// (`rows_removed − 1.645·σ`), in [0, 1]: what `pgdp.max_bias` tests, so that it refuses
-    /// only where even the least the histograms allow is above the share.
+    /// (`rows_removed − floored − 1.645·σ`: the counts beyond the ceilings only above their
+    /// floor), in [0, 1]: what `pgdp.max_bias` tests, so that it refuses only where even the
+    /// least the histograms allow is above the share.
     pub fn rows_removed_share_low(&self) -> f64 {
         if self.rows <= 0.0 {
             0.0
         } else {
-            let low =
-                self.rows_removed - crate::limits::BOUNDS_REMOVAL_Z * self.rows_removed_spread;
+            let low = self.rows_removed
+                - self.rows_removed_floored
+                - crate::limits::BOUNDS_REMOVAL_Z * self.rows_removed_spread;
             (low / self.rows).clamp(0.0, 1.0)
         }
     }
@@ -278,7 +283,9 @@ impl ChosenBounds {
 }
 
 /// The prefix of a stored release at chosen caps ([`ChosenBounds::stored_with`]).
-pub(super) const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-4";
+pub(super) const MAGIC_CHOSEN: &[u8] = b"pgdp-chosen-bounds-5";
+/// The payload before the floored counts of the removal were stored (read back with none).
+const MAGIC_CHOSEN_4: &[u8] = b"pgdp-chosen-bounds-4";
 /// The payload before the spread of the removal was stored (read back with a spread of 0).
 const MAGIC_CHOSEN_3: &[u8] = b"pgdp-chosen-bounds-3";
 
@@ -312,6 +319,7 @@ impl ChosenBounds {
             self.beyond_reach,
             self.over_ceiling,
             self.rows_removed_spread,
+            self.rows_removed_floored,
         ] {
             out.extend_from_slice(&x.to_bits().to_be_bytes());
         }
@@ -341,10 +349,13 @@ impl ChosenBounds {
         payload: &'a [u8],
         choice: &BoundsChoice,
     ) -> Option<(ChosenBounds, &'a [u8])> {
-        let (mut b, floats) = match payload.strip_prefix(MAGIC_CHOSEN) {
-            Some(b) => (b, 12),
-            None => (payload.strip_prefix(MAGIC_CHOSEN_3)?, 11),
-        };
+        let (mut b, floats) = [
+            (MAGIC_CHOSEN, 13),
+            (MAGIC_CHOSEN_4, 12),
+            (MAGIC_CHOSEN_3, 11),
+        ]
+        .into_iter()
+        .find_map(|(magic, floats)| Some((payload.strip_prefix(magic)?, floats)))?;
         let mut next = || -> Option<u64> {
             let (head, rest) = b.split_at_checked(8)?;
             b = rest;
@@ -354,7 +365,7 @@ impl ChosenBounds {
         for v in &mut n {
             *v = next()?;
         }
-        let mut x = [0f64; 12];
+        let mut x = [0f64; 13];
         for v in x.iter_mut().take(floats) {
             *v = f64::from_bits(next()?);
             if !v.is_finite() {
@@ -404,7 +415,7 @@ impl ChosenBounds {
             _ => return None,
         };
         let [rows_per_unit, groups_per_unit, ceiling, groups_ceiling, groups_chosen, total] = n;
-        let [total_units, total_units_over, epsilon, pairs, pairs_over, units, units_over, rows, rows_removed, beyond_reach, over_ceiling, rows_removed_spread] =
+        let [total_units, total_units_over, epsilon, pairs, pairs_over, units, units_over, rows, rows_removed, beyond_reach, over_ceiling, rows_removed_spread, rows_removed_floored] =
             x;
         // A total only among the choice's candidates (the last, rows × groups, is none).
         let rows_total = (total != 0).then_some(total);
@@ -438,6 +449,7 @@ impl ChosenBounds {
                 rows,
                 rows_removed,
                 rows_removed_spread,
+                rows_removed_floored,
                 beyond_reach,
                 over_ceiling,
                 clamp,

@@ -18,6 +18,20 @@ pub(super) struct NoisyHistograms {
     pub(super) totals: Option<Vec<f64>>,
     pub(super) clamp: Option<NoisyClamp>,
     pub(super) reach: Reach,
+    pub(super) hidden: Hidden,
+}
+
+/// The most pairs (units, for the groups and totals histograms) each bucket that a caps'
+/// histogram reads as empty below the data's reach ([`reach`]) may hold, at the one-sided
+/// 95 % bound of every tail's noisy sum ([`hidden_tail`]); 0 for every other bucket, and
+/// empty for a histogram the choice does not make. What these could remove is what the
+/// histograms cannot see: the choice takes a cap below the ceilings only where it is a small
+/// share of the rows. Post-processing of the noisy counts.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Hidden {
+    pub(super) rows: Vec<f64>,
+    pub(super) groups: Vec<f64>,
+    pub(super) totals: Vec<f64>,
 }
 
 /// How many of each caps' histogram's first buckets are read raw ([`reach`]): the rest of
@@ -49,11 +63,10 @@ impl Reach {
 /// and flooring each read it as none, so the choice took a cap of 2 visits per clinic and
 /// stated 0 % removed where 74 % were; raw noisy counts are unbiased and sum to the tail's
 /// weight. Post-processing of the noisy counts.
-fn read_caps(noise: &Noise, noisy: Vec<f64>, candidates: usize) -> (Vec<f64>, usize) {
-    let floor = noise
-        .error_bound(0.05 / noisy.len().max(1) as f64)
-        .unwrap_or(0.0);
+fn read_caps(noise: &Noise, noisy: Vec<f64>, candidates: usize) -> (Vec<f64>, usize, Vec<f64>) {
+    let floor = floor(noise, noisy.len());
     let reached = reach(&noisy, candidates, noise);
+    let hidden = hidden_tail(&noisy, reached, candidates, noise);
     let read = noisy
         .into_iter()
         .enumerate()
@@ -64,7 +77,57 @@ fn read_caps(noise: &Noise, noisy: Vec<f64>, candidates: usize) -> (Vec<f64>, us
             _ => 0.0,
         })
         .collect();
-    (read, reached)
+    (read, reached, hidden)
+}
+
+/// The count at or below which a bucket of a histogram of `buckets` buckets noised with
+/// `noise` reads as empty: the noise's bound at 5 % over all the buckets (Bonferroni: with 95 %
+/// probability no empty bucket passes).
+pub(super) fn floor(noise: &Noise, buckets: usize) -> f64 {
+    noise
+        .error_bound(0.05 / buckets.max(1) as f64)
+        .unwrap_or(0.0)
+}
+
+/// The rows above `cap` of the counts from bucket `beyond` on (past the ceiling, where a count
+/// reads either as empty or as more than `floor`), each counted up to `floor` (buckets at
+/// their midpoints `mid`): a bucket there passes its floor on noise alone in up to 5 % of
+/// choices, and then about all of its count is noise, so the low end of what caps remove
+/// leaves this out. Post-processing of the noisy counts.
+pub(super) fn floored(counts: &[f64], mid: &[f64], beyond: usize, floor: f64, cap: f64) -> f64 {
+    counts
+        .iter()
+        .zip(mid)
+        .skip(beyond)
+        .map(|(x, m)| x.clamp(0.0, floor) * (m - cap).max(0.0))
+        .sum()
+}
+
+/// The most pairs each bucket of `noisy` from `reached` up to `raw` may hide ([`Hidden`]):
+/// every tail's noisy sum from bucket `j` up (which did not pass [`reach`]'s test) bounds its
+/// pairs at `max(sum, 0) + 1.645·sd·√k` over its `k` buckets; the least bound from `j` down
+/// holds for the tail from `j` too; and the rows a cap removes, weighing each pair by how far
+/// its bucket lies above the cap, are largest when each tail holds its bound, so bucket `j`
+/// holds its tail's bound less the next one's. Post-processing of the noisy counts.
+pub(super) fn hidden_tail(noisy: &[f64], reached: usize, raw: usize, noise: &Noise) -> Vec<f64> {
+    let raw = raw.min(noisy.len());
+    let sd = laplace_variance(noise).sqrt();
+    let mut bound = vec![0.0; raw + 1];
+    let mut sum = 0.0;
+    for j in (reached..raw).rev() {
+        sum += noisy[j];
+        bound[j] = sum.max(0.0) + limits::BOUNDS_REMOVAL_Z * sd * ((raw - j) as f64).sqrt();
+    }
+    let mut least = f64::INFINITY;
+    for b in bound.iter_mut().take(raw).skip(reached) {
+        least = least.min(*b);
+        *b = least;
+    }
+    let mut hidden = vec![0.0; noisy.len()];
+    for j in reached..raw {
+        hidden[j] = bound[j] - bound[j + 1];
+    }
+    hidden
 }
 
 /// How many of the first `raw` buckets of `noisy` (noised with `noise`) the data reaches: one
@@ -197,6 +260,24 @@ pub(super) fn choose_upper(
 }
 
 impl NoisyHistograms {
+    /// Histograms of noisy counts read raw, every bucket: what tests of the choice give it.
+    #[cfg(test)]
+    pub(super) fn read_raw(
+        choice: &BoundsChoice,
+        rows: &[f64],
+        groups: Option<&[f64]>,
+        totals: Option<&[f64]>,
+    ) -> NoisyHistograms {
+        NoisyHistograms {
+            rows: rows.to_vec(),
+            groups: groups.map(<[f64]>::to_vec),
+            totals: totals.map(<[f64]>::to_vec),
+            clamp: None,
+            reach: Reach::full(choice),
+            hidden: Hidden::default(),
+        }
+    }
+
     /// Noises the histograms the upstream returned for `choice` (rows of histogram number,
     /// bucket number, count). [`Error::Internal`] on a row that is not (histogram, bucket,
     /// count) with both in range.
@@ -253,35 +334,39 @@ impl NoisyHistograms {
                 .collect()
         };
         let floored = |noise: &Noise, noisy: Vec<f64>| -> Vec<f64> {
-            let floor = noise
-                .error_bound(0.05 / noisy.len().max(1) as f64)
-                .unwrap_or(0.0);
+            let floor = floor(noise, noisy.len());
             noisy
                 .into_iter()
                 .map(|x| if x > floor { x } else { 0.0 })
                 .collect()
         };
-        let (noisy, rows_reach) = read_caps(
+        let (noisy, rows_reach, hidden_rows) = read_caps(
             &choice.noise,
             draw(&choice.noise, &exact),
             choice.candidates.len(),
         );
-        let (groups, groups_reach) = choice
+        let (groups, groups_seen) = choice
             .group_noise
             .as_ref()
             .map(|noise| {
                 let noisy = draw(noise, &exact_groups);
-                read_caps(noise, noisy, choice.group_candidates.len())
+                let (read, reached, hidden) =
+                    read_caps(noise, noisy, choice.group_candidates.len());
+                (read, (reached, hidden))
             })
             .unzip();
-        let (totals, totals_reach) = choice
+        let (totals, totals_seen) = choice
             .total_noise
             .as_ref()
             .map(|noise| {
                 let noisy = draw(noise, &exact_totals);
-                read_caps(noise, noisy, choice.totals.len().saturating_sub(1))
+                let (read, reached, hidden) =
+                    read_caps(noise, noisy, choice.totals.len().saturating_sub(1));
+                (read, (reached, hidden))
             })
             .unzip();
+        let (groups_reach, hidden_groups) = groups_seen.unzip();
+        let (totals_reach, hidden_totals) = totals_seen.unzip();
         let clamp = choice.clamp.as_ref().map(|c| {
             // The histogram that is not computed stays empty (`release` of no buckets).
             let excess = floored(
@@ -309,6 +394,11 @@ impl NoisyHistograms {
                 rows: rows_reach,
                 groups: groups_reach.unwrap_or(0),
                 totals: totals_reach.unwrap_or(0),
+            },
+            hidden: Hidden {
+                rows: hidden_rows,
+                groups: hidden_groups.unwrap_or_default(),
+                totals: hidden_totals.unwrap_or_default(),
             },
         })
     }
@@ -399,14 +489,7 @@ impl ContributionProfile {
     /// The caps a query with this choice would take at `noise_per_row`
     /// ([`ChoicePlan::noise_per_row`]).
     pub fn chosen(&self, noise_per_row: f64) -> ChosenBounds {
-        let mut chosen = pick_with_totals(
-            &self.choice,
-            &self.noisy.rows,
-            self.noisy.groups.as_deref(),
-            self.noisy.totals.as_deref(),
-            self.noisy.reach,
-            noise_per_row,
-        );
+        let mut chosen = pick_with_totals(&self.choice, &self.noisy, noise_per_row);
         chosen.clamp = self.noisy.clamp_estimate(&self.choice, &chosen);
         chosen
     }
@@ -462,6 +545,9 @@ pub(super) struct Removal<'a> {
     group_variance: f64,
     raw_groups: usize,
     beyond_groups: usize,
+    /// The floors of the pairs' and the groups' histograms ([`floor`]).
+    pair_floor: f64,
+    group_floor: f64,
 }
 
 impl<'a> Removal<'a> {
@@ -490,6 +576,11 @@ impl<'a> Removal<'a> {
             group_variance: choice.group_noise.as_ref().map_or(0.0, laplace_variance),
             raw_groups: reach.groups,
             beyond_groups: choice.group_candidates.len(),
+            pair_floor: floor(&choice.noise, noisy.len()),
+            group_floor: choice
+                .group_noise
+                .as_ref()
+                .map_or(0.0, |n| floor(n, noisy_groups.map_or(0, <[f64]>::len))),
         };
         removal.all_pairs = noisy_groups.map_or(0.0, |u| {
             u.iter().zip(&removal.group_mid).map(|(c, m)| c * m).sum()
@@ -534,10 +625,7 @@ impl<'a> Removal<'a> {
     /// would remove. What a cap removes is only as well known as this; the choice weighs it
     /// ([`Removal::removed_upper`]) and `pgdp.max_bias` refuses only beyond its low end.
     pub(super) fn spread(&self, g: u64, c: u64) -> f64 {
-        let kept_share = match self.noisy_groups {
-            Some(_) if self.at_ceiling > 0.0 => (self.kept_pairs(g) / self.at_ceiling).max(0.0),
-            _ => 1.0,
-        };
+        let kept_share = self.kept_share(g);
         let pairs: f64 = counted(self.noisy, self.raw_pairs, self.beyond_pairs)
             .filter_map(|b| self.mid.get(b))
             .map(|m| ((m - c as f64).max(0.0) * kept_share).powi(2))
@@ -550,6 +638,48 @@ impl<'a> Removal<'a> {
             _ => 0.0,
         };
         (pairs * self.pair_variance + groups * self.group_variance).sqrt()
+    }
+
+    /// The share of the pairs at the ceiling on groups that a cap of `g` groups keeps.
+    fn kept_share(&self, g: u64) -> f64 {
+        match self.noisy_groups {
+            Some(_) if self.at_ceiling > 0.0 => (self.kept_pairs(g) / self.at_ceiling).max(0.0),
+            _ => 1.0,
+        }
+    }
+
+    /// The most rows caps of `(g, c)` could remove that the histograms cannot see
+    /// ([`Hidden`]): the hidden pairs' rows above `c` (of the pairs a cap of `g` keeps), and the
+    /// hidden units' groups beyond `g` at the mean rows per pair.
+    pub(super) fn hidden(&self, hidden: &Hidden, g: u64, c: u64) -> f64 {
+        let pairs = above(&hidden.rows, &self.mid, c) * self.kept_share(g);
+        let groups = above(&hidden.groups, &self.group_mid, g) * self.rows_per_pair;
+        pairs + groups
+    }
+
+    /// The rows of [`Removal::removed`]`(g, c)` from counts beyond the ceilings up to their
+    /// floor ([`floored`]): the low end of the estimate leaves them out.
+    pub(super) fn floored(&self, g: u64, c: u64) -> f64 {
+        let pairs = floored(
+            self.noisy,
+            &self.mid,
+            self.beyond_pairs,
+            self.pair_floor,
+            c as f64,
+        ) * self.kept_share(g);
+        let groups = match self.noisy_groups {
+            Some(u) if self.at_ceiling > 0.0 => {
+                floored(
+                    u,
+                    &self.group_mid,
+                    self.beyond_groups,
+                    self.group_floor,
+                    g as f64,
+                ) * self.rows_per_pair
+            }
+            _ => 0.0,
+        };
+        pairs + groups
     }
 
     /// [`Removal::removed`] at its one-sided 95 % upper bound (`removed + 1.645·spread`): the
