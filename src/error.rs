@@ -189,15 +189,24 @@ pub enum Error {
 
     /// A released answer with a cell whose stated error (the 95 % noise bound, plus the
     /// estimated shortfall of a cap chosen for the query) exceeds the share of its value the
-    /// session's `pgdp.max_relative_error` allows, or a COUNT or SUM whose caps, chosen for the
-    /// query, are estimated to remove more of its rows than `pgdp.max_bias` allows: refused
-    /// after the charge, so that a tool that never shows NOTICEs shows an error instead of a
-    /// number that far off. Post-processing of released values: `detail` quotes only released
-    /// numbers (and estimates) and the analyst's own keys.
+    /// session's `pgdp.max_relative_error` allows: refused after the charge, so that a tool
+    /// that never shows NOTICEs shows an error instead of a number that far off.
+    /// Post-processing of released values: `detail` quotes only released numbers (and
+    /// estimates) and the analyst's own keys.
     #[error(
         "the answer is less accurate than this session allows: {detail}; the charge for it stands"
     )]
     TooInaccurate { detail: String },
+
+    /// A released COUNT or SUM whose caps, chosen for the query, are estimated to remove more
+    /// of its rows than the session's `pgdp.max_bias` allows: refused after the charge, so that
+    /// a tool that never shows NOTICEs shows an error instead of a number that far low. More ε
+    /// does not help; fewer units over the caps in each group does. Post-processing of the
+    /// noisy histograms: `detail` quotes only their estimates and the analyst's own SQL.
+    #[error(
+        "the answer is more biased than this session allows: {detail}; the charge for it stands"
+    )]
+    TooBiased { detail: String },
 
     /// A bug in pgdp. Logged in full; the client sees this fixed text.
     #[error("internal error in pgdp")]
@@ -250,7 +259,7 @@ impl Error {
             Error::Protocol { .. } => SqlState::PROTOCOL_VIOLATION,
             Error::PostProcessing { state, .. } => state.clone(),
             Error::AdminShutdown => SqlState::ADMIN_SHUTDOWN,
-            Error::TooInaccurate { .. } => SqlState::DATA_EXCEPTION,
+            Error::TooInaccurate { .. } | Error::TooBiased { .. } => SqlState::DATA_EXCEPTION,
             Error::Internal { .. } => SqlState::INTERNAL_ERROR,
         }
     }
@@ -289,7 +298,10 @@ impl Error {
                 Some("LIMIT and OFFSET take a count of rows: a non-negative integer.")
             }
             Error::TooInaccurate { .. } => Some(
-                "Ask a coarser question (fewer or larger groups, e.g. months instead of weeks or days), raise pgdp.epsilon, or SET pgdp.max_relative_error = off / SET pgdp.max_bias = off and read each number with its error (SET pgdp.accuracy = on) and the NOTICE's estimate of what the caps removed.",
+                "Ask a coarser question (fewer or larger groups, e.g. months instead of weeks or days), raise pgdp.epsilon, or SET pgdp.max_relative_error = off and read each number with its error (SET pgdp.accuracy = on) and the NOTICE's estimate of what the caps removed.",
+            ),
+            Error::TooBiased { .. } => Some(
+                "Ask a coarser question: larger groups (e.g. months instead of weeks or days) or fewer of them, so that fewer privacy units have more rows or groups than the policy's ceilings allow in each; more epsilon does not help. Or SET pgdp.max_bias = off and read the NOTICE's estimate of the rows the caps removed.",
             ),
             Error::Syntax { .. }
             | Error::SyntaxAt { .. }

@@ -331,6 +331,14 @@ pub const BOUNDS_TAIL_Z: f64 = 2.5;
 /// any cap below the ceilings could remove more, the choice keeps to the ceilings.
 pub const BOUNDS_HIDDEN_SHARE: f64 = 0.1;
 
+/// `defaults.max_bias` when a policy omits it (`pgdp.max_bias` of every session that does not
+/// SET it): an answer with a COUNT or SUM whose chosen caps are estimated, even at the low end
+/// of the estimate's one-sided 95 % interval, to remove more than this share of its rows is
+/// refused rather than returned that far low to a tool that never shows the NOTICE
+/// (docs/privacy.md, "Refusing answers the caps bias").
+pub const MAX_BIAS_DEFAULT: f64 = 0.1;
+
+const _: () = assert!(MAX_BIAS_DEFAULT > 0.0 && MAX_BIAS_DEFAULT < 1.0);
 const _: () = assert!(BOUNDS_REMOVAL_Z >= 0.0);
 const _: () = assert!(BOUNDS_HIDDEN_SHARE > 0.0 && BOUNDS_HIDDEN_SHARE < 1.0);
 const _: () = assert!(BOUNDS_TAIL_Z > 0.0);

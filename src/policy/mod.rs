@@ -187,7 +187,8 @@ pub struct Defaults {
     /// `pgdp.choose_bounds` (docs/privacy.md, "Contribution bounds chosen per query").
     pub choose_bounds: bool,
     /// The most of an answer the caps chosen for a query may be estimated to remove before it
-    /// is refused, unless the session sets `pgdp.max_bias` (`None`: never refused for it).
+    /// is refused, unless the session sets `pgdp.max_bias` (`None`: never refused for it;
+    /// `limits::MAX_BIAS_DEFAULT` when the policy omits it).
     pub max_bias: Option<f64>,
 }
 

@@ -498,6 +498,19 @@ fn demo_policy_is_valid() {
         "the demo chooses its caps per query"
     );
     assert_eq!(
+        p.defaults.max_bias,
+        Some(0.1),
+        "the demo refuses biased answers"
+    );
+    let omitted = parse(&minimal("")).expect("valid");
+    assert_eq!(
+        omitted.defaults.max_bias,
+        Some(crate::limits::MAX_BIAS_DEFAULT),
+        "a policy that names no max_bias refuses biased answers"
+    );
+    let off = parse(&format!("defaults: {{ max_bias: 'off' }}\n{}", minimal(""))).expect("valid");
+    assert_eq!(off.defaults.max_bias, None);
+    assert_eq!(
         p.table("demo.prescriptions")
             .and_then(|t| t.private())
             .and_then(|p| p.unit_path.as_ref())

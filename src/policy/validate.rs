@@ -606,9 +606,9 @@ pub(super) fn validate(
             Mechanism::Laplace
         }),
     };
-    // Omitted: off (docs/privacy.md, "Refusing answers the caps bias").
+    // Omitted: the default share (docs/privacy.md, "Refusing answers the caps bias").
     let max_bias = match &raw.defaults.max_bias {
-        None => None,
+        None => Some(limits::MAX_BIAS_DEFAULT),
         Some(RawShare::Number(x)) => Some(*x),
         Some(RawShare::Text(t)) => parse_share(t).unwrap_or_else(|| {
             p.add(

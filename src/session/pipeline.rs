@@ -216,9 +216,9 @@ impl Session {
         shared
             .metrics
             .replay_lookup(Lookup::Answer, found.replay.is_some());
-        if let Some(detail) = found.replay.as_ref().and_then(refused_detail) {
+        if let Some(refusal) = found.replay.as_ref().and_then(Refusal::stored) {
             self.served = Some(Served::Replayed);
-            return Err(Error::TooInaccurate { detail });
+            return Err(refusal.into_error());
         }
         if let Some(payload) = &found.replay {
             let columns = self
@@ -559,7 +559,10 @@ impl Session {
             self.settings.accuracy,
         ) {
             Ok(released) => (released, None),
-            Err(Error::TooInaccurate { detail }) => {
+            // Refused under the session's accuracy or bias guard: the rows are finished
+            // without it, to be stored for a replay with the setting off.
+            Err(e) => {
+                let refusal = Refusal::of(e)?;
                 let unchecked = release::Mechanisms {
                     max_relative_error: None,
                     max_bias: None,
@@ -572,9 +575,8 @@ impl Session {
                     &measures,
                     self.settings.accuracy,
                 )?;
-                (released, Some(detail))
+                (released, Some(refusal))
             }
-            Err(e) => return Err(e),
         };
         // Post-processing by PostgreSQL over the released rows, on the shadow catalog.
         let released = match self.post_process(shared, &plan, released, shape).await {
@@ -590,10 +592,7 @@ impl Session {
         shared.metrics.stage(Stage::Release, started.elapsed());
         let answer = released.replay_payload();
         let measured = measures.payload();
-        let refusal: Vec<u8> = refused
-            .as_ref()
-            .map(|d| [REFUSED_PAYLOAD, d.as_bytes()].concat())
-            .unwrap_or_default();
+        let refusal: Vec<u8> = refused.as_ref().map(Refusal::payload).unwrap_or_default();
         let mut entries: Vec<(&str, &[u8])> = match &refused {
             None => vec![(&keys.answer, &answer)],
             Some(_) => vec![(&keys.answer, &refusal), (&keys.rows, &answer)],
@@ -633,8 +632,8 @@ impl Session {
             .ledger
             .record_release(charge, &self.analyst.name, &entries);
         self.served = Some(Served::AnsweredDp);
-        if let Some(detail) = refused {
-            return Err(Error::TooInaccurate { detail });
+        if let Some(refusal) = refused {
+            return Err(refusal.into_error());
         }
         let notices = answer_notices(
             charge_notice(&cost, &balance, window),
@@ -708,8 +707,8 @@ impl Session {
             }
             None => key,
         };
-        // Under pgdp.max_relative_error the answer may be a refusal: its entry is the refusal
-        // (REFUSED_PAYLOAD), and the rows are stored under the key without the setting, so that
+        // Under pgdp.max_relative_error (or pgdp.max_bias, below) the answer may be a refusal:
+        // its entry is the refusal ([`Refusal::payload`]), and the rows are stored under the key without the setting, so that
         // asking again without it replays them, free.
         let rows_key = key.clone();
         let key = match self.settings.max_relative_error {
@@ -827,14 +826,55 @@ fn derivable(plan: &Plan, rewrite: &Rewrite) -> bool {
         && release::derive::additive(rewrite)
 }
 
-/// The replay entry of an answer refused under `pgdp.max_relative_error`: this prefix, then the
-/// refusal's detail (never the start of a replay payload of rows).
-const REFUSED_PAYLOAD: &[u8] = b"pgdp-refused-too-inaccurate\x1f";
+/// An answer refused after its release under the session's `pgdp.max_relative_error`
+/// ([`Error::TooInaccurate`]) or `pgdp.max_bias` ([`Error::TooBiased`]), with the refusal's
+/// detail: stored for replay under the answer's key, so that asking again is refused the same
+/// way, free.
+#[derive(Debug, Clone, PartialEq)]
+enum Refusal {
+    Inaccurate(String),
+    Biased(String),
+}
 
-/// The detail of a refusal stored for replay, if `payload` is one.
-fn refused_detail(stored: &budget::Stored) -> Option<String> {
-    stored
-        .bytes()
-        .strip_prefix(REFUSED_PAYLOAD)
-        .map(|d| String::from_utf8_lossy(d).into_owned())
+/// The replay entries of refusals: this prefix, then the detail (never the start of a replay
+/// payload of rows).
+const REFUSED_PAYLOAD: &[u8] = b"pgdp-refused-too-inaccurate\x1f";
+const REFUSED_BIASED_PAYLOAD: &[u8] = b"pgdp-refused-too-biased\x1f";
+
+impl Refusal {
+    /// The refusal `error` is; any other error back.
+    fn of(error: Error) -> Result<Refusal> {
+        match error {
+            Error::TooInaccurate { detail } => Ok(Refusal::Inaccurate(detail)),
+            Error::TooBiased { detail } => Ok(Refusal::Biased(detail)),
+            other => Err(other),
+        }
+    }
+
+    fn into_error(self) -> Error {
+        match self {
+            Refusal::Inaccurate(detail) => Error::TooInaccurate { detail },
+            Refusal::Biased(detail) => Error::TooBiased { detail },
+        }
+    }
+
+    fn payload(&self) -> Vec<u8> {
+        match self {
+            Refusal::Inaccurate(d) => [REFUSED_PAYLOAD, d.as_bytes()].concat(),
+            Refusal::Biased(d) => [REFUSED_BIASED_PAYLOAD, d.as_bytes()].concat(),
+        }
+    }
+
+    /// The refusal stored for replay, if `stored` is one.
+    fn stored(stored: &budget::Stored) -> Option<Refusal> {
+        let text = |d: &[u8]| String::from_utf8_lossy(d).into_owned();
+        let bytes = stored.bytes();
+        if let Some(d) = bytes.strip_prefix(REFUSED_PAYLOAD) {
+            Some(Refusal::Inaccurate(text(d)))
+        } else {
+            bytes
+                .strip_prefix(REFUSED_BIASED_PAYLOAD)
+                .map(|d| Refusal::Biased(text(d)))
+        }
+    }
 }

@@ -870,7 +870,11 @@ mod tests {
     fn max_bias_is_a_share_or_off() {
         let (p, a) = fixture();
         let mut s = Settings::new(&p, &a, "UTC");
-        assert_eq!(s.max_bias, None, "off unless the policy sets it");
+        assert_eq!(
+            s.max_bias,
+            Some(crate::limits::MAX_BIAS_DEFAULT),
+            "on unless the policy sets it off"
+        );
         assert_eq!(
             set(&mut s, "pgdp.max_bias", "0.25").map(|c| c.value),
             Ok("0.25".to_string())
@@ -883,9 +887,9 @@ mod tests {
             let e = set(&mut s, "pgdp.max_bias", bad).expect_err(bad);
             assert_eq!(e.sqlstate().code(), "22023", "{bad}");
         }
-        assert!(set(&mut s, "pgdp.max_bias", "0.1").is_ok());
+        assert!(set(&mut s, "pgdp.max_bias", "0.25").is_ok());
         assert!(set(&mut s, "pgdp.max_bias", "DEFAULT").is_ok());
-        assert_eq!(s.max_bias, None);
+        assert_eq!(s.max_bias, Some(crate::limits::MAX_BIAS_DEFAULT));
     }
 
     #[test]

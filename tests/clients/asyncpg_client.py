@@ -63,7 +63,7 @@ TYPED = [
     ("SELECT COUNT(*) FROM demo.visits WHERE checked_in >= $1",
      (datetime.datetime(2024, 6, 1, tzinfo=datetime.timezone.utc),)),
     ("SELECT COUNT(*) FROM demo.visits WHERE visit_date < $1 AND clinic LIKE $2::VARCHAR",
-     (datetime.date(2023, 1, 1), "C1%")),
+     (datetime.date(2024, 1, 1), "C1%")),
     ("SELECT AVG(income / $1) AS avg_k FROM demo.people", (Decimal(1000),)),
 ]
 

@@ -150,9 +150,9 @@ def check_pickers():
 def check_time_series():
     """A weekly panel over two years: heavy users have visits in more weeks than the policy's 16
     groups per person, so the chosen caps leave about a quarter of the visits out; under
-    pgdp.max_bias = 0.1 (a policy's defaults.max_bias, here SET) pgdp refuses it (22000, the
+    pgdp.max_bias = 0.1 (the default, which Grafana never changes) pgdp refuses it (22000, the
     hint asks for larger buckets) rather than draw a chart a quarter low. The same panel by 30
-    days passes; with the setting off (the default) the weekly one is drawn."""
+    days passes; with the setting off the weekly one is drawn."""
     panel = """SELECT
   $__timeGroupAlias(visit_date,'{bucket}'),
   count(*) AS "visits"
@@ -163,7 +163,8 @@ GROUP BY 1
 ORDER BY 1"""
     weekly = interpolate(panel.replace("{bucket}", "1w"))
     with connect() as conn:
-        conn.execute("SET pgdp.max_bias = 0.1")
+        setting = conn.execute("SHOW pgdp.max_bias").fetchone()[0]
+        assert setting == "0.1", setting
         try:
             conn.execute(weekly)
             raise AssertionError("the weekly panel was answered under pgdp.max_bias = 0.1")

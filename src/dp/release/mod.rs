@@ -656,7 +656,7 @@ fn check_bias(plan: &Plan, mechanisms: &Mechanisms, share: f64) -> Result<()> {
     if low.is_empty() {
         return Ok(());
     }
-    Err(Error::TooInaccurate {
+    Err(Error::TooBiased {
         detail: format!(
             "the caps on rows and groups per privacy unit chosen for this query are estimated to remove about {} of the rows (at least {} at 95% confidence), so {} {} low by about that share, above pgdp.max_bias ({})",
             bounds::percent(removed),

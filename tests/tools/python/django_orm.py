@@ -437,7 +437,12 @@ def check_join_nullable_fk():
         assert set(by_key(got, "person__region")) - {None} == report.REGIONS, got
         for row in got:
             if row["person__region"] is not None:
-                per_group(row["n"], truth[row["person__region"]]["n"])
+                # The choice may keep the ceilings (40 visits in 16 regions per person, L1
+                # 640, Laplace scale 711 at epsilon 0.9) where its histograms cannot rule out
+                # heavier units: then each count is within 711 * ln(1000) = 4,911 of
+                # PostgreSQL's with probability 0.999 (a false failure at most 1 % over the 10
+                # regions), where 5 % of the smallest region is 1,971.
+                per_group(row["n"], truth[row["person__region"]]["n"], slack=4911)
         return f"groups={len(got)}"
     return compare(op_join_nullable_fk, plausible)
 
