@@ -157,6 +157,7 @@ pub async fn measure(
                         &[],
                         secret,
                         pgdp::dp::rewrite::UpstreamShape::OneServer,
+                        policy,
                     )
                     .map_err(err)?;
                 // The rewritten SQL depends on the caps and on a chosen upper bound.

@@ -317,7 +317,7 @@ impl Session {
                 .await;
         }
         let placement = shared.partitioning.placement(&tables);
-        let rewrite = placement.shape().apply(rewrite)?;
+        let rewrite = placement.shape().apply(rewrite, &shared.policy)?;
         Ok((plan, rewrite, mechanisms, placement))
     }
 

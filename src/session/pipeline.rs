@@ -281,7 +281,14 @@ impl Session {
                 let (chosen, rest) = ChosenBounds::stored(payload.bytes(), &choice.choice)?;
                 let rest = payload.suffix(rest)?;
                 let (p, r, m) = choice
-                    .answer(plan, &chosen, params, secret, planned.shape())
+                    .answer(
+                        plan,
+                        &chosen,
+                        params,
+                        secret,
+                        planned.shape(),
+                        &shared.policy,
+                    )
                     .ok()?;
                 let measures = NoisyMeasures::from_payload(&rest, &p, &r)
                     .filter(|m| m.derived_from().is_none())?;
@@ -364,6 +371,7 @@ impl Session {
                 params,
                 planned.secret,
                 planned.shape(),
+                &shared.policy,
             )?;
             let charged = charged.narrowed(|_| Ok(release::Statement::of(&r, &m)))?;
             Ok((p, r, m, chosen, charged))
@@ -619,6 +627,7 @@ impl Session {
                 params,
                 secret,
                 placement.shape(),
+                &shared.policy,
             )
             .into_iter()
             .map(|(k, m)| (in_zone(k, &self.settings.time_zone), m.payload()))

@@ -108,8 +108,9 @@ fn policy() -> Policy {
     policy::parse(POLICY).unwrap_or_else(|e| panic!("edge policy: {e}"))
 }
 
-/// The upstream SQL pgdp sends for `sql`.
-fn rewritten(policy: &Policy, sql: &str) -> String {
+/// The upstream SQL pgdp sends for `sql` to one server, and to shards (the partitionwise shape,
+/// whose time buckets are date arithmetic: `rewrite::bucket_start_sql`).
+fn rewritten(policy: &Policy, sql: &str) -> (String, String) {
     let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let [Statement::Query(query)] = statements.as_slice() else {
         panic!("{sql}: not one query");
@@ -120,7 +121,9 @@ fn rewritten(policy: &Policy, sql: &str) -> String {
     };
     let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let rw = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    rw.sql.to_string()
+    let single = rw.sql.to_string();
+    let shaped = rewrite::partitionwise(rw, policy).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    (single, shaped.sql.to_string())
 }
 
 /// The first column of every row of `sql`, or the error's message.
@@ -179,6 +182,7 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
 
     let policy = policy();
     let mut answered = 0;
+    let mut buckets = 0;
     for zone in ZONES {
         client
             .batch_execute(&format!("SET TimeZone = '{zone}'"))
@@ -205,13 +209,30 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
                 }
             }
             for (expression, _) in &expressions {
-                let sql = rewritten(
+                let (sql, shaped) = rewritten(
                     &policy,
                     &format!("SELECT {expression} AS k, COUNT(*) FROM edge.events GROUP BY 1"),
                 );
                 let through_pgdp = keys(&client, &sql).await.unwrap_or_else(|e| {
                     panic!("{zone}: {expression}: the rewritten SQL failed ({e}): {sql}")
                 });
+                // The shards' shape gives the same keys, with the same text.
+                let on_shards = keys(&client, &shaped).await.unwrap_or_else(|e| {
+                    panic!("{zone}: {expression}: the partitionwise SQL failed ({e}): {shaped}")
+                });
+                assert_eq!(on_shards, through_pgdp, "{zone}: {expression}: {shaped}");
+                if expression.starts_with("date_trunc(")
+                    && column != "tz"
+                    && ["day", "week", "month", "quarter", "year"]
+                        .iter()
+                        .any(|u| expression.contains(&format!("'{u}'")))
+                {
+                    assert!(
+                        !shaped.contains("date_trunc"),
+                        "{expression}: the shards' shape keeps date_trunc: {shaped}"
+                    );
+                    buckets += 1;
+                }
                 // PostgreSQL's own answer over the rows it can answer for: every such key must
                 // be among pgdp's, with the same text.
                 let mut plain = Vec::new();
@@ -251,7 +272,48 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
         }
     }
     assert!(answered > 0, "PostgreSQL answered for some rows");
+    assert_eq!(
+        buckets,
+        ZONES.len() * 2 * 5,
+        "time buckets in date arithmetic"
+    );
     db.drop_db().await;
+}
+
+/// The first day of each unit in date arithmetic (`rewrite::bucket_start_sql`, what the shards
+/// compute for `date_trunc`) is PostgreSQL's `date_trunc` on every day of 1890–2110, every day
+/// of the first and last three years of the timestamp range (from 4713 BC, whose years start
+/// within it), and every 997th day between.
+#[tokio::test]
+async fn the_shards_time_buckets_are_date_trunc_over_the_calendar() {
+    let client = harness::upstream().await.admin_client().await;
+    let days = "(SELECT d FROM (
+            SELECT DATE '1890-01-01' + i AS d FROM generate_series(0, 80717) AS i
+            UNION ALL SELECT DATE '4713-01-01 BC' + i FROM generate_series(0, 3 * 366) AS i
+            UNION ALL SELECT DATE '294273-11-30' + i FROM generate_series(0, 3 * 366) AS i
+            UNION ALL SELECT DATE '4713-01-01 BC' + i * 997 FROM generate_series(0, 108000) AS i
+        ) AS s WHERE d <= DATE '294276-11-30') AS days";
+    for unit in ["day", "week", "month", "quarter", "year"] {
+        let start = rewrite::bucket_start_sql(unit, "d").expect("a unit of whole days");
+        let sql = format!(
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE {start} IS DISTINCT FROM CAST(date_trunc('{unit}', CAST(d AS timestamp)) AS date)), MIN(d)::text, MAX(d)::text FROM {days}"
+        );
+        let row = client
+            .query_one(sql.as_str(), &[])
+            .await
+            .unwrap_or_else(|e| panic!("{unit}: {e}: {sql}"));
+        let (n, wrong): (i64, i64) = (row.get(0), row.get(1));
+        let (first, last): (String, String) = (row.get(2), row.get(3));
+        assert!(n > 190_000, "{unit}: {n} days");
+        assert_eq!(
+            (first.as_str(), last.as_str()),
+            ("4713-01-01 BC", "294276-11-30")
+        );
+        assert_eq!(
+            wrong, 0,
+            "{unit}: {wrong} of {n} days disagree with date_trunc"
+        );
+    }
 }
 
 /// `date '2024-02-29'` with a time of day.

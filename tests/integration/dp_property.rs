@@ -317,6 +317,7 @@ async fn load_neighbours() -> Neighbours {
                 &[],
                 SECRET,
                 pgdp::dp::rewrite::UpstreamShape::OneServer,
+                &demo_policy(),
             )
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let at_cap = Compiled {

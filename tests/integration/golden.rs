@@ -1333,6 +1333,7 @@ async fn a_total_cap_keeps_each_unit_within_it_in_both_shapes() {
                 &[],
                 SECRET,
                 pgdp::dp::rewrite::UpstreamShape::OneServer,
+                &policy,
             )
             .expect("the answer at the total");
         assert_eq!(plan.max_rows_total(), Some(total));
@@ -1363,7 +1364,7 @@ async fn a_total_cap_keeps_each_unit_within_it_in_both_shapes() {
         let got = text_rows(&client, &fast.sql).await.expect("fast runs");
         assert_eq!(norm(want.clone()), norm(got.clone()), "total {total}");
         // The partitionwise shape (shards, partitions by unit) keeps the allowance's window.
-        let sharded = rewrite::partitionwise(fast.clone()).expect("partitionwise shape");
+        let sharded = rewrite::partitionwise(fast.clone(), &policy).expect("partitionwise shape");
         assert!(sharded.sql.contains("__dp_allow"), "{}", sharded.sql);
         let on_shards = text_rows(&client, &sharded.sql)
             .await

@@ -5,15 +5,16 @@
 //!
 //! - [`the_coordinator_gives_the_answers_of_one_server`]: pgdp's upstream SQL (one server's
 //!   shape, and the partitionwise shape) gives the same rows on the coordinator as on one
-//!   server, for COUNT, SUM, AVG, a join, a distinct count and grouped queries with partition
-//!   selection; and two pgdp with the same secret and noise seed, one over each, release the
+//!   server, for COUNT, SUM, AVG, a join, a distinct count, grouped queries with partition
+//!   selection and time buckets (`date_trunc` by day to year, which the partitionwise shape
+//!   writes in date arithmetic); and two pgdp with the same secret and noise seed, one over each, release the
 //!   same noisy answers.
 //! - [`the_per_unit_stage_runs_on_every_shard`]: through pgdp's EXPLAIN the statement is in the
 //!   partitionwise shape, and PostgreSQL's `EXPLAIN VERBOSE` of it on the coordinator sends every
 //!   shard a remote SQL that groups by the unit (asynchronous foreign scans); without pgdp's
 //!   `SET LOCAL`s the shards send their rows ungrouped.
 //! - [`explain_says_when_the_per_unit_stage_stays_on_the_coordinator`]: for a grouping by a
-//!   stable date function, a quantile and a join with a table the shards do not hold, EXPLAIN
+//!   stable date function (a `timestamptz`'s hour), a unit below a day, a quantile and a join with a table the shards do not hold, EXPLAIN
 //!   names the construct that keeps the per-unit stage on the coordinator, and the coordinator's
 //!   plan fetches every shard's rows ungrouped.
 //! - [`a_shard_that_is_down_refuses_and_keeps_the_charge`]: with one shard stopped a DP query is
@@ -65,6 +66,9 @@ const QUERIES: &[&str] = &[
     "SELECT clinic, COUNT(DISTINCT person_id) AS patients, AVG(cost) FROM demo.visits WHERE cost > 50 GROUP BY clinic",
     "SELECT COUNT(DISTINCT diagnosis) FROM demo.visits",
     "SELECT p.education, COUNT(*) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id GROUP BY p.education",
+    "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+    "SELECT date_trunc('quarter', visit_date) AS q, COUNT(DISTINCT diagnosis), SUM(cost) FROM demo.visits GROUP BY 1",
+    "SELECT date_trunc('week', CAST(visit_date AS timestamp)) AS w, AVG(cost) FROM demo.visits WHERE visit_date >= '2024-06-01' GROUP BY 1",
 ];
 
 static DEPLOYMENT: OnceCell<Mutex<Shards>> = OnceCell::const_new();
@@ -108,7 +112,7 @@ fn compile(sql: &str) -> (Rewrite, Rewrite) {
     let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let single = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let partitionwise =
-        rewrite::partitionwise(single.clone()).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rewrite::partitionwise(single.clone(), &policy).unwrap_or_else(|e| panic!("{sql}: {e}"));
     assert!(partitionwise.sql.partitionwise() && !single.sql.partitionwise());
     (single, partitionwise)
 }
@@ -326,7 +330,7 @@ async fn explain_says_when_the_per_unit_stage_stays_on_the_coordinator() {
 
     for (sql, construct) in [
         (
-            "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT date_trunc('hour', checked_in) AS h, COUNT(*) FROM demo.visits GROUP BY 1",
             "date_trunc of a date or timestamptz",
         ),
         (
@@ -334,7 +338,7 @@ async fn explain_says_when_the_per_unit_stage_stays_on_the_coordinator() {
             "EXTRACT from a timestamptz",
         ),
         (
-            "SELECT date_trunc('month', CAST(visit_date AS timestamp)) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT date_trunc('hour', CAST(visit_date AS timestamp)) AS h, COUNT(*) FROM demo.visits GROUP BY 1",
             "date_trunc takes its unit as text",
         ),
         (
@@ -380,6 +384,9 @@ async fn the_per_unit_stage_runs_on_every_shard() {
         "SELECT diagnosis, COUNT(*), SUM(cost) FROM demo.visits GROUP BY diagnosis",
         "SELECT COUNT(DISTINCT diagnosis) FROM demo.visits",
         "SELECT p.education, COUNT(*) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id GROUP BY p.education",
+        // Time buckets of whole days, in date arithmetic on the shards.
+        "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+        "SELECT date_trunc('year', CAST(visit_date AS timestamp)) AS y, SUM(cost) FROM demo.visits GROUP BY 1",
     ] {
         let lines = explain(&session, sql).await;
         assert!(

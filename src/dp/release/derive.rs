@@ -171,6 +171,7 @@ pub(super) fn add_up(
 /// grouping whose own rewrite has other measures, or that fails to plan, is left out, and so are
 /// those past [`limits::COARSER_STORED_GROUPS_MAX`] groups in all (the coarsest are kept
 /// first): a later query of them is then charged (the safe direction). Pure: no I/O.
+#[allow(clippy::too_many_arguments)] // the release's parts, and how the session shapes its SQL
 pub fn coarser_releases(
     plan: &Plan,
     rewrite: &Rewrite,
@@ -179,12 +180,16 @@ pub fn coarser_releases(
     parameters: &[Option<String>],
     secret: &str,
     shape: crate::dp::rewrite::UpstreamShape,
+    policy: &crate::policy::Policy,
 ) -> Vec<(String, NoisyMeasures)> {
     let entry = |keys: &[usize]| -> Result<Option<(String, NoisyMeasures)>> {
         let Some(sub) = plan.coarser(keys) else {
             return Ok(None);
         };
-        let sub_rewrite = shape.apply(crate::dp::rewrite::rewrite(&sub, parameters, secret)?)?;
+        let sub_rewrite = shape.apply(
+            crate::dp::rewrite::rewrite(&sub, parameters, secret)?,
+            policy,
+        )?;
         if sub_rewrite.measures != rewrite.measures
             || sub_rewrite.arguments != rewrite.arguments
             || sub_rewrite.aggregate_measures != rewrite.aggregate_measures

@@ -744,6 +744,7 @@ fn a_coarser_grouping_is_derived_under_the_key_of_the_coarser_query() {
         &[],
         SECRET,
         crate::dp::rewrite::UpstreamShape::OneServer,
+        &policy,
     );
     assert_eq!(entries.len(), 3);
     // Another select list and post-processing, the same aggregates in the same order (the

@@ -47,6 +47,7 @@ use sqlparser::parser::Parser;
 use crate::dp::plan::{AggregateKind, Canonical, Plan, Semijoin};
 use crate::dp::sql::{from_clause, sql, Name, Number, Sql};
 
+mod bucket;
 mod distributed;
 pub mod domain;
 mod ending;
@@ -77,15 +78,16 @@ pub enum UpstreamShape {
 }
 
 impl UpstreamShape {
-    /// `rewrite` (in the single-server shape) in this shape.
-    pub fn apply(self, rewrite: Rewrite) -> Result<Rewrite> {
+    /// `rewrite` (in the single-server shape) in this shape; `policy` gives its columns' types.
+    pub fn apply(self, rewrite: Rewrite, policy: &crate::policy::Policy) -> Result<Rewrite> {
         match self {
             UpstreamShape::OneServer => Ok(rewrite),
-            UpstreamShape::Partitionwise => partitionwise(rewrite),
+            UpstreamShape::Partitionwise => partitionwise(rewrite, policy),
             UpstreamShape::Distributed => distributed(rewrite),
         }
     }
 }
+pub use bucket::bucket_start_sql;
 pub use partitionwise::partitionwise;
 pub use ship::{per_unit_stage, per_unit_stage_on_citus, PerUnitStage};
 use stages::{Stages, ValueStage};

@@ -23,6 +23,11 @@
 //!    END`: for a non-NULL `v` the same value (numeric order is total, NaN above every number in
 //!    both), and NULL for NULL as before. Only this guarded form is changed: a bare `LEAST` or
 //!    `GREATEST` ignores NULLs where the `CASE` would not.
+//! 4. A group key `date_trunc(unit, x)` of a date or timestamp by day, week, month, quarter or
+//!    year: `postgres_fdw` 15 ships no `date_trunc`, so stage 1 computes the bucket's first day
+//!    in date arithmetic instead, and each stage that reads stage 1 turns it back into
+//!    `date_trunc`'s value ([`super::bucket`]). Done only when every reader of stage 1 is a
+//!    `SELECT` that names its columns (no `*`).
 //!
 //! Invariants:
 //! - The statement computes the same rows as the one it was made from: the changes above
@@ -41,16 +46,19 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::{check_one_statement, Rewrite, UpstreamSql};
+use super::ship::StageOneKinds;
+use super::{bucket, check_one_statement, Rewrite, UpstreamSql};
 use crate::error::{Error, Result};
+use crate::policy::Policy;
 
 /// The CTE holding stage 1.
 const ROWS: &str = "__dp_rows";
 
 /// `rewrite` in the partitionwise shape (see the module documentation), marked to run with
-/// partitionwise aggregation and joins on. The measures and arguments are unchanged.
-pub fn partitionwise(rewrite: Rewrite) -> Result<Rewrite> {
-    let text = reshape(rewrite.sql.as_str())?;
+/// partitionwise aggregation and joins on. The measures and arguments are unchanged. `policy`
+/// gives the types of the columns (a time bucket is rewritten for dates and timestamps only).
+pub fn partitionwise(rewrite: Rewrite, policy: &Policy) -> Result<Rewrite> {
+    let text = reshape(rewrite.sql.as_str(), policy)?;
     check_one_statement(&text)?;
     Ok(Rewrite {
         sql: UpstreamSql {
@@ -62,7 +70,7 @@ pub fn partitionwise(rewrite: Rewrite) -> Result<Rewrite> {
 }
 
 /// The text of the partitionwise shape of the rewrite `sql`.
-fn reshape(sql: &str) -> Result<String> {
+fn reshape(sql: &str, policy: &Policy) -> Result<String> {
     let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
         .map_err(|e| Error::internal(format!("a rewrite does not parse again: {e}")))?;
     let [Statement::Query(query)] = statements.as_mut_slice() else {
@@ -90,7 +98,195 @@ fn reshape(sql: &str) -> Result<String> {
     if let Some(e) = clamps.error {
         return Err(e);
     }
+    time_buckets(query, policy);
     Ok(query.to_string())
+}
+
+/// Stage 1's `date_trunc` keys as their buckets' first days, turned back into `date_trunc`'s
+/// value wherever a stage reads them (item 4 of the module documentation). `query` is left as it
+/// is unless every reference to stage 1 is in the FROM of a `SELECT` without `*`.
+fn time_buckets(query: &mut ast::Query, policy: &Policy) {
+    let Some(with) = &mut query.with else {
+        return;
+    };
+    let Some(rows) = with
+        .cte_tables
+        .iter_mut()
+        .find(|c| c.alias.name.value == ROWS)
+    else {
+        return;
+    };
+    let kinds = StageOneKinds::new(&rows.query, policy);
+    let SetExpr::Select(select) = rows.query.body.as_mut() else {
+        return;
+    };
+    let mut keys = Vec::new();
+    let mut stage_one = select.projection.clone();
+    for item in &mut stage_one {
+        let SelectItem::ExprWithAlias { expr, alias } = item else {
+            continue;
+        };
+        if !alias.value.starts_with("__dp_k") {
+            continue;
+        }
+        if let Some((first_day, back)) = bucket::as_first_day(expr, |e| kinds.kind(e)) {
+            let text = format!("CAST({} AS {back})", alias);
+            let Ok(value) = Parser::new(&PostgreSqlDialect {})
+                .try_with_sql(&text)
+                .and_then(|mut p| p.parse_expr())
+            else {
+                return;
+            };
+            keys.push((alias.value.clone(), value));
+            *expr = first_day;
+        }
+    }
+    if keys.is_empty() {
+        return;
+    }
+    select.projection = stage_one;
+    let mut candidate = query.clone();
+    let mut references = 0;
+    let _ = ast::visit_relations(&candidate, |name| {
+        if is_rows(name) {
+            references += 1;
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let mut readers = BucketReaders {
+        keys: &keys,
+        reads: 0,
+        named: true,
+    };
+    let _ = candidate.visit(&mut readers);
+    if readers.named && readers.reads == references {
+        *query = candidate;
+    }
+}
+
+/// Turns stage 1's time-bucket keys back into `date_trunc`'s value in every `SELECT` that reads
+/// stage 1 (a bare key in the select list keeps its name; a bare key in `GROUP BY` stays, so the
+/// grouping is by stage 1's date). Counts the references to stage 1 it handled, and notes a
+/// reader with `*`, which would pass the date on.
+struct BucketReaders<'a> {
+    /// Each key's name and the expression of its value (`CAST(key AS …)`).
+    keys: &'a [(String, ast::Expr)],
+    reads: usize,
+    named: bool,
+}
+
+impl VisitorMut for BucketReaders<'_> {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &mut ast::Query) -> ControlFlow<()> {
+        let SetExpr::Select(select) = query.body.as_mut() else {
+            return ControlFlow::Continue(());
+        };
+        let factors = select
+            .from
+            .iter()
+            .flat_map(|f| std::iter::once(&f.relation).chain(f.joins.iter().map(|j| &j.relation)));
+        let reads = factors
+            .filter(|f| matches!(f, TableFactor::Table { name, .. } if is_rows(name)))
+            .count();
+        if reads == 0 {
+            return ControlFlow::Continue(());
+        }
+        self.reads += reads;
+        let value = |name: &str| {
+            self.keys
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        for item in &mut select.projection {
+            match item {
+                SelectItem::UnnamedExpr(ast::Expr::Identifier(i)) => {
+                    if let Some(v) = value(&i.value) {
+                        *item = SelectItem::ExprWithAlias {
+                            expr: v,
+                            alias: i.clone(),
+                        };
+                    }
+                }
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                    let mut values = KeyValues::new(self.keys);
+                    let _ = e.visit(&mut values);
+                    self.named &= !values.qualified;
+                }
+                _ => self.named = false,
+            }
+        }
+        let mut values = KeyValues::new(self.keys);
+        if let GroupByExpr::Expressions(exprs, _) = &mut select.group_by {
+            for e in exprs.iter_mut() {
+                if !matches!(e, ast::Expr::Identifier(_)) {
+                    let _ = e.visit(&mut values);
+                }
+            }
+        }
+        let _ = select.selection.visit(&mut values);
+        let _ = select.having.visit(&mut values);
+        for from in &mut select.from {
+            for join in &mut from.joins {
+                let _ = join.join_operator.visit(&mut values);
+            }
+        }
+        self.named &= !values.qualified;
+        ControlFlow::Continue(())
+    }
+}
+
+/// Replaces each key named in `keys` by its value, outside subqueries (a subquery that reads
+/// stage 1 is a reader of its own), and notes a key named with a table's alias, which it does
+/// not replace.
+struct KeyValues<'a> {
+    keys: &'a [(String, ast::Expr)],
+    depth: usize,
+    qualified: bool,
+}
+
+impl<'a> KeyValues<'a> {
+    fn new(keys: &'a [(String, ast::Expr)]) -> KeyValues<'a> {
+        KeyValues {
+            keys,
+            depth: 0,
+            qualified: false,
+        }
+    }
+}
+
+impl VisitorMut for KeyValues<'_> {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, _: &mut ast::Query) -> ControlFlow<()> {
+        self.depth += 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _: &mut ast::Query) -> ControlFlow<()> {
+        self.depth -= 1;
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut ast::Expr) -> ControlFlow<()> {
+        if self.depth > 0 {
+            return ControlFlow::Continue(());
+        }
+        match expr {
+            ast::Expr::Identifier(i) => {
+                if let Some((_, v)) = self.keys.iter().find(|(k, _)| *k == i.value) {
+                    *expr = v.clone();
+                }
+            }
+            ast::Expr::CompoundIdentifier(parts) => {
+                let last = parts.last().map(|i| i.value.as_str());
+                self.qualified |= self.keys.iter().any(|(k, _)| Some(k.as_str()) == last);
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 fn is_rows(name: &ast::ObjectName) -> bool {
@@ -228,6 +424,12 @@ impl VisitorMut for ClampAsCase {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn reshape(sql: &str) -> Result<String> {
+        let policy =
+            crate::policy::parse(include_str!("../../../policies/demo.yaml")).expect("demo policy");
+        super::reshape(sql, &policy)
+    }
 
     #[test]
     fn a_distinct_count_reads_its_rows_unmaterialised_and_groups_instead_of_distinct() {

@@ -62,7 +62,7 @@ pub enum PerUnitStage {
 
 /// The date and time types whose functions differ in volatility.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Date,
     Timestamp,
     TimestampTz,
@@ -326,6 +326,27 @@ struct Scope {
 
 struct Types<'a> {
     policy: &'a Policy,
+}
+
+/// The temporal kinds of the expressions of one stage 1 (a query over policy tables).
+pub(super) struct StageOneKinds<'a> {
+    types: Types<'a>,
+    scope: Scope,
+}
+
+impl<'a> StageOneKinds<'a> {
+    /// The kinds of the columns `rows` (stage 1) reads, as `policy` declares them.
+    pub(super) fn new(rows: &ast::Query, policy: &'a Policy) -> StageOneKinds<'a> {
+        let types = Types { policy };
+        let mut scope = Scope::default();
+        types.scope_of_query(rows, &mut scope);
+        StageOneKinds { types, scope }
+    }
+
+    /// The temporal kind of `e`'s value, if pgdp can tell it.
+    pub(super) fn kind(&self, e: &Expr) -> Option<Kind> {
+        self.types.kind(e, &self.scope)
+    }
 }
 
 impl Types<'_> {
@@ -648,7 +669,7 @@ mod tests {
         };
         let plan = analyze::analyze(query, &ctx).expect("analysed");
         let rewrite = super::super::rewrite(&plan, &[], "s").expect("rewritten");
-        let rewrite = super::super::partitionwise(rewrite).expect("reshaped");
+        let rewrite = super::super::partitionwise(rewrite, &policy).expect("reshaped");
         let sharded = ["demo.people".to_string(), "demo.visits".to_string()];
         per_unit_stage(rewrite.sql.as_str(), &sharded, &policy).expect("read")
     }
@@ -772,6 +793,10 @@ mod tests {
             "SELECT visit_date, COUNT(*) FROM demo.visits WHERE diagnosis = 'J06' GROUP BY 1",
             "SELECT width_bucket(cost, 0, 2000, 4) AS b, COUNT(*) FROM demo.visits GROUP BY 1",
             "SELECT COUNT(*) FROM demo.visits WHERE checked_in >= TIMESTAMPTZ '2024-01-01 00:00:00+00'",
+            // Time buckets of whole days, as date arithmetic (super::bucket).
+            "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT date_trunc('week', CAST(visit_date AS timestamp)) AS w, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT date_trunc('quarter', visit_date) AS q, date_trunc('year', visit_date) AS y, SUM(cost) FROM demo.visits GROUP BY 1, 2",
         ] {
             assert_eq!(stage(sql), PerUnitStage::Shippable, "{sql}");
         }
@@ -781,12 +806,16 @@ mod tests {
     fn date_functions_text_inputs_windows_and_local_tables_keep_the_stage_on_the_coordinator() {
         let cases = [
             (
-                "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+                "SELECT date_trunc('month', checked_in) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
                 "date_trunc of a date or timestamptz",
             ),
             (
-                "SELECT date_trunc('month', CAST(visit_date AS timestamp)) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
+                "SELECT date_trunc('hour', CAST(visit_date AS timestamp)) AS h, COUNT(*) FROM demo.visits GROUP BY 1",
                 "date_trunc takes its unit as text",
+            ),
+            (
+                "SELECT date_trunc('decade', visit_date) AS d, COUNT(*) FROM demo.visits GROUP BY 1",
+                "date_trunc of a date or timestamptz",
             ),
             (
                 "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
@@ -813,8 +842,9 @@ mod tests {
                 "demo.regions is not partitioned by the privacy unit",
             ),
             (
+                // The month is date arithmetic here too; the cohort's choice of group is not.
                 "SELECT date_trunc('month', first_visit) AS cohort, COUNT(*) FROM (SELECT person_id, MIN(visit_date) AS first_visit FROM demo.visits GROUP BY person_id) t GROUP BY 1",
-                "date_trunc of a date or timestamptz",
+                "hashes text",
             ),
             (
                 "SELECT CAST(date_trunc('month', first_visit) AS date) AS cohort, COUNT(*) FROM (SELECT person_id, MIN(visit_date) AS first_visit FROM demo.visits GROUP BY person_id) t GROUP BY 1",

@@ -160,7 +160,7 @@ impl ChoicePlan {
         }))
     }
 
-    /// The answer's plan, rewrite and mechanisms at the chosen cap, the rewrite in `shape`. Their cost must be the one charged (else an
+    /// The answer's plan, rewrite and mechanisms at the chosen cap, the rewrite in `shape` (of `policy`'s tables). Their cost must be the one charged (else an
     /// internal error: the charge stands and nothing is released).
     pub fn answer(
         &self,
@@ -169,9 +169,10 @@ impl ChoicePlan {
         parameters: &[Option<String>],
         secret: &str,
         shape: rewrite::UpstreamShape,
+        policy: &crate::policy::Policy,
     ) -> Result<(Plan, Rewrite, Mechanisms)> {
         let plan = plan.with_chosen_bounds(chosen);
-        let rewritten = shape.apply(rewrite::rewrite(&plan, parameters, secret)?)?;
+        let rewritten = shape.apply(rewrite::rewrite(&plan, parameters, secret)?, policy)?;
         let mut mechanisms = super::mechanisms(&plan, &rewritten, self.answer_budget)?;
         if mechanisms.cost != self.at_ceiling.cost {
             return Err(Error::internal(
