@@ -334,6 +334,16 @@ impl Session {
             planned.secret,
             domains,
         )?;
+        // The histogram reads what the answer reads: on shards, in the same shape.
+        let choice = match choice {
+            Some(mut choice) => {
+                choice.sql = planned
+                    .shape()
+                    .apply_to_histogram(choice.sql, &shared.policy)?;
+                Some(choice)
+            }
+            None => None,
+        };
         let connection = shared.upstream.get_for_read().await?;
         let tables = tables_read(&planned.plan, &shared.policy);
         let mechanism = planned.mechanisms.budget.mechanism.name();

@@ -199,8 +199,12 @@ impl Pooled<'_> {
         cancel: &Cancel,
     ) -> Result<PrivateRows> {
         tracing::debug!(charge = %charged.receipt().id(), "choosing a charged DP query's bounds upstream");
-        let settings = time_zone_setting(time_zone)?;
-        self.run_read_only(charged.item().histogram().as_str(), &settings, cancel)
+        let sql = charged.item().histogram();
+        let mut settings = time_zone_setting(time_zone)?;
+        if sql.partitionwise() {
+            settings.push_str(PARTITIONWISE_SETTINGS);
+        }
+        self.run_read_only(sql.as_str(), &settings, cancel)
             .await
             .map(PrivateRows::new)
     }

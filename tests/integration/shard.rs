@@ -36,6 +36,7 @@
 use std::collections::BTreeMap;
 
 use pgdp::dp::analyze::{self, Context};
+use pgdp::dp::release;
 use pgdp::dp::rewrite::{self, Rewrite};
 use pgdp::policy::Policy;
 use pgdp::server::{self, Config, Options, Running};
@@ -141,6 +142,37 @@ async fn rows(client: &Client, settings: &str, sql: &str) -> Vec<Vec<Option<Stri
 
 const PARTITIONWISE: &str =
     "SET LOCAL enable_partitionwise_aggregate = on; SET LOCAL enable_partitionwise_join = on;";
+
+/// The contribution histogram of `sql` (the demo policy; `pgdp.choose_bounds` on): in the
+/// single-server shape, and in the shape pgdp sends to shards; `None` when the query chooses no
+/// cap.
+fn histogram(sql: &str) -> Option<(String, String)> {
+    let policy = policy();
+    let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let [Statement::Query(query)] = statements.as_slice() else {
+        panic!("{sql}: not one query");
+    };
+    let ctx = Context {
+        policy: &policy,
+        search_path: vec!["demo".into()],
+    };
+    let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let single = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let budget = release::Budget {
+        epsilon: 1.0,
+        delta: 1e-7,
+        mechanism: pgdp::policy::Mechanism::Laplace,
+    };
+    let mechanisms =
+        release::mechanisms(&plan, &single, budget).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let choice = release::bounds::ChoicePlan::new(&plan, &single, &mechanisms, &[], SECRET, None)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))?;
+    let shaped = rewrite::UpstreamShape::Partitionwise
+        .apply_to_histogram(choice.sql.clone(), &policy)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    assert!(shaped.partitionwise());
+    Some((choice.sql.to_string(), shaped.to_string()))
+}
 
 /// pgdp over `upstream` with the shared secret, a noise seed and a fresh ledger.
 async fn pgdp(upstream: String, ledger: &TestDb) -> Running {
@@ -379,6 +411,7 @@ async fn the_per_unit_stage_runs_on_every_shard() {
     let running = pgdp(shards.dsn(), &ledger).await;
     let session = open(&running).await;
     let coordinator = harness::connect(&shards.dsn()).await;
+    let mut histograms = 0;
 
     for sql in [
         "SELECT diagnosis, COUNT(*), SUM(cost) FROM demo.visits GROUP BY diagnosis",
@@ -414,6 +447,26 @@ async fn the_per_unit_stage_runs_on_every_shard() {
             pushed.iter().any(|l| l.contains("Async Foreign Scan")),
             "{sql}: {pushed:#?}"
         );
+        // The contribution histogram that chooses the query's caps is sent in the same shape:
+        // it groups by the unit on every shard too, and gives one server's rows.
+        if let Some((single_histogram, histogram)) = histogram(sql) {
+            let plan = coordinator_plan(&coordinator, PARTITIONWISE, &histogram).await;
+            let remote = remote_sql(&plan);
+            for shard in 0..SHARDS {
+                let grouped_by_unit = remote.iter().any(|(relation, sql)| {
+                    relation.contains(&format!("visits_shard_{shard}"))
+                        && sql.contains("person_id")
+                        && sql.contains(" GROUP BY ")
+                });
+                assert!(grouped_by_unit, "histogram of {sql}, shard {shard}: {plan:#?}");
+            }
+            assert_eq!(
+                rows(&coordinator, PARTITIONWISE, &histogram).await,
+                rows(&coordinator, "", &single_histogram).await,
+                "histogram of {sql}"
+            );
+            histograms += 1;
+        }
         // Without the settings pgdp adds, every shard sends its rows ungrouped.
         let unpushed = coordinator_plan(&coordinator, "", &one.sql).await;
         assert!(
@@ -423,6 +476,7 @@ async fn the_per_unit_stage_runs_on_every_shard() {
             "{sql}: {unpushed:#?}"
         );
     }
+    assert!(histograms >= 3, "histograms checked: {histograms}");
     drop((session, running));
     ledger.drop_db().await;
 }

@@ -86,6 +86,21 @@ impl UpstreamShape {
             UpstreamShape::Distributed => distributed(rewrite),
         }
     }
+
+    /// A contribution histogram's SQL ([`contributions`], in the single-server shape) in this
+    /// shape. On shards it is partitionwise like the answer's, so its per-unit stage runs on
+    /// the shards too instead of every row crossing to the coordinator. On Citus it is sent as
+    /// it is (the distributed shape of a histogram has not been measured there).
+    pub fn apply_to_histogram(
+        self,
+        sql: UpstreamSql,
+        policy: &crate::policy::Policy,
+    ) -> Result<UpstreamSql> {
+        match self {
+            UpstreamShape::Partitionwise => partitionwise::partitionwise_sql(&sql, policy),
+            UpstreamShape::OneServer | UpstreamShape::Distributed => Ok(sql),
+        }
+    }
 }
 pub use bucket::bucket_start_sql;
 pub use partitionwise::partitionwise;

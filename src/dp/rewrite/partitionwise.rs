@@ -58,14 +58,20 @@ const ROWS: &str = "__dp_rows";
 /// partitionwise aggregation and joins on. The measures and arguments are unchanged. `policy`
 /// gives the types of the columns (a time bucket is rewritten for dates and timestamps only).
 pub fn partitionwise(rewrite: Rewrite, policy: &Policy) -> Result<Rewrite> {
-    let text = reshape(rewrite.sql.as_str(), policy)?;
-    check_one_statement(&text)?;
     Ok(Rewrite {
-        sql: UpstreamSql {
-            text,
-            partitionwise: true,
-        },
+        sql: partitionwise_sql(&rewrite.sql, policy)?,
         ..rewrite
+    })
+}
+
+/// `sql` (a statement of the rewrite: an answer's or a contribution histogram's) in the
+/// partitionwise shape, marked to run with partitionwise aggregation and joins on.
+pub(super) fn partitionwise_sql(sql: &UpstreamSql, policy: &Policy) -> Result<UpstreamSql> {
+    let text = reshape(sql.as_str(), policy)?;
+    check_one_statement(&text)?;
+    Ok(UpstreamSql {
+        text,
+        partitionwise: true,
     })
 }
 

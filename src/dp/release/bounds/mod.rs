@@ -1885,6 +1885,24 @@ mod tests {
         }
     }
 
+    /// The cost of the hidden-tail rule, stated: an empty or tiny filtered set cannot rule out a
+    /// few heavy units its noise hides, so the caps stay at the ceilings and the answer takes
+    /// their noise (docs/privacy.md, step 4, "What the histograms cannot see").
+    #[test]
+    fn an_empty_or_tiny_histogram_keeps_the_caps_at_the_ceiling() {
+        let mut ch = choice(40, 10.0);
+        ch.noise = Noise::laplace(16.0, 0.005).expect("noise");
+        let tiny = vec![vec![Some("0".into()), Some("0".into()), Some("3".into())]];
+        for rows in [Vec::new(), tiny] {
+            let rows = PrivateRows::new(rows);
+            for seed in 0..100 {
+                let mut rng: rand::rngs::ChaCha20Rng = rand::SeedableRng::seed_from_u64(seed);
+                let chosen = choose(&ch, &rows, 33.0, &mut rng).expect("chosen");
+                assert_eq!(chosen.rows_per_unit, 40, "seed {seed}");
+            }
+        }
+    }
+
     #[test]
     fn the_histogram_is_noised_with_seeded_randomness_and_read_strictly() {
         let ch = choice(64, 1.0);
