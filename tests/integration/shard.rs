@@ -99,8 +99,8 @@ fn policy() -> Policy {
     policy
 }
 
-/// The single-server rewrite of `sql` under the demo policy, and its partitionwise shape.
-fn compile(sql: &str) -> (Rewrite, Rewrite) {
+/// The policy, and the plan and single-server rewrite of `sql` under it.
+fn single_server(sql: &str) -> (Policy, pgdp::dp::plan::Plan, Rewrite) {
     let policy = policy();
     let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let [Statement::Query(query)] = statements.as_slice() else {
@@ -112,6 +112,12 @@ fn compile(sql: &str) -> (Rewrite, Rewrite) {
     };
     let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let single = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    (policy, plan, single)
+}
+
+/// The single-server rewrite of `sql` under the demo policy, and its partitionwise shape.
+fn compile(sql: &str) -> (Rewrite, Rewrite) {
+    let (policy, _, single) = single_server(sql);
     let partitionwise =
         rewrite::partitionwise(single.clone(), &policy).unwrap_or_else(|e| panic!("{sql}: {e}"));
     assert!(partitionwise.sql.partitionwise() && !single.sql.partitionwise());
@@ -147,17 +153,7 @@ const PARTITIONWISE: &str =
 /// single-server shape, and in the shape pgdp sends to shards; `None` when the query chooses no
 /// cap.
 fn histogram(sql: &str) -> Option<(String, String)> {
-    let policy = policy();
-    let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let [Statement::Query(query)] = statements.as_slice() else {
-        panic!("{sql}: not one query");
-    };
-    let ctx = Context {
-        policy: &policy,
-        search_path: vec!["demo".into()],
-    };
-    let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let single = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let (policy, plan, single) = single_server(sql);
     let budget = release::Budget {
         epsilon: 1.0,
         delta: 1e-7,
