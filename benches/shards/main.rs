@@ -1,18 +1,24 @@
-//! `cargo bench --bench shards [-- --scale N] [-- --shards 1,2,4] [-- --runs R] [-- --citus]`: pgdp over a
-//! PostgreSQL sharded by privacy unit (a coordinator with `postgres_fdw` shards, all throwaway
-//! clusters on this machine, [`pgdp::tools::shards`]) against pgdp over one server holding the
-//! same demo data (the server of `PGDP_BENCH_UPSTREAM`, else 127.0.0.1:5432).
+//! `cargo bench --bench shards [-- --scale N] [-- --shards 1,2,4] [-- --runs R] [-- --citus]
+//! [-- --only TEXT]`: pgdp over a PostgreSQL sharded by privacy unit (a coordinator with
+//! `postgres_fdw` shards, all throwaway clusters on this machine, [`pgdp::tools::shards`])
+//! against pgdp over one server holding the same demo data (the server of
+//! `PGDP_BENCH_UPSTREAM`, else 127.0.0.1:5432). Both pgdp run the demo policy with the keys
+//! docs/scale-out.md tells an operator to declare (`unique_keys`: `demo.people.person_id`,
+//! `demo.visits.visit_id`), which the coordinator's partitioned tables cannot hold, so that
+//! both plan every query in the same form ([`UNIQUE_KEYS`]).
 //!
 //! For each number of shards and each query it reports, measured in the same run:
 //! - **rows moved**: the rows the coordinator's foreign scans received from the shards, from
-//!   `EXPLAIN (ANALYZE, VERBOSE)` of the SQL pgdp sends (the partitionwise shape, with pgdp's
-//!   `SET LOCAL`s), beside the rows they receive for the single-server shape without them (every
-//!   row the query reads), and the rows of the tables read;
+//!   `EXPLAIN (ANALYZE, VERBOSE)` of the SQL pgdp sends (read from the sharded pgdp's own EXPLAIN,
+//!   the seed put back: the partitionwise shape, run with pgdp's `SET LOCAL`s), beside the rows
+//!   they receive for the SQL the one-server pgdp sends, run without them (every row the query
+//!   reads), and the rows of the tables read;
 //! - **latency**: the median over R runs of the whole query through pgdp over the coordinator,
 //!   over the median through pgdp over one server, the two interleaved.
 //!
 //! It writes the table between `<!-- shards:begin -->` and `<!-- shards:end -->` in
-//! BENCHMARKS.md (in the current directory) and prints it.
+//! BENCHMARKS.md (in the current directory) and prints it. With `--only TEXT` it measures only
+//! the queries whose label contains TEXT and prints their table without writing it.
 //!
 //! With `--citus` it measures Citus instead ([`pgdp::tools::citus`]: a coordinator and
 //! [`CITUS_WORKERS`] workers, throwaway clusters on this machine, `demo.people` and
@@ -40,16 +46,20 @@ use common::{
     connect, demo_database, explain_lines, explained_upstream_sql, fail, machine, proxy_dsn,
     simple_rows, Res,
 };
-use pgdp::dp::analyze::{self, Context};
 use pgdp::dp::rewrite;
 use pgdp::policy::Policy;
 use pgdp::server::{self, Config, Running};
-use pgdp::session::classify::{self, Statement};
 use pgdp::tools::citus::{Citus, CitusError};
 use pgdp::tools::shards::Shards;
 use tokio_postgres::Client;
 
 const SECRET: &str = "shard-bench-group-choice-secret";
+
+/// The keys docs/scale-out.md ("Declaring the keys the coordinator cannot hold") tells an
+/// operator to declare: without them the coordinator cannot know that `demo.people` has one row
+/// per person, and the people–visits join keeps its groups per person (another statement than
+/// one server's, whose catalog has the primary key).
+const UNIQUE_KEYS: [(&str, &str); 2] = [("demo.people", "person_id"), ("demo.visits", "visit_id")];
 
 /// The queries: (label, SQL, the rows of the tables it reads).
 const QUERIES: [(&str, &str, &str); 6] = [
@@ -127,6 +137,14 @@ struct Settings {
     runs: usize,
     /// Measure Citus (a coordinator and [`CITUS_WORKERS`] workers) instead of `postgres_fdw`.
     citus: bool,
+    /// Only the queries whose label contains this (the table is then printed, not written).
+    only: Option<String>,
+}
+
+impl Settings {
+    fn measures(&self, label: &str) -> bool {
+        self.only.as_deref().is_none_or(|text| label.contains(text))
+    }
 }
 
 fn parse_args() -> Res<Settings> {
@@ -137,6 +155,7 @@ fn parse_args() -> Res<Settings> {
         shards: vec![1, 2, 4],
         runs: 7,
         citus: false,
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -148,6 +167,7 @@ fn parse_args() -> Res<Settings> {
             "--scale" => s.scale = value()?.parse()?,
             "--runs" => s.runs = value()?.parse()?,
             "--citus" => s.citus = true,
+            "--only" => s.only = Some(value()?),
             "--shards" => {
                 s.shards = value()?
                     .split(',')
@@ -176,26 +196,28 @@ fn policy() -> Res<Policy> {
     let mut policy = pgdp::policy::parse(&common::budget_policy_text()?)
         .map_err(|e| fail(format!("bench policy: {e:?}")))?;
     policy.secret = Some(SECRET.into());
+    for (table, column) in UNIQUE_KEYS {
+        match policy.tables.get_mut(table).map(|t| &mut t.kind) {
+            Some(pgdp::policy::TableKind::Private(private)) => {
+                private.unique_keys.push(column.into())
+            }
+            _ => {
+                return Err(fail(format!(
+                    "{table} is not a private table of the policy"
+                )))
+            }
+        }
+    }
     Ok(policy)
 }
 
-/// The SQL pgdp sends for `sql` to one server (general form) and to the coordinator
-/// (partitionwise shape).
-fn rewritten(policy: &Policy, sql: &str) -> Res<(String, String)> {
-    let statements = classify::classify(sql).map_err(|e| fail(format!("{sql}: {e}")))?;
-    let [Statement::Query(query)] = statements.as_slice() else {
-        return Err(fail(format!("{sql}: not one query")));
-    };
-    let ctx = Context {
-        policy,
-        search_path: vec!["demo".into()],
-    };
-    let plan = analyze::analyze(query, &ctx).map_err(|e| fail(format!("{sql}: {e}")))?;
-    let single = rewrite::rewrite(&plan, &[], SECRET).map_err(|e| fail(format!("{sql}: {e}")))?;
-    let sql_single = single.sql.to_string();
-    let sharded =
-        rewrite::partitionwise(single, policy).map_err(|e| fail(format!("{sql}: {e}")))?;
-    Ok((sql_single, sharded.sql.to_string()))
+/// The SQL pgdp behind `client` sends upstream for `sql`: its EXPLAIN's upstream SQL with the
+/// ranking seed put back (as `tests/integration/citus.rs` reads it), and EXPLAIN's lines.
+async fn sent_sql(client: &Client, sql: &str) -> Res<(String, Vec<String>)> {
+    let lines = explain_lines(client, sql).await?;
+    let sent = explained_upstream_sql(sql, &lines)?
+        .replace("<secret>", &rewrite::ranking_seed(SECRET).to_string());
+    Ok((sent, lines))
 }
 
 /// `EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON)` of `sql` on `upstream`, in a read-only transaction
@@ -435,6 +457,10 @@ async fn bench(s: &Settings) -> Res<()> {
         .await?;
     let report = result?;
     print!("{report}");
+    if s.only.is_some() {
+        eprintln!("--only: BENCHMARKS.md left as it was");
+        return Ok(());
+    }
     let (begin, end) = if s.citus {
         (CITUS_BEGIN, CITUS_END)
     } else {
@@ -466,7 +492,11 @@ async fn measure(s: &Settings, source: &Client, source_dsn: &str, ledger: &str) 
         let sharded = start(&policy, shards.dsn(), ledger).await?;
         let on_shards = connect(&proxy_dsn(sharded.addr.port())).await?;
         for (q, (label, sql, _)) in QUERIES.iter().enumerate() {
-            let (one, partitionwise) = rewritten(&policy, sql)?;
+            if !s.measures(label) {
+                continue;
+            }
+            let (one, _) = sent_sql(&on_single, sql).await?;
+            let (partitionwise, _) = sent_sql(&on_shards, sql).await?;
             let moved = rows_moved(&coordinator, PARTITIONWISE, &partitionwise).await?;
             let moved_unpushed = rows_moved(&coordinator, "", &one).await?;
             let (single_ms, sharded_ms) = interleaved(&on_single, &on_shards, sql, s.runs).await?;
@@ -511,7 +541,7 @@ struct CitusMeasured {
 /// ranking seed put back, as `tests/integration/citus.rs` reads it), and where its EXPLAIN says
 /// the per-unit stage runs.
 async fn sent_to_citus(on_citus: &Client, sql: &str) -> Res<(String, &'static str)> {
-    let lines = explain_lines(on_citus, sql).await?;
+    let (sent, lines) = sent_sql(on_citus, sql).await?;
     let claim = lines
         .iter()
         .find(|l| l.starts_with("upstream: Citus: "))
@@ -531,8 +561,6 @@ async fn sent_to_citus(on_citus: &Client, sql: &str) -> Res<(String, &'static st
     } else {
         "cannot tell"
     };
-    let sent = explained_upstream_sql(sql, &lines)?
-        .replace("<secret>", &rewrite::ranking_seed(SECRET).to_string());
     Ok((sent, claim))
 }
 
@@ -573,6 +601,9 @@ async fn measure_citus(
     }
     let mut rows = Vec::new();
     for (label, sql, tables) in QUERIES.iter().chain(&CITUS_QUERIES) {
+        if !s.measures(label) {
+            continue;
+        }
         let (sent, claim) = sent_to_citus(&on_citus, sql).await?;
         let received =
             received_from_workers(&coordinator, citus.coordinator().port(), &sent).await?;
