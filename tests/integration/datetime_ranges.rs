@@ -183,6 +183,7 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
     let policy = policy();
     let mut answered = 0;
     let mut buckets = 0;
+    let mut years = 0;
     for zone in ZONES {
         client
             .batch_execute(&format!("SET TimeZone = '{zone}'"))
@@ -194,6 +195,7 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
                 .map(|u| (format!("date_trunc('{u}', {column})"), Some(*u)))
                 .collect();
             expressions.push((format!("date_part('year', {column})"), None));
+            expressions.push((format!("EXTRACT(YEAR FROM {column})"), None));
             expressions.push((format!("date_part('dow', {column})"), None));
             expressions.push((format!("to_char({column}, 'YYYY-MM-DD HH24 BC')"), None));
             if column == "d" {
@@ -232,6 +234,19 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
                         "{expression}: the shards' shape keeps date_trunc: {shaped}"
                     );
                     buckets += 1;
+                }
+                // A year of a date or timestamp is grouped on the shards by its first day: the
+                // function reads only the key (`__dp_k0`), never the column (`"__dp_t0"."d"`).
+                if !expression.starts_with("date_trunc")
+                    && expression.to_ascii_lowercase().contains("year")
+                    && column != "tz"
+                {
+                    assert!(
+                        !shaped.contains("date_part('year', \"")
+                            && !shaped.contains("EXTRACT(YEAR FROM \""),
+                        "{expression}: the shards' shape keeps the year's function in stage 1: {shaped}"
+                    );
+                    years += 1;
                 }
                 // PostgreSQL's own answer over the rows it can answer for: every such key must
                 // be among pgdp's, with the same text.
@@ -276,6 +291,11 @@ async fn date_trunc_and_date_part_never_fail_on_edge_values_and_agree_where_post
         buckets,
         ZONES.len() * 2 * 5,
         "time buckets in date arithmetic"
+    );
+    assert_eq!(
+        years,
+        ZONES.len() * 2 * 2,
+        "years of a date or timestamp in date arithmetic"
     );
     db.drop_db().await;
 }

@@ -6,8 +6,8 @@
 //! - [`the_coordinator_gives_the_answers_of_one_server`]: pgdp's upstream SQL (one server's
 //!   shape, and the partitionwise shape) gives the same rows on the coordinator as on one
 //!   server, for COUNT, SUM, AVG, a join, a distinct count, grouped queries with partition
-//!   selection and time buckets (`date_trunc` by day to year, which the partitionwise shape
-//!   writes in date arithmetic); and two pgdp with the same secret and noise seed, one over each, release the
+//!   selection and time buckets (`date_trunc` by day to year, and `EXTRACT` / `date_part` of the
+//!   year, which the partitionwise shape writes in date arithmetic); and two pgdp with the same secret and noise seed, one over each, release the
 //!   same noisy answers.
 //! - [`the_per_unit_stage_runs_on_every_shard`]: through pgdp's EXPLAIN the statement is in the
 //!   partitionwise shape, and PostgreSQL's `EXPLAIN VERBOSE` of it on the coordinator sends every
@@ -70,6 +70,8 @@ const QUERIES: &[&str] = &[
     "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
     "SELECT date_trunc('quarter', visit_date) AS q, COUNT(DISTINCT diagnosis), SUM(cost) FROM demo.visits GROUP BY 1",
     "SELECT date_trunc('week', CAST(visit_date AS timestamp)) AS w, AVG(cost) FROM demo.visits WHERE visit_date >= '2024-06-01' GROUP BY 1",
+    "SELECT EXTRACT(YEAR FROM visit_date) AS y, COUNT(*), SUM(cost) FROM demo.visits GROUP BY 1",
+    "SELECT date_part('year', CAST(visit_date AS timestamp)) AS y, COUNT(DISTINCT diagnosis) FROM demo.visits GROUP BY 1",
 ];
 
 static DEPLOYMENT: OnceCell<Mutex<Shards>> = OnceCell::const_new();
@@ -370,7 +372,7 @@ async fn explain_says_when_the_per_unit_stage_stays_on_the_coordinator() {
             "date_trunc takes its unit as text",
         ),
         (
-            "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT EXTRACT(month FROM visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
             "EXTRACT takes its field as text",
         ),
         ("SELECT MEDIAN(cost) FROM demo.visits", "window function"),
@@ -416,6 +418,8 @@ async fn the_per_unit_stage_runs_on_every_shard() {
         // Time buckets of whole days, in date arithmetic on the shards.
         "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
         "SELECT date_trunc('year', CAST(visit_date AS timestamp)) AS y, SUM(cost) FROM demo.visits GROUP BY 1",
+        // A year of a date, as its first day on the shards.
+        "SELECT EXTRACT(YEAR FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
     ] {
         let lines = explain(&session, sql).await;
         assert!(

@@ -30,6 +30,11 @@
 //!   its bounds `x` is finite and the arithmetic cannot overflow; its ±infinity stay ±infinity.
 //!   Anything else (another unit, a `timestamptz`, a time zone argument) is left as it is and
 //!   runs on the coordinator, as EXPLAIN says.
+//! - A year (`EXTRACT(YEAR FROM x)`, `date_part('year', x)`, unguarded: they never fail) of a
+//!   date or timestamp becomes the first day of `x`'s year, which is one to one with the year;
+//!   the readers apply the same function to that day. The day count is a `bigint`, so every
+//!   date PostgreSQL holds (to 5874897 AD) is in range, and ±infinity, NULL and the days of
+//!   4714 BC before its first held day are kept out of the arithmetic ([`year_as_first_day`]).
 
 use sqlparser::ast::{self, DataType, Expr, TimezoneInfo, Value};
 use sqlparser::dialect::PostgreSqlDialect;
@@ -38,9 +43,8 @@ use sqlparser::parser::Parser;
 use super::ship::Kind;
 
 /// Days from 0000-03-01 to 2000-01-01 (the start of the calendar's 400-year cycle to the date
-/// PostgreSQL counts from), plus 17 eras of 146097 days: `x - DATE '2000-01-01' + ERA_SHIFT` is
-/// positive for every date from 4714-11-24 BC on, and below 2^31 for every date within the
-/// timestamp range.
+/// PostgreSQL counts from), plus 17 eras of 146097 days: `x - DATE '2000-01-01' + ERA_SHIFT`
+/// (computed in `bigint`) is positive for every date from 4714-11-24 BC on.
 const ERA_SHIFT: i64 = 730_425 + 17 * 146_097;
 
 /// The units [`bucket_start_sql`] computes, as `date_trunc` spells them (lower case).
@@ -56,7 +60,9 @@ pub fn bucket_start_sql(unit: &str, date: &str) -> Option<String> {
     if !UNITS.contains(&unit.as_str()) {
         return None;
     }
-    let days = format!("(({date}) - DATE '2000-01-01' + {ERA_SHIFT})");
+    // In bigint: the difference of two dates is an integer, but with the shift it can pass 2^31
+    // for the dates after the timestamp range that a year's key reads (up to 5874897 AD).
+    let days = format!("(CAST(({date}) - DATE '2000-01-01' AS BIGINT) + {ERA_SHIFT})");
     // Weekday from Monday = 0: 2000-01-01 was a Saturday (5), and ERA_SHIFT ≡ 3 (mod 7).
     let weekday = format!("({days} + 2) % 7");
     let doe = format!("({days} % 146097)");
@@ -81,13 +87,108 @@ pub fn bucket_start_sql(unit: &str, date: &str) -> Option<String> {
         ),
         _ => since_january,
     };
-    Some(format!("(({date}) - ({offset}))"))
+    Some(format!("(({date}) - CAST({offset} AS INTEGER))"))
 }
 
-/// For a stage-1 key `date_trunc(unit, guarded)` that [`bucket_start_sql`] can compute: the key
-/// as the bucket's first day (a `date`, ±infinity kept), and the type that turns it back into
-/// `date_trunc`'s value. `kind` gives the temporal kind of an expression of stage 1.
+/// For a stage-1 key `date_trunc(unit, guarded)` that [`bucket_start_sql`] can compute, or a
+/// year of a date or timestamp ([`year_as_first_day`]): the key as its bucket's first day (a
+/// `date`, ±infinity kept), and the key's value computed from that day named `alias` (what
+/// the stages reading stage 1 put in its place). `kind` gives the temporal kind of an
+/// expression of stage 1.
 pub(super) fn as_first_day(
+    key: &Expr,
+    kind: impl Fn(&Expr) -> Option<Kind>,
+    alias: &ast::Ident,
+) -> Option<(Expr, Expr)> {
+    if let Some(year) = year_as_first_day(key, &kind, alias) {
+        return Some(year);
+    }
+    let (first_day, back) = trunc_as_first_day(key, kind)?;
+    let value = Expr::Cast {
+        kind: ast::CastKind::Cast,
+        expr: Box::new(Expr::Identifier(alias.clone())),
+        data_type: back,
+        format: None,
+    };
+    Some((first_day, value))
+}
+
+/// A key `EXTRACT(YEAR FROM x)` or `date_part('year', x)` of a date or timestamp `x` as the first
+/// day of `x`'s year, and the same function of that day named `alias`: the year of a day is the
+/// year of its year's first day, and two days of different years have different first days, so
+/// stage 2 groups by the year (one to one). Neither function is guarded by pgdp's analysis (it
+/// never fails), so the first day is computed for every date PostgreSQL holds: ±infinity stay
+/// (their year is ±Infinity, as `x`'s), NULL stays NULL, and the days of 4714 BC before its
+/// first day PostgreSQL holds (4714-11-24 BC) all take that day (their year is 4714 BC).
+fn year_as_first_day(
+    key: &Expr,
+    kind: impl Fn(&Expr) -> Option<Kind>,
+    alias: &ast::Ident,
+) -> Option<(Expr, Expr)> {
+    let mut value = key.clone();
+    let x: &Expr = match key {
+        Expr::Extract {
+            field: ast::DateTimeField::Year,
+            expr,
+            ..
+        } => {
+            if let Expr::Extract { expr, .. } = &mut value {
+                **expr = Expr::Identifier(alias.clone());
+            }
+            expr
+        }
+        Expr::Function(f) => {
+            let name = f.name.0.last()?.as_ident()?.value.to_ascii_lowercase();
+            if name != "date_part" || f.over.is_some() || f.filter.is_some() {
+                return None;
+            }
+            let ast::FunctionArguments::List(list) = &f.args else {
+                return None;
+            };
+            let [field, x] = list.args.as_slice() else {
+                return None;
+            };
+            let (
+                ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(Expr::Value(field))),
+                ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(x)),
+            ) = (field, x)
+            else {
+                return None;
+            };
+            if !crate::literal::string_value(&field.value)?.eq_ignore_ascii_case("year") {
+                return None;
+            }
+            if let Expr::Function(g) = &mut value {
+                if let ast::FunctionArguments::List(list) = &mut g.args {
+                    list.args[1] = ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(
+                        Expr::Identifier(alias.clone()),
+                    ));
+                }
+            }
+            x
+        }
+        _ => return None,
+    };
+    let date = match kind(x)? {
+        Kind::Date => format!("({x})"),
+        Kind::Timestamp => format!("CAST({x} AS DATE)"),
+        Kind::TimestampTz | Kind::Interval => return None,
+    };
+    let start = bucket_start_sql("year", &date)?;
+    let text = format!(
+        "CASE WHEN {date} = DATE 'infinity' OR {date} = DATE '-infinity' THEN {date} \
+         WHEN {date} < DATE '4713-01-01 BC' THEN DATE '4714-11-24 BC' ELSE {start} END"
+    );
+    let first_day = Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(&text)
+        .and_then(|mut p| p.parse_expr())
+        .ok()?;
+    Some((first_day, value))
+}
+
+/// `date_trunc(unit, guarded)` as its bucket's first day, and the type that turns that day back
+/// into `date_trunc`'s value.
+fn trunc_as_first_day(
     key: &Expr,
     kind: impl Fn(&Expr) -> Option<Kind>,
 ) -> Option<(Expr, DataType)> {
@@ -182,6 +283,60 @@ mod tests {
             assert_eq!(bucket_start_sql(unit, "d"), None, "{unit}");
         }
         assert_eq!(bucket_start_sql("day", "d").as_deref(), Some("(d)"));
+    }
+
+    fn expr(sql: &str) -> Expr {
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(sql)
+            .and_then(|mut p| p.parse_expr())
+            .expect("parses")
+    }
+
+    #[test]
+    fn a_year_key_groups_by_its_first_day_and_is_read_back_as_the_same_function() {
+        let alias = ast::Ident::new("__dp_k0");
+        for (key, kind, back) in [
+            (
+                "EXTRACT(YEAR FROM t.d)",
+                Kind::Date,
+                "EXTRACT(YEAR FROM __dp_k0)",
+            ),
+            (
+                "date_part('year', t.ts)",
+                Kind::Timestamp,
+                "date_part('year', __dp_k0)",
+            ),
+            (
+                "DATE_PART('YEAR', t.d)",
+                Kind::Date,
+                "DATE_PART('YEAR', __dp_k0)",
+            ),
+        ] {
+            let (first_day, value) = as_first_day(&expr(key), |_| Some(kind), &alias).expect(key);
+            assert_eq!(value.to_string(), back);
+            let sql = first_day.to_string();
+            for word in ["EXTRACT", "date_part", "DATE_PART", "date_trunc"] {
+                assert!(!sql.contains(word), "{key}: {word}: {sql}");
+            }
+            assert!(
+                sql.contains("DATE 'infinity'") && sql.contains("'4714-11-24 BC'"),
+                "{sql}"
+            );
+        }
+        // A zone-dependent year, another field, a year of something else: left to the coordinator.
+        for (key, kind) in [
+            ("EXTRACT(YEAR FROM t.tz)", Kind::TimestampTz),
+            ("EXTRACT(MONTH FROM t.d)", Kind::Date),
+            ("date_part('dow', t.d)", Kind::Date),
+            ("date_part('year', t.i)", Kind::Interval),
+            ("date_part(t.f, t.d)", Kind::Date),
+        ] {
+            assert_eq!(
+                as_first_day(&expr(key), |_| Some(kind), &alias),
+                None,
+                "{key}"
+            );
+        }
     }
 
     #[test]

@@ -26,8 +26,10 @@
 //! 4. A group key `date_trunc(unit, x)` of a date or timestamp by day, week, month, quarter or
 //!    year: `postgres_fdw` 15 ships no `date_trunc`, so stage 1 computes the bucket's first day
 //!    in date arithmetic instead, and each stage that reads stage 1 turns it back into
-//!    `date_trunc`'s value ([`super::bucket`]). Done only when every reader of stage 1 is a
-//!    `SELECT` that names its columns (no `*`).
+//!    `date_trunc`'s value ([`super::bucket`]). A group key `EXTRACT(YEAR FROM x)` or
+//!    `date_part('year', x)` of a date or timestamp likewise becomes the first day of `x`'s
+//!    year, which the readers pass to the same function. Done only when every reader of stage 1
+//!    is a `SELECT` that names its columns (no `*`).
 //!
 //! Invariants:
 //! - The statement computes the same rows as the one it was made from: the changes above
@@ -135,14 +137,7 @@ fn time_buckets(query: &mut ast::Query, policy: &Policy) {
         if !alias.value.starts_with("__dp_k") {
             continue;
         }
-        if let Some((first_day, back)) = bucket::as_first_day(expr, |e| kinds.kind(e)) {
-            let text = format!("CAST({} AS {back})", alias);
-            let Ok(value) = Parser::new(&PostgreSqlDialect {})
-                .try_with_sql(&text)
-                .and_then(|mut p| p.parse_expr())
-            else {
-                return;
-            };
+        if let Some((first_day, value)) = bucket::as_first_day(expr, |e| kinds.kind(e), alias) {
             keys.push((alias.value.clone(), value));
             *expr = first_day;
         }

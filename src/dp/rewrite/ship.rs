@@ -143,16 +143,26 @@ pub fn per_unit_stage(
         for (column, kind) in &stage_one {
             reader_scope.columns.insert(column.clone(), *kind);
         }
-        // A cast of a grouping column in the select list is computed by the coordinator over
-        // the grouped rows (postgres_fdw ships the grouping and computes such an expression
-        // locally): only the rest must ship.
+        // A cast, `EXTRACT` or `date_part` of a grouping column in the select list is computed
+        // by the coordinator over the grouped rows (postgres_fdw ships the grouping and computes
+        // such an expression locally: how the partitionwise shape reads a time bucket back,
+        // super::bucket): only the rest must ship.
         let grouped: Vec<&Expr> = match &select.group_by {
             ast::GroupByExpr::Expressions(exprs, _) => exprs.iter().collect(),
             ast::GroupByExpr::All(_) => Vec::new(),
         };
-        let computed_after = |e: &Expr| {
-            matches!(e, Expr::Cast { expr, .. }
-                if matches!(**expr, Expr::Identifier(_)) && grouped.contains(&&**expr))
+        let is_grouped = |x: &Expr| matches!(x, Expr::Identifier(_)) && grouped.contains(&x);
+        let computed_after = |e: &Expr| match e {
+            Expr::Cast { expr, .. } | Expr::Extract { expr, .. } => is_grouped(expr),
+            Expr::Function(f) if f.over.is_none() && f.filter.is_none() => {
+                let name = f.name.0.last().and_then(|p| p.as_ident());
+                matches!(
+                    (name, function_args(f).as_slice()),
+                    (Some(n), [Expr::Value(_), x])
+                        if n.value.eq_ignore_ascii_case("date_part") && is_grouped(x)
+                )
+            }
+            _ => false,
         };
         for item in &select.projection {
             let expr = match item {
@@ -797,6 +807,9 @@ mod tests {
             "SELECT date_trunc('month', visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
             "SELECT date_trunc('week', CAST(visit_date AS timestamp)) AS w, COUNT(*) FROM demo.visits GROUP BY 1",
             "SELECT date_trunc('quarter', visit_date) AS q, date_trunc('year', visit_date) AS y, SUM(cost) FROM demo.visits GROUP BY 1, 2",
+            // A year of a date or timestamp, as its first day (super::bucket).
+            "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+            "SELECT date_part('year', CAST(visit_date AS timestamp)) AS y, AVG(cost) FROM demo.visits GROUP BY 1",
         ] {
             assert_eq!(stage(sql), PerUnitStage::Shippable, "{sql}");
         }
@@ -818,8 +831,12 @@ mod tests {
                 "date_trunc of a date or timestamptz",
             ),
             (
-                "SELECT EXTRACT(year FROM visit_date) AS y, COUNT(*) FROM demo.visits GROUP BY 1",
+                "SELECT EXTRACT(month FROM visit_date) AS m, COUNT(*) FROM demo.visits GROUP BY 1",
                 "EXTRACT takes its field as text",
+            ),
+            (
+                "SELECT date_part('dow', visit_date) AS d, COUNT(*) FROM demo.visits GROUP BY 1",
+                "date_part takes its unit as text",
             ),
             (
                 "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM demo.visits GROUP BY person_id) t GROUP BY n",
