@@ -138,31 +138,17 @@ fn year_as_first_day(
             expr
         }
         Expr::Function(f) => {
-            let name = f.name.0.last()?.as_ident()?.value.to_ascii_lowercase();
-            if name != "date_part" || f.over.is_some() || f.filter.is_some() {
-                return None;
-            }
-            let ast::FunctionArguments::List(list) = &f.args else {
-                return None;
-            };
-            let [field, x] = list.args.as_slice() else {
-                return None;
-            };
-            let (
-                ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(Expr::Value(field))),
-                ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(x)),
-            ) = (field, x)
-            else {
-                return None;
-            };
-            if !crate::literal::string_value(&field.value)?.eq_ignore_ascii_case("year") {
+            let (field, x) = text_and_argument(f, "date_part")?;
+            if !field.eq_ignore_ascii_case("year") {
                 return None;
             }
             if let Expr::Function(g) = &mut value {
                 if let ast::FunctionArguments::List(list) = &mut g.args {
-                    list.args[1] = ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(
-                        Expr::Identifier(alias.clone()),
-                    ));
+                    if let Some(argument) = list.args.get_mut(1) {
+                        *argument = ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(
+                            Expr::Identifier(alias.clone()),
+                        ));
+                    }
                 }
             }
             x
@@ -195,26 +181,8 @@ fn trunc_as_first_day(
     let Expr::Function(f) = key else {
         return None;
     };
-    let name = f.name.0.last()?.as_ident()?.value.to_ascii_lowercase();
-    if name != "date_trunc" || f.over.is_some() || f.filter.is_some() {
-        return None;
-    }
-    let ast::FunctionArguments::List(list) = &f.args else {
-        return None;
-    };
-    let [unit, guarded] = list.args.as_slice() else {
-        return None;
-    };
-    let plain = |a: &ast::FunctionArg| match a {
-        ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Some(e.clone()),
-        _ => None,
-    };
-    let (unit, guarded) = (plain(unit)?, plain(guarded)?);
-    let unit = match &unit {
-        Expr::Value(v) => crate::literal::string_value(&v.value)?.to_string(),
-        _ => return None,
-    };
-    let (upper, lower, x) = guard_parts(&guarded)?;
+    let (unit, guarded) = text_and_argument(f, "date_trunc")?;
+    let (upper, lower, x) = guard_parts(guarded)?;
     let (date, back) = match kind(x)? {
         Kind::Date => (
             x.to_string(),
@@ -226,7 +194,7 @@ fn trunc_as_first_day(
         ),
         Kind::TimestampTz | Kind::Interval => return None,
     };
-    let start = bucket_start_sql(&unit, &date)?;
+    let start = bucket_start_sql(unit, &date)?;
     let text = format!(
         "CASE WHEN {upper} THEN DATE 'infinity' WHEN {lower} THEN DATE '-infinity' ELSE {start} END"
     );
@@ -235,6 +203,24 @@ fn trunc_as_first_day(
         .and_then(|mut p| p.parse_expr())
         .ok()?;
     Some((parsed, back))
+}
+
+/// The text literal and the expression of a plain call `name('text', x)` (no `OVER`, no
+/// `FILTER`, no named arguments).
+fn text_and_argument<'a>(f: &'a ast::Function, name: &str) -> Option<(&'a str, &'a Expr)> {
+    let called = f.name.0.last()?.as_ident()?;
+    if !called.value.eq_ignore_ascii_case(name) || f.over.is_some() || f.filter.is_some() {
+        return None;
+    }
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    match list.args.as_slice() {
+        [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(Expr::Value(text))), ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(x))] => {
+            Some((crate::literal::string_value(&text.value)?, x))
+        }
+        _ => None,
+    }
 }
 
 /// The parts `(x > upper, x < lower, x)` of the guard `CASE WHEN x > upper THEN 'infinity' WHEN
