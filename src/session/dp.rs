@@ -317,7 +317,9 @@ impl Session {
                 .await;
         }
         let placement = shared.partitioning.placement(&tables);
-        let rewrite = placement.shape().apply(rewrite, &shared.policy)?;
+        let rewrite = placement
+            .shape(&plan, &shared.policy)
+            .apply(rewrite, &shared.policy)?;
         Ok((plan, rewrite, mechanisms, placement))
     }
 

@@ -56,8 +56,8 @@ pub(super) struct Planned<'s> {
 }
 
 impl Planned<'_> {
-    fn shape(&self) -> rewrite::UpstreamShape {
-        self.placement.shape()
+    fn shape(&self, policy: &crate::policy::Policy) -> rewrite::UpstreamShape {
+        self.placement.shape(&self.plan, policy)
     }
 }
 
@@ -286,7 +286,7 @@ impl Session {
                         &chosen,
                         params,
                         secret,
-                        planned.shape(),
+                        planned.shape(&shared.policy),
                         &shared.policy,
                     )
                     .ok()?;
@@ -338,7 +338,7 @@ impl Session {
         let choice = match choice {
             Some(mut choice) => {
                 choice.sql = planned
-                    .shape()
+                    .shape(&shared.policy)
                     .apply_to_histogram(choice.sql, &shared.policy)?;
                 Some(choice)
             }
@@ -380,7 +380,7 @@ impl Session {
                 &chosen,
                 params,
                 planned.secret,
-                planned.shape(),
+                planned.shape(&shared.policy),
                 &shared.policy,
             )?;
             let charged = charged.narrowed(|_| Ok(release::Statement::of(&r, &m)))?;
@@ -636,7 +636,7 @@ impl Session {
                 &measures,
                 params,
                 secret,
-                placement.shape(),
+                placement.shape(&plan, &shared.policy),
                 &shared.policy,
             )
             .into_iter()

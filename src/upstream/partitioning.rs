@@ -24,8 +24,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::dp::rewrite::{PerUnitStage, UpstreamShape};
+use crate::dp::plan::Plan;
+use crate::dp::rewrite::{lookup_on_shards, PerUnitStage, UpstreamShape};
 use crate::error::{Error, Result};
+use crate::policy::Policy;
 
 use super::Upstream;
 
@@ -97,9 +99,13 @@ pub enum Placement {
 
 impl Placement {
     /// The shape of the upstream statement for this placement.
-    pub fn shape(&self) -> UpstreamShape {
+    /// `plan` is the query's and `policy` names its tables' units (whether its lookup join, if
+    /// any, can run on the shards: [`crate::dp::rewrite::lookup_on_shards`]).
+    pub fn shape(&self, plan: &Plan, policy: &Policy) -> UpstreamShape {
         match self {
-            Placement::ByUnit { .. } => UpstreamShape::Partitionwise,
+            Placement::ByUnit { tables } => UpstreamShape::Partitionwise {
+                lookup_on_shards: lookup_on_shards(plan, tables, policy),
+            },
             Placement::Distributed { .. } => UpstreamShape::Distributed,
             Placement::Unpartitioned | Placement::NotByUnit { .. } => UpstreamShape::OneServer,
         }

@@ -122,7 +122,7 @@ fn rewritten(policy: &Policy, sql: &str) -> (String, String) {
     let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let rw = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let single = rw.sql.to_string();
-    let shaped = rewrite::partitionwise(rw, policy).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let shaped = rewrite::partitionwise(rw, policy, true).unwrap_or_else(|e| panic!("{sql}: {e}"));
     (single, shaped.sql.to_string())
 }
 

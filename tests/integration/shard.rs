@@ -17,6 +17,9 @@
 //!   stable date function (a `timestamptz`'s hour), a unit below a day, a quantile and a join with a table the shards do not hold, EXPLAIN
 //!   names the construct that keeps the per-unit stage on the coordinator, and the coordinator's
 //!   plan fetches every shard's rows ungrouped.
+//! - [`a_lookup_join_is_grouped_on_every_shard`]: a join on the unit with demo.people (one row
+//!   per person) is one aggregate over the join in the partitionwise shape: every shard runs the
+//!   join and the grouping, and the rows are one server's.
 //! - [`a_shard_that_is_down_refuses_and_keeps_the_charge`]: with one shard stopped a DP query is
 //!   refused with 57P03 and no rows, its charge stands, and answers come back with the shard.
 //! - [`a_table_partitioned_by_another_column_keeps_the_single_server_shape`]: on one server,
@@ -42,6 +45,7 @@ use pgdp::policy::Policy;
 use pgdp::server::{self, Config, Options, Running};
 use pgdp::session::classify::{self, Statement};
 use pgdp::tools::shards::Shards;
+use pgdp::upstream::{ColumnFact, ColumnFacts, Upstream};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -120,8 +124,8 @@ fn single_server(sql: &str) -> (Policy, pgdp::dp::plan::Plan, Rewrite) {
 /// The single-server rewrite of `sql` under the demo policy, and its partitionwise shape.
 fn compile(sql: &str) -> (Rewrite, Rewrite) {
     let (policy, _, single) = single_server(sql);
-    let partitionwise =
-        rewrite::partitionwise(single.clone(), &policy).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let partitionwise = rewrite::partitionwise(single.clone(), &policy, true)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     assert!(partitionwise.sql.partitionwise() && !single.sql.partitionwise());
     (single, partitionwise)
 }
@@ -165,9 +169,11 @@ fn histogram(sql: &str) -> Option<(String, String)> {
         release::mechanisms(&plan, &single, budget).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let choice = release::bounds::ChoicePlan::new(&plan, &single, &mechanisms, &[], SECRET, None)
         .unwrap_or_else(|e| panic!("{sql}: {e}"))?;
-    let shaped = rewrite::UpstreamShape::Partitionwise
-        .apply_to_histogram(choice.sql.clone(), &policy)
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let shaped = rewrite::UpstreamShape::Partitionwise {
+        lookup_on_shards: true,
+    }
+    .apply_to_histogram(choice.sql.clone(), &policy)
+    .unwrap_or_else(|e| panic!("{sql}: {e}"));
     assert!(shaped.partitionwise());
     Some((choice.sql.to_string(), shaped.to_string()))
 }
@@ -479,6 +485,92 @@ async fn the_per_unit_stage_runs_on_every_shard() {
     assert!(histograms >= 3, "histograms checked: {histograms}");
     drop((session, running));
     ledger.drop_db().await;
+}
+
+/// The lookup form of a join on the unit (demo.people has one row per person: its primary key
+/// on one server, `unique_keys` on a coordinator) aggregates demo.visits per person and joins
+/// demo.people to that. On shards where both tables are partitioned by `person_id`, pgdp writes
+/// it as one aggregate over the join (`rewrite::partitionwise`, item 5): the coordinator's plan
+/// then sends every shard the join and the grouping (without it every people row crossed to the
+/// coordinator), EXPLAIN's reading of the text says so, and the rows are one server's. With
+/// demo.people not partitioned the two CTEs stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_join_is_grouped_on_every_shard() {
+    let shards = deployment().await;
+    let single = harness::demo_database(1).await;
+    let on_single = harness::connect(single.dsn()).await;
+    let coordinator = harness::connect(&shards.dsn()).await;
+    let upstream = Upstream::new(single.dsn()).expect("the test database's DSN");
+    let sharded = ["demo.people".to_string(), "demo.visits".to_string()];
+    for sql in [
+        "SELECT p.education, COUNT(*) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id GROUP BY p.education",
+        "SELECT p.region, COUNT(*), SUM(v.cost) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id WHERE p.sex = 'F' AND v.cost > 20 GROUP BY p.region",
+        "SELECT v.clinic, p.education, AVG(v.cost) FROM demo.people p JOIN demo.visits v ON v.person_id = p.person_id GROUP BY 1, 2",
+        "SELECT COUNT(*), SUM(v.cost) FROM demo.visits v JOIN demo.people p ON p.person_id = v.person_id WHERE p.income > 50000",
+    ] {
+        let (policy, mut plan, _) = single_server(sql);
+        let facts = ColumnFacts::default();
+        upstream
+            .learn_column_facts(&facts, ColumnFact::Unique, &plan.unit_lookup_keys())
+            .await
+            .expect("catalog lookup");
+        assert!(plan.assume_unit_lookup(&facts), "{sql}: a lookup join");
+        let one = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert!(one.sql.contains("__dp_below"), "{sql}: {}", one.sql);
+        assert!(
+            rewrite::lookup_on_shards(&plan, &sharded, &policy),
+            "{sql}"
+        );
+        assert!(
+            !rewrite::lookup_on_shards(&plan, &sharded[1..], &policy),
+            "{sql}: demo.people not partitioned"
+        );
+        let kept = rewrite::partitionwise(one.clone(), &policy, false).expect("reshaped");
+        assert!(kept.sql.contains("__dp_below"), "{sql}: {}", kept.sql);
+        let merged = rewrite::partitionwise(one.clone(), &policy, true).expect("reshaped");
+        assert!(!merged.sql.contains("__dp_below"), "{sql}: {}", merged.sql);
+        assert_eq!(
+            rewrite::per_unit_stage(merged.sql.as_str(), &sharded, &policy).expect("read"),
+            Some(rewrite::PerUnitStage::Shippable),
+            "{sql}"
+        );
+        match rewrite::per_unit_stage(merged.sql.as_str(), &sharded[1..], &policy).expect("read")
+        {
+            Some(rewrite::PerUnitStage::Coordinator { reason }) => assert!(
+                reason.contains("demo.people is not partitioned by the privacy unit"),
+                "{sql}: {reason}"
+            ),
+            other => panic!("{sql}: {other:?}"),
+        }
+
+        let expected = rows(&on_single, "", &one.sql).await;
+        assert!(!expected.is_empty(), "{sql}");
+        assert_eq!(
+            rows(&coordinator, PARTITIONWISE, &merged.sql).await,
+            expected,
+            "{sql}"
+        );
+        assert_eq!(
+            rows(&on_single, PARTITIONWISE, &merged.sql).await,
+            expected,
+            "{sql}"
+        );
+        let plan = coordinator_plan(&coordinator, PARTITIONWISE, &merged.sql).await;
+        let remote = remote_sql(&plan);
+        for shard in 0..SHARDS {
+            let joined_and_grouped = remote.iter().any(|(relation, sql)| {
+                relation.contains(&format!("visits_shard_{shard}"))
+                    && relation.contains(&format!("people_shard_{shard}"))
+                    && sql.contains(" JOIN ")
+                    && sql.contains(" GROUP BY ")
+            });
+            assert!(joined_and_grouped, "{sql}, shard {shard}: {plan:#?}");
+        }
+        assert!(
+            remote.iter().all(|(_, sql)| sql.contains(" GROUP BY ")),
+            "{sql}: a shard sends rows ungrouped: {plan:#?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,7 +72,12 @@ pub enum UpstreamShape {
     /// The single-server text.
     OneServer,
     /// Tables partitioned by their unit (`postgres_fdw` shards): [`partitionwise`].
-    Partitionwise,
+    Partitionwise {
+        /// The plan's lookup join, if it has one, equates the partition columns of two tables
+        /// partitioned by their unit ([`lookup_on_shards`]): the lookup form's per-unit stage
+        /// is then one aggregate over the join, which each shard can run.
+        lookup_on_shards: bool,
+    },
     /// Tables distributed by their unit on Citus: [`distributed`].
     Distributed,
 }
@@ -82,7 +87,9 @@ impl UpstreamShape {
     pub fn apply(self, rewrite: Rewrite, policy: &crate::policy::Policy) -> Result<Rewrite> {
         match self {
             UpstreamShape::OneServer => Ok(rewrite),
-            UpstreamShape::Partitionwise => partitionwise(rewrite, policy),
+            UpstreamShape::Partitionwise { lookup_on_shards } => {
+                partitionwise(rewrite, policy, lookup_on_shards)
+            }
             UpstreamShape::Distributed => distributed(rewrite),
         }
     }
@@ -97,13 +104,15 @@ impl UpstreamShape {
         policy: &crate::policy::Policy,
     ) -> Result<UpstreamSql> {
         match self {
-            UpstreamShape::Partitionwise => partitionwise::partitionwise_sql(&sql, policy),
+            UpstreamShape::Partitionwise { lookup_on_shards } => {
+                partitionwise::partitionwise_sql(&sql, policy, lookup_on_shards)
+            }
             UpstreamShape::OneServer | UpstreamShape::Distributed => Ok(sql),
         }
     }
 }
 pub use bucket::bucket_start_sql;
-pub use partitionwise::partitionwise;
+pub use partitionwise::{lookup_on_shards, partitionwise};
 pub use ship::{per_unit_stage, per_unit_stage_on_citus, PerUnitStage};
 use stages::{Stages, ValueStage};
 

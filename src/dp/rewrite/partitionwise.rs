@@ -30,6 +30,18 @@
 //!    `date_part('year', x)` of a date or timestamp likewise becomes the first day of `x`'s
 //!    year, which the readers pass to the same function. Done only when every reader of stage 1
 //!    is a `SELECT` that names its columns (no `*`).
+//! 5. The lookup form of a join on the unit ([`super::lookup`]) groups the rows table per unit
+//!    (`__dp_below`) and joins the lookup table to that (`__dp_per_unit`): `postgres_fdw` 15
+//!    pushes no join of an aggregated foreign relation, so every row of the lookup table would
+//!    cross to the coordinator. When the join equates the partition columns of two tables
+//!    partitioned by their unit ([`lookup_on_shards`]), the two CTEs become one aggregate over
+//!    the join, `SELECT <stage 2's columns>, <the lookup's keys> FROM __dp_rows JOIN lookup ON
+//!    __dp_rows.__dp_unit = key WHERE <the lookup's conditions> GROUP BY <stage 2's grouping>,
+//!    <the lookup's keys>`, which each shard runs over its own partitions. The same rows: the
+//!    lookup has at most one row per unit, so its keys are one value per unit and grouping by
+//!    them splits no group of stage 2; a unit without a lookup row passing the conditions has no
+//!    row in either; each group's aggregates read the same rows of `__dp_rows`. Stage 2's names
+//!    are qualified with `__dp_rows`, since the lookup table may have columns of the same names.
 //!
 //! Invariants:
 //! - The statement computes the same rows as the one it was made from: the changes above
@@ -50,26 +62,62 @@ use sqlparser::parser::Parser;
 
 use super::ship::StageOneKinds;
 use super::{bucket, check_one_statement, Rewrite, UpstreamSql};
+use crate::dp::plan::Plan;
 use crate::error::{Error, Result};
 use crate::policy::Policy;
 
 /// The CTE holding stage 1.
 const ROWS: &str = "__dp_rows";
+/// The lookup form's stage 2 below the join ([`super::lookup`]).
+const BELOW: &str = "__dp_below";
+/// The per-unit stage.
+const PER_UNIT: &str = "__dp_per_unit";
 
 /// `rewrite` in the partitionwise shape (see the module documentation), marked to run with
 /// partitionwise aggregation and joins on. The measures and arguments are unchanged. `policy`
-/// gives the types of the columns (a time bucket is rewritten for dates and timestamps only).
-pub fn partitionwise(rewrite: Rewrite, policy: &Policy) -> Result<Rewrite> {
+/// gives the types of the columns (a time bucket is rewritten for dates and timestamps only);
+/// `lookup_on_shards` says the lookup form may group over its join (item 5).
+pub fn partitionwise(rewrite: Rewrite, policy: &Policy, lookup_on_shards: bool) -> Result<Rewrite> {
     Ok(Rewrite {
-        sql: partitionwise_sql(&rewrite.sql, policy)?,
+        sql: partitionwise_sql(&rewrite.sql, policy, lookup_on_shards)?,
         ..rewrite
     })
 }
 
+/// Whether the lookup join of `plan` ([`Plan::unit_lookup`]) equates the partition columns of
+/// two tables partitioned by their unit: `by_unit` are the tables the upstream's catalog shows
+/// partitioned by the unit column `policy` declares for them (`upstream::Placement::ByUnit`).
+/// Then PostgreSQL can join them partition by partition, on each shard (docs/scale-out.md has
+/// the shards co-partitioned); otherwise the lookup form keeps its join above the grouping.
+pub fn lookup_on_shards(plan: &Plan, by_unit: &[String], policy: &Policy) -> bool {
+    let Some(lookup) = plan.unit_lookup() else {
+        return false;
+    };
+    let partitioned_by = |alias: &str, column: &str| {
+        plan.tables().iter().any(|t| {
+            t.alias == alias
+                && t.source.is_none()
+                && by_unit.contains(&t.table)
+                && policy
+                    .tables
+                    .get(&t.table)
+                    .and_then(|p| p.private())
+                    .and_then(|p| p.privacy_unit.as_deref())
+                    == Some(column)
+        })
+    };
+    partitioned_by(&lookup.rows_unit.alias, &lookup.rows_unit.column)
+        && partitioned_by(&lookup.key.alias, &lookup.key.column)
+}
+
 /// `sql` (a statement of the rewrite: an answer's or a contribution histogram's) in the
 /// partitionwise shape, marked to run with partitionwise aggregation and joins on.
-pub(super) fn partitionwise_sql(sql: &UpstreamSql, policy: &Policy) -> Result<UpstreamSql> {
-    let text = reshape(sql.as_str(), policy)?;
+pub(super) fn partitionwise_sql(
+    sql: &UpstreamSql,
+    policy: &Policy,
+    lookup_on_shards: bool,
+) -> Result<UpstreamSql> {
+    let text = reshape(sql.as_str(), policy, lookup_on_shards)?;
     check_one_statement(&text)?;
     Ok(UpstreamSql {
         text,
@@ -78,7 +126,7 @@ pub(super) fn partitionwise_sql(sql: &UpstreamSql, policy: &Policy) -> Result<Up
 }
 
 /// The text of the partitionwise shape of the rewrite `sql`.
-fn reshape(sql: &str, policy: &Policy) -> Result<String> {
+fn reshape(sql: &str, policy: &Policy, lookup_on_shards: bool) -> Result<String> {
     let mut statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
         .map_err(|e| Error::internal(format!("a rewrite does not parse again: {e}")))?;
     let [Statement::Query(query)] = statements.as_mut_slice() else {
@@ -107,7 +155,139 @@ fn reshape(sql: &str, policy: &Policy) -> Result<String> {
         return Err(e);
     }
     time_buckets(query, policy);
+    if lookup_on_shards {
+        lookup_as_one_aggregate(query);
+    }
     Ok(query.to_string())
+}
+
+/// The lookup form's `__dp_below` and `__dp_per_unit` as one aggregate over the join (item 5
+/// of the module documentation). `query` is left as it is unless both have the form the
+/// rewrite writes (`super::ending`) and nothing else reads `__dp_below`.
+fn lookup_as_one_aggregate(query: &mut ast::Query) {
+    let mut below_reads = 0;
+    let _ = ast::visit_relations(&*query, |name| {
+        if named(name, BELOW) {
+            below_reads += 1;
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let Some(with) = &mut query.with else {
+        return;
+    };
+    let position = |name: &str| {
+        with.cte_tables
+            .iter()
+            .position(|c| c.alias.name.value == name)
+    };
+    let (Some(b), Some(p)) = (position(BELOW), position(PER_UNIT)) else {
+        return;
+    };
+    if below_reads != 1 {
+        return;
+    }
+    let (SetExpr::Select(below), SetExpr::Select(per_unit)) = (
+        with.cte_tables[b].query.body.as_ref(),
+        with.cte_tables[p].query.body.as_ref(),
+    ) else {
+        return;
+    };
+    let Some(merged) = merged_per_unit(below, per_unit) else {
+        return;
+    };
+    *with.cte_tables[p].query.body = SetExpr::Select(Box::new(merged));
+    with.cte_tables.remove(b);
+}
+
+/// `per_unit` (`SELECT __dp_below.*, <keys> FROM __dp_below JOIN lookup ON … [WHERE …]`) over
+/// the rows `below` (`SELECT <columns> FROM __dp_rows GROUP BY <grouping>`) groups, as one
+/// aggregate over the join; `None` if either has another form.
+fn merged_per_unit(below: &ast::Select, per_unit: &ast::Select) -> Option<ast::Select> {
+    let one_table = |select: &ast::Select, name: &str, joins: usize| {
+        matches!(
+            select.from.as_slice(),
+            [ast::TableWithJoins { relation: TableFactor::Table { name: n, alias: None, .. }, joins: j }]
+                if j.len() == joins && named(n, name)
+        ) && select.having.is_none()
+            && select.distinct.is_none()
+    };
+    if !one_table(below, ROWS, 0) || below.selection.is_some() || !one_table(per_unit, BELOW, 1) {
+        return None;
+    }
+    let GroupByExpr::Expressions(grouping, modifiers) = &below.group_by else {
+        return None;
+    };
+    let ungrouped = matches!(&per_unit.group_by, GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+    let [SelectItem::QualifiedWildcard(..), above @ ..] = per_unit.projection.as_slice() else {
+        return None;
+    };
+    let above_keys: Option<Vec<ast::Expr>> = above
+        .iter()
+        .map(|item| match item {
+            SelectItem::ExprWithAlias { expr, .. } => Some(expr.clone()),
+            _ => None,
+        })
+        .collect();
+    let above_keys = above_keys?;
+    if !modifiers.is_empty() || !ungrouped {
+        return None;
+    }
+    let join = per_unit.from.first()?.joins.first()?;
+    if !matches!(
+        &join.join_operator,
+        ast::JoinOperator::Join(ast::JoinConstraint::On(_))
+            | ast::JoinOperator::Inner(ast::JoinConstraint::On(_))
+    ) {
+        return None;
+    }
+    let mut merged = per_unit.clone();
+    let mut qualify = QualifyRows;
+    let mut projection = below.projection.clone();
+    let _ = projection.visit(&mut qualify);
+    projection.extend(above.iter().cloned());
+    merged.projection = projection;
+    let mut group = grouping.clone();
+    let _ = group.visit(&mut qualify);
+    group.extend(above_keys);
+    merged.group_by = GroupByExpr::Expressions(group, Vec::new());
+    let from = merged.from.first_mut()?;
+    from.relation = below.from.first()?.relation.clone();
+    let _ = from.joins.visit(&mut BelowAsRows);
+    let _ = merged.selection.visit(&mut BelowAsRows);
+    Some(merged)
+}
+
+/// Qualifies every bare column name with `__dp_rows` (stage 2's expressions, which read stage 1
+/// alone, once they sit beside the lookup table).
+struct QualifyRows;
+
+impl VisitorMut for QualifyRows {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut ast::Expr) -> ControlFlow<()> {
+        if let ast::Expr::Identifier(i) = expr {
+            *expr = ast::Expr::CompoundIdentifier(vec![ast::Ident::new(ROWS), i.clone()]);
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Renames `__dp_below.column` to `__dp_rows.column` (the unit in the join's condition).
+struct BelowAsRows;
+
+impl VisitorMut for BelowAsRows {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut ast::Expr) -> ControlFlow<()> {
+        if let ast::Expr::CompoundIdentifier(parts) = expr {
+            if let [table, _] = parts.as_mut_slice() {
+                if table.value == BELOW {
+                    *table = ast::Ident::new(ROWS);
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// Stage 1's `date_trunc` keys as their buckets' first days, turned back into `date_trunc`'s
@@ -291,9 +471,14 @@ impl VisitorMut for KeyValues<'_> {
 }
 
 fn is_rows(name: &ast::ObjectName) -> bool {
+    named(name, ROWS)
+}
+
+/// Whether `name` is the unqualified name `cte`.
+fn named(name: &ast::ObjectName, cte: &str) -> bool {
     matches!(
         name.0.as_slice(),
-        [part] if part.as_ident().is_some_and(|i| i.value == ROWS)
+        [part] if part.as_ident().is_some_and(|i| i.value == cte)
     )
 }
 
@@ -429,7 +614,7 @@ mod tests {
     fn reshape(sql: &str) -> Result<String> {
         let policy =
             crate::policy::parse(include_str!("../../../policies/demo.yaml")).expect("demo policy");
-        super::reshape(sql, &policy)
+        super::reshape(sql, &policy, false)
     }
 
     #[test]
@@ -462,6 +647,30 @@ mod tests {
     fn a_rewrite_reading_its_rows_once_is_unchanged() {
         let sql = "WITH __dp_rows AS (SELECT \"__dp_t0\".\"person_id\" AS __dp_unit, \"__dp_t0\".\"region\" AS __dp_k0 FROM \"demo\".\"people\" AS \"__dp_t0\"), __dp_per_unit AS (SELECT __dp_unit, __dp_k0, COUNT(*) AS __dp_r0 FROM __dp_rows GROUP BY __dp_unit, __dp_k0), __dp_ranked AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY hashtextextended(CAST(__dp_unit AS TEXT) || '|' || COALESCE(CAST(__dp_k0 AS TEXT), '<null>'), 1)) AS __dp_rank FROM __dp_per_unit) SELECT CAST(__dp_k0 AS TEXT), SUM(LEAST(__dp_r0, 1)), COUNT(*) FROM __dp_ranked WHERE __dp_rank <= 1 GROUP BY __dp_k0";
         assert_eq!(reshape(sql).expect("reshaped"), sql);
+    }
+
+    #[test]
+    fn a_lookup_join_becomes_one_aggregate_over_the_join_where_it_can_run_on_the_shards() {
+        let policy =
+            crate::policy::parse(include_str!("../../../policies/demo.yaml")).expect("demo policy");
+        let sql = "WITH __dp_rows AS (SELECT \"__dp_t0\".\"person_id\" AS __dp_unit, \"__dp_t0\".\"clinic\" AS __dp_k1, CASE WHEN (\"__dp_t0\".\"cost\") IS NULL THEN NULL ELSE LEAST(GREATEST(CAST(\"__dp_t0\".\"cost\" AS NUMERIC), 0), 2000) END AS __dp_a0 FROM \"demo\".\"visits\" AS \"__dp_t0\" WHERE \"__dp_t0\".\"cost\" > 20), __dp_below AS (SELECT __dp_unit, __dp_k1, COUNT(*) AS __dp_r0, COUNT(*) AS __dp_w, SUM(__dp_a0) AS __dp_s0 FROM __dp_rows GROUP BY __dp_unit, __dp_k1), __dp_per_unit AS (SELECT __dp_below.*, \"__dp_t1\".\"education\" AS __dp_k0 FROM __dp_below JOIN \"demo\".\"people\" AS \"__dp_t1\" ON __dp_below.__dp_unit = \"__dp_t1\".\"person_id\" WHERE \"__dp_t1\".\"sex\" = 'F'), __dp_ranked AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __dp_unit ORDER BY __dp_w DESC, hashtextextended(CAST(__dp_unit AS TEXT) || '|' || COALESCE(CAST(__dp_k0 AS TEXT), '<null>') || '|' || COALESCE(CAST(__dp_k1 AS TEXT), '<null>'), 1)) AS __dp_rank FROM __dp_per_unit) SELECT CAST(__dp_k0 AS TEXT), CAST(__dp_k1 AS TEXT), SUM(LEAST(__dp_r0, 10)), COUNT(*) FROM __dp_ranked WHERE __dp_rank <= 5 GROUP BY __dp_k0, __dp_k1";
+        let clamped = super::reshape(sql, &policy, false).expect("reshaped");
+        assert!(clamped.contains("__dp_below AS ("), "{clamped}");
+        let merged = super::reshape(sql, &policy, true).expect("reshaped");
+        let two_stages = "__dp_below AS (SELECT __dp_unit, __dp_k1, COUNT(*) AS __dp_r0, COUNT(*) AS __dp_w, SUM(__dp_a0) AS __dp_s0 FROM __dp_rows GROUP BY __dp_unit, __dp_k1), __dp_per_unit AS (SELECT __dp_below.*, \"__dp_t1\".\"education\" AS __dp_k0 FROM __dp_below JOIN \"demo\".\"people\" AS \"__dp_t1\" ON __dp_below.__dp_unit = \"__dp_t1\".\"person_id\" WHERE \"__dp_t1\".\"sex\" = 'F')";
+        let one_stage = "__dp_per_unit AS (SELECT __dp_rows.__dp_unit, __dp_rows.__dp_k1, COUNT(*) AS __dp_r0, COUNT(*) AS __dp_w, SUM(__dp_rows.__dp_a0) AS __dp_s0, \"__dp_t1\".\"education\" AS __dp_k0 FROM __dp_rows JOIN \"demo\".\"people\" AS \"__dp_t1\" ON __dp_rows.__dp_unit = \"__dp_t1\".\"person_id\" WHERE \"__dp_t1\".\"sex\" = 'F' GROUP BY __dp_rows.__dp_unit, __dp_rows.__dp_k1, \"__dp_t1\".\"education\")";
+        assert_eq!(merged, clamped.replace(two_stages, one_stage));
+        assert_ne!(merged, clamped);
+        // Another reader of __dp_below, or another form, keeps the two stages.
+        let read_twice = sql.replace(
+            "FROM __dp_ranked WHERE",
+            "FROM __dp_ranked, (SELECT COUNT(*) FROM __dp_below) AS __dp_x WHERE",
+        );
+        let kept = super::reshape(&read_twice, &policy, true).expect("reshaped");
+        assert!(kept.contains("__dp_below AS ("), "{kept}");
+        let left = sql.replace("FROM __dp_below JOIN", "FROM __dp_below LEFT JOIN");
+        let kept = super::reshape(&left, &policy, true).expect("reshaped");
+        assert!(kept.contains("__dp_below AS ("), "{kept}");
     }
 
     #[test]

@@ -125,6 +125,28 @@ pub fn per_unit_stage(
         if !reads_rows || name == ROWS {
             continue;
         }
+        // A table joined to stage 1 (the lookup form's one aggregate over its join,
+        // super::partitionwise): the join runs on the shards only between tables partitioned by
+        // the unit.
+        let joined = select
+            .from
+            .iter()
+            .flat_map(|f| f.joins.iter().map(|j| &j.relation));
+        for factor in joined {
+            let TableFactor::Table { name: table, .. } = factor else {
+                return Ok(Some(PerUnitStage::Coordinator {
+                    reason: format!("{name} joins stage 1 to a derived table"),
+                }));
+            };
+            let table = table_key(table);
+            if !sharded.contains(&table) {
+                return Ok(Some(PerUnitStage::Coordinator {
+                    reason: format!(
+                        "{table} is not partitioned by the privacy unit on the shards, so the rows are joined on the coordinator"
+                    ),
+                }));
+            }
+        }
         let mut window = false;
         let _ = ast::visit_expressions(&**select, |e| {
             if let Expr::Function(f) = e {
@@ -140,8 +162,12 @@ pub fn per_unit_stage(
             }));
         }
         let mut reader_scope = Scope::default();
+        types.scope_of_query(reader, &mut reader_scope);
         for (column, kind) in &stage_one {
             reader_scope.columns.insert(column.clone(), *kind);
+            reader_scope
+                .qualified
+                .insert((ROWS.to_string(), column.clone()), *kind);
         }
         // A cast, `EXTRACT` or `date_part` of a grouping column in the select list is computed
         // by the coordinator over the grouped rows (postgres_fdw ships the grouping and computes
@@ -151,7 +177,9 @@ pub fn per_unit_stage(
             ast::GroupByExpr::Expressions(exprs, _) => exprs.iter().collect(),
             ast::GroupByExpr::All(_) => Vec::new(),
         };
-        let is_grouped = |x: &Expr| matches!(x, Expr::Identifier(_)) && grouped.contains(&x);
+        let is_grouped = |x: &Expr| {
+            matches!(x, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) && grouped.contains(&x)
+        };
         let computed_after = |e: &Expr| match e {
             Expr::Cast { expr, .. } | Expr::Extract { expr, .. } => is_grouped(expr),
             Expr::Function(f) if f.over.is_none() && f.filter.is_none() => {
@@ -679,7 +707,7 @@ mod tests {
         };
         let plan = analyze::analyze(query, &ctx).expect("analysed");
         let rewrite = super::super::rewrite(&plan, &[], "s").expect("rewritten");
-        let rewrite = super::super::partitionwise(rewrite, &policy).expect("reshaped");
+        let rewrite = super::super::partitionwise(rewrite, &policy, true).expect("reshaped");
         let sharded = ["demo.people".to_string(), "demo.visits".to_string()];
         per_unit_stage(rewrite.sql.as_str(), &sharded, &policy).expect("read")
     }
