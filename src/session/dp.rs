@@ -316,7 +316,12 @@ impl Session {
                 .learn_partitioning(&shared.partitioning, &unknown)
                 .await;
         }
-        let placement = shared.partitioning.placement(&tables);
+        let mut placement = shared.partitioning.placement(&tables);
+        if let Placement::Distributed { local, .. } = &mut placement {
+            *local = shared
+                .partitioning
+                .first_local(&tables_read(&plan, &shared.policy));
+        }
         let rewrite = placement
             .shape(&plan, &shared.policy)
             .apply(rewrite, &shared.policy)?;

@@ -212,7 +212,7 @@ impl Session {
             Placement::ByUnit { tables } => {
                 rewrite::per_unit_stage(rewrite.sql.as_str(), tables, &shared.policy)?
             }
-            Placement::Distributed { tables } => {
+            Placement::Distributed { tables, .. } => {
                 let read = super::dp::tables_read(&plan, &shared.policy);
                 let reference = shared.partitioning.reference_tables(&read);
                 rewrite::per_unit_stage_on_citus(rewrite.sql.as_str(), tables, &reference)?

@@ -89,11 +89,18 @@ pub enum Placement {
         table: String,
     },
     /// On a Citus coordinator, every distributed private table of the query is distributed by
-    /// its privacy unit: the single-server shape, which Citus runs in the workers' tasks as far
+    /// its privacy unit: the distributed shape, which Citus runs in the workers' tasks as far
     /// as its planner can ([`crate::dp::rewrite::per_unit_stage_on_citus`] says how far).
     Distributed {
         /// The tables distributed by their unit.
         tables: Vec<String>,
+        /// The first table the query reads that is neither distributed nor a reference table
+        /// (a local table of the coordinator, which Citus sends to the workers), if any: the
+        /// statement is then sent in the single-server shape. Citus 13.2 plans a local table
+        /// read through a `NOT MATERIALIZED` CTE with some of its columns as NULL: `COUNT(DISTINCT
+        /// drug)` of demo.prescriptions counted 0 values
+        /// (`citus::the_distributed_shape_gives_the_rows_of_one_server`).
+        local: Option<String>,
     },
 }
 
@@ -106,7 +113,8 @@ impl Placement {
             Placement::ByUnit { tables } => UpstreamShape::Partitionwise {
                 lookup_on_shards: lookup_on_shards(plan, tables, policy),
             },
-            Placement::Distributed { .. } => UpstreamShape::Distributed,
+            Placement::Distributed { local: None, .. } => UpstreamShape::Distributed,
+            Placement::Distributed { local: Some(_), .. } => UpstreamShape::OneServer,
             Placement::Unpartitioned | Placement::NotByUnit { .. } => UpstreamShape::OneServer,
         }
     }
@@ -136,7 +144,7 @@ impl Placement {
             Placement::NotByUnit { table } => Some(format!(
                 "upstream: {table} is partitioned, but not by its privacy unit: the single-server shape"
             )),
-            Placement::Distributed { tables } => {
+            Placement::Distributed { tables, .. } => {
                 let tables = tables.join(", ");
                 Some(match per_unit {
                     Some(PerUnitStage::Coordinator { reason }) => format!(
@@ -196,10 +204,28 @@ impl Partitioning {
         } else if !distributed.is_empty() {
             Placement::Distributed {
                 tables: distributed,
+                local: None,
             }
         } else {
             Placement::Unpartitioned
         }
+    }
+
+    /// The first of `tables` that is neither distributed nor a Citus reference table (a local
+    /// table of the coordinator, or one not looked up yet).
+    pub fn first_local(&self, tables: &[String]) -> Option<String> {
+        let Ok(known) = self.known.lock() else {
+            return tables.first().cloned();
+        };
+        tables
+            .iter()
+            .find(|t| {
+                !matches!(
+                    known.get(*t),
+                    Some(PartitionKey::Distributed(_) | PartitionKey::Reference)
+                )
+            })
+            .cloned()
     }
 
     /// The tables among `tables` that are Citus reference tables.
@@ -414,12 +440,28 @@ mod tests {
         assert_eq!(
             known.placement(&query),
             Placement::Distributed {
-                tables: vec!["demo.visits".into(), "demo.people".into()]
+                tables: vec!["demo.visits".into(), "demo.people".into()],
+                local: None,
             }
         );
         assert_eq!(
             known.reference_tables(&["demo.regions".into(), "demo.visits".into()]),
             vec!["demo.regions".to_string()]
+        );
+        // A local table of the coordinator (or one not looked up) is named.
+        known.record("demo.prescriptions".into(), PartitionKey::None);
+        let read = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            known.first_local(&read(&["demo.regions", "demo.visits"])),
+            None
+        );
+        assert_eq!(
+            known.first_local(&read(&["demo.visits", "demo.prescriptions"])),
+            Some("demo.prescriptions".to_string())
+        );
+        assert_eq!(
+            known.first_local(&read(&["demo.unknown"])),
+            Some("demo.unknown".to_string())
         );
         assert!(matches!(
             known.placement(&tables(&[("demo.other", Some("person_id"))])),
@@ -427,6 +469,7 @@ mod tests {
         ));
         let line = Placement::Distributed {
             tables: vec!["demo.visits".into()],
+            local: None,
         }
         .explain(Some(&PerUnitStage::Shippable))
         .expect("a line");

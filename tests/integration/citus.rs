@@ -22,6 +22,13 @@
 //!   EXPLAIN line (`upstream: Citus: …`) claims a distributed subplan exactly where the
 //!   coordinator plans one, rows pulled exactly where a task sends them ungrouped, and the
 //!   per-unit stage in the workers' tasks elsewhere.
+//! - [`the_distributed_shape_gives_the_rows_of_one_server`]: the statement pgdp sends to Citus
+//!   (its EXPLAIN's upstream SQL) gives the pre-noise rows of pgdp's statement on one server,
+//!   distinct counts and a median over demo.prescriptions (a local table: single-server shape)
+//!   included.
+//! - [`the_contribution_histograms_run_in_the_worker_tasks`]: the histograms that choose a
+//!   query's caps, in the shape pgdp sends them, pull no per-unit rows to the coordinator and
+//!   count what they count on one server.
 //!
 //! Where Citus is not installed (CI cannot fetch its source) each test says on standard error
 //! that the Citus suite was skipped, and passes. The deployment is built once per test process
@@ -30,10 +37,13 @@
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use tokio_postgres::error::SqlState;
 
-use pgdp::dp::rewrite;
+use pgdp::dp::analyze::{self, Context};
+use pgdp::dp::{release, rewrite};
 use pgdp::policy::{Policy, TableKind};
 use pgdp::server::{self, Config, Options, Running};
+use pgdp::session::classify::{self, Statement};
 use pgdp::tools::citus::{Citus, CitusError, SHARD_COUNT};
+use pgdp::upstream::Placement;
 
 use crate::harness;
 use crate::support::{
@@ -316,6 +326,183 @@ async fn the_coordinator_runs_the_per_unit_stage_in_the_worker_tasks() {
     );
     drop((session, running));
     ledger.drop_db().await;
+}
+
+/// The contribution histograms that choose a query's caps (`pgdp.choose_bounds`, the demo
+/// policy's default) of `sql` under `policy`: the single-server statement, in the shape pgdp
+/// sends to Citus; `None` when the query chooses no cap.
+fn histogram(policy: &Policy, sql: &str) -> Option<String> {
+    let statements = classify::classify(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let [Statement::Query(query)] = statements.as_slice() else {
+        panic!("{sql}: not one query");
+    };
+    let ctx = Context {
+        policy,
+        search_path: vec!["demo".into()],
+    };
+    let plan = analyze::analyze(query, &ctx).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let single = rewrite::rewrite(&plan, &[], SECRET).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let budget = release::Budget {
+        epsilon: 1.0,
+        delta: 1e-7,
+        mechanism: pgdp::policy::Mechanism::Laplace,
+    };
+    let mechanisms =
+        release::mechanisms(&plan, &single, budget).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let choice = release::bounds::ChoicePlan::new(&plan, &single, &mechanisms, &[], SECRET, None)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))?;
+    let shaped = placement(sql)
+        .shape(&plan, policy)
+        .apply_to_histogram(choice.sql, policy)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    Some(shaped.to_string())
+}
+
+/// The placement pgdp gives `sql` on this deployment: demo.people and demo.visits distributed by
+/// the unit, demo.regions a reference table, demo.prescriptions a local table.
+fn placement(sql: &str) -> Placement {
+    Placement::Distributed {
+        tables: vec!["demo.people".into(), "demo.visits".into()],
+        local: sql
+            .contains("demo.prescriptions")
+            .then(|| "demo.prescriptions".to_string()),
+    }
+}
+
+/// The rows of `sql` on `client`, as text, sorted; a quantile's histogram (`bucket:count,…`,
+/// aggregated in no particular order) with its entries sorted.
+async fn text_rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<Option<String>>> {
+    let value = |t: &str| -> String {
+        if t.contains(':') {
+            let mut parts: Vec<&str> = t.split(',').collect();
+            parts.sort_unstable();
+            parts.join(",")
+        } else {
+            t.to_string()
+        }
+    };
+    let mut rows: Vec<Vec<Option<String>>> = client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{sql}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(value)).collect())
+            }
+            _ => None,
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The statement pgdp sends to Citus (its EXPLAIN's upstream SQL) gives one server's rows, for
+/// every statement of this file and distinct counts and quantiles over demo.prescriptions, a
+/// local table of the coordinator joined to demo.visits through its unit path. Sent in the
+/// distributed shape (a `NOT MATERIALIZED` stage 1) such a count was 0: Citus 13.2 planned the
+/// local table with the counted column as NULL; pgdp sends statements that read a local table in
+/// the single-server shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_distributed_shape_gives_the_rows_of_one_server() {
+    let Some(citus) = deployment("the_distributed_shape_gives_the_rows_of_one_server").await else {
+        return;
+    };
+    let single = harness::demo_database(1).await;
+    let on_single = harness::connect(single.dsn()).await;
+    let coordinator = harness::connect(&citus.dsn()).await;
+    let ledgers = [
+        harness::fresh_database("citus_ledger").await,
+        harness::fresh_database("citus_ledger").await,
+    ];
+    let running = pgdp(policy(true), citus.dsn(), &ledgers[0]).await;
+    let session = open(&running).await;
+    let over_single = pgdp(policy(true), single.dsn().to_string(), &ledgers[1]).await;
+    let one_server = open(&over_single).await;
+    let more = [
+        "SELECT COUNT(DISTINCT drug) FROM demo.prescriptions",
+        "SELECT drug, MEDIAN(quantity), SUM(quantity) FROM demo.prescriptions GROUP BY drug",
+        "SELECT r.name, COUNT(DISTINCT v.diagnosis) FROM demo.visits v JOIN demo.people p USING (person_id) JOIN demo.regions r ON r.region = p.region GROUP BY r.name",
+    ];
+    for sql in QUERIES.iter().chain(more.iter()) {
+        let sent = upstream_sql(&session, sql).await;
+        let value_stages = sql.contains("MEDIAN")
+            || (sql.contains("DISTINCT") && !sql.contains("DISTINCT person_id"));
+        assert_eq!(
+            sent.contains("NOT MATERIALIZED"),
+            value_stages && !sql.contains("prescriptions"),
+            "{sql}: {sent}"
+        );
+        let expected = text_rows(&on_single, &upstream_sql(&one_server, sql).await).await;
+        assert!(!expected.is_empty(), "{sql}");
+        assert_eq!(
+            text_rows(&coordinator, &sent).await,
+            expected,
+            "{sql}\n{sent}"
+        );
+    }
+    drop((session, running, one_server, over_single));
+    for ledger in ledgers {
+        ledger.drop_db().await;
+    }
+}
+
+/// The histograms that choose a query's caps (run before its answer with `pgdp.choose_bounds`
+/// on, the demo policy's default) are sent to Citus as pgdp sends them: the coordinator plans
+/// them without pulling any shard's rows ungrouped, and they count what they count on one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contribution_histograms_run_in_the_worker_tasks() {
+    let Some(citus) = deployment("the_contribution_histograms_run_in_the_worker_tasks").await
+    else {
+        return;
+    };
+    let single = harness::demo_database(1).await;
+    let on_single = harness::connect(single.dsn()).await;
+    let coordinator = harness::connect(&citus.dsn()).await;
+    let policy = policy(true);
+    let mut checked = 0;
+    for sql in QUERIES {
+        let Some(histogram) = histogram(&policy, sql) else {
+            continue;
+        };
+        let lines: Vec<String> = coordinator
+            .simple_query(&format!("EXPLAIN (VERBOSE, COSTS OFF) {histogram}"))
+            .await
+            .unwrap_or_else(|e| panic!("EXPLAIN on the coordinator: {e}\n{histogram}"))
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        let text = lines.join("\n");
+        eprintln!("citus: histogram of {sql}:\n{histogram}\n{text}");
+        assert!(
+            text.contains("Custom Scan (Citus Adaptive)"),
+            "{sql}\n{text}"
+        );
+        if !sql.contains("prescriptions") {
+            assert!(
+                !pulls_rows(&lines),
+                "{sql}: a task sends a shard's rows ungrouped\n{text}"
+            );
+            // What crosses to the coordinator is each histogram's buckets, never per-unit rows
+            // (an intermediate result with the unit, as the single-server shape pulled).
+            assert!(
+                !lines
+                    .iter()
+                    .any(|l| l.contains("Output: intermediate_result") && l.contains("__dp_unit")),
+                "{sql}: per-unit rows pulled to the coordinator\n{text}"
+            );
+        }
+        assert_eq!(
+            text_rows(&coordinator, &histogram).await,
+            text_rows(&on_single, &histogram).await,
+            "{sql}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 4, "histograms checked: {checked}");
 }
 
 /// Whether a Citus task of the coordinator's plan `lines` sends a shard's rows (a table named

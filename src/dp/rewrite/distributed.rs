@@ -37,14 +37,20 @@ use crate::error::{Error, Result};
 /// `rewrite` in the distributed shape (see the module documentation). The measures and
 /// arguments are unchanged; the statement runs with the session's settings, as on one server.
 pub fn distributed(rewrite: Rewrite) -> Result<Rewrite> {
-    let text = reshape(rewrite.sql.as_str())?;
-    check_one_statement(&text)?;
     Ok(Rewrite {
-        sql: UpstreamSql {
-            text,
-            partitionwise: false,
-        },
+        sql: distributed_sql(&rewrite.sql)?,
         ..rewrite
+    })
+}
+
+/// `sql` (a statement of the rewrite: an answer's or a contribution histogram's) in the
+/// distributed shape.
+pub(super) fn distributed_sql(sql: &UpstreamSql) -> Result<UpstreamSql> {
+    let text = reshape(sql.as_str())?;
+    check_one_statement(&text)?;
+    Ok(UpstreamSql {
+        text,
+        partitionwise: false,
     })
 }
 

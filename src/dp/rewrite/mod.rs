@@ -96,8 +96,9 @@ impl UpstreamShape {
 
     /// A contribution histogram's SQL ([`contributions`], in the single-server shape) in this
     /// shape. On shards it is partitionwise like the answer's, so its per-unit stage runs on
-    /// the shards too instead of every row crossing to the coordinator. On Citus it is sent as
-    /// it is (the distributed shape of a histogram has not been measured there).
+    /// the shards too instead of every row crossing to the coordinator. On Citus it is in the
+    /// distributed shape like the answer's: its stages read more than once are inlined, so that
+    /// Citus does not pull them to the coordinator as distributed subplans.
     pub fn apply_to_histogram(
         self,
         sql: UpstreamSql,
@@ -107,7 +108,8 @@ impl UpstreamShape {
             UpstreamShape::Partitionwise { lookup_on_shards } => {
                 partitionwise::partitionwise_sql(&sql, policy, lookup_on_shards)
             }
-            UpstreamShape::OneServer | UpstreamShape::Distributed => Ok(sql),
+            UpstreamShape::Distributed => distributed::distributed_sql(&sql),
+            UpstreamShape::OneServer => Ok(sql),
         }
     }
 }
