@@ -125,27 +125,8 @@ pub fn per_unit_stage(
         if !reads_rows || name == ROWS {
             continue;
         }
-        // A table joined to stage 1 (the lookup form's one aggregate over its join,
-        // super::partitionwise): the join runs on the shards only between tables partitioned by
-        // the unit.
-        let joined = select
-            .from
-            .iter()
-            .flat_map(|f| f.joins.iter().map(|j| &j.relation));
-        for factor in joined {
-            let TableFactor::Table { name: table, .. } = factor else {
-                return Ok(Some(PerUnitStage::Coordinator {
-                    reason: format!("{name} joins stage 1 to a derived table"),
-                }));
-            };
-            let table = table_key(table);
-            if !sharded.contains(&table) {
-                return Ok(Some(PerUnitStage::Coordinator {
-                    reason: format!(
-                        "{table} is not partitioned by the privacy unit on the shards, so the rows are joined on the coordinator"
-                    ),
-                }));
-            }
+        if let Some(reason) = unsharded_join(name, select, sharded) {
+            return Ok(Some(PerUnitStage::Coordinator { reason }));
         }
         let mut window = false;
         let _ = ast::visit_expressions(&**select, |e| {
@@ -217,6 +198,28 @@ pub fn per_unit_stage(
         }
     }
     Ok(Some(PerUnitStage::Shippable))
+}
+
+/// Why the stage `name` (`select`, a reader of stage 1) is joined on the coordinator, if it is:
+/// a table joined to stage 1 (the lookup form's one aggregate over its join,
+/// super::partitionwise) lets the join run on the shards only if it is partitioned by the unit.
+fn unsharded_join(name: &str, select: &ast::Select, sharded: &[String]) -> Option<String> {
+    let joined = select
+        .from
+        .iter()
+        .flat_map(|f| f.joins.iter().map(|j| &j.relation));
+    for factor in joined {
+        let TableFactor::Table { name: table, .. } = factor else {
+            return Some(format!("{name} joins stage 1 to a derived table"));
+        };
+        let table = table_key(table);
+        if !sharded.contains(&table) {
+            return Some(format!(
+                "{table} is not partitioned by the privacy unit on the shards, so the rows are joined on the coordinator"
+            ));
+        }
+    }
+    None
 }
 
 /// Where the per-unit stage of `sql` (a rewrite in the single-server shape) runs on a Citus
