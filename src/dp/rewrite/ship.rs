@@ -128,19 +128,8 @@ pub fn per_unit_stage(
         if let Some(reason) = unsharded_join(name, select, sharded) {
             return Ok(Some(PerUnitStage::Coordinator { reason }));
         }
-        let mut window = false;
-        let _ = ast::visit_expressions(&**select, |e| {
-            if let Expr::Function(f) = e {
-                window |= f.over.is_some();
-            }
-            ControlFlow::<()>::Continue(())
-        });
-        if window {
-            return Ok(Some(PerUnitStage::Coordinator {
-                reason: format!(
-                    "{name} ranks each unit's rows with a window function (distinct values and quantiles kept per unit), which postgres_fdw does not ship"
-                ),
-            }));
+        if let Some(reason) = window_in(name, select) {
+            return Ok(Some(PerUnitStage::Coordinator { reason }));
         }
         let mut reader_scope = Scope::default();
         types.scope_of_query(reader, &mut reader_scope);
@@ -198,6 +187,23 @@ pub fn per_unit_stage(
         }
     }
     Ok(Some(PerUnitStage::Shippable))
+}
+
+/// Why the stage `name` (`select`, a reader of stage 1) runs on the coordinator if it calls a
+/// window function.
+fn window_in(name: &str, select: &ast::Select) -> Option<String> {
+    let mut window = false;
+    let _ = ast::visit_expressions(select, |e| {
+        if let Expr::Function(f) = e {
+            window |= f.over.is_some();
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    window.then(|| {
+        format!(
+            "{name} ranks each unit's rows with a window function (distinct values and quantiles kept per unit), which postgres_fdw does not ship"
+        )
+    })
 }
 
 /// Why the stage `name` (`select`, a reader of stage 1) is joined on the coordinator, if it is:
