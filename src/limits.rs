@@ -158,6 +158,11 @@ pub const RENYI_BUDGETS_CACHED_MAX: usize = 256;
 /// (`dp::mechanism::noise::sigma_for`); the oldest is forgotten first.
 pub const SIGMAS_CACHED_MAX: usize = 256;
 
+/// Noises (mechanism, sensitivity, budget, cells per unit) the mechanism remembers
+/// (`dp::mechanism::noise::remembered`): `auto` builds both mechanisms of a policy's few
+/// measures query after query; the oldest is forgotten first.
+pub const NOISES_CACHED_MAX: usize = 256;
+
 /// (scale, cells, α) triples whose Laplace sum error bound the mechanism remembers
 /// (`dp::mechanism::noise::laplace_sum_half_width`); the oldest is forgotten first.
 pub const SUM_HALF_WIDTHS_CACHED_MAX: usize = 1_024;

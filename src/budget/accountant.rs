@@ -395,7 +395,12 @@ impl Limit {
     /// (ε, δ_Λ/|Λ|), rounded down; `None` when there is none (δ_Λ = 0, or the conversion
     /// alone exceeds ε).
     pub fn renyi_budget(&self, i: usize) -> Option<Fixed> {
-        budgets(self.epsilon, self.tail_delta(), self.accounting).orders[i]
+        self.budgets().orders[i]
+    }
+
+    /// Every member's budget at once: one memo lookup for a loop over the orders.
+    fn budgets(&self) -> Budgets {
+        budgets(self.epsilon, self.tail_delta(), self.accounting)
     }
 
     /// B_z: the largest zCDP ρ whose conversion ([`zcdp_to_epsilon`], over the continuum of
@@ -813,17 +818,14 @@ pub fn within(limit: &Limit, spent: &Spent) -> bool {
     if spent.rho.is_zero() && spent.epsilon <= limit.epsilon {
         return true;
     }
-    if limit.zcdp_budget().is_some_and(|b| spent.zcdp <= b) {
+    let budgets = limit.budgets();
+    if budgets.zcdp.is_some_and(|b| spent.zcdp <= b) {
         return true;
     }
-    if limit.gdp_budget().is_some_and(|b| spent.gdp <= b) {
+    if budgets.gdp.is_some_and(|b| spent.gdp <= b) {
         return true;
     }
-    (0..ORDER_COUNT).any(|i| {
-        limit
-            .renyi_budget(i)
-            .is_some_and(|budget| spent.renyi[i] <= budget)
-    })
+    (0..ORDER_COUNT).any(|i| budgets.orders[i].is_some_and(|budget| spent.renyi[i] <= budget))
 }
 
 /// Admits `cost` on top of `spent` if the history stays within `limit`, returning the new
@@ -916,20 +918,21 @@ pub fn remaining(limit: &Limit, spent: &Spent) -> Remaining {
         Fixed::ZERO
     };
     let mut rho = Fixed::ZERO;
+    let budgets = limit.budgets();
     // The zCDP member: a Gaussian ρ costs ρ there, one pure component of ε costs ε²/2.
-    if let Some(left) = limit.zcdp_budget().and_then(|b| b.checked_sub(spent.zcdp)) {
+    if let Some(left) = budgets.zcdp.and_then(|b| b.checked_sub(spent.zcdp)) {
         rho = rho.max(shrink(left));
         let by_square = Fixed::from_f64_below((2.0 * left.to_f64_approx()).sqrt());
         epsilon = epsilon.max(shrink(by_square));
     }
     // The GDP member: a Gaussian ρ costs 2ρ there, one pure component of ε costs (π/2)·ε².
-    if let Some(left) = limit.gdp_budget().and_then(|b| b.checked_sub(spent.gdp)) {
+    if let Some(left) = budgets.gdp.and_then(|b| b.checked_sub(spent.gdp)) {
         rho = rho.max(shrink(left.mul_ratio_floor(1, 2)));
         let by_square = Fixed::from_f64_below((2.0 * left.to_f64_approx() / PI_UP).sqrt());
         epsilon = epsilon.max(shrink(by_square));
     }
     for (i, &(p, q)) in ORDERS.iter().enumerate() {
-        let Some(budget) = limit.renyi_budget(i) else {
+        let Some(budget) = budgets.orders[i] else {
             continue;
         };
         let Some(left) = budget.checked_sub(spent.renyi[i]) else {

@@ -425,22 +425,22 @@ impl Metrics {
         self.charges.get_or_create(&labels).inc();
         self.charged_epsilon
             .get_or_create(&labels)
-            .inc_by(cost.epsilon.to_f64());
+            .inc_by(cost.epsilon.to_f64_approx());
         self.charged_delta
             .get_or_create(&labels)
-            .inc_by(cost.delta.to_f64());
+            .inc_by(cost.delta.to_f64_approx());
         self.charged_rho
             .get_or_create(&labels)
-            .inc_by(cost.rho.to_f64());
+            .inc_by(cost.rho.to_f64_approx());
         self.spent_epsilon
             .get_or_create(&labels)
-            .set(balance.spent.epsilon.to_f64());
+            .set(balance.spent.epsilon.to_f64_approx());
         self.spent_delta
             .get_or_create(&labels)
-            .set(balance.spent.delta.to_f64());
+            .set(balance.spent.delta.to_f64_approx());
         self.spent_rho
             .get_or_create(&labels)
-            .set(balance.spent.rho.to_f64());
+            .set(balance.spent.rho.to_f64_approx());
     }
 
     /// A replay-cache lookup and whether it found an entry.

@@ -88,9 +88,19 @@ impl Noise {
     /// [`Error::InvalidMechanism`] if the sensitivity is not finite and positive, `ε` is not finite
     /// or below `2^-50`, or `Δ₁/ε` is not a normal `f64`.
     pub fn laplace(l1_sensitivity: f64, epsilon: f64) -> Result<Noise> {
-        let sensitivity = validate_sensitivity("L1 sensitivity", l1_sensitivity)?;
-        let epsilon = validate_budget("epsilon", epsilon)?;
-        Noise::laplace_from(&sensitivity, &epsilon, None)
+        remembered(
+            (
+                MechanismKind::Laplace,
+                l1_sensitivity.to_bits(),
+                epsilon.to_bits(),
+                None,
+            ),
+            || {
+                let sensitivity = validate_sensitivity("L1 sensitivity", l1_sensitivity)?;
+                let epsilon = validate_budget("epsilon", epsilon)?;
+                Noise::laplace_from(&sensitivity, &epsilon, None)
+            },
+        )
     }
 
     /// Discrete Laplace noise for a real statistic with L1 sensitivity `l1_sensitivity`, spending
@@ -115,6 +125,18 @@ impl Noise {
     /// # Errors
     /// As [`Noise::laplace`], and if `cells_per_unit` is zero.
     pub fn laplace_real(l1_sensitivity: f64, epsilon: f64, cells_per_unit: u64) -> Result<Noise> {
+        remembered(
+            (
+                MechanismKind::Laplace,
+                l1_sensitivity.to_bits(),
+                epsilon.to_bits(),
+                Some(cells_per_unit),
+            ),
+            || Noise::laplace_real_built(l1_sensitivity, epsilon, cells_per_unit),
+        )
+    }
+
+    fn laplace_real_built(l1_sensitivity: f64, epsilon: f64, cells_per_unit: u64) -> Result<Noise> {
         let sensitivity = validate_sensitivity("L1 sensitivity", l1_sensitivity)?;
         let epsilon = validate_budget("epsilon", epsilon)?;
         let cells = validate_cells(cells_per_unit)?;
@@ -155,15 +177,25 @@ impl Noise {
     /// [`Error::InvalidMechanism`] if the sensitivity is not finite and positive, `ρ` is not finite
     /// or below `2^-50`, or `σ` is not a normal `f64`.
     pub fn gaussian(l2_sensitivity: f64, rho: f64) -> Result<Noise> {
-        let sensitivity = validate_sensitivity("L2 sensitivity", l2_sensitivity)?;
-        let rho_exact = validate_budget("rho", rho)?;
-        let sigma = sigma_for(&sensitivity, &rho_exact, rho)?;
-        Ok(Noise::assemble(
-            MechanismKind::Gaussian,
-            &sensitivity,
-            sigma,
-            None,
-        ))
+        remembered(
+            (
+                MechanismKind::Gaussian,
+                l2_sensitivity.to_bits(),
+                rho.to_bits(),
+                None,
+            ),
+            || {
+                let sensitivity = validate_sensitivity("L2 sensitivity", l2_sensitivity)?;
+                let rho_exact = validate_budget("rho", rho)?;
+                let sigma = sigma_for(&sensitivity, &rho_exact, rho)?;
+                Ok(Noise::assemble(
+                    MechanismKind::Gaussian,
+                    &sensitivity,
+                    sigma,
+                    None,
+                ))
+            },
+        )
     }
 
     /// Rounded Gaussian noise for a real statistic with L2 sensitivity `l2_sensitivity`,
@@ -183,6 +215,18 @@ impl Noise {
     /// # Errors
     /// As [`Noise::gaussian`], and if `cells_per_unit` is zero.
     pub fn gaussian_real(l2_sensitivity: f64, rho: f64, cells_per_unit: u64) -> Result<Noise> {
+        remembered(
+            (
+                MechanismKind::Gaussian,
+                l2_sensitivity.to_bits(),
+                rho.to_bits(),
+                Some(cells_per_unit),
+            ),
+            || Noise::gaussian_real_built(l2_sensitivity, rho, cells_per_unit),
+        )
+    }
+
+    fn gaussian_real_built(l2_sensitivity: f64, rho: f64, cells_per_unit: u64) -> Result<Noise> {
         let sensitivity = validate_sensitivity("L2 sensitivity", l2_sensitivity)?;
         let rho_exact = validate_budget("rho", rho)?;
         validate_cells(cells_per_unit)?;
@@ -482,6 +526,19 @@ fn validate_cells(cells_per_unit: u64) -> Result<BigInt> {
     Ok(BigInt::from(cells_per_unit))
 }
 
+/// A noise's constructor and the bits of its arguments: the mechanism, the sensitivity, the
+/// budget (ε or ρ) and, for a real statistic, its cells per privacy unit.
+type NoiseKey = (MechanismKind, u64, u64, Option<u64>);
+
+/// The noise `build` returns for `key`, remembered ([`crate::memo`]): building one converts its
+/// sensitivity, budget and scale to exact rationals and checks the scale in them, the same few
+/// arguments query after query (`auto` builds both mechanisms for every measure). Equal bits are
+/// equal arguments, so a remembered noise is the one `build` would return; errors are not kept.
+fn remembered(key: NoiseKey, build: impl FnOnce() -> Result<Noise>) -> Result<Noise> {
+    static MEMO: Memo<NoiseKey, Noise> = Memo::new(limits::NOISES_CACHED_MAX);
+    MEMO.get_or_try(key, build)
+}
+
 /// An `f64` `σ` with `2ρσ² ≥ Δ²` exactly (so the zCDP cost `Δ²/(2σ²)` is at most `ρ`), within a
 /// few ulps of `Δ/√(2ρ)`; remembered per (Δ, ρ) ([`crate::memo`]): the exact check multiplies
 /// rationals with denominators of hundreds of bits, and `auto` asks for the same few scales
@@ -581,6 +638,44 @@ mod tests {
 
     fn exact(x: f64) -> BigRational {
         rational_from_f64(x).expect("finite")
+    }
+
+    #[test]
+    fn a_remembered_noise_is_the_one_its_arguments_build() {
+        // Asked twice (the second answer from the memo), each constructor gives what building
+        // gives; the cells per unit are part of the key, so a real noise for 1 and for 4
+        // cells differ (the grid's rounding inflates the sensitivity by the cells).
+        for _ in 0..2 {
+            assert_eq!(
+                Noise::laplace_real(3.0, 0.7, 1).unwrap(),
+                Noise::laplace_real_built(3.0, 0.7, 1).unwrap()
+            );
+            assert_eq!(
+                Noise::gaussian_real(3.0, 0.7, 4).unwrap(),
+                Noise::gaussian_real_built(3.0, 0.7, 4).unwrap()
+            );
+            assert_eq!(Noise::laplace(2.0, 0.5).unwrap().scale(), 4.0);
+            assert_eq!(
+                Noise::gaussian(2.0, 0.5).unwrap(),
+                Noise::assemble(
+                    MechanismKind::Gaussian,
+                    &exact(2.0),
+                    sigma_for(&exact(2.0), &exact(0.5), 0.5).unwrap(),
+                    None
+                )
+            );
+        }
+        assert_ne!(
+            Noise::laplace_real(3.0, 0.7, 1).unwrap(),
+            Noise::laplace_real(3.0, 0.7, 4).unwrap()
+        );
+        assert_ne!(
+            Noise::laplace(3.0, 0.7).unwrap(),
+            Noise::laplace_real(3.0, 0.7, 1).unwrap()
+        );
+        // An error is not remembered as a noise.
+        assert!(Noise::laplace(3.0, 0.0).is_err());
+        assert!(Noise::laplace(3.0, 0.0).is_err());
     }
 
     fn discrete_laplace_pmf(b: f64) -> impl Fn(i64) -> f64 {
