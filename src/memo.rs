@@ -1,7 +1,7 @@
 //! A small process-wide memo for pure functions that every DP query calls with one of a handful
 //! of arguments: the Gaussian ρ of an (ε, δ) and the per-order Rényi budgets of a limit
-//! (`budget::accountant`), the Gaussian scale of a (sensitivity, ρ) and the Laplace error bound
-//! of a sum of cells (`dp::mechanism`).
+//! (`budget::accountant`), the Gaussian scale of a (sensitivity, ρ), the noise of a (mechanism,
+//! sensitivity, budget, cells) and the Laplace error bound of a sum of cells (`dp::mechanism`).
 //! Each costs hundreds of exact decimal or rational operations, most of a small query's CPU in
 //! pgdp, while a policy asks for the same few arguments query after query.
 //!
