@@ -51,18 +51,59 @@ pub use window::Window;
 /// so that different part lists never share an encoding (`["ab", "c"]` ≠ `["a", "bc"]`). Used for
 /// query fingerprints in the audit log and for replay-cache keys.
 pub fn fingerprint(parts: &[&str]) -> String {
-    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut fingerprint = Fingerprint::default();
     for part in parts {
-        context.update(&(part.len() as u64).to_be_bytes());
-        context.update(part.as_bytes());
+        fingerprint.part(part);
     }
-    let digest = context.finish();
-    let mut hex = String::with_capacity(2 * digest.as_ref().len());
-    for byte in digest.as_ref() {
-        hex.push(char::from_digit(u32::from(byte >> 4), 16).expect("a nibble is a hex digit"));
-        hex.push(char::from_digit(u32::from(byte & 0xf), 16).expect("a nibble is a hex digit"));
+    fingerprint.finish()
+}
+
+/// [`fingerprint`] of parts given one at a time, a formatted part printed into one buffer
+/// reused for all of them (a key of many small parts allocates once, not once per part).
+pub struct Fingerprint {
+    context: ring::digest::Context,
+    printed: String,
+}
+
+impl Default for Fingerprint {
+    fn default() -> Fingerprint {
+        Fingerprint {
+            context: ring::digest::Context::new(&ring::digest::SHA256),
+            printed: String::new(),
+        }
     }
-    hex
+}
+
+impl Fingerprint {
+    /// Adds the part `text`.
+    pub fn part(&mut self, text: &str) {
+        self.context.update(&(text.len() as u64).to_be_bytes());
+        self.context.update(text.as_bytes());
+    }
+
+    /// Adds the part `format_args!(…)` prints: the same as [`Fingerprint::part`] of
+    /// `format!(…)`.
+    pub fn printed(&mut self, args: std::fmt::Arguments<'_>) {
+        use std::fmt::Write as _;
+        let mut printed = std::mem::take(&mut self.printed);
+        printed.clear();
+        // Writing to a String cannot fail.
+        let _ = printed.write_fmt(args);
+        self.part(&printed);
+        self.printed = printed;
+    }
+
+    /// The hex digest of the parts added.
+    pub fn finish(self) -> String {
+        let digest = self.context.finish();
+        let mut hex = String::with_capacity(2 * digest.as_ref().len());
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for byte in digest.as_ref() {
+            hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            hex.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+        }
+        hex
+    }
 }
 
 #[cfg(test)]
@@ -84,5 +125,17 @@ mod tests {
         assert_ne!(fingerprint(&["ab", "c"]), fingerprint(&["a", "bc"]));
         assert_ne!(fingerprint(&["a"]), fingerprint(&["a", ""]));
         assert_eq!(fingerprint(&["x", "y"]), fingerprint(&["x", "y"]));
+    }
+
+    #[test]
+    fn a_printed_part_is_the_part_of_its_text() {
+        let mut printed = Fingerprint::default();
+        printed.printed(format_args!("epsilon {:e} of {}", 0.5, "x"));
+        printed.part("");
+        printed.printed(format_args!("{}", 1e-5));
+        assert_eq!(
+            printed.finish(),
+            fingerprint(&["epsilon 5e-1 of x", "", &1e-5.to_string()])
+        );
     }
 }

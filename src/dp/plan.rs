@@ -480,7 +480,26 @@ impl Plan {
     /// The same query at the policy's ceilings ([`Plan::rows_ceiling`], and each aggregate's
     /// [`Aggregate::upper_ceiling`]): the plan a query that chooses its caps prices and
     /// histograms, whose caps and bounds the chosen ones never exceed.
-    pub(in crate::dp) fn at_ceilings(&self) -> Plan {
+    /// Borrowed when the plan is at its ceilings already (a copy of the plan is most of what
+    /// a query that chooses no cap would spend here).
+    pub(in crate::dp) fn at_ceilings(&self) -> std::borrow::Cow<'_, Plan> {
+        let raised = |a: &Aggregate| match (a.upper_ceiling, a.bounds) {
+            (Some(ceiling), Some(b)) => ceiling.max(b.upper) != b.upper && self.may_raise_upper(a),
+            _ => false,
+        };
+        if self.rows_ceiling <= self.max_rows_per_unit
+            && self.groups_ceiling <= self.max_groups_per_unit
+            && self.max_rows_total.is_none()
+            && !self.aggregates.iter().any(raised)
+        {
+            std::borrow::Cow::Borrowed(self)
+        } else {
+            std::borrow::Cow::Owned(self.raised_to_ceilings())
+        }
+    }
+
+    /// [`Plan::at_ceilings`], always copied.
+    pub(in crate::dp) fn raised_to_ceilings(&self) -> Plan {
         Plan {
             max_rows_per_unit: self.rows_ceiling.max(self.max_rows_per_unit),
             max_groups_per_unit: self.groups_ceiling.max(self.max_groups_per_unit),

@@ -677,28 +677,32 @@ impl Session {
         // The replay key is the analyst's whole query (HAVING, ORDER BY and LIMIT are applied by
         // pgdp, so the upstream SQL alone does not identify the answer), the bound parameters
         // and every privacy setting.
-        let bound: Vec<String> = params
-            .iter()
-            .map(|p| {
-                p.as_deref()
-                    .map(|v| format!("v{v}"))
-                    .unwrap_or_else(|| "null".into())
-            })
-            .collect();
-        let bound = bound.join("\u{1f}");
-        let key = budget::fingerprint(&[
-            query_text,
-            &bound,
-            rewrite.sql.as_str(),
-            &budget.epsilon.to_string(),
-            &budget.delta.to_string(),
-            budget.mechanism.name(),
-            if self.settings.accuracy {
-                "accuracy"
-            } else {
-                ""
-            },
-        ]);
+        let mut bound = String::new();
+        for (i, p) in params.iter().enumerate() {
+            if i > 0 {
+                bound.push('\u{1f}');
+            }
+            match p {
+                Some(v) => {
+                    bound.push('v');
+                    bound.push_str(v);
+                }
+                None => bound.push_str("null"),
+            }
+        }
+        let mut key = budget::Fingerprint::default();
+        key.part(query_text);
+        key.part(&bound);
+        key.part(rewrite.sql.as_str());
+        key.printed(format_args!("{}", budget.epsilon));
+        key.printed(format_args!("{}", budget.delta));
+        key.part(budget.mechanism.name());
+        key.part(if self.settings.accuracy {
+            "accuracy"
+        } else {
+            ""
+        });
+        let key = key.finish();
         // Unclamped means are another answer to the same query; the default keeps the keys
         // stored before the setting existed.
         let key = if self.settings.clamp_means {

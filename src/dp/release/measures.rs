@@ -345,28 +345,31 @@ pub fn measures_key(
     parameters: &[Option<String>],
     domain: &[Part],
 ) -> String {
-    let mut parts: Vec<String> = vec![
-        "pgdp noisy measures v1".into(),
-        rewrite.sql.as_str().to_string(),
-        format!("keys {} public {}", plan.keys.len(), plan.keys_public()),
-    ];
-    parts.push(format!("parameters {}", parameters.len()));
+    let mut key = crate::budget::Fingerprint::default();
+    key.part("pgdp noisy measures v1");
+    key.part(rewrite.sql.as_str());
+    key.printed(format_args!(
+        "keys {} public {}",
+        plan.keys.len(),
+        plan.keys_public()
+    ));
+    key.printed(format_args!("parameters {}", parameters.len()));
     for p in parameters {
-        parts.push(match p {
-            Some(v) => format!("v{v}"),
-            None => "null".into(),
-        });
+        match p {
+            Some(v) => key.printed(format_args!("v{v}")),
+            None => key.part("null"),
+        }
     }
     for a in &rewrite.arguments {
-        parts.push(format!(
+        key.printed(format_args!(
             "argument {} bounds {:?}",
             a.text.as_str(),
             a.bounds
         ));
     }
-    parts.push(format!("measures {}", rewrite.measures.len()));
+    key.printed(format_args!("measures {}", rewrite.measures.len()));
     for (j, m) in rewrite.measures.iter().enumerate() {
-        parts.push(format!(
+        key.printed(format_args!(
             "{} integer {} sensitivity {:e}",
             m.label(&rewrite.arguments),
             m.is_integer(),
@@ -374,7 +377,7 @@ pub fn measures_key(
         ));
     }
     for n in &mechanisms.noises {
-        parts.push(format!(
+        key.printed(format_args!(
             "noise {:?} scale {:e} grid {:?}",
             n.kind(),
             n.scale(),
@@ -382,7 +385,7 @@ pub fn measures_key(
         ));
     }
     let b = mechanisms.budget;
-    parts.push(format!(
+    key.printed(format_args!(
         "epsilon {:e} delta {:e} mechanism {} shares {} per share {:e}",
         b.epsilon,
         b.delta,
@@ -390,8 +393,8 @@ pub fn measures_key(
         mechanisms.shares,
         mechanisms.epsilon_per_measure
     ));
-    parts.push(match &mechanisms.selection {
-        Some(s) => format!(
+    match &mechanisms.selection {
+        Some(s) => key.printed(format_args!(
             "selection {:?}{} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
             s.kind(),
             if s.is_optimal_rule() { " optimal" } else { "" },
@@ -400,60 +403,68 @@ pub fn measures_key(
             s.delta(),
             s.max_groups_per_unit(),
             mechanisms.selection_measure
-        ),
-        None => "no selection".into(),
-    });
-    // With grouping sets, each set's own mechanisms (the fields above are the first set's).
-    parts.push(format!("grouping sets {:?}", plan.grouping_sets));
-    for (s, m) in mechanisms.sets.iter().enumerate() {
-        parts.push(format!(
-            "set {s} epsilon {:e} delta {:e} shares {} per share {:e}",
-            m.budget.epsilon, m.budget.delta, m.shares, m.epsilon_per_measure
-        ));
-        for (j, n) in m.noises.iter().enumerate() {
-            parts.push(format!(
-                "set {s} noise {:?} scale {:e} grid {:?} sensitivity {:e}",
-                n.kind(),
-                n.scale(),
-                n.grid_exponent(),
-                m.sensitivities.get(j).copied().unwrap_or(f64::NAN)
-            ));
-        }
-        parts.push(match &m.selection {
-            Some(sel) => format!(
-                "set {s} selection {:?}{} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
-                sel.kind(),
-                if sel.is_optimal_rule() { " optimal" } else { "" },
-                sel.scale(),
-                sel.threshold(),
-                sel.delta(),
-                sel.max_groups_per_unit(),
-                m.selection_measure
-            ),
-            None => format!("set {s} no selection"),
-        });
+        )),
+        None => key.part("no selection"),
     }
-    parts.push(format!("domain {}", domain.len()));
+    // With grouping sets, each set's own mechanisms (the fields above are the first set's).
+    key.printed(format_args!("grouping sets {:?}", plan.grouping_sets));
+    for (s, m) in mechanisms.sets.iter().enumerate() {
+        set_key(&mut key, s, m);
+    }
+    key.printed(format_args!("domain {}", domain.len()));
     for part in domain {
-        parts.push(format!("part {:?}", part.keys));
+        key.printed(format_args!("part {:?}", part.keys));
         match &part.source {
             Source::Values(combinations) => {
-                parts.push("values".into());
-                parts.extend(combinations.iter().map(|row| texts(row)));
+                key.part("values");
+                for row in combinations {
+                    key.part(&texts(row));
+                }
             }
             Source::Query(sql) => {
-                parts.push("query".into());
-                parts.push(sql.as_str().to_string());
+                key.part("query");
+                key.part(sql.as_str());
             }
             Source::Filtered { sql, values } => {
-                parts.push("filtered".into());
-                parts.push(sql.as_str().to_string());
-                parts.push(texts(values));
+                key.part("filtered");
+                key.part(sql.as_str());
+                key.part(&texts(values));
             }
         }
     }
-    let borrowed: Vec<&str> = parts.iter().map(String::as_str).collect();
-    format!("measures:{}", crate::budget::fingerprint(&borrowed))
+    format!("measures:{}", key.finish())
+}
+
+/// The parts of [`measures_key`] for grouping set `s` with mechanisms `m`.
+fn set_key(key: &mut crate::budget::Fingerprint, s: usize, m: &Mechanisms) {
+    key.printed(format_args!(
+        "set {s} epsilon {:e} delta {:e} shares {} per share {:e}",
+        m.budget.epsilon, m.budget.delta, m.shares, m.epsilon_per_measure
+    ));
+    for (j, n) in m.noises.iter().enumerate() {
+        key.printed(format_args!(
+            "set {s} noise {:?} scale {:e} grid {:?} sensitivity {:e}",
+            n.kind(),
+            n.scale(),
+            n.grid_exponent(),
+            m.sensitivities.get(j).copied().unwrap_or(f64::NAN)
+        ));
+    }
+    match &m.selection {
+        Some(sel) => {
+            key.printed(format_args!(
+            "set {s} selection {:?}{} scale {:e} threshold {} delta {:e} groups {} by measure {:?}",
+            sel.kind(),
+            if sel.is_optimal_rule() { " optimal" } else { "" },
+            sel.scale(),
+            sel.threshold(),
+            sel.delta(),
+            sel.max_groups_per_unit(),
+            m.selection_measure
+        ))
+        }
+        None => key.printed(format_args!("set {s} no selection")),
+    }
 }
 
 /// Key texts as one unambiguous string (each length-prefixed, NULL apart).

@@ -96,17 +96,18 @@ impl ChoicePlan {
         }
         let budget = mechanisms.budget;
         let ceiling_plan = plan.at_ceilings();
-        let ceiling_rewrite = if ceiling_plan == *plan {
-            rewrite.clone()
+        let unchanged = matches!(ceiling_plan, std::borrow::Cow::Borrowed(_));
+        let ceiling_rewrite = if unchanged || *ceiling_plan == *plan {
+            std::borrow::Cow::Borrowed(rewrite)
         } else {
             let at = rewrite::rewrite(&ceiling_plan, parameters, secret)?;
             if at.measures != rewrite.measures {
                 // Another split of ε than the one at the policy's caps: keep those.
                 return Ok(None);
             }
-            at
+            std::borrow::Cow::Owned(at)
         };
-        let (plan, rewrite) = (&ceiling_plan, &ceiling_rewrite);
+        let (plan, rewrite): (&Plan, &Rewrite) = (&ceiling_plan, &ceiling_rewrite);
         let share = match clamp_aggregate(plan, rewrite) {
             Some(_) => limits::BOUNDS_CHOICE_SHARE + limits::BOUNDS_CLAMP_SHARE,
             None => limits::BOUNDS_CHOICE_SHARE,
@@ -155,7 +156,7 @@ impl ChoicePlan {
             sql,
             answer_budget,
             at_ceiling,
-            ceiling_rewrite,
+            ceiling_rewrite: ceiling_rewrite.into_owned(),
             cost,
         }))
     }
